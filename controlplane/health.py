@@ -1,0 +1,48 @@
+"""Liveness and readiness. /healthz answers while the process runs; /readyz checks every
+backing service this deployment is configured to use and names the first one that fails."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def _check_redis() -> None:
+    import redis
+
+    redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2).ping()
+
+
+def _check_broker() -> None:
+    from controlplane.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=2)
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks = {"database": _check_database, "broker": _check_broker}
+    if settings.REDIS_URL:
+        checks["redis"] = _check_redis
+    results: dict[str, str] = {}
+    failing: list[str] = []
+    for name, check in checks.items():
+        try:
+            check()
+            results[name] = "ok"
+        except Exception as exc:  # any failure makes the component not ready; the reason is reported
+            results[name] = f"error: {type(exc).__name__}: {exc}"[:300]
+            failing.append(name)
+    if failing:
+        return JsonResponse({"status": "unavailable", "failing": failing, "checks": results}, status=503)
+    return JsonResponse({"status": "ok", "checks": results})

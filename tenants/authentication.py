@@ -1,0 +1,67 @@
+"""API-key authentication for agents: `Authorization: Bearer sp_<prefix>_<secret>`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from tenants.models import ApiKey, Tenant
+from tenants.scoping import dangerously_bypass_tenant_scope
+
+# Writing last_used_at on every request would turn each read into a write; a minute is precise enough.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class ApiKeyPrincipal:
+    """The request's user when an agent authenticates with a key: it acts for one tenant only."""
+
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+    is_superuser = False
+    is_anonymous = False
+
+    def __init__(self, api_key: ApiKey, tenant: Tenant) -> None:
+        self.api_key = api_key
+        self.tenant = tenant
+        self.pk = None
+        self.username = f"api-key:{api_key.prefix}"
+
+    def __str__(self) -> str:
+        return self.username
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[ApiKeyPrincipal, ApiKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw_key = header.partition(" ")
+        if scheme != self.keyword:
+            return None
+        raw_key = raw_key.strip()
+        prefix = ApiKey.prefix_of(raw_key)
+        if prefix is None:
+            raise exceptions.AuthenticationFailed("malformed API key", code="invalid_api_key")
+        # Which tenant the key belongs to is what we are finding out: this lookup must cross tenants.
+        with dangerously_bypass_tenant_scope():
+            api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+            if api_key is None or not api_key.matches(raw_key):
+                raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")
+            if api_key.is_revoked:
+                raise exceptions.AuthenticationFailed("this API key was revoked", code="revoked_api_key")
+            if api_key.is_expired:
+                raise exceptions.AuthenticationFailed("this API key has expired", code="expired_api_key")
+            now = timezone.now()
+            if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
+                ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+                api_key.last_used_at = now
+        return ApiKeyPrincipal(api_key, api_key.tenant), api_key
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

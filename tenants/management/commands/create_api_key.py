@@ -1,0 +1,28 @@
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from tenants import services
+from tenants.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Create an API key for a tenant's agents. The key is printed alone on the last line, once."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", required=True)
+        parser.add_argument("--name", required=True)
+        parser.add_argument("--scopes", default="ingest,gate,read,recovery")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant = Tenant.objects.filter(slug=options["tenant"]).first()
+        if tenant is None:
+            raise CommandError(f"tenant: no tenant with slug '{options['tenant']}'")
+        scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]
+        try:
+            api_key, raw_key = services.create_api_key(tenant, name=options["name"], scopes=scopes)
+        except services.TenantError as exc:
+            raise CommandError(f"{exc.field}: {exc}") from exc
+        self.stdout.write(f"created API key '{api_key.name}' with scopes {','.join(api_key.scopes)}")
+        self.stdout.write("the key is shown once; only its hash is stored:")
+        self.stdout.write(raw_key)

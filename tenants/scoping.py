@@ -1,0 +1,188 @@
+"""Tenant scoping that cannot be forgotten.
+
+Three layers, each enough to stop a leak on its own:
+1. ORM: every tenant-owned model inherits `TenantScopedModel`; its default manager filters by the
+   tenant active in this context and *raises* when none is active, so an unscoped query is an
+   error, not a silent cross-tenant read.
+2. API: every tenant view inherits `tenants.api.TenantScopedViewMixin`, which activates the
+   request's tenant (a test enumerates the URL resolver to check that no view skips it).
+3. Postgres: row-level security on every tenant table, keyed by `sagaplane.tenant_id`, which
+   `tenant_context` sets with `set_config(..., is_local => true)` (SET LOCAL) for the current
+   transaction. Even raw SQL inside a request or a Celery task sees only its tenant's rows.
+
+Crossing tenants on purpose (authentication looks an API key up before it knows the tenant,
+the integrator walks all tenants) needs `dangerously_bypass_tenant_scope()`, whose name says so.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, models, transaction
+from django.http import HttpRequest, HttpResponse
+
+if TYPE_CHECKING:
+    from tenants.models import Tenant
+
+TENANT_SETTING = "sagaplane.tenant_id"
+BYPASS_SETTING = "sagaplane.bypass_rls"
+
+_current_tenant: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar("tenant", default=None)
+_bypass: contextvars.ContextVar[bool] = contextvars.ContextVar("tenant_bypass", default=False)
+
+
+class TenantScopeError(RuntimeError):
+    """A tenant-owned table was queried with no tenant active (and no explicit bypass)."""
+
+
+def current_tenant() -> Tenant:
+    tenant = _current_tenant.get()
+    if tenant is None:
+        raise TenantScopeError("no tenant is active: wrap the work in tenant_context(tenant)")
+    return tenant
+
+
+def current_tenant_or_none() -> Tenant | None:
+    return _current_tenant.get()
+
+
+def _is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _set_local(name: str, value: str) -> None:
+    if _is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
+
+
+def activate(tenant: Tenant) -> contextvars.Token:
+    """Make `tenant` current for the ORM and, inside the caller's transaction, for Postgres RLS.
+    The caller must hold a transaction (SET LOCAL lasts until it ends) and call `deactivate`."""
+    token = _current_tenant.set(tenant)
+    _set_local(TENANT_SETTING, str(tenant.pk))
+    return token
+
+
+def deactivate(token: contextvars.Token) -> None:
+    _current_tenant.reset(token)
+    previous = _current_tenant.get()
+    if connection.in_atomic_block:
+        _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
+
+
+@contextmanager
+def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
+    """Run a block as `tenant`, in one transaction. The way Celery tasks, management commands
+    and tests enter a tenant; views get it from the mixin."""
+    with transaction.atomic():
+        token = activate(tenant)
+        try:
+            yield tenant
+        finally:
+            deactivate(token)
+
+
+@contextmanager
+def dangerously_bypass_tenant_scope() -> Iterator[None]:
+    """See every tenant's rows. Only for code that must cross tenants by design."""
+    with transaction.atomic():
+        token = _bypass.set(True)
+        _set_local(BYPASS_SETTING, "on")
+        try:
+            yield
+        finally:
+            _bypass.reset(token)
+            if connection.in_atomic_block and not _bypass.get():
+                _set_local(BYPASS_SETTING, "off")
+
+
+def scope_is_bypassed() -> bool:
+    return _bypass.get()
+
+
+class TenantQuerySet(models.QuerySet):
+    pass
+
+
+class TenantManager(models.Manager.from_queryset(TenantQuerySet)):  # type: ignore[misc]
+    """The default manager of tenant-owned models: the active tenant's rows, or an error."""
+
+    def get_queryset(self) -> TenantQuerySet:
+        queryset = super().get_queryset()
+        if _bypass.get():
+            return queryset
+        return queryset.filter(tenant=current_tenant())
+
+
+class TenantScopedModel(models.Model):
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+", editable=False)
+
+    objects = TenantManager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        active = _current_tenant.get()
+        if self.tenant_id is None:
+            self.tenant = current_tenant()
+        elif active is not None and self.tenant_id != active.pk and not _bypass.get():
+            raise TenantScopeError(
+                f"{type(self).__name__} of tenant {self.tenant_id} saved while tenant {active.pk} is active"
+            )
+        super().save(*args, **kwargs)
+
+
+def tenant_scoped_models() -> list[type[models.Model]]:
+    from django.apps import apps
+
+    return [
+        model
+        for model in apps.get_models()
+        if issubclass(model, TenantScopedModel) and model._meta.managed and not model._meta.proxy
+    ]
+
+
+def install_row_level_security(using: str = "default", **_: Any) -> None:
+    """Enable and force RLS on every tenant table (idempotent; runs after each migrate, so a new
+    tenant model is covered without anyone remembering to add a policy)."""
+    from django.db import connections
+
+    conn = connections[using]
+    if conn.vendor != "postgresql":
+        return
+    predicate = (
+        f"(tenant_id = NULLIF(current_setting('{TENANT_SETTING}', true), '')::bigint "
+        f"OR current_setting('{BYPASS_SETTING}', true) = 'on')"
+    )
+    with conn.cursor() as cursor:
+        for model in tenant_scoped_models():
+            table = conn.ops.quote_name(model._meta.db_table)
+            cursor.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+            # FORCE: the table owner (the app role that ran the migration) is bound too.
+            cursor.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
+            cursor.execute(f"DROP POLICY IF EXISTS tenant_isolation ON {table}")
+            cursor.execute(
+                f"CREATE POLICY tenant_isolation ON {table} USING {predicate} WITH CHECK {predicate}"
+            )
+
+
+class TenantContextResetMiddleware:
+    """A request starts and ends with no tenant active, whatever the previous request on this
+    thread did: a leaked context would be a cross-tenant read waiting to happen."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        token = _current_tenant.set(None)
+        bypass_token = _bypass.set(False)
+        try:
+            return self.get_response(request)
+        finally:
+            _current_tenant.reset(token)
+            _bypass.reset(bypass_token)

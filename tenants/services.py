@@ -1,0 +1,95 @@
+"""Every state change of the tenants context. Each runs in one transaction as its tenant, so
+its audit record (appended to the tenant's server stream) commits or rolls back with it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.models import ApiKey, Membership, Role, Scope, Tenant, hash_api_key
+from tenants.scoping import tenant_context
+
+User = get_user_model()
+
+
+class TenantError(ValueError):
+    """A refused change, with a machine-readable code and the field at fault."""
+
+    def __init__(self, code: str, field: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.field = field
+
+
+def create_tenant(slug: str, name: str, owner_email: str, owner_password: str | None = None) -> Tenant:
+    with transaction.atomic():
+        if Tenant.objects.filter(slug=slug).exists():
+            raise TenantError("tenant_exists", "slug", f"a tenant with slug '{slug}' already exists")
+        tenant = Tenant.objects.create(slug=slug, name=name)
+        owner = _user_for_email(owner_email, owner_password)
+        with tenant_context(tenant):
+            Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
+    return tenant
+
+
+def _user_for_email(email: str, password: str | None) -> Any:
+    user = User.objects.filter(email__iexact=email).first()
+    if user is None:
+        user = User.objects.create_user(username=email.lower(), email=email.lower(), password=password)
+    elif password:
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    return user
+
+
+def add_member(tenant: Tenant, email: str, role: str, password: str | None = None) -> Membership:
+    if role not in Role.values:
+        raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
+    with tenant_context(tenant):
+        user = _user_for_email(email, password)
+        membership, _ = Membership.objects.update_or_create(user=user, defaults={"role": role})
+        return membership
+
+
+def create_api_key(
+    tenant: Tenant,
+    *,
+    name: str,
+    scopes: list[str],
+    expires_at: datetime | None = None,
+    created_by: Any = None,
+    actor: str = "system",
+) -> tuple[ApiKey, str]:
+    """A new key and its raw value. The raw value exists only in the return value: show it once."""
+    unknown = sorted(set(scopes) - set(Scope.values))
+    if unknown or not scopes:
+        raise TenantError(
+            "invalid_scope", "scopes", f"scopes must be a non-empty subset of {', '.join(Scope.values)}"
+        )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise TenantError("invalid_expiry", "expires_at", "expires_at must be in the future")
+    prefix, raw_key = ApiKey.generate()
+    creator = created_by if getattr(created_by, "pk", None) and isinstance(created_by, User) else None
+    with tenant_context(tenant):
+        api_key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=prefix,
+            key_hash=hash_api_key(raw_key),
+            scopes=sorted(set(scopes)),
+            expires_at=expires_at,
+            created_by=creator,
+        )
+    return api_key, raw_key
+
+
+def revoke_api_key(api_key: ApiKey, *, actor: str = "system") -> ApiKey:
+    with tenant_context(api_key.tenant):
+        if api_key.revoked_at is None:
+            api_key.revoked_at = timezone.now()
+            api_key.save(update_fields=["revoked_at"])
+    return api_key

@@ -1,0 +1,108 @@
+"""Fixtures shared by the whole suite: two tenants and three people (healthchecks-style), where
+the third person, carol, must see nothing of the first tenant.
+
+Tests that need a real Postgres or Redis carry the `postgres` / `redis` marker. Without the
+service they skip on a laptop, but under CI=true they fail: CI must never go green by skipping."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from rest_framework.test import APIClient
+
+from tenants import services
+from tenants.models import Role, Tenant
+
+ALL_SCOPES = ["ingest", "gate", "read", "recovery"]
+PASSWORD = "correct-horse-battery"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _redis_reachable() -> bool:
+    if not settings.REDIS_URL:
+        return False
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1).ping()
+        return True
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _require_services(request: pytest.FixtureRequest) -> None:
+    missing = []
+    if request.node.get_closest_marker("postgres") and connection.vendor != "postgresql":
+        missing.append("Postgres (set DATABASE_URL=postgres://...)")
+    if request.node.get_closest_marker("redis") and not _redis_reachable():
+        missing.append("Redis (set REDIS_URL=redis://... and start it)")
+    if missing:
+        message = "needs " + " and ".join(missing)
+        if _in_ci():
+            pytest.fail(message + " — under CI=true this is a failure, not a skip")
+        pytest.skip(message)
+
+
+@dataclass
+class Person:
+    user: Any
+    tenant: Tenant
+    role: str
+    api_key: str
+
+    def session_client(self) -> APIClient:
+        client = APIClient()
+        client.force_login(self.user)
+        client.credentials(HTTP_X_SAGAPLANE_TENANT=self.tenant.slug)
+        return client
+
+    def key_client(self) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.api_key}")
+        return client
+
+
+def make_person(tenant: Tenant, name: str, role: str) -> Person:
+    membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD)
+    _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES)
+    return Person(membership.user, tenant, role, raw_key)
+
+
+@pytest.fixture
+def tenant_a(db: None) -> Tenant:
+    return services.create_tenant("acme", "Acme Payments", "founder@acme.example", PASSWORD)
+
+
+@pytest.fixture
+def tenant_b(db: None) -> Tenant:
+    return services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", PASSWORD)
+
+
+@pytest.fixture
+def alice(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "alice", Role.OWNER)
+
+
+@pytest.fixture
+def bob(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "bob", Role.VIEWER)
+
+
+@pytest.fixture
+def carol(tenant_b: Tenant) -> Person:
+    return make_person(tenant_b, "carol", Role.OWNER)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    # PBKDF2's deliberate slowness protects real passwords; in tests it only slows the suite.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

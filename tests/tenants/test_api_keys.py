@@ -1,0 +1,120 @@
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tenants import services
+from tenants.models import ApiKey, Tenant, hash_api_key
+from tenants.scoping import tenant_context
+from tests.conftest import Person
+
+pytestmark = pytest.mark.smoke
+
+
+def _status_and_code(client, url: str = "/api/v1/tenant") -> tuple[int, str | None]:
+    response = client.get(url)
+    body = response.json()
+    return response.status_code, body.get("error")
+
+
+def test_valid_key_names_its_tenant(alice: Person) -> None:
+    response = alice.key_client().get("/api/v1/tenant")
+    assert response.status_code == 200
+    assert response.json()["tenant"]["slug"] == "acme"
+    assert response.json()["scopes"] == sorted(["ingest", "gate", "read", "recovery"])
+
+
+def test_missing_key_is_401(db: None) -> None:
+    from rest_framework.test import APIClient
+
+    assert _status_and_code(APIClient()) == (401, "not_authenticated")
+
+
+@pytest.mark.parametrize("raw", ["nonsense", "sp_short_x", "sp_abcdefghijkl_wrongsecret"])
+def test_wrong_key_is_401(alice: Person, raw: str) -> None:
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert _status_and_code(client) == (401, "invalid_api_key")
+
+
+def test_right_prefix_wrong_secret_is_401(alice: Person) -> None:
+    from rest_framework.test import APIClient
+
+    prefix = ApiKey.prefix_of(alice.api_key)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer sp_{prefix}_{'x' * 43}")
+    assert _status_and_code(client) == (401, "invalid_api_key")
+
+
+def test_revoked_key_is_401(alice: Person, tenant_a: Tenant) -> None:
+    with tenant_context(tenant_a):
+        key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
+    services.revoke_api_key(key)
+    assert _status_and_code(alice.key_client()) == (401, "revoked_api_key")
+
+
+def test_expired_key_is_401(alice: Person, tenant_a: Tenant) -> None:
+    with tenant_context(tenant_a):
+        ApiKey.objects.filter(prefix=ApiKey.prefix_of(alice.api_key)).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
+    assert _status_and_code(alice.key_client()) == (401, "expired_api_key")
+
+
+def test_missing_scope_is_403(tenant_a: Tenant) -> None:
+    from rest_framework.test import APIClient
+
+    _, raw = services.create_api_key(tenant_a, name="ingest-only", scopes=["ingest"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert _status_and_code(client) == (403, "missing_scope")
+
+
+def test_stored_value_is_a_hash_never_the_key(alice: Person, tenant_a: Tenant) -> None:
+    with tenant_context(tenant_a):
+        key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
+        stored_values = [str(v) for v in ApiKey.objects.values_list("key_hash", "prefix", "name").get(pk=key.pk)]
+    assert alice.api_key not in stored_values
+    assert key.key_hash == hash_api_key(alice.api_key)
+    assert alice.api_key.split("_", 2)[2] not in "".join(stored_values)
+
+
+def test_last_used_is_recorded(alice: Person, tenant_a: Tenant) -> None:
+    alice.key_client().get("/api/v1/tenant")
+    with tenant_context(tenant_a):
+        key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
+    assert key.last_used_at is not None
+
+
+def test_owner_creates_key_shown_once_viewer_cannot(alice: Person, bob: Person) -> None:
+    response = alice.session_client().post(
+        "/api/v1/keys", {"name": "ci-agent", "scopes": ["ingest"]}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    raw = response.json()["key"]
+    assert raw.startswith("sp_")
+    listing = alice.session_client().get("/api/v1/keys").json()
+    assert raw not in str(listing)
+    assert any(item["name"] == "ci-agent" for item in listing["results"])
+    denied = bob.session_client().post("/api/v1/keys", {"name": "x", "scopes": ["ingest"]}, format="json")
+    assert denied.status_code == 403 and denied.json()["error"] == "role_forbidden"
+
+
+def test_bad_scope_is_400_naming_the_field(alice: Person) -> None:
+    response = alice.session_client().post("/api/v1/keys", {"name": "x", "scopes": ["root"]}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid"
+    assert response.json()["field"] == "scopes"
+
+
+def test_revoke_through_api(alice: Person, tenant_a: Tenant) -> None:
+    client = alice.session_client()
+    created = client.post("/api/v1/keys", {"name": "temp", "scopes": ["read"]}, format="json").json()
+    assert client.delete(f"/api/v1/keys/{created['id']}").status_code == 204
+    from rest_framework.test import APIClient
+
+    agent = APIClient()
+    agent.credentials(HTTP_AUTHORIZATION=f"Bearer {created['key']}")
+    assert _status_and_code(agent) == (401, "revoked_api_key")
