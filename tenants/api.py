@@ -72,7 +72,9 @@ class TenantScopedViewMixin:
             scope = self.required_scopes.get(method)
             if scope is None or not principal.api_key.has_scope(scope):
                 needed = scope or "(not available to API keys)"
-                raise exceptions.PermissionDenied(f"this API key lacks the '{needed}' scope", code="missing_scope")
+                raise exceptions.PermissionDenied(
+                    f"this API key lacks the '{needed}' scope", code="missing_scope"
+                )
             self.api_key = principal.api_key
             self.tenant = principal.tenant
         else:

@@ -33,7 +33,9 @@ class Role(models.TextChoices):
 
 # Who may do what, by role. Views name the capability, never a list of roles.
 ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
-    Role.OWNER: frozenset({"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "break_glass"}),
+    Role.OWNER: frozenset(
+        {"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "break_glass"}
+    ),
     Role.ADMIN: frozenset({"read", "manage_members", "manage_keys", "audit", "approve", "fleet"}),
     Role.APPROVER: frozenset({"read", "approve"}),
     Role.AUDITOR: frozenset({"read", "audit"}),

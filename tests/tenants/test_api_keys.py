@@ -75,7 +75,8 @@ def test_missing_scope_is_403(tenant_a: Tenant) -> None:
 def test_stored_value_is_a_hash_never_the_key(alice: Person, tenant_a: Tenant) -> None:
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
-        stored_values = [str(v) for v in ApiKey.objects.values_list("key_hash", "prefix", "name").get(pk=key.pk)]
+        row = ApiKey.objects.values_list("key_hash", "prefix", "name").get(pk=key.pk)
+        stored_values = [str(v) for v in row]
     assert alice.api_key not in stored_values
     assert key.key_hash == hash_api_key(alice.api_key)
     assert alice.api_key.split("_", 2)[2] not in "".join(stored_values)
