@@ -1,0 +1,115 @@
+"""Tenant isolation, enumerated from the URL resolver so a new route is covered the day it lands.
+
+For every API route: carol (tenant bravo), with her session and with her all-scopes API key,
+asks for acme's objects and gets 404; her listings contain nothing of acme's. A route with a URL
+parameter this file has no acme sample for fails the test: add the sample, don't skip the route.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from tenants.api import TenantScopedViewMixin
+from tenants.models import ApiKey, Tenant
+from tenants.scoping import tenant_context
+from tests.conftest import Person
+
+# Routes that are deliberately not tenant data.
+PUBLIC_ROUTES = {"healthz", "readyz", "schema", "api-docs", "api-redoc"}
+API_PREFIXES = ("api/", "v1/")
+
+
+def _acme_api_key_id(tenant: Tenant, alice: Person) -> Any:
+    with tenant_context(tenant):
+        return ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key)).pk
+
+
+# URL parameter name -> how to get acme's value for it. Apps add their own parameters here.
+SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
+    "pk": _acme_api_key_id,
+}
+
+
+def _walk(patterns: list, prefix: str = "") -> Iterator[tuple[str, URLPattern]]:
+    for entry in patterns:
+        if isinstance(entry, URLResolver):
+            yield from _walk(entry.url_patterns, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern):
+            yield prefix + str(entry.pattern), entry
+
+
+def api_routes() -> list[tuple[str, URLPattern]]:
+    return [
+        (route, pattern)
+        for route, pattern in _walk(get_resolver().url_patterns)
+        if route.startswith(API_PREFIXES) and pattern.name not in PUBLIC_ROUTES
+    ]
+
+
+def _view_class(pattern: URLPattern) -> type | None:
+    return getattr(pattern.callback, "view_class", None) or getattr(pattern.callback, "cls", None)
+
+
+def _fill(route: str, tenant: Tenant, alice: Person) -> str:
+    def value(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in SAMPLE:
+            pytest.fail(f"route {route!r} has parameter {name!r} with no acme sample in SAMPLE")
+        return str(SAMPLE[name](tenant, alice))
+
+    return "/" + re.sub(r"<(?:(\w+):)?(\w+)>", value, route)
+
+
+def test_there_are_api_routes_to_check() -> None:
+    assert len(api_routes()) >= 3
+
+
+@pytest.mark.parametrize("route", [route for route, _ in api_routes()])
+def test_every_api_view_inherits_the_tenant_mixin(route: str) -> None:
+    pattern = dict(api_routes())[route]
+    view_class = _view_class(pattern)
+    assert view_class is not None and issubclass(view_class, TenantScopedViewMixin), (
+        f"{route} is served by {view_class}, which does not inherit TenantScopedViewMixin"
+    )
+
+
+def _acme_fingerprints(tenant: Tenant, alice: Person) -> list[str]:
+    """Strings that would betray acme if they showed up in anything carol receives."""
+    return [tenant.slug, tenant.name, ApiKey.prefix_of(alice.api_key) or "", alice.user.email]
+
+
+@pytest.mark.smoke
+def test_carol_sees_nothing_of_acme(tenant_a: Tenant, alice: Person, bob: Person, carol: Person) -> None:
+    fingerprints = _acme_fingerprints(tenant_a, alice)
+    checked = 0
+    for route, _ in api_routes():
+        url = _fill(route, tenant_a, alice)
+        has_params = "<" in route
+        for client_name, client in (("session", carol.session_client()), ("api key", carol.key_client())):
+            response = client.get(url)
+            if response.status_code == 405:
+                continue  # a write-only route: nothing to read
+            body = response.content.decode(errors="replace")
+            if has_params:
+                assert response.status_code in (403, 404), (
+                    f"carol ({client_name}) got {response.status_code} for acme's {url}: {body[:300]}"
+                )
+            for fingerprint in fingerprints:
+                assert fingerprint not in body, f"carol ({client_name}) saw {fingerprint!r} at {url}"
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.smoke
+def test_acme_members_do_see_their_own_data(tenant_a: Tenant, alice: Person) -> None:
+    """The other half of the isolation proof: the same routes do return acme's data to acme,
+    so carol's empty answers are scoping at work, not broken views."""
+    response = alice.session_client().get("/api/v1/keys")
+    assert response.status_code == 200
+    assert ApiKey.prefix_of(alice.api_key) in response.content.decode()
+    assert alice.session_client().get(_fill("api/v1/keys/<int:pk>", tenant_a, alice)).status_code == 200
