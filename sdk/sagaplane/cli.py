@@ -1,0 +1,184 @@
+"""`sagaplane` command line.
+
+One `add_<name>(subparsers)` function registers each subcommand and points it at
+a `cmd_<name>(args) -> int` function. To add a subcommand (verify-disclosure,
+verify-export, worker), write that pair and add the `add_` function to
+SUBCOMMANDS; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._version import __version__
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the thing checked is bad, or shipping was refused
+EXIT_USAGE = 2  # bad arguments or configuration (argparse also uses 2)
+
+
+# -- verify-wal ------------------------------------------------------------------------------
+
+
+def add_verify_wal(sub: Any) -> None:
+    p = sub.add_parser("verify-wal", help="check a WAL file's hash chain locally")
+    p.add_argument("wal_file")
+    p.add_argument("--strict", action="store_true", help="also refuse records that carry no hash")
+    p.set_defaults(func=cmd_verify_wal)
+
+
+def cmd_verify_wal(args: argparse.Namespace) -> int:
+    from .chain import verify_chain
+    from .walfile import read_all
+
+    try:
+        entries, torn = read_all(args.wal_file)
+    except OSError as exc:
+        print(f"error: cannot read {args.wal_file}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    records = [e.record for e in entries if e.record is not None]
+    report = verify_chain(records, strict=args.strict)
+    bad_line = next((i for i, e in enumerate(entries) if e.bad is not None), None)
+    # Name whichever problem comes first in the file.
+    first = report.first_break
+    line_of_break = None
+    if first is not None:
+        parsed = [i for i, e in enumerate(entries) if e.record is not None]
+        line_of_break = parsed[first.index]
+    if bad_line is not None and (line_of_break is None or bad_line < line_of_break):
+        bad = entries[bad_line].bad
+        print(
+            f"BROKEN: {args.wal_file}: line {bad_line + 1} is not a JSON record ({bad}); "
+            f"the record after it cannot be checked against it"
+        )
+        return EXIT_FAILED
+    if first is not None:
+        print(
+            f"BROKEN: {args.wal_file}: first bad record seq={first.seq} index={first.index} "
+            f"(line {line_of_break + 1 if line_of_break is not None else '?'}): {first.reason}"
+        )
+        if len(report.breaks) > 1:
+            print(f"  ({len(report.breaks) - 1} further break(s))")
+        return EXIT_FAILED
+    extra = f"; ignored a torn final line of {torn} byte(s) (a crash mid-write)" if torn else ""
+    print(f"OK: {args.wal_file}: {report.summary()}; head seq {report.head_seq}{extra}")
+    return EXIT_OK
+
+
+# -- ship ------------------------------------------------------------------------------------
+
+
+def add_ship(sub: Any) -> None:
+    p = sub.add_parser("ship", help="ship a WAL file (resumable; agent-saga WALs too) to the control plane")
+    p.add_argument("wal_file")
+    p.add_argument("--stream", help="stream id (default: the one in WAL_FILE.meta.json, created if missing)")
+    p.add_argument("--url", help="control plane URL (default: $SAGAPLANE_URL)")
+    p.add_argument("--api-key", help="API key (default: $SAGAPLANE_API_KEY)")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--max-retries", type=int, default=8, help="transient failures in a row before giving up")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_ship)
+
+
+class _Progress:
+    """A one-line bar on a terminal; silent otherwise so logs and pipes stay clean."""
+
+    def __init__(self, total: int, stream: Any) -> None:
+        self.total = max(total, 1)
+        self.done = 0
+        self.stream = stream
+
+    def __call__(self, n: int, _response: Any) -> None:
+        self.done += n
+        width = 30
+        filled = min(width, int(width * self.done / self.total))
+        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} records")
+        self.stream.flush()
+
+    def end(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def cmd_ship(args: argparse.Namespace) -> int:
+    from .client import Client, ConfigurationError
+    from .shipper import Backoff, ShipFailed, Shipper
+    from .walfile import iter_entries
+
+    if not os.path.exists(args.wal_file):
+        print(f"error: {args.wal_file} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        client = Client(args.url, args.api_key)
+        shipper = Shipper(
+            args.wal_file,
+            stream_id=args.stream,
+            client=client,
+            batch_size=args.batch_size,
+            backoff=Backoff(base=0.5, cap=30.0),
+        )
+    except (ConfigurationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if shipper.failure is not None:
+        print(f"error: {shipper.failure}", file=sys.stderr)
+        return EXIT_FAILED
+    progress = None
+    if sys.stdout.isatty() and not args.no_progress:
+        remaining = sum(1 for _ in iter_entries(args.wal_file, shipper.cursor.offset))
+        progress = _Progress(remaining, sys.stdout)
+        shipper.on_batch = progress
+    try:
+        shipped = shipper.run_until_caught_up(max_retries=args.max_retries)
+    except ShipFailed as exc:
+        if progress:
+            progress.end()
+        print(f"FAILED: {exc.reason}", file=sys.stderr)
+        if exc.status in (401, 403):
+            return EXIT_USAGE
+        return EXIT_FAILED
+    if progress:
+        progress.end()
+    head = (
+        shipper.last_response.body.get("head")
+        if shipper.last_response and isinstance(shipper.last_response.body, dict)
+        else None
+    )
+    print(
+        f"shipped {shipped} record(s) to stream {shipper.stream_id} "
+        f"({shipper.accepted} accepted, {shipper.duplicates} duplicate(s)); "
+        f"cursor at byte {shipper.cursor.offset}, seq {shipper.cursor.seq}"
+        + (f"; server head seq {head.get('seq')}" if isinstance(head, dict) else "")
+    )
+    return EXIT_OK
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [add_ship, add_verify_wal]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sagaplane", description="Sagaplane agent SDK tools")
+    parser.add_argument("--version", action="version", version=f"sagaplane {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

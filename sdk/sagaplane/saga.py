@@ -1,0 +1,791 @@
+"""The saga engine: steps with paired compensations, write-ahead ordering, LIFO rollback.
+
+The rollback rules live in one generator (`_rollback_steps`) driven by a sync and
+an async driver, so the two flavours cannot drift apart on the invariants that
+matter: LIFO order, one outcome per step, bounded retries, halting, honesty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import inspect
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .semantics import (
+    COMPENSABLE,
+    IRREVERSIBLE,
+    PREVIEW,
+    Compensation,
+    Semantics,
+    accepts_kwarg,
+    idempotency_key,
+)
+from .wal import WAL
+
+logger = logging.getLogger("sagaplane")
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_LEASE_TTL = 30.0
+
+
+class StepState(str, enum.Enum):  # noqa: UP042 (str() must stay the value on 3.10)
+    INTENT = "INTENT"  # intent logged, effect not (yet) known to have run
+    COMMITTED = "COMMITTED"
+    UNKNOWN = "UNKNOWN"  # forward call raised: the effect may or may not have landed
+    NOT_APPLIED = "NOT_APPLIED"  # the tool said, via EffectNotApplied, that nothing happened
+    COMPENSATED = "COMPENSATED"
+    COMPENSATION_FAILED = "COMPENSATION_FAILED"
+    ORPHANED = "ORPHANED"  # ran (or may have) and has no inverse
+    UNRESOLVED = "UNRESOLVED"  # rollback halted before reaching it
+
+
+class SagaError(Exception):
+    pass
+
+
+class EffectNotApplied(Exception):
+    """Raise from a tool to say the effect certainly did not happen (validation, a decline).
+
+    Any other exception leaves the step UNKNOWN: a timed-out charge may have landed,
+    so it is still compensated (idempotently) or reported as orphaned.
+    """
+
+
+class IrreversibleRefused(SagaError):
+    """An IRREVERSIBLE step was not confirmed. Raised before its intent or effect."""
+
+    def __init__(self, request: ConfirmRequest, reason: str = "not confirmed") -> None:
+        self.request = request
+        self.reason = reason
+        super().__init__(f"irreversible step {request.tool!r} refused: {reason}")
+
+
+@dataclass(frozen=True)
+class ConfirmRequest:
+    saga_id: str
+    step_id: str
+    tool: str
+    semantics: Semantics
+    kwargs: dict[str, Any]
+
+
+ConfirmHook = Callable[[ConfirmRequest], bool | Awaitable[bool]]
+
+
+def refuse_irreversible(request: ConfirmRequest) -> bool:
+    """The default confirmation hook: an irreversible effect needs someone to say yes."""
+    return False
+
+
+@dataclass(eq=False)
+class Step:
+    index: int  # 1-based position in the saga; what rollback(to_step=N) refers to
+    step_id: str
+    saga_id: str
+    tool: str
+    semantics: Semantics
+    kwargs: dict[str, Any]
+    state: StepState = StepState.INTENT
+    compensation: Compensation | None = None
+    captured: Any = None
+    error: str | None = None
+    attempts: int = 0
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.saga_id, self.step_id, "compensate")
+
+    def __repr__(self) -> str:
+        return f"Step(#{self.index} {self.tool} {self.semantics.value} {self.state.value})"
+
+
+@dataclass
+class RollbackReport:
+    """What a rollback achieved. `clean` is false whenever anything is left standing."""
+
+    to_step: int = 0
+    compensated: list[Step] = field(default_factory=list)
+    failed: list[Step] = field(default_factory=list)
+    orphaned: list[Step] = field(default_factory=list)
+    unresolved: list[Step] = field(default_factory=list)
+    skipped: list[Step] = field(default_factory=list)  # nothing to undo (PREVIEW, not applied)
+    halted: bool = False
+    order: list[Step] = field(default_factory=list)  # every compensation attempted, in order
+
+    @property
+    def clean(self) -> bool:
+        return not (self.failed or self.orphaned or self.unresolved)
+
+    @property
+    def partial(self) -> bool:
+        return not self.clean
+
+    def outcome_of(self, step: Step) -> str | None:
+        for label in ("compensated", "failed", "orphaned", "unresolved", "skipped"):
+            if step in getattr(self, label):
+                return label
+        return None
+
+    def summary(self) -> str:
+        if self.clean:
+            return f"rollback clean: {len(self.compensated)} step(s) compensated"
+        parts = [f"{len(self.compensated)} compensated"]
+        for label, steps in (
+            ("FAILED", self.failed),
+            ("ORPHANED", self.orphaned),
+            ("UNRESOLVED", self.unresolved),
+        ):
+            if steps:
+                parts.append(f"{len(steps)} {label}: {', '.join(s.tool for s in steps)}")
+        return "rollback PARTIAL: " + "; ".join(parts) + (" (halted)" if self.halted else "")
+
+
+class SagaAborted(SagaError):
+    """The saga body raised; rollback ran. Carries the cause and the report."""
+
+    def __init__(self, cause: BaseException, report: RollbackReport) -> None:
+        self.cause = cause
+        self.report = report
+        super().__init__(f"{type(cause).__name__}: {cause} | {report.summary()}")
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_current: ContextVar[Saga | None] = ContextVar("sagaplane_current_saga", default=None)
+
+
+def current_saga() -> Saga | None:
+    return _current.get()
+
+
+# The process default WAL and confirmation hook, set by sagaplane.configure().
+_defaults: dict[str, Any] = {"wal": None, "confirm": None}
+
+
+def set_default_wal(wal: WAL | None) -> None:
+    _defaults["wal"] = wal
+
+
+def get_default_wal() -> WAL:
+    wal = _defaults["wal"]
+    if wal is None:
+        path = os.environ.get("SAGAPLANE_WAL", "sagaplane.wal")
+        wal = WAL(path)
+        _defaults["wal"] = wal
+    return wal
+
+
+def set_default_confirm(confirm: ConfirmHook | None) -> None:
+    _defaults["confirm"] = confirm
+
+
+class Saga:
+    """One transactional boundary. Use as `with`, `async with`, or a decorator.
+
+    A Saga object runs once; as a decorator it creates a fresh one per call.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        wal: WAL | None = None,
+        saga_id: str | None = None,
+        confirm: ConfirmHook | None = None,
+        halt_on_failure: bool = True,
+        max_attempts: int = 3,
+        retry_delay: float = 0.05,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.name = name
+        self._wal = wal
+        self.saga_id = saga_id or (f"{name}-{uuid.uuid4().hex[:12]}" if name else uuid.uuid4().hex)
+        self._fixed_id = saga_id is not None
+        self.confirm = confirm
+        self.halt_on_failure = halt_on_failure
+        self.max_attempts = max_attempts
+        self.retry_delay = retry_delay
+        self.lease_ttl = lease_ttl
+        self.steps: list[Step] = []
+        self.status = "new"  # new -> running -> complete | aborted
+        self.last_report: RollbackReport | None = None
+        self._fully_rolled_back = False
+        self._durable = False  # any step made us fsync: terminal records must then be durable too
+        self._token: Token[Saga | None] | None = None
+
+    @property
+    def wal(self) -> WAL:
+        if self._wal is None:
+            self._wal = get_default_wal()
+        return self._wal
+
+    def _clone(self) -> Saga:
+        return Saga(
+            self.name,
+            wal=self._wal,
+            confirm=self.confirm,
+            halt_on_failure=self.halt_on_failure,
+            max_attempts=self.max_attempts,
+            retry_delay=self.retry_delay,
+            lease_ttl=self.lease_ttl,
+        )
+
+    # -- boundary ----------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if self.status != "new":
+            raise SagaError("a Saga runs once; create a new one (or use it as a decorator)")
+        self.status = "running"
+        fields: dict[str, Any] = {"saga_id": self.saga_id, "pid": os.getpid(), "lease_ttl": self.lease_ttl}
+        if self.name:
+            fields["name"] = self.name
+        self.wal.append("SAGA_START", fields)
+        self.wal.hold_lease(self.saga_id, self.lease_ttl)
+        self._token = _current.set(self)
+
+    def _leave(self) -> None:
+        self.wal.release_lease(self.saga_id)
+        if self._token is not None:
+            try:
+                _current.reset(self._token)
+            except ValueError:  # exited in a different context (e.g. a generator); just clear
+                _current.set(None)
+            self._token = None
+
+    def _finish(self) -> None:
+        aborted = self._fully_rolled_back
+        clean = self.last_report.clean if (aborted and self.last_report) else True
+        self.wal.append(
+            "SAGA_ABORTED" if aborted else "SAGA_COMPLETE",
+            {"saga_id": self.saga_id, "clean": clean},
+            durable=self._durable,
+        )
+        self.status = "aborted" if aborted else "complete"
+
+    def _abort_cause(self, exc: BaseException) -> None:
+        message = str(exc)
+        self.wal.append(
+            "SAGA_ABORT_CAUSE",
+            {"saga_id": self.saga_id, "cause_type": type(exc).__name__, "cause": message[:2000]},
+        )
+
+    def __enter__(self) -> Saga:
+        self._begin()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        try:
+            if exc is None:
+                self._finish()
+                return False
+            self._abort_cause(exc)
+            report = self.rollback()
+            self._finish()
+        finally:
+            self._leave()
+        if isinstance(exc, Exception):
+            raise SagaAborted(exc, report) from exc
+        return False  # KeyboardInterrupt / SystemExit propagate as themselves, after rollback
+
+    async def __aenter__(self) -> Saga:
+        self._begin()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        try:
+            if exc is None:
+                if self._durable:
+                    await asyncio.to_thread(self._finish)
+                else:
+                    self._finish()
+                return False
+            self._abort_cause(exc)
+            report = await self.rollback_async()
+            if self._durable:
+                await asyncio.to_thread(self._finish)
+            else:
+                self._finish()
+        finally:
+            self._leave()
+        if isinstance(exc, Exception):
+            raise SagaAborted(exc, report) from exc
+        return False
+
+    def __call__(self, fn: F) -> F:
+        """Decorator form: each call runs inside a fresh saga with this configuration."""
+        if self.name is None:
+            self.name = fn.__name__
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                async with self._clone():
+                    return await fn(*args, **kwargs)
+
+            return awrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self._clone():
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _new_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+        if self.status != "running":
+            raise SagaError(f"saga {self.saga_id} is {self.status}; no new steps")
+        return Step(
+            index=len(self.steps) + 1,
+            step_id=uuid.uuid4().hex,
+            saga_id=self.saga_id,
+            tool=spec.name,
+            semantics=spec.semantics,
+            kwargs=spec.bind(args, kwargs),
+        )
+
+    def _confirm_request(self, step: Step) -> ConfirmRequest:
+        return ConfirmRequest(self.saga_id, step.step_id, step.tool, step.semantics, dict(step.kwargs))
+
+    def _confirm_hook(self, spec: ToolSpec) -> ConfirmHook:
+        return spec.confirm or self.confirm or _defaults["confirm"] or refuse_irreversible
+
+    def _refused(self, step: Step, reason: str) -> IrreversibleRefused:
+        # Logged so the evidence shows the attempt; the step never joins the stack.
+        self.wal.append(
+            "STEP_REFUSED",
+            {
+                "saga_id": self.saga_id,
+                "step_id": step.step_id,
+                "tool": step.tool,
+                "semantics": step.semantics.value,
+                "kwargs": step.kwargs,
+                "reason": reason,
+            },
+        )
+        return IrreversibleRefused(self._confirm_request(step), reason)
+
+    def _intent(self, step: Step) -> int:
+        fields: dict[str, Any] = {
+            "saga_id": self.saga_id,
+            "step_id": step.step_id,
+            "tool": step.tool,
+            "semantics": step.semantics.value,
+            "kwargs": step.kwargs,
+        }
+        if step.captured is not None:
+            fields["captured_state"] = step.captured
+        _, mark = self.wal.write("STEP_INTENT", fields)
+        self.steps.append(step)
+        return mark
+
+    @staticmethod
+    def _needs_fsync(step: Step) -> bool:
+        return step.semantics in (COMPENSABLE, IRREVERSIBLE)
+
+    def _derive(self, spec: ToolSpec, step: Step, result: Any, *, failed: bool) -> None:
+        comp = spec.compensate
+        if comp is None:
+            return
+        try:
+            if isinstance(comp, Compensation):
+                derived: Any = comp
+            else:
+                extra: dict[str, Any] = {}
+                if accepts_kwarg(comp, "state"):
+                    extra["state"] = step.captured
+                if accepts_kwarg(comp, "kwargs"):
+                    extra["kwargs"] = dict(step.kwargs)
+                derived = comp(result, **extra)
+        except Exception as exc:
+            # A factory that cannot cope with a failed call (result None) is normal; one
+            # that breaks on a real result is a bug worth shouting about.
+            (logger.debug if failed else logger.error)(
+                "compensation factory for %r raised: %r", step.tool, exc
+            )
+            return
+        if derived is None or isinstance(derived, Compensation):
+            step.compensation = derived
+        elif callable(derived):
+            step.compensation = Compensation(fn=derived)
+        else:
+            logger.error(
+                "compensation factory for %r returned %r; treating as no inverse", step.tool, derived
+            )
+        if step.compensation is not None and not step.compensation.recoverable and self._needs_fsync(step):
+            logger.warning(
+                "step %r has an in-process-only compensation (no registered handler or non-JSON kwargs); "
+                "it is unrecoverable if this process dies",
+                step.tool,
+            )
+
+    def _descriptor(self, step: Step) -> dict[str, Any] | None:
+        return step.compensation.describe(step.idempotency_key) if step.compensation else None
+
+    def _committed(self, spec: ToolSpec, step: Step, result: Any) -> int:
+        step.state = StepState.COMMITTED
+        self._derive(spec, step, result, failed=False)
+        _, mark = self.wal.write(
+            "STEP_COMMITTED",
+            {
+                "saga_id": self.saga_id,
+                "step_id": step.step_id,
+                "tool": step.tool,
+                "semantics": step.semantics.value,
+                "compensation": self._descriptor(step),
+            },
+        )
+        return mark
+
+    def _failed(self, spec: ToolSpec, step: Step, exc: BaseException) -> int:
+        step.error = repr(exc)
+        if isinstance(exc, EffectNotApplied):
+            step.state = StepState.NOT_APPLIED
+            _, mark = self.wal.write(
+                "STEP_FAILED",
+                {
+                    "saga_id": self.saga_id,
+                    "step_id": step.step_id,
+                    "tool": step.tool,
+                    "semantics": step.semantics.value,
+                    "error": step.error,
+                },
+            )
+            return mark
+        step.state = StepState.UNKNOWN
+        self._derive(spec, step, None, failed=True)
+        _, mark = self.wal.write(
+            "STEP_UNKNOWN",
+            {
+                "saga_id": self.saga_id,
+                "step_id": step.step_id,
+                "tool": step.tool,
+                "semantics": step.semantics.value,
+                "error": step.error,
+                "compensation": self._descriptor(step),
+            },
+        )
+        return mark
+
+    def run_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        step = self._new_step(spec, args, kwargs)
+        if step.semantics is IRREVERSIBLE:
+            answer = self._confirm_hook(spec)(self._confirm_request(step))
+            if inspect.isawaitable(answer):
+                answer = _run_coro(answer)
+            if answer is not True:
+                raise self._refused(step, "confirmation hook refused" if answer is False else str(answer))
+        if spec.capture_state is not None:
+            step.captured = spec.capture_state(*args, **kwargs)
+        mark = self._intent(step)
+        durable = self._needs_fsync(step)
+        if durable:
+            self._durable = True
+            self.wal.sync(mark)  # the intent is on disk before the effect can happen
+        try:
+            result = spec.fn(*args, **kwargs)
+        except BaseException as exc:
+            mark = self._failed(spec, step, exc)
+            if durable:
+                self.wal.sync(mark)
+            raise
+        mark = self._committed(spec, step, result)
+        if durable:
+            self.wal.sync(mark)
+        return result
+
+    async def run_step_async(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        step = self._new_step(spec, args, kwargs)
+        if step.semantics is IRREVERSIBLE:
+            answer = self._confirm_hook(spec)(self._confirm_request(step))
+            if inspect.isawaitable(answer):
+                answer = await answer
+            if answer is not True:
+                raise self._refused(step, "confirmation hook refused" if answer is False else str(answer))
+        if spec.capture_state is not None:
+            captured = spec.capture_state(*args, **kwargs)
+            step.captured = await captured if inspect.isawaitable(captured) else captured
+        mark = self._intent(step)
+        durable = self._needs_fsync(step)
+        if durable:
+            self._durable = True
+            # fsync off the event loop; concurrent sagas share one fsync through the WAL's group commit.
+            await asyncio.to_thread(self.wal.sync, mark)
+        try:
+            result = await spec.fn(*args, **kwargs)
+        except BaseException as exc:
+            mark = self._failed(spec, step, exc)
+            if durable:
+                await asyncio.to_thread(self.wal.sync, mark)
+            raise
+        mark = self._committed(spec, step, result)
+        if durable:
+            await asyncio.to_thread(self.wal.sync, mark)
+        return result
+
+    # -- rollback ----------------------------------------------------------------------
+
+    def _rollback_steps(self, to_step: int) -> Generator[Any, BaseException | None, RollbackReport]:
+        """The rollback rules. Yields (step, fn, kwargs) to run or _Sleep; receives the error or None."""
+        if to_step < 0:
+            raise ValueError("to_step must be >= 0")
+        report = RollbackReport(to_step=to_step)
+        # An already-compensated step is not touched again: compensating twice is a no-op.
+        targets = [
+            s for s in reversed(self.steps) if s.index > to_step and s.state is not StepState.COMPENSATED
+        ]
+        start: dict[str, Any] = {"saga_id": self.saga_id, "steps": len(targets)}
+        if to_step:
+            start["to_step"] = to_step
+        self.wal.append("ROLLBACK_START", start)
+        for step in targets:
+            if report.halted:
+                step.state = StepState.UNRESOLVED
+                report.unresolved.append(step)
+                continue
+            if step.semantics is PREVIEW or step.state in (StepState.NOT_APPLIED, StepState.INTENT):
+                report.skipped.append(step)
+                continue
+            if step.compensation is None:
+                step.state = StepState.ORPHANED
+                report.orphaned.append(step)
+                self.wal.append(
+                    "STEP_ORPHANED",
+                    {
+                        "saga_id": self.saga_id,
+                        "step_id": step.step_id,
+                        "tool": step.tool,
+                        "semantics": step.semantics.value,
+                    },
+                )
+                logger.error("ORPHANED: %r (%s) ran and has no inverse", step.tool, step.semantics.value)
+                continue
+            try:
+                fn = step.compensation.callable()
+            except LookupError as exc:
+                fn, lookup_error = None, exc
+            kwargs = dict(step.compensation.kwargs)
+            if fn is not None and accepts_kwarg(fn, "idempotency_key"):
+                kwargs.setdefault("idempotency_key", step.idempotency_key)
+            report.order.append(step)
+            error: BaseException | None = None
+            attempts = 0
+            if fn is None:  # a handler name nobody registered: retrying cannot help
+                attempts, error = 1, lookup_error
+            while fn is not None and attempts < self.max_attempts:
+                attempts += 1
+                error = yield (step, fn, kwargs)
+                if error is None:
+                    break
+                if attempts < self.max_attempts and self.retry_delay > 0:
+                    yield _Sleep(self.retry_delay * (2 ** (attempts - 1)))
+            step.attempts += attempts
+            if error is None:
+                step.state = StepState.COMPENSATED
+                report.compensated.append(step)
+                self.wal.append(
+                    "COMPENSATED",
+                    {
+                        "saga_id": self.saga_id,
+                        "step_id": step.step_id,
+                        "tool": step.tool,
+                        "idempotency_key": step.idempotency_key,
+                        "attempts": attempts,
+                    },
+                )
+                continue
+            step.state = StepState.COMPENSATION_FAILED
+            step.error = repr(error)
+            report.failed.append(step)
+            self.wal.append(
+                "COMPENSATION_FAILED",
+                {
+                    "saga_id": self.saga_id,
+                    "step_id": step.step_id,
+                    "tool": step.tool,
+                    "error": repr(error),
+                    "attempts": attempts,
+                    "idempotency_key": step.idempotency_key,
+                },
+            )
+            logger.error("compensation FAILED for %r after %d attempt(s): %r", step.tool, attempts, error)
+            if self.halt_on_failure:
+                report.halted = True
+        end: dict[str, Any] = {
+            "saga_id": self.saga_id,
+            "clean": report.clean,
+            "compensated": len(report.compensated),
+            "failed": len(report.failed),
+            "orphaned": len(report.orphaned),
+            "unresolved": len(report.unresolved),
+            "halted": report.halted,
+        }
+        if to_step:
+            end["to_step"] = to_step
+        self.wal.write("ROLLBACK_END", end)
+        self.last_report = report
+        if to_step == 0:
+            self._fully_rolled_back = True
+        (logger.info if report.clean else logger.error)("saga %s: %s", self.saga_id, report.summary())
+        return report
+
+    def rollback(self, to_step: int = 0) -> RollbackReport:
+        """Compensate every step after `to_step` (all of them by default), newest first."""
+        gen = self._rollback_steps(to_step)
+        sent: BaseException | None = None
+        try:
+            while True:
+                item = gen.send(sent)
+                sent = None
+                if isinstance(item, _Sleep):
+                    import time
+
+                    time.sleep(item.seconds)
+                    continue
+                _step, fn, kwargs = item
+                try:
+                    out = fn(**kwargs)
+                    if inspect.isawaitable(out):
+                        _run_coro(out)
+                except Exception as exc:
+                    sent = exc
+        except StopIteration as stop:
+            report: RollbackReport = stop.value
+        if self._durable:
+            self.wal.sync()
+        return report
+
+    async def rollback_async(self, to_step: int = 0) -> RollbackReport:
+        gen = self._rollback_steps(to_step)
+        sent: BaseException | None = None
+        try:
+            while True:
+                item = gen.send(sent)
+                sent = None
+                if isinstance(item, _Sleep):
+                    await asyncio.sleep(item.seconds)
+                    continue
+                _step, fn, kwargs = item
+                try:
+                    if inspect.iscoroutinefunction(fn):
+                        await fn(**kwargs)
+                    else:
+                        out = await asyncio.to_thread(functools.partial(fn, **kwargs))
+                        if inspect.isawaitable(out):
+                            await out
+                except Exception as exc:
+                    sent = exc
+        except StopIteration as stop:
+            report: RollbackReport = stop.value
+        if self._durable:
+            await asyncio.to_thread(self.wal.sync)
+        return report
+
+
+def _run_coro(awaitable: Awaitable[Any]) -> Any:
+    """Run an awaitable from sync code (a sync saga calling an async hook or compensator)."""
+
+    async def wrap() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wrap())
+    # A loop is running in this thread: run the coroutine on a private loop in a helper thread.
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wrap()).result()
+
+
+CompensateSpec = Compensation | Callable[..., Any] | None
+
+
+@dataclass
+class ToolSpec:
+    fn: Callable[..., Any]
+    name: str
+    semantics: Semantics
+    compensate: CompensateSpec = None
+    capture_state: Callable[..., Any] | None = None
+    confirm: ConfirmHook | None = None
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, for the STEP_INTENT record."""
+        try:
+            bound = inspect.signature(self.fn).bind_partial(*args, **kwargs)
+            return dict(bound.arguments)
+        except (TypeError, ValueError):
+            out = {f"arg{i}": a for i, a in enumerate(args)}
+            out.update(kwargs)
+            return out
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    semantics: Semantics | str,
+    compensate: CompensateSpec = None,
+    name: str | None = None,
+    capture_state: Callable[..., Any] | None = None,
+    confirm: ConfirmHook | None = None,
+) -> Any:
+    """Wrap a tool so each call inside a saga becomes a logged, compensable step.
+
+    `compensate` is a factory over the forward result: `lambda result: sp.undo("x.refund", id=result["id"])`
+    (it may also accept `state=` for the captured snapshot and `kwargs=` for the call's arguments),
+    a fixed `Compensation`, or None for "no inverse". Outside a saga the tool runs untouched.
+    """
+    sem = Semantics(semantics)
+
+    def decorate(target: Callable[..., Any]) -> Callable[..., Any]:
+        spec = ToolSpec(
+            target, name or getattr(target, "__name__", "tool"), sem, compensate, capture_state, confirm
+        )
+        if inspect.iscoroutinefunction(target):
+
+            @functools.wraps(target)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                active = _current.get()
+                if active is None:
+                    return await target(*args, **kwargs)
+                return await active.run_step_async(spec, args, kwargs)
+
+            awrapper.__sagaplane_tool__ = spec  # type: ignore[attr-defined]
+            return awrapper
+
+        @functools.wraps(target)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            active = _current.get()
+            if active is None:
+                return target(*args, **kwargs)
+            return active.run_step(spec, args, kwargs)
+
+        wrapper.__sagaplane_tool__ = spec  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def saga(_fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """`with saga(name=...)`, `async with saga(...)`, `@saga`, or `@saga(name=...)`."""
+    if _fn is not None and callable(_fn) and not isinstance(_fn, str):
+        return Saga(**options)(_fn)
+    if isinstance(_fn, str):
+        options.setdefault("name", _fn)
+    return Saga(**options)

@@ -1,0 +1,442 @@
+"""Shipping a WAL to the control plane: tail the file, POST batches, remember how far we got.
+
+The cursor (byte offset + the last acknowledged `_h`) lives in `<wal>.cursor.json`
+and is replaced atomically after every acknowledged batch. A crash between the
+server's answer and the cursor write just re-sends one batch, which the server
+counts as duplicates. Memory stays bounded: at most one batch is read from disk.
+
+Transient trouble (connection errors, 5xx, 429) is retried with exponential
+backoff and full jitter, forever in the background thread, since records wait
+safely on disk. A 4xx about the chain (422 chain_broken, 409 equivocation),
+a malformed batch (400) or a refused key (401/403) stops shipping loudly: the
+state becomes `failed`, the reason is logged at ERROR, and nothing is dropped
+or rewritten -- a human has to look.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._files import atomic_write_json, cursor_path, read_json
+from .chain import HASH_FIELD
+from .client import Client, Response, TransportError
+from .walfile import Entry, iter_entries, stream_id_for
+
+logger = logging.getLogger("sagaplane.shipper")
+
+DEFAULT_BATCH = 500
+DEFAULT_BATCH_BYTES = 4 << 20
+
+
+class ShipperState(str, enum.Enum):  # noqa: UP042
+    IDLE = "idle"  # caught up, waiting for new records
+    SHIPPING = "shipping"
+    BACKOFF = "backoff"  # the control plane is unreachable or unhappy; retrying
+    FAILED = "failed"  # stopped: the server refused the records or the key
+    CLOSED = "closed"
+
+
+class ShipFailed(Exception):
+    """Shipping stopped and will not resume by itself."""
+
+    def __init__(self, reason: str, status: int | None = None, body: Any = None) -> None:
+        self.reason = reason
+        self.status = status
+        self.body = body
+        super().__init__(reason)
+
+
+class RetryLater(Exception):
+    def __init__(self, reason: str, retry_after: float | None = None, *, immediate: bool = False) -> None:
+        self.reason = reason
+        self.retry_after = retry_after
+        self.immediate = immediate  # e.g. after shrinking a batch that got 413: no reason to wait
+        super().__init__(reason)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter (delay uniform in [0, min(cap, base * 2**n)])."""
+
+    base: float = 0.5
+    cap: float = 60.0
+    rng: Callable[[], float] = field(default=random.random)
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        ceiling = min(self.cap, self.base * (2 ** min(attempt, 30)))
+        d = self.rng() * ceiling
+        if retry_after is not None:
+            d = max(d, min(retry_after, self.cap))
+        return d
+
+
+@dataclass
+class Cursor:
+    stream: str
+    offset: int = 0
+    hash: str | None = None
+    seq: Any = None
+    shipped: int = 0  # records acknowledged through this cursor (accepted + duplicates)
+
+
+class Shipper:
+    def __init__(
+        self,
+        wal_path: str | os.PathLike[str],
+        *,
+        stream_id: str | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
+        backoff: Backoff | None = None,
+        poll_interval: float = 1.0,
+        on_batch: Callable[[int, Response], None] | None = None,
+    ) -> None:
+        self.path = Path(wal_path)
+        self.client = client or Client(url, api_key)
+        self.stream_id = stream_id_for(self.path, stream_id)
+        self.batch_size = max(1, batch_size)
+        self.max_batch_bytes = max_batch_bytes
+        self.backoff = backoff or Backoff()
+        self.poll_interval = poll_interval
+        self.on_batch = on_batch
+        self.cursor_file = cursor_path(self.path)
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.state = ShipperState.IDLE
+        self.failure: ShipFailed | None = None
+        self.attempt = 0  # consecutive transient failures
+        self.retries = 0  # total transient failures
+        self.delays: list[float] = []  # backoff delays actually waited (for tests and metrics)
+        self.accepted = 0
+        self.duplicates = 0
+        self.last_response: Response | None = None
+        self.cursor = self._load_cursor()
+
+    # -- cursor ------------------------------------------------------------------------
+
+    def _load_cursor(self) -> Cursor:
+        data = read_json(self.cursor_file)
+        if not isinstance(data, dict) or data.get("stream") != self.stream_id:
+            if isinstance(data, dict):
+                logger.warning(
+                    "%s: cursor belongs to stream %r, starting %r from the beginning",
+                    self.cursor_file,
+                    data.get("stream"),
+                    self.stream_id,
+                )
+            return Cursor(self.stream_id)
+        cursor = Cursor(
+            self.stream_id,
+            int(data.get("offset", 0)),
+            data.get("hash"),
+            data.get("seq"),
+            int(data.get("shipped", 0)),
+        )
+        self._check_cursor(cursor)
+        return cursor
+
+    def _check_cursor(self, cursor: Cursor) -> None:
+        """The record just before the cursor must be the one the server acknowledged;
+        otherwise the file was rewritten under us and re-shipping from a guess would be wrong."""
+        if cursor.offset == 0:
+            return
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if cursor.offset > size:
+            self._fail(
+                ShipFailed(
+                    f"{self.path} is shorter ({size} bytes) than the shipped cursor "
+                    f"({cursor.offset}); the WAL was truncated or replaced"
+                )
+            )
+            return
+        with open(self.path, "rb") as fh:
+            start = max(0, cursor.offset - (1 << 20))
+            fh.seek(start)
+            chunk = fh.read(cursor.offset - start)
+        line = chunk.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        try:
+            import json
+
+            last = json.loads(line)
+        except ValueError:
+            last = None
+        if not isinstance(last, dict) or last.get(HASH_FIELD) != cursor.hash:
+            self._fail(
+                ShipFailed(
+                    f"{self.path}: the record before the cursor (byte {cursor.offset}) is not "
+                    f"the one the control plane acknowledged; the WAL was rewritten"
+                )
+            )
+
+    def _save_cursor(self) -> None:
+        c = self.cursor
+        atomic_write_json(
+            self.cursor_file,
+            {"stream": c.stream, "offset": c.offset, "hash": c.hash, "seq": c.seq, "shipped": c.shipped},
+        )
+
+    # -- one batch ---------------------------------------------------------------------
+
+    def _read_batch(self) -> list[Entry]:
+        entries = (
+            list(
+                iter_entries(
+                    self.path, self.cursor.offset, limit=self.batch_size, max_bytes=self.max_batch_bytes
+                )
+            )
+            if self.path.exists()
+            else []
+        )
+        for i, entry in enumerate(entries):
+            if entry.bad is not None:
+                if i == 0:
+                    raise ShipFailed(f"{self.path}: {entry.bad}; refusing to skip it")
+                return entries[:i]
+        return entries
+
+    def ship_once(self) -> int:
+        """Send the next batch. Returns the number of records acknowledged (0 when caught up).
+
+        Raises RetryLater for transient trouble and ShipFailed when shipping must stop.
+        """
+        if self.failure is not None:
+            raise self.failure
+        entries = self._read_batch()
+        if not entries:
+            return 0
+        records = [e.record for e in entries]
+        try:
+            response = self.client.post_records(self.stream_id, records)  # type: ignore[arg-type]
+        except TransportError as exc:
+            raise RetryLater(str(exc)) from exc
+        self.last_response = response
+        status = response.status
+        if response.ok:
+            body = response.body if isinstance(response.body, dict) else {}
+            self.accepted += int(body.get("accepted", 0) or 0)
+            self.duplicates += int(body.get("duplicates", 0) or 0)
+            last = entries[-1]
+            with self._cond:
+                self.cursor.offset = last.end
+                self.cursor.hash = last.record.get(HASH_FIELD) if last.record else None
+                self.cursor.seq = last.record.get("seq") if last.record else None
+                self.cursor.shipped += len(entries)
+                self._save_cursor()
+                self._cond.notify_all()
+            if self.on_batch is not None:
+                self.on_batch(len(entries), response)
+            return len(entries)
+        if status == 413:
+            if len(entries) <= 1:
+                raise ShipFailed(
+                    "a single record is larger than the control plane accepts (413)", status, response.body
+                )
+            self.batch_size = max(1, len(entries) // 2)
+            self.max_batch_bytes = max(1, self.max_batch_bytes // 2)
+            raise RetryLater(f"413: batch of {len(entries)} too large; halving", immediate=True)
+        if status == 429 or status >= 500:
+            raise RetryLater(f"HTTP {status} {response.error_code}".strip(), _retry_after(response))
+        code = response.error_code or "error"
+        if status in (401, 403):
+            raise ShipFailed(
+                f"API key refused by the control plane: HTTP {status} {code}", status, response.body
+            )
+        body = response.body if isinstance(response.body, dict) else {}
+        if code == "chain_broken" or status == 422:
+            raise ShipFailed(
+                f"control plane rejected the chain at seq={body.get('seq')} index={body.get('index')} "
+                f"(batch offset {entries[0].start}): {body.get('reason', code)}",
+                status,
+                response.body,
+            )
+        if code == "equivocation" or status == 409:
+            raise ShipFailed(
+                f"control plane reports equivocation on stream {self.stream_id}: {response.body}",
+                status,
+                response.body,
+            )
+        raise ShipFailed(
+            f"control plane refused the batch: HTTP {status} {response.body}", status, response.body
+        )
+
+    # -- failure and retry ---------------------------------------------------------------
+
+    def _fail(self, failure: ShipFailed) -> None:
+        with self._cond:
+            self.failure = failure
+            self.state = ShipperState.FAILED
+            self._cond.notify_all()
+        logger.error(
+            "sagaplane shipper STOPPED for %s (stream %s): %s. Records stay on disk; fix the cause "
+            "and restart shipping.",
+            self.path,
+            self.stream_id,
+            failure.reason,
+        )
+
+    def _wait_backoff(self, exc: RetryLater) -> bool:
+        """Wait before the next attempt. Returns False when closing."""
+        if exc.immediate:
+            return not self._stop
+        delay = self.backoff.delay(self.attempt, exc.retry_after)
+        self.attempt += 1
+        self.retries += 1
+        self.delays.append(delay)
+        with self._cond:
+            self.state = ShipperState.BACKOFF
+            self._cond.notify_all()
+        logger.warning("sagaplane shipper: %s; retrying in %.2fs", exc.reason, delay)
+        deadline = time.monotonic() + delay
+        # Only close() cuts a backoff short; new records or flush() calls do not.
+        while not self._stop:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wake.wait(remaining)
+            self._wake.clear()
+        return not self._stop
+
+    def run_until_caught_up(self, *, max_retries: int | None = None) -> int:
+        """Foreground shipping (the CLI): ship until the end of the file. Returns records shipped."""
+        total = 0
+        while True:
+            try:
+                n = self.ship_once()
+            except RetryLater as exc:
+                if max_retries is not None and self.attempt >= max_retries:
+                    raise ShipFailed(f"giving up after {self.attempt} retries: {exc.reason}") from exc
+                if not self._wait_backoff(exc):
+                    return total
+                continue
+            except ShipFailed as exc:
+                self._fail(exc)
+                raise
+            self.attempt = 0
+            if n == 0:
+                return total
+            total += n
+
+    # -- background thread -----------------------------------------------------------------
+
+    def start(self) -> Shipper:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"sagaplane-shipper-{self.stream_id}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def notify(self) -> None:
+        """New records were appended; ship them without waiting for the poll interval."""
+        if self.state is not ShipperState.BACKOFF:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if self.failure is not None:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            with self._cond:
+                self.state = ShipperState.SHIPPING
+            try:
+                n = self.ship_once()
+            except RetryLater as exc:
+                self._wait_backoff(exc)
+                continue
+            except ShipFailed as exc:
+                self._fail(exc)
+                continue
+            except Exception as exc:  # never let the thread die silently
+                self._fail(ShipFailed(f"unexpected shipper error: {exc!r}"))
+                continue
+            self.attempt = 0
+            if n == 0:
+                with self._cond:
+                    self.state = ShipperState.IDLE
+                    self._cond.notify_all()
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+        with self._cond:
+            self.state = ShipperState.CLOSED
+            self._cond.notify_all()
+
+    def pending_bytes(self) -> int:
+        return max(0, _complete_size(self.path) - self.cursor.offset)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything written to the WAL so far is acknowledged. False on timeout or failure."""
+        target = _complete_size(self.path)
+        if self._thread is None:
+            self.start()
+        self._wake.set()
+        with self._cond:
+            done = self._cond.wait_for(
+                lambda: (
+                    self.cursor.offset >= target
+                    or self.failure is not None
+                    or self.state is ShipperState.CLOSED
+                ),
+                timeout,
+            )
+            return bool(done) and self.cursor.offset >= target
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._cond:
+            self.state = ShipperState.CLOSED
+            self._cond.notify_all()
+
+    def __enter__(self) -> Shipper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _retry_after(response: Response) -> float | None:
+    for key, value in response.headers.items():
+        if key.lower() == "retry-after":
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None
+    return None
+
+
+def _complete_size(path: Path) -> int:
+    """File size up to the last newline: a partial last line is not a record yet."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb") as fh:
+        pos = size
+        while pos > 0:
+            n = min(65536, pos)
+            pos -= n
+            fh.seek(pos)
+            chunk = fh.read(n)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                return pos + i + 1
+    return 0
