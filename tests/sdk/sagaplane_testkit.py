@@ -1,0 +1,117 @@
+"""Shared helpers for the SDK tests: a control-plane test double speaking the ingest contract."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from agent_saga import integrity
+
+API_KEY = "sk_test_key"
+_PATH = re.compile(r"^/api/v1/streams/([^/]+)/records$")
+
+
+class FakeControlPlane:
+    """Verifies each batch against the stream head (with agent-saga's verifier, so the
+    SDK's own chain code is not checking itself), stores records once, and can be told
+    to answer the next requests with scripted failures."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, list[dict[str, Any]]] = {}
+        self.requests: list[dict[str, Any]] = []  # every POST: stream, count, status
+        self.scripted: deque[tuple[int, dict[str, Any], dict[str, str]]] = deque()
+        self.max_records: int | None = None  # answer 413 above this
+        self.lock = threading.Lock()
+        self.got_request = threading.Condition(self.lock)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", 0))
+                raw = self.rfile.read(length)
+                status, body, headers = outer.handle(self.path, self.headers.get("Authorization", ""), raw)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def handle(self, path: str, auth: str, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+        with self.lock:
+            try:
+                return self._handle(path, auth, raw)
+            finally:
+                self.got_request.notify_all()
+
+    def _handle(self, path: str, auth: str, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+        match = _PATH.match(path)
+        if not match:
+            return 404, {"error": "not_found"}, {}
+        stream = match.group(1)
+        records = json.loads(raw)["records"]
+        entry: dict[str, Any] = {"stream": stream, "count": len(records)}
+        self.requests.append(entry)
+        if auth != f"Bearer {API_KEY}":
+            entry["status"] = 401
+            return 401, {"error": "invalid_api_key"}, {}
+        if self.scripted:
+            status, body, headers = self.scripted.popleft()
+            entry["status"] = status
+            return status, body, headers
+        if self.max_records is not None and len(records) > self.max_records:
+            entry["status"] = 413
+            return 413, {"error": "too_large"}, {}
+        stored = self.streams.setdefault(stream, [])
+        known = {r["_h"] for r in stored}
+        fresh = [r for r in records if r.get("_h") not in known]
+        duplicates = len(records) - len(fresh)
+        head = stored[-1]["_h"] if stored else integrity.GENESIS
+        report = integrity.verify(fresh, start=head)
+        linked = not fresh or fresh[0].get("_ph") == head
+        if not report.intact or not linked:
+            first = report.breaks[0] if report.breaks else None
+            entry["status"] = 422
+            return 422, {
+                "error": "chain_broken",
+                "seq": first.seq if first else fresh[0].get("seq"),
+                "index": first.index if first else 0,
+                "reason": first.reason if first else "does not link to the stream head",
+            }, {}
+        stored.extend(fresh)
+        entry["status"] = 200
+        last = stored[-1] if stored else {}
+        return 200, {"stream": stream, "accepted": len(fresh), "duplicates": duplicates,
+                     "head": {"seq": last.get("seq"), "hash": last.get("_h")}}, {}
+
+    def script(self, *responses: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], dict[str, str]]) -> None:
+        with self.lock:
+            for r in responses:
+                self.scripted.append((r[0], r[1], r[2] if len(r) > 2 else {}))  # type: ignore[misc]
+
+    def records(self, stream: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.streams.get(stream, []))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def read_wal(path: Any) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
