@@ -266,6 +266,8 @@ class Saga:
             self._token = None
 
     def _finish(self) -> None:
+        # Stop renewing first, so no SAGA_LEASE can follow the terminal record.
+        self.wal.release_lease(self.saga_id)
         aborted = self._fully_rolled_back
         clean = self.last_report.clean if (aborted and self.last_report) else True
         self.wal.append(

@@ -160,32 +160,38 @@ class WAL:
         """Chain and write one record without waiting for fsync; returns it and its sync mark."""
         safe = json_safe(fields or {})
         with self._lock:
-            if self._closed:
-                raise WALError(f"{self.path} is closed")
-            record: dict[str, Any] = {"seq": self._seq + 1, "event": event, "ts": time.time()}
-            record.update({k: v for k, v in safe.items() if k not in ("seq", "event", "ts")})
-            head = stamp(record, self._head)
-            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-            try:
-                write_all(self._fd, line)
-            except OSError as exc:
-                # Put the file back to the last whole record so the chain on disk stays valid.
-                try:
-                    os.ftruncate(self._fd, self._size)
-                except OSError:
-                    pass
-                raise WALError(f"could not write {event} to {self.path}: {exc}") from exc
-            self._size += len(line)
-            self._seq += 1
-            self._head = head
-            self._written += 1
-            mark = self._written
+            record, mark = self._write_locked(event, safe)
+        self._notify()
+        return record, mark
+
+    def _notify(self) -> None:
         for listener in list(self._listeners):
             try:
                 listener()
             except Exception:  # a broken observer must never fail the write it observes
                 logger.exception("WAL listener failed")
-        return record, mark
+
+    def _write_locked(self, event: str, safe: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        if self._closed:
+            raise WALError(f"{self.path} is closed")
+        record: dict[str, Any] = {"seq": self._seq + 1, "event": event, "ts": time.time()}
+        record.update({k: v for k, v in safe.items() if k not in ("seq", "event", "ts")})
+        head = stamp(record, self._head)
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            write_all(self._fd, line)
+        except OSError as exc:
+            # Put the file back to the last whole record so the chain on disk stays valid.
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass
+            raise WALError(f"could not write {event} to {self.path}: {exc}") from exc
+        self._size += len(line)
+        self._seq += 1
+        self._head = head
+        self._written += 1
+        return record, self._written
 
     def sync(self, upto: int | None = None) -> None:
         """Return once every record appended so far (or up to `upto`) is fsynced."""
@@ -245,15 +251,20 @@ class WAL:
                 if self._closed:
                     return
                 now = time.monotonic()
-                due = [sid for sid, (ttl, last) in self._leases.items() if now - last >= ttl / 3]
-                for sid in due:
-                    self._leases[sid] = (self._leases[sid][0], now)
+                renewed = False
+                for sid, (ttl, last) in list(self._leases.items()):
+                    if now - last >= ttl / 3:
+                        # Written under the lock so a lease can never land after the saga's
+                        # terminal record (release_lease takes the same lock).
+                        try:
+                            self._write_locked("SAGA_LEASE", {"saga_id": sid, "pid": os.getpid()})
+                        except WALError:
+                            return
+                        self._leases[sid] = (ttl, now)
+                        renewed = True
                 waits = [ttl / 3 - (now - last) for ttl, last in self._leases.values()]
-            for sid in due:
-                try:
-                    self.append("SAGA_LEASE", {"saga_id": sid, "pid": os.getpid()})
-                except WALError:
-                    return
+            if renewed:
+                self._notify()
             self._lease_wake.wait(max(0.01, min(waits)) if waits else None)
             self._lease_wake.clear()
 

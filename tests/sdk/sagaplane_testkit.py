@@ -86,19 +86,33 @@ class FakeControlPlane:
         if not report.intact or not linked:
             first = report.breaks[0] if report.breaks else None
             entry["status"] = 422
-            return 422, {
-                "error": "chain_broken",
-                "seq": first.seq if first else fresh[0].get("seq"),
-                "index": first.index if first else 0,
-                "reason": first.reason if first else "does not link to the stream head",
-            }, {}
+            return (
+                422,
+                {
+                    "error": "chain_broken",
+                    "seq": first.seq if first else fresh[0].get("seq"),
+                    "index": first.index if first else 0,
+                    "reason": first.reason if first else "does not link to the stream head",
+                },
+                {},
+            )
         stored.extend(fresh)
         entry["status"] = 200
         last = stored[-1] if stored else {}
-        return 200, {"stream": stream, "accepted": len(fresh), "duplicates": duplicates,
-                     "head": {"seq": last.get("seq"), "hash": last.get("_h")}}, {}
+        return (
+            200,
+            {
+                "stream": stream,
+                "accepted": len(fresh),
+                "duplicates": duplicates,
+                "head": {"seq": last.get("seq"), "hash": last.get("_h")},
+            },
+            {},
+        )
 
-    def script(self, *responses: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], dict[str, str]]) -> None:
+    def script(
+        self, *responses: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], dict[str, str]]
+    ) -> None:
         with self.lock:
             for r in responses:
                 self.scripted.append((r[0], r[1], r[2] if len(r) > 2 else {}))  # type: ignore[misc]

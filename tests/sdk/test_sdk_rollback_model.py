@@ -12,10 +12,9 @@ import itertools
 from typing import Any
 
 import pytest
-from sagaplane_testkit import read_wal
-
 import sagaplane as sp
 from sagaplane.chain import verify_chain
+from sagaplane_testkit import read_wal
 
 MAX_ATTEMPTS = 2
 
@@ -41,8 +40,9 @@ def expected_outcomes(executed: int, no_inverse: int | None, failing: set[int], 
     return out
 
 
-def run_case(wal: sp.WAL, n: int, fail_at: int | None, failing: set[int], no_inverse: int | None,
-             halt: bool) -> tuple[sp.RollbackReport, list[tuple[int, int]], sp.Saga]:
+def run_case(
+    wal: sp.WAL, n: int, fail_at: int | None, failing: set[int], no_inverse: int | None, halt: bool
+) -> tuple[sp.RollbackReport, list[tuple[int, int]], sp.Saga]:
     calls: list[tuple[int, int]] = []  # (step index, attempt) in call order
     attempts: dict[int, int] = {}
 
@@ -67,11 +67,10 @@ def run_case(wal: sp.WAL, n: int, fail_at: int | None, failing: set[int], no_inv
 
     tools = [make_tool(i) for i in range(1, n + 1)]
     saga = sp.Saga("model", wal=wal, halt_on_failure=halt, max_attempts=MAX_ATTEMPTS, retry_delay=0)
-    with pytest.raises(sp.SagaAborted) as info:
-        with saga:
-            for t in tools:
-                t()
-            raise Boom("body")
+    with pytest.raises(sp.SagaAborted) as info, saga:
+        for t in tools:
+            t()
+        raise Boom("body")
     return info.value.report, calls, saga
 
 
@@ -130,7 +129,9 @@ def test_rollback_invariants_exhaustive(tmp_path: Any, n: int) -> None:
         if no_inverse is not None and no_inverse <= executed and outcomes[no_inverse] != "unresolved":
             assert [s.index for s in report.orphaned] == [no_inverse], case
         # Nothing runs that was not executed, and never a step that was stranded.
-        assert {i for i, _ in calls} <= {i for i, v in outcomes.items() if v in ("compensated", "failed")}, case
+        assert {i for i, _ in calls} <= {i for i, v in outcomes.items() if v in ("compensated", "failed")}, (
+            case
+        )
 
     wal.close()
     records = read_wal(tmp_path / "model.wal")

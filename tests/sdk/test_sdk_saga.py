@@ -7,10 +7,9 @@ import hashlib
 from typing import Any
 
 import pytest
-from sagaplane_testkit import read_wal
-
 import sagaplane as sp
 from sagaplane.chain import verify_chain
+from sagaplane_testkit import read_wal
 
 REFUNDS: list[dict[str, Any]] = []
 
@@ -24,7 +23,9 @@ def charge_card(amount: int) -> dict[str, Any]:
     return {"id": f"ch_{amount}", "amount": amount}
 
 
-charge = sp.tool(charge_card, semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("test.refund", charge_id=r["id"]))
+charge = sp.tool(
+    charge_card, semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("test.refund", charge_id=r["id"])
+)
 
 
 @pytest.fixture
@@ -64,28 +65,34 @@ def test_clean_saga_logs_intent_commit_and_descriptor(wal: sp.WAL) -> None:
 
 
 def test_failure_compensates_with_deterministic_idempotency_key(wal: sp.WAL) -> None:
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(name="x", wal=wal) as s:
-            charge(1)
-            charge(2)
-            raise ValueError("model said no")
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(name="x", wal=wal) as s:
+        charge(1)
+        charge(2)
+        raise ValueError("model said no")
     report = info.value.report
     assert report.clean and [st.index for st in report.compensated] == [2, 1]
     assert [r["charge_id"] for r in REFUNDS] == ["ch_2", "ch_1"]
     assert REFUNDS[0]["key"] == sp.idempotency_key(s.saga_id, s.steps[1].step_id, "compensate")
     assert isinstance(info.value.cause, ValueError)
     ev = events(wal.path)
-    assert ev[-6:] == ["SAGA_ABORT_CAUSE", "ROLLBACK_START", "COMPENSATED", "COMPENSATED", "ROLLBACK_END",
-                       "SAGA_ABORTED"]
+    assert ev[-6:] == [
+        "SAGA_ABORT_CAUSE",
+        "ROLLBACK_START",
+        "COMPENSATED",
+        "COMPENSATED",
+        "ROLLBACK_END",
+        "SAGA_ABORTED",
+    ]
 
 
 def test_closure_compensation_is_marked_unrecoverable(wal: sp.WAL) -> None:
     undone: list[int] = []
-    t = sp.tool(lambda x: x, name="closure", semantics=sp.COMPENSABLE, compensate=lambda r: lambda: undone.append(r))
-    with pytest.raises(sp.SagaAborted):
-        with sp.saga(wal=wal):
-            t(3)
-            raise RuntimeError
+    t = sp.tool(
+        lambda x: x, name="closure", semantics=sp.COMPENSABLE, compensate=lambda r: lambda: undone.append(r)
+    )
+    with pytest.raises(sp.SagaAborted), sp.saga(wal=wal):
+        t(3)
+        raise RuntimeError
     commit = next(r for r in read_wal(wal.path) if r["event"] == "STEP_COMMITTED")
     assert commit["compensation"]["recoverable"] is False and commit["compensation"]["handler"] is None
     assert undone == [3]
@@ -109,12 +116,11 @@ def test_partial_rollback_to_step_n_leaves_earlier_steps_standing(wal: sp.WAL) -
 
 
 def test_abort_after_partial_rollback_does_not_compensate_twice(wal: sp.WAL) -> None:
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal) as s:
-            charge(1)
-            charge(2)
-            s.rollback(to_step=1)
-            raise RuntimeError("later failure")
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal) as s:
+        charge(1)
+        charge(2)
+        s.rollback(to_step=1)
+        raise RuntimeError("later failure")
     assert [r["charge_id"] for r in REFUNDS] == ["ch_2", "ch_1"]
     assert [st.index for st in info.value.report.compensated] == [1]
 
@@ -133,10 +139,9 @@ def test_decorator_forms(wal: sp.WAL) -> None:
 def test_irreversible_refused_without_confirmation(wal: sp.WAL) -> None:
     sent: list[str] = []
     email = sp.tool(lambda to: sent.append(to), name="send_email", semantics=sp.IRREVERSIBLE)
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal):
-            charge(9)
-            email("ceo@example.com")
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal):
+        charge(9)
+        email("ceo@example.com")
     assert sent == []
     assert isinstance(info.value.cause, sp.IrreversibleRefused)
     assert [r["charge_id"] for r in REFUNDS] == ["ch_9"]
@@ -151,10 +156,9 @@ def test_irreversible_runs_with_confirmation_and_is_orphaned_on_rollback(wal: sp
         return req.kwargs["to"].endswith("@example.com")
 
     email = sp.tool(lambda to: f"sent:{to}", name="send_email", semantics=sp.IRREVERSIBLE)
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal, confirm=confirm):
-            assert email("a@example.com") == "sent:a@example.com"
-            raise RuntimeError
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal, confirm=confirm):
+        assert email("a@example.com") == "sent:a@example.com"
+        raise RuntimeError
     assert seen[0].tool == "send_email" and seen[0].semantics is sp.IRREVERSIBLE
     report = info.value.report
     assert not report.clean and [s.tool for s in report.orphaned] == ["send_email"]
@@ -166,13 +170,16 @@ def test_capture_state_feeds_the_compensation(wal: sp.WAL) -> None:
     def set_price(value: int) -> None:
         store["price"] = value
 
-    t = sp.tool(set_price, semantics=sp.REVERSIBLE, capture_state=lambda value: dict(store),
-                compensate=lambda _r, state: lambda: store.update(state))
-    with pytest.raises(sp.SagaAborted):
-        with sp.saga(wal=wal):
-            t(99)
-            assert store["price"] == 99
-            raise RuntimeError
+    t = sp.tool(
+        set_price,
+        semantics=sp.REVERSIBLE,
+        capture_state=lambda value: dict(store),
+        compensate=lambda _r, state: lambda: store.update(state),
+    )
+    with pytest.raises(sp.SagaAborted), sp.saga(wal=wal):
+        t(99)
+        assert store["price"] == 99
+        raise RuntimeError
     assert store["price"] == 10
     intent = next(r for r in read_wal(wal.path) if r["event"] == "STEP_INTENT")
     assert intent["captured_state"] == {"price": 10}
@@ -186,11 +193,12 @@ def test_retries_are_bounded_and_a_transient_failure_recovers(wal: sp.WAL) -> No
         if len(tries) < 3:
             raise ConnectionError("flaky")
 
-    t = sp.tool(lambda: 1, name="t", semantics=sp.COMPENSABLE, compensate=lambda _r: sp.Compensation(fn=flaky))
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal, max_attempts=3, retry_delay=0):
-            t()
-            raise RuntimeError
+    t = sp.tool(
+        lambda: 1, name="t", semantics=sp.COMPENSABLE, compensate=lambda _r: sp.Compensation(fn=flaky)
+    )
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal, max_attempts=3, retry_delay=0):
+        t()
+        raise RuntimeError
     assert len(tries) == 3 and info.value.report.clean
     comp = next(r for r in read_wal(wal.path) if r["event"] == "COMPENSATED")
     assert comp["attempts"] == 3
@@ -200,10 +208,11 @@ def test_effect_not_applied_needs_no_compensation(wal: sp.WAL) -> None:
     def decline(amount: int) -> None:
         raise sp.EffectNotApplied("card declined")
 
-    t = sp.tool(decline, semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("test.refund", charge_id=r["id"]))
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal):
-            t(5)
+    t = sp.tool(
+        decline, semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("test.refund", charge_id=r["id"])
+    )
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal):
+        t(5)
     assert info.value.report.clean and [s.tool for s in info.value.report.skipped] == ["decline"]
     assert "STEP_FAILED" in events(wal.path)
 
@@ -213,20 +222,20 @@ def test_unknown_outcome_without_inverse_is_orphaned(wal: sp.WAL) -> None:
         raise TimeoutError("gateway timeout")
 
     # The factory needs a result, which a failed call does not have: the step may have landed.
-    t = sp.tool(timeout, semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("test.refund", charge_id=r["id"]))
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal):
-            t(5)
+    t = sp.tool(
+        timeout, semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("test.refund", charge_id=r["id"])
+    )
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal):
+        t(5)
     assert not info.value.report.clean and [s.tool for s in info.value.report.orphaned] == ["timeout"]
     assert "STEP_UNKNOWN" in events(wal.path)
 
 
 def test_preview_is_never_compensated(wal: sp.WAL) -> None:
     peek = sp.tool(lambda: 42, name="peek", semantics=sp.PREVIEW)
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal):
-            peek()
-            raise RuntimeError
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal):
+        peek()
+        raise RuntimeError
     assert info.value.report.clean and [s.tool for s in info.value.report.skipped] == ["peek"]
 
 
@@ -279,15 +288,15 @@ def test_saga_object_runs_once(wal: sp.WAL) -> None:
     s = sp.Saga(wal=wal)
     with s:
         pass
-    with pytest.raises(sp.SagaError):
-        with s:
-            pass
+    with pytest.raises(sp.SagaError), s:
+        pass
 
 
 def test_missing_handler_fails_that_compensation(wal: sp.WAL) -> None:
-    t = sp.tool(lambda: 1, name="t", semantics=sp.COMPENSABLE, compensate=lambda _r: sp.undo("nobody.registered"))
-    with pytest.raises(sp.SagaAborted) as info:
-        with sp.saga(wal=wal):
-            t()
-            raise RuntimeError
+    t = sp.tool(
+        lambda: 1, name="t", semantics=sp.COMPENSABLE, compensate=lambda _r: sp.undo("nobody.registered")
+    )
+    with pytest.raises(sp.SagaAborted) as info, sp.saga(wal=wal):
+        t()
+        raise RuntimeError
     assert [s.tool for s in info.value.report.failed] == ["t"]
