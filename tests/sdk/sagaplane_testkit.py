@@ -80,8 +80,9 @@ class FakeControlPlane:
         known = {r["_h"] for r in stored}
         fresh = [r for r in records if r.get("_h") not in known]
         duplicates = len(records) - len(fresh)
+        # agent-saga's verifier expects a whole log (seq from 1), so check the stream as it would be.
+        report = integrity.verify(stored + fresh)
         head = stored[-1]["_h"] if stored else integrity.GENESIS
-        report = integrity.verify(fresh, start=head)
         linked = not fresh or fresh[0].get("_ph") == head
         if not report.intact or not linked:
             first = report.breaks[0] if report.breaks else None
@@ -91,7 +92,7 @@ class FakeControlPlane:
                 {
                     "error": "chain_broken",
                     "seq": first.seq if first else fresh[0].get("seq"),
-                    "index": first.index if first else 0,
+                    "index": first.index - len(stored) if first else 0,
                     "reason": first.reason if first else "does not link to the stream head",
                 },
                 {},

@@ -8,12 +8,11 @@ import threading
 from typing import Any
 
 import pytest
-from agent_saga import integrity
-from sagaplane_testkit import read_wal
-
 import sagaplane as sp
+from agent_saga import integrity
 from sagaplane import wal as wal_module
 from sagaplane.chain import GENESIS, redact_record, verify_chain
+from sagaplane_testkit import read_wal
 
 
 def write_some(wal: sp.WAL, sagas: int = 3) -> None:
@@ -72,7 +71,11 @@ def test_deleted_record_is_named(tmp_path: Any) -> None:
     records = read_wal(tmp_path / "a.wal")
     del records[4]
     report = verify_chain(records)
-    assert report.first_break is not None and report.first_break.seq == 6 and "missing" in report.first_break.reason
+    assert (
+        report.first_break is not None
+        and report.first_break.seq == 6
+        and "missing" in report.first_break.reason
+    )
 
 
 def test_agent_saga_wal_with_restart_redaction_and_gap_verifies_here(tmp_path: Any) -> None:
@@ -117,8 +120,16 @@ def test_attested_gap_is_accepted_and_unattested_gap_is_not(tmp_path: Any) -> No
     with sp.WAL(tmp_path / "a.wal") as wal:
         write_some(wal, sagas=1)
         removed = read_wal(tmp_path / "a.wal")[1:3]
-        wal.append("WAL_CHAIN_GAP", {k: v for k, v in integrity.gap_attestation(
-            [r["seq"] for r in removed], integrity.digest_of(removed), "compaction: test").items() if k != "event"})
+        wal.append(
+            "WAL_CHAIN_GAP",
+            {
+                k: v
+                for k, v in integrity.gap_attestation(
+                    [r["seq"] for r in removed], integrity.digest_of(removed), "compaction: test"
+                ).items()
+                if k != "event"
+            },
+        )
     records = read_wal(tmp_path / "a.wal")
     kept = [records[0], *records[3:]]
     assert integrity.verify(kept).intact and verify_chain(kept).intact
@@ -196,8 +207,10 @@ def test_group_commit_one_fsync_covers_all_waiting_writers(tmp_path: Any, monkey
     leader.start()
     assert leader_in_fsync.wait(10)
     wal.subscribe(appended.release)
-    threads = [threading.Thread(target=wal.append, args=("E", {"who": i}), kwargs={"durable": True})
-               for i in range(followers)]
+    threads = [
+        threading.Thread(target=wal.append, args=("E", {"who": i}), kwargs={"durable": True})
+        for i in range(followers)
+    ]
     for t in threads:
         t.start()
     for _ in range(followers):
@@ -243,8 +256,11 @@ def test_many_threads_many_sagas_one_valid_chain(tmp_path: Any) -> None:
     for r in records:
         by_saga.setdefault(r["saga_id"], []).append(r["event"])
     assert len(by_saga) == 160
-    assert all(ev == ["SAGA_START", "STEP_INTENT", "STEP_COMMITTED", "STEP_INTENT", "STEP_COMMITTED",
-                      "SAGA_COMPLETE"] for ev in by_saga.values())
+    assert all(
+        ev
+        == ["SAGA_START", "STEP_INTENT", "STEP_COMMITTED", "STEP_INTENT", "STEP_COMMITTED", "SAGA_COMPLETE"]
+        for ev in by_saga.values()
+    )
     # Durable steps fsynced, and concurrency let some fsyncs be shared.
     assert 0 < wal.fsyncs <= wal.sync_waits
 
