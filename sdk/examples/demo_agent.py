@@ -1,0 +1,134 @@
+"""A demo agent for Sagaplane: a checkout bot whose sagas sometimes fail.
+
+    SAGAPLANE_URL=http://127.0.0.1:8000 SAGAPLANE_API_KEY=sk_... python sdk/examples/demo_agent.py --sagas 30
+
+Most sagas complete; some fail and roll back cleanly; some roll back only partly
+(a refund that keeps failing, a receipt e-mail that cannot be unsent). With no
+SAGAPLANE_URL it just writes the local WAL. `seed_demo` runs this to populate a
+demo tenant. Exit status is 0 when every record reached the control plane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from typing import Any
+
+import sagaplane as sp
+
+STATE: dict[str, Any] = {"inventory": {"sku-1": 50, "sku-2": 50}, "charges": {}, "shipments": {}}
+RNG = random.Random(0)
+FLAKY_REFUNDS: set[str] = set()  # charge ids whose refund the "payment provider" refuses
+
+
+@sp.compensator("demo.release_inventory")
+def release_inventory(sku: str, qty: int) -> None:
+    STATE["inventory"][sku] += qty
+
+
+@sp.compensator("demo.refund")
+def refund(charge_id: str, idempotency_key: str) -> None:
+    if charge_id in FLAKY_REFUNDS:
+        raise ConnectionError(f"payment provider timed out refunding {charge_id}")
+    STATE["charges"].pop(charge_id, None)
+
+
+@sp.compensator("demo.cancel_shipment")
+def cancel_shipment(shipment_id: str, idempotency_key: str) -> None:
+    STATE["shipments"].pop(shipment_id, None)
+
+
+@sp.tool(semantics=sp.PREVIEW)
+def quote(sku: str, qty: int) -> int:
+    return qty * (1999 if sku == "sku-1" else 4999)
+
+
+@sp.tool(semantics=sp.REVERSIBLE, compensate=lambda r: sp.undo("demo.release_inventory", sku=r[0], qty=r[1]))
+def reserve_inventory(sku: str, qty: int) -> tuple[str, int]:
+    if STATE["inventory"][sku] < qty:
+        raise sp.EffectNotApplied(f"only {STATE['inventory'][sku]} of {sku} left")
+    STATE["inventory"][sku] -= qty
+    return sku, qty
+
+
+@sp.tool(semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("demo.refund", charge_id=r["id"]))
+def charge_card(customer: str, amount_cents: int) -> dict[str, Any]:
+    charge_id = f"ch_{RNG.getrandbits(40):010x}"
+    STATE["charges"][charge_id] = amount_cents
+    return {"id": charge_id, "amount": amount_cents}
+
+
+@sp.tool(semantics=sp.COMPENSABLE, compensate=lambda r: sp.undo("demo.cancel_shipment", shipment_id=r))
+def create_shipment(customer: str, sku: str) -> str:
+    if RNG.random() < 0.25:
+        raise RuntimeError("carrier API returned 502")
+    shipment_id = f"shp_{RNG.getrandbits(32):08x}"
+    STATE["shipments"][shipment_id] = customer
+    return shipment_id
+
+
+@sp.tool(semantics=sp.IRREVERSIBLE)
+def send_receipt(customer: str, amount_cents: int) -> None:
+    pass  # an e-mail cannot be unsent
+
+
+def approve_small_receipts(request: sp.ConfirmRequest) -> bool:
+    """The confirmation hook: stands in for a human approval until the control plane's is plugged in."""
+    return int(request.kwargs.get("amount_cents", 0)) < 20000
+
+
+def checkout(i: int) -> str:
+    customer = f"cust-{i % 7}"
+    sku = RNG.choice(["sku-1", "sku-2"])
+    qty = RNG.randint(1, 4)
+    amount = quote(sku, qty)
+    receipt_first = RNG.random() < 0.2
+    try:
+        with sp.saga(name="checkout", confirm=approve_small_receipts) as saga:
+            reserve_inventory(sku, qty)
+            charge = charge_card(customer, amount)
+            if RNG.random() < 0.15:
+                FLAKY_REFUNDS.add(charge["id"])
+            if receipt_first:
+                send_receipt(customer, amount)
+            create_shipment(customer, sku)
+            if not receipt_first:
+                send_receipt(customer, amount)
+        return f"{saga.saga_id}: complete"
+    except sp.SagaAborted as aborted:
+        return f"{saga.saga_id}: aborted ({aborted.cause!r}); {aborted.report.summary()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sagas", type=int, default=int(os.environ.get("DEMO_SAGAS", "20")))
+    parser.add_argument("--wal", default=os.environ.get("SAGAPLANE_WAL", "demo-agent.wal"))
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-ship", action="store_true", help="only write the local WAL")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    RNG.seed(args.seed)
+    runtime = sp.configure(args.wal, ship=False if args.no_ship else None)
+    outcomes = {"complete": 0, "clean rollback": 0, "partial rollback": 0}
+    for i in range(args.sagas):
+        line = checkout(i)
+        if line.endswith("complete"):
+            outcomes["complete"] += 1
+        elif "PARTIAL" in line:
+            outcomes["partial rollback"] += 1
+        else:
+            outcomes["clean rollback"] += 1
+        if not args.quiet:
+            print(line)
+    shipped = runtime.flush(60)
+    where = runtime.shipper.client.url if runtime.shipper else "nowhere (local WAL only)"
+    print(f"{args.sagas} saga(s): {outcomes}; WAL {runtime.wal.path} stream {runtime.wal.stream_id}; "
+          f"shipped to {where}: {'yes' if shipped else 'NOT YET'}")
+    sp.shutdown()
+    return 0 if shipped else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
