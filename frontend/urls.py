@@ -1,11 +1,22 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend import admin_views, saga_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/switch", views.switch_tenant, name="switch-tenant"),
+    path("invite/<str:token>", admin_views.accept_invite, name="invite-accept"),
+    path("sagas/", saga_views.saga_list, name="sagas"),
+    path("fleet/", saga_views.fleet, name="fleet"),
+    path("evidence/", saga_views.evidence, name="evidence"),
+    path("administration/members/", admin_views.members, name="members"),
+    path("administration/members/invite", admin_views.invite, name="member-invite"),
+    path("administration/members/<int:membership_id>/role", admin_views.change_role, name="member-role"),
+    path("administration/members/<int:membership_id>/remove", admin_views.remove, name="member-remove"),
+    path("administration/keys/", admin_views.keys, name="keys"),
+    path("administration/keys/create", admin_views.create_key, name="key-create"),
+    path("administration/keys/<int:key_id>/revoke", admin_views.revoke_key, name="key-revoke"),
 ]

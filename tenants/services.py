@@ -93,3 +93,45 @@ def revoke_api_key(api_key: ApiKey, *, actor: str = "system") -> ApiKey:
             api_key.revoked_at = timezone.now()
             api_key.save(update_fields=["revoked_at"])
     return api_key
+
+
+def accept_invitation(tenant: Tenant, email: str, role: str, password: str | None = None) -> Membership:
+    """A signed invitation was accepted: the person (created with `password` when new) joins
+    `tenant` with `role`. An existing member keeps the role they already have."""
+    if role not in Role.values:
+        raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
+    with tenant_context(tenant):
+        existing = User.objects.filter(email__iexact=email).first()
+        if existing is None:
+            if not password:
+                raise TenantError("password_required", "password", "a new account needs a password")
+            user = User.objects.create_user(username=email.lower(), email=email.lower(), password=password)
+        else:
+            user = existing
+        membership, _ = Membership.objects.get_or_create(user=user, defaults={"role": role})
+        return membership
+
+
+def _other_owners(membership: Membership) -> bool:
+    return Membership.objects.filter(role=Role.OWNER).exclude(pk=membership.pk).exists()
+
+
+def change_member_role(membership: Membership, role: str, *, actor: str = "system") -> Membership:
+    if role not in Role.values:
+        raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
+    with tenant_context(membership.tenant):
+        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        if membership.role == Role.OWNER and role != Role.OWNER and not _other_owners(membership):
+            raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+        if membership.role != role:
+            membership.role = role
+            membership.save(update_fields=["role"])
+        return membership
+
+
+def remove_member(membership: Membership, *, actor: str = "system") -> None:
+    with tenant_context(membership.tenant):
+        membership = Membership.objects.select_for_update().get(pk=membership.pk)
+        if membership.role == Role.OWNER and not _other_owners(membership):
+            raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+        membership.delete()

@@ -1,0 +1,60 @@
+"""Invitations: a signed, expiring token in a URL. Nothing is stored until it is accepted.
+
+The token names the tenant, the email, the role and who invited; it is signed with SECRET_KEY
+under its own salt and refused after INVITATION_MAX_AGE. At acceptance the inviter must still be
+allowed to manage members (and to grant the role), so removing an admin voids their invitations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core import signing
+
+from tenants.api import membership_for
+from tenants.models import Role, Tenant
+
+SALT = "sagaplane.frontend.invitation"
+INVITATION_MAX_AGE = timedelta(days=3)
+
+
+class InvalidInvitation(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Invitation:
+    tenant: Tenant
+    email: str
+    role: str
+    inviter: Any
+
+
+def may_grant(granter_role: str, role: str) -> bool:
+    """Only an owner makes (or unmakes) owners; admins manage every other role."""
+    return role != Role.OWNER or granter_role == Role.OWNER
+
+
+def make_token(tenant: Tenant, email: str, role: str, inviter: Any) -> str:
+    return signing.dumps({"t": tenant.pk, "e": email.strip().lower(), "r": role, "by": inviter.pk}, salt=SALT)
+
+
+def read_token(token: str) -> Invitation:
+    try:
+        data = signing.loads(token, salt=SALT, max_age=INVITATION_MAX_AGE)
+    except signing.SignatureExpired:
+        raise InvalidInvitation("this invitation has expired; ask for a new one")
+    except signing.BadSignature:
+        raise InvalidInvitation("this invitation link is not valid")
+    tenant = Tenant.objects.filter(pk=data.get("t")).first()
+    inviter = get_user_model().objects.filter(pk=data.get("by"), is_active=True).first()
+    role = data.get("r")
+    if tenant is None or inviter is None or role not in Role.values:
+        raise InvalidInvitation("this invitation is no longer valid")
+    granter = membership_for(inviter, tenant.slug)
+    if granter is None or not granter.can("manage_members") or not may_grant(granter.role, role):
+        raise InvalidInvitation("this invitation is no longer valid")
+    return Invitation(tenant=tenant, email=data["e"], role=role, inviter=inviter)

@@ -1,0 +1,157 @@
+/* Sagaplane dashboard: relative times, copy buttons, confirmations, live refresh over the
+   websocket, polling of export progress. Served as a static file (CSP: no inline script). */
+(function () {
+  "use strict";
+
+  // ---- relative times: <time datetime=... data-relative> keeps "3 minutes ago" current.
+  var UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400],
+               ["hour", 3600], ["minute", 60]];
+  function relative(date) {
+    var secs = Math.round((Date.now() - date.getTime()) / 1000);
+    var abs = Math.abs(secs);
+    if (abs < 45) return "just now";
+    for (var i = 0; i < UNITS.length; i++) {
+      var n = Math.floor(abs / UNITS[i][1]);
+      if (n >= 1 || i === UNITS.length - 1) {
+        n = Math.max(n, 1);
+        var text = n + " " + UNITS[i][0] + (n === 1 ? "" : "s");
+        return secs >= 0 ? text + " ago" : "in " + text;
+      }
+    }
+    return "";
+  }
+  function refreshTimes(root) {
+    (root || document).querySelectorAll("time[data-relative]").forEach(function (el) {
+      var d = new Date(el.getAttribute("datetime"));
+      if (!isNaN(d.getTime())) el.textContent = relative(d);
+    });
+  }
+
+  // ---- copy buttons: <button data-copy="element-id">
+  function copyText(button) {
+    var target = document.getElementById(button.getAttribute("data-copy"));
+    if (!target) return;
+    var text = target.textContent.trim();
+    var done = function () {
+      var label = button.getAttribute("data-label") || button.textContent;
+      button.setAttribute("data-label", label);
+      button.textContent = "Copied";
+      button.setAttribute("aria-live", "polite");
+      setTimeout(function () { button.textContent = label; }, 2000);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, function () { selectAndCopy(target); done(); });
+    } else {
+      selectAndCopy(target);
+      done();
+    }
+  }
+  function selectAndCopy(el) {
+    var range = document.createRange();
+    range.selectNodeContents(el);
+    var sel = window.getSelection();
+    sel.removeAllRanges();
+    sel.addRange(range);
+    try { document.execCommand("copy"); } catch (e) { /* the text stays selected for Ctrl+C */ }
+  }
+
+  document.addEventListener("click", function (ev) {
+    var button = ev.target.closest("button[data-copy]");
+    if (button) { ev.preventDefault(); copyText(button); }
+  });
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target.closest("form[data-confirm]");
+    if (form && !window.confirm(form.getAttribute("data-confirm"))) ev.preventDefault();
+  });
+
+  // ---- live regions: <div data-live-url="/sagas/rows?..." [data-live-saga="id"]>
+  // On any saga.event (for this saga, when data-live-saga is set) the fragment is fetched again.
+  var liveRegions = [];
+  var pending = null;
+  function refreshLive(event) {
+    liveRegions.forEach(function (region) {
+      var only = region.getAttribute("data-live-saga");
+      if (only && event && event.saga_id && event.saga_id !== only) return;
+      region.setAttribute("data-dirty", "1");
+    });
+    if (pending) return;
+    pending = setTimeout(function () {
+      pending = null;
+      liveRegions.forEach(function (region) {
+        if (region.getAttribute("data-dirty") !== "1") return;
+        region.removeAttribute("data-dirty");
+        fetchInto(region);
+      });
+    }, 150);
+  }
+  function fetchInto(region) {
+    var url = region.getAttribute("data-live-url");
+    fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(function (html) {
+        // Keep open inspectors open across a refresh.
+        var open = {};
+        region.querySelectorAll("details[open][id]").forEach(function (d) { open[d.id] = true; });
+        region.innerHTML = html;
+        region.querySelectorAll("details[id]").forEach(function (d) { if (open[d.id]) d.open = true; });
+        refreshTimes(region);
+        region.dispatchEvent(new CustomEvent("live:updated", { bubbles: true }));
+      })
+      .catch(function () { /* next event or reconnect tries again */ });
+  }
+  function setLiveState(state, text) {
+    document.querySelectorAll("[data-live-status]").forEach(function (el) {
+      el.setAttribute("data-state", state);
+      el.textContent = text;
+    });
+  }
+  function connect(attempt) {
+    var proto = location.protocol === "https:" ? "wss://" : "ws://";
+    var ws;
+    try { ws = new WebSocket(proto + location.host + "/ws/events"); } catch (e) { return retry(attempt); }
+    ws.onopen = function () {
+      setLiveState("live", "Live");
+      document.documentElement.setAttribute("data-live", "open");
+      if (attempt > 0) refreshLive(null); // catch up on whatever happened while disconnected
+      attempt = 0;
+    };
+    ws.onmessage = function (msg) {
+      var data = null;
+      try { data = JSON.parse(msg.data); } catch (e) { data = null; }
+      refreshLive(data);
+    };
+    ws.onclose = function () {
+      document.documentElement.setAttribute("data-live", "closed");
+      setLiveState("offline", "Reconnecting…");
+      retry(attempt + 1);
+    };
+  }
+  function retry(attempt) {
+    var delay = Math.min(30000, 500 * Math.pow(2, Math.min(attempt, 6)));
+    setTimeout(function () { connect(attempt); }, delay);
+  }
+
+  // ---- polling: <div data-poll-url="..." data-poll-done="0|1"> (export progress)
+  function poll(region) {
+    if (region.getAttribute("data-poll-done") === "1") return;
+    setTimeout(function () {
+      fetch(region.getAttribute("data-poll-url"), { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+        .then(function (html) {
+          var holder = document.createElement("div");
+          holder.innerHTML = html;
+          var fresh = holder.firstElementChild;
+          if (fresh) { region.replaceWith(fresh); refreshTimes(fresh); poll(fresh); }
+        })
+        .catch(function () { poll(region); });
+    }, 1000);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    refreshTimes();
+    setInterval(refreshTimes, 30000);
+    liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-url]"));
+    if (liveRegions.length && "WebSocket" in window) connect(0);
+    document.querySelectorAll("[data-poll-url]").forEach(poll);
+  });
+})();

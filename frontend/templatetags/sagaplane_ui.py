@@ -1,0 +1,60 @@
+"""Small presentation helpers: relative times with the absolute one on hover, short hashes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.timesince import timesince, timeuntil
+
+register = template.Library()
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, tz=UTC)
+    return None
+
+
+def relative_text(when: datetime, now: datetime | None = None) -> str:
+    now = now or timezone.now()
+    if abs((now - when).total_seconds()) < 45:
+        return "just now"
+    if when <= now:
+        return f"{timesince(when, now, depth=1)} ago"
+    return f"in {timeuntil(when, now, depth=1)}"
+
+
+@register.filter
+def reltime(value: Any, empty: str = "never") -> str:
+    """`<time datetime=ISO title=absolute>3 minutes ago</time>`; app.js keeps the text current."""
+    when = _as_datetime(value)
+    if when is None:
+        return format_html('<span class="muted">{}</span>', empty)
+    when = when if timezone.is_aware(when) else timezone.make_aware(when)
+    absolute = when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return format_html(
+        '<time datetime="{}" title="{}" data-relative>{}</time>',
+        when.isoformat(),
+        absolute,
+        relative_text(when),
+    )
+
+
+@register.filter
+def short_hash(value: Any, length: int = 12) -> str:
+    text = str(value or "")
+    return text[:length] + "…" if len(text) > length else text
+
+
+@register.filter
+def get_item(mapping: Any, key: Any) -> Any:
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None
