@@ -1,3 +1,9 @@
 """Websocket routes. Each app that publishes live events adds its consumer here."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from sagas.consumers import TenantEventsConsumer
+
+websocket_urlpatterns: list = [
+    path("ws/events", TenantEventsConsumer.as_asgi()),
+]

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from audit.services import append_server_record
 from tenants.models import ApiKey, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 
@@ -52,6 +53,9 @@ def add_member(tenant: Tenant, email: str, role: str, password: str | None = Non
     with tenant_context(tenant):
         user = _user_for_email(email, password)
         membership, _ = Membership.objects.update_or_create(user=user, defaults={"role": role})
+        append_server_record(
+            tenant, "ADMIN_MEMBER_ADDED", {"user": user.get_username(), "role": role}, actor="system"
+        )
         return membership
 
 
@@ -84,6 +88,13 @@ def create_api_key(
             expires_at=expires_at,
             created_by=creator,
         )
+        # Never the key itself: its prefix names it in the log.
+        append_server_record(
+            tenant,
+            "ADMIN_API_KEY_CREATED",
+            {"prefix": prefix, "name": name, "scopes": api_key.scopes, "expires_at": expires_at},
+            actor=actor,
+        )
     return api_key, raw_key
 
 
@@ -92,6 +103,12 @@ def revoke_api_key(api_key: ApiKey, *, actor: str = "system") -> ApiKey:
         if api_key.revoked_at is None:
             api_key.revoked_at = timezone.now()
             api_key.save(update_fields=["revoked_at"])
+            append_server_record(
+                api_key.tenant,
+                "ADMIN_API_KEY_REVOKED",
+                {"prefix": api_key.prefix, "name": api_key.name},
+                actor=actor,
+            )
     return api_key
 
 

@@ -17,6 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from tenants.api import TenantScopedViewMixin
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import tenant_context
+from tests.audit.chains import sample_saga_id, sample_stream_id
 from tests.conftest import Person
 
 # Routes that are deliberately not tenant data.
@@ -32,6 +33,8 @@ def _acme_api_key_id(tenant: Tenant, alice: Person) -> Any:
 # URL parameter name -> how to get acme's value for it. Apps add their own parameters here.
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
+    "stream_id": sample_stream_id,
+    "saga_id": sample_saga_id,
 }
 
 

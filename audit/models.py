@@ -1,0 +1,142 @@
+"""The evidence store: streams, append-only record headers, erasable payloads, and the per-tenant
+leaf counter the transparency log builds on.
+
+Invariants (enforced in `audit.services`, the only writer, and by the database where it can):
+- a Stream's records have positions 1..length with no hole; position p+1's `ph` is position p's `h`
+  (or, for an attested compaction gap, a hash the server never held);
+- `Record` rows are never updated or deleted (a Postgres trigger refuses both); erasure deletes the
+  `RecordPayload` row and writes a `Redaction` row, so the header and its `leaf_hash` never change;
+- a tenant's `Record.leaf_index` values are exactly 0..TenantLog.size-1, assigned in commit order
+  under the TenantLog row lock, so the transparency log can read leaves in order with no gap.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+from tenants.scoping import TenantScopedModel
+
+GENESIS = "0" * 64
+SERVER_STREAM_ID = "server"
+
+
+class TenantLog(TenantScopedModel):
+    """One row per tenant: the number of leaves so far. Locked (SELECT ... FOR UPDATE) by every
+    append, so leaf indices are contiguous and committed in index order."""
+
+    size = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_log_per_tenant")]
+
+
+class StreamKind(models.TextChoices):
+    AGENT = "agent", "Agent WAL"
+    SERVER = "server", "Server-appended records"
+
+
+class Stream(TenantScopedModel):
+    """One writer's chain. The head is what the next record must link to."""
+
+    stream_id = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=StreamKind.choices, default=StreamKind.AGENT)
+    head_hash = models.CharField(max_length=64, default=GENESIS)
+    head_seq = models.BigIntegerField(null=True, blank=True)
+    length = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "stream_id"], name="stream_id_per_tenant")]
+        indexes = [models.Index(fields=["tenant", "head_hash"], name="audit_stream_head")]
+
+    def __str__(self) -> str:
+        return self.stream_id
+
+
+class Record(TenantScopedModel):
+    """A record's chained header. Append-only; see the module docstring."""
+
+    stream = models.ForeignKey(Stream, on_delete=models.PROTECT, related_name="records")
+    position = models.BigIntegerField(help_text="1-based place in the stream's chain (not seq)")
+    seq = models.BigIntegerField()
+    ts = models.FloatField()
+    # `ts` exactly as the writer serialised it (1 and 1.0 hash differently); `ts` is for queries.
+    ts_json = models.CharField(max_length=40)
+    event = models.CharField(max_length=64)
+    cd = models.CharField(max_length=64)
+    ph = models.CharField(max_length=64)
+    h = models.CharField(max_length=64)
+    saga_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    step_id = models.CharField(max_length=128, blank=True, default="")
+    tool = models.CharField(max_length=200, blank=True, default="")
+    # Set only when the record arrived as a redacted stub; later erasures live in `Redaction`.
+    redacted = models.CharField(max_length=200, blank=True, default="")
+    received_at = models.DateTimeField(default=timezone.now)
+    leaf_index = models.BigIntegerField()
+    leaf_hash = models.BinaryField(max_length=32)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["stream", "position"], name="record_position_per_stream"),
+            models.UniqueConstraint(fields=["tenant", "leaf_index"], name="record_leaf_per_tenant"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "h"], name="audit_record_hash"),
+            models.Index(fields=["tenant", "tool"], name="audit_record_tool"),
+        ]
+
+    @property
+    def ts_value(self) -> Any:
+        return json.loads(self.ts_json)
+
+    def header(self) -> dict[str, Any]:
+        """The record's chain fields exactly as the writer sent them."""
+        out: dict[str, Any] = {
+            "seq": self.seq,
+            "ts": self.ts_value,
+            "event": self.event,
+            "_cd": self.cd,
+            "_ph": self.ph,
+            "_h": self.h,
+        }
+        return out
+
+
+class RecordPayload(TenantScopedModel):
+    """Business fields and salt: the part erasure deletes. Kept as JSON text (not jsonb) so the
+    values come back bit-identical and the content digest keeps verifying."""
+
+    record = models.OneToOneField(Record, on_delete=models.PROTECT, primary_key=True, related_name="payload")
+    fields_json = models.TextField()
+    salt = models.CharField(max_length=128)
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return json.loads(self.fields_json)
+
+
+class Redaction(TenantScopedModel):
+    """An erasure after ingest: who, when, why. The server-stream record of the act is `server_record`."""
+
+    record = models.OneToOneField(Record, on_delete=models.PROTECT, related_name="redaction")
+    reason = models.CharField(max_length=500)
+    actor = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    server_record = models.ForeignKey(Record, on_delete=models.PROTECT, related_name="+", null=True)
+
+
+class EquivocationAttempt(TenantScopedModel):
+    """Evidence of a refused record that claimed a position the stream already holds."""
+
+    stream_id = models.CharField(max_length=200)
+    position = models.BigIntegerField()
+    held_hash = models.CharField(max_length=64)
+    offered_hash = models.CharField(max_length=64)
+    offered_record = models.TextField()
+    actor = models.CharField(max_length=200)
+    received_at = models.DateTimeField(default=timezone.now)

@@ -1,0 +1,615 @@
+"""Every state change of the evidence store. Nothing else writes `audit` tables.
+
+- `ingest(tenant, stream_id, records, actor=...)`: verify a batch against the stream's stored head
+  and append it whole, or refuse it whole (`IngestRefused`, store unchanged except for the
+  evidence row of an equivocation attempt).
+- `ingest_by_linkage(tenant, records, actor=...)`: agent-saga's `/v1/wal/ingest`, whose records name
+  no stream: each chain segment is attached where its first record links (ARCHITECTURE §3).
+- `append_server_record(tenant, event, fields, actor=...)`: the tenant's own server stream, for
+  admin actions, approvals and redactions, in the caller's transaction.
+- `redact(tenant, stream_id, ..., reason, actor)`: erasure of a payload, recorded in the server stream.
+
+One chain rule for SDK and server: the hashing is `sagaplane.chain`'s. The walk here is the
+incremental form of `sagaplane.chain.verify_chain` (same reasons, same first bad record) that
+also knows what the server already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from sagaplane.chain import (
+    GAP_EVENT,
+    attested_seqs,
+    business_fields,
+    content_digest,
+    record_hash,
+    stamp,
+)
+from sagaplane.leaf import leaf_data
+from sagaplane.merkle import leaf_hash
+
+from audit.models import (
+    GENESIS,
+    SERVER_STREAM_ID,
+    EquivocationAttempt,
+    Record,
+    RecordPayload,
+    Redaction,
+    Stream,
+    StreamKind,
+    TenantLog,
+)
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+logger = logging.getLogger(__name__)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_HEX = re.compile(r"[0-9a-f]+\Z")
+STREAM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}\Z")
+INDEXED_MAX = {"saga_id": 128, "step_id": 128, "tool": 200}
+
+
+class IngestRefused(Exception):
+    """A refused batch (or erasure). `code` is the specific reason (digest_mismatch, broken_link,
+    seq_gap, equivocation, forged_gap, invalid, ...); `error` the API's top-level error code."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        *,
+        seq: Any = None,
+        index: int | None = None,
+        field: str | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.seq = seq
+        self.index = index
+        self.field = field
+        self.extra = extra
+
+    @property
+    def error(self) -> str:
+        return "chain_broken" if self.status == 422 else self.code
+
+    @property
+    def reason(self) -> str:
+        return self.code
+
+    def context(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        if self.status in (409, 422):
+            out.update(seq=self.seq, index=self.index, reason=self.code)
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+@dataclass
+class IngestResult:
+    stream_id: str
+    accepted: int
+    duplicates: int
+    head_seq: int | None
+    head_hash: str
+    records: list[Record] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream_id,
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "head": {"seq": self.head_seq, "hash": self.head_hash},
+        }
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Incoming:
+    """One batch record, type-checked, with what verification and storage need."""
+
+    raw: dict[str, Any]
+    index: int
+    seq: int
+    ts: Any
+    event: str
+    cd: str
+    ph: str
+    h: str
+    salt: str | None
+    redacted: str
+    business: dict[str, Any]
+
+
+def _bad(index: int, name: str, detail: str) -> IngestRefused:
+    where = f"records[{index}].{name}"
+    return IngestRefused(400, "invalid", f"{where}: {detail}", field=where, index=index)
+
+
+def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
+    """Type-check a batch. Anything that is not a well-formed record is a 400 naming the field."""
+    if not isinstance(records, list):
+        raise IngestRefused(400, "invalid", "records: must be a list of record objects", field="records")
+    out: list[Incoming] = []
+    for i, rec in enumerate(records):
+        index = offset + i
+        if not isinstance(rec, dict):
+            raise IngestRefused(400, "invalid", f"records[{index}]: must be an object", field=f"records[{index}]")
+        seq = rec.get("seq")
+        if type(seq) is not int:
+            raise _bad(index, "seq", "missing" if seq is None else "must be an integer")
+        if seq < 0 or seq > 2**62:
+            raise _bad(index, "seq", "out of range")
+        ts = rec.get("ts")
+        if type(ts) not in (int, float) or not math.isfinite(ts):
+            raise _bad(index, "ts", "missing" if ts is None else "must be a finite number")
+        if abs(ts) > 2**53:
+            raise _bad(index, "ts", "out of range")
+        event = rec.get("event")
+        if not isinstance(event, str) or not event or len(event) > 64:
+            raise _bad(index, "event", "must be a non-empty string of at most 64 characters")
+        chain = []
+        for name in ("_cd", "_ph", "_h"):
+            value = rec.get(name)
+            if value is None:
+                raise _bad(index, name, "missing chain field")
+            if not isinstance(value, str) or not _HEX64.match(value):
+                raise _bad(index, name, "must be 64 lowercase hex characters")
+            chain.append(value)
+        redacted = rec.get("_redacted") or ""
+        if not isinstance(redacted, str) or len(redacted) > 200:
+            raise _bad(index, "_redacted", "must be a reason string of at most 200 characters")
+        salt = rec.get("_s")
+        if salt is not None and (not isinstance(salt, str) or not _HEX.match(salt) or len(salt) > 128):
+            raise _bad(index, "_s", "must be a hex string")
+        if salt is None and not redacted:
+            raise _bad(index, "_s", "missing chain field (salt) on a record not marked redacted")
+        business = business_fields(rec)
+        for name, limit in INDEXED_MAX.items():
+            value = business.get(name)
+            if value is not None and (not isinstance(value, str) or len(value) > limit):
+                raise _bad(index, name, f"must be a string of at most {limit} characters")
+        out.append(Incoming(rec, index, seq, ts, event, *chain, salt, redacted, business))
+    return out
+
+
+def validate_stream_id(stream_id: str) -> None:
+    if not STREAM_ID_RE.match(stream_id or ""):
+        raise IngestRefused(
+            400, "invalid", "stream: 1-200 characters of letters, digits and ._:- ", field="stream"
+        )
+
+
+# -- verification ----------------------------------------------------------------------------------
+
+
+def _self_check(rec: Incoming) -> IngestRefused | None:
+    """What a record proves on its own: payload matches digest, header matches hash."""
+    if rec.redacted:
+        if rec.business or rec.salt is not None:
+            # A stub still carrying payload would let "redacted" skip the content check.
+            return _chain_error(rec, "redacted_with_payload", "a redacted record still carries payload or salt")
+    elif content_digest(rec.business, rec.salt or "") != rec.cd:
+        return _chain_error(rec, "digest_mismatch", "payload does not match its content digest (a field was altered)")
+    if record_hash(rec.ph, rec.seq, rec.ts, rec.event, rec.cd) != rec.h:
+        return _chain_error(
+            rec,
+            "hash_mismatch",
+            "record hash does not match its own contents (a field or the chain pointer was altered)",
+        )
+    return None
+
+
+def _chain_error(rec: Incoming, code: str, detail: str, status: int = 422, **extra: Any) -> IngestRefused:
+    return IngestRefused(status, code, f"record #{rec.index} (seq={rec.seq}): {detail}", seq=rec.seq,
+                         index=rec.index, **extra)
+
+
+@dataclass(slots=True)
+class _Plan:
+    new: list[tuple[Incoming, int]]  # (record, position)
+    duplicates: int
+
+
+class _Held:
+    """Lazily loaded hashes this stream already holds (most batches just extend the head and
+    never need the lookup)."""
+
+    def __init__(self, stream: Stream, batch: Sequence[Incoming]) -> None:
+        self.stream = stream
+        self.batch = batch
+        self._map: dict[str, tuple[int, int]] | None = None
+
+    def get(self, h: str) -> tuple[int, int] | None:
+        if self._map is None:
+            wanted = {r.h for r in self.batch} | {r.ph for r in self.batch}
+            wanted.discard(GENESIS)
+            self._map = {
+                row[0]: (row[1], row[2])
+                for row in Record.objects.filter(stream=self.stream, h__in=list(wanted)).values_list(
+                    "h", "position", "seq"
+                )
+            }
+        return self._map.get(h)
+
+    def hash_at(self, position: int) -> str:
+        return Record.objects.filter(stream=self.stream, position=position).values_list("h", flat=True).first() or ""
+
+
+def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
+    """Walk the batch against the stored head. Raises on the first bad record."""
+    held = _Held(stream, batch)
+    attested: set[int] | None = None
+    pos = stream.length  # position of `prev` (0 = before the first record)
+    prev_h = stream.head_hash
+    prev_seq = stream.head_seq
+    new: list[tuple[Incoming, int]] = []
+    duplicates = 0
+    for i, rec in enumerate(batch):
+        error = _self_check(rec)
+        if error is not None:
+            raise error
+        at_head = pos == stream.length + len(new)
+        if rec.ph == prev_h:
+            if not at_head:
+                # prev is a held record inside the stream: the next one must be the held one too.
+                if held.get(rec.h) is not None:
+                    duplicates += 1
+                    pos, prev_h, prev_seq = pos + 1, rec.h, rec.seq
+                    continue
+                raise _equivocation(stream, rec, pos + 1, held.hash_at(pos + 1))
+            expected = 1 if prev_seq is None else prev_seq + 1
+            if rec.seq > expected:
+                if attested is None:
+                    attested = attested_seqs(r.raw for r in batch)
+                missing = sorted(set(range(expected, rec.seq)) - attested) if rec.seq - expected < 10**6 else [0]
+                if missing:
+                    raise _seq_gap(rec, missing)
+            elif rec.seq < expected and rec.seq != 1:
+                raise _chain_error(rec, "seq_regression", f"seq went backwards from {expected - 1} to {rec.seq}")
+            pos += 1
+            new.append((rec, pos))
+            prev_h, prev_seq = rec.h, rec.seq
+            continue
+        if i == 0 and (spot := held.get(rec.h)) is not None:
+            # A re-send that starts inside what is held: its own hash proves it is the held record.
+            duplicates += 1
+            pos, prev_h, prev_seq = spot[0], rec.h, rec.seq
+            continue
+        if attested is None:
+            attested = attested_seqs(r.raw for r in batch)
+        claimed = (0, 0) if rec.ph == GENESIS else held.get(rec.ph)
+        if claimed is not None and (rec.ph != GENESIS or stream.length > 0):
+            # It claims a predecessor the server holds but that is not where the batch stands.
+            if attested:
+                raise _chain_error(
+                    rec,
+                    "forged_gap",
+                    "a WAL_CHAIN_GAP attestation cannot remove records the server already holds",
+                )
+            if claimed[0] < stream.length:
+                raise _equivocation(stream, rec, claimed[0] + 1, held.hash_at(claimed[0] + 1))
+            raise _broken_link(rec, prev_h)
+        # An attested compaction gap: the predecessor was never shipped, and every skipped seq is
+        # accounted for. Only valid at the head (nothing held is skipped).
+        expected = 1 if prev_seq is None else prev_seq + 1
+        if rec.seq > expected and rec.seq - expected < 10**6:
+            missing = sorted(set(range(expected, rec.seq)) - attested)
+            if missing:
+                raise _seq_gap(rec, missing)
+            if not at_head:
+                raise _chain_error(rec, "forged_gap", "an attested gap may not skip records the server holds")
+            pos += 1
+            new.append((rec, pos))
+            prev_h, prev_seq = rec.h, rec.seq
+            continue
+        if rec.seq < expected and rec.seq != 1:
+            raise _chain_error(rec, "seq_regression", f"seq went backwards from {expected - 1} to {rec.seq}")
+        raise _broken_link(rec, prev_h)
+    return _Plan(new, duplicates)
+
+
+def _seq_gap(rec: Incoming, missing: list[int]) -> IngestRefused:
+    more = "" if len(missing) <= 5 else f" (+{len(missing) - 5} more)"
+    return _chain_error(
+        rec,
+        "seq_gap",
+        f"{len(missing)} record(s) missing with no {GAP_EVENT} attestation: seq {missing[:5]}{more}",
+    )
+
+
+def _broken_link(rec: Incoming, expected: str) -> IngestRefused:
+    return _chain_error(
+        rec,
+        "broken_link",
+        "record does not link to the one before it (insertion, reorder, or unattested deletion)",
+        expected=expected,
+        found=rec.ph,
+    )
+
+
+def _equivocation(stream: Stream, rec: Incoming, position: int, held_hash: str) -> IngestRefused:
+    return _chain_error(
+        rec,
+        "equivocation",
+        f"stream position {position} already holds a different record",
+        status=409,
+        stream=stream.stream_id,
+        position=position,
+        held_hash=held_hash,
+        offered_hash=rec.h,
+    )
+
+
+# -- storage ---------------------------------------------------------------------------------------
+
+
+def _lock_stream(tenant: Tenant, stream_id: str, kind: str) -> Stream:
+    """The stream row, locked until the transaction ends: concurrent extenders serialise here."""
+    stream = Stream.objects.select_for_update().filter(stream_id=stream_id).first()
+    if stream is None:
+        # Insert-or-nothing, then lock: two first batches for a new stream cannot both create it.
+        Stream.objects.bulk_create([Stream(tenant=tenant, stream_id=stream_id, kind=kind)], ignore_conflicts=True)
+        stream = Stream.objects.select_for_update().get(stream_id=stream_id)
+    if stream.kind != kind:
+        raise IngestRefused(
+            403, "reserved_stream", f"stream '{stream_id}' is written by the server only", field="stream"
+        )
+    return stream
+
+
+def _lock_log(tenant: Tenant) -> TenantLog:
+    log = TenantLog.objects.select_for_update().first()
+    if log is None:
+        TenantLog.objects.bulk_create([TenantLog(tenant=tenant)], ignore_conflicts=True)
+        log = TenantLog.objects.select_for_update().get()
+    return log
+
+
+def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[Record]:
+    """Append the planned records: leaf indices under the tenant log lock, headers then payloads,
+    the stream head, the saga projection, and the live event after commit."""
+    from sagas import services as sagas_services
+
+    now = timezone.now()
+    log = _lock_log(tenant)
+    base = log.size
+    headers: list[Record] = []
+    payloads: list[tuple[Record, Incoming]] = []
+    for offset, (rec, position) in enumerate(plan.new):
+        biz = rec.business
+        header = Record(
+            tenant=tenant,
+            stream=stream,
+            position=position,
+            seq=rec.seq,
+            ts=float(rec.ts),
+            ts_json=json.dumps(rec.ts),
+            event=rec.event,
+            cd=rec.cd,
+            ph=rec.ph,
+            h=rec.h,
+            saga_id=biz.get("saga_id") or "",
+            step_id=biz.get("step_id") or "",
+            tool=biz.get("tool") or "",
+            redacted=rec.redacted,
+            received_at=now,
+            leaf_index=base + offset,
+            leaf_hash=leaf_hash(leaf_data(stream.stream_id, position, rec.h)),
+        )
+        headers.append(header)
+        if not rec.redacted:
+            payloads.append((header, rec))
+    Record.objects.bulk_create(headers, batch_size=1000)
+    RecordPayload.objects.bulk_create(
+        [
+            RecordPayload(tenant=tenant, record=header, fields_json=json.dumps(rec.business), salt=rec.salt)
+            for header, rec in payloads
+        ],
+        batch_size=1000,
+    )
+    last_rec, last_pos = plan.new[-1]
+    Stream.objects.filter(pk=stream.pk).update(
+        head_hash=last_rec.h, head_seq=last_rec.seq, length=last_pos, updated_at=now
+    )
+    stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
+    TenantLog.objects.filter(pk=log.pk).update(size=base + len(headers))
+    changes = sagas_services.apply_records(
+        tenant, [(header, rec.business) for header, (rec, _) in zip(headers, plan.new, strict=True)]
+    )
+    sagas_services.publish_on_commit(tenant, stream.stream_id, len(headers), changes)
+    return headers
+
+
+def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:
+    plan = _plan(stream, batch)
+    stored = _store(tenant, stream, plan) if plan.new else []
+    return IngestResult(stream.stream_id, len(plan.new), plan.duplicates, stream.head_seq, stream.head_hash, stored)
+
+
+def _keep_evidence(tenant: Tenant, refusal: IngestRefused, batch: Sequence[Incoming], actor: str) -> None:
+    offered = next((r for r in batch if r.index == refusal.index), None)
+    EquivocationAttempt.objects.create(
+        tenant=tenant,
+        stream_id=refusal.extra.get("stream", ""),
+        position=refusal.extra.get("position", 0),
+        held_hash=refusal.extra.get("held_hash", ""),
+        offered_hash=refusal.extra.get("offered_hash", ""),
+        offered_record=json.dumps(offered.raw if offered else None, default=str),
+        actor=actor,
+    )
+
+
+def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: str) -> IngestResult:
+    """Verify `records` against stream `stream_id`'s head and append them, all or nothing.
+
+    Raises IngestRefused: 400 malformed (field named), 403 reserved stream, 409 equivocation (an
+    EquivocationAttempt row is kept), 422 chain broken (seq, index, reason)."""
+    validate_stream_id(stream_id)
+    batch = parse_batch(records)
+    for rec in batch[1:]:
+        if rec.ph == GENESIS:
+            raise IngestRefused(
+                400,
+                "mixed_streams",
+                f"records[{rec.index}]._ph: starts a new chain (genesis) inside a batch for stream "
+                f"'{stream_id}'; send each stream's records to its own URL",
+                field=f"records[{rec.index}]._ph",
+                index=rec.index,
+            )
+    refused: IngestRefused | None = None
+    with tenant_context(tenant):
+        try:
+            with transaction.atomic():
+                stream = _lock_stream(tenant, stream_id, StreamKind.AGENT)
+                return _ingest_into(tenant, stream, batch, actor=actor)
+        except IngestRefused as exc:
+            if exc.code != "equivocation":
+                raise
+            # The batch is rolled back (savepoint), the evidence of the attempt is not.
+            _keep_evidence(tenant, exc, batch, actor)
+            refused = exc
+    raise refused
+
+
+def compat_stream_name(first_hash: str) -> str:
+    return f"as-{first_hash[:16]}"
+
+
+def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: str) -> list[IngestResult]:
+    """agent-saga's push: records name no stream. A genesis record opens stream `as-<_h[:16]>`;
+    the batch's first record, when not genesis, extends the stream whose head (or held record)
+    it links to; everything else must chain on within the batch. All segments or none."""
+    batch = parse_batch(records)
+    segments: list[list[Incoming]] = []
+    for rec in batch:
+        if not segments or rec.ph == GENESIS:
+            segments.append([rec])
+        else:
+            segments[-1].append(rec)
+    refused: IngestRefused | None = None
+    results: list[IngestResult] = []
+    with tenant_context(tenant):
+        try:
+            with transaction.atomic():
+                for segment in segments:
+                    stream_id = _attach(segment[0])
+                    stream = _lock_stream(tenant, stream_id, StreamKind.AGENT)
+                    results.append(_ingest_into(tenant, stream, segment, actor=actor))
+                return results
+        except IngestRefused as exc:
+            if exc.code != "equivocation":
+                raise
+            _keep_evidence(tenant, exc, batch, actor)
+            refused = exc
+    raise refused
+
+
+def _attach(first: Incoming) -> str:
+    """Which stream a segment belongs to, by chain linkage."""
+    if first.ph == GENESIS:
+        # Already held (a re-push, or the same WAL shipped by the SDK under its own name)?
+        held = Record.objects.filter(h=first.h, position=1).values_list("stream__stream_id", flat=True).first()
+        return held if held is not None else compat_stream_name(first.h)
+    for h in (first.ph, first.h):
+        stream_id = (
+            Stream.objects.filter(head_hash=h, kind=StreamKind.AGENT).values_list("stream_id", flat=True).first()
+        )
+        if stream_id is not None:
+            return stream_id
+        stream_id = Record.objects.filter(h=h).values_list("stream__stream_id", flat=True).first()
+        if stream_id is not None:
+            return stream_id
+    # Linked to nothing held: a WAL whose beginning was compacted away before it was shipped.
+    return compat_stream_name(first.h)
+
+
+def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> Record:
+    """Append a chained record to the tenant's server stream, in the caller's transaction (so the
+    audit record commits or rolls back with the change it records)."""
+    # Normalise through JSON first: what is hashed must be exactly what is stored and re-read.
+    business = json.loads(json.dumps({**fields, "actor": actor}, default=str))
+    with tenant_context(tenant):
+        stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
+        record: dict[str, Any] = {"seq": (stream.head_seq or 0) + 1, "ts": time.time(), "event": event, **business}
+        stamp(record, stream.head_hash)
+        result = _ingest_into(tenant, stream, parse_batch([record]), actor=actor)
+        return result.records[0]
+
+
+# -- erasure ---------------------------------------------------------------------------------------
+
+
+def redact(
+    tenant: Tenant,
+    stream_id: str,
+    *,
+    position: int | None = None,
+    record_hash_: str | None = None,
+    reason: str,
+    actor: str,
+) -> Redaction:
+    """Delete a record's payload and salt (the header, its hash and its leaf stay, so the chain and
+    every proof still verify) and record who, when, why and which record in the server stream."""
+    from sagas import services as sagas_services
+
+    reason = (reason or "").strip()
+    if not reason:
+        raise IngestRefused(400, "invalid", "reason: required", field="reason")
+    with tenant_context(tenant):
+        query = Record.objects.select_related("stream").filter(stream__stream_id=stream_id)
+        if position is not None:
+            query = query.filter(position=position)
+        elif record_hash_ is not None:
+            query = query.filter(h=record_hash_)
+        else:
+            raise IngestRefused(400, "invalid", "position: give the record's position or its hash", field="position")
+        record = query.first()
+        if record is None:
+            raise IngestRefused(404, "not_found", "no such record in this tenant")
+        if record.redacted or Redaction.objects.filter(record=record).exists():
+            raise IngestRefused(409, "already_redacted", "this record's payload is already erased")
+        RecordPayload.objects.filter(record=record).delete()
+        server_record = append_server_record(
+            tenant,
+            "AUDIT_RECORD_REDACTED",
+            {"stream": stream_id, "position": record.position, "record_hash": record.h, "reason": reason},
+            actor=actor,
+        )
+        redaction = Redaction.objects.create(
+            tenant=tenant, record=record, reason=reason, actor=actor, server_record=server_record
+        )
+        if record.saga_id:
+            # The projection may hold values from the erased payload (a compensation descriptor):
+            # rebuild that saga from what the records now say.
+            sagas_services.rebuild_saga(tenant, record.saga_id)
+        return redaction
+
+
+def stored_record(record: Record, payload: RecordPayload | None, erased_reason: str | None) -> dict[str, Any]:
+    """A stored record in WAL form: what the writer sent, or its redacted stub."""
+    out = record.header()
+    if payload is not None:
+        out.update(payload.fields)
+        out["_s"] = payload.salt
+    else:
+        out["_redacted"] = record.redacted or erased_reason or "erased"
+    return out

@@ -1,0 +1,85 @@
+"""Saga and step state, projected from audit records (never written by anything but
+`sagas.services`). Everything here can be rebuilt from the records: `manage.py rebuild_sagas`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.utils import timezone
+
+from tenants.scoping import TenantScopedModel
+
+
+class SagaStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    ROLLBACK_PARTIAL = "rollback_partial", "Rollback partial (needs a human)"
+    ORPHANED = "orphaned", "Orphaned"
+    QUARANTINED = "quarantined", "Quarantined"
+
+
+TERMINAL_STATUSES = frozenset(
+    {SagaStatus.COMPLETED, SagaStatus.ROLLED_BACK, SagaStatus.ROLLBACK_PARTIAL, SagaStatus.QUARANTINED}
+)
+
+
+class StepStatus(models.TextChoices):
+    INTENT = "intent", "Intent written"
+    COMMITTED = "committed", "Committed"
+    UNKNOWN = "unknown", "Outcome unknown"
+    COMPENSATED = "compensated", "Compensated"
+    COMPENSATION_FAILED = "compensation_failed", "Compensation failed"
+    ORPHANED = "orphaned", "Orphaned"
+
+
+class Saga(TenantScopedModel):
+    saga_id = models.CharField(max_length=128)
+    name = models.CharField(max_length=200, blank=True, default="")
+    stream_id = models.CharField(max_length=200)
+    # `status` holds what the records say; a running saga whose lease lapsed is reported as
+    # orphaned by `effective_status` (time passing is not a record, so it is not projected).
+    status = models.CharField(max_length=20, choices=SagaStatus.choices, default=SagaStatus.RUNNING)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_activity_at = models.DateTimeField(null=True, blank=True)
+    last_lease_at = models.DateTimeField(null=True, blank=True)
+    lease_ttl = models.FloatField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_event = models.CharField(max_length=64, blank=True, default="")
+    record_count = models.IntegerField(default=0)
+    first_leaf_index = models.BigIntegerField(null=True, blank=True)
+    last_leaf_index = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "saga_id"], name="saga_id_per_tenant")]
+        indexes = [
+            models.Index(fields=["tenant", "status"], name="sagas_saga_status"),
+            models.Index(fields=["tenant", "last_activity_at"], name="sagas_saga_activity"),
+        ]
+
+    def effective_status(self, now: datetime | None = None) -> str:
+        now = now or timezone.now()
+        if (
+            self.status == SagaStatus.RUNNING
+            and self.lease_expires_at is not None
+            and self.lease_expires_at < now
+        ):
+            return SagaStatus.ORPHANED
+        return self.status
+
+
+class Step(TenantScopedModel):
+    saga = models.ForeignKey(Saga, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=128)
+    ordinal = models.IntegerField(help_text="order of first appearance within the saga, from 1")
+    tool = models.CharField(max_length=200, blank=True, default="")
+    semantics = models.CharField(max_length=20, blank=True, default="")
+    status = models.CharField(max_length=24, choices=StepStatus.choices, default=StepStatus.INTENT)
+    compensation = models.JSONField(null=True, blank=True)
+    first_leaf_index = models.BigIntegerField()
+    last_leaf_index = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["saga", "step_id"], name="step_id_per_saga")]
+        indexes = [models.Index(fields=["tenant", "tool"], name="sagas_step_tool")]

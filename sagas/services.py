@@ -1,0 +1,293 @@
+"""The saga projection: saga and step state derived from audit records, in record (leaf) order.
+
+`apply_records` is called by `audit.services` inside the ingest transaction, so a saga's state is
+never ahead of or behind its stored records. `rebuild_tenant` / `rebuild_saga` recompute it from
+the records alone; a test checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from sagas.models import TERMINAL_STATUSES, Saga, SagaStatus, Step, StepStatus
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+logger = logging.getLogger(__name__)
+
+STEP_EVENTS = {
+    "STEP_INTENT": StepStatus.INTENT,
+    "STEP_COMMITTED": StepStatus.COMMITTED,
+    "COMPLETED_VIA_FALLBACK": StepStatus.COMMITTED,
+    "STEP_UNKNOWN": StepStatus.UNKNOWN,
+    "STEP_ORPHANED": StepStatus.ORPHANED,
+    "COMPENSATED": StepStatus.COMPENSATED,
+    "COMPENSATION_FAILED": StepStatus.COMPENSATION_FAILED,
+}
+# A step's later records only move it forward: a re-ordered or repeated intent never un-commits it.
+_STEP_RANK = {
+    StepStatus.INTENT: 0,
+    StepStatus.COMMITTED: 1,
+    StepStatus.UNKNOWN: 1,
+    StepStatus.ORPHANED: 2,
+    StepStatus.COMPENSATED: 2,
+    StepStatus.COMPENSATION_FAILED: 2,
+}
+
+Item = tuple[Any, dict[str, Any] | None]  # (audit Record, its business fields or None if erased)
+
+
+def _when(ts: float) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(ts, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if type(value) in (int, float) else None
+
+
+def _set_status(saga: Saga, status: str) -> None:
+    if saga.status == SagaStatus.QUARANTINED:
+        return  # a quarantine is lifted by a human (a later issue), never by the agent's own records
+    if saga.status == SagaStatus.ROLLBACK_PARTIAL and status == SagaStatus.ROLLED_BACK:
+        return  # a partial rollback stays flagged for a human even if the saga then says "aborted"
+    saga.status = status
+
+
+def _apply_one(saga: Saga, record: Any, fields: dict[str, Any] | None, steps: dict[str, Step]) -> Step | None:
+    """Fold one record into its saga (and step). Returns the step it touched, if any."""
+    biz = fields or {}
+    event = record.event
+    when = _when(record.ts)
+    saga.record_count += 1
+    saga.last_event = event
+    if when is not None and (saga.last_activity_at is None or when > saga.last_activity_at):
+        saga.last_activity_at = when
+    if saga.first_leaf_index is None:
+        saga.first_leaf_index = record.leaf_index
+    saga.last_leaf_index = record.leaf_index
+    if saga.started_at is None:
+        saga.started_at = when
+    touched: Step | None = None
+    if event == "SAGA_START":
+        saga.name = str(biz.get("name") or saga.name)[:200]
+        ttl = _number(biz.get("lease_ttl"))
+        if ttl is not None and ttl > 0:
+            saga.lease_ttl = ttl
+        _lease(saga, when)
+    elif event == "SAGA_LEASE":
+        _lease(saga, when)
+    elif event in STEP_EVENTS and record.step_id:
+        touched = steps.get(record.step_id)
+        if touched is None:
+            touched = Step(
+                tenant_id=saga.tenant_id,
+                saga=saga,
+                step_id=record.step_id,
+                ordinal=len(steps) + 1,
+                first_leaf_index=record.leaf_index,
+                last_leaf_index=record.leaf_index,
+            )
+            steps[record.step_id] = touched
+        new_status = STEP_EVENTS[event]
+        if _STEP_RANK[new_status] >= _STEP_RANK[StepStatus(touched.status)]:
+            touched.status = new_status
+        touched.tool = record.tool or touched.tool
+        semantics = biz.get("semantics")
+        if isinstance(semantics, str):
+            touched.semantics = semantics[:20]
+        if "compensation" in biz and isinstance(biz["compensation"], dict | None):
+            touched.compensation = biz["compensation"]
+        touched.last_leaf_index = record.leaf_index
+    elif event == "ROLLBACK_END":
+        counts = [biz.get(k) for k in ("failed", "orphaned", "unresolved")]
+        clean = fields is not None and not any(counts) and not biz.get("halted")
+        # An erased ROLLBACK_END cannot prove the rollback clean: a human has to look.
+        _set_status(saga, SagaStatus.ROLLED_BACK if clean else SagaStatus.ROLLBACK_PARTIAL)
+    elif event == "SAGA_ABORTED":
+        clean = biz.get("clean") is True or (fields is None and saga.status == SagaStatus.ROLLED_BACK)
+        _set_status(saga, SagaStatus.ROLLED_BACK if clean else SagaStatus.ROLLBACK_PARTIAL)
+    elif event == "SAGA_COMPLETE":
+        _set_status(saga, SagaStatus.COMPLETED)
+    elif event == "SAGA_QUARANTINED":
+        saga.status = SagaStatus.QUARANTINED
+    return touched
+
+
+def _lease(saga: Saga, when: datetime | None) -> None:
+    if when is not None and (saga.last_lease_at is None or when > saga.last_lease_at):
+        saga.last_lease_at = when
+    if saga.last_lease_at is not None and saga.lease_ttl:
+        saga.lease_expires_at = saga.last_lease_at + timedelta(seconds=saga.lease_ttl)
+
+
+SAGA_FIELDS = [
+    "name", "status", "started_at", "last_activity_at", "last_lease_at", "lease_ttl", "lease_expires_at",
+    "last_event", "record_count", "first_leaf_index", "last_leaf_index",
+]
+STEP_FIELDS = ["tool", "semantics", "status", "compensation", "last_leaf_index"]
+
+
+def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]:
+    """Fold newly stored records (in leaf order) into the projection. Returns, per saga touched,
+    the number of new records and its status before/after (what the live event reports)."""
+    saga_ids = list(dict.fromkeys(rec.saga_id for rec, _ in items if rec.saga_id))
+    if not saga_ids:
+        return []
+    sagas = {s.saga_id: s for s in Saga.objects.filter(saga_id__in=saga_ids)}
+    steps: dict[str, dict[str, Step]] = {sid: {} for sid in saga_ids}
+    saga_id_of = {s.pk: sid for sid, s in sagas.items()}
+    for step in Step.objects.filter(saga__in=list(sagas.values())).order_by("ordinal"):
+        steps[saga_id_of[step.saga_id]][step.step_id] = step
+    before = {sid: s.status for sid, s in sagas.items()}
+    counts: dict[str, int] = dict.fromkeys(saga_ids, 0)
+    new_sagas: list[Saga] = []
+    new_steps: list[Step] = []
+    dirty_steps: dict[int, Step] = {}
+    for record, fields in items:
+        if not record.saga_id:
+            continue
+        saga = sagas.get(record.saga_id)
+        if saga is None:
+            saga = Saga(tenant=tenant, saga_id=record.saga_id, stream_id=record.stream.stream_id)
+            sagas[record.saga_id] = saga
+            new_sagas.append(saga)
+        counts[record.saga_id] += 1
+        step_pks_before = {id(s) for s in steps[record.saga_id].values()}
+        touched = _apply_one(saga, record, fields, steps[record.saga_id])
+        if touched is not None:
+            if id(touched) not in step_pks_before:
+                new_steps.append(touched)
+            elif touched.pk is not None:
+                dirty_steps[touched.pk] = touched
+    Saga.objects.bulk_create(new_sagas)
+    created = {id(s) for s in new_sagas}
+    existing = [s for s in sagas.values() if id(s) not in created]
+    if existing:
+        Saga.objects.bulk_update(existing, SAGA_FIELDS)
+    # bulk_create fills each new step's saga_id from its (now saved) saga.
+    Step.objects.bulk_create(new_steps)
+    if dirty_steps:
+        Step.objects.bulk_update(list(dirty_steps.values()), STEP_FIELDS)
+    return [
+        {
+            "saga_id": sid,
+            "new_records": counts[sid],
+            "status": sagas[sid].status,
+            "previous_status": before.get(sid),
+        }
+        for sid in saga_ids
+    ]
+
+
+def _payloads_for(records: Iterable[Any]) -> dict[int, dict[str, Any]]:
+    from audit.models import RecordPayload
+
+    ids = [r.pk for r in records]
+    return {p.record_id: p.fields for p in RecordPayload.objects.filter(record_id__in=ids)}
+
+
+def rebuild_saga(tenant: Tenant, saga_id: str) -> None:
+    """Recompute one saga from its records (after an erasure changed what they say)."""
+    from audit.models import Record
+
+    with tenant_context(tenant):
+        Saga.objects.filter(saga_id=saga_id).delete()
+        records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
+        payloads = _payloads_for(records)
+        apply_records(tenant, [(r, payloads.get(r.pk)) for r in records])
+
+
+def rebuild_tenant(tenant: Tenant, *, chunk: int = 2000) -> int:
+    """Drop and recompute the tenant's whole projection from its records, in leaf order."""
+    from audit.models import Record
+
+    with tenant_context(tenant):
+        Step.objects.all().delete()
+        Saga.objects.all().delete()
+        done = 0
+        last = -1
+        while True:
+            records = list(
+                Record.objects.select_related("stream")
+                .filter(leaf_index__gt=last)
+                .exclude(saga_id="")
+                .order_by("leaf_index")[:chunk]
+            )
+            if not records:
+                return done
+            payloads = _payloads_for(records)
+            apply_records(tenant, [(r, payloads.get(r.pk)) for r in records])
+            done += len(records)
+            last = records[-1].leaf_index
+
+
+# -- live events -----------------------------------------------------------------------------------
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"tenant-{tenant_id}"
+
+
+def publish_on_commit(tenant: Tenant, stream_id: str, new_records: int, changes: list[dict[str, Any]]) -> None:
+    """After the ingest commits (never before: a rolled-back batch must not be announced), tell the
+    tenant's dashboards what arrived and which sagas changed state."""
+    message = {
+        "type": "saga.event",
+        "stream": stream_id,
+        "new_records": new_records,
+        "sagas": changes,
+        "state_changes": [c for c in changes if c["status"] != c["previous_status"]],
+    }
+    transaction.on_commit(partial(_publish, tenant_group(tenant.pk), message), robust=True)
+
+
+def _publish(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    async_to_sync(layer.group_send)(group, message)
+
+
+# -- display ---------------------------------------------------------------------------------------
+
+_CREDENTIAL_KEY = re.compile(
+    r"(pass(word|wd)?|secret|token|api[_-]?key|apikey|auth(orization)?|credential|private[_-]?key|cookie|session)",
+    re.IGNORECASE,
+)
+_CREDENTIAL_VALUE = re.compile(
+    r"^(sk|pk|rk|sp|ghp|gho|xox[abpr])[-_][A-Za-z0-9_\-]{8,}|^eyJ[A-Za-z0-9_\-]{10,}\.|^Bearer\s+\S+|^AKIA[0-9A-Z]{16}$"
+)
+
+
+def credential_reference(value: Any) -> dict[str, str]:
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+    return {"$credential": f"sha256:{digest[:16]}"}
+
+
+def mask_credentials(value: Any, key: str = "") -> Any:
+    """Show anything credential-like only as a reference (a short hash): the dashboard can tell two
+    values apart without ever displaying one."""
+    if key and _CREDENTIAL_KEY.search(key) and value not in (None, "", {}, []) and key != "idempotency_key":
+        return credential_reference(value)
+    if isinstance(value, dict):
+        return {k: mask_credentials(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_credentials(v) for v in value]
+    if isinstance(value, str) and _CREDENTIAL_VALUE.search(value):
+        return credential_reference(value)
+    return value
