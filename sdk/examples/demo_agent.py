@@ -102,7 +102,9 @@ def checkout(i: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sagas", type=int, default=int(os.environ.get("DEMO_SAGAS", "20")))
     parser.add_argument("--wal", default=os.environ.get("SAGAPLANE_WAL", "demo-agent.wal"))
     parser.add_argument("--seed", type=int, default=7)
@@ -124,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     shipped = runtime.flush(60)
     where = runtime.shipper.client.url if runtime.shipper else "nowhere (local WAL only)"
-    print(f"{args.sagas} saga(s): {outcomes}; WAL {runtime.wal.path} stream {runtime.wal.stream_id}; "
-          f"shipped to {where}: {'yes' if shipped else 'NOT YET'}")
+    print(
+        f"{args.sagas} saga(s): {outcomes}; WAL {runtime.wal.path} stream {runtime.wal.stream_id}; "
+        f"shipped to {where}: {'yes' if shipped else 'NOT YET'}"
+    )
     sp.shutdown()
     return 0 if shipped else 1
 

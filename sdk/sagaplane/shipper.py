@@ -276,10 +276,7 @@ class Shipper:
     # -- failure and retry ---------------------------------------------------------------
 
     def _fail(self, failure: ShipFailed) -> None:
-        with self._cond:
-            self.failure = failure
-            self.state = ShipperState.FAILED
-            self._cond.notify_all()
+        # Log before publishing the state, so anyone woken by `failed` already sees the reason logged.
         logger.error(
             "sagaplane shipper STOPPED for %s (stream %s): %s. Records stay on disk; fix the cause "
             "and restart shipping.",
@@ -287,6 +284,10 @@ class Shipper:
             self.stream_id,
             failure.reason,
         )
+        with self._cond:
+            self.failure = failure
+            self.state = ShipperState.FAILED
+            self._cond.notify_all()
 
     def _wait_backoff(self, exc: RetryLater) -> bool:
         """Wait before the next attempt. Returns False when closing."""

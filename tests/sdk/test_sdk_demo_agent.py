@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sagaplane_testkit import API_KEY, FakeControlPlane, read_wal
-
 from sagaplane.chain import verify_chain
+from sagaplane_testkit import API_KEY, FakeControlPlane, read_wal
 
 DEMO = Path(__file__).resolve().parents[2] / "sdk" / "examples" / "demo_agent.py"
 
@@ -20,8 +19,13 @@ def test_demo_agent_ships_mixed_outcomes(tmp_path: Any) -> None:
     try:
         env = {**os.environ, "SAGAPLANE_URL": server.url, "SAGAPLANE_API_KEY": API_KEY}
         wal = tmp_path / "demo.wal"
-        out = subprocess.run([sys.executable, str(DEMO), "--sagas", "25", "--wal", str(wal), "--quiet"],
-                             env=env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, str(DEMO), "--sagas", "25", "--wal", str(wal), "--quiet"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         records = read_wal(wal)
         assert verify_chain(records).intact
