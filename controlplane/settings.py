@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "sagas",
     "fleet",
     "approvals",
+    "transparency",
     "frontend",
 ]
 
@@ -168,7 +169,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_BACKEND = None
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE: dict = {
+    # A checkpoint follows acceptance within about a second (ARCHITECTURE §2.3).
+    "transparency-integrate": {"task": "transparency.integrate_grown_tenants", "schedule": 1.0},
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
@@ -256,3 +260,12 @@ LOGGING = {
 SAGAPLANE_MAX_BATCH_RECORDS = env.int("SAGAPLANE_MAX_BATCH_RECORDS", default=5000)
 SAGAPLANE_MAX_BODY_BYTES = env.int("SAGAPLANE_MAX_BODY_BYTES", default=8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = SAGAPLANE_MAX_BODY_BYTES
+
+# Transparency log: checkpoint origin (and key name) is f"{prefix}/{tenant slug}"; exports are
+# write-once files under the data folder unless a backend with a retention lock is configured.
+SAGAPLANE_LOG_ORIGIN_PREFIX = env.str("SAGAPLANE_LOG_ORIGIN_PREFIX", default="sagaplane.local")
+SAGAPLANE_EXPORT_STORAGE = {
+    "BACKEND": env.str("SAGAPLANE_EXPORT_STORAGE_BACKEND", default="transparency.storage.WriteOnceFileStorage"),
+    "OPTIONS": {"location": env.str("SAGAPLANE_EXPORT_DIR", default=str(DATA_DIR / "exports"))},
+}
+SAGAPLANE_LEAF_SOURCE = "transparency.sources.AuditLeafSource"

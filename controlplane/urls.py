@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/docs", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("api/v1/", include("tenants.urls")),
+    path("api/v1/audit/", include("transparency.urls")),
     path("api/v1/", include("audit.urls")),
     path("api/v1/", include("sagas.urls")),
     path("v1/", include("audit.compat_urls")),

@@ -158,7 +158,64 @@ def cmd_ship(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [add_ship, add_verify_wal]
+# -- verify-disclosure / verify-export -------------------------------------------------------
+
+
+def _add_key_option(p: Any) -> None:
+    p.add_argument(
+        "--key",
+        action="append",
+        required=True,
+        metavar="VERIFIER_KEY",
+        help="the tenant's log verifier key (name+id+key); repeat to accept old and new during a rotation",
+    )
+
+
+def add_verify_disclosure(sub: Any) -> None:
+    p = sub.add_parser("verify-disclosure", help="verify a saga disclosure offline (signature, proofs, seal)")
+    p.add_argument("file")
+    _add_key_option(p)
+    p.set_defaults(func=cmd_verify_disclosure)
+
+
+def cmd_verify_disclosure(args: argparse.Namespace) -> int:
+    from .disclosure import VerificationError, verify_disclosure_file
+
+    try:
+        report = verify_disclosure_file(args.file, args.key)
+    except (VerificationError, ValueError) as exc:
+        print(f"FAILED: {args.file}: {exc}")
+        return EXIT_FAILED
+    print(f"OK: {args.file}: {report.summary()}")
+    return EXIT_OK
+
+
+def add_verify_export(sub: Any) -> None:
+    p = sub.add_parser("verify-export", help="verify a WORM export (tar.gz or folder) offline")
+    p.add_argument("path")
+    _add_key_option(p)
+    p.set_defaults(func=cmd_verify_export)
+
+
+def cmd_verify_export(args: argparse.Namespace) -> int:
+    from .disclosure import VerificationError
+    from .export import verify_export
+
+    try:
+        report = verify_export(args.path, args.key)
+    except (VerificationError, ValueError) as exc:
+        print(f"FAILED: {args.path}: {exc}")
+        return EXIT_FAILED
+    print(f"OK: {args.path}: {report.summary()}")
+    return EXIT_OK
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    add_ship,
+    add_verify_wal,
+    add_verify_disclosure,
+    add_verify_export,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -86,8 +86,9 @@ def check_record(record: Any) -> None:
             digest = ""
         if digest != record[DIGEST_FIELD]:
             raise VerificationError("payload does not match its content digest _cd (a field was altered)")
-    expected = record_hash(record[PREV_FIELD], record.get("seq"), record.get("ts"), record.get("event", ""),
-                           record[DIGEST_FIELD])
+    expected = record_hash(
+        record[PREV_FIELD], record.get("seq"), record.get("ts"), record.get("event", ""), record[DIGEST_FIELD]
+    )
     if expected != record[HASH_FIELD]:
         raise VerificationError("record hash _h does not match the record (a header or link was altered)")
 
@@ -149,7 +150,9 @@ def _entry(entry: Any, what: str, cp: note.Checkpoint) -> tuple[int, str, int, d
     return index, stream, position, record
 
 
-def verify_disclosure(bundle: Any, keys: str | note.Verifier | Iterable[str | note.Verifier]) -> DisclosureReport:
+def verify_disclosure(
+    bundle: Any, keys: str | note.Verifier | Iterable[str | note.Verifier]
+) -> DisclosureReport:
     """Return a report when everything holds; raise VerificationError naming the first failure."""
     key_list = [keys] if isinstance(keys, str | note.Verifier) else list(keys)
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
@@ -199,11 +202,15 @@ def verify_disclosure(bundle: Any, keys: str | note.Verifier | Iterable[str | no
     shown = {(index, record[HASH_FIELD]) for index, _, _, record in checked}
     for pair in sealed_pairs:
         if pair not in shown:
-            raise VerificationError(f"record at leaf {pair[0]} listed in the seal is missing from the disclosure")
+            raise VerificationError(
+                f"record at leaf {pair[0]} listed in the seal is missing from the disclosure"
+            )
     listed = set(sealed_pairs)
     for index, _, _, record in checked:
         if (index, record[HASH_FIELD]) not in listed:
-            raise VerificationError(f"record at leaf {index} is not listed in the seal (not part of this saga)")
+            raise VerificationError(
+                f"record at leaf {index} is not listed in the seal (not part of this saga)"
+            )
     if seal.get("count") != len(sealed_pairs):
         raise VerificationError("seal count does not match the leaves it lists")
     return DisclosureReport(str(saga_id), cp.origin, cp.size, len(checked), redacted, seal_index)

@@ -1,0 +1,166 @@
+"""Integration: the tree follows the log, every checkpoint is signed and consistent, and the
+integrator refuses to sign anything it cannot prove consistent."""
+
+from __future__ import annotations
+
+import pytest
+from sagaplane import merkle, note
+
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.transparency.conftest import Writer, settle
+from transparency import keys, services
+from transparency.models import Checkpoint, LogSigningKey, TreeNode, TreeState
+
+
+def _leaf_hashes(tenant: Tenant) -> list[bytes]:
+    from audit.models import Record
+
+    with tenant_context(tenant):
+        return [bytes(h) for h in Record.objects.order_by("leaf_index").values_list("leaf_hash", flat=True)]
+
+
+def test_integrate_signs_the_rfc9162_root_of_every_leaf(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("s1")
+    checkpoint = services.integrate(tenant_a)
+    assert checkpoint is not None
+    leaves = _leaf_hashes(tenant_a)
+    assert checkpoint.size == len(leaves) == 6
+    assert bytes(checkpoint.root) == merkle.root_from_leaf_hashes(leaves)
+    vkey = services.ensure_signing_key(tenant_a)
+    with tenant_context(tenant_a):
+        verifier = services.current_verifier_keys()[0]
+    parsed = note.open_checkpoint(checkpoint.note, verifier, keys.log_origin(tenant_a))
+    assert (parsed.size, parsed.root_hash) == (6, merkle.root_from_leaf_hashes(leaves))
+    assert vkey.name == "sagaplane.local/acme"
+    # Nothing grew: no new checkpoint.
+    assert services.integrate(tenant_a) is None
+
+
+def test_growth_is_proven_consistent_and_nodes_are_stored(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("s1")
+    first = services.integrate(tenant_a)
+    writer_a.saga("s2", steps=5)
+    second = services.integrate(tenant_a)
+    assert first is not None and second is not None and second.size > first.size
+    tree = merkle.MemoryTree(_leaf_hashes(tenant_a))
+    proof = tree.consistency_proof(first.size, second.size)
+    merkle.verify_consistency(first.size, second.size, proof, bytes(first.root), bytes(second.root))
+    with tenant_context(tenant_a):
+        assert TreeNode.objects.filter(level=0).count() == second.size
+        stored = {(n.level, n.index): bytes(n.hash) for n in TreeNode.objects.all()}
+    for (level, index), digest in stored.items():
+        assert tree.subtree_hash(level, index) == digest
+
+
+def test_a_backlog_is_worked_off_in_bounded_rounds(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("s1", steps=10)
+    assert services.integrate(tenant_a, max_leaves=7) is not None
+    with tenant_context(tenant_a):
+        assert TreeState.objects.get().size == 7
+    final = services.integrate_fully(tenant_a)
+    assert final is not None and final.size == 22
+    with tenant_context(tenant_a):
+        sizes = list(Checkpoint.objects.order_by("id").values_list("size", flat=True))
+    assert sizes == [7, 22]
+
+
+def test_refuses_to_sign_after_the_state_was_tampered(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("s1")
+    services.integrate(tenant_a)
+    with tenant_context(tenant_a):
+        state = TreeState.objects.get()
+        state.compact_hashes = b"\x01" * len(bytes(state.compact_hashes))
+        state.save()
+    writer_a.saga("s2")
+    with pytest.raises(services.IntegrationRefused, match="disagrees with the stored tree nodes"):
+        services.integrate(tenant_a)
+    with tenant_context(tenant_a):
+        assert Checkpoint.objects.count() == 1
+
+
+def test_never_signs_a_checkpoint_inconsistent_with_the_last_one(tenant_a: Tenant, writer_a: Writer) -> None:
+    """Rewrite history consistently (node rows and compact range agree, as an attacker with the
+    database would make them): the new root no longer extends the signed one, so nothing is signed."""
+    writer_a.saga("s1")  # 6 leaves: compact range = nodes (2, 0) and (1, 2)
+    services.integrate(tenant_a)
+    forged = b"\x07" * 32
+    with tenant_context(tenant_a):
+        TreeNode.objects.filter(level=2, index=0).update(hash=forged)
+        state = TreeState.objects.get()
+        state.compact_hashes = forged + bytes(state.compact_hashes)[32:]
+        state.save()
+    writer_a.saga("s2")
+    with pytest.raises(services.IntegrationRefused, match="not consistent with the checkpoint of 6"):
+        services.integrate(tenant_a)
+    with tenant_context(tenant_a):
+        assert list(Checkpoint.objects.values_list("size", flat=True)) == [6]
+
+
+def test_refuses_when_the_last_note_does_not_verify(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("s1")
+    services.integrate(tenant_a)
+    with tenant_context(tenant_a):
+        cp = Checkpoint.objects.get()
+        cp.note = cp.note.replace("\n6\n", "\n5\n")
+        cp.save()
+    writer_a.saga("s2")
+    with pytest.raises(services.IntegrationRefused, match="does not verify"):
+        services.integrate(tenant_a)
+
+
+def test_seed_is_encrypted_at_rest(tenant_a: Tenant, writer_a: Writer) -> None:
+    import base64
+
+    from django.db import connection
+
+    services.ensure_signing_key(tenant_a)
+    with tenant_context(tenant_a):
+        row = LogSigningKey.objects.get()
+        seed = keys.decrypt_seed(row.encrypted_seed)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT encrypted_seed FROM transparency_logsigningkey WHERE id = %s", [row.pk])
+            stored = cursor.fetchone()[0]
+    assert len(seed) == 32
+    for spelling in (seed.hex(), base64.b64encode(seed).decode(), base64.b64encode(b"\x01" + seed).decode()):
+        assert spelling not in stored
+    assert seed not in stored.encode()
+    signer = note.Signer.from_seed(row.name, seed)
+    assert signer.public_key == bytes(row.public_key)
+
+
+def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("s1")
+    services.integrate(tenant_a)
+    with tenant_context(tenant_a):
+        old_key = services.current_verifier_keys()[0]
+    services.rotate_signing_key(tenant_a)
+    with tenant_context(tenant_a):
+        new_key, also_old = services.current_verifier_keys()
+        rotated = Checkpoint.objects.order_by("-id").first()
+    assert also_old == old_key and new_key != old_key
+    assert rotated is not None and rotated.size == 6
+    note.open_checkpoint(rotated.note, old_key)
+    note.open_checkpoint(rotated.note, new_key)
+    services.finish_key_rotation(tenant_a)
+    writer_a.saga("s2")
+    latest = services.integrate(tenant_a)
+    assert latest is not None
+    note.open_checkpoint(latest.note, new_key)
+    with pytest.raises(note.SignatureError):
+        note.open_checkpoint(latest.note, old_key)
+
+
+def test_integrator_task_seals_finished_sagas_and_signs_the_seal(tenant_a: Tenant, writer_a: Writer) -> None:
+    from audit.models import Record
+
+    writer_a.saga("done")
+    writer_a.saga("open", end=None)
+    assert tenant_a.pk in services.tenants_to_integrate()
+    settle(tenant_a)
+    with tenant_context(tenant_a):
+        seals = list(Record.objects.filter(event=services.SEAL_EVENT).values_list("saga_id", "leaf_index"))
+        state = TreeState.objects.get()
+    assert [s for s, _ in seals] == ["done"]
+    assert state.size == 12  # 6 + 5 + the seal, all signed
+    assert tenant_a.pk not in services.tenants_to_integrate()

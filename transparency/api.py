@@ -1,0 +1,253 @@
+"""Read API of the transparency log (ARCHITECTURE §8). Every view inherits the tenant mixin:
+the log, its proofs and tiles are the requesting tenant's only.
+
+Proof JSON carries hashes in standard base64 (as C2SP checkpoints and tlog-proof do), leaf side
+first; sizes beyond the latest signed checkpoint are refused so no proof is ever served against
+a root nobody signed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import FileResponse, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from sagaplane import merkle
+from sagaplane.disclosure import b64
+
+from tenants.api import TenantScopedViewMixin
+from tenants.errors import ApiError
+from transparency import bundles, proofs, services
+from transparency.models import Export, ExportStatus
+from transparency.storage import get_storage
+
+PROOF_SCHEMA = inline_serializer(
+    "Proof",
+    {
+        "size": serializers.IntegerField(),
+        "hash_encoding": serializers.CharField(),
+        "hashes": serializers.ListField(child=serializers.CharField()),
+    },
+)
+
+
+def _int_param(request: Request, name: str, *, required: bool) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        if required:
+            raise ApiError(400, "invalid", f"{name}: required", field=name)
+        return None
+    if not raw.isdigit() or len(raw) > 20:
+        raise ApiError(400, "invalid", f"{name}: must be a non-negative integer", field=name)
+    return int(raw)
+
+
+def _refusal(exc: proofs.ProofRequestError) -> ApiError:
+    status_code = 404 if exc.code == "not_found" else 400
+    return ApiError(status_code, exc.code, f"{exc.field}: {exc}", field=exc.field)
+
+
+class LogView(TenantScopedViewMixin, APIView):
+    required_scopes = {"GET": "read"}
+    required_capability = {"GET": "read"}
+
+
+class CheckpointView(LogView):
+    """The latest signed checkpoint (C2SP signed note), as text/plain."""
+
+    @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
+    def get(self, request: Request) -> HttpResponse:
+        checkpoint = proofs.latest_checkpoint()
+        if checkpoint is None:
+            raise ApiError(404, "no_checkpoint", "the log has no signed checkpoint yet")
+        response = HttpResponse(checkpoint.note, content_type="text/plain; charset=utf-8")
+        response["Cache-Control"] = "no-cache"
+        return response
+
+
+class KeyView(LogView):
+    """Verifier key strings, one per line: the active key first, then any key being rotated out.
+    `?all=1` adds retired keys (still needed to verify old checkpoints)."""
+
+    @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
+    def get(self, request: Request) -> HttpResponse:
+        services.ensure_signing_key(self.tenant)
+        keys = services.current_verifier_keys(include_retired=request.query_params.get("all") == "1")
+        return HttpResponse("".join(f"{k}\n" for k in keys), content_type="text/plain; charset=utf-8")
+
+
+class InclusionProofView(LogView):
+    """RFC 9162 inclusion proof of leaf `index` in the tree of `size` (default: latest checkpoint)."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("index", int, required=True), OpenApiParameter("size", int)],
+        responses=PROOF_SCHEMA,
+    )
+    def get(self, request: Request) -> Response:
+        index = _int_param(request, "index", required=True)
+        size = _int_param(request, "size", required=False)
+        try:
+            size, path, leaf = proofs.inclusion(index, size)  # type: ignore[arg-type]
+        except proofs.ProofRequestError as exc:
+            raise _refusal(exc) from None
+        return Response(
+            {
+                "index": index,
+                "size": size,
+                "leaf_hash": b64(leaf),
+                "hash_encoding": "base64",
+                "hashes": [b64(h) for h in path],
+            }
+        )
+
+
+class ConsistencyProofView(LogView):
+    """RFC 9162 consistency proof between tree sizes `first` and `second` (default: latest)."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("first", int, required=True), OpenApiParameter("second", int)],
+        responses=PROOF_SCHEMA,
+    )
+    def get(self, request: Request) -> Response:
+        first = _int_param(request, "first", required=True)
+        second = _int_param(request, "second", required=False)
+        try:
+            second, path = proofs.consistency(first, second)  # type: ignore[arg-type]
+        except proofs.ProofRequestError as exc:
+            raise _refusal(exc) from None
+        return Response(
+            {
+                "first": first,
+                "second": second,
+                "size": second,
+                "hash_encoding": "base64",
+                "hashes": [b64(h) for h in path],
+            }
+        )
+
+
+class TileView(LogView):
+    """C2SP tlog-tiles hash tile `tile/<L>/<N>[.p/<W>]` (binary, 32-byte hashes)."""
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request: Request, level: int, tile: str) -> HttpResponse:
+        try:
+            parsed = merkle.parse_tile_path(f"tile/{level}/{tile}")
+            data = proofs.tile(parsed.level, parsed.index, parsed.width)
+        except merkle.TilePathError as exc:
+            raise ApiError(400, "invalid", f"tile: {exc}", field="tile") from None
+        except proofs.ProofRequestError as exc:
+            raise _refusal(exc) from None
+        response = HttpResponse(data, content_type="application/octet-stream")
+        # A tile at a given width never changes: full and partial tiles are immutable.
+        response["Cache-Control"] = "public, max-age=31536000, immutable"
+        return response
+
+
+class DisclosureView(LogView):
+    """One saga's records with inclusion proofs, its seal and the signed checkpoint (JSON),
+    verifiable offline with `sagaplane verify-disclosure FILE --key VERIFIER_KEY`."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, saga_id: str) -> Response:
+        try:
+            return Response(bundles.disclosure(self.tenant, saga_id))
+        except bundles.BundleUnavailable as exc:
+            raise ApiError(exc.status, exc.code, exc.detail) from None
+
+
+class ExportSerializer(serializers.ModelSerializer):
+    progress = serializers.FloatField(read_only=True)
+
+    class Meta:
+        model = Export
+        fields = [
+            "id",
+            "status",
+            "progress",
+            "first",
+            "end",
+            "since",
+            "until",
+            "records_done",
+            "records_total",
+            "sha256",
+            "requested_by",
+            "error",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = [f for f in fields if f not in ("first", "end", "since", "until")]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for name in ("first", "end"):
+            if attrs.get(name) is not None and attrs[name] < 0:
+                raise serializers.ValidationError({name: "must be a non-negative integer"})
+        if attrs.get("first") is not None and attrs.get("end") is not None and attrs["first"] > attrs["end"]:
+            raise serializers.ValidationError({"first": "must not be greater than end"})
+        if (attrs.get("first") is not None or attrs.get("end") is not None) and (
+            attrs.get("since") or attrs.get("until")
+        ):
+            raise serializers.ValidationError({"since": "give a leaf range or a time range, not both"})
+        latest = proofs.latest_checkpoint()
+        signed = latest.size if latest is not None else 0
+        if attrs.get("end") is not None and attrs["end"] > signed:
+            raise serializers.ValidationError({"end": f"beyond the latest signed checkpoint (size {signed})"})
+        return attrs
+
+
+class ExportListView(LogView):
+    """POST: start a WORM export (auditor, admin or owner) — 202 with its id. GET: the exports."""
+
+    required_capability = {"GET": "audit", "POST": "audit"}
+    required_scopes = {"GET": "read"}  # starting an export is for people, not agent keys
+
+    @extend_schema(request=ExportSerializer, responses={202: ExportSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = ExportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        export = services.request_export(self.tenant, requested_by=self.actor, **serializer.validated_data)
+        return Response(ExportSerializer(export).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=ExportSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(ExportSerializer(Export.objects.order_by("-created_at")[:100], many=True).data)
+
+
+class ExportDetailView(LogView):
+    """An export's status and progress."""
+
+    required_capability = {"GET": "audit"}
+
+    @extend_schema(responses=ExportSerializer)
+    def get(self, request: Request, export_id: Any) -> Response:
+        export = Export.objects.filter(pk=export_id).first()
+        if export is None:
+            raise ApiError(404, "not_found", "no such export in this tenant")
+        return Response(ExportSerializer(export).data)
+
+
+class ExportDownloadView(LogView):
+    """The export's tar.gz (records.ndjson, manifest.json, checkpoint)."""
+
+    required_capability = {"GET": "audit"}
+
+    @extend_schema(responses={(200, "application/gzip"): OpenApiTypes.BINARY})
+    def get(self, request: Request, export_id: Any) -> FileResponse:
+        export = Export.objects.filter(pk=export_id).first()
+        if export is None:
+            raise ApiError(404, "not_found", "no such export in this tenant")
+        if export.status != ExportStatus.DONE:
+            raise ApiError(409, "not_ready", f"the export is {export.status}", status=export.status)
+        response = FileResponse(
+            get_storage().open(export.storage_name),
+            content_type="application/gzip",
+            as_attachment=True,
+            filename=f"sagaplane-export-{export.pk}.tar.gz",
+        )
+        response["X-Content-SHA256"] = export.sha256
+        return response

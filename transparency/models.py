@@ -1,0 +1,126 @@
+"""State of the per-tenant transparency log.
+
+Storage choice (why every perfect node, not only tiles): `TreeNode` keeps one row per perfect
+subtree at *every* level, keyed (tenant, level, index). That costs ~2n rows for n leaves, and buys:
+- an inclusion or consistency proof = one indexed point query for at most ~2·log2(n) keys
+  (every proof element is a perfect node or the fold of a few of them), never a leaf scan;
+- a C2SP tile `tile/<L>/<N>[.p/<W>]` = one range scan of the W consecutive rows at level 8L,
+  already in tile order, so standard tlog clients can compute proofs themselves.
+Storing only the level-8L rows (tiles proper) would halve the rows but make every proof hash up
+to 256 hashes per element; that trade is the one for object storage past one machine (§6), where
+the tile files are written from these rows with `merkle.tiles_for_growth`.
+
+Perfect nodes never change once complete, so rows are insert-only; `TreeState` is the single
+mutable row per tenant (size + compact range), locked by the integrator.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+from tenants.scoping import TenantScopedModel
+
+
+class KeyStatus(models.TextChoices):
+    ACTIVE = "active", "Active (signs every checkpoint)"
+    RETIRING = "retiring", "Retiring (co-signs during a rotation)"
+    RETIRED = "retired", "Retired (verifies old checkpoints only)"
+
+
+class LogSigningKey(TenantScopedModel):
+    """A tenant's Ed25519 checkpoint key. The seed is only ever stored Fernet-encrypted with the
+    master key(s) (`transparency.keys`); the public half is stored in clear for verifier strings."""
+
+    name = models.CharField(max_length=200)  # the log origin: C2SP key name == checkpoint origin
+    key_id = models.CharField(max_length=8)  # hex of the 4-byte C2SP key id
+    public_key = models.BinaryField(max_length=32)
+    encrypted_seed = models.TextField()  # MultiFernet token; never the seed itself
+    status = models.CharField(max_length=8, choices=KeyStatus.choices, default=KeyStatus.ACTIVE)
+    created_at = models.DateTimeField(default=timezone.now)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"], condition=models.Q(status="active"), name="one_active_log_key_per_tenant"
+            ),
+            models.UniqueConstraint(fields=["tenant", "key_id"], name="log_key_id_unique_per_tenant"),
+        ]
+
+
+class TreeState(TenantScopedModel):
+    """The tree as far as it has been integrated: `size` leaves, and its compact range (one
+    perfect-subtree hash per set bit of size, largest first, concatenated) so appending needs
+    no other read. The integrator holds this row locked while it extends and signs."""
+
+    size = models.BigIntegerField(default=0)
+    compact_hashes = models.BinaryField(default=b"")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_tree_state_per_tenant")]
+
+
+class TreeNode(TenantScopedModel):
+    """Hash of the perfect subtree covering leaves [index·2^level, (index+1)·2^level)."""
+
+    level = models.PositiveSmallIntegerField()
+    index = models.BigIntegerField()
+    hash = models.BinaryField(max_length=32)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "level", "index"], name="one_tree_node_per_position")
+        ]
+
+
+class Checkpoint(TenantScopedModel):
+    """A signed C2SP checkpoint. Append-only: each is consistent with every earlier one (the
+    integrator proves it before signing)."""
+
+    size = models.BigIntegerField()
+    root = models.BinaryField(max_length=32)
+    note = models.TextField()  # the signed note exactly as served
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-id"], name="checkpoint_latest")]
+
+
+class ExportStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class Export(TenantScopedModel):
+    """A WORM export: a leaf range [first, end) of the log, proven against `checkpoint`."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    status = models.CharField(max_length=8, choices=ExportStatus.choices, default=ExportStatus.QUEUED)
+    first = models.BigIntegerField(null=True, blank=True)
+    end = models.BigIntegerField(null=True, blank=True)
+    since = models.DateTimeField(null=True, blank=True)
+    until = models.DateTimeField(null=True, blank=True)
+    checkpoint = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    records_done = models.BigIntegerField(default=0)
+    records_total = models.BigIntegerField(default=0)
+    storage_name = models.CharField(max_length=300, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)  # of the tar.gz as stored
+    requested_by = models.CharField(max_length=200)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def progress(self) -> float:
+        if self.status == ExportStatus.DONE:
+            return 1.0
+        return self.records_done / self.records_total if self.records_total else 0.0

@@ -1,0 +1,395 @@
+"""Every state change of the transparency log; each is one function and one transaction.
+
+The invariant they protect: no two signed checkpoints of a tenant are inconsistent. `integrate`
+proves consistency with the last signed checkpoint (re-reading that checkpoint from its signed
+note, not from a column) with `merkle.verify_consistency` *before* it signs, under a row lock on
+`TreeState`; any disagreement between stored state, stored nodes and the last note refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from sagaplane import merkle, note
+
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from transparency import keys
+from transparency.models import (
+    Checkpoint,
+    Export,
+    ExportStatus,
+    KeyStatus,
+    LogSigningKey,
+    TreeNode,
+    TreeState,
+)
+from transparency.proofs import StoredNodes
+from transparency.sources import LeafRecord, get_source
+
+log = logging.getLogger(__name__)
+
+SEAL_EVENT = "SAGA_SEALED"
+# One integration appends at most this many leaves, so a backlog is worked off in bounded
+# transactions (each still signs a checkpoint) instead of one lock held for minutes.
+MAX_LEAVES_PER_INTEGRATION = 200_000
+_NODE_BATCH = 5_000
+
+
+class IntegrationRefused(RuntimeError):
+    """The integrator found stored state it cannot extend consistently; nothing was signed."""
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _create_key(tenant: Tenant, status: str) -> LogSigningKey:
+    signer = note.generate_signer(keys.log_origin(tenant))
+    return LogSigningKey.objects.create(
+        tenant=tenant,
+        name=signer.name,
+        key_id=signer.key_id.hex(),
+        public_key=signer.public_key,
+        encrypted_seed=keys.encrypt_seed(signer.seed),
+        status=status,
+    )
+
+
+def _active_key(tenant: Tenant) -> LogSigningKey:
+    key = LogSigningKey.objects.filter(status=KeyStatus.ACTIVE).first()
+    return key if key is not None else _create_key(tenant, KeyStatus.ACTIVE)
+
+
+def ensure_signing_key(tenant: Tenant) -> LogSigningKey:
+    """The tenant's active log key, created on first use."""
+    with tenant_context(tenant):
+        return _active_key(tenant)
+
+
+def _signers() -> list[note.Signer]:
+    # Active first, then any key being rotated out: during a rotation each note carries both
+    # signatures, so clients pinned to either key keep verifying.
+    rows = sorted(
+        LogSigningKey.objects.exclude(status=KeyStatus.RETIRED), key=lambda k: k.status != KeyStatus.ACTIVE
+    )
+    return [keys.signer_from(row.name, row.encrypted_seed) for row in rows]
+
+
+def verifiers(include_retired: bool = True) -> list[note.Verifier]:
+    rows = LogSigningKey.objects.order_by("id")
+    if not include_retired:
+        rows = rows.exclude(status=KeyStatus.RETIRED)
+    return [note.Verifier.from_public_key(row.name, bytes(row.public_key)) for row in rows]
+
+
+def current_verifier_keys(include_retired: bool = False) -> list[str]:
+    """Verifier key strings, active first (what `GET /api/v1/audit/key` serves)."""
+    order = {KeyStatus.ACTIVE: 0, KeyStatus.RETIRING: 1, KeyStatus.RETIRED: 2}
+    rows = sorted(LogSigningKey.objects.all(), key=lambda k: (order[k.status], -k.pk))
+    return [
+        note.Verifier.from_public_key(row.name, bytes(row.public_key)).encode()
+        for row in rows
+        if include_retired or row.status != KeyStatus.RETIRED
+    ]
+
+
+def rotate_signing_key(tenant: Tenant) -> LogSigningKey:
+    """A new active key; the old one co-signs ("retiring") until `finish_key_rotation`. The
+    current tree is re-signed at once with both keys so the new key is usable immediately."""
+    with tenant_context(tenant):
+        state = _locked_state(tenant)
+        LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
+            status=KeyStatus.RETIRED, retired_at=timezone.now()
+        )
+        LogSigningKey.objects.filter(status=KeyStatus.ACTIVE).update(status=KeyStatus.RETIRING)
+        new_key = _create_key(tenant, KeyStatus.ACTIVE)
+        _extend_and_sign(tenant, state, target=state.size, force=True)
+        return new_key
+
+
+def finish_key_rotation(tenant: Tenant) -> int:
+    """Stop co-signing with retiring keys; they stay listed to verify old checkpoints."""
+    with tenant_context(tenant):
+        return LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
+            status=KeyStatus.RETIRED, retired_at=timezone.now()
+        )
+
+
+# --------------------------------------------------------------------------- integration
+
+
+def _locked_state(tenant: Tenant) -> TreeState:
+    state = TreeState.objects.select_for_update().filter(tenant=tenant).first()
+    if state is None:
+        try:
+            with transaction.atomic():
+                TreeState.objects.create(tenant=tenant)
+        except IntegrityError:
+            pass  # another integrator created it first; lock theirs
+        state = TreeState.objects.select_for_update().get(tenant=tenant)
+    return state
+
+
+def _split(blob: bytes) -> list[bytes]:
+    blob = bytes(blob)
+    return [blob[i : i + merkle.HASH_SIZE] for i in range(0, len(blob), merkle.HASH_SIZE)]
+
+
+def _extend_and_sign(
+    tenant: Tenant, state: TreeState, *, target: int, force: bool = False
+) -> Checkpoint | None:
+    """Extend the locked tree to `target` leaves and sign it, after proving it consistent with
+    the last signed checkpoint. Refuses (raises) rather than sign anything it cannot prove."""
+    origin = keys.log_origin(tenant)
+    last = Checkpoint.objects.order_by("-id").first()
+    if target == state.size and last is not None and last.size == state.size and not force:
+        return None
+    if target < state.size:
+        raise IntegrationRefused(f"the log shrank from {state.size} to {target} leaves")
+
+    try:
+        compact = merkle.CompactRange(state.size, _split(state.compact_hashes))
+    except merkle.MerkleError as exc:
+        raise IntegrationRefused(f"stored tree state is malformed: {exc}") from exc
+    nodes = StoredNodes()
+    frontier = merkle.perfect_subtrees(0, state.size)
+    nodes.prefetch(frontier)
+    try:
+        stored_frontier = [nodes.subtree_hash(level, index) for level, index in frontier]
+    except merkle.TreeRangeError as exc:
+        raise IntegrationRefused(f"stored tree nodes are incomplete: {exc}") from exc
+    if tuple(stored_frontier) != compact.hashes:
+        raise IntegrationRefused("stored tree state disagrees with the stored tree nodes")
+
+    leaves = get_source().leaf_hashes(tenant, state.size, target)
+    if len(leaves) != target - state.size or any(len(h) != merkle.HASH_SIZE for h in leaves):
+        raise IntegrationRefused(f"leaves {state.size}..{target} are not contiguous 32-byte hashes")
+    new_nodes = compact.extend(leaves)
+    nodes.add(new_nodes)
+    root = compact.root()
+
+    if last is not None:
+        # Trust the note that clients saw, not a column that could have been edited.
+        try:
+            previous = note.open_checkpoint(last.note, verifiers(), origin)
+        except note.NoteError as exc:
+            raise IntegrationRefused(f"the last checkpoint does not verify: {exc}") from exc
+        if previous.size > target:
+            raise IntegrationRefused(f"the last checkpoint has {previous.size} leaves, more than {target}")
+        try:
+            if previous.size == target:
+                if previous.root_hash != root:
+                    raise merkle.ConsistencyProofError("same size, different root")
+            elif previous.size > 0:
+                proof = merkle.consistency_proof(nodes, previous.size, target)
+                merkle.verify_consistency(previous.size, target, proof, previous.root_hash, root)
+        except merkle.MerkleError as exc:
+            raise IntegrationRefused(
+                f"tree of {target} leaves is not consistent with the checkpoint of {previous.size}: {exc}"
+            ) from exc
+
+    for start in range(0, len(new_nodes), _NODE_BATCH):
+        TreeNode.objects.bulk_create(
+            [
+                TreeNode(tenant=tenant, level=n.level, index=n.index, hash=n.hash)
+                for n in new_nodes[start : start + _NODE_BATCH]
+            ]
+        )
+    _active_key(tenant)
+    signers = _signers()
+    signed = note.sign_checkpoint(note.Checkpoint(origin, target, root), signers)
+    checkpoint = Checkpoint.objects.create(tenant=tenant, size=target, root=root, note=signed)
+    state.size = target
+    state.compact_hashes = b"".join(compact.hashes)
+    state.updated_at = timezone.now()
+    state.save(update_fields=["size", "compact_hashes", "updated_at"])
+    return checkpoint
+
+
+def integrate(tenant: Tenant, *, max_leaves: int = MAX_LEAVES_PER_INTEGRATION) -> Checkpoint | None:
+    """Append the tenant's new leaves to its tree and sign a checkpoint; None if nothing grew.
+
+    One transaction, holding the TreeState row lock, so two integrators never interleave."""
+    with tenant_context(tenant):
+        state = _locked_state(tenant)
+        _active_key(tenant)
+        target = min(get_source().log_size(tenant), state.size + max_leaves)
+        return _extend_and_sign(tenant, state, target=target)
+
+
+def integrate_fully(tenant: Tenant) -> Checkpoint | None:
+    """Integrate until the tree holds every assigned leaf (a backlog takes several rounds)."""
+    latest = None
+    while (checkpoint := integrate(tenant)) is not None:
+        latest = checkpoint
+    return latest
+
+
+def tenants_to_integrate() -> list[int]:
+    """Ids of tenants whose log has leaves not yet in a signed checkpoint."""
+    from tenants.scoping import dangerously_bypass_tenant_scope
+
+    with dangerously_bypass_tenant_scope():
+        sizes = get_source().all_log_sizes()
+        integrated = dict(TreeState.objects.values_list("tenant_id", "size"))
+    return sorted(tid for tid, size in sizes.items() if size > integrated.get(tid, -1))
+
+
+# --------------------------------------------------------------------------- saga seal
+
+
+def _seal_fields(records: list[LeafRecord], saga_id: str) -> tuple[dict[str, Any], bool]:
+    """(the seal a saga needs now, whether its latest seal already says exactly that)."""
+    own = [r for r in records if r.record.get("event") != SEAL_EVENT]
+    seals = [r for r in records if r.record.get("event") == SEAL_EVENT]
+    leaves = [[r.leaf_index, r.record.get("_h")] for r in own]
+    fields = {"saga_id": saga_id, "leaves": leaves, "count": len(leaves)}
+    current = bool(seals) and seals[-1].record.get("leaves") == leaves
+    return fields, current
+
+
+def seal_saga(tenant: Tenant, saga_id: str, *, actor: str = "system:transparency") -> dict[str, Any] | None:
+    """Append SAGA_SEALED to the tenant's server stream, listing the leaf index and `_h` of
+    every record of the saga (earlier seals excluded), so a disclosure that omits or adds a
+    record no longer matches it. Idempotent: None when the latest seal is already current; a
+    record about the saga that arrives after its seal gets a fresh seal."""
+    with tenant_context(tenant):
+        records = get_source().saga_records(tenant, saga_id)
+        if not records:
+            raise LookupError(f"saga {saga_id!r} has no records")
+        fields, current = _seal_fields(records, saga_id)
+        if current:
+            return None
+        get_source().append_server_record(tenant, SEAL_EVENT, fields, actor=actor)
+        return fields
+
+
+def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
+    """Seal every saga that has a record among leaves [start, end) and is in a terminal state.
+    Run by the integrator after each integration, so no ingest hook is needed for seals."""
+    with tenant_context(tenant):
+        saga_ids = get_source().terminal_sagas_touched(tenant, start, end)
+    return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id) is not None]
+
+
+# --------------------------------------------------------------------------- exports
+
+
+def request_export(
+    tenant: Tenant,
+    *,
+    requested_by: str,
+    first: int | None = None,
+    end: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Export:
+    """A queued export; the task `transparency.tasks.build_export` fills it in."""
+    with tenant_context(tenant):
+        export = Export.objects.create(
+            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=requested_by
+        )
+        transaction.on_commit(lambda: _enqueue_export(export))
+        return export
+
+
+def _enqueue_export(export: Export) -> None:
+    from transparency.tasks import build_export
+
+    build_export.delay(str(export.pk), export.tenant_id)
+
+
+def record_export_progress(tenant: Tenant, export_id: Any, done: int, total: int) -> None:
+    """Progress is its own short transaction so pollers see it while the build runs."""
+    with tenant_context(tenant):
+        Export.objects.filter(pk=export_id).update(
+            status=ExportStatus.RUNNING, records_done=done, records_total=total
+        )
+
+
+def finish_export(tenant: Tenant, export_id: Any, **fields: Any) -> None:
+    with tenant_context(tenant):
+        Export.objects.filter(pk=export_id).update(finished_at=timezone.now(), **fields)
+
+
+def _claim_export(
+    tenant: Tenant, export_id: Any
+) -> tuple[Export, Checkpoint, Export | None, int, int] | None:
+    """Fix the export's range, checkpoint and predecessor, and mark it running (one transaction;
+    a conditional UPDATE so a redelivered task finds nothing to claim)."""
+    from transparency.bundles import resolve_range
+
+    with tenant_context(tenant):
+        export = Export.objects.select_for_update().get(pk=export_id)
+        if export.status != ExportStatus.QUEUED:
+            return None
+        checkpoint = Checkpoint.objects.order_by("-id").first()
+        if checkpoint is None:
+            raise IntegrationRefused("the log has no signed checkpoint yet")
+        previous = (
+            Export.objects.filter(status=ExportStatus.DONE)
+            .exclude(pk=export.pk)
+            .order_by("-finished_at")
+            .first()
+        )
+        first, end = resolve_range(tenant, export, checkpoint)
+        claimed = Export.objects.filter(pk=export.pk, status=ExportStatus.QUEUED).update(
+            status=ExportStatus.RUNNING,
+            first=first,
+            end=end,
+            checkpoint=checkpoint,
+            previous=previous,
+            records_total=end - first,
+        )
+        return (export, checkpoint, previous, first, end) if claimed else None
+
+
+def build_export(tenant: Tenant, export_id: Any) -> None:
+    """Build and store a WORM export. Deliberately several short transactions (claim, one per
+    chunk of records read, finish) so progress is visible while it runs; the stored file is
+    created once (O_EXCL / object lock) and the row is marked done only after it exists."""
+    import hashlib
+    import tempfile
+
+    from transparency.bundles import manifest_for, pack_export, write_records
+    from transparency.storage import get_storage
+
+    try:
+        claimed = _claim_export(tenant, export_id)
+        if claimed is None:
+            return
+        export, checkpoint, previous, first, end = claimed
+        with tempfile.TemporaryFile() as records_file:
+            sha, heads = write_records(
+                tenant,
+                first,
+                end,
+                records_file,
+                lambda done: record_export_progress(tenant, export_id, done, end - first),
+            )
+            with tenant_context(tenant):
+                manifest = manifest_for(tenant, export, checkpoint, previous, first, end)
+            manifest.update(records_sha256=sha, stream_heads=heads)
+            with pack_export(records_file, manifest, checkpoint.note) as archive:
+                archive_sha = hashlib.sha256()
+                for block in iter(lambda: archive.read(1 << 20), b""):
+                    archive_sha.update(block)
+                archive.seek(0)
+                name = f"tenant-{tenant.pk}/{export_id}.tar.gz"
+                get_storage().create(name, archive)
+        finish_export(
+            tenant,
+            export_id,
+            status=ExportStatus.DONE,
+            storage_name=name,
+            sha256=archive_sha.hexdigest(),
+            records_done=end - first,
+        )
+    except Exception as exc:
+        log.exception("export %s failed", export_id)
+        finish_export(tenant, export_id, status=ExportStatus.FAILED, error=str(exc)[:2000])
+        raise

@@ -1,0 +1,183 @@
+"""The one port through which the transparency log reads the record store.
+
+The log is about leaves, not records: it needs each leaf's hash in leaf order, and (for
+disclosures and exports) the record behind a leaf with its stream and chain position. The audit
+context owns those rows; `AuditLeafSource` adapts its models. The setting
+`SAGAPLANE_LEAF_SOURCE` (dotted path) selects the implementation, so this context can be tested
+and benchmarked on its own leaves, and the audit schema can move without touching the tree code.
+
+Every method runs with the tenant already active (tenant_context), except `all_log_sizes`,
+which the integrator calls under `dangerously_bypass_tenant_scope` to find grown logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from tenants.models import Tenant
+
+
+@dataclass(frozen=True)
+class LeafRecord:
+    """A record at its place in the log. `record` is the WAL JSON as stored (a redacted stub
+    after erasure): chain fields included, so a verifier can recompute `_cd`, `_h` and the leaf."""
+
+    leaf_index: int
+    stream_id: str
+    position: int
+    record: dict[str, Any]
+    leaf_hash: bytes
+
+
+class LeafSource(Protocol):
+    def log_size(self, tenant: Tenant) -> int:
+        """How many leaves the tenant's log has been assigned (contiguous from 0)."""
+
+    def leaf_hashes(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
+        """Stored leaf hashes of leaves [start, end), in leaf order."""
+
+    def records(self, tenant: Tenant, start: int, end: int) -> Iterator[LeafRecord]:
+        """Records of leaves [start, end), in leaf order, streamed."""
+
+    def saga_records(self, tenant: Tenant, saga_id: str) -> list[LeafRecord]:
+        """Every record about the saga (its own, approvals, recovery, seals), in leaf order."""
+
+    def leaf_range_for_time(
+        self, tenant: Tenant, since: datetime | None, until: datetime | None
+    ) -> tuple[int, int]:
+        """[first, end) of the leaves accepted in [since, until)."""
+
+    def append_server_record(self, tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
+        """Append a chained record to the tenant's own server stream (gets the next leaf)."""
+
+    def all_log_sizes(self) -> dict[int, int]:
+        """tenant id -> log size, for every tenant (cross-tenant: the caller bypasses scope)."""
+
+    def terminal_sagas_touched(self, tenant: Tenant, start: int, end: int) -> list[str]:
+        """Sagas with a record among leaves [start, end) that have reached a terminal state."""
+
+    def server_stream_id(self) -> str:
+        """The stream the server appends its own records (and seals) to."""
+
+
+@cache
+def _load(path: str) -> LeafSource:
+    return import_string(path)()  # type: ignore[no-any-return]
+
+
+def get_source() -> LeafSource:
+    return _load(getattr(settings, "SAGAPLANE_LEAF_SOURCE", "transparency.sources.AuditLeafSource"))
+
+
+class AuditLeafSource:
+    """Leaves from `audit.models.Record` (leaf_index, leaf_hash assigned at ingest)."""
+
+    _CHUNK = 2_000
+
+    def log_size(self, tenant: Tenant) -> int:
+        from audit.models import TenantLog
+
+        return TenantLog.objects.values_list("size", flat=True).first() or 0
+
+    def leaf_hashes(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
+        from audit.models import Record
+
+        rows = Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end).order_by("leaf_index")
+        out: list[bytes] = []
+        expected = start
+        for index, digest in rows.values_list("leaf_index", "leaf_hash").iterator(chunk_size=self._CHUNK):
+            if index != expected:
+                break  # a hole: the caller sees a short list and refuses
+            out.append(bytes(digest))
+            expected += 1
+        return out
+
+    def _as_leaf(self, row: Any) -> LeafRecord:
+        from audit.services import stored_record
+
+        payload = getattr(row, "payload", None)
+        redaction = getattr(row, "redaction", None)
+        return LeafRecord(
+            leaf_index=row.leaf_index,
+            stream_id=row.stream.stream_id,
+            position=row.position,
+            record=stored_record(row, payload, redaction.reason if redaction is not None else None),
+            leaf_hash=bytes(row.leaf_hash),
+        )
+
+    def _rows(self) -> Any:
+        from audit.models import Record
+
+        return Record.objects.select_related("stream", "payload", "redaction").order_by("leaf_index")
+
+    def records(self, tenant: Tenant, start: int, end: int) -> Iterator[LeafRecord]:
+        # Keyset pagination on leaf_index: constant memory for any export size.
+        position = start
+        while position < end:
+            chunk = list(
+                self._rows().filter(leaf_index__gte=position, leaf_index__lt=min(end, position + self._CHUNK))
+            )
+            if not chunk:
+                return
+            for row in chunk:
+                yield self._as_leaf(row)
+            position = chunk[-1].leaf_index + 1
+
+    def saga_records(self, tenant: Tenant, saga_id: str) -> list[LeafRecord]:
+        return [self._as_leaf(row) for row in self._rows().filter(saga_id=saga_id)]
+
+    def leaf_range_for_time(
+        self, tenant: Tenant, since: datetime | None, until: datetime | None
+    ) -> tuple[int, int]:
+        from django.db.models import Max, Min
+
+        from audit.models import Record
+
+        rows = Record.objects.all()
+        if since is not None:
+            rows = rows.filter(received_at__gte=since)
+        if until is not None:
+            rows = rows.filter(received_at__lt=until)
+        bounds = rows.aggregate(first=Min("leaf_index"), last=Max("leaf_index"))
+        if bounds["first"] is None:
+            return 0, 0
+        return bounds["first"], bounds["last"] + 1
+
+    def terminal_sagas_touched(self, tenant: Tenant, start: int, end: int) -> list[str]:
+        """Sagas with a record in leaves [start, end) whose projected status is terminal."""
+        from audit.models import Record
+        from sagas.models import TERMINAL_STATUSES, Saga
+
+        touched = (
+            Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
+            .exclude(saga_id="")
+            .values_list("saga_id", flat=True)
+            .distinct()
+        )
+        return sorted(
+            Saga.objects.filter(saga_id__in=list(touched), status__in=list(TERMINAL_STATUSES)).values_list(
+                "saga_id", flat=True
+            )
+        )
+
+    def server_stream_id(self) -> str:
+        from audit.models import SERVER_STREAM_ID
+
+        return SERVER_STREAM_ID
+
+    def append_server_record(self, tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
+        from audit import services
+
+        services.append_server_record(tenant, event, fields, actor=actor)
+
+    def all_log_sizes(self) -> dict[int, int]:
+        from audit.models import TenantLog
+
+        return dict(TenantLog.objects.values_list("tenant_id", "size"))

@@ -1,0 +1,17 @@
+"""Routed from controlplane/urls.py under api/v1/audit/."""
+
+from django.urls import path
+
+from transparency import api
+
+urlpatterns = [
+    path("checkpoint", api.CheckpointView.as_view(), name="audit-checkpoint"),
+    path("key", api.KeyView.as_view(), name="audit-key"),
+    path("proofs/inclusion", api.InclusionProofView.as_view(), name="audit-proof-inclusion"),
+    path("proofs/consistency", api.ConsistencyProofView.as_view(), name="audit-proof-consistency"),
+    path("tile/<int:level>/<path:tile>", api.TileView.as_view(), name="audit-tile"),
+    path("sagas/<str:saga_id>/disclosure", api.DisclosureView.as_view(), name="audit-saga-disclosure"),
+    path("exports", api.ExportListView.as_view(), name="audit-exports"),
+    path("exports/<uuid:export_id>", api.ExportDetailView.as_view(), name="audit-export"),
+    path("exports/<uuid:export_id>/download", api.ExportDownloadView.as_view(), name="audit-export-download"),
+]
