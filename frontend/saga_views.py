@@ -1,22 +1,483 @@
-"""Sagas, fleet and evidence pages (filled in as the sagas and transparency apps land)."""
+"""Sagas (list, detail with timeline and record inspector) and the fleet overview.
+
+Reads only: the saga projection (`sagas.models`), the stored records (`audit.models`) in WAL form
+through `audit.services.stored_record`, credentials masked by `sagas.services.mask_credentials`.
+Each page has a fragment URL that app.js fetches again when a `saga.event` arrives."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import Resolver404, resolve, reverse
+from django.utils import timezone
+
+from audit.models import Record, RecordPayload, Redaction
+from audit.services import stored_record
 from frontend.views import member_page, page
+from sagas.models import Saga, SagaStatus, Step, StepStatus
+from sagas.services import mask_credentials
+
+NEEDS_HUMAN = (SagaStatus.ROLLBACK_PARTIAL, SagaStatus.ORPHANED)
+SINCE_CHOICES = [
+    ("", "Any time"),
+    ("1h", "Last hour"),
+    ("24h", "Last 24 hours"),
+    ("7d", "Last 7 days"),
+    ("30d", "Last 30 days"),
+]
+_SINCE = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(days=1),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+LIST_LIMIT = 200
+
+
+# ------------------------------------------------------------------------------------------ list
+
+
+@dataclass
+class Filters:
+    status: str = ""
+    tool: str = ""
+    stream: str = ""
+    since: str = ""
+
+    @classmethod
+    def from_request(cls, request: HttpRequest) -> Filters:
+        get = request.GET
+        status = get.get("status", "")
+        since = get.get("since", "")
+        return cls(
+            status=status if status in SagaStatus.values else "",
+            tool=get.get("tool", "").strip()[:200],
+            stream=get.get("stream", "").strip()[:200],
+            since=since if since in _SINCE else "",
+        )
+
+    def query(self, **override: str) -> str:
+        from urllib.parse import urlencode
+
+        values = {**self.__dict__, **override}
+        return urlencode({k: v for k, v in values.items() if v})
+
+
+def _without_status(filters: Filters, now: datetime) -> QuerySet[Saga]:
+    sagas = Saga.objects.all()
+    if filters.tool:
+        sagas = sagas.filter(steps__tool=filters.tool).distinct()
+    if filters.stream:
+        sagas = sagas.filter(stream_id=filters.stream)
+    if filters.since:
+        sagas = sagas.filter(last_activity_at__gte=now - _SINCE[filters.since])
+    return sagas
+
+
+def _with_status(sagas: QuerySet[Saga], status: str, now: datetime) -> QuerySet[Saga]:
+    """Filter on the effective status: a running saga whose lease lapsed is orphaned."""
+    lapsed = Q(status=SagaStatus.RUNNING, lease_expires_at__lt=now)
+    if status == SagaStatus.ORPHANED:
+        return sagas.filter(lapsed | Q(status=SagaStatus.ORPHANED))
+    if status == SagaStatus.RUNNING:
+        return sagas.filter(status=SagaStatus.RUNNING).exclude(lapsed)
+    return sagas.filter(status=status) if status else sagas
+
+
+def _counts(sagas: QuerySet[Saga], now: datetime) -> dict[str, int]:
+    counts = dict.fromkeys(SagaStatus.values, 0)
+    for row in sagas.order_by().values("status").annotate(n=Count("pk", distinct=True)):
+        counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
+    lapsed = sagas.filter(status=SagaStatus.RUNNING, lease_expires_at__lt=now).count()
+    counts[SagaStatus.RUNNING] -= lapsed
+    counts[SagaStatus.ORPHANED] += lapsed
+    return counts
+
+
+def _list_context(request: HttpRequest) -> dict[str, Any]:
+    now = timezone.now()
+    filters = Filters.from_request(request)
+    base = _without_status(filters, now)
+    counts = _counts(base, now)
+    sagas = list(
+        _with_status(base, filters.status, now)
+        .annotate(step_count=Count("steps", distinct=True))
+        .order_by("-last_activity_at", "-pk")[:LIST_LIMIT]
+    )
+    for saga in sagas:
+        saga.shown_status = saga.effective_status(now)
+        saga.needs_human = saga.shown_status in NEEDS_HUMAN
+    all_counts = (
+        _counts(Saga.objects.all(), now) if (filters.tool or filters.stream or filters.since) else counts
+    )
+    return {
+        "filters": filters,
+        "sagas": sagas,
+        "truncated": len(sagas) == LIST_LIMIT,
+        "status_counts": [
+            {"value": value, "label": label, "n": counts[value], "query": filters.query(status=value)}
+            for value, label in SagaStatus.choices
+        ],
+        "total": sum(counts.values()),
+        "any_sagas": Saga.objects.exists(),
+        "needs_human": all_counts[SagaStatus.ROLLBACK_PARTIAL] + all_counts[SagaStatus.ORPHANED],
+        "fragment_url": reverse("saga-rows") + ("?" + filters.query() if filters.query() else ""),
+    }
 
 
 @member_page("read", section="sagas")
 def saga_list(request: HttpRequest) -> HttpResponse:
-    return page(request, "frontend/sagas.html", {"sagas": []}, section="sagas")
+    context = _list_context(request)
+    context.update(
+        statuses=SagaStatus.choices,
+        since_choices=SINCE_CHOICES,
+        tools=list(
+            Step.objects.exclude(tool="").order_by("tool").values_list("tool", flat=True).distinct()[:200]
+        ),
+        streams=list(Saga.objects.order_by("stream_id").values_list("stream_id", flat=True).distinct()[:200]),
+    )
+    return page(request, "frontend/sagas.html", context, section="sagas")
+
+
+@member_page("read", section="sagas")
+def saga_rows(request: HttpRequest) -> HttpResponse:
+    return render(request, "frontend/_saga_list.html", {**_list_context(request), "caps": _caps(request)})
+
+
+def _caps(request: HttpRequest) -> frozenset[str]:
+    from tenants.models import ROLE_CAPABILITIES
+
+    return ROLE_CAPABILITIES[request.membership.role]
+
+
+# ---------------------------------------------------------------------------------------- detail
+
+FORWARD_EVENTS = {"STEP_INTENT", "STEP_COMMITTED", "COMPLETED_VIA_FALLBACK", "STEP_UNKNOWN"}
+BACKWARD_EVENTS = {"COMPENSATED", "COMPENSATION_FAILED", "STEP_ORPHANED"}
+FORWARD_OUTCOME = {
+    "STEP_INTENT": StepStatus.INTENT,
+    "STEP_COMMITTED": StepStatus.COMMITTED,
+    "COMPLETED_VIA_FALLBACK": StepStatus.COMMITTED,
+    "STEP_UNKNOWN": StepStatus.UNKNOWN,
+}
+BACKWARD_OUTCOME = {
+    "COMPENSATED": StepStatus.COMPENSATED,
+    "COMPENSATION_FAILED": StepStatus.COMPENSATION_FAILED,
+    "STEP_ORPHANED": StepStatus.ORPHANED,
+}
+OUTCOME_LABEL = dict(StepStatus.choices)
+HIDDEN_KEYS = {"seq", "ts", "event", "_h", "_ph", "_cd", "_s", "_redacted"}
+
+
+@dataclass
+class RecordView:
+    leaf_index: int
+    position: int
+    stream: str
+    event: str
+    seq: Any
+    when: datetime | None
+    chain_hash: str
+    prev_hash: str
+    digest: str
+    redacted: str
+    step_id: str
+    semantics: str = ""
+    arguments: str = ""
+    compensation: str = ""
+    other: str = ""
+
+
+@dataclass
+class StepView:
+    step: Step
+    outcome: str
+    records: list[RecordView] = field(default_factory=list)
+
+    @property
+    def outcome_label(self) -> str:
+        return OUTCOME_LABEL.get(self.outcome, self.outcome)
+
+
+@dataclass
+class CompensationView:
+    step: Step | None
+    record: RecordView
+    outcome: str
+
+    @property
+    def outcome_label(self) -> str:
+        return OUTCOME_LABEL.get(self.outcome, self.outcome)
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _record_view(record: Record, body: dict[str, Any], erased: bool) -> RecordView:
+    masked = {k: mask_credentials(v, k) for k, v in body.items() if k not in HIDDEN_KEYS}
+    view = RecordView(
+        leaf_index=record.leaf_index,
+        position=record.position,
+        stream=record.stream.stream_id,
+        event=record.event,
+        seq=record.seq,
+        when=_ts(record.ts),
+        chain_hash=record.h,
+        prev_hash=record.ph,
+        digest=record.cd,
+        redacted=body.get("_redacted", "") if erased else "",
+        step_id=record.step_id,
+    )
+    semantics = masked.pop("semantics", "")
+    view.semantics = semantics if isinstance(semantics, str) else _pretty(semantics)
+    if "kwargs" in masked:
+        view.arguments = _pretty(masked.pop("kwargs"))
+    if "compensation" in masked:
+        view.compensation = _pretty(masked.pop("compensation"))
+    for key in ("saga_id", "step_id", "tool"):
+        masked.pop(key, None)
+    view.other = _pretty(masked) if masked else ""
+    return view
+
+
+def _ts(value: float) -> datetime | None:
+    from datetime import UTC
+
+    try:
+        return datetime.fromtimestamp(value, tz=UTC)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return None
+
+
+def _saga_or_404(saga_id: str) -> Saga:
+    # The tenant manager sees only the active tenant: another tenant's saga id is simply not found.
+    saga = Saga.objects.filter(saga_id=saga_id).first()
+    if saga is None:
+        raise Http404("no such saga")
+    return saga
+
+
+def _url_exists(path: str) -> bool:
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True
+
+
+def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
+    now = timezone.now()
+    saga = _saga_or_404(saga_id)
+    steps = list(saga.steps.order_by("ordinal"))
+    step_by_id = {s.step_id: s for s in steps}
+    records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
+    ids = [r.pk for r in records]
+    payloads = {p.record_id: p for p in RecordPayload.objects.filter(record_id__in=ids)}
+    erased = dict(Redaction.objects.filter(record_id__in=ids).values_list("record_id", "reason"))
+    views = [
+        _record_view(r, stored_record(r, payloads.get(r.pk), erased.get(r.pk)), r.pk not in payloads)
+        for r in records
+    ]
+    forward: dict[str, StepView] = {s.step_id: StepView(step=s, outcome=StepStatus.INTENT) for s in steps}
+    backward: list[CompensationView] = []
+    saga_events: list[RecordView] = []
+    rollback_start: RecordView | None = None
+    rollback_end: RecordView | None = None
+    abort_cause: RecordView | None = None
+    for view in views:
+        if view.event in FORWARD_EVENTS and view.step_id in forward:
+            item = forward[view.step_id]
+            item.records.append(view)
+            item.outcome = FORWARD_OUTCOME[view.event]
+        elif view.event in BACKWARD_EVENTS:
+            backward.append(
+                CompensationView(
+                    step=step_by_id.get(view.step_id), record=view, outcome=BACKWARD_OUTCOME[view.event]
+                )
+            )
+            if view.step_id in forward:
+                forward[view.step_id].records.append(view)
+        else:
+            saga_events.append(view)
+            if view.event == "ROLLBACK_START":
+                rollback_start = view
+            elif view.event == "ROLLBACK_END":
+                rollback_end = view
+            elif view.event == "SAGA_ABORT_CAUSE":
+                abort_cause = view
+    shown_status = saga.effective_status(now)
+    disclosure = f"/api/v1/audit/sagas/{saga.saga_id}/disclosure"
+    return {
+        "saga": saga,
+        "shown_status": shown_status,
+        "needs_human": shown_status in NEEDS_HUMAN,
+        "forward": [forward[s.step_id] for s in steps],
+        "backward": backward,
+        "saga_events": saga_events,
+        "rollback_start": rollback_start,
+        "rollback_end": rollback_end,
+        "abort_cause": abort_cause,
+        "records": views,
+        "running": shown_status == SagaStatus.RUNNING,
+        "disclosure_url": disclosure if _url_exists(disclosure) else "",
+        "fragment_url": reverse("saga-timeline", args=[saga.saga_id]),
+        "outcomes": StepStatus.choices,
+    }
+
+
+@member_page("read", section="sagas")
+def saga_detail(request: HttpRequest, saga_id: str) -> HttpResponse:
+    context = _detail_context(request, saga_id)
+    return page(request, "frontend/saga_detail.html", context, section="sagas")
+
+
+@member_page("read", section="sagas")
+def saga_timeline(request: HttpRequest, saga_id: str) -> HttpResponse:
+    context = {**_detail_context(request, saga_id), "caps": _caps(request)}
+    return render(request, "frontend/_saga_timeline.html", context)
+
+
+# ----------------------------------------------------------------------------------------- fleet
+
+FLEET_WINDOWS = [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")]
+MATRIX_OUTCOMES = [
+    StepStatus.COMMITTED,
+    StepStatus.COMPENSATED,
+    StepStatus.COMPENSATION_FAILED,
+    StepStatus.UNKNOWN,
+    StepStatus.ORPHANED,
+    StepStatus.INTENT,
+]
+SPARSE_BELOW = 5
+MAX_LANES = 25
+CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, TOP, BOTTOM = 960, 170, 30, 10, 34
+
+
+def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> dict[str, Any]:
+    lanes: dict[str, list[Saga]] = defaultdict(list)
+    for saga in sagas:
+        lanes[saga.stream_id].append(saga)
+    names = sorted(
+        lanes, key=lambda n: max(s.last_activity_at or s.started_at for s in lanes[n]), reverse=True
+    )
+    names = names[:MAX_LANES]
+    span = max((end - start).total_seconds(), 1.0)
+    plot = CHART_WIDTH - LABEL_WIDTH - 10
+
+    def x(moment: datetime) -> float:
+        return round(LABEL_WIDTH + plot * min(max((moment - start).total_seconds() / span, 0.0), 1.0), 1)
+
+    rows = []
+    for i, name in enumerate(names):
+        y = TOP + i * LANE_HEIGHT
+        bars = []
+        for saga in lanes[name]:
+            begin = saga.started_at or saga.last_activity_at
+            finish = saga.last_activity_at or begin
+            status = saga.effective_status(now)
+            x0, x1 = x(begin), x(finish)
+            bars.append(
+                {
+                    "saga": saga,
+                    "status": status,
+                    "label": dict(SagaStatus.choices).get(status, status),
+                    "x": x0,
+                    "w": max(x1 - x0, 3.0),
+                    "end": max(x1, x0 + 3.0),
+                    "rollback": status in (SagaStatus.ROLLED_BACK, SagaStatus.ROLLBACK_PARTIAL),
+                }
+            )
+        rows.append(
+            {
+                "name": name,
+                "short": name if len(name) <= 22 else name[:21] + "…",
+                "y": y,
+                "bar_y": y + 7,
+                "text_y": y + 19,
+                "bars": bars,
+            }
+        )
+    height = TOP + len(names) * LANE_HEIGHT + BOTTOM
+    ticks = []
+    for k in range(6):
+        moment = start + (end - start) * k / 5
+        fmt = "%H:%M:%S" if span <= 3600 else ("%H:%M" if span <= 2 * 86400 else "%m-%d %H:%M")
+        ticks.append({"x": x(moment), "label": moment.strftime(fmt), "iso": moment.isoformat()})
+    return {
+        "rows": rows,
+        "width": CHART_WIDTH,
+        "height": height,
+        "ticks": ticks,
+        "axis_y": height - BOTTOM + 4,
+        "tick_text_y": height - BOTTOM + 20,
+        "label_x": 8,
+        "plot_left": LABEL_WIDTH,
+        "plot_right": CHART_WIDTH - 10,
+        "plot_width": plot,
+        "hidden_lanes": max(len(lanes) - MAX_LANES, 0),
+    }
+
+
+def _matrix(steps: QuerySet[Step]) -> dict[str, Any]:
+    table: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(MATRIX_OUTCOMES, 0))
+    for row in steps.order_by().values("tool", "status").annotate(n=Count("pk")):
+        if row["status"] in MATRIX_OUTCOMES:
+            table[row["tool"] or "(no tool)"][row["status"]] += row["n"]
+    rows = []
+    for tool in sorted(table):
+        counts = table[tool]
+        total = sum(counts.values())
+        cells = []
+        for outcome in MATRIX_OUTCOMES:
+            n = counts[outcome]
+            if n < SPARSE_BELOW:
+                cells.append({"n": n, "sparse": True, "text": str(n), "heat": 0})
+            else:
+                share = n / total
+                cells.append(
+                    {"n": n, "sparse": False, "text": f"{share:.0%}", "heat": min(4, 1 + int(share * 4))}
+                )
+        rows.append({"tool": tool, "total": total, "cells": cells})
+    return {"rows": rows, "outcomes": [(o, OUTCOME_LABEL[o]) for o in MATRIX_OUTCOMES]}
 
 
 @member_page("read", section="fleet")
 def fleet(request: HttpRequest) -> HttpResponse:
-    return page(request, "frontend/fleet.html", {}, section="fleet")
-
-
-@member_page("audit", section="evidence")
-def evidence(request: HttpRequest) -> HttpResponse:
-    return page(request, "frontend/evidence.html", {}, section="evidence")
+    now = timezone.now()
+    window = request.GET.get("window", "24h")
+    window = window if window in _SINCE else "24h"
+    since = now - _SINCE[window]
+    sagas = list(
+        Saga.objects.filter(last_activity_at__gte=since)
+        .exclude(started_at=None)
+        .order_by("started_at")[:2000]
+    )
+    chart = None
+    if sagas:
+        # Zoom to the activity actually in the window, with a little air on the left.
+        first = min(s.started_at for s in sagas)
+        start = max(since, first - (now - first) * 0.05)
+        chart = _chart(sagas, start, now, now)
+    steps = Step.objects.filter(saga__last_activity_at__gte=since)
+    return page(
+        request,
+        "frontend/fleet.html",
+        {
+            "chart": chart,
+            "matrix": _matrix(steps),
+            "window": window,
+            "windows": FLEET_WINDOWS,
+            "saga_total": len(sagas),
+            "sparse_below": SPARSE_BELOW,
+            "statuses": SagaStatus.choices,
+        },
+        section="fleet",
+    )

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import admin_views, saga_views, views
+from frontend import admin_views, evidence_views, saga_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -10,8 +10,11 @@ urlpatterns = [
     path("tenant/switch", views.switch_tenant, name="switch-tenant"),
     path("invite/<str:token>", admin_views.accept_invite, name="invite-accept"),
     path("sagas/", saga_views.saga_list, name="sagas"),
+    path("sagas/rows", saga_views.saga_rows, name="saga-rows"),
+    path("sagas/<str:saga_id>/", saga_views.saga_detail, name="saga-detail"),
+    path("sagas/<str:saga_id>/timeline", saga_views.saga_timeline, name="saga-timeline"),
     path("fleet/", saga_views.fleet, name="fleet"),
-    path("evidence/", saga_views.evidence, name="evidence"),
+    path("evidence/", evidence_views.evidence, name="evidence"),
     path("administration/members/", admin_views.members, name="members"),
     path("administration/members/invite", admin_views.invite, name="member-invite"),
     path("administration/members/<int:membership_id>/role", admin_views.change_role, name="member-role"),

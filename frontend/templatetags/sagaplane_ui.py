@@ -58,3 +58,9 @@ def get_item(mapping: Any, key: Any) -> Any:
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+@register.filter
+def spaced(value: Any) -> str:
+    """`rollback_partial` -> `rollback partial`."""
+    return str(value or "").replace("_", " ")
