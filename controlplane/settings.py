@@ -265,7 +265,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = SAGAPLANE_MAX_BODY_BYTES
 # write-once files under the data folder unless a backend with a retention lock is configured.
 SAGAPLANE_LOG_ORIGIN_PREFIX = env.str("SAGAPLANE_LOG_ORIGIN_PREFIX", default="sagaplane.local")
 SAGAPLANE_EXPORT_STORAGE = {
-    "BACKEND": env.str("SAGAPLANE_EXPORT_STORAGE_BACKEND", default="transparency.storage.WriteOnceFileStorage"),
+    "BACKEND": env.str(
+        "SAGAPLANE_EXPORT_STORAGE_BACKEND", default="transparency.storage.WriteOnceFileStorage"
+    ),
     "OPTIONS": {"location": env.str("SAGAPLANE_EXPORT_DIR", default=str(DATA_DIR / "exports"))},
 }
 SAGAPLANE_LEAF_SOURCE = "transparency.sources.AuditLeafSource"
