@@ -114,6 +114,10 @@ class AuditReportView(TenantScopedViewMixin, APIView):
 
     required_scopes = {"GET": "read"}
 
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # The client's `format=csv` names the report's format, not DRF's URL format override.
+        return super().perform_content_negotiation(request, force=True)
+
     @extend_schema(
         operation_id="agent_saga_audit_report",
         parameters=[OpenApiParameter("start", str), OpenApiParameter("end", str), OpenApiParameter("format", str)],

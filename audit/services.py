@@ -296,6 +296,15 @@ def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
             continue
         if attested is None:
             attested = attested_seqs(r.raw for r in batch)
+        # Same order as agent-saga's verify: a seq jump is named before the link it also breaks.
+        expected = 1 if prev_seq is None else prev_seq + 1
+        jumped = expected < rec.seq < expected + 10**6
+        if jumped:
+            missing = sorted(set(range(expected, rec.seq)) - attested)
+            if missing:
+                raise _seq_gap(rec, missing)
+        if held.get(rec.h) is not None:
+            raise _broken_link(rec, prev_h)  # a held record out of place: a repeated or moved line
         claimed = (0, 0) if rec.ph == GENESIS else held.get(rec.ph)
         if claimed is not None and (rec.ph != GENESIS or stream.length > 0):
             # It claims a predecessor the server holds but that is not where the batch stands.
@@ -308,13 +317,9 @@ def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
             if claimed[0] < stream.length:
                 raise _equivocation(stream, rec, claimed[0] + 1, held.hash_at(claimed[0] + 1))
             raise _broken_link(rec, prev_h)
-        # An attested compaction gap: the predecessor was never shipped, and every skipped seq is
-        # accounted for. Only valid at the head (nothing held is skipped).
-        expected = 1 if prev_seq is None else prev_seq + 1
-        if rec.seq > expected and rec.seq - expected < 10**6:
-            missing = sorted(set(range(expected, rec.seq)) - attested)
-            if missing:
-                raise _seq_gap(rec, missing)
+        if jumped:
+            # An attested compaction gap: the predecessor was never shipped and every skipped seq is
+            # accounted for. Only at the head: nothing held may be skipped.
             if not at_head:
                 raise _chain_error(rec, "forged_gap", "an attested gap may not skip records the server holds")
             pos += 1

@@ -1,0 +1,92 @@
+"""Two requests extending the same stream at once never both succeed with different records."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from audit import services
+from audit.models import Record, Stream, TenantLog
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.audit.chains import chain, saga_records
+
+pytestmark = [pytest.mark.postgres]
+
+
+def _race(tenant: Tenant, batches: list[list[dict[str, Any]]], stream_id: str) -> list[Any]:
+    barrier = threading.Barrier(len(batches))
+    outcomes: list[Any] = [None] * len(batches)
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait()
+            outcomes[n] = services.ingest(tenant, stream_id, batches[n], actor="test")
+        except services.IngestRefused as exc:
+            outcomes[n] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_different_first_batches_race_exactly_one_wins(transactional_db: None, tenant_a: Tenant, round_: int) -> None:
+    batches = [chain(saga_records(steps=2)) for _ in range(2)]
+    outcomes = _race(tenant_a, batches, f"race-{round_}")
+    won = [o for o in outcomes if isinstance(o, services.IngestResult)]
+    lost = [o for o in outcomes if isinstance(o, services.IngestRefused)]
+    assert len(won) == 1 and len(lost) == 1
+    assert lost[0].code == "equivocation" and lost[0].status == 409
+    winner = batches[outcomes.index(won[0])]
+    with tenant_context(tenant_a):
+        stream = Stream.objects.get(stream_id=f"race-{round_}")
+        assert stream.length == len(winner) and stream.head_hash == winner[-1]["_h"]
+        assert list(Record.objects.filter(stream=stream).order_by("position").values_list("h", flat=True)) == [
+            r["_h"] for r in winner
+        ]
+
+
+def test_racing_extensions_of_a_held_head(transactional_db: None, tenant_a: Tenant) -> None:
+    base = chain(saga_records())
+    services.ingest(tenant_a, "ext", base, actor="test")
+    forks = [chain(saga_records(), prev=base[-1]["_h"], seq=base[-1]["seq"] + 1) for _ in range(3)]
+    outcomes = _race(tenant_a, forks, "ext")
+    assert sum(isinstance(o, services.IngestResult) for o in outcomes) == 1
+    assert all(o.code == "equivocation" for o in outcomes if isinstance(o, services.IngestRefused))
+
+
+def test_same_batch_twice_at_once_is_stored_once(transactional_db: None, tenant_a: Tenant) -> None:
+    batch = chain(saga_records(steps=3))
+    outcomes = _race(tenant_a, [batch, batch], "same")
+    assert sorted((o.accepted, o.duplicates) for o in outcomes) == [(0, len(batch)), (len(batch), 0)]
+
+
+def test_leaf_indices_stay_contiguous_across_concurrent_streams(transactional_db: None, tenant_a: Tenant) -> None:
+    batches = [chain(saga_records(steps=2)) for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait()
+            services.ingest(tenant_a, f"par-{n}", batches[n], actor="test")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with tenant_context(tenant_a):
+        leaves = list(Record.objects.order_by("leaf_index").values_list("leaf_index", flat=True))
+        assert leaves == list(range(len(leaves)))
+        assert TenantLog.objects.get().size == len(leaves)
