@@ -410,7 +410,8 @@ def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> 
     for k in range(6):
         moment = start + (end - start) * k / 5
         fmt = "%H:%M:%S" if span <= 3600 else ("%H:%M" if span <= 2 * 86400 else "%m-%d %H:%M")
-        ticks.append({"x": x(moment), "label": moment.strftime(fmt), "iso": moment.isoformat()})
+        anchor = "start" if k == 0 else ("end" if k == 5 else "middle")
+        ticks.append({"x": x(moment), "label": moment.strftime(fmt), "anchor": anchor})
     return {
         "rows": rows,
         "width": CHART_WIDTH,

@@ -71,7 +71,8 @@
   function refreshLive(event) {
     liveRegions.forEach(function (region) {
       var only = region.getAttribute("data-live-saga");
-      if (only && event && event.saga_id && event.saga_id !== only) return;
+      if (only && event && Array.isArray(event.sagas) &&
+          !event.sagas.some(function (s) { return s && s.saga_id === only; })) return;
       region.setAttribute("data-dirty", "1");
     });
     if (pending) return;

@@ -1,0 +1,241 @@
+"""A real control plane for browser tests: daphne (HTTP + websockets) in a subprocess with its own
+data folder, migrated and seeded with the management commands, driven by Debian's Chromium.
+
+Database: with DATABASE_URL set (Postgres), a throw-away database next to it is created and
+dropped afterwards; otherwise embedded SQLite in the data folder. REDIS_URL is passed through, so
+on Redis the channel layer is the real one; on SQLite the in-memory layer works because the
+ingest goes through the same server process over HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PASSWORD = "sagaplane-demo"
+OWNER = "owner@demo.sagaplane.local"
+VIEWER = "viewer@demo.sagaplane.local"
+AUDITOR = "auditor@demo.sagaplane.local"
+CAROL = "carol@bravo.example"
+STARTUP_DEADLINE = 60.0
+
+
+@dataclass
+class LiveServer:
+    url: str
+    api_key: str
+    data_dir: Path
+    log: Path
+
+    def ship(self, stream: str, records: list[dict]) -> dict:
+        response = httpx.post(
+            f"{self.url}/api/v1/streams/{stream}/records",
+            json={"records": records},
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=20,
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(
+        [str(VENV_BIN / "python"), "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _postgres_database(url: str) -> tuple[str, str, str]:
+    """(admin url, e2e url, e2e database name) for a throw-away database beside DATABASE_URL's."""
+    parts = urlsplit(url)
+    name = f"{parts.path.lstrip('/') or 'sagaplane'}_e2e_{uuid.uuid4().hex[:8]}"
+    return url, urlunsplit(parts._replace(path="/" + name)), name
+
+
+def _pg_execute(admin_url: str, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    data_dir = tmp_path_factory.mktemp("e2e-data")
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
+    env.update(
+        {
+            "SAGAPLANE_DATA_DIR": str(data_dir),
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "CELERY_TASK_ALWAYS_EAGER": "true",  # exports and integration run in the web process
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    dropped_db = None
+    if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        admin_url, e2e_url, name = _postgres_database(os.environ["DATABASE_URL"])
+        _pg_execute(admin_url, f'CREATE DATABASE "{name}"')
+        dropped_db = (admin_url, name)
+        env["DATABASE_URL"] = e2e_url
+    try:
+        _manage(env, "migrate", "--noinput")
+        _manage(env, "seed_demo", "--password", PASSWORD)
+        _manage(
+            env,
+            "create_tenant",
+            "bravo",
+            "--name",
+            "Bravo Logistics",
+            "--owner-email",
+            CAROL,
+            "--owner-password",
+            PASSWORD,
+        )
+        key_out = _manage(
+            env,
+            "create_api_key",
+            "--tenant",
+            "demo",
+            "--name",
+            "e2e-agent",
+            "--scopes",
+            "ingest,gate,read,recovery",
+        )
+        api_key = key_out.strip().splitlines()[-1]
+
+        port = _free_port()
+        log = data_dir / "server.log"
+        with log.open("w") as log_file:
+            process = subprocess.Popen(
+                [
+                    str(VENV_BIN / "daphne"),
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "controlplane.asgi:application",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + STARTUP_DEADLINE
+            while True:
+                if process.poll() is not None:
+                    pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        f"/healthz did not answer within {STARTUP_DEADLINE}s:\n{log.read_text()[-3000:]}"
+                    )
+                _wait_a_little(process)
+            yield LiveServer(url=url, api_key=api_key, data_dir=data_dir, log=log)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+    finally:
+        if dropped_db is not None:
+            _pg_execute(dropped_db[0], f'DROP DATABASE IF EXISTS "{dropped_db[1]}" WITH (FORCE)')
+
+
+def _wait_a_little(process: subprocess.Popen) -> None:
+    """Between health polls: block on the process for a moment (returns early if it exits)."""
+    try:
+        process.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@pytest.fixture(scope="session")
+def browser_instance() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def new_page(browser_instance, control_plane: LiveServer):  # type: ignore[no-untyped-def]
+    """A factory of fresh browser contexts (one per person), closed after the test."""
+    contexts = []
+
+    def make(*, width: int = 1280, height: int = 900):  # type: ignore[no-untyped-def]
+        context = browser_instance.new_context(
+            base_url=control_plane.url, viewport={"width": width, "height": height}
+        )
+        context.set_default_timeout(15_000)
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def sign_in(page, email: str, password: str = PASSWORD) -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    page.goto("/login/")
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+
+
+def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)

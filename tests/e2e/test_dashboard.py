@@ -1,0 +1,201 @@
+"""The dashboard in a real browser against a real server (daphne, websockets, the ingest API)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import AUDITOR, CAROL, OWNER, VIEWER, LiveServer, screenshot, sign_in
+from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
+
+pytestmark = pytest.mark.e2e
+LIVE_TIMEOUT = 15_000
+
+
+def wait_live(page) -> None:  # type: ignore[no-untyped-def]
+    """The page's websocket is open (app.js marks <html data-live="open">)."""
+    expect(page.locator("html")).to_have_attribute("data-live", "open", timeout=LIVE_TIMEOUT)
+
+
+def test_sign_in_and_the_empty_state(new_page, control_plane: LiveServer) -> None:
+    page = new_page()
+    page.goto("/sagas/")
+    expect(page).to_have_url(re.compile(r"/login/\?next=/sagas/"))
+    screenshot(page, "01-sign-in")
+    sign_in(page, OWNER)
+    expect(page.get_by_role("heading", name="Sagas", exact=True)).to_be_visible()
+    nav = page.get_by_role("navigation", name="Main")
+    for label in ("Sagas", "Fleet", "Evidence", "Administration"):
+        expect(nav.get_by_role("link", name=label)).to_be_visible()
+
+
+def test_saga_appears_live_and_rolls_back_live(new_page, control_plane: LiveServer) -> None:
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto("/sagas/")
+    wait_live(page)
+    writer = Writer()
+    saga_id, records = saga_forward(writer, name="live-checkout")
+    control_plane.ship("e2e-live", records)
+    row = page.locator(f'tr[data-saga="{saga_id}"]')
+    expect(row).to_be_visible(timeout=LIVE_TIMEOUT)
+    expect(row).to_have_attribute("data-status", "running")
+    expect(row.get_by_text("running", exact=True)).to_be_visible()
+    # No reload happened: a marker set on the window survives only without navigation.
+    page.evaluate("window.__noReload = true")
+    control_plane.ship("e2e-live", saga_rollback(writer, saga_id))
+    expect(row).to_have_attribute("data-status", "rolled_back", timeout=LIVE_TIMEOUT)
+    expect(row.get_by_text("rolled back", exact=True)).to_be_visible()
+    assert page.evaluate("window.__noReload") is True
+    screenshot(page, "02-sagas-list")
+
+
+def test_detail_shows_compensations_in_reverse_and_updates_live(new_page, control_plane: LiveServer) -> None:
+    writer = Writer()
+    saga_id, records = saga_forward(writer, name="detail-checkout")
+    control_plane.ship("e2e-detail", records)
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto(f"/sagas/{saga_id}/")
+    expect(page.locator("#saga-status")).to_have_attribute("data-status", "running")
+    wait_live(page)
+    control_plane.ship("e2e-detail", saga_rollback(writer, saga_id, fail_last=True))
+    expect(page.locator("#saga-status")).to_have_attribute(
+        "data-status", "rollback_partial", timeout=LIVE_TIMEOUT
+    )
+    forward = page.locator("#forward-steps > li")
+    backward = page.locator("#compensations > li")
+    expect(forward).to_have_count(3)
+    expect(backward).to_have_count(2)
+    assert [forward.nth(i).get_attribute("data-tool") for i in range(3)] == [
+        "charge_card",
+        "reserve_stock",
+        "send_invoice",
+    ]
+    assert [backward.nth(i).get_attribute("data-tool") for i in range(2)] == ["reserve_stock", "charge_card"]
+    expect(backward.nth(0).locator(".outcome")).to_have_text("Compensated")
+    expect(backward.nth(1).locator(".outcome")).to_have_text("Compensation failed")
+    # The inspector opens by keyboard and shows the chain hash and leaf index.
+    summary = forward.nth(0).locator("summary").first
+    summary.focus()
+    page.keyboard.press("Enter")
+    inspector = forward.nth(0).locator(".inspector")
+    expect(inspector).to_be_visible()
+    expect(inspector.locator(".chain-hash").first).to_have_text(re.compile(r"^[0-9a-f]{64}$"))
+    expect(inspector.locator(".leaf-index").first).to_have_text(re.compile(r"^\d+$"))
+    expect(inspector).to_contain_text("undo_charge_card")
+    screenshot(page, "03-saga-detail")
+
+
+def test_viewer_cannot_see_the_api_key_page(new_page, control_plane: LiveServer) -> None:
+    page = new_page()
+    sign_in(page, VIEWER)
+    nav = page.get_by_role("navigation", name="Main")
+    expect(nav.get_by_role("link", name="Sagas")).to_be_visible()
+    expect(nav.get_by_role("link", name="Administration")).to_have_count(0)
+    expect(nav.get_by_role("link", name="Evidence")).to_have_count(0)
+    response = page.goto("/administration/keys/")
+    assert response is not None and response.status == 403
+    expect(page.get_by_role("heading", name="Not allowed")).to_be_visible()
+    expect(page.locator("#keys-table")).to_have_count(0)
+    screenshot(page, "04-viewer-forbidden")
+
+
+def test_tenant_b_sees_nothing_of_a_by_url_guessing(new_page, control_plane: LiveServer) -> None:
+    writer = Writer()
+    saga_id, records = saga_forward(writer, name="secret-acme-saga")
+    control_plane.ship("demo-private-stream", records)
+    page = new_page()
+    sign_in(page, CAROL)
+    for path in (f"/sagas/{saga_id}/", f"/sagas/{saga_id}/timeline"):
+        response = page.goto(path)
+        assert response is not None and response.status == 404, path
+    for path in (
+        "/sagas/",
+        "/sagas/?stream=demo-private-stream",
+        "/fleet/",
+        "/evidence/",
+        "/administration/members/",
+        "/administration/keys/",
+    ):
+        page.goto(path)
+        body = page.content()
+        for fingerprint in (saga_id, "secret-acme-saga", "Demo Co", OWNER, "e2e-agent"):
+            assert fingerprint not in body, (path, fingerprint)
+    page.goto("/sagas/")
+    expect(page.locator("#no-sagas")).to_be_visible()
+    screenshot(page, "10-other-tenant-empty")
+
+
+def test_owner_creates_a_key_in_the_browser_and_an_agent_uses_it(new_page, control_plane: LiveServer) -> None:
+    page = new_page()
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    sign_in(page, OWNER)
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Administration").click()
+    expect(page.locator("#members-table")).to_contain_text(VIEWER)
+    screenshot(page, "05-members")
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_label("Name").fill("browser-made")
+    page.get_by_role("button", name="Create key").click()
+    key = page.locator("#new-key-value").inner_text().strip()
+    assert key.startswith("sp_")
+    page.get_by_role("button", name="Copy key").click()
+    expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == key
+    screenshot(page, "06-api-key-created")
+    writer = Writer()
+    _, records = saga_forward(writer, name="with-browser-key")
+    response = httpx.post(
+        f"{control_plane.url}/api/v1/streams/browser-key/records",
+        json={"records": records},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=20,
+    )
+    assert response.status_code == 200, response.text
+    page.goto("/administration/keys/")
+    row = page.locator("#keys-table tr", has_text="browser-made")
+    expect(row).not_to_contain_text("never")  # last used is now set
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name=re.compile("Revoke")).click()
+    expect(page.locator("#keys-table tr", has_text="browser-made")).to_contain_text("revoked")
+
+
+def test_fleet_evidence_and_phone_width(new_page, control_plane: LiveServer) -> None:
+    writer = Writer()
+    for _ in range(3):
+        saga_id, records = saga_forward(writer, name="fleet-saga")
+        control_plane.ship("e2e-fleet", records + saga_rollback(writer, saga_id))
+    page = new_page()
+    sign_in(page, AUDITOR)
+    page.goto("/fleet/")
+    expect(page.locator("#fleet-chart .lane-row[data-stream='e2e-fleet']")).to_be_visible()
+    expect(page.locator("#fleet-chart .rollback-mark").first).to_be_visible()
+    expect(page.locator("#outcome-matrix")).to_be_visible()
+    screenshot(page, "07-fleet")
+    page.goto("/evidence/")
+    expect(page.locator("#streams-table tr[data-stream='e2e-fleet']")).to_be_visible()
+    screenshot(page, "08-evidence")
+    phone = new_page(width=390, height=844)
+    sign_in(phone, OWNER)
+    phone.goto("/sagas/")
+    expect(phone.locator("#sagas-table")).to_be_visible()
+    # Nothing wider than the screen: no horizontal scrolling of the page.
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390 + 1
+    screenshot(phone, "09-sagas-phone")
+
+
+def test_keyboard_reaches_navigation_with_visible_focus(new_page, control_plane: LiveServer) -> None:
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto("/sagas/")
+    page.keyboard.press("Tab")
+    expect(page.locator(".skip-link")).to_be_focused()
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    focused = page.locator(":focus")
+    expect(focused).to_have_text("Sagas")
+    outline = focused.evaluate("el => getComputedStyle(el).outlineStyle")
+    assert outline not in ("none", "")
