@@ -28,7 +28,7 @@ from typing import Any
 
 from ._files import atomic_write_json, cursor_path, read_json
 from .chain import HASH_FIELD
-from .client import Client, Response, TransportError
+from .client import AuthenticationError, Client, Response, TransportError
 from .walfile import Entry, iter_entries, stream_id_for
 
 logger = logging.getLogger("sagaplane.shipper")
@@ -53,6 +53,23 @@ class ShipFailed(Exception):
         self.status = status
         self.body = body
         super().__init__(reason)
+
+
+class ShipAuthFailed(ShipFailed, AuthenticationError):
+    """Shipping stopped because the control plane refused the API key (401) or its scope (403).
+
+    Both a ShipFailed (the shipper stopped) and the SDK's AuthenticationError (what to fix)."""
+
+    def __init__(self, status: int, code: str, detail: str = "", body: Any = None) -> None:
+        self.status = status
+        self.code = code
+        self.body = body
+        what = "rejected" if status == 401 else "not allowed to ship records (scope)"
+        self.reason = (
+            f"API key refused by the control plane: {what}, HTTP {status} {code}"
+            + (f": {detail}" if detail else "")
+        )
+        Exception.__init__(self, self.reason)
 
 
 class RetryLater(Exception):
@@ -251,11 +268,9 @@ class Shipper:
         if status == 429 or status >= 500:
             raise RetryLater(f"HTTP {status} {response.error_code}".strip(), _retry_after(response))
         code = response.error_code or "error"
-        if status in (401, 403):
-            raise ShipFailed(
-                f"API key refused by the control plane: HTTP {status} {code}", status, response.body
-            )
         body = response.body if isinstance(response.body, dict) else {}
+        if status in (401, 403):
+            raise ShipAuthFailed(status, code, str(body.get("detail") or ""), response.body)
         if code == "chain_broken" or status == 422:
             raise ShipFailed(
                 f"control plane rejected the chain at seq={body.get('seq')} index={body.get('index')} "
