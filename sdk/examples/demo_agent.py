@@ -1,11 +1,17 @@
 """A demo agent for Sagaplane: a checkout bot whose sagas sometimes fail.
 
     SAGAPLANE_URL=http://127.0.0.1:8000 SAGAPLANE_API_KEY=sk_... python sdk/examples/demo_agent.py --sagas 30
+    SAGAPLANE_WAL_DIR=/tmp/demo SAGAPLANE_URL=... SAGAPLANE_API_KEY=... \
+        python sdk/examples/demo_agent.py --forever
 
 Most sagas complete; some fail and roll back cleanly; some roll back only partly
 (a refund that keeps failing, a receipt e-mail that cannot be unsent). With no
 SAGAPLANE_URL it just writes the local WAL. `seed_demo` runs this to populate a
 demo tenant. Exit status is 0 when every record reached the control plane.
+
+`--forever` keeps running sagas, with a short pause between them, until it is killed
+(SIGTERM or Ctrl-C flushes what it can and exits). The WAL is `--wal`, else
+`$SAGAPLANE_WAL_DIR/demo-agent.wal`, else `$SAGAPLANE_WAL`, else `./demo-agent.wal`.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import sys
+import threading
 from typing import Any
 
 import sagaplane as sp
@@ -82,6 +90,8 @@ def approve_small_receipts(request: sp.ConfirmRequest) -> bool:
 def checkout(i: int) -> str:
     customer = f"cust-{i % 7}"
     sku = RNG.choice(["sku-1", "sku-2"])
+    if STATE["inventory"][sku] < 10:  # the warehouse restocks, so a long demo keeps completing sagas
+        STATE["inventory"][sku] += 50
     qty = RNG.randint(1, 4)
     amount = quote(sku, qty)
     receipt_first = RNG.random() < 0.2
@@ -101,21 +111,38 @@ def checkout(i: int) -> str:
         return f"{saga.saga_id}: aborted ({aborted.cause!r}); {aborted.report.summary()}"
 
 
+def default_wal() -> str:
+    wal_dir = os.environ.get("SAGAPLANE_WAL_DIR")
+    if wal_dir:
+        return os.path.join(wal_dir, "demo-agent.wal")
+    return os.environ.get("SAGAPLANE_WAL", "demo-agent.wal")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sagas", type=int, default=int(os.environ.get("DEMO_SAGAS", "20")))
-    parser.add_argument("--wal", default=os.environ.get("SAGAPLANE_WAL", "demo-agent.wal"))
+    parser.add_argument("--wal", default=None, help="WAL file (default: $SAGAPLANE_WAL_DIR/demo-agent.wal)")
+    parser.add_argument("--forever", action="store_true", help="keep running sagas until killed")
+    parser.add_argument("--pause", type=float, default=1.5, help="seconds between sagas with --forever")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-ship", action="store_true", help="only write the local WAL")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     RNG.seed(args.seed)
-    runtime = sp.configure(args.wal, ship=False if args.no_ship else None)
+    runtime = sp.configure(args.wal or default_wal(), ship=False if args.no_ship else None)
     outcomes = {"complete": 0, "clean rollback": 0, "partial rollback": 0}
-    for i in range(args.sagas):
-        line = checkout(i)
+    stop = threading.Event()
+    if args.forever:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    i = 0
+    while not stop.is_set() and (args.forever or i < args.sagas):
+        try:
+            line = checkout(i)
+        except KeyboardInterrupt:
+            break
+        i += 1
         if line.endswith("complete"):
             outcomes["complete"] += 1
         elif "PARTIAL" in line:
@@ -123,11 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outcomes["clean rollback"] += 1
         if not args.quiet:
-            print(line)
-    shipped = runtime.flush(60)
+            print(line, flush=True)
+        if args.forever:
+            try:
+                stop.wait(args.pause)  # a demo's pacing, not synchronisation
+            except KeyboardInterrupt:
+                break
+    shipped = runtime.flush(10 if args.forever else 60)
     where = runtime.shipper.client.url if runtime.shipper else "nowhere (local WAL only)"
     print(
-        f"{args.sagas} saga(s): {outcomes}; WAL {runtime.wal.path} stream {runtime.wal.stream_id}; "
+        f"{i} saga(s): {outcomes}; WAL {runtime.wal.path} stream {runtime.wal.stream_id}; "
         f"shipped to {where}: {'yes' if shipped else 'NOT YET'}"
     )
     sp.shutdown()
