@@ -34,8 +34,9 @@ def read_json_body(request: Request) -> Any:
         except ValueError:
             raise ApiError(400, "invalid", "Content-Length is not a number", field="Content-Length")
         if size > limit:
-            raise ApiError(413, "too_large", f"body of {size} bytes exceeds the limit of {limit} bytes",
-                           limit=limit)
+            raise ApiError(
+                413, "too_large", f"body of {size} bytes exceeds the limit of {limit} bytes", limit=limit
+            )
     raw = request._request.read(limit + 1)
     if len(raw) > limit:
         raise ApiError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit)
@@ -53,24 +54,39 @@ def records_from_body(body: Any) -> list[Any]:
         raise ApiError(400, "invalid", "records: required, a list of record objects", field="records")
     limit = settings.SAGAPLANE_MAX_BATCH_RECORDS
     if len(records) > limit:
-        raise ApiError(413, "too_many_records", f"{len(records)} records exceed the limit of {limit} per batch",
-                       limit=limit)
+        raise ApiError(
+            413,
+            "too_many_records",
+            f"{len(records)} records exceed the limit of {limit} per batch",
+            limit=limit,
+        )
     if not records:
         raise ApiError(400, "invalid", "records: empty batch", field="records")
     return records
 
 
-HEAD = inline_serializer("StreamHead", {"seq": serializers.IntegerField(allow_null=True),
-                                        "hash": serializers.CharField()})
-ERROR = inline_serializer("ApiErrorBody", {"error": serializers.CharField(), "detail": serializers.CharField()})
+HEAD = inline_serializer(
+    "StreamHead", {"seq": serializers.IntegerField(allow_null=True), "hash": serializers.CharField()}
+)
+ERROR = inline_serializer(
+    "ApiErrorBody", {"error": serializers.CharField(), "detail": serializers.CharField()}
+)
 CHAIN_ERROR = inline_serializer(
     "ChainBroken",
-    {"error": serializers.CharField(), "detail": serializers.CharField(), "seq": serializers.IntegerField(),
-     "index": serializers.IntegerField(), "reason": serializers.CharField()},
+    {
+        "error": serializers.CharField(),
+        "detail": serializers.CharField(),
+        "seq": serializers.IntegerField(),
+        "index": serializers.IntegerField(),
+        "reason": serializers.CharField(),
+    },
 )
 RECORDS_BODY = inline_serializer(
-    "RecordBatch", {"records": serializers.ListField(child=serializers.DictField()),
-                    "stream": serializers.CharField(required=False)}
+    "RecordBatch",
+    {
+        "records": serializers.ListField(child=serializers.DictField()),
+        "stream": serializers.CharField(required=False),
+    },
 )
 
 
@@ -85,10 +101,19 @@ class StreamRecordsView(TenantScopedViewMixin, APIView):
         operation_id="streams_records_append",
         request=RECORDS_BODY,
         responses={
-            200: inline_serializer("IngestAccepted", {"stream": serializers.CharField(),
-                                                      "accepted": serializers.IntegerField(),
-                                                      "duplicates": serializers.IntegerField(), "head": HEAD}),
-            400: ERROR, 409: CHAIN_ERROR, 413: ERROR, 422: CHAIN_ERROR,
+            200: inline_serializer(
+                "IngestAccepted",
+                {
+                    "stream": serializers.CharField(),
+                    "accepted": serializers.IntegerField(),
+                    "duplicates": serializers.IntegerField(),
+                    "head": HEAD,
+                },
+            ),
+            400: ERROR,
+            409: CHAIN_ERROR,
+            413: ERROR,
+            422: CHAIN_ERROR,
         },
     )
     def post(self, request: Request, stream_id: str) -> Response:
@@ -96,8 +121,12 @@ class StreamRecordsView(TenantScopedViewMixin, APIView):
         records = records_from_body(body)
         named = body.get("stream")
         if named is not None and named != stream_id:
-            raise ApiError(400, "mixed_streams", f"stream: body names '{named}' but the URL names '{stream_id}'",
-                           field="stream")
+            raise ApiError(
+                400,
+                "mixed_streams",
+                f"stream: body names '{named}' but the URL names '{stream_id}'",
+                field="stream",
+            )
         try:
             result = services.ingest(self.tenant, stream_id, records, actor=self.actor)
         except services.IngestRefused as exc:
@@ -112,29 +141,43 @@ class StreamDetailView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="streams_retrieve",
-        responses={200: inline_serializer("StreamDetail", {
-            "stream": serializers.CharField(), "kind": serializers.CharField(), "head": HEAD,
-            "length": serializers.IntegerField(), "redacted": serializers.IntegerField(),
-            "first_leaf_index": serializers.IntegerField(allow_null=True),
-            "created_at": serializers.DateTimeField(), "updated_at": serializers.DateTimeField()}),
-            404: ERROR},
+        responses={
+            200: inline_serializer(
+                "StreamDetail",
+                {
+                    "stream": serializers.CharField(),
+                    "kind": serializers.CharField(),
+                    "head": HEAD,
+                    "length": serializers.IntegerField(),
+                    "redacted": serializers.IntegerField(),
+                    "first_leaf_index": serializers.IntegerField(allow_null=True),
+                    "created_at": serializers.DateTimeField(),
+                    "updated_at": serializers.DateTimeField(),
+                },
+            ),
+            404: ERROR,
+        },
     )
     def get(self, request: Request, stream_id: str) -> Response:
         stream = Stream.objects.filter(stream_id=stream_id).first()
         if stream is None:
             raise ApiError(404, "not_found", "no such stream")
         records = Record.objects.filter(stream=stream)
-        redacted = records.exclude(redacted="").count() + Redaction.objects.filter(record__stream=stream).count()
-        return Response({
-            "stream": stream.stream_id,
-            "kind": stream.kind,
-            "head": {"seq": stream.head_seq, "hash": stream.head_hash},
-            "length": stream.length,
-            "redacted": redacted,
-            "first_leaf_index": records.order_by("position").values_list("leaf_index", flat=True).first(),
-            "created_at": stream.created_at,
-            "updated_at": stream.updated_at,
-        })
+        redacted = (
+            records.exclude(redacted="").count() + Redaction.objects.filter(record__stream=stream).count()
+        )
+        return Response(
+            {
+                "stream": stream.stream_id,
+                "kind": stream.kind,
+                "head": {"seq": stream.head_seq, "hash": stream.head_hash},
+                "length": stream.length,
+                "redacted": redacted,
+                "first_leaf_index": records.order_by("position").values_list("leaf_index", flat=True).first(),
+                "created_at": stream.created_at,
+                "updated_at": stream.updated_at,
+            }
+        )
 
 
 class RedactionSerializer(serializers.Serializer):
@@ -158,13 +201,30 @@ class RedactionView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="audit_redactions_create",
         request=RedactionSerializer,
-        responses={201: inline_serializer("RedactionDone", {
-            "stream": serializers.CharField(), "position": serializers.IntegerField(),
-            "hash": serializers.CharField(), "reason": serializers.CharField(), "actor": serializers.CharField(),
-            "server_record": inline_serializer("ServerRecordRef", {"stream": serializers.CharField(),
-                                                                  "position": serializers.IntegerField(),
-                                                                  "hash": serializers.CharField()})}),
-            400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
+        responses={
+            201: inline_serializer(
+                "RedactionDone",
+                {
+                    "stream": serializers.CharField(),
+                    "position": serializers.IntegerField(),
+                    "hash": serializers.CharField(),
+                    "reason": serializers.CharField(),
+                    "actor": serializers.CharField(),
+                    "server_record": inline_serializer(
+                        "ServerRecordRef",
+                        {
+                            "stream": serializers.CharField(),
+                            "position": serializers.IntegerField(),
+                            "hash": serializers.CharField(),
+                        },
+                    ),
+                },
+            ),
+            400: ERROR,
+            403: ERROR,
+            404: ERROR,
+            409: ERROR,
+        },
     )
     def post(self, request: Request) -> Response:
         serializer = RedactionSerializer(data=request.data)
@@ -172,8 +232,12 @@ class RedactionView(TenantScopedViewMixin, APIView):
         data = serializer.validated_data
         try:
             redaction = services.redact(
-                self.tenant, data["stream"], position=data.get("position"), record_hash_=data.get("hash"),
-                reason=data["reason"], actor=self.actor,
+                self.tenant,
+                data["stream"],
+                position=data.get("position"),
+                record_hash_=data.get("hash"),
+                reason=data["reason"],
+                actor=self.actor,
             )
         except services.IngestRefused as exc:
             raise refusal(exc)
@@ -186,7 +250,11 @@ class RedactionView(TenantScopedViewMixin, APIView):
                 "hash": record.h,
                 "reason": redaction.reason,
                 "actor": redaction.actor,
-                "server_record": {"stream": server.stream.stream_id, "position": server.position, "hash": server.h},
+                "server_record": {
+                    "stream": server.stream.stream_id,
+                    "position": server.position,
+                    "hash": server.h,
+                },
             },
             status=status.HTTP_201_CREATED,
         )

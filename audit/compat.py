@@ -32,11 +32,21 @@ class WalIngestView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="agent_saga_wal_ingest",
         request=RECORDS_BODY,
-        responses={200: inline_serializer("WalIngestAccepted", {
-            "status": serializers.CharField(), "records_ingested": serializers.IntegerField(),
-            "duplicates": serializers.IntegerField(),
-            "streams": serializers.ListField(child=serializers.DictField())}),
-            400: ERROR, 409: CHAIN_ERROR, 413: ERROR, 422: CHAIN_ERROR},
+        responses={
+            200: inline_serializer(
+                "WalIngestAccepted",
+                {
+                    "status": serializers.CharField(),
+                    "records_ingested": serializers.IntegerField(),
+                    "duplicates": serializers.IntegerField(),
+                    "streams": serializers.ListField(child=serializers.DictField()),
+                },
+            ),
+            400: ERROR,
+            409: CHAIN_ERROR,
+            413: ERROR,
+            422: CHAIN_ERROR,
+        },
     )
     def post(self, request: Request) -> Response:
         records = records_from_body(read_json_body(request))
@@ -44,12 +54,14 @@ class WalIngestView(TenantScopedViewMixin, APIView):
             results = services.ingest_by_linkage(self.tenant, records, actor=self.actor)
         except services.IngestRefused as exc:
             raise refusal(exc)
-        return Response({
-            "status": "accepted",
-            "records_ingested": sum(r.accepted for r in results),
-            "duplicates": sum(r.duplicates for r in results),
-            "streams": [r.as_dict() for r in results],
-        })
+        return Response(
+            {
+                "status": "accepted",
+                "records_ingested": sum(r.accepted for r in results),
+                "duplicates": sum(r.duplicates for r in results),
+                "streams": [r.as_dict() for r in results],
+            }
+        )
 
 
 class ApprovalsView(TenantScopedViewMixin, APIView):
@@ -61,8 +73,15 @@ class ApprovalsView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="agent_saga_approvals",
         parameters=[OpenApiParameter("status", str, description="pending, granted, denied")],
-        responses={200: inline_serializer("AgentSagaApprovals", {
-            "approvals": serializers.ListField(child=serializers.DictField()), "status": serializers.CharField()})},
+        responses={
+            200: inline_serializer(
+                "AgentSagaApprovals",
+                {
+                    "approvals": serializers.ListField(child=serializers.DictField()),
+                    "status": serializers.CharField(),
+                },
+            )
+        },
     )
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("status", "pending")
@@ -78,20 +97,32 @@ class FleetBudgetView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="agent_saga_fleet_budget",
         parameters=[OpenApiParameter("window", float, description="seconds (accepted, not yet applied)")],
-        responses={200: inline_serializer("AgentSagaFleetBudget", {
-            "status": serializers.CharField(), "budgets": serializers.ListField(child=serializers.DictField()),
-            "sagas": serializers.DictField(child=serializers.IntegerField()), "records": serializers.IntegerField()})},
+        responses={
+            200: inline_serializer(
+                "AgentSagaFleetBudget",
+                {
+                    "status": serializers.CharField(),
+                    "budgets": serializers.ListField(child=serializers.DictField()),
+                    "sagas": serializers.DictField(child=serializers.IntegerField()),
+                    "records": serializers.IntegerField(),
+                },
+            )
+        },
     )
     def get(self, request: Request) -> Response:
-        by_status = dict(Saga.objects.values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
-        return Response({
-            "status": "ok",
-            "window": request.query_params.get("window"),
-            "budgets": [],
-            "sagas": by_status,
-            "records": Record.objects.count(),
-            "streams": Stream.objects.count(),
-        })
+        by_status = dict(
+            Saga.objects.values_list("status").annotate(n=Count("pk")).values_list("status", "n")
+        )
+        return Response(
+            {
+                "status": "ok",
+                "window": request.query_params.get("window"),
+                "budgets": [],
+                "sagas": by_status,
+                "records": Record.objects.count(),
+                "streams": Stream.objects.count(),
+            }
+        )
 
 
 def _moment(value: str | None, name: str) -> datetime | None:
@@ -120,10 +151,21 @@ class AuditReportView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="agent_saga_audit_report",
-        parameters=[OpenApiParameter("start", str), OpenApiParameter("end", str), OpenApiParameter("format", str)],
-        responses={200: inline_serializer("AgentSagaAuditReport", {
-            "status": serializers.CharField(), "records": serializers.IntegerField(),
-            "sagas": serializers.IntegerField()})},
+        parameters=[
+            OpenApiParameter("start", str),
+            OpenApiParameter("end", str),
+            OpenApiParameter("format", str),
+        ],
+        responses={
+            200: inline_serializer(
+                "AgentSagaAuditReport",
+                {
+                    "status": serializers.CharField(),
+                    "records": serializers.IntegerField(),
+                    "sagas": serializers.IntegerField(),
+                },
+            )
+        },
     )
     def get(self, request: Request) -> Response:
         start = _moment(request.query_params.get("start"), "start")
@@ -137,14 +179,16 @@ class AuditReportView(TenantScopedViewMixin, APIView):
             records = records.filter(ts__lte=end.timestamp())
             sagas = sagas.filter(started_at__lte=end)
         fmt: Any = request.query_params.get("format", "csv")
-        return Response({
-            "status": "ready",
-            "format": fmt,
-            "start": start,
-            "end": end,
-            "records": records.count(),
-            "redacted": records.exclude(redacted="").count(),
-            "sagas": sagas.count(),
-            "streams": Stream.objects.count(),
-            "download_url": None,
-        })
+        return Response(
+            {
+                "status": "ready",
+                "format": fmt,
+                "start": start,
+                "end": end,
+                "records": records.count(),
+                "redacted": records.exclude(redacted="").count(),
+                "sagas": sagas.count(),
+                "streams": Stream.objects.count(),
+                "download_url": None,
+            }
+        )

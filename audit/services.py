@@ -152,7 +152,9 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
     for i, rec in enumerate(records):
         index = offset + i
         if not isinstance(rec, dict):
-            raise IngestRefused(400, "invalid", f"records[{index}]: must be an object", field=f"records[{index}]")
+            raise IngestRefused(
+                400, "invalid", f"records[{index}]: must be an object", field=f"records[{index}]"
+            )
         seq = rec.get("seq")
         if type(seq) is not int:
             raise _bad(index, "seq", "missing" if seq is None else "must be an integer")
@@ -206,9 +208,13 @@ def _self_check(rec: Incoming) -> IngestRefused | None:
     if rec.redacted:
         if rec.business or rec.salt is not None:
             # A stub still carrying payload would let "redacted" skip the content check.
-            return _chain_error(rec, "redacted_with_payload", "a redacted record still carries payload or salt")
+            return _chain_error(
+                rec, "redacted_with_payload", "a redacted record still carries payload or salt"
+            )
     elif content_digest(rec.business, rec.salt or "") != rec.cd:
-        return _chain_error(rec, "digest_mismatch", "payload does not match its content digest (a field was altered)")
+        return _chain_error(
+            rec, "digest_mismatch", "payload does not match its content digest (a field was altered)"
+        )
     if record_hash(rec.ph, rec.seq, rec.ts, rec.event, rec.cd) != rec.h:
         return _chain_error(
             rec,
@@ -219,8 +225,9 @@ def _self_check(rec: Incoming) -> IngestRefused | None:
 
 
 def _chain_error(rec: Incoming, code: str, detail: str, status: int = 422, **extra: Any) -> IngestRefused:
-    return IngestRefused(status, code, f"record #{rec.index} (seq={rec.seq}): {detail}", seq=rec.seq,
-                         index=rec.index, **extra)
+    return IngestRefused(
+        status, code, f"record #{rec.index} (seq={rec.seq}): {detail}", seq=rec.seq, index=rec.index, **extra
+    )
 
 
 @dataclass(slots=True)
@@ -251,7 +258,10 @@ class _Held:
         return self._map.get(h)
 
     def hash_at(self, position: int) -> str:
-        return Record.objects.filter(stream=self.stream, position=position).values_list("h", flat=True).first() or ""
+        return (
+            Record.objects.filter(stream=self.stream, position=position).values_list("h", flat=True).first()
+            or ""
+        )
 
 
 def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
@@ -280,11 +290,15 @@ def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
             if rec.seq > expected:
                 if attested is None:
                     attested = attested_seqs(r.raw for r in batch)
-                missing = sorted(set(range(expected, rec.seq)) - attested) if rec.seq - expected < 10**6 else [0]
+                missing = (
+                    sorted(set(range(expected, rec.seq)) - attested) if rec.seq - expected < 10**6 else [0]
+                )
                 if missing:
                     raise _seq_gap(rec, missing)
             elif rec.seq < expected and rec.seq != 1:
-                raise _chain_error(rec, "seq_regression", f"seq went backwards from {expected - 1} to {rec.seq}")
+                raise _chain_error(
+                    rec, "seq_regression", f"seq went backwards from {expected - 1} to {rec.seq}"
+                )
             pos += 1
             new.append((rec, pos))
             prev_h, prev_seq = rec.h, rec.seq
@@ -372,7 +386,9 @@ def _lock_stream(tenant: Tenant, stream_id: str, kind: str) -> Stream:
     stream = Stream.objects.select_for_update().filter(stream_id=stream_id).first()
     if stream is None:
         # Insert-or-nothing, then lock: two first batches for a new stream cannot both create it.
-        Stream.objects.bulk_create([Stream(tenant=tenant, stream_id=stream_id, kind=kind)], ignore_conflicts=True)
+        Stream.objects.bulk_create(
+            [Stream(tenant=tenant, stream_id=stream_id, kind=kind)], ignore_conflicts=True
+        )
         stream = Stream.objects.select_for_update().get(stream_id=stream_id)
     if stream.kind != kind:
         raise IngestRefused(
@@ -447,7 +463,9 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[Record]:
 def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:
     plan = _plan(stream, batch)
     stored = _store(tenant, stream, plan) if plan.new else []
-    return IngestResult(stream.stream_id, len(plan.new), plan.duplicates, stream.head_seq, stream.head_hash, stored)
+    return IngestResult(
+        stream.stream_id, len(plan.new), plan.duplicates, stream.head_seq, stream.head_hash, stored
+    )
 
 
 def _keep_evidence(tenant: Tenant, refusal: IngestRefused, batch: Sequence[Incoming], actor: str) -> None:
@@ -532,11 +550,15 @@ def _attach(first: Incoming) -> str:
     """Which stream a segment belongs to, by chain linkage."""
     if first.ph == GENESIS:
         # Already held (a re-push, or the same WAL shipped by the SDK under its own name)?
-        held = Record.objects.filter(h=first.h, position=1).values_list("stream__stream_id", flat=True).first()
+        held = (
+            Record.objects.filter(h=first.h, position=1).values_list("stream__stream_id", flat=True).first()
+        )
         return held if held is not None else compat_stream_name(first.h)
     for h in (first.ph, first.h):
         stream_id = (
-            Stream.objects.filter(head_hash=h, kind=StreamKind.AGENT).values_list("stream_id", flat=True).first()
+            Stream.objects.filter(head_hash=h, kind=StreamKind.AGENT)
+            .values_list("stream_id", flat=True)
+            .first()
         )
         if stream_id is not None:
             return stream_id
@@ -554,7 +576,12 @@ def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, 
     business = json.loads(json.dumps({**fields, "actor": actor}, default=str))
     with tenant_context(tenant):
         stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-        record: dict[str, Any] = {"seq": (stream.head_seq or 0) + 1, "ts": time.time(), "event": event, **business}
+        record: dict[str, Any] = {
+            "seq": (stream.head_seq or 0) + 1,
+            "ts": time.time(),
+            "event": event,
+            **business,
+        }
         stamp(record, stream.head_hash)
         result = _ingest_into(tenant, stream, parse_batch([record]), actor=actor)
         return result.records[0]
@@ -586,7 +613,9 @@ def redact(
         elif record_hash_ is not None:
             query = query.filter(h=record_hash_)
         else:
-            raise IngestRefused(400, "invalid", "position: give the record's position or its hash", field="position")
+            raise IngestRefused(
+                400, "invalid", "position: give the record's position or its hash", field="position"
+            )
         record = query.first()
         if record is None:
             raise IngestRefused(404, "not_found", "no such record in this tenant")

@@ -28,9 +28,20 @@ class SagaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Saga
         fields = [
-            "saga_id", "name", "stream_id", "status", "recorded_status", "started_at", "last_activity_at",
-            "last_lease_at", "lease_ttl", "lease_expires_at", "last_event", "record_count",
-            "first_leaf_index", "last_leaf_index",
+            "saga_id",
+            "name",
+            "stream_id",
+            "status",
+            "recorded_status",
+            "started_at",
+            "last_activity_at",
+            "last_lease_at",
+            "lease_ttl",
+            "lease_expires_at",
+            "last_event",
+            "record_count",
+            "first_leaf_index",
+            "last_leaf_index",
         ]
 
     def get_status(self, saga: Saga) -> str:
@@ -76,7 +87,9 @@ class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
         wanted = params.get("status")
         if wanted:
             if wanted not in SagaStatus.values:
-                raise ApiError(400, "invalid", f"status: one of {', '.join(SagaStatus.values)}", field="status")
+                raise ApiError(
+                    400, "invalid", f"status: one of {', '.join(SagaStatus.values)}", field="status"
+                )
             if wanted == SagaStatus.ORPHANED:
                 sagas = sagas.filter(status=SagaStatus.RUNNING, lease_expires_at__lt=self._now)
             elif wanted == SagaStatus.RUNNING:
@@ -98,9 +111,16 @@ class SagaDetailView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="sagas_retrieve",
-        responses={200: inline_serializer("SagaDetail", {
-            "saga": SagaSerializer(), "steps": serializers.ListField(child=serializers.DictField()),
-            "records": serializers.ListField(child=serializers.DictField())})},
+        responses={
+            200: inline_serializer(
+                "SagaDetail",
+                {
+                    "saga": SagaSerializer(),
+                    "steps": serializers.ListField(child=serializers.DictField()),
+                    "records": serializers.ListField(child=serializers.DictField()),
+                },
+            )
+        },
     )
     def get(self, request: Request, saga_id: str) -> Response:
         saga = Saga.objects.filter(saga_id=saga_id).first()
@@ -126,17 +146,23 @@ class SagaDetailView(TenantScopedViewMixin, APIView):
         out = []
         for record in records:
             body = stored_record(record, payloads.get(record.pk), erased.get(record.pk))
-            body = {k: (v if k.startswith("_") or k in ("seq", "ts", "event") else mask_credentials(v, k))
-                    for k, v in body.items()}
-            out.append({
-                "stream": record.stream.stream_id,
-                "position": record.position,
-                "leaf_index": record.leaf_index,
-                "redacted": record.pk not in payloads,
-                "record": body,
-            })
-        return Response({
-            "saga": SagaSerializer(saga, context={"now": timezone.now()}).data,
-            "steps": steps,
-            "records": out,
-        })
+            body = {
+                k: (v if k.startswith("_") or k in ("seq", "ts", "event") else mask_credentials(v, k))
+                for k, v in body.items()
+            }
+            out.append(
+                {
+                    "stream": record.stream.stream_id,
+                    "position": record.position,
+                    "leaf_index": record.leaf_index,
+                    "redacted": record.pk not in payloads,
+                    "record": body,
+                }
+            )
+        return Response(
+            {
+                "saga": SagaSerializer(saga, context={"now": timezone.now()}).data,
+                "steps": steps,
+                "records": out,
+            }
+        )

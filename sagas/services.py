@@ -18,7 +18,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from sagas.models import TERMINAL_STATUSES, Saga, SagaStatus, Step, StepStatus
+from sagas.models import Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
@@ -133,8 +133,17 @@ def _lease(saga: Saga, when: datetime | None) -> None:
 
 
 SAGA_FIELDS = [
-    "name", "status", "started_at", "last_activity_at", "last_lease_at", "lease_ttl", "lease_expires_at",
-    "last_event", "record_count", "first_leaf_index", "last_leaf_index",
+    "name",
+    "status",
+    "started_at",
+    "last_activity_at",
+    "last_lease_at",
+    "lease_ttl",
+    "lease_expires_at",
+    "last_event",
+    "record_count",
+    "first_leaf_index",
+    "last_leaf_index",
 ]
 STEP_FIELDS = ["tool", "semantics", "status", "compensation", "last_leaf_index"]
 
@@ -240,7 +249,9 @@ def tenant_group(tenant_id: int) -> str:
     return f"tenant-{tenant_id}"
 
 
-def publish_on_commit(tenant: Tenant, stream_id: str, new_records: int, changes: list[dict[str, Any]]) -> None:
+def publish_on_commit(
+    tenant: Tenant, stream_id: str, new_records: int, changes: list[dict[str, Any]]
+) -> None:
     """After the ingest commits (never before: a rolled-back batch must not be announced), tell the
     tenant's dashboards what arrived and which sagas changed state."""
     message = {

@@ -15,49 +15,114 @@ from tenants.scoping import tenant_context
 T0 = 1_796_000_000.0
 
 
-def saga_records(saga_id: str | None = None, *, tool: str = "payments.charge", steps: int = 1,
-                 outcome: str = "complete") -> list[dict[str, Any]]:
+def saga_records(
+    saga_id: str | None = None, *, tool: str = "payments.charge", steps: int = 1, outcome: str = "complete"
+) -> list[dict[str, Any]]:
     """Unchained records of one saga, as agent-saga writes them."""
     saga_id = saga_id or uuid.uuid4().hex
-    out: list[dict[str, Any]] = [{"event": "SAGA_START", "saga_id": saga_id, "pid": 42, "lease_ttl": 5.0,
-                                  "name": "demo"}]
+    out: list[dict[str, Any]] = [
+        {"event": "SAGA_START", "saga_id": saga_id, "pid": 42, "lease_ttl": 5.0, "name": "demo"}
+    ]
     step_ids = []
     for n in range(steps):
         step_id = uuid.uuid4().hex
         step_ids.append(step_id)
-        out.append({"event": "STEP_INTENT", "saga_id": saga_id, "step_id": step_id, "tool": tool,
-                    "semantics": "COMPENSABLE", "kwargs": {"amount": 10 + n}})
-        out.append({"event": "STEP_COMMITTED", "saga_id": saga_id, "step_id": step_id, "tool": tool,
-                    "semantics": "COMPENSABLE",
-                    "compensation": {"fn": "refund", "handler": "demo.refund", "recoverable": True,
-                                     "description": "refund", "idempotency_key": uuid.uuid4().hex,
-                                     "kwargs": {"charge_id": f"ch_{n}", "api_key": "sk_live_abcdefghijkl"}}})
+        out.append(
+            {
+                "event": "STEP_INTENT",
+                "saga_id": saga_id,
+                "step_id": step_id,
+                "tool": tool,
+                "semantics": "COMPENSABLE",
+                "kwargs": {"amount": 10 + n},
+            }
+        )
+        out.append(
+            {
+                "event": "STEP_COMMITTED",
+                "saga_id": saga_id,
+                "step_id": step_id,
+                "tool": tool,
+                "semantics": "COMPENSABLE",
+                "compensation": {
+                    "fn": "refund",
+                    "handler": "demo.refund",
+                    "recoverable": True,
+                    "description": "refund",
+                    "idempotency_key": uuid.uuid4().hex,
+                    "kwargs": {"charge_id": f"ch_{n}", "api_key": "sk_live_abcdefghijkl"},
+                },
+            }
+        )
     if outcome == "complete":
         out.append({"event": "SAGA_COMPLETE", "saga_id": saga_id, "clean": True})
     elif outcome == "rolled_back":
         out.append({"event": "ROLLBACK_START", "saga_id": saga_id, "steps": steps})
         for step_id in reversed(step_ids):
-            out.append({"event": "COMPENSATED", "saga_id": saga_id, "step_id": step_id, "tool": tool,
-                        "idempotency_key": "k"})
-        out.append({"event": "ROLLBACK_END", "saga_id": saga_id, "clean": True, "compensated": steps, "failed": 0,
-                    "orphaned": 0, "unresolved": 0, "halted": False})
+            out.append(
+                {
+                    "event": "COMPENSATED",
+                    "saga_id": saga_id,
+                    "step_id": step_id,
+                    "tool": tool,
+                    "idempotency_key": "k",
+                }
+            )
+        out.append(
+            {
+                "event": "ROLLBACK_END",
+                "saga_id": saga_id,
+                "clean": True,
+                "compensated": steps,
+                "failed": 0,
+                "orphaned": 0,
+                "unresolved": 0,
+                "halted": False,
+            }
+        )
         out.append({"event": "SAGA_ABORTED", "saga_id": saga_id, "clean": True})
     elif outcome == "partial":
         out.append({"event": "ROLLBACK_START", "saga_id": saga_id, "steps": steps})
-        out.append({"event": "COMPENSATION_FAILED", "saga_id": saga_id, "step_id": step_ids[-1], "tool": tool,
-                    "error": "boom", "attempts": 3, "idempotency_key": "k"})
-        out.append({"event": "ROLLBACK_END", "saga_id": saga_id, "clean": False, "compensated": 0, "failed": 1,
-                    "orphaned": 0, "unresolved": 0, "halted": False})
+        if step_ids:
+            out.append(
+                {
+                    "event": "COMPENSATION_FAILED",
+                    "saga_id": saga_id,
+                    "step_id": step_ids[-1],
+                    "tool": tool,
+                    "error": "boom",
+                    "attempts": 3,
+                    "idempotency_key": "k",
+                }
+            )
+        out.append(
+            {
+                "event": "ROLLBACK_END",
+                "saga_id": saga_id,
+                "clean": False,
+                "compensated": 0,
+                "failed": 1,
+                "orphaned": 0,
+                "unresolved": 0,
+                "halted": False,
+            }
+        )
         out.append({"event": "SAGA_ABORTED", "saga_id": saga_id, "clean": False})
     return out
 
 
-def chain(bodies: list[dict[str, Any]], *, prev: str = GENESIS, seq: int = 1, ts: float = T0) -> list[dict[str, Any]]:
+def chain(
+    bodies: list[dict[str, Any]], *, prev: str = GENESIS, seq: int = 1, ts: float = T0
+) -> list[dict[str, Any]]:
     """Chain record bodies onto `prev`, numbering seqs from `seq`, key order as agent-saga writes."""
     out = []
     for n, body in enumerate(bodies):
-        record = {"seq": seq + n, "event": body["event"], "ts": ts + (seq + n) / 1000.0,
-                  **{k: v for k, v in body.items() if k != "event"}}
+        record = {
+            "seq": seq + n,
+            "event": body["event"],
+            "ts": ts + (seq + n) / 1000.0,
+            **{k: v for k, v in body.items() if k != "event"},
+        }
         prev = stamp(record, prev)
         out.append(record)
     return out
@@ -77,7 +142,9 @@ def snapshot(tenant: Tenant) -> tuple:
     """Everything a refused batch must leave unchanged."""
     with tenant_context(tenant):
         return (
-            list(Record.objects.order_by("pk").values_list("stream__stream_id", "position", "h", "leaf_index")),
+            list(
+                Record.objects.order_by("pk").values_list("stream__stream_id", "position", "h", "leaf_index")
+            ),
             list(Stream.objects.order_by("pk").values_list("stream_id", "head_hash", "head_seq", "length")),
             RecordPayload.objects.count(),
         )

@@ -34,8 +34,9 @@ def _refund(charge_id: str, idempotency_key: str | None = None) -> None:
 
 @tool(
     semantics=S.COMPENSABLE,
-    compensate=lambda r: Compensation(fn=_refund, kwargs={"charge_id": r["id"]},
-                                      handler="sagaplane_interop.refund", description="refund"),
+    compensate=lambda r: Compensation(
+        fn=_refund, kwargs={"charge_id": r["id"]}, handler="sagaplane_interop.refund", description="refund"
+    ),
 )
 def _charge(amount: int) -> dict[str, Any]:
     return {"id": f"ch_{amount}"}
@@ -170,8 +171,9 @@ def test_tampered_copies_are_refused_at_agent_sagas_first_bad_record(
         assert list(Record.objects.values_list("pk", flat=True)) == before
 
 
-def test_compat_reads_answer_in_the_clients_shapes(live_server: Any, alice: Person,
-                                                   wal_records: list[dict[str, Any]]) -> None:
+def test_compat_reads_answer_in_the_clients_shapes(
+    live_server: Any, alice: Person, wal_records: list[dict[str, Any]]
+) -> None:
     client = _client(live_server, alice)
     assert _push(live_server, alice, wal_records)[0] == 200
     assert asyncio.run(client.pull_approvals(status="pending")) == []

@@ -39,7 +39,9 @@ def _race(tenant: Tenant, batches: list[list[dict[str, Any]]], stream_id: str) -
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_different_first_batches_race_exactly_one_wins(transactional_db: None, tenant_a: Tenant, round_: int) -> None:
+def test_different_first_batches_race_exactly_one_wins(
+    transactional_db: None, tenant_a: Tenant, round_: int
+) -> None:
     batches = [chain(saga_records(steps=2)) for _ in range(2)]
     outcomes = _race(tenant_a, batches, f"race-{round_}")
     won = [o for o in outcomes if isinstance(o, services.IngestResult)]
@@ -50,9 +52,9 @@ def test_different_first_batches_race_exactly_one_wins(transactional_db: None, t
     with tenant_context(tenant_a):
         stream = Stream.objects.get(stream_id=f"race-{round_}")
         assert stream.length == len(winner) and stream.head_hash == winner[-1]["_h"]
-        assert list(Record.objects.filter(stream=stream).order_by("position").values_list("h", flat=True)) == [
-            r["_h"] for r in winner
-        ]
+        assert list(
+            Record.objects.filter(stream=stream).order_by("position").values_list("h", flat=True)
+        ) == [r["_h"] for r in winner]
 
 
 def test_racing_extensions_of_a_held_head(transactional_db: None, tenant_a: Tenant) -> None:
@@ -70,7 +72,9 @@ def test_same_batch_twice_at_once_is_stored_once(transactional_db: None, tenant_
     assert sorted((o.accepted, o.duplicates) for o in outcomes) == [(0, len(batch)), (len(batch), 0)]
 
 
-def test_leaf_indices_stay_contiguous_across_concurrent_streams(transactional_db: None, tenant_a: Tenant) -> None:
+def test_leaf_indices_stay_contiguous_across_concurrent_streams(
+    transactional_db: None, tenant_a: Tenant
+) -> None:
     batches = [chain(saga_records(steps=2)) for _ in range(4)]
     barrier = threading.Barrier(4)
 

@@ -28,8 +28,12 @@ def test_accepts_a_chain_and_reports_the_head(alice: Person) -> None:
     records = chain(saga_records(steps=2))
     response = post(alice, "agent-1", records)
     assert response.status_code == 200, response.content
-    assert response.json() == {"stream": "agent-1", "accepted": len(records), "duplicates": 0,
-                               "head": {"seq": records[-1]["seq"], "hash": records[-1]["_h"]}}
+    assert response.json() == {
+        "stream": "agent-1",
+        "accepted": len(records),
+        "duplicates": 0,
+        "head": {"seq": records[-1]["seq"], "hash": records[-1]["_h"]},
+    }
     detail = alice.key_client().get("/api/v1/streams/agent-1").json()
     assert detail["length"] == len(records) and detail["head"]["hash"] == records[-1]["_h"]
     with tenant_context(alice.tenant):
@@ -90,8 +94,13 @@ def test_attested_gap_of_records_never_shipped_is_accepted(alice: Person) -> Non
     records = chain(saga_records(steps=2))
     kept = records[:2] + records[4:]
     removed = [r["seq"] for r in records[2:4]]
-    gap = {"event": GAP_EVENT, "ranges": [[removed[0], removed[-1]]], "removed": 2,
-           "removed_digest": "ab" * 32, "reason": "compaction: 2 record(s) for settled sagas"}
+    gap = {
+        "event": GAP_EVENT,
+        "ranges": [[removed[0], removed[-1]]],
+        "removed": 2,
+        "removed_digest": "ab" * 32,
+        "reason": "compaction: 2 record(s) for settled sagas",
+    }
     attestation = chain([gap], prev=kept[-1]["_h"], seq=kept[-1]["seq"] + 1)
     response = post(alice, "g", kept + attestation)
     assert response.status_code == 200, response.content
@@ -148,7 +157,9 @@ def test_wrong_types_are_400_with_the_field_named(alice: Person, mutate: Any, fi
 def test_truncated_json_is_400(alice: Person) -> None:
     body = json.dumps({"records": chain(saga_records())})
     before = snapshot(alice.tenant)
-    response = alice.key_client().post(URL.format("t"), body[: len(body) // 2], content_type="application/json")
+    response = alice.key_client().post(
+        URL.format("t"), body[: len(body) // 2], content_type="application/json"
+    )
     assert response.status_code == 400
     assert response.json()["error"] == "malformed_json" and response.json()["field"] == "body"
     assert snapshot(alice.tenant) == before
@@ -166,9 +177,13 @@ def test_batch_mixing_two_streams_is_400(alice: Person) -> None:
     mixed = chain(saga_records()) + chain(saga_records())
     response = post(alice, "m", mixed)
     assert response.status_code == 400
-    assert response.json()["error"] == "mixed_streams" and response.json()["field"] == f"records[{len(mixed) // 2}]._ph"
-    named = alice.key_client().post(URL.format("m"), {"stream": "other", "records": chain(saga_records())},
-                                    format="json")
+    assert (
+        response.json()["error"] == "mixed_streams"
+        and response.json()["field"] == f"records[{len(mixed) // 2}]._ph"
+    )
+    named = alice.key_client().post(
+        URL.format("m"), {"stream": "other", "records": chain(saga_records())}, format="json"
+    )
     assert named.status_code == 400 and named.json()["field"] == "stream"
     assert snapshot(alice.tenant) == before
 
@@ -272,8 +287,12 @@ def test_ingest_needs_the_ingest_scope_and_keys_only(alice: Person, tenant_a: An
     client = alice.key_client()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {read_only}")
     assert client.post(URL.format("x"), {"records": chain(saga_records())}, format="json").status_code == 403
-    assert alice.session_client().post(URL.format("x"), {"records": chain(saga_records())},
-                                       format="json").status_code == 403
+    assert (
+        alice.session_client()
+        .post(URL.format("x"), {"records": chain(saga_records())}, format="json")
+        .status_code
+        == 403
+    )
 
 
 def test_unknown_events_are_stored_and_verified(alice: Person) -> None:
