@@ -221,10 +221,10 @@ def integrate(tenant: Tenant, *, max_leaves: int = MAX_LEAVES_PER_INTEGRATION) -
         return _extend_and_sign(tenant, state, target=target)
 
 
-def integrate_fully(tenant: Tenant) -> Checkpoint | None:
+def integrate_fully(tenant: Tenant, *, max_leaves: int = MAX_LEAVES_PER_INTEGRATION) -> Checkpoint | None:
     """Integrate until the tree holds every assigned leaf (a backlog takes several rounds)."""
     latest = None
-    while (checkpoint := integrate(tenant)) is not None:
+    while (checkpoint := integrate(tenant, max_leaves=max_leaves)) is not None:
         latest = checkpoint
     return latest
 

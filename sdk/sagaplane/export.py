@@ -115,9 +115,12 @@ def verify_export_files(
         raise VerificationError("the checkpoint file differs from the checkpoint in manifest.json")
     cp = open_signed(checkpoint_text, key_list, manifest.get("origin"))
     first, end, count = _int(manifest, "first"), _int(manifest, "end"), _int(manifest, "record_count")
-    if end - first != count or end > cp.size:
+    if end - first != count:
+        raise VerificationError(f"manifest range [{first}, {end}) does not hold record_count {count} records")
+    if end > cp.size:
         raise VerificationError(
-            f"manifest range [{first}, {end}) does not fit count {count} and size {cp.size}"
+            f"the records reach leaf {end - 1}, beyond the checkpoint (size {cp.size}): "
+            "an older checkpoint, or records that are not in the log"
         )
 
     frontier_raw = manifest.get("prefix_frontier")

@@ -30,9 +30,21 @@ def _acme_api_key_id(tenant: Tenant, alice: Person) -> Any:
         return ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key)).pk
 
 
+def _acme_export_id(tenant: Tenant, alice: Person) -> Any:
+    from transparency.models import Export
+
+    with tenant_context(tenant):
+        export = Export.objects.first() or Export.objects.create(tenant=tenant, requested_by="test")
+        return export.pk
+
+
 # URL parameter name -> how to get acme's value for it. Apps add their own parameters here.
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
+    # transparency: acme's first hash tile, and an acme export
+    "level": lambda tenant, alice: 0,
+    "tile": lambda tenant, alice: "000.p/1",
+    "export_id": _acme_export_id,
     "stream_id": sample_stream_id,
     "saga_id": sample_saga_id,
 }

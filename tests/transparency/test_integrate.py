@@ -13,6 +13,11 @@ from transparency import keys, services
 from transparency.models import Checkpoint, LogSigningKey, TreeNode, TreeState
 
 
+def _size(tenant: Tenant) -> int:
+    """Leaves so far (tenant administration writes server records too)."""
+    return len(_leaf_hashes(tenant))
+
+
 def _leaf_hashes(tenant: Tenant) -> list[bytes]:
     from audit.models import Record
 
@@ -21,17 +26,18 @@ def _leaf_hashes(tenant: Tenant) -> list[bytes]:
 
 
 def test_integrate_signs_the_rfc9162_root_of_every_leaf(tenant_a: Tenant, writer_a: Writer) -> None:
+    base = _size(tenant_a)
     writer_a.saga("s1")
     checkpoint = services.integrate(tenant_a)
     assert checkpoint is not None
     leaves = _leaf_hashes(tenant_a)
-    assert checkpoint.size == len(leaves) == 6
+    assert checkpoint.size == len(leaves) == base + 6
     assert bytes(checkpoint.root) == merkle.root_from_leaf_hashes(leaves)
     vkey = services.ensure_signing_key(tenant_a)
     with tenant_context(tenant_a):
         verifier = services.current_verifier_keys()[0]
     parsed = note.open_checkpoint(checkpoint.note, verifier, keys.log_origin(tenant_a))
-    assert (parsed.size, parsed.root_hash) == (6, merkle.root_from_leaf_hashes(leaves))
+    assert (parsed.size, parsed.root_hash) == (base + 6, merkle.root_from_leaf_hashes(leaves))
     assert vkey.name == "sagaplane.local/acme"
     # Nothing grew: no new checkpoint.
     assert services.integrate(tenant_a) is None
@@ -54,15 +60,16 @@ def test_growth_is_proven_consistent_and_nodes_are_stored(tenant_a: Tenant, writ
 
 
 def test_a_backlog_is_worked_off_in_bounded_rounds(tenant_a: Tenant, writer_a: Writer) -> None:
+    base = _size(tenant_a)
     writer_a.saga("s1", steps=10)
     assert services.integrate(tenant_a, max_leaves=7) is not None
     with tenant_context(tenant_a):
         assert TreeState.objects.get().size == 7
-    final = services.integrate_fully(tenant_a)
-    assert final is not None and final.size == 22
+    final = services.integrate_fully(tenant_a, max_leaves=7)
+    assert final is not None and final.size == base + 22
     with tenant_context(tenant_a):
         sizes = list(Checkpoint.objects.order_by("id").values_list("size", flat=True))
-    assert sizes == [7, 22]
+    assert sizes == [*range(7, base + 22, 7), base + 22]
 
 
 def test_refuses_to_sign_after_the_state_was_tampered(tenant_a: Tenant, writer_a: Writer) -> None:
@@ -82,27 +89,32 @@ def test_refuses_to_sign_after_the_state_was_tampered(tenant_a: Tenant, writer_a
 def test_never_signs_a_checkpoint_inconsistent_with_the_last_one(tenant_a: Tenant, writer_a: Writer) -> None:
     """Rewrite history consistently (node rows and compact range agree, as an attacker with the
     database would make them): the new root no longer extends the signed one, so nothing is signed."""
-    writer_a.saga("s1")  # 6 leaves: compact range = nodes (2, 0) and (1, 2)
-    services.integrate(tenant_a)
+    writer_a.saga("s1")
+    signed = services.integrate(tenant_a)
+    assert signed is not None
+    level, index = merkle.perfect_subtrees(0, signed.size)[0]  # the left edge of the compact range
     forged = b"\x07" * 32
     with tenant_context(tenant_a):
-        TreeNode.objects.filter(level=2, index=0).update(hash=forged)
+        TreeNode.objects.filter(level=level, index=index).update(hash=forged)
         state = TreeState.objects.get()
         state.compact_hashes = forged + bytes(state.compact_hashes)[32:]
         state.save()
     writer_a.saga("s2")
-    with pytest.raises(services.IntegrationRefused, match="not consistent with the checkpoint of 6"):
+    with pytest.raises(
+        services.IntegrationRefused, match=f"not consistent with the checkpoint of {signed.size}"
+    ):
         services.integrate(tenant_a)
     with tenant_context(tenant_a):
-        assert list(Checkpoint.objects.values_list("size", flat=True)) == [6]
+        assert list(Checkpoint.objects.values_list("size", flat=True)) == [signed.size]
 
 
 def test_refuses_when_the_last_note_does_not_verify(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("s1")
-    services.integrate(tenant_a)
+    signed = services.integrate(tenant_a)
+    assert signed is not None
     with tenant_context(tenant_a):
         cp = Checkpoint.objects.get()
-        cp.note = cp.note.replace("\n6\n", "\n5\n")
+        cp.note = cp.note.replace(f"\n{signed.size}\n", f"\n{signed.size - 1}\n")
         cp.save()
     writer_a.saga("s2")
     with pytest.raises(services.IntegrationRefused, match="does not verify"):
@@ -131,7 +143,8 @@ def test_seed_is_encrypted_at_rest(tenant_a: Tenant, writer_a: Writer) -> None:
 
 def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("s1")
-    services.integrate(tenant_a)
+    signed = services.integrate(tenant_a)
+    assert signed is not None
     with tenant_context(tenant_a):
         old_key = services.current_verifier_keys()[0]
     services.rotate_signing_key(tenant_a)
@@ -139,7 +152,7 @@ def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -
         new_key, also_old = services.current_verifier_keys()
         rotated = Checkpoint.objects.order_by("-id").first()
     assert also_old == old_key and new_key != old_key
-    assert rotated is not None and rotated.size == 6
+    assert rotated is not None and rotated.size == signed.size
     note.open_checkpoint(rotated.note, old_key)
     note.open_checkpoint(rotated.note, new_key)
     services.finish_key_rotation(tenant_a)
@@ -154,6 +167,7 @@ def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -
 def test_integrator_task_seals_finished_sagas_and_signs_the_seal(tenant_a: Tenant, writer_a: Writer) -> None:
     from audit.models import Record
 
+    base = _size(tenant_a)
     writer_a.saga("done")
     writer_a.saga("open", end=None)
     assert tenant_a.pk in services.tenants_to_integrate()
@@ -162,5 +176,5 @@ def test_integrator_task_seals_finished_sagas_and_signs_the_seal(tenant_a: Tenan
         seals = list(Record.objects.filter(event=services.SEAL_EVENT).values_list("saga_id", "leaf_index"))
         state = TreeState.objects.get()
     assert [s for s, _ in seals] == ["done"]
-    assert state.size == 12  # 6 + 5 + the seal, all signed
+    assert state.size == base + 12  # 6 + 5 + the seal, all signed
     assert tenant_a.pk not in services.tenants_to_integrate()
