@@ -1,0 +1,264 @@
+"""Ingest benchmark (issue 3): agent-saga-format records pushed through the real HTTP API.
+
+Production-like: uvicorn with 2 workers on 127.0.0.1, Postgres (DATABASE_URL) and Redis
+(REDIS_URL) from the environment. Concurrent clients each own a stream and POST batches in order.
+Prints accepted records/s and p50/p99 batch latency, and, measured in the same run on the same
+records, agent-saga's in-process `integrity.verify` records/s and a raw Postgres COPY rows/s, as
+ratios. Writes bench/results/ingest.json.
+
+    DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/ingest.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _records(n: int, start_prev: str) -> list[dict[str, Any]]:
+    """n records shaped like agent-saga's (sagas of intent/commit pairs), chained with agent-saga's rule."""
+    from agent_saga import integrity
+
+    out: list[dict[str, Any]] = []
+    prev = start_prev
+    saga_id = ""
+    ts = time.time()
+    for seq in range(1, n + 1):
+        phase = (seq - 1) % 6
+        if phase == 0:
+            saga_id = uuid.uuid4().hex
+            body: dict[str, Any] = {"event": "SAGA_START", "saga_id": saga_id, "pid": 4242, "lease_ttl": 5.0}
+        elif phase == 5:
+            body = {"event": "SAGA_COMPLETE", "saga_id": saga_id, "clean": True}
+        elif phase % 2 == 1:
+            step_id = uuid.uuid4().hex
+            body = {
+                "event": "STEP_INTENT",
+                "saga_id": saga_id,
+                "step_id": step_id,
+                "tool": "payments.charge",
+                "semantics": "COMPENSABLE",
+                "kwargs": {"amount": seq, "currency": "EUR"},
+            }
+        else:
+            body = {
+                "event": "STEP_COMMITTED",
+                "saga_id": saga_id,
+                "step_id": step_id,
+                "tool": "payments.charge",
+                "semantics": "COMPENSABLE",
+                "compensation": {
+                    "fn": "refund",
+                    "handler": "payments.refund",
+                    "recoverable": True,
+                    "description": "refund",
+                    "idempotency_key": uuid.uuid4().hex,
+                    "kwargs": {"charge_id": f"ch_{seq}"},
+                },
+            }
+        record = {"seq": seq, "event": body.pop("event"), "ts": ts + seq * 1e-4, **body}
+        prev = integrity.stamp(record, prev)
+        out.append(record)
+    return out
+
+
+def _setup_tenant() -> str:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from tenants import services
+
+    slug = f"bench-{uuid.uuid4().hex[:8]}"
+    tenant = services.create_tenant(slug, "Bench", f"owner@{slug}.example", "bench-password-123")
+    _, key = services.create_api_key(tenant, name="bench", scopes=["ingest", "read"])
+    return key
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # polling a starting server for readiness, not synchronising a test
+    raise SystemExit("server did not become ready")
+
+
+def _copy_rows_per_s(rows: list[dict[str, Any]]) -> float:
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"]) as conn, conn.cursor() as cur:
+        cur.execute(
+            "CREATE TEMP TABLE bench_copy (stream text, position bigint, seq bigint, ts double precision, "
+            "event text, cd text, ph text, h text, saga_id text, fields text, salt text)"
+        )
+        started = time.perf_counter()
+        with cur.copy("COPY bench_copy FROM STDIN") as copy:
+            for n, r in enumerate(rows):
+                fields = {
+                    k: v for k, v in r.items() if not k.startswith("_") and k not in ("seq", "ts", "event")
+                }
+                copy.write_row(
+                    (
+                        "s",
+                        n + 1,
+                        r["seq"],
+                        r["ts"],
+                        r["event"],
+                        r["_cd"],
+                        r["_ph"],
+                        r["_h"],
+                        r.get("saga_id", ""),
+                        json.dumps(fields),
+                        r["_s"],
+                    )
+                )
+        conn.commit()
+        return len(rows) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small counts for CI (< 60 s)")
+    parser.add_argument("--clients", type=int, default=None)
+    parser.add_argument("--batches", type=int, default=None, help="batches per client")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
+        raise SystemExit("set DATABASE_URL=postgres://... and REDIS_URL=redis://... (production-like run)")
+    clients = args.clients or (2 if args.quick else 4)
+    batches = args.batches or (10 if args.quick else 50)
+    size = args.batch_size or (200 if args.quick else 500)
+
+    import httpx
+    from agent_saga import integrity
+
+    key = _setup_tenant()
+    streams = [_records(batches * size, "0" * 64) for _ in range(clients)]
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "DEBUG": "0", "LOG_LEVEL": "WARNING"}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(args.workers),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    try:
+        _wait_ready(url, server)
+
+        def client(n: int) -> None:
+            records = streams[n]
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+                for b in range(batches):
+                    body = json.dumps({"records": records[b * size : (b + 1) * size]})
+                    t0 = time.perf_counter()
+                    response = http.post(
+                        f"/api/v1/streams/bench-{n}/records",
+                        content=body,
+                        headers={"Content-Type": "application/json"},
+                    )
+                    elapsed = time.perf_counter() - t0
+                    with lock:
+                        latencies.append(elapsed)
+                        if response.status_code != 200 or response.json()["accepted"] != size:
+                            errors.append(f"{response.status_code} {response.text[:200]}")
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    if errors:
+        raise SystemExit(f"{len(errors)} batch(es) failed, first: {errors[0]}")
+
+    total = clients * batches * size
+    ingest_rps = total / wall
+    t0 = time.perf_counter()
+    for records in streams:
+        assert integrity.verify(records).intact
+    verify_rps = total / (time.perf_counter() - t0)
+    copy_rps = _copy_rows_per_s(streams[0])
+    latencies.sort()
+    result = {
+        "mode": "quick" if args.quick else "full",
+        "clients": clients,
+        "batches_per_client": batches,
+        "batch_size": size,
+        "server_workers": args.workers,
+        "records": total,
+        "seconds": round(wall, 3),
+        "ingest_records_per_s": round(ingest_rps, 1),
+        "batch_latency_p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "batch_latency_p99_ms": round(
+            latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 1
+        ),
+        "agent_saga_verify_records_per_s": round(verify_rps, 1),
+        "postgres_copy_rows_per_s": round(copy_rps, 1),
+        "ratio_ingest_to_agent_saga_verify": round(ingest_rps / verify_rps, 3),
+        "ratio_ingest_to_postgres_copy": round(ingest_rps / copy_rps, 3),
+        "target_records_per_s": 10_000,
+    }
+    out = ROOT / "bench" / "results" / "ingest.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for k, v in result.items():
+        print(f"{k:40} {v}")
+
+
+if __name__ == "__main__":
+    main()
