@@ -5,16 +5,18 @@ functions), fetched with one indexed query, then computed: O(log n) rows, no lea
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from django.db.models import Q
+from django.db import connection
 from sagaplane import merkle
 
 from tenants.models import Tenant
+from tenants.scoping import current_tenant
 from transparency.models import Checkpoint, TreeNode
 
 _PLACEHOLDER = b"\x00" * merkle.HASH_SIZE
+# SQLite caps a compound SELECT at 500 terms.
+_CHUNK = 200
 
 
 class ProofRequestError(ValueError):
@@ -38,17 +40,27 @@ class StoredNodes:
             self._hashes[(node.level, node.index)] = node.hash
 
     def prefetch(self, keys: Iterable[tuple[int, int]]) -> None:
-        by_level: dict[int, set[int]] = defaultdict(set)
-        for level, index in keys:
-            if (level, index) not in self._hashes:
-                by_level[level].add(index)
-        if not by_level:
+        """Fetch every missing node in one statement per chunk: a UNION ALL of point lookups, so
+        each arm uses the (tenant, level, index) unique index on SQLite and Postgres alike (an OR
+        or row-value IN lets SQLite's planner fall back to a scan of the tenant's nodes)."""
+        missing = list(dict.fromkeys(k for k in keys if k not in self._hashes))
+        if not missing:
             return
-        query = Q()
-        for level, indices in by_level.items():
-            query |= Q(level=level, index__in=sorted(indices))
-        for level, index, digest in TreeNode.objects.filter(query).values_list("level", "index", "hash"):
-            self._hashes[(level, index)] = bytes(digest)
+        tenant_id = current_tenant().pk
+        table = connection.ops.quote_name(TreeNode._meta.db_table)
+        column = connection.ops.quote_name("index")
+        arm = (
+            f"SELECT level, {column}, hash FROM {table} WHERE tenant_id = %s AND level = %s AND {column} = %s"
+        )
+        with connection.cursor() as cursor:
+            for start in range(0, len(missing), _CHUNK):
+                chunk = missing[start : start + _CHUNK]
+                cursor.execute(
+                    " UNION ALL ".join([arm] * len(chunk)),
+                    [value for level, index in chunk for value in (tenant_id, level, index)],
+                )
+                for level, index, digest in cursor.fetchall():
+                    self._hashes[(level, index)] = bytes(digest)
 
     def subtree_hash(self, level: int, index: int) -> bytes:
         key = (level, index)
@@ -60,9 +72,11 @@ class StoredNodes:
             raise merkle.TreeRangeError(f"tree node ({level}, {index}) is not stored") from None
 
 
-def _planned(fn: Callable[..., list[bytes]], *args: int) -> list[bytes]:
-    """Run a proof function twice: first to learn which nodes it reads, then for real."""
-    wanted: list[tuple[int, int]] = []
+def _planned_source(
+    fn: Callable[..., list[bytes]], *args: int, extra: Iterable[tuple[int, int]] = ()
+) -> StoredNodes:
+    """Dry-run a proof function to learn which nodes it reads, and fetch them in one go."""
+    wanted: list[tuple[int, int]] = list(extra)
 
     def record(level: int, index: int) -> bytes:
         wanted.append((level, index))
@@ -71,7 +85,11 @@ def _planned(fn: Callable[..., list[bytes]], *args: int) -> list[bytes]:
     fn(record, *args)
     nodes = StoredNodes()
     nodes.prefetch(wanted)
-    return fn(nodes, *args)
+    return nodes
+
+
+def _planned(fn: Callable[..., list[bytes]], *args: int) -> list[bytes]:
+    return fn(_planned_source(fn, *args), *args)
 
 
 def latest_checkpoint() -> Checkpoint | None:
@@ -99,8 +117,8 @@ def inclusion(index: int, size: int | None = None) -> tuple[int, list[bytes], by
         raise ProofRequestError(
             "index", f"index {index} is not a leaf of a tree of size {size}", "out_of_range"
         )
-    path = _planned(merkle.inclusion_proof, index, size)
-    return size, path, StoredNodes().subtree_hash(0, index)
+    nodes = _planned_source(merkle.inclusion_proof, index, size, extra=[(0, index)])
+    return size, merkle.inclusion_proof(nodes, index, size), nodes.subtree_hash(0, index)
 
 
 def consistency(first: int, second: int | None = None) -> tuple[int, list[bytes]]:
