@@ -83,7 +83,8 @@ def _postgres_database(url: str) -> tuple[str, str, str]:
     """(admin url, e2e url, e2e database name) for a throw-away database beside DATABASE_URL's."""
     parts = urlsplit(url)
     name = f"{parts.path.lstrip('/') or 'sagaplane'}_e2e_{uuid.uuid4().hex[:8]}"
-    return url, urlunsplit(parts._replace(path="/" + name)), name
+    # CREATE/DROP DATABASE run from the maintenance database, which always exists.
+    return urlunsplit(parts._replace(path="/postgres")), urlunsplit(parts._replace(path="/" + name)), name
 
 
 def _pg_execute(admin_url: str, sql: str) -> None:
@@ -103,10 +104,13 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
         {
             "SAGAPLANE_DATA_DIR": str(data_dir),
             "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-            "CELERY_TASK_ALWAYS_EAGER": "true",  # exports and integration run in the web process
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if os.environ.get("REDIS_URL"):
+        # A Redis database of its own: no other test run's worker may take this server's tasks.
+        parts = urlsplit(os.environ["REDIS_URL"])
+        env["REDIS_URL"] = urlunsplit(parts._replace(path=f"/{8 + uuid.uuid4().int % 8}"))
     dropped_db = None
     if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         admin_url, e2e_url, name = _postgres_database(os.environ["DATABASE_URL"])
@@ -158,6 +162,27 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
                 start_new_session=True,
             )
         url = f"http://127.0.0.1:{port}"
+        # The worker with its beat: integrates the log (signs checkpoints) and builds exports.
+        worker_log = data_dir / "worker.log"
+        with worker_log.open("w") as log_file:
+            worker = subprocess.Popen(
+                [
+                    str(VENV_BIN / "celery"),
+                    "-A",
+                    "controlplane",
+                    "worker",
+                    "-B",
+                    "--pool=solo",
+                    "--loglevel=INFO",
+                    "-n",
+                    f"e2e-{uuid.uuid4().hex[:8]}@%h",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + STARTUP_DEADLINE
             while True:
@@ -175,12 +200,14 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
                 _wait_a_little(process)
             yield LiveServer(url=url, api_key=api_key, data_dir=data_dir, log=log)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            for child in (process, worker):
+                child.terminate()
+            for child in (process, worker):
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait(timeout=10)
     finally:
         if dropped_db is not None:
             _pg_execute(dropped_db[0], f'DROP DATABASE IF EXISTS "{dropped_db[1]}" WITH (FORCE)')

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
@@ -199,3 +202,52 @@ def test_keyboard_reaches_navigation_with_visible_focus(new_page, control_plane:
     expect(focused).to_have_text("Sagas")
     outline = focused.evaluate("el => getComputedStyle(el).outlineStyle")
     assert outline not in ("none", "")
+
+
+def test_export_started_completes_and_verifies_with_the_sdk(
+    new_page, control_plane: LiveServer, tmp_path
+) -> None:
+    writer = Writer()
+    saga_id, records = saga_forward(writer, name="exported-saga")
+    control_plane.ship("e2e-export", records + saga_rollback(writer, saga_id))
+    page = new_page()
+    sign_in(page, AUDITOR)
+    # The worker's integrator signs a checkpoint about a second after ingest: reload until it shows.
+    deadline = time.monotonic() + 60
+    while True:
+        page.goto("/evidence/")
+        try:
+            expect(page.locator("#checkpoint-size")).to_be_visible(timeout=1_000)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+    key = page.locator("#verifier-key").inner_text().strip()
+    page.get_by_role("button", name="Start an export").click()
+    newest = page.locator("#exports > li").first
+    expect(newest).to_have_attribute("data-status", "done", timeout=60_000)
+    screenshot(page, "11-evidence-export")
+    with page.expect_download() as download_info:
+        newest.get_by_role("link", name="Download export (tar.gz)").click()
+    archive = tmp_path / "export.tar.gz"
+    download_info.value.save_as(archive)
+    result = subprocess.run(
+        [sys.executable, "-m", "sagaplane", "verify-export", str(archive), "--key", key],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The saga's disclosure downloads from its page too, and verifies with the same key.
+    page.goto(f"/sagas/{saga_id}/")
+    with page.expect_download() as disclosure_info:
+        page.locator("#disclosure-link").click()
+    bundle = tmp_path / "disclosure.json"
+    disclosure_info.value.save_as(bundle)
+    result = subprocess.run(
+        [sys.executable, "-m", "sagaplane", "verify-disclosure", str(bundle), "--key", key],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
