@@ -1,0 +1,512 @@
+"""SDK benchmark: what a saga step costs, what group commit buys, how fast the shipper ships.
+
+Measured in one run, on one disk, against peers measured in the same run:
+- a bare `os.fsync` floor (append a line + fsync) and a no-op call baseline;
+- per-step latency p50/p99 for REVERSIBLE (no fsync) and COMPENSABLE (intent and commit fsynced)
+  steps, for the Sagaplane SDK (sync and async API) and agent-saga's `saga_scope` (async only);
+- group-commit throughput with 1, 8 and 64 concurrent sagas of COMPENSABLE steps, both libraries;
+- shipper throughput to a local control plane (uvicorn, 2 workers, a temp data folder; embedded
+  SQLite unless DATABASE_URL is set), tenant and key made with the management commands.
+
+Issue 5 targets: fast path no slower than agent-saga's; durable step within 30% of the fsync
+floor (a durable step needs two fsyncs, intent and commit, so the floor is 2 x fsync); shipper at
+least 5,000 records/s. Prints ratios; writes bench/results/sdk.json. `--quick` (CI) < 60 s.
+
+    .venv/bin/python bench/sdk.py [--quick] [--skip-shipper]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "sdk"))
+os.environ.pop("AGENT_SAGA_WAL_KEY", None)  # agent-saga's line encryption would skew its numbers
+
+import sagaplane as sp  # noqa: E402
+from agent_saga import compensator as as_compensator  # noqa: E402
+from agent_saga import saga_scope  # noqa: E402
+from agent_saga import tool as as_tool  # noqa: E402
+from agent_saga.semantics import ActionSemantics, Compensation  # noqa: E402
+from agent_saga.wal import FileWAL  # noqa: E402
+
+perf = time.perf_counter
+
+
+def pct(samples: list[float], p: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def summary(samples_s: list[float]) -> dict[str, float]:
+    us = [x * 1e6 for x in samples_s]
+    return {"n": len(us), "p50_us": round(pct(us, 50), 2), "p99_us": round(pct(us, 99), 2),
+            "mean_us": round(statistics.fmean(us), 2)}
+
+
+# -- floors ------------------------------------------------------------------------------------------
+
+
+def fsync_floor(folder: Path, n: int) -> dict[str, float]:
+    line = (json.dumps({"seq": 1, "event": "STEP_INTENT", "pad": "x" * 300}) + "\n").encode()
+    fd = os.open(folder / "floor.bin", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    samples = []
+    try:
+        for _ in range(n):
+            t = perf()
+            os.write(fd, line)
+            os.fsync(fd)
+            samples.append(perf() - t)
+    finally:
+        os.close(fd)
+    return summary(samples)
+
+
+def noop_baseline(n: int) -> dict[str, dict[str, float]]:
+    def noop(x: int) -> int:
+        return x
+
+    async def anoop(x: int) -> int:
+        return x
+
+    sync = []
+    for i in range(n):
+        t = perf()
+        noop(i)
+        sync.append(perf() - t)
+
+    async def run() -> list[float]:
+        out = []
+        for i in range(n):
+            t = perf()
+            await anoop(i)
+            out.append(perf() - t)
+        return out
+
+    return {"sync": summary(sync), "async": summary(asyncio.run(run()))}
+
+
+# -- the tools -------------------------------------------------------------------------------------------
+
+
+@sp.compensator("bench.undo")
+def sp_undo(x: int, idempotency_key: str = "") -> None:
+    pass
+
+
+def _sp_fn(x: int) -> int:
+    return x
+
+
+async def _sp_afn(x: int) -> int:
+    return x
+
+
+def _undo(r: int) -> sp.Compensation:
+    return sp.undo("bench.undo", x=r)
+
+
+SP_REV = sp.tool(_sp_fn, name="rev", semantics=sp.REVERSIBLE, compensate=_undo)
+SP_COMP = sp.tool(_sp_fn, name="comp", semantics=sp.COMPENSABLE, compensate=_undo)
+SP_AREV = sp.tool(_sp_afn, name="arev", semantics=sp.REVERSIBLE, compensate=_undo)
+SP_ACOMP = sp.tool(_sp_afn, name="acomp", semantics=sp.COMPENSABLE, compensate=_undo)
+
+
+@as_compensator("bench.as_undo")
+def as_undo(x: int, idempotency_key: str | None = None) -> None:
+    pass
+
+
+def _as_comp(r: int) -> Compensation:
+    return Compensation(fn=as_undo, kwargs={"x": r}, handler="bench.as_undo", description="undo")
+
+
+@as_tool(name="as_rev", semantics=ActionSemantics.REVERSIBLE, compensate=_as_comp)
+async def AS_REV(x: int) -> int:  # noqa: N802
+    return x
+
+
+@as_tool(name="as_comp", semantics=ActionSemantics.COMPENSABLE, compensate=_as_comp)
+async def AS_COMP(x: int) -> int:  # noqa: N802
+    return x
+
+
+# -- per-step latency --------------------------------------------------------------------------------------
+
+STEPS_PER_SAGA = 10
+
+
+def sp_steps(folder: Path, tool_fn: Callable[[int], Any], n: int) -> tuple[dict[str, float], int]:
+    wal = sp.WAL(folder / f"sp-{id(tool_fn)}-{n}.wal")
+    samples: list[float] = []
+    try:
+        while len(samples) < n:
+            with sp.saga(name="bench", wal=wal):
+                for i in range(STEPS_PER_SAGA):
+                    t = perf()
+                    tool_fn(i)
+                    samples.append(perf() - t)
+        return summary(samples), wal.fsyncs
+    finally:
+        wal.close()
+
+
+def sp_steps_async(folder: Path, tool_fn: Callable[[int], Any], n: int) -> dict[str, float]:
+    async def run() -> list[float]:
+        wal = sp.WAL(folder / f"spa-{n}-{id(tool_fn)}.wal")
+        samples: list[float] = []
+        try:
+            while len(samples) < n:
+                async with sp.saga(name="bench", wal=wal):
+                    for i in range(STEPS_PER_SAGA):
+                        t = perf()
+                        await tool_fn(i)
+                        samples.append(perf() - t)
+        finally:
+            wal.close()
+        return samples
+
+    return summary(asyncio.run(run()))
+
+
+def as_steps(folder: Path, tool_fn: Callable[..., Any], n: int) -> dict[str, float]:
+    async def run() -> list[float]:
+        wal = FileWAL(str(folder / f"as-{n}-{id(tool_fn)}.wal"))
+        await wal.start()
+        samples: list[float] = []
+        try:
+            while len(samples) < n:
+                async with saga_scope(name="bench", wal=wal):
+                    for i in range(STEPS_PER_SAGA):
+                        t = perf()
+                        await tool_fn(x=i)
+                        samples.append(perf() - t)
+        finally:
+            await wal.close()
+        return samples
+
+    return summary(asyncio.run(run()))
+
+
+# -- group commit ------------------------------------------------------------------------------------------
+
+GROUP_STEPS = 5  # COMPENSABLE steps per saga
+
+
+def sp_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
+    wal = sp.WAL(folder / f"sp-group-{concurrency}.wal")
+    per_thread = max(1, sagas_total // concurrency)
+    start = threading.Barrier(concurrency + 1)
+
+    def worker() -> None:
+        start.wait()
+        for _ in range(per_thread):
+            with sp.saga(name="g", wal=wal):
+                for i in range(GROUP_STEPS):
+                    SP_COMP(i)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    start.wait()
+    t = perf()
+    for th in threads:
+        th.join()
+    elapsed = perf() - t
+    fsyncs = wal.fsyncs
+    wal.close()
+    steps = per_thread * concurrency * GROUP_STEPS
+    return {"concurrency": concurrency, "sagas": per_thread * concurrency, "steps": steps,
+            "seconds": round(elapsed, 4), "steps_per_s": round(steps / elapsed, 1),
+            "fsyncs": fsyncs, "steps_per_fsync": round(steps / max(1, fsyncs), 2)}
+
+
+def sp_group_async(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
+    per_task = max(1, sagas_total // concurrency)
+
+    async def run() -> tuple[float, int]:
+        wal = sp.WAL(folder / f"spa-group-{concurrency}.wal")
+        loop = asyncio.get_running_loop()
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=max(4, concurrency)))
+
+        async def one() -> None:
+            for _ in range(per_task):
+                async with sp.saga(name="g", wal=wal):
+                    for i in range(GROUP_STEPS):
+                        await SP_ACOMP(i)
+
+        t = perf()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        elapsed = perf() - t
+        fsyncs = wal.fsyncs
+        wal.close()
+        return elapsed, fsyncs
+
+    elapsed, fsyncs = asyncio.run(run())
+    steps = per_task * concurrency * GROUP_STEPS
+    return {"concurrency": concurrency, "sagas": per_task * concurrency, "steps": steps,
+            "seconds": round(elapsed, 4), "steps_per_s": round(steps / elapsed, 1),
+            "fsyncs": fsyncs, "steps_per_fsync": round(steps / max(1, fsyncs), 2)}
+
+
+def as_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
+    per_task = max(1, sagas_total // concurrency)
+
+    async def run() -> tuple[float, int]:
+        wal = FileWAL(str(folder / f"as-group-{concurrency}.wal"))
+        await wal.start()
+
+        async def one() -> None:
+            for _ in range(per_task):
+                async with saga_scope(name="g", wal=wal):
+                    for i in range(GROUP_STEPS):
+                        await AS_COMP(x=i)
+
+        t = perf()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        elapsed = perf() - t
+        cycles = int(getattr(wal, "flush_cycles", 0))
+        await wal.close()
+        return elapsed, cycles
+
+    elapsed, cycles = asyncio.run(run())
+    steps = per_task * concurrency * GROUP_STEPS
+    return {"concurrency": concurrency, "sagas": per_task * concurrency, "steps": steps,
+            "seconds": round(elapsed, 4), "steps_per_s": round(steps / elapsed, 1),
+            "fsyncs": cycles, "steps_per_fsync": round(steps / max(1, cycles), 2)}
+
+
+# -- shipper -------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def shipper_throughput(folder: Path, n_records: int, workers: int = 2) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY")}
+    data = folder / "cp-data"
+    env["SAGAPLANE_DATA_DIR"] = str(data)
+    env["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+    backend = "postgres" if env.get("DATABASE_URL") else "sqlite (embedded)"
+    if not env.get("DATABASE_URL"):
+        env.pop("REDIS_URL", None)
+    slug = f"bench-{os.getpid()}-{int(time.time())}"
+    t = perf()
+    _manage(env, "migrate", "--noinput", "-v0")
+    _manage(env, "create_tenant", slug, "--name", "Bench", "--owner-email", f"owner@{slug}.example")
+    key = _manage(env, "create_api_key", "--tenant", slug, "--name", "bench", "--scopes", "ingest,read")
+    key = key.strip().splitlines()[-1]
+    setup_s = perf() - t
+
+    # A realistic WAL: sagas of REVERSIBLE steps (written without fsync: we time shipping, not writing).
+    wal = sp.WAL(folder / "ship.wal", fsync=False)
+    try:
+        while wal.seq < n_records:
+            with sp.saga(name="ship", wal=wal):
+                for i in range(STEPS_PER_SAGA):
+                    SP_REV(i)
+        records = wal.seq
+        head = wal.head
+        stream_id = wal.stream_id
+    finally:
+        wal.close()
+    size = (folder / "ship.wal").stat().st_size
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", str(workers), "--lifespan", "off", "--no-access-log",
+         "--log-level", "warning"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # start-up poll (a benchmark's readiness wait, bounded)
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=2).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("control plane did not start") from None
+                time.sleep(0.1)
+        shipper = sp.Shipper(folder / "ship.wal", url=url, api_key=key)
+        t = perf()
+        shipped = shipper.run_until_caught_up(max_retries=5)
+        elapsed = perf() - t
+        stream = sp.Client(url, key).stream(stream_id).body
+        assert shipped == records and stream["length"] == records and stream["head"]["hash"] == head, stream
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(30)
+    return {"backend": backend, "uvicorn_workers": workers, "records": records, "bytes": size,
+            "batch_size": shipper.batch_size, "seconds": round(elapsed, 3),
+            "records_per_s": round(records / elapsed, 1), "mb_per_s": round(size / elapsed / 1e6, 2),
+            "setup_seconds": round(setup_s, 1), "verified_on_server": True}
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else float("inf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small counts (CI: under 60 s)")
+    parser.add_argument("--skip-shipper", action="store_true")
+    parser.add_argument("--dir", default=None, help="where WALs go (default: a temp folder under bench/)")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "sdk.json"))
+    args = parser.parse_args(argv)
+    q = args.quick
+    n_fast, n_durable, n_floor = (2000, 200, 200) if q else (20000, 2000, 2000)
+    group_sagas = {1: 20, 8: 80, 64: 256} if q else {1: 200, 8: 800, 64: 2560}
+    ship_records = 6000 if q else 50000
+
+    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix=".bench-sdk-", dir=REPO / "bench"))
+    folder.mkdir(parents=True, exist_ok=True)
+    started = perf()
+    out: dict[str, Any] = {
+        "meta": {"quick": q, "python": platform.python_version(), "platform": platform.platform(),
+                 "cpus": os.cpu_count(), "sagaplane": sp.__version__, "agent_saga": _as_version(),
+                 "wal_dir": str(folder), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    }
+    try:
+        print(f"== SDK benchmark ({'quick' if q else 'full'}); WALs in {folder}")
+        out["fsync_floor"] = fsync_floor(folder, n_floor)
+        out["noop"] = noop_baseline(n_fast)
+        print(f"fsync floor (write+fsync): p50 {out['fsync_floor']['p50_us']} us, "
+              f"p99 {out['fsync_floor']['p99_us']} us; no-op call p50 {out['noop']['sync']['p50_us']} us")
+
+        sp_rev, _ = sp_steps(folder, SP_REV, n_fast)
+        sp_comp, comp_fsyncs = sp_steps(folder, SP_COMP, n_durable)
+        per_step = {
+            "sagaplane_sync": {"REVERSIBLE": sp_rev, "COMPENSABLE": sp_comp},
+            "sagaplane_async": {"REVERSIBLE": sp_steps_async(folder, SP_AREV, n_fast),
+                                "COMPENSABLE": sp_steps_async(folder, SP_ACOMP, n_durable)},
+            "agent_saga": {"REVERSIBLE": as_steps(folder, AS_REV, n_fast),
+                           "COMPENSABLE": as_steps(folder, AS_COMP, n_durable)},
+        }
+        for lib, rows in per_step.items():
+            base = out["noop"]["async" if lib != "sagaplane_sync" else "sync"]["p50_us"]
+            for sem, row in rows.items():
+                row["overhead_p50_us"] = round(row["p50_us"] - base, 2)
+                row["overhead_p99_us"] = round(row["p99_us"] - base, 2)
+                print(f"{lib:16} {sem:11} p50 {row['p50_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  "
+                      f"(overhead p50 {row['overhead_p50_us']:.1f} us over the no-op)")
+        per_step["sagaplane_sync"]["COMPENSABLE"]["fsyncs_per_step"] = round(comp_fsyncs / n_durable, 2)
+        out["per_step"] = per_step
+
+        group: dict[str, list[dict[str, float]]] = {"sagaplane_threads": [], "sagaplane_async": [],
+                                                     "agent_saga": []}
+        for c, total in group_sagas.items():
+            group["sagaplane_threads"].append(sp_group(folder, c, total))
+            group["sagaplane_async"].append(sp_group_async(folder, c, total))
+            group["agent_saga"].append(as_group(folder, c, total))
+            row = [group[k][-1] for k in group]
+            print(f"group commit, {c:2} concurrent sagas: " + "; ".join(
+                f"{k} {r['steps_per_s']:.0f} steps/s ({r['steps_per_fsync']} steps/fsync)"
+                for k, r in zip(group, row, strict=True)))
+        out["group_commit"] = group
+
+        if not args.skip_shipper:
+            out["shipper"] = shipper_throughput(folder, ship_records)
+            s = out["shipper"]
+            print(f"shipper: {s['records']} records ({s['bytes'] / 1e6:.1f} MB) to a local control plane "
+                  f"({s['backend']}, uvicorn x{s['uvicorn_workers']}) in {s['seconds']} s = "
+                  f"{s['records_per_s']:.0f} records/s; server head verified")
+
+        floor = out["fsync_floor"]["p50_us"]
+        ps = out["per_step"]
+        def p50(lib: str, sem: str) -> float:
+            return float(ps[lib][sem]["p50_us"])
+
+        ratios = {
+            "fast_path_sagaplane_sync_vs_agent_saga_p50": ratio(p50("sagaplane_sync", "REVERSIBLE"),
+                                                                p50("agent_saga", "REVERSIBLE")),
+            "fast_path_sagaplane_async_vs_agent_saga_p50": ratio(p50("sagaplane_async", "REVERSIBLE"),
+                                                                 p50("agent_saga", "REVERSIBLE")),
+            "durable_sagaplane_sync_vs_agent_saga_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"),
+                                                              p50("agent_saga", "COMPENSABLE")),
+            "durable_sagaplane_sync_vs_2x_fsync_floor_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"),
+                                                                  2 * floor),
+            "durable_agent_saga_vs_2x_fsync_floor_p50": ratio(p50("agent_saga", "COMPENSABLE"), 2 * floor),
+        }
+        for i, c in enumerate(group_sagas):
+            ratios[f"group_{c}_sagaplane_threads_vs_agent_saga"] = ratio(
+                group["sagaplane_threads"][i]["steps_per_s"], group["agent_saga"][i]["steps_per_s"])
+            ratios[f"group_{c}_sagaplane_async_vs_agent_saga"] = ratio(
+                group["sagaplane_async"][i]["steps_per_s"], group["agent_saga"][i]["steps_per_s"])
+        out["ratios"] = ratios
+        targets = {
+            "fast_path_no_slower_than_agent_saga":
+                ratios["fast_path_sagaplane_sync_vs_agent_saga_p50"] <= 1.0,
+            "durable_within_30pct_of_fsync_floor":
+                ratios["durable_sagaplane_sync_vs_2x_fsync_floor_p50"] <= 1.3,
+        }
+        if "shipper" in out:
+            targets["shipper_at_least_5000_records_per_s"] = out["shipper"]["records_per_s"] >= 5000
+        out["targets"] = targets
+        print("ratios (< 1 means Sagaplane is faster / closer to the floor):")
+        for k, v in ratios.items():
+            print(f"  {k:52} {v}")
+        print("targets: " + ", ".join(f"{k}={'met' if v else 'MISSED'}" for k, v in targets.items()))
+    finally:
+        if not args.dir:
+            shutil.rmtree(folder, ignore_errors=True)
+    out["meta"]["seconds"] = round(perf() - started, 1)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(args.out + ".tmp")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out} in {out['meta']['seconds']} s")
+    return 0
+
+
+def _as_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("agent-saga")
+    except Exception:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
