@@ -198,7 +198,15 @@ def verify_disclosure(
     sealed = seal.get("leaves")
     if not isinstance(sealed, list):
         raise VerificationError("seal lists no leaves")
-    sealed_pairs = [tuple(x) if isinstance(x, list) else x for x in sealed]
+    for item in sealed:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], int)
+            and isinstance(item[1], str)
+        ):
+            raise VerificationError("seal lists a leaf that is not [leaf index, _h]")
+    sealed_pairs = [(x[0], x[1]) for x in sealed]
     shown = {(index, record[HASH_FIELD]) for index, _, _, record in checked}
     for pair in sealed_pairs:
         if pair not in shown:

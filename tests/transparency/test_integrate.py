@@ -3,6 +3,8 @@ integrator refuses to sign anything it cannot prove consistent."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sagaplane import merkle, note
 
@@ -178,3 +180,38 @@ def test_integrator_task_seals_finished_sagas_and_signs_the_seal(tenant_a: Tenan
     assert [s for s, _ in seals] == ["done"]
     assert state.size == base + 12  # 6 + 5 + the seal, all signed
     assert tenant_a.pk not in services.tenants_to_integrate()
+
+
+def test_the_ingest_hook_integrates_after_commit(
+    tenant_a: Tenant, writer_a: Writer, django_capture_on_commit_callbacks: Any
+) -> None:
+    from controlplane.celery import app
+    from transparency import hooks
+
+    previous, app.conf.task_always_eager = app.conf.task_always_eager, True
+    try:
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            writer_a.saga("s1")
+            hooks.records_appended(tenant_a)
+        with tenant_context(tenant_a):
+            assert not Checkpoint.objects.exists()  # nothing happens inside the ingest transaction
+        for callback in callbacks:
+            callback()
+    finally:
+        app.conf.task_always_eager = previous
+    with tenant_context(tenant_a):
+        assert Checkpoint.objects.order_by("-id").first().size == _size(tenant_a)  # type: ignore[union-attr]
+
+
+def test_the_beat_task_integrates_every_grown_tenant(
+    tenant_a: Tenant, tenant_b: Tenant, writer_a: Writer, writer_b: Writer
+) -> None:
+    from transparency.tasks import integrate_grown_tenants
+
+    writer_a.saga("a1")
+    writer_b.saga("b1")
+    assert set(integrate_grown_tenants()) >= {tenant_a.pk, tenant_b.pk}
+    assert services.tenants_to_integrate() == []
+    for tenant in (tenant_a, tenant_b):
+        with tenant_context(tenant):
+            assert TreeState.objects.get().size == _size(tenant)
