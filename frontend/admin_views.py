@@ -211,6 +211,10 @@ def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
 # ------------------------------------------------------------------------------ accepting invites
 
 
+def _invited_by(invitation: invitations.Invitation) -> str:
+    return f"user:{invitation.inviter.get_username()} (invitation)"
+
+
 @never_cache
 @require_http_methods(["GET", "POST"])
 def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
@@ -229,7 +233,9 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
             context["login_url"] = f"{reverse('login')}?next={request.path}"
             return render(request, "frontend/invite.html", context)
         if request.method == "POST":
-            services.accept_invitation(invitation.tenant, invitation.email, invitation.role)
+            services.accept_invitation(
+                invitation.tenant, invitation.email, invitation.role, actor=_invited_by(invitation)
+            )
             request.session[SESSION_TENANT_KEY] = invitation.tenant.slug
             return redirect("home")
         return render(request, "frontend/invite.html", context)
@@ -241,7 +247,11 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "POST" and signed_in_as is None and form.is_valid():
         try:
             membership = services.accept_invitation(
-                invitation.tenant, invitation.email, invitation.role, form.cleaned_data["password"]
+                invitation.tenant,
+                invitation.email,
+                invitation.role,
+                form.cleaned_data["password"],
+                actor=_invited_by(invitation),
             )
         except services.TenantError as exc:
             form.add_error(None, str(exc))

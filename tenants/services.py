@@ -112,7 +112,9 @@ def revoke_api_key(api_key: ApiKey, *, actor: str = "system") -> ApiKey:
     return api_key
 
 
-def accept_invitation(tenant: Tenant, email: str, role: str, password: str | None = None) -> Membership:
+def accept_invitation(
+    tenant: Tenant, email: str, role: str, password: str | None = None, *, actor: str = "system"
+) -> Membership:
     """A signed invitation was accepted: the person (created with `password` when new) joins
     `tenant` with `role`. An existing member keeps the role they already have."""
     if role not in Role.values:
@@ -125,7 +127,10 @@ def accept_invitation(tenant: Tenant, email: str, role: str, password: str | Non
             user = User.objects.create_user(username=email.lower(), email=email.lower(), password=password)
         else:
             user = existing
-        membership, _ = Membership.objects.get_or_create(user=user, defaults={"role": role})
+        membership, created = Membership.objects.get_or_create(user=user, defaults={"role": role})
+        if created:
+            fields = {"user": user.get_username(), "role": role, "via": "invitation"}
+            append_server_record(tenant, "ADMIN_MEMBER_ADDED", fields, actor=actor)
         return membership
 
 
@@ -141,8 +146,15 @@ def change_member_role(membership: Membership, role: str, *, actor: str = "syste
         if membership.role == Role.OWNER and role != Role.OWNER and not _other_owners(membership):
             raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
         if membership.role != role:
+            previous = membership.role
             membership.role = role
             membership.save(update_fields=["role"])
+            append_server_record(
+                membership.tenant,
+                "ADMIN_MEMBER_ROLE_CHANGED",
+                {"user": membership.user.get_username(), "role": role, "previous_role": previous},
+                actor=actor,
+            )
         return membership
 
 
@@ -151,4 +163,10 @@ def remove_member(membership: Membership, *, actor: str = "system") -> None:
         membership = Membership.objects.select_for_update().get(pk=membership.pk)
         if membership.role == Role.OWNER and not _other_owners(membership):
             raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+        append_server_record(
+            membership.tenant,
+            "ADMIN_MEMBER_REMOVED",
+            {"user": membership.user.get_username(), "role": membership.role},
+            actor=actor,
+        )
         membership.delete()

@@ -215,3 +215,18 @@ def test_csrf_is_enforced(alice: Person) -> None:
     token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1).decode()
     ok = client.post(reverse("key-create"), {"name": "x", "scopes": ["read"], "csrfmiddlewaretoken": token})
     assert ok.status_code == 200 and b"new-key-value" in ok.content
+
+
+def test_member_changes_are_in_the_audit_stream(alice: Person, bob: Person) -> None:
+    from audit.models import Record
+
+    client = browser(alice)
+    target = membership_of(bob)
+    client.post(reverse("member-role", args=[target.pk]), {"role": "auditor"})
+    client.post(reverse("member-remove", args=[target.pk]))
+    path = _invite(client, "gina@example.com", "viewer")
+    Client().post(path, {"password": "a-long-fresh-passphrase", "password_again": "a-long-fresh-passphrase"})
+    with tenant_context(alice.tenant):
+        events = list(Record.objects.filter(stream__stream_id="server").values_list("event", flat=True))
+    for event in ("ADMIN_MEMBER_ROLE_CHANGED", "ADMIN_MEMBER_REMOVED", "ADMIN_MEMBER_ADDED"):
+        assert event in events
