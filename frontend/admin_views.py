@@ -234,7 +234,11 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
             return render(request, "frontend/invite.html", context)
         if request.method == "POST":
             services.accept_invitation(
-                invitation.tenant, invitation.email, invitation.role, actor=_invited_by(invitation)
+                invitation.tenant,
+                invitation.email,
+                invitation.role,
+                nonce=invitation.nonce,
+                actor=_invited_by(invitation),
             )
             request.session[SESSION_TENANT_KEY] = invitation.tenant.slug
             return redirect("home")
@@ -251,6 +255,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
                 invitation.email,
                 invitation.role,
                 form.cleaned_data["password"],
+                nonce=invitation.nonce,
                 actor=_invited_by(invitation),
             )
         except services.TenantError as exc:

@@ -7,6 +7,7 @@ allowed to manage members (and to grant the role), so removing an admin voids th
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,8 @@ from django.contrib.auth import get_user_model
 from django.core import signing
 
 from tenants.api import membership_for
-from tenants.models import Role, Tenant
+from tenants.models import InvitationUse, Role, Tenant
+from tenants.scoping import tenant_context
 
 SALT = "sagaplane.frontend.invitation"
 INVITATION_MAX_AGE = timedelta(days=3)
@@ -31,6 +33,7 @@ class Invitation:
     email: str
     role: str
     inviter: Any
+    nonce: str
 
 
 def may_grant(granter_role: str, role: str) -> bool:
@@ -39,7 +42,10 @@ def may_grant(granter_role: str, role: str) -> bool:
 
 
 def make_token(tenant: Tenant, email: str, role: str, inviter: Any) -> str:
-    return signing.dumps({"t": tenant.pk, "e": email.strip().lower(), "r": role, "by": inviter.pk}, salt=SALT)
+    # The nonce makes each link single-use (tenants.InvitationUse records it on acceptance).
+    nonce = secrets.token_hex(16)
+    payload = {"t": tenant.pk, "e": email.strip().lower(), "r": role, "by": inviter.pk, "n": nonce}
+    return signing.dumps(payload, salt=SALT)
 
 
 def read_token(token: str) -> Invitation:
@@ -52,9 +58,14 @@ def read_token(token: str) -> Invitation:
     tenant = Tenant.objects.filter(pk=data.get("t")).first()
     inviter = get_user_model().objects.filter(pk=data.get("by"), is_active=True).first()
     role = data.get("r")
-    if tenant is None or inviter is None or role not in Role.values:
+    nonce = data.get("n")
+    if tenant is None or inviter is None or role not in Role.values or not isinstance(nonce, str):
         raise InvalidInvitation("this invitation is no longer valid")
     granter = membership_for(inviter, tenant.slug)
     if granter is None or not granter.can("manage_members") or not may_grant(granter.role, role):
         raise InvalidInvitation("this invitation is no longer valid")
-    return Invitation(tenant=tenant, email=data["e"], role=role, inviter=inviter)
+    with tenant_context(tenant):
+        used = InvitationUse.objects.filter(nonce=nonce).exists()
+    if used:
+        raise InvalidInvitation("this invitation has already been used")
+    return Invitation(tenant=tenant, email=data["e"], role=role, inviter=inviter, nonce=nonce)

@@ -55,6 +55,18 @@ class Membership(TenantScopedModel):
         return capability in ROLE_CAPABILITIES[self.role]
 
 
+class InvitationUse(TenantScopedModel):
+    """The nonce of an accepted invitation: a link works once, so a member removed later cannot
+    walk back in with the link that first let them in."""
+
+    nonce = models.CharField(max_length=64)
+    email = models.EmailField()
+    accepted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "nonce"], name="invitation_used_once")]
+
+
 class Scope(models.TextChoices):
     INGEST = "ingest", "Ship records"
     GATE = "gate", "Ask the pre-flight gate"

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import append_server_record
-from tenants.models import ApiKey, Membership, Role, Scope, Tenant, hash_api_key
+from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 
 User = get_user_model()
@@ -113,13 +113,23 @@ def revoke_api_key(api_key: ApiKey, *, actor: str = "system") -> ApiKey:
 
 
 def accept_invitation(
-    tenant: Tenant, email: str, role: str, password: str | None = None, *, actor: str = "system"
+    tenant: Tenant,
+    email: str,
+    role: str,
+    password: str | None = None,
+    *,
+    nonce: str,
+    actor: str = "system",
 ) -> Membership:
     """A signed invitation was accepted: the person (created with `password` when new) joins
-    `tenant` with `role`. An existing member keeps the role they already have."""
+    `tenant` with `role`. An existing member keeps the role they already have. Each invitation
+    (its nonce) is accepted once."""
     if role not in Role.values:
         raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
     with tenant_context(tenant):
+        if InvitationUse.objects.filter(nonce=nonce).exists():
+            raise TenantError("invitation_used", "token", "this invitation has already been used")
+        InvitationUse.objects.create(nonce=nonce, email=email.lower())
         existing = User.objects.filter(email__iexact=email).first()
         if existing is None:
             if not password:

@@ -176,6 +176,23 @@ def test_invitation_creates_account_and_membership(alice: Person) -> None:
     assert guest.get(reverse("evidence")).status_code == 200
 
 
+def test_invitation_works_once_so_a_removed_member_cannot_rejoin(alice: Person) -> None:
+    from tenants import services
+
+    path = _invite(browser(alice), "gina@example.com", "viewer")
+    guest = Client()
+    secret = "a-long-fresh-passphrase"
+    assert guest.post(path, {"password": secret, "password_again": secret}).status_code == 302
+    gina = get_user_model().objects.get(email="gina@example.com")
+    with tenant_context(alice.tenant):
+        services.remove_member(Membership.objects.get(user=gina))
+    guest.force_login(gina)
+    assert guest.get(path).status_code == 410
+    assert guest.post(path).status_code == 410
+    with tenant_context(alice.tenant):
+        assert not Membership.objects.filter(user=gina).exists()
+
+
 def test_invitation_for_existing_account_needs_its_sign_in(alice: Person, carol: Person) -> None:
     path = _invite(browser(alice), carol.user.email, "viewer")
     assert b"Sign in to accept" in Client().get(path).content
