@@ -38,6 +38,7 @@ from sagaplane.chain import (
 from sagaplane.leaf import leaf_data
 from sagaplane.merkle import leaf_hash
 
+from audit import bulk
 from audit.models import (
     GENESIS,
     SERVER_STREAM_ID,
@@ -108,7 +109,12 @@ class IngestResult:
     duplicates: int
     head_seq: int | None
     head_hash: str
-    records: list[Record] = field(default_factory=list)
+    rows: list[bulk.StoredRow] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[Record]:
+        """The appended headers as model instances (built on demand: the hot path never needs them)."""
+        return [row.as_record() for row in self.rows]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -405,59 +411,53 @@ def _lock_log(tenant: Tenant) -> TenantLog:
     return log
 
 
-def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[Record]:
+def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
     """Append the planned records: leaf indices under the tenant log lock, headers then payloads,
-    the stream head, the saga projection, and the live event after commit."""
+    the stream head, the saga projection, and the live event after commit.
+
+    Everything that needs no lock (leaf hashes, payload JSON) is computed before the tenant log is
+    locked, so the section that serialises a tenant's ingests is a few set-based statements."""
     from sagas import services as sagas_services
 
     now = timezone.now()
+    stream_name = stream.stream_id
+    rows = [
+        bulk.StoredRow(
+            tenant.pk,
+            stream,
+            position,
+            rec.seq,
+            float(rec.ts),
+            json.dumps(rec.ts),
+            rec.event,
+            rec.cd,
+            rec.ph,
+            rec.h,
+            rec.business.get("saga_id") or "",
+            rec.business.get("step_id") or "",
+            rec.business.get("tool") or "",
+            rec.redacted,
+            leaf_hash(leaf_data(stream_name, position, rec.h)),
+            None if rec.redacted else json.dumps(rec.business),
+            rec.salt,
+        )
+        for rec, position in plan.new
+    ]
+    bulk.prepare_records(rows)  # ids and payloads: no lock needed (same transaction)
     log = _lock_log(tenant)
     base = log.size
-    headers: list[Record] = []
-    payloads: list[tuple[Record, Incoming]] = []
-    for offset, (rec, position) in enumerate(plan.new):
-        biz = rec.business
-        header = Record(
-            tenant=tenant,
-            stream=stream,
-            position=position,
-            seq=rec.seq,
-            ts=float(rec.ts),
-            ts_json=json.dumps(rec.ts),
-            event=rec.event,
-            cd=rec.cd,
-            ph=rec.ph,
-            h=rec.h,
-            saga_id=biz.get("saga_id") or "",
-            step_id=biz.get("step_id") or "",
-            tool=biz.get("tool") or "",
-            redacted=rec.redacted,
-            received_at=now,
-            leaf_index=base + offset,
-            leaf_hash=leaf_hash(leaf_data(stream.stream_id, position, rec.h)),
-        )
-        headers.append(header)
-        if not rec.redacted:
-            payloads.append((header, rec))
-    Record.objects.bulk_create(headers, batch_size=1000)
-    RecordPayload.objects.bulk_create(
-        [
-            RecordPayload(tenant=tenant, record=header, fields_json=json.dumps(rec.business), salt=rec.salt)
-            for header, rec in payloads
-        ],
-        batch_size=1000,
-    )
+    bulk.insert_records(tenant.pk, stream.pk, base, now, rows)
     last_rec, last_pos = plan.new[-1]
     Stream.objects.filter(pk=stream.pk).update(
         head_hash=last_rec.h, head_seq=last_rec.seq, length=last_pos, updated_at=now
     )
     stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
-    TenantLog.objects.filter(pk=log.pk).update(size=base + len(headers))
+    TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
     changes = sagas_services.apply_records(
-        tenant, [(header, rec.business) for header, (rec, _) in zip(headers, plan.new, strict=True)]
+        tenant, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
     )
-    sagas_services.publish_on_commit(tenant, stream.stream_id, len(headers), changes)
-    return headers
+    sagas_services.publish_on_commit(tenant, stream_name, len(rows), changes)
+    return rows
 
 
 def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:

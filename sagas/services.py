@@ -18,6 +18,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from sagas import bulk
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -57,7 +58,7 @@ def _number(value: Any) -> float | None:
     return float(value) if type(value) in (int, float) else None
 
 
-def _set_status(saga: Saga, status: str) -> None:
+def _set_status(saga: bulk.SagaState, status: str) -> None:
     if saga.status == SagaStatus.QUARANTINED:
         return  # a quarantine is lifted by a human (a later issue), never by the agent's own records
     if saga.status == SagaStatus.ROLLBACK_PARTIAL and status == SagaStatus.ROLLED_BACK:
@@ -65,7 +66,9 @@ def _set_status(saga: Saga, status: str) -> None:
     saga.status = status
 
 
-def _apply_one(saga: Saga, record: Any, fields: dict[str, Any] | None, steps: dict[str, Step]) -> Step | None:
+def _apply_one(
+    saga: bulk.SagaState, record: Any, fields: dict[str, Any] | None, steps: dict[str, bulk.StepState]
+) -> bulk.StepState | None:
     """Fold one record into its saga (and step). Returns the step it touched, if any."""
     biz = fields or {}
     event = record.event
@@ -79,7 +82,7 @@ def _apply_one(saga: Saga, record: Any, fields: dict[str, Any] | None, steps: di
     saga.last_leaf_index = record.leaf_index
     if saga.started_at is None:
         saga.started_at = when
-    touched: Step | None = None
+    touched: bulk.StepState | None = None
     if event == "SAGA_START":
         saga.name = str(biz.get("name") or saga.name)[:200]
         ttl = _number(biz.get("lease_ttl"))
@@ -91,10 +94,9 @@ def _apply_one(saga: Saga, record: Any, fields: dict[str, Any] | None, steps: di
     elif event in STEP_EVENTS and record.step_id:
         touched = steps.get(record.step_id)
         if touched is None:
-            touched = Step(
-                tenant_id=saga.tenant_id,
-                saga=saga,
-                step_id=record.step_id,
+            touched = bulk.StepState(
+                saga,
+                record.step_id,
                 ordinal=len(steps) + 1,
                 first_leaf_index=record.leaf_index,
                 last_leaf_index=record.leaf_index,
@@ -125,27 +127,11 @@ def _apply_one(saga: Saga, record: Any, fields: dict[str, Any] | None, steps: di
     return touched
 
 
-def _lease(saga: Saga, when: datetime | None) -> None:
+def _lease(saga: bulk.SagaState, when: datetime | None) -> None:
     if when is not None and (saga.last_lease_at is None or when > saga.last_lease_at):
         saga.last_lease_at = when
     if saga.last_lease_at is not None and saga.lease_ttl:
         saga.lease_expires_at = saga.last_lease_at + timedelta(seconds=saga.lease_ttl)
-
-
-SAGA_FIELDS = [
-    "name",
-    "status",
-    "started_at",
-    "last_activity_at",
-    "last_lease_at",
-    "lease_ttl",
-    "lease_expires_at",
-    "last_event",
-    "record_count",
-    "first_leaf_index",
-    "last_leaf_index",
-]
-STEP_FIELDS = ["tool", "semantics", "status", "compensation", "last_leaf_index"]
 
 
 def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]:
@@ -154,41 +140,33 @@ def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]
     saga_ids = list(dict.fromkeys(rec.saga_id for rec, _ in items if rec.saga_id))
     if not saga_ids:
         return []
-    sagas = {s.saga_id: s for s in Saga.objects.filter(saga_id__in=saga_ids)}
-    steps: dict[str, dict[str, Step]] = {sid: {} for sid in saga_ids}
-    saga_id_of = {s.pk: sid for sid, s in sagas.items()}
-    for step in Step.objects.filter(saga__in=list(sagas.values())).order_by("ordinal"):
-        steps[saga_id_of[step.saga_id]][step.step_id] = step
+    sagas, steps = bulk.load(tenant.pk, saga_ids)
     before = {sid: s.status for sid, s in sagas.items()}
     counts: dict[str, int] = dict.fromkeys(saga_ids, 0)
-    new_sagas: list[Saga] = []
-    new_steps: list[Step] = []
-    dirty_steps: dict[int, Step] = {}
+    new_sagas: list[bulk.SagaState] = []
+    new_steps: list[bulk.StepState] = []
+    dirty_steps: dict[int, bulk.StepState] = {}
     for record, fields in items:
         if not record.saga_id:
             continue
         saga = sagas.get(record.saga_id)
         if saga is None:
-            saga = Saga(tenant=tenant, saga_id=record.saga_id, stream_id=record.stream.stream_id)
+            saga = bulk.SagaState(tenant.pk, record.saga_id, record.stream.stream_id)
             sagas[record.saga_id] = saga
             new_sagas.append(saga)
         counts[record.saga_id] += 1
-        step_pks_before = {id(s) for s in steps[record.saga_id].values()}
-        touched = _apply_one(saga, record, fields, steps[record.saga_id])
+        saga_steps = steps[record.saga_id]
+        known = len(saga_steps)
+        touched = _apply_one(saga, record, fields, saga_steps)
         if touched is not None:
-            if id(touched) not in step_pks_before:
+            if len(saga_steps) > known:  # _apply_one created it
                 new_steps.append(touched)
             elif touched.pk is not None:
                 dirty_steps[touched.pk] = touched
-    Saga.objects.bulk_create(new_sagas)
     created = {id(s) for s in new_sagas}
     existing = [s for s in sagas.values() if id(s) not in created]
-    if existing:
-        Saga.objects.bulk_update(existing, SAGA_FIELDS)
-    # bulk_create fills each new step's saga_id from its (now saved) saga.
-    Step.objects.bulk_create(new_steps)
-    if dirty_steps:
-        Step.objects.bulk_update(list(dirty_steps.values()), STEP_FIELDS)
+    # One upsert on Postgres (sagas then their touched steps); the ORM elsewhere.
+    bulk.save(tenant.pk, new_sagas, existing, [*new_steps, *dirty_steps.values()])
     return [
         {
             "saga_id": sid,

@@ -1,0 +1,251 @@
+"""Set-based writes for the ingest hot path.
+
+On Postgres every batch is one statement per table family, with the values sent as typed arrays
+and expanded by `unnest` on the server (server-side binding on the Django connection's own psycopg
+connection, so the statement runs inside the caller's transaction and under the tenant's RLS
+setting; the row-level-security WITH CHECK clause still applies to every row). On any other backend
+(SQLite for the embedded demo and the fast test suite) the same rows go through `bulk_create`.
+
+Nothing here decides anything: `audit.services` verifies and plans, this module only writes what it
+is given. Queries go through Django's cursor wrapper, so `CaptureQueriesContext` and the debug log
+see them like any ORM query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def server_cursor() -> Any:
+    """A server-side-binding psycopg cursor on Django's connection (same transaction), wrapped
+    like Django's own cursors (error translation, query logging)."""
+    import psycopg
+
+    connection.ensure_connection()
+    raw = psycopg.Cursor(connection.connection)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(raw)
+    return connection.make_cursor(raw)
+
+
+class StoredRow:
+    """One appended record header, as the rest of the ingest needs it (the saga projection, the
+    live event, the result). Cheaper than a model instance; `as_record()` makes one on demand."""
+
+    __slots__ = (
+        "pk",
+        "tenant_id",
+        "stream",
+        "position",
+        "seq",
+        "ts",
+        "ts_json",
+        "event",
+        "cd",
+        "ph",
+        "h",
+        "saga_id",
+        "step_id",
+        "tool",
+        "redacted",
+        "received_at",
+        "leaf_index",
+        "leaf_hash",
+        "fields_json",
+        "salt",
+    )
+
+    def __init__(
+        self,
+        tenant_id: int,
+        stream: Any,
+        position: int,
+        seq: int,
+        ts: float,
+        ts_json: str,
+        event: str,
+        cd: str,
+        ph: str,
+        h: str,
+        saga_id: str,
+        step_id: str,
+        tool: str,
+        redacted: str,
+        leaf_hash: bytes,
+        fields_json: str | None,
+        salt: str | None,
+    ) -> None:
+        self.pk: int | None = None
+        self.tenant_id = tenant_id
+        self.stream = stream
+        self.position = position
+        self.seq = seq
+        self.ts = ts
+        self.ts_json = ts_json
+        self.event = event
+        self.cd = cd
+        self.ph = ph
+        self.h = h
+        self.saga_id = saga_id
+        self.step_id = step_id
+        self.tool = tool
+        self.redacted = redacted
+        self.received_at: datetime | None = None
+        self.leaf_index = -1
+        self.leaf_hash = leaf_hash
+        self.fields_json = fields_json  # None: arrived as a redacted stub, no payload row
+        self.salt = salt
+
+    def as_record(self) -> Any:
+        from audit.models import Record
+
+        record = Record(
+            id=self.pk,
+            tenant_id=self.tenant_id,
+            stream=self.stream,
+            position=self.position,
+            seq=self.seq,
+            ts=self.ts,
+            ts_json=self.ts_json,
+            event=self.event,
+            cd=self.cd,
+            ph=self.ph,
+            h=self.h,
+            saga_id=self.saga_id,
+            step_id=self.step_id,
+            tool=self.tool,
+            redacted=self.redacted,
+            received_at=self.received_at,
+            leaf_index=self.leaf_index,
+            leaf_hash=self.leaf_hash,
+        )
+        record._state.adding = False
+        record._state.db = connection.alias
+        return record
+
+
+_ALLOCATE_AND_STORE_PAYLOADS = """
+WITH ids AS (
+    SELECT ord, nextval(%(seq)s::regclass) AS id FROM generate_series(1, %(n)s) AS ord
+), p AS (
+    INSERT INTO audit_recordpayload (tenant_id, record_id, fields_json, salt)
+    SELECT %(tenant)s, ids.id, v.fields_json, v.salt
+    FROM unnest(%(ord)b::int[], %(fields)b::text[], %(salt)b::text[]) AS v(ord, fields_json, salt)
+    JOIN ids USING (ord)
+)
+SELECT id FROM ids ORDER BY ord
+"""
+
+_INSERT_HEADERS = """
+INSERT INTO audit_record (
+    tenant_id, stream_id, received_at, id, position, seq, ts, ts_json, event, cd, ph, h,
+    saga_id, step_id, tool, redacted, leaf_index, leaf_hash
+)
+SELECT %(tenant)s, %(stream)s, %(now)s, u.*
+FROM unnest(
+    %(id)b::bigint[], %(position)b::bigint[], %(seq)b::bigint[], %(ts)b::float8[], %(ts_json)b::text[],
+    %(event)b::text[], %(cd)b::text[], %(ph)b::text[], %(h)b::text[], %(saga_id)b::text[],
+    %(step_id)b::text[], %(tool)b::text[], %(redacted)b::text[], %(leaf_index)b::bigint[],
+    %(leaf_hash)b::bytea[]
+) AS u
+"""
+
+_record_id_sequence: str | None = None
+
+
+def _id_sequence(cursor: Any) -> str:
+    global _record_id_sequence
+    if _record_id_sequence is None:
+        cursor.execute("SELECT pg_get_serial_sequence('audit_record', 'id')")
+        _record_id_sequence = cursor.fetchone()[0]
+    return _record_id_sequence
+
+
+def prepare_records(rows: Sequence[StoredRow]) -> None:
+    """Before the tenant log is locked: on Postgres, take the headers' ids from their sequence and
+    write the payloads (their foreign key to the header is checked at commit, by which time the
+    header exists or the whole transaction is rolled back). Keeps the locked section short."""
+    if not rows or not is_postgres():
+        return
+    with_payload = [(n, r) for n, r in enumerate(rows, 1) if r.fields_json is not None]
+    with server_cursor() as cursor:
+        params = {
+            "seq": _id_sequence(cursor),
+            "n": len(rows),
+            "tenant": rows[0].tenant_id,
+            "ord": [n for n, _ in with_payload],
+            "fields": [r.fields_json for _, r in with_payload],
+            "salt": [r.salt for _, r in with_payload],
+        }
+        cursor.execute(_ALLOCATE_AND_STORE_PAYLOADS, params)
+        ids = cursor.fetchall()
+    for row, (pk,) in zip(rows, ids, strict=True):
+        row.pk = pk
+
+
+def insert_records(
+    tenant_id: int, stream_pk: int, first_leaf: int, now: datetime, rows: Sequence[StoredRow]
+) -> None:
+    """Append the headers (leaf indices first_leaf.. in row order; the caller holds the tenant log
+    and stream row locks) and, where `prepare_records` has not already, their payloads. Sets each
+    row's pk, leaf_index and received_at."""
+    for offset, row in enumerate(rows):
+        row.leaf_index = first_leaf + offset
+        row.received_at = now
+    if not is_postgres():
+        _insert_orm(rows)
+        return
+    if any(row.pk is None for row in rows):
+        prepare_records(rows)
+    params = {
+        "tenant": tenant_id,
+        "stream": stream_pk,
+        "now": now,
+        "id": [r.pk for r in rows],
+        "position": [r.position for r in rows],
+        "seq": [r.seq for r in rows],
+        "ts": [r.ts for r in rows],
+        "ts_json": [r.ts_json for r in rows],
+        "event": [r.event for r in rows],
+        "cd": [r.cd for r in rows],
+        "ph": [r.ph for r in rows],
+        "h": [r.h for r in rows],
+        "saga_id": [r.saga_id for r in rows],
+        "step_id": [r.step_id for r in rows],
+        "tool": [r.tool for r in rows],
+        "redacted": [r.redacted for r in rows],
+        "leaf_index": [r.leaf_index for r in rows],
+        "leaf_hash": [r.leaf_hash for r in rows],
+    }
+    with server_cursor() as cursor:
+        cursor.execute(_INSERT_HEADERS, params)
+        if cursor.rowcount != len(rows):  # pragma: no cover - the statement inserts every row or raises
+            raise RuntimeError(f"inserted {cursor.rowcount} record headers for {len(rows)} rows")
+
+
+def _insert_orm(rows: Sequence[StoredRow]) -> None:
+    from audit.models import Record, RecordPayload
+
+    headers = [row.as_record() for row in rows]
+    for header in headers:
+        header._state.adding = True
+        header.id = None
+    Record.objects.bulk_create(headers, batch_size=1000)
+    for row, header in zip(rows, headers, strict=True):
+        row.pk = header.pk
+    RecordPayload.objects.bulk_create(
+        [
+            RecordPayload(tenant_id=row.tenant_id, record=header, fields_json=row.fields_json, salt=row.salt)
+            for row, header in zip(rows, headers, strict=True)
+            if row.fields_json is not None
+        ],
+        batch_size=1000,
+    )

@@ -1,0 +1,246 @@
+"""Writing the folded projection: one statement per batch on Postgres, the ORM elsewhere.
+
+`sagas.services.apply_records` decides every value (in Python, from the records, under the
+tenant log lock); this module only persists the sagas and steps a batch touched. On Postgres that
+is a single upsert: sagas `INSERT ... ON CONFLICT (tenant, saga_id) DO UPDATE`, then their touched
+steps `INSERT ... ON CONFLICT (saga, step_id) DO UPDATE`, in one round trip, inside the ingest
+transaction and under the tenant's row-level security.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from audit.bulk import is_postgres, server_cursor
+from sagas.models import Saga, SagaStatus, Step, StepStatus
+
+SAGA_FIELDS = [
+    "name",
+    "status",
+    "started_at",
+    "last_activity_at",
+    "last_lease_at",
+    "lease_ttl",
+    "lease_expires_at",
+    "last_event",
+    "record_count",
+    "first_leaf_index",
+    "last_leaf_index",
+]
+STEP_FIELDS = ["tool", "semantics", "status", "compensation", "last_leaf_index"]
+
+
+class SagaState:
+    """A saga's projected columns while a batch is folded in (cheaper than a model instance)."""
+
+    __slots__ = ("pk", "tenant_id", "saga_id", "stream_id", *SAGA_FIELDS)
+
+    def __init__(self, tenant_id: int, saga_id: str, stream_id: str, pk: int | None = None) -> None:
+        self.pk = pk
+        self.tenant_id = tenant_id
+        self.saga_id = saga_id
+        self.stream_id = stream_id
+        self.name = ""
+        self.status: str = SagaStatus.RUNNING
+        self.started_at = None
+        self.last_activity_at = None
+        self.last_lease_at = None
+        self.lease_ttl: float | None = None
+        self.lease_expires_at = None
+        self.last_event = ""
+        self.record_count = 0
+        self.first_leaf_index: int | None = None
+        self.last_leaf_index: int | None = None
+
+
+class StepState:
+    """A step's projected columns while a batch is folded in."""
+
+    __slots__ = ("pk", "saga", "step_id", "ordinal", "first_leaf_index", *STEP_FIELDS)
+
+    def __init__(
+        self,
+        saga: SagaState,
+        step_id: str,
+        ordinal: int,
+        first_leaf_index: int,
+        last_leaf_index: int,
+        pk: int | None = None,
+    ) -> None:
+        self.pk = pk
+        self.saga = saga
+        self.step_id = step_id
+        self.ordinal = ordinal
+        self.first_leaf_index = first_leaf_index
+        self.last_leaf_index = last_leaf_index
+        self.tool = ""
+        self.semantics = ""
+        self.status: str = StepStatus.INTENT
+        self.compensation: Any = None
+
+
+def load(
+    tenant_id: int, saga_ids: Sequence[str]
+) -> tuple[dict[str, SagaState], dict[str, dict[str, StepState]]]:
+    """The current projection of `saga_ids` (the active tenant's; call under the tenant log lock),
+    and their steps by saga in ordinal order."""
+    sagas: dict[str, SagaState] = {}
+    for row in Saga.objects.filter(saga_id__in=list(saga_ids)).values_list(
+        "pk", "saga_id", "stream_id", *SAGA_FIELDS
+    ):
+        saga = SagaState(tenant_id, row[1], row[2], pk=row[0])
+        for name, value in zip(SAGA_FIELDS, row[3:], strict=True):
+            setattr(saga, name, value)
+        sagas[saga.saga_id] = saga
+    steps: dict[str, dict[str, StepState]] = {sid: {} for sid in saga_ids}
+    if sagas:
+        by_pk = {s.pk: s for s in sagas.values()}
+        for row in (
+            Step.objects.filter(saga_id__in=list(by_pk))
+            .order_by("ordinal")
+            .values_list("pk", "saga_id", "step_id", "ordinal", "first_leaf_index", *STEP_FIELDS)
+        ):
+            saga = by_pk[row[1]]
+            step = StepState(saga, row[2], row[3], row[4], row[-1], pk=row[0])
+            for name, value in zip(STEP_FIELDS, row[5:], strict=True):
+                setattr(step, name, value)
+            steps[saga.saga_id][step.step_id] = step
+    return sagas, steps
+
+
+_UPSERT = """
+WITH s AS (
+    INSERT INTO sagas_saga (
+        tenant_id, saga_id, stream_id, name, status, started_at, last_activity_at, last_lease_at,
+        lease_ttl, lease_expires_at, last_event, record_count, first_leaf_index, last_leaf_index
+    )
+    SELECT %(tenant)s, u.*
+    FROM unnest(
+        %(saga_id)b::text[], %(stream_id)b::text[], %(name)b::text[], %(status)b::text[],
+        %(started_at)b::timestamptz[], %(last_activity_at)b::timestamptz[],
+        %(last_lease_at)b::timestamptz[], %(lease_ttl)b::float8[], %(lease_expires_at)b::timestamptz[],
+        %(last_event)b::text[], %(record_count)b::int[], %(first_leaf_index)b::bigint[],
+        %(last_leaf_index)b::bigint[]
+    ) AS u
+    ON CONFLICT (tenant_id, saga_id) DO UPDATE SET
+        name = EXCLUDED.name,
+        status = EXCLUDED.status,
+        started_at = EXCLUDED.started_at,
+        last_activity_at = EXCLUDED.last_activity_at,
+        last_lease_at = EXCLUDED.last_lease_at,
+        lease_ttl = EXCLUDED.lease_ttl,
+        lease_expires_at = EXCLUDED.lease_expires_at,
+        last_event = EXCLUDED.last_event,
+        record_count = EXCLUDED.record_count,
+        first_leaf_index = EXCLUDED.first_leaf_index,
+        last_leaf_index = EXCLUDED.last_leaf_index
+    RETURNING id, saga_id
+), t AS (
+    INSERT INTO sagas_step (
+        tenant_id, saga_id, step_id, ordinal, tool, semantics, status, compensation,
+        first_leaf_index, last_leaf_index
+    )
+    SELECT %(tenant)s, s.id, v.step_id, v.ordinal, v.tool, v.semantics, v.status, v.compensation::jsonb,
+        v.first_leaf_index, v.last_leaf_index
+    FROM unnest(
+        %(st_saga)b::text[], %(st_step)b::text[], %(st_ordinal)b::int[], %(st_tool)b::text[],
+        %(st_semantics)b::text[], %(st_status)b::text[], %(st_compensation)b::text[],
+        %(st_first)b::bigint[], %(st_last)b::bigint[]
+    ) AS v(saga_key, step_id, ordinal, tool, semantics, status, compensation, first_leaf_index,
+           last_leaf_index)
+    JOIN s ON s.saga_id = v.saga_key
+    ON CONFLICT (saga_id, step_id) DO UPDATE SET
+        tool = EXCLUDED.tool,
+        semantics = EXCLUDED.semantics,
+        status = EXCLUDED.status,
+        compensation = EXCLUDED.compensation,
+        last_leaf_index = EXCLUDED.last_leaf_index
+)
+SELECT id, saga_id FROM s
+"""
+
+
+def save(
+    tenant_id: int,
+    new_sagas: Sequence[SagaState],
+    existing: Sequence[SagaState],
+    steps: Sequence[StepState],
+) -> None:
+    """Persist the sagas a batch touched (new and existing) and the steps it touched (new or
+    changed; each step's `saga` is one of those sagas)."""
+    if is_postgres():
+        _save_postgres(tenant_id, [*new_sagas, *existing], steps)
+    else:
+        _save_orm(tenant_id, new_sagas, existing, steps)
+
+
+def _saga_model(tenant_id: int, state: SagaState) -> Saga:
+    saga = Saga(tenant_id=tenant_id, saga_id=state.saga_id, stream_id=state.stream_id, pk=state.pk)
+    for name in SAGA_FIELDS:
+        setattr(saga, name, getattr(state, name))
+    return saga
+
+
+def _save_orm(
+    tenant_id: int, new_sagas: Sequence[SagaState], existing: Sequence[SagaState], steps: Sequence[StepState]
+) -> None:
+    created = [_saga_model(tenant_id, s) for s in new_sagas]
+    Saga.objects.bulk_create(created)
+    for state, model in zip(new_sagas, created, strict=True):
+        state.pk = model.pk
+    if existing:
+        Saga.objects.bulk_update([_saga_model(tenant_id, s) for s in existing], SAGA_FIELDS)
+    models = []
+    for state in steps:
+        step = Step(
+            tenant_id=tenant_id,
+            saga_id=state.saga.pk,
+            pk=state.pk,
+            step_id=state.step_id,
+            ordinal=state.ordinal,
+            first_leaf_index=state.first_leaf_index,
+        )
+        for name in STEP_FIELDS:
+            setattr(step, name, getattr(state, name))
+        models.append(step)
+    Step.objects.bulk_create([m for m in models if m.pk is None])
+    dirty = [m for m in models if m.pk is not None]
+    if dirty:
+        Step.objects.bulk_update(dirty, STEP_FIELDS)
+
+
+def _save_postgres(tenant_id: int, sagas: Sequence[SagaState], steps: Sequence[StepState]) -> None:
+    if not sagas:
+        return
+    params = {
+        "tenant": tenant_id,
+        "saga_id": [s.saga_id for s in sagas],
+        "stream_id": [s.stream_id for s in sagas],
+        "name": [s.name for s in sagas],
+        "status": [str(s.status) for s in sagas],
+        "started_at": [s.started_at for s in sagas],
+        "last_activity_at": [s.last_activity_at for s in sagas],
+        "last_lease_at": [s.last_lease_at for s in sagas],
+        "lease_ttl": [s.lease_ttl for s in sagas],
+        "lease_expires_at": [s.lease_expires_at for s in sagas],
+        "last_event": [s.last_event for s in sagas],
+        "record_count": [s.record_count for s in sagas],
+        "first_leaf_index": [s.first_leaf_index for s in sagas],
+        "last_leaf_index": [s.last_leaf_index for s in sagas],
+        "st_saga": [s.saga.saga_id for s in steps],
+        "st_step": [s.step_id for s in steps],
+        "st_ordinal": [s.ordinal for s in steps],
+        "st_tool": [s.tool for s in steps],
+        "st_semantics": [s.semantics for s in steps],
+        "st_status": [str(s.status) for s in steps],
+        "st_compensation": [None if s.compensation is None else json.dumps(s.compensation) for s in steps],
+        "st_first": [s.first_leaf_index for s in steps],
+        "st_last": [s.last_leaf_index for s in steps],
+    }
+    with server_cursor() as cursor:
+        cursor.execute(_UPSERT, params)
+        ids = dict((saga_id, pk) for pk, saga_id in cursor.fetchall())
+    for saga in sagas:
+        saga.pk = ids[saga.saga_id]
