@@ -428,7 +428,7 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
             position,
             rec.seq,
             float(rec.ts),
-            json.dumps(rec.ts),
+            repr(rec.ts),  # == json.dumps for the int or finite float parse_batch admits
             rec.event,
             rec.cd,
             rec.ph,

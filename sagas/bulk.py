@@ -87,21 +87,15 @@ def load(
     """The current projection of `saga_ids` (the active tenant's; call under the tenant log lock),
     and their steps by saga in ordinal order."""
     sagas: dict[str, SagaState] = {}
-    for row in Saga.objects.filter(saga_id__in=list(saga_ids)).values_list(
-        "pk", "saga_id", "stream_id", *SAGA_FIELDS
-    ):
+    steps: dict[str, dict[str, StepState]] = {sid: {} for sid in saga_ids}
+    for row in _select_sagas(tenant_id, saga_ids):
         saga = SagaState(tenant_id, row[1], row[2], pk=row[0])
         for name, value in zip(SAGA_FIELDS, row[3:], strict=True):
             setattr(saga, name, value)
         sagas[saga.saga_id] = saga
-    steps: dict[str, dict[str, StepState]] = {sid: {} for sid in saga_ids}
     if sagas:
         by_pk = {s.pk: s for s in sagas.values()}
-        for row in (
-            Step.objects.filter(saga_id__in=list(by_pk))
-            .order_by("ordinal")
-            .values_list("pk", "saga_id", "step_id", "ordinal", "first_leaf_index", *STEP_FIELDS)
-        ):
+        for row in _select_steps(tenant_id, list(by_pk)):
             saga = by_pk[row[1]]
             step = StepState(saga, row[2], row[3], row[4], row[-1], pk=row[0])
             for name, value in zip(STEP_FIELDS, row[5:], strict=True):
@@ -160,6 +154,44 @@ WITH s AS (
 )
 SELECT id, saga_id FROM s
 """
+
+
+_SAGA_COLUMNS = ["id", "saga_id", "stream_id", *SAGA_FIELDS]
+_STEP_COLUMNS = ["id", "saga_id", "step_id", "ordinal", "first_leaf_index", *STEP_FIELDS]
+
+
+def _select_sagas(tenant_id: int, saga_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+    if not is_postgres():
+        return list(Saga.objects.filter(saga_id__in=list(saga_ids)).values_list(*_SAGA_COLUMNS))
+    # One array parameter instead of an IN list of hundreds (the ORM builds those slowly); the
+    # tenant condition uses the (tenant, saga_id) unique index, and RLS applies as well.
+    with server_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(_SAGA_COLUMNS)} FROM sagas_saga "
+            "WHERE tenant_id = %(tenant)s AND saga_id = ANY(%(ids)b::text[])",
+            {"tenant": tenant_id, "ids": list(saga_ids)},
+        )
+        return cursor.fetchall()
+
+
+def _select_steps(tenant_id: int, saga_pks: list[int]) -> list[tuple[Any, ...]]:
+    if not is_postgres():
+        return list(
+            Step.objects.filter(saga_id__in=saga_pks)
+            .order_by("saga_id", "ordinal")
+            .values_list(*_STEP_COLUMNS)
+        )
+    # jsonb read as text and decoded here, whatever loaders the connection has registered.
+    columns = ["compensation::text" if c == "compensation" else c for c in _STEP_COLUMNS]
+    at = _STEP_COLUMNS.index("compensation")
+    with server_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(columns)} FROM sagas_step "
+            "WHERE tenant_id = %(tenant)s AND saga_id = ANY(%(pks)b::bigint[]) ORDER BY saga_id, ordinal",
+            {"tenant": tenant_id, "pks": saga_pks},
+        )
+        rows = cursor.fetchall()
+    return [(*r[:at], None if r[at] is None else json.loads(r[at]), *r[at + 1 :]) for r in rows]
 
 
 def save(

@@ -15,8 +15,6 @@ from tenants.scoping import tenant_context
 from tests.audit.chains import chain, saga_records
 from tests.conftest import Person
 
-pytestmark = [pytest.mark.postgres]
-
 URL = "/api/v1/streams/{}/records"
 # Auth, tenant settings and savepoints, stream and log locks, ids+payloads, headers, stream head,
 # log size, sagas, steps, projection upsert: well under this, and the same for 1 or 1000 records.
@@ -38,6 +36,7 @@ def _post(person: Person, stream: str, records: list[dict[str, Any]]) -> int:
     return len(queries.captured_queries)
 
 
+@pytest.mark.postgres
 def test_queries_per_batch_are_bounded_and_independent_of_batch_size(alice: Person) -> None:
     _post(alice, "warm-up", _records(1))  # one-time work: the tenant's log row, cached names
     counts: dict[int, tuple[int, int]] = {}
@@ -63,3 +62,30 @@ def test_queries_per_batch_are_bounded_and_independent_of_batch_size(alice: Pers
         assert Step.objects.filter(status="committed").count() == 126
         leaves = sorted(Record.objects.values_list("leaf_index", flat=True))
         assert leaves == list(range(len(leaves)))
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 6])
+def test_projection_carried_across_batches_equals_one_batch(alice: Person, cut: int) -> None:
+    """What the set-based path reads back (steps' compensation JSON, times, counters) folds on
+    exactly as if the whole saga had arrived in one batch."""
+    from sagas import services as sagas_services
+
+    records = chain(saga_records(steps=2, outcome="rolled_back"))
+    _post(alice, "split", records[:cut])
+    _post(alice, "split", records[cut:])
+
+    def dump() -> tuple[Any, ...]:
+        saga = Saga.objects.values().get()
+        steps = list(Step.objects.order_by("ordinal").values())
+        saga.pop("id")
+        for step in steps:
+            step.pop("id"), step.pop("saga_id")
+        return saga, steps
+
+    with tenant_context(alice.tenant):
+        incremental = dump()
+        assert incremental[0]["status"] == "rolled_back"
+        assert all(isinstance(s["compensation"], dict) for s in incremental[1])
+        assert [s["status"] for s in incremental[1]] == ["compensated", "compensated"]
+        sagas_services.rebuild_tenant(alice.tenant)
+        assert dump() == incremental
