@@ -118,13 +118,18 @@ def main() -> int:
     # -- proofs through the API
     client = Client(HTTP_AUTHORIZATION=f"Bearer {api_key}")
     api_n = max(50, samples // 4)
-    client.get("/api/v1/audit/proofs/inclusion", {"index": 0})  # warm-up: first request loads the URLconf
+
+    def api_get(path: str, params: dict[str, int]) -> None:
+        response = client.get(path, params)
+        # A failing endpoint must fail the benchmark, not time an error page.
+        assert response.status_code == 200, (path, response.status_code, response.content[:200])
+
+    api_get("/api/v1/audit/proofs/inclusion", {"index": 0})  # warm-up: the first request loads the URLconf
     inclusion_api = _timed(
-        lambda: client.get("/api/v1/audit/proofs/inclusion", {"index": rng.randrange(size), "size": size}),
-        api_n,
+        lambda: api_get("/api/v1/audit/proofs/inclusion", {"index": rng.randrange(size), "size": size}), api_n
     )
     consistency_api = _timed(
-        lambda: client.get(
+        lambda: api_get(
             "/api/v1/audit/proofs/consistency", {"first": rng.randrange(1, size), "second": size}
         ),
         api_n,
