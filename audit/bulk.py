@@ -231,6 +231,76 @@ def insert_records(
             raise RuntimeError(f"inserted {cursor.rowcount} record headers for {len(rows)} rows")
 
 
+_LOCK_AND_APPEND = """
+WITH log AS (
+    UPDATE audit_tenantlog SET size = size + %(n)s
+    WHERE tenant_id = %(tenant)s
+    RETURNING size - %(n)s AS base
+), h AS (
+    INSERT INTO audit_record (
+        tenant_id, stream_id, received_at, id, position, seq, ts, ts_json, event, cd, ph, h,
+        saga_id, step_id, tool, redacted, leaf_hash, leaf_index
+    )
+    SELECT %(tenant)s, %(stream)s, %(now)s, u.id, u.position, u.seq, u.ts, u.ts_json, u.event, u.cd,
+        u.ph, u.h, u.saga_id, u.step_id, u.tool, u.redacted, u.leaf_hash, log.base + u.ord - 1
+    FROM log, unnest(
+        %(id)b::bigint[], %(position)b::bigint[], %(seq)b::bigint[], %(ts)b::float8[],
+        %(ts_json)b::text[], %(event)b::text[], %(cd)b::text[], %(ph)b::text[], %(h)b::text[],
+        %(saga_id)b::text[], %(step_id)b::text[], %(tool)b::text[], %(redacted)b::text[],
+        %(leaf_hash)b::bytea[]
+    ) WITH ORDINALITY AS u(id, position, seq, ts, ts_json, event, cd, ph, h, saga_id, step_id, tool,
+                           redacted, leaf_hash, ord)
+), s AS (
+    UPDATE audit_stream
+    SET head_hash = %(head_hash)s, head_seq = %(head_seq)s, length = %(length)s, updated_at = %(now)s
+    WHERE tenant_id = %(tenant)s AND id = %(stream)s AND EXISTS (SELECT 1 FROM log)
+)
+SELECT base FROM log
+"""
+
+
+def lock_and_append(tenant_id: int, stream: Any, now: datetime, rows: Sequence[StoredRow]) -> int | None:
+    """Postgres, in one statement: take the tenant log row lock (UPDATE, held until commit) and
+    advance its size, append the headers at leaf indices base.. in row order, and move the stream
+    head to the last row. Returns base, or None when the tenant has no log row yet (nothing was
+    written; create it and call again). `prepare_records` must have run (ids, payloads)."""
+    last = rows[-1]
+    params = {
+        "tenant": tenant_id,
+        "stream": stream.pk,
+        "now": now,
+        "n": len(rows),
+        "head_hash": last.h,
+        "head_seq": last.seq,
+        "length": last.position,
+        "id": [r.pk for r in rows],
+        "position": [r.position for r in rows],
+        "seq": [r.seq for r in rows],
+        "ts": [r.ts for r in rows],
+        "ts_json": [r.ts_json for r in rows],
+        "event": [r.event for r in rows],
+        "cd": [r.cd for r in rows],
+        "ph": [r.ph for r in rows],
+        "h": [r.h for r in rows],
+        "saga_id": [r.saga_id for r in rows],
+        "step_id": [r.step_id for r in rows],
+        "tool": [r.tool for r in rows],
+        "redacted": [r.redacted for r in rows],
+        "leaf_hash": [r.leaf_hash for r in rows],
+    }
+    with server_cursor() as cursor:
+        cursor.execute(_LOCK_AND_APPEND, params)
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    base = int(found[0])
+    for offset, row in enumerate(rows):
+        row.leaf_index = base + offset
+        row.received_at = now
+    stream.head_hash, stream.head_seq, stream.length = last.h, last.seq, last.position
+    return base
+
+
 def _insert_orm(rows: Sequence[StoredRow]) -> None:
     from audit.models import Record, RecordPayload
 

@@ -443,19 +443,26 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
         )
         for rec, position in plan.new
     ]
-    bulk.prepare_records(rows)  # ids and payloads: no lock needed (same transaction)
-    log = _lock_log(tenant)
-    base = log.size
-    bulk.insert_records(tenant.pk, stream.pk, base, now, rows)
-    last_rec, last_pos = plan.new[-1]
-    Stream.objects.filter(pk=stream.pk).update(
-        head_hash=last_rec.h, head_seq=last_rec.seq, length=last_pos, updated_at=now
-    )
-    stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
-    TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
-    changes = sagas_services.apply_records(
-        tenant, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
-    )
+    items = [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
+    # No lock needed yet (same transaction): header ids and payloads; on Postgres the projection is
+    # read and folded now too, and re-checked under the lock before it is written.
+    bulk.prepare_records(rows)
+    folded = sagas_services.prepare_records(tenant, items)
+    base = bulk.lock_and_append(tenant.pk, stream, now, rows) if bulk.is_postgres() else None
+    if base is None and bulk.is_postgres():
+        _lock_log(tenant)  # the tenant's first records: create its log row
+        base = bulk.lock_and_append(tenant.pk, stream, now, rows)
+    if base is None:
+        log = _lock_log(tenant)
+        base = log.size
+        bulk.insert_records(tenant.pk, stream.pk, base, now, rows)
+        last_rec, last_pos = plan.new[-1]
+        Stream.objects.filter(pk=stream.pk).update(
+            head_hash=last_rec.h, head_seq=last_rec.seq, length=last_pos, updated_at=now
+        )
+        stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
+        TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
+    changes = sagas_services.apply_prepared(tenant, folded, items, base)
     sagas_services.publish_on_commit(tenant, stream_name, len(rows), changes)
     return rows
 

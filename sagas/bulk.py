@@ -104,20 +104,38 @@ def load(
     return sagas, steps
 
 
+# Leaf indices folded before the tenant log was locked are markers -(n+1) for the batch's n-th
+# record; `leaf()` turns them into base + n. The guard: the sagas as read before the lock are what is
+# stored now (same row, same last leaf), else nothing is written and the caller folds again.
+_LEAF = "CASE WHEN {0} < 0 THEN %(base)s - {0} - 1 ELSE {0} END"
 _UPSERT = """
-WITH s AS (
+WITH cur AS (
+    SELECT id, saga_id, last_leaf_index FROM sagas_saga
+    WHERE tenant_id = %(tenant)s AND saga_id = ANY(%(saga_id)b::text[])
+), ok AS (
+    SELECT NOT %(guard)s OR NOT EXISTS (
+        SELECT 1 FROM cur
+        FULL JOIN unnest(%(known_saga)b::text[], %(known_pk)b::bigint[], %(known_last)b::bigint[])
+            AS k(saga_id, pk, last) USING (saga_id)
+        WHERE cur.id IS DISTINCT FROM k.pk OR cur.last_leaf_index IS DISTINCT FROM k.last
+    ) AS ok
+), s AS (
     INSERT INTO sagas_saga (
         tenant_id, saga_id, stream_id, name, status, started_at, last_activity_at, last_lease_at,
         lease_ttl, lease_expires_at, last_event, record_count, first_leaf_index, last_leaf_index
     )
-    SELECT %(tenant)s, u.*
+    SELECT %(tenant)s, u.saga_id, u.stream_id, u.name, u.status, u.started_at, u.last_activity_at,
+        u.last_lease_at, u.lease_ttl, u.lease_expires_at, u.last_event, u.record_count,
+        LEAF(u.first_leaf_index), LEAF(u.last_leaf_index)
     FROM unnest(
         %(saga_id)b::text[], %(stream_id)b::text[], %(name)b::text[], %(status)b::text[],
         %(started_at)b::timestamptz[], %(last_activity_at)b::timestamptz[],
         %(last_lease_at)b::timestamptz[], %(lease_ttl)b::float8[], %(lease_expires_at)b::timestamptz[],
         %(last_event)b::text[], %(record_count)b::int[], %(first_leaf_index)b::bigint[],
         %(last_leaf_index)b::bigint[]
-    ) AS u
+    ) AS u(saga_id, stream_id, name, status, started_at, last_activity_at, last_lease_at, lease_ttl,
+           lease_expires_at, last_event, record_count, first_leaf_index, last_leaf_index)
+    WHERE (SELECT ok FROM ok)
     ON CONFLICT (tenant_id, saga_id) DO UPDATE SET
         name = EXCLUDED.name,
         status = EXCLUDED.status,
@@ -137,7 +155,7 @@ WITH s AS (
         first_leaf_index, last_leaf_index
     )
     SELECT %(tenant)s, s.id, v.step_id, v.ordinal, v.tool, v.semantics, v.status, v.compensation::jsonb,
-        v.first_leaf_index, v.last_leaf_index
+        LEAF(v.first_leaf_index), LEAF(v.last_leaf_index)
     FROM unnest(
         %(st_saga)b::text[], %(st_step)b::text[], %(st_ordinal)b::int[], %(st_tool)b::text[],
         %(st_semantics)b::text[], %(st_status)b::text[], %(st_compensation)b::text[],
@@ -152,8 +170,10 @@ WITH s AS (
         compensation = EXCLUDED.compensation,
         last_leaf_index = EXCLUDED.last_leaf_index
 )
-SELECT id, saga_id FROM s
+SELECT (SELECT ok FROM ok), s.id, s.saga_id FROM (SELECT 1) AS one LEFT JOIN s ON true
 """
+for _column in ("u.first_leaf_index", "u.last_leaf_index", "v.first_leaf_index", "v.last_leaf_index"):
+    _UPSERT = _UPSERT.replace(f"LEAF({_column})", _LEAF.format(_column))
 
 
 _SAGA_COLUMNS = ["id", "saga_id", "stream_id", *SAGA_FIELDS]
@@ -199,13 +219,20 @@ def save(
     new_sagas: Sequence[SagaState],
     existing: Sequence[SagaState],
     steps: Sequence[StepState],
-) -> None:
+    *,
+    base: int = 0,
+    snapshot: dict[str, tuple[int | None, int | None]] | None = None,
+) -> bool:
     """Persist the sagas a batch touched (new and existing) and the steps it touched (new or
-    changed; each step's `saga` is one of those sagas)."""
+    changed; each step's `saga` is one of those sagas). With `snapshot` (Postgres, folded before the
+    tenant log lock): write only if the stored sagas are still those the fold started from, and
+    answer whether it wrote; leaf markers -(n+1) become base + n."""
     if is_postgres():
-        _save_postgres(tenant_id, [*new_sagas, *existing], steps)
-    else:
-        _save_orm(tenant_id, new_sagas, existing, steps)
+        return _save_postgres(tenant_id, [*new_sagas, *existing], steps, base, snapshot)
+    if snapshot is not None:  # pragma: no cover - callers fold early on Postgres only
+        raise ValueError("a guarded save is for Postgres")
+    _save_orm(tenant_id, new_sagas, existing, steps)
+    return True
 
 
 def _saga_model(tenant_id: int, state: SagaState) -> Saga:
@@ -243,11 +270,23 @@ def _save_orm(
         Step.objects.bulk_update(dirty, STEP_FIELDS)
 
 
-def _save_postgres(tenant_id: int, sagas: Sequence[SagaState], steps: Sequence[StepState]) -> None:
+def _save_postgres(
+    tenant_id: int,
+    sagas: Sequence[SagaState],
+    steps: Sequence[StepState],
+    base: int,
+    snapshot: dict[str, tuple[int | None, int | None]] | None,
+) -> bool:
     if not sagas:
-        return
+        return True
+    known = snapshot or {}
     params = {
         "tenant": tenant_id,
+        "base": base,
+        "guard": snapshot is not None,
+        "known_saga": list(known),
+        "known_pk": [pk for pk, _ in known.values()],
+        "known_last": [last for _, last in known.values()],
         "saga_id": [s.saga_id for s in sagas],
         "stream_id": [s.stream_id for s in sagas],
         "name": [s.name for s in sagas],
@@ -273,6 +312,10 @@ def _save_postgres(tenant_id: int, sagas: Sequence[SagaState], steps: Sequence[S
     }
     with server_cursor() as cursor:
         cursor.execute(_UPSERT, params)
-        ids = dict((saga_id, pk) for pk, saga_id in cursor.fetchall())
+        result = cursor.fetchall()
+    if not result[0][0]:
+        return False
+    ids = {saga_id: pk for _, pk, saga_id in result if pk is not None}
     for saga in sagas:
         saga.pk = ids[saga.saga_id]
+    return True

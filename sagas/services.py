@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -134,16 +135,44 @@ def _lease(saga: bulk.SagaState, when: datetime | None) -> None:
         saga.lease_expires_at = saga.last_lease_at + timedelta(seconds=saga.lease_ttl)
 
 
-def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]:
-    """Fold newly stored records (in leaf order) into the projection. Returns, per saga touched,
-    the number of new records and its status before/after (what the live event reports)."""
+@dataclass
+class _Fold:
+    """A batch folded into the projection as read, not yet written."""
+
+    items: Sequence[Item]
+    saga_ids: list[str]
+    sagas: dict[str, bulk.SagaState] = field(default_factory=dict)
+    before: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    new_sagas: list[bulk.SagaState] = field(default_factory=list)
+    existing: list[bulk.SagaState] = field(default_factory=list)
+    steps: list[bulk.StepState] = field(default_factory=list)
+    snapshot: dict[str, tuple[int | None, int | None]] | None = None
+
+    def changes(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "saga_id": sid,
+                "new_records": self.counts[sid],
+                "status": self.sagas[sid].status,
+                "previous_status": self.before.get(sid),
+            }
+            for sid in self.saga_ids
+        ]
+
+
+def _fold(tenant: Tenant, items: Sequence[Item]) -> _Fold:
+    """Read the touched sagas and steps and fold `items` (in leaf order) into them, in memory."""
     saga_ids = list(dict.fromkeys(rec.saga_id for rec, _ in items if rec.saga_id))
+    fold = _Fold(items, saga_ids)
     if not saga_ids:
-        return []
+        return fold
     sagas, steps = bulk.load(tenant.pk, saga_ids)
-    before = {sid: s.status for sid, s in sagas.items()}
-    counts: dict[str, int] = dict.fromkeys(saga_ids, 0)
-    new_sagas: list[bulk.SagaState] = []
+    fold.sagas = sagas
+    fold.snapshot = {sid: (s.pk, s.last_leaf_index) for sid, s in sagas.items()}
+    fold.before = {sid: s.status for sid, s in sagas.items()}
+    counts = fold.counts = dict.fromkeys(saga_ids, 0)
+    new_sagas = fold.new_sagas
     new_steps: list[bulk.StepState] = []
     dirty_steps: dict[int, bulk.StepState] = {}
     for record, fields in items:
@@ -164,18 +193,47 @@ def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]
             elif touched.pk is not None:
                 dirty_steps[touched.pk] = touched
     created = {id(s) for s in new_sagas}
-    existing = [s for s in sagas.values() if id(s) not in created]
-    # One upsert on Postgres (sagas then their touched steps); the ORM elsewhere.
-    bulk.save(tenant.pk, new_sagas, existing, [*new_steps, *dirty_steps.values()])
-    return [
-        {
-            "saga_id": sid,
-            "new_records": counts[sid],
-            "status": sagas[sid].status,
-            "previous_status": before.get(sid),
-        }
-        for sid in saga_ids
-    ]
+    fold.existing = [s for s in sagas.values() if id(s) not in created]
+    fold.steps = [*new_steps, *dirty_steps.values()]
+    return fold
+
+
+def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]:
+    """Fold newly stored records (in leaf order) into the projection. Returns, per saga touched,
+    the number of new records and its status before/after (what the live event reports).
+    The caller holds the tenant log lock (every projection writer does)."""
+    fold = _fold(tenant, items)
+    if fold.saga_ids:
+        # One upsert on Postgres (sagas then their touched steps); the ORM elsewhere.
+        bulk.save(tenant.pk, fold.new_sagas, fold.existing, fold.steps)
+    return fold.changes()
+
+
+def prepare_records(tenant: Tenant, items: Sequence[Item]) -> _Fold | None:
+    """Ingest, before the tenant log lock: on Postgres, read and fold now, with each record's leaf
+    index standing as a marker -(n+1) (the real indices are not known yet), so the locked section
+    only checks and writes (`apply_prepared`). Elsewhere nothing happens early."""
+    if not bulk.is_postgres():
+        return None
+    for n, (record, _) in enumerate(items):
+        record.leaf_index = -(n + 1)
+    return _fold(tenant, items)
+
+
+def apply_prepared(
+    tenant: Tenant, fold: _Fold | None, items: Sequence[Item], base: int
+) -> list[dict[str, Any]]:
+    """Under the tenant log lock, with the records stored at leaf indices base, base+1, ...: write
+    the early fold if the sagas it read are unchanged (one guarded statement), else fold again from
+    what is stored now (another writer touched one of these sagas in between)."""
+    if fold is None:
+        return apply_records(tenant, items)
+    if not fold.saga_ids:
+        return []
+    if bulk.save(tenant.pk, fold.new_sagas, fold.existing, fold.steps, base=base, snapshot=fold.snapshot):
+        return fold.changes()
+    logger.info("saga projection changed while a batch was being verified; folding again under the lock")
+    return apply_records(tenant, items)
 
 
 def _payloads_for(records: Iterable[Any]) -> dict[int, dict[str, Any]]:

@@ -89,3 +89,63 @@ def test_projection_carried_across_batches_equals_one_batch(alice: Person, cut: 
         assert [s["status"] for s in incremental[1]] == ["compensated", "compensated"]
         sagas_services.rebuild_tenant(alice.tenant)
         assert dump() == incremental
+
+
+@pytest.mark.postgres
+def test_saga_changed_between_early_fold_and_lock_is_folded_again(
+    alice: Person, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On Postgres the projection is folded before the tenant log lock and written under it only if
+    the sagas it read are unchanged; here another writer (a server record for the same saga) gets
+    in between, so the batch must be folded again from what is stored then."""
+    from audit import services as audit_services
+    from sagas import services as sagas_services
+
+    records = chain(saga_records(steps=2))
+    saga_id = records[0]["saga_id"]
+    _post(alice, "race", records[:2])
+    original = sagas_services.prepare_records
+
+    interfered: list[bool] = []
+
+    def fold_then_interfere(tenant: Any, items: Any) -> Any:
+        fold = original(tenant, items)
+        if not interfered:
+            interfered.append(True)
+            audit_services.append_server_record(tenant, "APPROVAL_GRANTED", {"saga_id": saga_id}, actor="t")
+        return fold
+
+    monkeypatch.setattr(sagas_services, "prepare_records", fold_then_interfere)
+    with caplog.at_level("INFO", logger="sagas.services"):
+        _post(alice, "race", records[2:])
+    assert "folding again" in caplog.text
+
+    with tenant_context(alice.tenant):
+        saga = Saga.objects.get(saga_id=saga_id)
+        assert saga.record_count == len(records) + 1 and saga.status == "completed"
+        assert saga.last_leaf_index == max(Record.objects.values_list("leaf_index", flat=True))
+        incremental = (
+            list(
+                Saga.objects.values(
+                    "saga_id", "status", "record_count", "first_leaf_index", "last_leaf_index"
+                )
+            ),
+            list(
+                Step.objects.order_by("ordinal").values(
+                    "step_id", "status", "compensation", "last_leaf_index"
+                )
+            ),
+        )
+        sagas_services.rebuild_tenant(alice.tenant)
+        assert (
+            list(
+                Saga.objects.values(
+                    "saga_id", "status", "record_count", "first_leaf_index", "last_leaf_index"
+                )
+            ),
+            list(
+                Step.objects.order_by("ordinal").values(
+                    "step_id", "status", "compensation", "last_leaf_index"
+                )
+            ),
+        ) == incremental
