@@ -2,15 +2,18 @@
 
 Measured in one run, on one disk, against peers measured in the same run:
 - a bare `os.fsync` floor (append a line + fsync) and a no-op call baseline;
-- per-step latency p50/p99 for REVERSIBLE (no fsync) and COMPENSABLE (intent and commit fsynced)
-  steps, for the Sagaplane SDK (sync and async API) and agent-saga's `saga_scope` (async only);
+- per-step latency p50/p99 for REVERSIBLE (no fsync) and COMPENSABLE (intent fsynced before the
+  effect; the commit record rides the next barrier) steps, for the Sagaplane SDK (sync and async
+  API) and agent-saga's `saga_scope` (async only);
 - group-commit throughput with 1, 8 and 64 concurrent sagas of COMPENSABLE steps, both libraries;
 - shipper throughput to a local control plane (uvicorn, 2 workers, a temp data folder; embedded
   SQLite unless DATABASE_URL is set), tenant and key made with the management commands.
 
 Issue 5 targets: fast path no slower than agent-saga's; durable step within 30% of the fsync
-floor (a durable step needs two fsyncs, intent and commit, so the floor is 2 x fsync); shipper at
-least 5,000 records/s. Prints ratios; writes bench/results/sdk.json. `--quick` (CI) < 60 s.
+floor (a durable step has one fsync on its critical path -- its intent; the commit is made durable
+by the next barrier or within the WAL's durable_delay -- so the floor is 1 x fsync; the 2 x ratio
+of the earlier two-fsync design is still printed for comparison); shipper at least 5,000
+records/s. Prints ratios; writes bench/results/sdk.json. `--quick` (CI) < 60 s.
 
     .venv/bin/python bench/sdk.py [--quick] [--skip-shipper]
 """
@@ -464,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                  p50("agent_saga", "REVERSIBLE")),
             "durable_sagaplane_sync_vs_agent_saga_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"),
                                                               p50("agent_saga", "COMPENSABLE")),
+            "durable_sagaplane_sync_vs_fsync_floor_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"), floor),
             "durable_sagaplane_sync_vs_2x_fsync_floor_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"),
                                                                   2 * floor),
             "durable_agent_saga_vs_2x_fsync_floor_p50": ratio(p50("agent_saga", "COMPENSABLE"), 2 * floor),
@@ -478,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             "fast_path_no_slower_than_agent_saga":
                 ratios["fast_path_sagaplane_sync_vs_agent_saga_p50"] <= 1.0,
             "durable_within_30pct_of_fsync_floor":
-                ratios["durable_sagaplane_sync_vs_2x_fsync_floor_p50"] <= 1.3,
+                ratios["durable_sagaplane_sync_vs_fsync_floor_p50"] <= 1.3,
         }
         if "shipper" in out:
             targets["shipper_at_least_5000_records_per_s"] = out["shipper"]["records_per_s"] >= 5000

@@ -13,16 +13,17 @@ import functools
 import inspect
 import logging
 import os
-import uuid
 from collections.abc import Awaitable, Callable, Generator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .chain import token_hex
 from .semantics import (
     COMPENSABLE,
     IRREVERSIBLE,
     PREVIEW,
+    REVERSIBLE,
     Compensation,
     Semantics,
     accepts_kwarg,
@@ -212,7 +213,7 @@ class Saga:
             raise ValueError("max_attempts must be at least 1")
         self.name = name
         self._wal = wal
-        self.saga_id = saga_id or (f"{name}-{uuid.uuid4().hex[:12]}" if name else uuid.uuid4().hex)
+        self.saga_id = saga_id or (f"{name}-{token_hex(6)}" if name else token_hex(16))
         self._fixed_id = saga_id is not None
         self.confirm = confirm
         self.halt_on_failure = halt_on_failure
@@ -223,7 +224,9 @@ class Saga:
         self.status = "new"  # new -> running -> complete | aborted
         self.last_report: RollbackReport | None = None
         self._fully_rolled_back = False
-        self._durable = False  # any step made us fsync: terminal records must then be durable too
+        # Any step made us fsync: the terminal record must then be durable too, so a saga that
+        # returned "complete" can never look unfinished (and be rolled back) after a power loss.
+        self._durable = False
         self._token: Token[Saga | None] | None = None
 
     @property
@@ -252,7 +255,7 @@ class Saga:
         fields: dict[str, Any] = {"saga_id": self.saga_id, "pid": os.getpid(), "lease_ttl": self.lease_ttl}
         if self.name:
             fields["name"] = self.name
-        self.wal.append("SAGA_START", fields)
+        self.wal.emit("SAGA_START", fields, buffered=True)  # reaches the file with the first intent
         self.wal.hold_lease(self.saga_id, self.lease_ttl)
         self._token = _current.set(self)
 
@@ -265,23 +268,37 @@ class Saga:
                 _current.set(None)
             self._token = None
 
-    def _finish(self) -> None:
+    def _finish_record(self) -> int:
         # Stop renewing first, so no SAGA_LEASE can follow the terminal record.
         self.wal.release_lease(self.saga_id)
         aborted = self._fully_rolled_back
         clean = self.last_report.clean if (aborted and self.last_report) else True
-        self.wal.append(
+        # The terminal record is written through (a SIGKILL right after the saga returned must
+        # not make it look abandoned); a durable saga's is also fsynced by the caller.
+        mark = self.wal.emit(
             "SAGA_ABORTED" if aborted else "SAGA_COMPLETE",
             {"saga_id": self.saga_id, "clean": clean},
-            durable=self._durable,
+            buffered=self._durable,
         )
         self.status = "aborted" if aborted else "complete"
+        return mark
+
+    def _finish(self) -> None:
+        mark = self._finish_record()
+        if self._durable:
+            self.wal.sync(mark)
+
+    async def _finish_async(self) -> None:
+        mark = self._finish_record()
+        if self._durable:
+            await self.wal.sync_async(mark)
 
     def _abort_cause(self, exc: BaseException) -> None:
         message = str(exc)
-        self.wal.append(
+        self.wal.emit(
             "SAGA_ABORT_CAUSE",
             {"saga_id": self.saga_id, "cause_type": type(exc).__name__, "cause": message[:2000]},
+            buffered=True,
         )
 
     def __enter__(self) -> Saga:
@@ -309,17 +326,11 @@ class Saga:
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         try:
             if exc is None:
-                if self._durable:
-                    await asyncio.to_thread(self._finish)
-                else:
-                    self._finish()
+                await self._finish_async()
                 return False
             self._abort_cause(exc)
             report = await self.rollback_async()
-            if self._durable:
-                await asyncio.to_thread(self._finish)
-            else:
-                self._finish()
+            await self._finish_async()
         finally:
             self._leave()
         if isinstance(exc, Exception):
@@ -353,7 +364,7 @@ class Saga:
             raise SagaError(f"saga {self.saga_id} is {self.status}; no new steps")
         return Step(
             index=len(self.steps) + 1,
-            step_id=uuid.uuid4().hex,
+            step_id=token_hex(16),
             saga_id=self.saga_id,
             tool=spec.name,
             semantics=spec.semantics,
@@ -368,7 +379,7 @@ class Saga:
 
     def _refused(self, step: Step, reason: str) -> IrreversibleRefused:
         # Logged so the evidence shows the attempt; the step never joins the stack.
-        self.wal.append(
+        self.wal.emit(
             "STEP_REFUSED",
             {
                 "saga_id": self.saga_id,
@@ -378,6 +389,7 @@ class Saga:
                 "kwargs": step.kwargs,
                 "reason": reason,
             },
+            buffered=True,
         )
         return IrreversibleRefused(self._confirm_request(step), reason)
 
@@ -391,7 +403,12 @@ class Saga:
         }
         if step.captured is not None:
             fields["captured_state"] = step.captured
-        _, mark = self.wal.write("STEP_INTENT", fields)
+        # COMPENSABLE/IRREVERSIBLE: written through now and fsynced by the caller before the
+        # effect. REVERSIBLE: queued like agent-saga's fast path (in the file within the WAL's
+        # flush_interval, or now with write_through_intents). PREVIEW has no effect at all.
+        sem = step.semantics
+        buffered = sem is PREVIEW or (sem is REVERSIBLE and not self.wal.write_through_intents)
+        mark = self.wal.emit("STEP_INTENT", fields, buffered=buffered)
         self.steps.append(step)
         return mark
 
@@ -428,7 +445,7 @@ class Saga:
             logger.error(
                 "compensation factory for %r returned %r; treating as no inverse", step.tool, derived
             )
-        if step.compensation is not None and not step.compensation.recoverable and self._needs_fsync(step):
+        if step.compensation is not None and self._needs_fsync(step) and not step.compensation.recoverable:
             logger.warning(
                 "step %r has an in-process-only compensation (no registered handler or non-JSON kwargs); "
                 "it is unrecoverable if this process dies",
@@ -441,7 +458,7 @@ class Saga:
     def _committed(self, spec: ToolSpec, step: Step, result: Any) -> int:
         step.state = StepState.COMMITTED
         self._derive(spec, step, result, failed=False)
-        _, mark = self.wal.write(
+        mark = self.wal.emit(
             "STEP_COMMITTED",
             {
                 "saga_id": self.saga_id,
@@ -450,6 +467,7 @@ class Saga:
                 "semantics": step.semantics.value,
                 "compensation": self._descriptor(step),
             },
+            buffered=True,
         )
         return mark
 
@@ -457,7 +475,7 @@ class Saga:
         step.error = repr(exc)
         if isinstance(exc, EffectNotApplied):
             step.state = StepState.NOT_APPLIED
-            _, mark = self.wal.write(
+            mark = self.wal.emit(
                 "STEP_FAILED",
                 {
                     "saga_id": self.saga_id,
@@ -466,11 +484,12 @@ class Saga:
                     "semantics": step.semantics.value,
                     "error": step.error,
                 },
+                buffered=True,
             )
             return mark
         step.state = StepState.UNKNOWN
         self._derive(spec, step, None, failed=True)
-        _, mark = self.wal.write(
+        mark = self.wal.emit(
             "STEP_UNKNOWN",
             {
                 "saga_id": self.saga_id,
@@ -480,6 +499,7 @@ class Saga:
                 "error": step.error,
                 "compensation": self._descriptor(step),
             },
+            buffered=True,
         )
         return mark
 
@@ -501,14 +521,30 @@ class Saga:
         try:
             result = spec.fn(*args, **kwargs)
         except BaseException as exc:
-            mark = self._failed(spec, step, exc)
-            if durable:
-                self.wal.sync(mark)
+            self._settle(step, self._failed(spec, step, exc))
             raise
-        mark = self._committed(spec, step, result)
-        if durable:
-            self.wal.sync(mark)
+        self._settle(step, self._committed(spec, step, result))
         return result
+
+    def _settle(self, step: Step, mark: int) -> None:
+        """Durability of a step's outcome record (STEP_COMMITTED / FAILED / UNKNOWN).
+
+        COMPENSABLE: no fsync on the critical path. The outcome is buffered, rides the next
+        intent's barrier (or the terminal record's), and is fsynced within the WAL's
+        durable_delay otherwise. Losing it in a crash leaves "intent, no outcome": the step is
+        UNKNOWN, which recovery already handles (compensated idempotently or reported). The
+        intent -- the record that must precede the effect -- was durable before it ran.
+        IRREVERSIBLE: fsynced now. Nothing undoes the effect, so whether it happened is kept."""
+        if step.semantics is IRREVERSIBLE:
+            self.wal.sync(mark)
+        elif step.semantics is COMPENSABLE:
+            self.wal.sync_soon(mark)
+
+    async def _settle_async(self, step: Step, mark: int) -> None:
+        if step.semantics is IRREVERSIBLE:
+            await self.wal.sync_async(mark)
+        elif step.semantics is COMPENSABLE:
+            self.wal.sync_soon(mark)
 
     async def run_step_async(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
@@ -525,18 +561,15 @@ class Saga:
         durable = self._needs_fsync(step)
         if durable:
             self._durable = True
-            # fsync off the event loop; concurrent sagas share one fsync through the WAL's group commit.
-            await asyncio.to_thread(self.wal.sync, mark)
+            # fsync off the event loop, on the WAL's flusher thread: concurrent sagas (tasks and
+            # threads alike) share its fsync rounds.
+            await self.wal.sync_async(mark)
         try:
             result = await spec.fn(*args, **kwargs)
         except BaseException as exc:
-            mark = self._failed(spec, step, exc)
-            if durable:
-                await asyncio.to_thread(self.wal.sync, mark)
+            await self._settle_async(step, self._failed(spec, step, exc))
             raise
-        mark = self._committed(spec, step, result)
-        if durable:
-            await asyncio.to_thread(self.wal.sync, mark)
+        await self._settle_async(step, self._committed(spec, step, result))
         return result
 
     # -- rollback ----------------------------------------------------------------------
@@ -553,7 +586,7 @@ class Saga:
         start: dict[str, Any] = {"saga_id": self.saga_id, "steps": len(targets)}
         if to_step:
             start["to_step"] = to_step
-        self.wal.append("ROLLBACK_START", start)
+        self.wal.emit("ROLLBACK_START", start, buffered=True)
         for step in targets:
             if report.halted:
                 step.state = StepState.UNRESOLVED
@@ -565,7 +598,7 @@ class Saga:
             if step.compensation is None:
                 step.state = StepState.ORPHANED
                 report.orphaned.append(step)
-                self.wal.append(
+                self.wal.emit(
                     "STEP_ORPHANED",
                     {
                         "saga_id": self.saga_id,
@@ -573,6 +606,7 @@ class Saga:
                         "tool": step.tool,
                         "semantics": step.semantics.value,
                     },
+                    buffered=True,
                 )
                 logger.error("ORPHANED: %r (%s) ran and has no inverse", step.tool, step.semantics.value)
                 continue
@@ -599,7 +633,7 @@ class Saga:
             if error is None:
                 step.state = StepState.COMPENSATED
                 report.compensated.append(step)
-                self.wal.append(
+                self.wal.emit(
                     "COMPENSATED",
                     {
                         "saga_id": self.saga_id,
@@ -608,12 +642,13 @@ class Saga:
                         "idempotency_key": step.idempotency_key,
                         "attempts": attempts,
                     },
+                    buffered=True,
                 )
                 continue
             step.state = StepState.COMPENSATION_FAILED
             step.error = repr(error)
             report.failed.append(step)
-            self.wal.append(
+            self.wal.emit(
                 "COMPENSATION_FAILED",
                 {
                     "saga_id": self.saga_id,
@@ -623,6 +658,7 @@ class Saga:
                     "attempts": attempts,
                     "idempotency_key": step.idempotency_key,
                 },
+                buffered=True,
             )
             logger.error("compensation FAILED for %r after %d attempt(s): %r", step.tool, attempts, error)
             if self.halt_on_failure:
@@ -638,7 +674,7 @@ class Saga:
         }
         if to_step:
             end["to_step"] = to_step
-        self.wal.write("ROLLBACK_END", end)
+        self.wal.emit("ROLLBACK_END", end, buffered=True)
         self.last_report = report
         if to_step == 0:
             self._fully_rolled_back = True
@@ -694,7 +730,7 @@ class Saga:
         except StopIteration as stop:
             report: RollbackReport = stop.value
         if self._durable:
-            await asyncio.to_thread(self.wal.sync)
+            await self.wal.sync_async()
         return report
 
 
@@ -727,11 +763,43 @@ class ToolSpec:
     capture_state: Callable[..., Any] | None = None
     confirm: ConfirmHook | None = None
 
+    def __post_init__(self) -> None:
+        # The signature is read once per tool, not once per call.
+        self._sig: inspect.Signature | None = None
+        self._positional: tuple[str, ...] | None = None  # set when the fast bind applies
+        self._names: frozenset[str] = frozenset()
+        try:
+            self._sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return
+        params = self._sig.parameters.values()
+        kinds = {p.kind for p in params}
+        if kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}:
+            self._positional = tuple(
+                p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            )
+            self._names = frozenset(p.name for p in params)
+
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments by parameter name, for the STEP_INTENT record."""
+        positional = self._positional
+        if (
+            positional is not None
+            and len(args) <= len(positional)
+            and (
+                not kwargs
+                or (self._names.issuperset(kwargs) and kwargs.keys().isdisjoint(positional[: len(args)]))
+            )
+        ):
+            # What Signature.bind_partial gives for a signature without */**/positional-only.
+            out = dict(zip(positional, args, strict=False))
+            if kwargs:
+                out.update(kwargs)
+            return out
         try:
-            bound = inspect.signature(self.fn).bind_partial(*args, **kwargs)
-            return dict(bound.arguments)
+            if self._sig is None:
+                raise TypeError("no signature")
+            return dict(self._sig.bind_partial(*args, **kwargs).arguments)
         except (TypeError, ValueError):
             out = {f"arg{i}": a for i, a in enumerate(args)}
             out.update(kwargs)

@@ -6,6 +6,7 @@ import enum
 import hashlib
 import inspect
 import json
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +58,26 @@ def _qualname(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _plain_json(value: Any, depth: int = 0) -> bool:
+    """True for values built only from exact dict (str keys) / list / str / int / bool / None /
+    finite float: those survive a JSON round trip unchanged, no encoding needed to know it."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    if depth > 32:
+        return False
+    if t is list:
+        return all(_plain_json(v, depth + 1) for v in value)
+    if t is dict:
+        return all(type(k) is str and _plain_json(v, depth + 1) for k, v in value.items())
+    return False
+
+
 def json_roundtrips(value: Any) -> bool:
+    if _plain_json(value):
+        return True
     try:
         return bool(json.loads(json.dumps(value)) == value)
     except (TypeError, ValueError):
@@ -69,7 +89,30 @@ def idempotency_key(saga_id: str, step_id: str, scope: str = "compensate") -> st
     return hashlib.sha256(f"{saga_id}:{step_id}:{scope}".encode()).hexdigest()
 
 
+_ACCEPTS: dict[tuple[Any, str], bool] = {}
+_ACCEPTS_MAX = 4096
+
+
 def accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
+    # Plain functions are cached by code object: every closure made by one `def` or `lambda`
+    # shares it, and parameter names and kinds come from it alone (bounded, never per call).
+    key = None
+    if (
+        type(fn) is types.FunctionType
+        and "__wrapped__" not in fn.__dict__
+        and "__signature__" not in fn.__dict__
+    ):
+        key = (fn.__code__, name)
+        cached = _ACCEPTS.get(key)
+        if cached is not None:
+            return cached
+    result = _accepts_kwarg(fn, name)
+    if key is not None and len(_ACCEPTS) < _ACCEPTS_MAX:
+        _ACCEPTS[key] = result
+    return result
+
+
+def _accepts_kwarg(fn: Callable[..., Any], name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):

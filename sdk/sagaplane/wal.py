@@ -1,26 +1,54 @@
 """The local write-ahead log: one hash-chained stream per writer, in agent-saga's format.
 
-Every append is written to the file immediately (one write(2), so a SIGKILLed
-process loses nothing the kernel already has); `sync()` adds the fsync that makes
-records survive power loss. Many threads waiting for durability at once share
-one fsync (leader/follower group commit): whoever finds no fsync in flight
-becomes the leader and its fsync covers every record written before it began.
+Three levels of "written", and which records get which:
+
+- **buffered**: accepted and queued in memory, fields already encoded; seq and hash are
+  assigned in order when the queue is written. Records no effect depends on durably --
+  SAGA_START, a REVERSIBLE step's intent and outcome, a COMPENSABLE step's outcome, rollback
+  records -- wait here and reach the file with the next write-through, `sync()`, `close()`,
+  interpreter exit, or after `flush_interval` (5 ms) at the latest, whichever comes first.
+  A SIGKILL can lose at most that window (agent-saga's REVERSIBLE records live in memory until
+  its flush loop runs); a clean exit loses nothing. `write_through_intents=True` writes every
+  intent before its effect instead. The shipper reads the file, so it only ever sees whole
+  records in chain order.
+- **written**: in the file, one write(2) carrying everything queued before it, in order.
+  `append()` and the terminal record of a saga write through.
+- **durable**: fsynced. Before a COMPENSABLE or IRREVERSIBLE effect its intent is durable.
+  Waiters share fsyncs (group commit): a thread that finds no fsync in flight leads one that
+  covers every record written before it began; asyncio waiters hand their futures to the
+  WAL's flusher thread, which runs the same rounds, so threads and tasks share fsyncs.
+  `sync_soon()` asks for durability within `durable_delay` without waiting for it (a
+  COMPENSABLE step's outcome: the next barrier usually covers it first).
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import errno
 import json
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ._files import fsync_dir, write_all
-from .chain import GENESIS, HASH_FIELD, stamp
+from .chain import (
+    DIGEST_FIELD,
+    GENESIS,
+    HASH_FIELD,
+    META_FIELDS,
+    PREV_FIELD,
+    SALT_FIELD,
+    canonical,
+    canonical_strict,
+    record_hash_fast,
+    token_hex,
+)
 from .semantics import json_safe
 from .walfile import stream_id_for
 
@@ -32,6 +60,13 @@ except ImportError:  # pragma: no cover
 logger = logging.getLogger("sagaplane.wal")
 
 MAX_TORN_BYTES = 1 << 20
+FLUSH_INTERVAL = 0.005  # a buffered record reaches the file within this (plus scheduling)
+DURABLE_DELAY = 0.02  # sync_soon(): fsynced within this unless a barrier covers it first
+MAX_BUFFERED = 512  # records; more are written through at once (bounded memory)
+MAX_BUFFERED_BYTES = 1 << 20
+_RESERVED = frozenset({"seq", "event", "ts"}) | META_FIELDS
+_ENCODED_EVENTS: dict[str, str] = {}
+_sha256 = __import__("hashlib").sha256
 
 
 class WALError(RuntimeError):
@@ -42,6 +77,21 @@ class WALLocked(WALError):
     """Another live process is writing this WAL; two writers would fork the chain."""
 
 
+_open_wals: weakref.WeakSet[WAL] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """A clean interpreter exit never drops buffered records, even from a WAL nobody closed."""
+    for wal in list(_open_wals):
+        if wal._pid != os.getpid():  # a forked child must not write its parent's buffer twice
+            continue
+        try:
+            wal.sync()
+        except Exception:
+            logger.exception("%s: could not flush the WAL at exit", wal.path)
+
+
 class WAL:
     def __init__(
         self,
@@ -50,12 +100,21 @@ class WAL:
         stream_id: str | None = None,
         fsync: bool = True,
         lock: bool = True,
+        flush_interval: float = FLUSH_INTERVAL,
+        durable_delay: float = DURABLE_DELAY,
+        write_through_intents: bool = False,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync_enabled = fsync
+        self.flush_interval = flush_interval
+        self.durable_delay = durable_delay
+        # True: a REVERSIBLE step's intent is also in the file before its effect (one write(2)
+        # per step), so even a SIGKILL cannot lose it. COMPENSABLE/IRREVERSIBLE always are.
+        self.write_through_intents = write_through_intents
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = threading.Condition(self._lock)  # threads waiting for an fsync round
+        self._flusher_cond = threading.Condition(self._lock)  # the flusher thread
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if lock and fcntl is not None:
             try:
@@ -72,16 +131,29 @@ class WAL:
         except BaseException:
             os.close(self._fd)
             raise
-        self._written = 0  # records appended by this process (a local counter for sync targets)
-        self._durable = 0
+        self._pid = os.getpid()
+        # Marks count records chained by this process: appended >= flushed >= durable.
+        self._appended = 0
+        self._flushed = 0  # in the file
+        self._durable = 0  # fsynced
+        self._buf: list[bytes] = []
+        self._buf_bytes = 0
+        self._buf_since = 0.0
         self._syncing = False
         self._closed = False
+        self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._lazy_target = 0
+        self._lazy_deadline = 0.0
+        self._flusher: threading.Thread | None = None
+        self._flusher_wake_at = float("inf")
         self.fsyncs = 0
         self.sync_waits = 0
+        self.writes = 0  # write(2) batches
         self._listeners: list[Callable[[], None]] = []
         self._leases: dict[str, tuple[float, float]] = {}  # saga_id -> (ttl, last renewal)
         self._lease_thread: threading.Thread | None = None
         self._lease_wake = threading.Event()
+        _open_wals.add(self)
 
     # -- opening -----------------------------------------------------------------------
 
@@ -141,28 +213,126 @@ class WAL:
 
     @property
     def head(self) -> str:
+        """The hash of the last record (buffered records are written first, so it is final)."""
+        self.flush()
         return self._head
 
     @property
     def seq(self) -> int:
-        return self._seq
+        return self._seq + len(self._buf)
+
+    @property
+    def buffered(self) -> int:
+        """Records accepted but not yet in the file."""
+        return len(self._buf)
 
     def append(
         self, event: str, fields: dict[str, Any] | None = None, *, durable: bool = False
     ) -> dict[str, Any]:
-        """Chain and write one record; with durable=True also wait for it to reach the disk."""
+        """Chain and write one record (write-through); with durable=True also wait for the fsync."""
         record, mark = self.write(event, fields)
         if durable:
             self.sync(mark)
         return record
 
     def write(self, event: str, fields: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
-        """Chain and write one record without waiting for fsync; returns it and its sync mark."""
-        safe = json_safe(fields or {})
+        """Chain and write one record (with everything buffered before it) without waiting for
+        fsync; returns the record as a reader will parse it from the file, and its sync mark."""
+        business = _encode_business(fields or {})
         with self._lock:
-            record, mark = self._write_locked(event, safe)
+            if self._closed:
+                raise WALError(f"{self.path} is closed")
+            line = self._write_out_locked((event, time.time(), business))
+            mark = self._appended
         self._notify()
-        return record, mark
+        return json.loads(line), mark
+
+    def emit(self, event: str, fields: dict[str, Any], *, buffered: bool = False) -> int:
+        """Record `event`; returns its sync mark. The saga engine's hot path.
+
+        buffered=False writes it (and everything buffered before it) to the file now.
+        buffered=True queues it: its fields are encoded now (later changes to them cannot
+        alter the record), its seq and hash are assigned in order when the queue is written."""
+        business = _encode_business(fields)
+        wrote = False
+        with self._lock:
+            if self._closed:
+                raise WALError(f"{self.path} is closed")
+            item = (event, time.time(), business)
+            if buffered and len(self._buf) < MAX_BUFFERED and self._buf_bytes < MAX_BUFFERED_BYTES:
+                if not self._buf:
+                    self._buf_since = time.monotonic()
+                    self._wake_flusher_locked(self._buf_since + self.flush_interval)
+                self._buf.append(item)
+                self._buf_bytes += len(business)
+                self._appended += 1
+            else:
+                self._write_out_locked(item)
+                wrote = True
+            mark = self._appended
+        if wrote and self._listeners:
+            self._notify()
+        return mark
+
+    def _stamp_locked(self, event: str, ts: float, business: bytes) -> bytes:
+        """Chain one record onto the head and return its line.
+
+        Business fields were encoded once: the canonical bytes are hashed for the content
+        digest and spliced into the line as they are, so what a verifier re-canonicalises
+        from the parsed line is exactly what was hashed. Same fields, same chain as
+        `chain.stamp`; only the line's key order and spacing differ (JSON does not care)."""
+        seq = self._seq + 1
+        salt = token_hex()
+        digest = _sha256(salt.encode("ascii") + business).hexdigest()
+        prev = self._head
+        head = record_hash_fast(prev, seq, ts, event, digest)
+        ev = _ENCODED_EVENTS.get(event)
+        if ev is None:
+            ev = canonical(event).decode("utf-8")
+            if len(_ENCODED_EVENTS) < 256:
+                _ENCODED_EVENTS[event] = ev
+        inner = business[1:-1]
+        self._seq = seq
+        self._head = head
+        return b"".join(
+            (
+                f'{{"seq":{seq},"event":{ev},"ts":{float.__repr__(ts)},'.encode(),
+                inner,
+                b"," if inner else b"",
+                f'"{SALT_FIELD}":"{salt}","{DIGEST_FIELD}":"{digest}",'
+                f'"{PREV_FIELD}":{canonical(prev).decode("utf-8")},"{HASH_FIELD}":"{head}"}}\n'.encode(),
+            )
+        )
+
+    def _write_out_locked(self, extra: tuple[str, float, bytes] | None = None) -> bytes:
+        """Chain and write the buffer (and `extra`) in one write. Returns the last line written.
+
+        On failure the file is put back to its last whole record, the chain head and seq are
+        restored, the buffer is kept for the next attempt, and WALError is raised."""
+        if not self._buf and extra is None:
+            return b""
+        seq, head = self._seq, self._head
+        items = [*self._buf, extra] if extra is not None else self._buf
+        lines = [self._stamp_locked(*item) for item in items]
+        data = b"".join(lines)
+        try:
+            write_all(self._fd, data)
+        except OSError as exc:
+            self._seq, self._head = seq, head
+            # Put the file back to the last whole record so the chain on disk stays valid.
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass
+            raise WALError(f"could not write to {self.path}: {exc}") from exc
+        self._size += len(data)
+        self.writes += 1
+        self._buf = []
+        self._buf_bytes = 0
+        if extra is not None:
+            self._appended += 1
+        self._flushed = self._appended
+        return lines[-1]
 
     def _notify(self) -> None:
         for listener in list(self._listeners):
@@ -171,61 +341,177 @@ class WAL:
             except Exception:  # a broken observer must never fail the write it observes
                 logger.exception("WAL listener failed")
 
-    def _write_locked(self, event: str, safe: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        if self._closed:
-            raise WALError(f"{self.path} is closed")
-        record: dict[str, Any] = {"seq": self._seq + 1, "event": event, "ts": time.time()}
-        record.update({k: v for k, v in safe.items() if k not in ("seq", "event", "ts")})
-        head = stamp(record, self._head)
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        try:
-            write_all(self._fd, line)
-        except OSError as exc:
-            # Put the file back to the last whole record so the chain on disk stays valid.
-            try:
-                os.ftruncate(self._fd, self._size)
-            except OSError:
-                pass
-            raise WALError(f"could not write {event} to {self.path}: {exc}") from exc
-        self._size += len(line)
-        self._seq += 1
-        self._head = head
-        self._written += 1
-        return record, self._written
+    def flush(self) -> None:
+        """Write buffered records to the file (no fsync)."""
+        with self._lock:
+            wrote = bool(self._write_out_locked())
+        if wrote:
+            self._notify()
+
+    # -- durability ----------------------------------------------------------------------
 
     def sync(self, upto: int | None = None) -> None:
-        """Return once every record appended so far (or up to `upto`) is fsynced."""
+        """Return once every record appended so far (or up to mark `upto`) is in the file
+        and, unless fsync is off, fsynced."""
+        wrote = False
+        try:
+            with self._cond:
+                target = self._appended if upto is None else upto
+                if self._flushed < target:
+                    wrote = bool(self._write_out_locked())
+                if not self.fsync_enabled or self._durable >= target:
+                    return
+                self.sync_waits += 1
+                while self._durable < target:
+                    if self._syncing:
+                        self._cond.wait()
+                        continue
+                    self._fsync_round_locked()
+        finally:
+            if wrote:
+                self._notify()
+
+    async def sync_async(self, upto: int | None = None) -> None:
+        """`sync` for coroutines: the event loop never blocks on fsync, and every waiting task
+        (and thread) shares the flusher thread's fsync rounds."""
+        wrote = False
+        with self._lock:
+            target = self._appended if upto is None else upto
+            if self._flushed < target:
+                wrote = bool(self._write_out_locked())
+            if not self.fsync_enabled or self._durable >= target:
+                fut = None
+            else:
+                self.sync_waits += 1
+                loop = asyncio.get_running_loop()
+                fut = loop.create_future()
+                self._async_waiters.append((target, loop, fut))
+                self._ensure_flusher_locked()
+                if not self._syncing:
+                    self._flusher_cond.notify()
+        if wrote:
+            self._notify()
+        if fut is not None:
+            await fut
+
+    def sync_soon(self, upto: int | None = None) -> None:
+        """Ask for records up to `upto` to be fsynced within `durable_delay`, without waiting.
+
+        The next barrier (sync, sync_async) covers them earlier if one comes first."""
         if not self.fsync_enabled:
             return
-        with self._cond:
-            target = self._written if upto is None else upto
-            if self._durable >= target:
+        with self._lock:
+            target = self._appended if upto is None else upto
+            if target <= self._durable:
                 return
-            self.sync_waits += 1
-            while self._durable < target:
-                if self._syncing:
-                    self._cond.wait()
-                    continue
-                self._syncing = True
-                covered = self._written
-                self._lock.release()
-                err: OSError | None = None
-                try:
-                    os.fsync(self._fd)
-                except OSError as exc:
-                    err = exc
-                finally:
-                    self._lock.acquire()
-                self._syncing = False
-                if err is None:
-                    self.fsyncs += 1
-                    self._durable = max(self._durable, covered)
-                self._cond.notify_all()
-                if err is not None:
-                    raise WALError(f"fsync of {self.path} failed: {err}") from err
+            if self._lazy_target <= self._durable:  # nothing pending: start the clock
+                self._lazy_deadline = time.monotonic() + self.durable_delay
+                self._wake_flusher_locked(self._lazy_deadline)
+            self._lazy_target = max(self._lazy_target, target)
+
+    def _fsync_round_locked(self) -> None:
+        """One fsync covering everything in the file now; the lock is released while it runs."""
+        self._syncing = True
+        covered = self._flushed
+        self._lock.release()
+        err: OSError | None = None
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            err = exc
+        finally:
+            self._lock.acquire()
+            self._syncing = False
+        failure = None
+        if err is None:
+            self.fsyncs += 1
+            if covered > self._durable:
+                self._durable = covered
+        else:
+            failure = WALError(f"fsync of {self.path} failed: {err}")
+        self._settle_async_locked(failure, covered)
+        self._cond.notify_all()
+        if self._async_waiters:
+            self._flusher_cond.notify()
+        if failure is not None:
+            raise failure from err
+
+    def _settle_async_locked(self, failure: BaseException | None, covered: int) -> None:
+        """Resolve the asyncio waiters this round made durable (or fail those it was for)."""
+        if not self._async_waiters:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        still = []
+        for entry in self._async_waiters:
+            target, loop, fut = entry
+            if target <= (self._durable if failure is None else covered):
+                by_loop.setdefault(loop, []).append(fut)
+            else:
+                still.append(entry)
+        self._async_waiters = still
+        for loop, futs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, futs, failure)
+            except RuntimeError:  # that loop is closed: nobody is waiting any more
+                pass
+
+    # -- the flusher thread --------------------------------------------------------------
+
+    def _ensure_flusher_locked(self) -> None:
+        if self._flusher is None and not self._closed:
+            self._flusher = threading.Thread(
+                target=self._flusher_loop, name=f"sagaplane-wal-{self.stream_id}", daemon=True
+            )
+            self._flusher.start()
+
+    def _wake_flusher_locked(self, deadline: float) -> None:
+        if self._flusher is None:
+            self._ensure_flusher_locked()
+        elif deadline < self._flusher_wake_at:
+            self._flusher_cond.notify()
+            self._flusher_wake_at = float("-inf")  # woken already: no second notify until it waits again
+
+    def _flusher_loop(self) -> None:
+        while True:
+            wrote = False
+            with self._lock:
+                while True:
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    waiting = any(t > self._durable for t, _, _ in self._async_waiters)
+                    lazy = self._lazy_target > self._durable
+                    if not self._syncing and (waiting or (lazy and now >= self._lazy_deadline)):
+                        try:
+                            wrote = bool(self._write_out_locked())
+                            self._fsync_round_locked()
+                        except WALError as exc:
+                            if waiting:
+                                self._settle_async_locked(exc, self._appended)
+                            else:
+                                logger.error("%s: %s", self.path, exc)
+                                self._lazy_deadline = now + self.durable_delay
+                        break
+                    if self._buf and now >= self._buf_since + self.flush_interval:
+                        try:
+                            wrote = bool(self._write_out_locked())
+                        except WALError as exc:  # the next write-through or sync will raise it
+                            logger.error("%s: %s", self.path, exc)
+                            self._buf_since = now
+                        break
+                    wake = float("inf")
+                    if self._buf:
+                        wake = self._buf_since + self.flush_interval
+                    if lazy and not self._syncing:
+                        wake = min(wake, self._lazy_deadline)
+                    self._flusher_wake_at = wake
+                    self._flusher_cond.wait(None if wake == float("inf") else max(0.0, wake - now))
+                    self._flusher_wake_at = float("inf")
+            if wrote:
+                self._notify()
 
     def subscribe(self, listener: Callable[[], None]) -> None:
-        """Called after every append (the shipper uses it to wake up instead of polling)."""
+        """Called after records reach the file (the shipper uses it to wake up instead of polling)."""
         self._listeners.append(listener)
 
     # -- leases ------------------------------------------------------------------------
@@ -256,8 +542,10 @@ class WAL:
                     if now - last >= ttl / 3:
                         # Written under the lock so a lease can never land after the saga's
                         # terminal record (release_lease takes the same lock).
+                        # Written through: a heartbeat is a liveness signal for the control plane.
                         try:
-                            self._write_locked("SAGA_LEASE", {"saga_id": sid, "pid": os.getpid()})
+                            business = _encode_business({"saga_id": sid, "pid": os.getpid()})
+                            self._write_out_locked(("SAGA_LEASE", time.time(), business))
                         except WALError:
                             return
                         self._leases[sid] = (ttl, now)
@@ -271,16 +559,30 @@ class WAL:
     # -- closing -----------------------------------------------------------------------
 
     def close(self) -> None:
+        """Write and fsync everything (buffered records included), then release the file."""
         with self._lock:
             if self._closed:
                 return
-        self.sync()
-        with self._lock:
-            self._closed = True
+            self._closed = True  # no record can follow the final sync
+            self._flusher_cond.notify_all()
         self._lease_wake.set()
-        if self._lease_thread is not None:
-            self._lease_thread.join(timeout=5)
-        os.close(self._fd)  # also releases the flock
+        try:
+            self.sync()
+        finally:
+            if self._lease_thread is not None:
+                self._lease_thread.join(timeout=5)
+            if self._flusher is not None:
+                self._flusher.join(timeout=30)  # it may be finishing an fsync on this fd
+            with self._lock:
+                leftover = [fut for _t, _loop, fut in self._async_waiters]
+                self._async_waiters = []
+            for fut in leftover:
+                try:
+                    fut.get_loop().call_soon_threadsafe(_settle, [fut], WALError(f"{self.path} was closed"))
+                except RuntimeError:  # its loop is gone
+                    pass
+            _open_wals.discard(self)
+            os.close(self._fd)  # also releases the flock
 
     def __enter__(self) -> WAL:
         return self
@@ -290,6 +592,25 @@ class WAL:
 
     def __repr__(self) -> str:
         return f"WAL({str(self.path)!r}, stream_id={self.stream_id!r}, seq={self._seq})"
+
+
+def _encode_business(fields: dict[str, Any]) -> bytes:
+    """The canonical bytes of a record's business fields (reserved names dropped)."""
+    if not fields.keys().isdisjoint(_RESERVED):
+        fields = {k: v for k, v in fields.items() if k not in _RESERVED}
+    try:
+        return canonical_strict(fields)
+    except (TypeError, ValueError, RecursionError):
+        return canonical(json_safe(fields))
+
+
+def _settle(futs: list[asyncio.Future[None]], failure: BaseException | None) -> None:
+    for fut in futs:
+        if not fut.done():
+            if failure is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(failure)
 
 
 def _reverse_lines(fh: Any, size: int, block: int = 65536) -> Any:

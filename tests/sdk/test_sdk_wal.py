@@ -282,3 +282,236 @@ def test_lease_heartbeats_are_written_while_a_saga_runs(tmp_path: Any) -> None:
     assert leases and all(r["saga_id"] == s.saga_id for r in leases)
     start = records[0]
     assert start["event"] == "SAGA_START" and start["lease_ttl"] == 0.06
+
+
+# -- buffering, deferred commits, async group commit ----------------------------------------------
+
+
+def _events(path: Any) -> list[str]:
+    return [r["event"] for r in read_wal(path)] if path.exists() else []
+
+
+def test_buffered_reversible_records_reach_the_file_before_the_next_durable_barrier(tmp_path: Any) -> None:
+    # An hour-long flush interval: only the barrier can put them in the file.
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600)
+    rev = sp.tool(lambda x: x, name="rev", semantics=sp.REVERSIBLE)
+    comp = sp.tool(lambda x: x, name="comp", semantics=sp.COMPENSABLE)
+    seen: list[list[str]] = []
+    fx = sp.tool(lambda: seen.append(_events(tmp_path / "a.wal")), name="fx", semantics=sp.COMPENSABLE)
+    with sp.saga(name="s", wal=wal):
+        rev(1)
+        assert wal.buffered == 3 and _events(tmp_path / "a.wal") == []  # queued, not written
+        comp(2)
+        fx()
+    # Inside the COMPENSABLE effect: every earlier record, and fx's own intent, was in the file.
+    assert seen == [
+        ["SAGA_START", "STEP_INTENT", "STEP_COMMITTED", "STEP_INTENT", "STEP_COMMITTED", "STEP_INTENT"]
+    ]
+    wal.close()
+    records = read_wal(tmp_path / "a.wal")
+    assert verify_chain(records).intact and integrity.verify(records).intact
+    assert [r["seq"] for r in records] == list(range(1, 9))
+
+
+def test_buffered_records_reach_the_file_on_close_and_the_chain_verifies(tmp_path: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600)
+    rev = sp.tool(lambda x: x, name="rev", semantics=sp.REVERSIBLE)
+    with sp.saga(name="s", wal=wal):
+        rev({"nested": [1, 2.5, "é"]})
+    # The terminal record is written through, carrying the queue with it.
+    assert _events(tmp_path / "a.wal") == ["SAGA_START", "STEP_INTENT", "STEP_COMMITTED", "SAGA_COMPLETE"]
+    wal.emit("NOTE", {"n": 1}, buffered=True)
+    assert wal.buffered == 1 and len(read_wal(tmp_path / "a.wal")) == 4
+    wal.close()
+    records = read_wal(tmp_path / "a.wal")
+    assert [r["event"] for r in records][-1] == "NOTE" and records[1]["kwargs"] == {
+        "x": {"nested": [1, 2.5, "é"]}
+    }
+    assert verify_chain(records).intact and integrity.verify(records).intact
+
+
+def test_buffered_records_are_written_at_interpreter_exit_without_close(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sagaplane as sp, sys\n"
+        "wal = sp.WAL(sys.argv[1], flush_interval=3600)\n"
+        "rev = sp.tool(lambda x: x, name='rev', semantics=sp.REVERSIBLE)\n"
+        "s = sp.saga(name='s', wal=wal)\n"
+        "s.__enter__()\n"
+        "rev(1)\n"
+        "assert wal.buffered == 3\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "a.wal")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert _events(tmp_path / "a.wal") == ["SAGA_START", "STEP_INTENT", "STEP_COMMITTED"]
+
+
+def test_buffered_records_are_written_within_the_flush_interval(tmp_path: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=0.001)
+    written = threading.Event()
+    wal.subscribe(written.set)  # called once records are in the file
+    wal.emit("NOTE", {"n": 1}, buffered=True)
+    assert written.wait(10)
+    assert _events(tmp_path / "a.wal") == ["NOTE"] and wal.buffered == 0
+    wal.close()
+
+
+def test_record_fields_are_captured_when_emitted(tmp_path: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600)
+    args = {"items": [1]}
+    wal.emit("NOTE", {"args": args}, buffered=True)
+    args["items"].append(2)  # mutated after the call: the record keeps what was passed
+    wal.close()
+    assert read_wal(tmp_path / "a.wal")[0]["args"] == {"items": [1]}
+
+
+def test_failed_write_keeps_the_queue_and_the_chain(tmp_path: Any, monkeypatch: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600)
+    wal.emit("A", {}, buffered=True)
+    real = wal_module.write_all
+
+    def broken(fd: int, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wal_module, "write_all", broken)
+    with pytest.raises(sp.WALError):
+        wal.emit("B", {})  # a write-through fails before its effect, loudly
+    assert wal.buffered == 1
+    monkeypatch.setattr(wal_module, "write_all", real)
+    wal.emit("C", {})
+    wal.close()
+    records = read_wal(tmp_path / "a.wal")
+    assert [r["event"] for r in records] == ["A", "C"] and [r["seq"] for r in records] == [1, 2]
+    assert verify_chain(records).intact
+
+
+def test_non_json_fields_fall_back_to_their_projection(tmp_path: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal")
+    wal.append("E", {"nan": float("nan"), "obj": object, "t": (1, 2), "seq": 99, "_h": "forged"})
+    wal.close()
+    (record,) = read_wal(tmp_path / "a.wal")
+    assert record["seq"] == 1 and record["nan"] == "nan" and record["t"] == [1, 2]
+    assert record["obj"].startswith("<class") and record["_h"] != "forged"
+    assert verify_chain([record]).intact and integrity.verify([record]).intact
+
+
+def test_record_hash_fast_matches_the_canonical_form() -> None:
+    import random
+
+    from sagaplane.chain import record_hash, record_hash_fast
+
+    rng = random.Random(5)
+    for _ in range(500):
+        ts = rng.random() * 10 ** rng.randint(0, 12)
+        seq = rng.randint(1, 10**9)
+        event = rng.choice(["STEP_INTENT", 'é"\\x', "SAGA_COMPLETE", "\u2028"])
+        assert record_hash_fast("a" * 64, seq, ts, event, "d" * 64) == record_hash(
+            "a" * 64, seq, ts, event, "d" * 64
+        )
+
+
+def test_compensable_step_needs_one_fsync_its_outcome_rides_the_next_barrier(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", durable_delay=3600)
+    comp = sp.tool(lambda x: x, name="comp", semantics=sp.COMPENSABLE)
+    durable_at_effect: list[list[str]] = []
+    real_fsync = wal_module.os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        durable_at_effect.append(_events(tmp_path / "a.wal"))
+
+    monkeypatch.setattr(wal_module.os, "fsync", fsync)
+    with sp.saga(name="s", wal=wal):
+        comp(1)
+        comp(2)
+        comp(3)
+    # One fsync per step (its intent) plus one for the terminal record.
+    assert wal.fsyncs == 4
+    # Step 2's barrier covered step 1's commit; the terminal one covered step 3's.
+    assert durable_at_effect[1][-2:] == ["STEP_COMMITTED", "STEP_INTENT"]
+    assert durable_at_effect[-1][-2:] == ["STEP_COMMITTED", "SAGA_COMPLETE"]
+    monkeypatch.setattr(wal_module.os, "fsync", real_fsync)
+    wal.close()
+
+
+def test_sync_soon_fsyncs_an_outcome_without_a_later_barrier(tmp_path: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", durable_delay=0.001)
+    mark = wal.emit("E", {}, buffered=True)
+    done = threading.Event()
+    wal.subscribe(done.set)
+    wal.sync_soon(mark)
+    assert done.wait(10)  # the flusher wrote it...
+    with wal._cond:  # ...and fsyncs it: wait for the mark to become durable (no sleeping)
+        assert wal._cond.wait_for(lambda: wal._durable >= mark, 10)
+    assert wal.fsyncs == 1
+    wal.close()
+
+
+def test_async_sagas_share_fsyncs_on_the_flusher_thread(tmp_path: Any, monkeypatch: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal")
+    comp = sp.tool(_acomp, name="acomp", semantics=sp.COMPENSABLE)
+    gate = threading.Event()
+    real_fsync = wal_module.os.fsync
+    threads: set[str] = set()
+
+    def fsync(fd: int) -> None:
+        if fd == wal._fd:  # other tests' WALs may still be syncing in the background
+            threads.add(threading.current_thread().name)
+            assert gate.wait(10)  # the first fsync holds until every task is waiting
+        real_fsync(fd)
+
+    monkeypatch.setattr(wal_module.os, "fsync", fsync)
+    tasks = 32
+
+    async def main() -> None:
+        async def one(i: int) -> None:
+            async with sp.saga(name=f"a{i}", wal=wal):
+                await comp(i)
+
+        running = [asyncio.create_task(one(i)) for i in range(tasks)]
+        while wal.sync_waits < tasks:  # every task has handed its barrier to the flusher
+            await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*running)
+
+    asyncio.run(main())
+    monkeypatch.setattr(wal_module.os, "fsync", real_fsync)
+    # 32 intents + 32 terminal records: a handful of shared rounds, never one per waiter.
+    assert wal.sync_waits >= 2 * tasks - 1 and wal.fsyncs <= 6
+    assert threads == {f"sagaplane-wal-{wal.stream_id}"}  # never on the event loop
+    wal.close()
+    records = read_wal(tmp_path / "a.wal")
+    assert len(records) == tasks * 4 and verify_chain(records).intact and integrity.verify(records).intact
+
+
+async def _acomp(x: int) -> int:
+    return x
+
+
+def test_async_waiter_fails_loudly_when_fsync_fails(tmp_path: Any, monkeypatch: Any) -> None:
+    wal = sp.WAL(tmp_path / "a.wal")
+    ran: list[int] = []
+
+    async def effect(x: int) -> None:
+        ran.append(x)
+
+    comp = sp.tool(effect, name="comp", semantics=sp.COMPENSABLE)
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(wal_module.os, "fsync", broken)
+
+    async def main() -> None:
+        async with sp.saga(name="s", wal=wal):
+            await comp(1)
+
+    with pytest.raises(sp.WALError):  # raised before the effect; the rollback cannot sync either
+        asyncio.run(main())
+    assert ran == []  # the effect never ran without its durable intent
