@@ -4,13 +4,15 @@ Three levels of "written", and which records get which:
 
 - **buffered**: accepted and queued in memory, fields already encoded; seq and hash are
   assigned in order when the queue is written. Records no effect depends on durably --
-  SAGA_START, a REVERSIBLE step's intent and outcome, a COMPENSABLE step's outcome, rollback
-  records -- wait here and reach the file with the next write-through, `sync()`, `close()`,
+  SAGA_START, a step's outcome (of a REVERSIBLE or COMPENSABLE step), rollback records --
+  wait here and reach the file with the next write-through, `sync()`, `close()`,
   interpreter exit, or after `flush_interval` (5 ms) at the latest, whichever comes first.
-  A SIGKILL can lose at most that window (agent-saga's REVERSIBLE records live in memory until
-  its flush loop runs); a clean exit loses nothing. `write_through_intents=True` writes every
-  intent before its effect instead. The shipper reads the file, so it only ever sees whole
-  records in chain order.
+  Every intent is written through before its effect (`write_through_intents`, on by default),
+  so a SIGKILL never hides an effect that happened: at worst an outcome from the last few
+  milliseconds is missing, and the step reads as 'unknown', which recovery resolves. A clean
+  exit loses nothing. `write_through_intents=False` queues REVERSIBLE intents too, as
+  agent-saga's fast path does, for agents that accept that window. The shipper reads the
+  file, so it only ever sees whole records in chain order.
 - **written**: in the file, one write(2) carrying everything queued before it, in order.
   `append()` and the terminal record of a saga write through.
 - **durable**: fsynced. Before a COMPENSABLE or IRREVERSIBLE effect its intent is durable.
@@ -102,7 +104,7 @@ class WAL:
         lock: bool = True,
         flush_interval: float = FLUSH_INTERVAL,
         durable_delay: float = DURABLE_DELAY,
-        write_through_intents: bool = False,
+        write_through_intents: bool = True,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -293,7 +293,7 @@ def _events(path: Any) -> list[str]:
 
 def test_buffered_reversible_records_reach_the_file_before_the_next_durable_barrier(tmp_path: Any) -> None:
     # An hour-long flush interval: only the barrier can put them in the file.
-    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600)
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600, write_through_intents=False)
     rev = sp.tool(lambda x: x, name="rev", semantics=sp.REVERSIBLE)
     comp = sp.tool(lambda x: x, name="comp", semantics=sp.COMPENSABLE)
     seen: list[list[str]] = []
@@ -311,6 +311,17 @@ def test_buffered_reversible_records_reach_the_file_before_the_next_durable_barr
     records = read_wal(tmp_path / "a.wal")
     assert verify_chain(records).intact and integrity.verify(records).intact
     assert [r["seq"] for r in records] == list(range(1, 9))
+
+
+def test_by_default_every_intent_is_in_the_file_before_its_effect(tmp_path: Any) -> None:
+    """A SIGKILL during a REVERSIBLE effect must not hide it: its intent is already written."""
+    wal = sp.WAL(tmp_path / "a.wal", flush_interval=3600)
+    seen: list[list[str]] = []
+    rev = sp.tool(lambda: seen.append(_events(tmp_path / "a.wal")), name="rev", semantics=sp.REVERSIBLE)
+    with sp.saga(name="s", wal=wal):
+        rev()
+    assert seen == [["SAGA_START", "STEP_INTENT"]]
+    wal.close()
 
 
 def test_buffered_records_reach_the_file_on_close_and_the_chain_verifies(tmp_path: Any) -> None:
@@ -336,7 +347,7 @@ def test_buffered_records_are_written_at_interpreter_exit_without_close(tmp_path
 
     script = (
         "import sagaplane as sp, sys\n"
-        "wal = sp.WAL(sys.argv[1], flush_interval=3600)\n"
+        "wal = sp.WAL(sys.argv[1], flush_interval=3600, write_through_intents=False)\n"
         "rev = sp.tool(lambda x: x, name='rev', semantics=sp.REVERSIBLE)\n"
         "s = sp.saga(name='s', wal=wal)\n"
         "s.__enter__()\n"
