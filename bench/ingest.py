@@ -168,6 +168,7 @@ def main() -> None:
     import httpx
     from agent_saga import integrity
 
+    load_before = os.getloadavg()[0]
     key = _setup_tenant()
     streams = [_records(batches * size, "0" * 64) for _ in range(clients)]
 
@@ -263,6 +264,10 @@ def main() -> None:
         "ratio_ingest_to_agent_saga_verify": round(ingest_rps / verify_rps, 3),
         "ratio_ingest_to_postgres_copy": round(ingest_rps / copy_rps, 3),
         "target_records_per_s": 10_000,
+        # This machine is shared: other work running during the benchmark lowers the numbers.
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
     }
     out = ROOT / "bench" / "results" / "ingest.json"
     out.parent.mkdir(parents=True, exist_ok=True)
