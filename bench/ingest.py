@@ -203,10 +203,7 @@ def main() -> None:
         # Bodies are serialised before the clock starts: agents build their batches on their own
         # machines, so the client's JSON encoding is not part of what the server is measured on.
         bodies = [
-            [
-                json.dumps({"records": records[b * size : (b + 1) * size]}).encode()
-                for b in range(batches)
-            ]
+            [json.dumps({"records": records[b * size : (b + 1) * size]}).encode() for b in range(batches)]
             for records in streams
         ]
 
