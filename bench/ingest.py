@@ -266,7 +266,8 @@ def main() -> None:
         "load_average_1m_after": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
-    out = ROOT / "bench" / "results" / "ingest.json"
+    # Quick runs (CI) never overwrite the full run's numbers.
+    out = ROOT / "bench" / "results" / ("ingest-quick.json" if args.quick else "ingest.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for k, v in result.items():

@@ -395,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small counts (CI: under 60 s)")
     parser.add_argument("--skip-shipper", action="store_true")
     parser.add_argument("--dir", default=None, help="where WALs go (default: a temp folder under bench/)")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "sdk.json"))
+    parser.add_argument("--out", default=None, help="default: bench/results/sdk[-quick].json")
     args = parser.parse_args(argv)
+    if args.out is None:  # quick runs (CI) never overwrite the full run's numbers
+        args.out = str(REPO / "bench" / "results" / ("sdk-quick.json" if args.quick else "sdk.json"))
     q = args.quick
     n_fast, n_durable, n_floor = (2000, 200, 200) if q else (20000, 2000, 2000)
     group_sagas = {1: 20, 8: 80, 64: 256} if q else {1: 200, 8: 800, 64: 2560}
