@@ -130,6 +130,24 @@ class Redaction(TenantScopedModel):
     server_record = models.ForeignKey(Record, on_delete=models.PROTECT, related_name="+", null=True)
 
 
+class RefusedBatch(TenantScopedModel):
+    """A batch refused for its chain (422) or for equivocation (409): none of its records were
+    stored, but the refusal itself is kept, so the evidence page can show a stream's troubles."""
+
+    stream_id = models.CharField(max_length=200)
+    status = models.PositiveSmallIntegerField()
+    code = models.CharField(max_length=40)
+    seq = models.CharField(max_length=40, blank=True)
+    index = models.IntegerField(null=True)
+    detail = models.TextField()
+    record_count = models.PositiveIntegerField()
+    actor = models.CharField(max_length=200)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "stream_id", "-received_at"])]
+
+
 class EquivocationAttempt(TenantScopedModel):
     """Evidence of a refused record that claimed a position the stream already holds."""
 

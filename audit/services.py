@@ -46,12 +46,14 @@ from audit.models import (
     Record,
     RecordPayload,
     Redaction,
+    RefusedBatch,
     Stream,
     StreamKind,
     TenantLog,
 )
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
+from transparency import hooks as transparency_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -464,6 +466,7 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
         TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
     changes = sagas_services.apply_prepared(tenant, folded, items, base)
     sagas_services.publish_on_commit(tenant, stream_name, len(rows), changes)
+    transparency_hooks.records_appended(tenant)
     return rows
 
 
@@ -475,7 +478,27 @@ def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor
     )
 
 
-def _keep_evidence(tenant: Tenant, refusal: IngestRefused, batch: Sequence[Incoming], actor: str) -> None:
+# Refusals about the chain itself are kept as evidence; malformed input (400) is just answered.
+KEPT_REFUSALS = (409, 422)
+
+
+def _keep_evidence(
+    tenant: Tenant, refusal: IngestRefused, batch: Sequence[Incoming], actor: str, stream_id: str
+) -> None:
+    """Called after the batch's savepoint rolled back: the records are gone, the refusal stays."""
+    RefusedBatch.objects.create(
+        tenant=tenant,
+        stream_id=refusal.extra.get("stream") or stream_id,
+        status=refusal.status,
+        code=refusal.code,
+        seq="" if refusal.seq is None else str(refusal.seq)[:40],
+        index=refusal.index,
+        detail=refusal.detail[:2000],
+        record_count=len(batch),
+        actor=actor,
+    )
+    if refusal.code != "equivocation":
+        return
     offered = next((r for r in batch if r.index == refusal.index), None)
     EquivocationAttempt.objects.create(
         tenant=tenant,
@@ -512,10 +535,10 @@ def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: str) -> Inges
                 stream = _lock_stream(tenant, stream_id, StreamKind.AGENT)
                 return _ingest_into(tenant, stream, batch, actor=actor)
         except IngestRefused as exc:
-            if exc.code != "equivocation":
+            if exc.status not in KEPT_REFUSALS:
                 raise
             # The batch is rolled back (savepoint), the evidence of the attempt is not.
-            _keep_evidence(tenant, exc, batch, actor)
+            _keep_evidence(tenant, exc, batch, actor, stream_id)
             refused = exc
     raise refused
 
@@ -546,9 +569,9 @@ def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: str) -> list[Inges
                     results.append(_ingest_into(tenant, stream, segment, actor=actor))
                 return results
         except IngestRefused as exc:
-            if exc.code != "equivocation":
+            if exc.status not in KEPT_REFUSALS:
                 raise
-            _keep_evidence(tenant, exc, batch, actor)
+            _keep_evidence(tenant, exc, batch, actor, "agent-saga push")
             refused = exc
     raise refused
 

@@ -14,7 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from audit.models import EquivocationAttempt, Record, Stream, TenantLog
+from audit.models import Record, RefusedBatch, Stream, TenantLog
 from frontend.views import actor_of, member_page, page
 from transparency import proofs
 from transparency import services as transparency
@@ -25,8 +25,8 @@ EXPORTS_SHOWN = 20
 
 def _streams() -> list[dict[str, Any]]:
     streams = list(Stream.objects.order_by("-updated_at")[:200])
-    refused: dict[str, list[EquivocationAttempt]] = {}
-    for attempt in EquivocationAttempt.objects.order_by("-received_at")[:500]:
+    refused: dict[str, list[RefusedBatch]] = {}
+    for attempt in RefusedBatch.objects.order_by("-received_at")[:500]:
         refused.setdefault(attempt.stream_id, []).append(attempt)
     rows = []
     for stream in streams:

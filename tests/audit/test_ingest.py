@@ -12,7 +12,7 @@ from django.test import override_settings
 from sagaplane.chain import GAP_EVENT, GENESIS, redact_record, stamp, verify_chain
 
 from audit import services
-from audit.models import EquivocationAttempt, Record, RecordPayload, Stream, TenantLog
+from audit.models import EquivocationAttempt, Record, RecordPayload, RefusedBatch, Stream, TenantLog
 from tenants.scoping import tenant_context
 from tests.audit.chains import chain, restamp, saga_records, snapshot
 from tests.conftest import Person
@@ -212,6 +212,25 @@ def test_edited_field_is_digest_mismatch_with_first_bad_record(alice: Person) ->
     assert snapshot(alice.tenant) == before
 
 
+def test_a_chain_refusal_is_kept_as_evidence_without_its_records(alice: Person) -> None:
+    records = chain(saga_records(steps=2))
+    records[3]["tool"] = "payments.steal"
+    response = post(alice, "ev", records)
+    assert response.status_code == 422
+    with tenant_context(alice.tenant):
+        refusal = RefusedBatch.objects.get()
+        assert not Record.objects.filter(stream__stream_id="ev").exists()
+    assert (refusal.stream_id, refusal.code, refusal.status) == ("ev", "digest_mismatch", 422)
+    assert (refusal.seq, refusal.index, refusal.record_count) == (str(records[3]["seq"]), 3, len(records))
+    assert refusal.actor.startswith("api-key:")
+
+
+def test_malformed_input_leaves_no_evidence_row(alice: Person) -> None:
+    assert post(alice, "ev", [{"seq": 1.5}]).status_code == 400
+    with tenant_context(alice.tenant):
+        assert not RefusedBatch.objects.exists()
+
+
 def test_edited_header_is_hash_mismatch(alice: Person) -> None:
     records = chain(saga_records())
     records[2]["ts"] += 1
@@ -249,6 +268,7 @@ def test_equivocation_is_409_and_kept_as_evidence(alice: Person) -> None:
     with tenant_context(alice.tenant):
         evidence = EquivocationAttempt.objects.get()
         assert evidence.offered_hash == forked[2]["_h"] and evidence.stream_id == "q"
+        assert RefusedBatch.objects.get().code == "equivocation"
         assert json.loads(evidence.offered_record)["kwargs"] == {"amount": 99}
 
 

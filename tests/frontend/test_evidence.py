@@ -31,6 +31,21 @@ def _ship_and_sign(person: Person) -> str:
     return saga_id
 
 
+def test_refused_batches_are_listed_with_their_reasons(alice: Person, carol: Person) -> None:
+    writer = Writer()
+    _, records = saga_forward(writer)
+    assert alice.key_client().post("/api/v1/streams/ev-2/records", {"records": records[:2]},
+                                   format="json").status_code == 200
+    tampered = [dict(r) for r in records[2:]]
+    tampered[0]["tool"] = "payments.steal"
+    refused = alice.key_client().post("/api/v1/streams/ev-2/records", {"records": tampered}, format="json")
+    assert refused.status_code == 422
+    page = browser(alice).get(reverse("evidence")).content.decode()
+    row = re.search(r'<tr data-stream="ev-2">.*?</tr>', page, re.S).group(0)
+    assert "digest_mismatch" in row and f"seq {tampered[0]['seq']}" in row
+    assert "digest_mismatch" not in browser(carol).get(reverse("evidence")).content.decode()
+
+
 def test_no_checkpoint_yet(alice: Person) -> None:
     body = browser(alice).get(reverse("evidence")).content.decode()
     assert 'id="no-checkpoint"' in body and 'id="start-export" disabled' in body
