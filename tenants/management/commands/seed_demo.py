@@ -1,8 +1,13 @@
-"""A demo tenant with people in every role and an agent key, ready for the README's first command.
+"""A demo tenant with people in every role, an agent key, and a first history of sagas, ready for
+the README's first command (which then keeps the demo agent running for live sagas).
 
 Idempotent: a second run keeps what exists and prints the same logins. The agent key is written
-to the data folder so the demo agent (and only the local machine) can use it."""
+to the data folder so the demo agent (and only the local machine) can use it. The first history
+is made by the real demo agent (sdk/examples/demo_agent.py) writing a real WAL, which is then
+ingested through the same verified ingest service the API uses."""
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +16,10 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from tenants import services
 from tenants.models import Role, Tenant
+from tenants.scoping import tenant_context
+
+DEMO_AGENT = Path(__file__).resolve().parents[3] / "sdk" / "examples" / "demo_agent.py"
+SEED_SAGAS = 12
 
 DEMO_SLUG = "demo"
 DEMO_PASSWORD = "sagaplane-demo"
@@ -31,6 +40,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--password", default=DEMO_PASSWORD)
+        parser.add_argument("--sagas", type=int, default=SEED_SAGAS, help="first history (0: none)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         password = options["password"]
@@ -46,7 +56,37 @@ class Command(BaseCommand):
             )
             key_file.write_text(raw_key)
             key_file.chmod(0o600)
+        if options["sagas"] and not _has_sagas(tenant):
+            count = _seed_history(tenant, options["sagas"])
+            self.stdout.write(f"ingested a first history of {count} records from the demo agent")
         self.stdout.write(f"demo tenant '{DEMO_SLUG}' ready; sign in as any of (password {password}):")
         for email, role in DEMO_PEOPLE:
             self.stdout.write(f"  {role:<9} {email}")
         self.stdout.write(f"demo agent API key in {key_file}")
+
+
+def _has_sagas(tenant: Tenant) -> bool:
+    from sagas.models import Saga
+
+    with tenant_context(tenant):
+        return Saga.objects.exists()
+
+
+def _seed_history(tenant: Tenant, sagas: int) -> int:
+    from sagaplane.walfile import read_all, stream_id_for
+
+    from audit.services import ingest
+
+    wal = Path(settings.DATA_DIR) / "seed-agent" / "demo-agent.wal"
+    wal.parent.mkdir(parents=True, exist_ok=True)
+    # A separate process, as a real agent is: the demo agent's tools keep module-level state.
+    subprocess.run(
+        [sys.executable, str(DEMO_AGENT), "--sagas", str(sagas), "--wal", str(wal), "--no-ship", "--quiet"],
+        check=False,  # partial rollbacks are part of the demo; the WAL is what matters
+        capture_output=True,
+        timeout=120,
+    )
+    entries, _ = read_all(wal)
+    records = [entry.record for entry in entries if entry.record is not None]
+    ingest(tenant, stream_id_for(wal), records, actor="seed_demo")
+    return len(records)
