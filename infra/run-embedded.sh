@@ -12,7 +12,14 @@ URL="http://127.0.0.1:${PORT}"
 $BIN/python manage.py migrate --noinput -v0
 $BIN/python manage.py seed_demo
 
-trap 'trap - EXIT INT TERM; kill 0 2>/dev/null || true' EXIT INT TERM
+stop_all() {
+  trap - EXIT INT TERM
+  # Celery's warm shutdown waits for running tasks; give it a moment, then make sure it is gone.
+  kill -TERM $(jobs -p) 2>/dev/null || true
+  for _ in $(seq 1 50); do [ -z "$(jobs -pr)" ] && break; sleep 0.2; done
+  kill -KILL 0 2>/dev/null || true
+}
+trap stop_all EXIT INT TERM
 $BIN/celery -A controlplane worker -B --loglevel=WARNING --concurrency=2 \
   --schedule="$SAGAPLANE_DATA_DIR/celerybeat-schedule" &
 $BIN/python manage.py runserver "127.0.0.1:${PORT}" --noreload &
