@@ -144,20 +144,6 @@ WITH ids AS (
 SELECT id FROM ids ORDER BY ord
 """
 
-_INSERT_HEADERS = """
-INSERT INTO audit_record (
-    tenant_id, stream_id, received_at, id, position, seq, ts, ts_json, event, cd, ph, h,
-    saga_id, step_id, tool, redacted, leaf_index, leaf_hash
-)
-SELECT %(tenant)s, %(stream)s, %(now)s, u.*
-FROM unnest(
-    %(id)b::bigint[], %(position)b::bigint[], %(seq)b::bigint[], %(ts)b::float8[], %(ts_json)b::text[],
-    %(event)b::text[], %(cd)b::text[], %(ph)b::text[], %(h)b::text[], %(saga_id)b::text[],
-    %(step_id)b::text[], %(tool)b::text[], %(redacted)b::text[], %(leaf_index)b::bigint[],
-    %(leaf_hash)b::bytea[]
-) AS u
-"""
-
 _record_id_sequence: str | None = None
 
 
@@ -194,41 +180,12 @@ def prepare_records(rows: Sequence[StoredRow]) -> None:
 def insert_records(
     tenant_id: int, stream_pk: int, first_leaf: int, now: datetime, rows: Sequence[StoredRow]
 ) -> None:
-    """Append the headers (leaf indices first_leaf.. in row order; the caller holds the tenant log
-    and stream row locks) and, where `prepare_records` has not already, their payloads. Sets each
-    row's pk, leaf_index and received_at."""
+    """The SQLite path (Postgres appends with `lock_and_append`): the headers at leaf indices
+    first_leaf.. in row order, then their payloads. The caller holds the tenant log lock."""
     for offset, row in enumerate(rows):
         row.leaf_index = first_leaf + offset
         row.received_at = now
-    if not is_postgres():
-        _insert_orm(rows)
-        return
-    if any(row.pk is None for row in rows):
-        prepare_records(rows)
-    params = {
-        "tenant": tenant_id,
-        "stream": stream_pk,
-        "now": now,
-        "id": [r.pk for r in rows],
-        "position": [r.position for r in rows],
-        "seq": [r.seq for r in rows],
-        "ts": [r.ts for r in rows],
-        "ts_json": [r.ts_json for r in rows],
-        "event": [r.event for r in rows],
-        "cd": [r.cd for r in rows],
-        "ph": [r.ph for r in rows],
-        "h": [r.h for r in rows],
-        "saga_id": [r.saga_id for r in rows],
-        "step_id": [r.step_id for r in rows],
-        "tool": [r.tool for r in rows],
-        "redacted": [r.redacted for r in rows],
-        "leaf_index": [r.leaf_index for r in rows],
-        "leaf_hash": [r.leaf_hash for r in rows],
-    }
-    with server_cursor() as cursor:
-        cursor.execute(_INSERT_HEADERS, params)
-        if cursor.rowcount != len(rows):  # pragma: no cover - the statement inserts every row or raises
-            raise RuntimeError(f"inserted {cursor.rowcount} record headers for {len(rows)} rows")
+    _insert_orm(rows)
 
 
 _LOCK_AND_APPEND = """
