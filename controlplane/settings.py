@@ -257,6 +257,10 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
+# Outgoing mail (invitations): EMAIL_URL such as smtp+tls://user:pass@host:587; the console otherwise.
+globals().update(env.email_url("EMAIL_URL", default="consolemail://"))  # EMAIL_BACKEND, EMAIL_HOST, ...
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Sagaplane <no-reply@sagaplane.local>")
+
 # Ingest limits: a batch over either is refused whole with 413.
 SAGAPLANE_MAX_BATCH_RECORDS = env.int("SAGAPLANE_MAX_BATCH_RECORDS", default=5000)
 SAGAPLANE_MAX_BODY_BYTES = env.int("SAGAPLANE_MAX_BODY_BYTES", default=8 * 1024 * 1024)

@@ -98,9 +98,11 @@ def invite(request: HttpRequest) -> HttpResponse:
         if not invitations.may_grant(request.membership.role, role):
             form.add_error("role", "only an owner can invite an owner")
         else:
-            token = invitations.make_token(request.tenant, form.cleaned_data["email"], role, request.user)
+            email = form.cleaned_data["email"]
+            token = invitations.make_token(request.tenant, email, role, request.user)
             url = request.build_absolute_uri(reverse("invite-accept", args=[token]))
-            return _members_page(request, invite_url=url, invited_email=form.cleaned_data["email"])
+            sent = invitations.send_invitation(request.tenant, email, role, request.user, url)
+            return _members_page(request, invite_url=url, invited_email=email, invite_sent=sent)
     return _members_page(request, form=form)
 
 

@@ -7,17 +7,22 @@ allowed to manage members (and to grant the role), so removing an admin voids th
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from smtplib import SMTPException
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core import signing
+from django.core.mail import send_mail
 
 from tenants.api import membership_for
 from tenants.models import InvitationUse, Role, Tenant
 from tenants.scoping import tenant_context
+
+logger = logging.getLogger(__name__)
 
 SALT = "sagaplane.frontend.invitation"
 INVITATION_MAX_AGE = timedelta(days=3)
@@ -69,3 +74,19 @@ def read_token(token: str) -> Invitation:
     if used:
         raise InvalidInvitation("this invitation has already been used")
     return Invitation(tenant=tenant, email=data["e"], role=role, inviter=inviter, nonce=nonce)
+
+
+def send_invitation(tenant: Tenant, email: str, role: str, inviter: Any, url: str) -> bool:
+    """E-mail the link (EMAIL_URL decides how; the console in development). The page shows the
+    link too, so a failed send never loses an invitation: it says so and the link is copied by hand."""
+    who = inviter.get_full_name() or inviter.email or inviter.get_username()
+    body = (
+        f"{who} invited you to {tenant.name} on Sagaplane as {role}.\n\n"
+        f"Accept within {INVITATION_MAX_AGE.days} days: {url}\n\n"
+        "If you did not expect this, ignore this message."
+    )
+    try:
+        return send_mail(f"Join {tenant.name} on Sagaplane", body, None, [email]) == 1
+    except (OSError, SMTPException):
+        logger.warning("could not e-mail the invitation to %s", email, exc_info=True)
+        return False

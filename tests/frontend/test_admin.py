@@ -176,6 +176,14 @@ def test_invitation_creates_account_and_membership(alice: Person) -> None:
     assert guest.get(reverse("evidence")).status_code == 200
 
 
+def test_invitation_is_emailed_with_its_link(alice: Person, mailoutbox: list) -> None:
+    path = _invite(browser(alice), "hana@example.com", "approver")
+    assert len(mailoutbox) == 1
+    message = mailoutbox[0]
+    assert message.to == ["hana@example.com"] and "Acme Payments" in message.subject
+    assert f"http://testserver{path}" in message.body and "approver" in message.body
+
+
 def test_invitation_works_once_so_a_removed_member_cannot_rejoin(alice: Person) -> None:
     from tenants import services
 
