@@ -1,6 +1,6 @@
 """A demo agent for Sagaplane: a checkout bot whose sagas sometimes fail.
 
-    SAGAPLANE_URL=http://127.0.0.1:8000 SAGAPLANE_API_KEY=sk_... python sdk/examples/demo_agent.py --sagas 30
+    SAGAPLANE_URL=http://127.0.0.1:8000 SAGAPLANE_API_KEY=sp_... python sdk/examples/demo_agent.py --sagas 30
     SAGAPLANE_WAL_DIR=/tmp/demo SAGAPLANE_URL=... SAGAPLANE_API_KEY=... \
         python sdk/examples/demo_agent.py --forever
 
