@@ -319,11 +319,13 @@ _CREDENTIAL_VALUE = re.compile(
 
 
 def credential_reference(value: Any) -> dict[str, str]:
-    import hashlib
+    """Keyed, not a bare hash: a bare SHA-256 of a weak password could be guessed offline."""
     import json
 
-    digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-    return {"$credential": f"sha256:{digest[:16]}"}
+    from django.utils.crypto import salted_hmac
+
+    mac = salted_hmac("sagaplane.credential-reference", json.dumps(value, sort_keys=True, default=str))
+    return {"$credential": f"hmac:{mac.hexdigest()[:16]}"}
 
 
 def mask_credentials(value: Any, key: str = "") -> Any:

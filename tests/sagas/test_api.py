@@ -47,6 +47,13 @@ def test_detail_has_steps_records_in_order_and_masked_credentials(alice: Person)
     kwargs = step["compensation"]["kwargs"]
     assert kwargs["charge_id"] == "ch_0"
     assert set(kwargs["api_key"]) == {"$credential"} and "sk_live" not in str(body)
+    # A keyed reference, not a bare hash that a dictionary attack could invert offline.
+    import hashlib
+    import json
+
+    assert kwargs["api_key"]["$credential"].startswith("hmac:")
+    bare = hashlib.sha256(json.dumps("sk_live_abcdefghijkl").encode()).hexdigest()[:16]
+    assert bare not in str(body)
     leaves = [r["leaf_index"] for r in body["records"]]
     assert leaves == sorted(leaves) and len(leaves) == 4
     assert [r["record"]["_h"] for r in body["records"]] == [r["_h"] for r in records[:4]]
