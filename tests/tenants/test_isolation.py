@@ -38,12 +38,30 @@ def _acme_export_id(tenant: Tenant, alice: Person) -> Any:
         return export.pk
 
 
+def _acme_tile(tenant: Tenant, alice: Person) -> str:
+    """Acme's first level-0 tile, after integrating its log (a tile exists only once signed)."""
+    from transparency import services as transparency
+
+    sample_stream_id(tenant, alice)
+    transparency.ensure_signing_key(tenant)
+    transparency.integrate_fully(tenant)
+    size = _tree_size(tenant)
+    return "000" if size >= 256 else f"000.p/{size}"
+
+
+def _tree_size(tenant: Tenant) -> int:
+    from transparency.models import TreeState
+
+    with tenant_context(tenant):
+        return TreeState.objects.get().size
+
+
 # URL parameter name -> how to get acme's value for it. Apps add their own parameters here.
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
     # transparency: acme's first hash tile, and an acme export
     "level": lambda tenant, alice: 0,
-    "tile": lambda tenant, alice: "000.p/1",
+    "tile": _acme_tile,
     "export_id": _acme_export_id,
     "stream_id": sample_stream_id,
     "saga_id": sample_saga_id,
@@ -93,31 +111,57 @@ def test_every_api_view_inherits_the_tenant_mixin(route: str) -> None:
     )
 
 
-def _acme_fingerprints(tenant: Tenant, alice: Person) -> list[str]:
-    """Strings that would betray acme if they showed up in anything carol receives."""
-    return [tenant.slug, tenant.name, ApiKey.prefix_of(alice.api_key) or "", alice.user.email]
+def _fingerprints(tenant: Tenant, member: Person) -> list[str]:
+    """Strings that would betray `tenant` if they showed up in anything an outsider receives."""
+    from audit.models import Record
+
+    with tenant_context(tenant):
+        record_hashes = list(Record.objects.order_by("leaf_index").values_list("h", flat=True)[:50])
+    prefix = ApiKey.prefix_of(member.api_key) or ""
+    return [tenant.slug, tenant.name, prefix, member.user.email, *record_hashes]
 
 
-@pytest.mark.smoke
-def test_carol_sees_nothing_of_acme(tenant_a: Tenant, alice: Person, bob: Person, carol: Person) -> None:
-    fingerprints = _acme_fingerprints(tenant_a, alice)
+def _assert_sees_nothing_of(outsider: Person, tenant: Tenant, member: Person) -> int:
+    """Every API route, with `tenant`'s own object ids, asked by `outsider` (session and key)."""
+    urls = [(route, _fill(route, tenant, member)) for route, _ in api_routes()]
+    fingerprints = _fingerprints(tenant, member)
     checked = 0
-    for route, _ in api_routes():
-        url = _fill(route, tenant_a, alice)
-        has_params = "<" in route
-        for client_name, client in (("session", carol.session_client()), ("api key", carol.key_client())):
+    for route, url in urls:
+        clients = (("session", outsider.session_client()), ("api key", outsider.key_client()))
+        for client_name, client in clients:
             response = client.get(url)
             if response.status_code == 405:
                 continue  # a write-only route: nothing to read
             body = response.content.decode(errors="replace")
-            if has_params:
+            if "<" in route:
                 assert response.status_code in (403, 404), (
-                    f"carol ({client_name}) got {response.status_code} for acme's {url}: {body[:300]}"
+                    f"{outsider.tenant.slug} ({client_name}) got {response.status_code} for "
+                    f"{tenant.slug}'s {url}: {body[:300]}"
                 )
             for fingerprint in fingerprints:
-                assert fingerprint not in body, f"carol ({client_name}) saw {fingerprint!r} at {url}"
+                assert fingerprint not in body, (
+                    f"{outsider.tenant.slug} ({client_name}) saw {tenant.slug}'s {fingerprint!r} at {url}"
+                )
             checked += 1
-    assert checked > 0
+    return checked
+
+
+@pytest.mark.smoke
+def test_carol_sees_nothing_of_acme(tenant_a: Tenant, alice: Person, bob: Person, carol: Person) -> None:
+    assert _assert_sees_nothing_of(carol, tenant_a, alice) > 0
+
+
+@pytest.mark.smoke
+def test_a_third_tenant_sees_nothing_of_the_first_two(
+    tenant_a: Tenant, tenant_b: Tenant, alice: Person, carol: Person
+) -> None:
+    from tenants import services
+    from tests.conftest import make_person
+
+    tenant_c = services.create_tenant("charlie", "Charlie Freight", "founder@charlie.example", "x" * 12)
+    dave = make_person(tenant_c, "dave", "owner")
+    assert _assert_sees_nothing_of(dave, tenant_a, alice) > 0
+    assert _assert_sees_nothing_of(dave, tenant_b, carol) > 0
 
 
 @pytest.mark.smoke
@@ -127,4 +171,9 @@ def test_acme_members_do_see_their_own_data(tenant_a: Tenant, alice: Person) -> 
     response = alice.session_client().get("/api/v1/keys")
     assert response.status_code == 200
     assert ApiKey.prefix_of(alice.api_key) in response.content.decode()
-    assert alice.session_client().get(_fill("api/v1/keys/<int:pk>", tenant_a, alice)).status_code == 200
+    for route, _ in api_routes():
+        if "<" not in route:
+            continue
+        url = _fill(route, tenant_a, alice)
+        statuses = {alice.session_client().get(url).status_code, alice.key_client().get(url).status_code}
+        assert statuses & {200, 405, 409}, f"acme's own {url} answered {statuses} to acme"
