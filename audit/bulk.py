@@ -4,7 +4,7 @@ On Postgres every batch is one statement per table family, with the values sent 
 and expanded by `unnest` on the server (server-side binding on the Django connection's own psycopg
 connection, so the statement runs inside the caller's transaction and under the tenant's RLS
 setting; the row-level-security WITH CHECK clause still applies to every row). On any other backend
-(SQLite for the embedded demo and the fast test suite) the same rows go through `bulk_create`.
+(SQLite for the embedded demo and the fast test suite) the same rows go through `executemany`.
 
 Nothing here decides anything: `audit.services` verifies and plans, this module only writes what it
 is given. Queries go through Django's cursor wrapper, so `CaptureQueriesContext` and the debug log
@@ -185,7 +185,7 @@ def insert_records(
     for offset, row in enumerate(rows):
         row.leaf_index = first_leaf + offset
         row.received_at = now
-    _insert_orm(rows)
+    _insert_sqlite(rows)
 
 
 _LOCK_AND_APPEND = """
@@ -258,21 +258,56 @@ def lock_and_append(tenant_id: int, stream: Any, now: datetime, rows: Sequence[S
     return base
 
 
-def _insert_orm(rows: Sequence[StoredRow]) -> None:
+def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
+    """SQLite: the headers then their payloads, each one `executemany` of a plain INSERT (no model
+    instances; the ORM's bulk_create spent most of an embedded ingest building SQL). The ids are
+    read back by (stream, position): the write transaction is IMMEDIATE, so nobody else inserts."""
     from audit.models import Record, RecordPayload
 
-    headers = [row.as_record() for row in rows]
-    for header in headers:
-        header._state.adding = True
-        header.id = None
-    Record.objects.bulk_create(headers, batch_size=1000)
-    for row, header in zip(rows, headers, strict=True):
-        row.pk = header.pk
-    RecordPayload.objects.bulk_create(
-        [
-            RecordPayload(tenant_id=row.tenant_id, record=header, fields_json=row.fields_json, salt=row.salt)
-            for row, header in zip(rows, headers, strict=True)
-            if row.fields_json is not None
-        ],
-        batch_size=1000,
-    )
+    if not rows:
+        return
+    meta = Record._meta
+    columns = [
+        meta.get_field(name).column
+        for name in (
+            "tenant", "stream", "position", "seq", "ts", "ts_json", "event", "cd", "ph", "h", "saga_id",
+            "step_id", "tool", "redacted", "received_at", "leaf_index", "leaf_hash",
+        )
+    ]  # fmt: skip
+    adapt = connection.ops.adapt_datetimefield_value
+    adapted: dict[Any, Any] = {}
+    values = []
+    for r in rows:
+        when = r.received_at
+        if when not in adapted:
+            adapted[when] = adapt(when)
+        values.append(
+            (
+                r.tenant_id, r.stream.pk, r.position, r.seq, r.ts, r.ts_json, r.event, r.cd, r.ph, r.h,
+                r.saga_id, r.step_id, r.tool, r.redacted, adapted[when], r.leaf_index, r.leaf_hash,
+            )
+        )  # fmt: skip
+    table = meta.db_table
+    stream_col, position_col = meta.get_field("stream").column, meta.get_field("position").column
+    by_stream: dict[Any, list[StoredRow]] = {}
+    for r in rows:
+        by_stream.setdefault(r.stream.pk, []).append(r)
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})", values
+        )
+        for stream_pk, group in by_stream.items():
+            cursor.execute(
+                f"SELECT {meta.pk.column}, {position_col} FROM {table} "
+                f"WHERE {stream_col} = %s AND {position_col} BETWEEN %s AND %s",
+                [stream_pk, min(r.position for r in group), max(r.position for r in group)],
+            )
+            ids = dict((position, pk) for pk, position in cursor.fetchall())
+            for r in group:
+                r.pk = ids[r.position]
+        pmeta = RecordPayload._meta
+        pcolumns = [pmeta.get_field(name).column for name in ("tenant", "record", "fields_json", "salt")]
+        cursor.executemany(
+            f"INSERT INTO {pmeta.db_table} ({', '.join(pcolumns)}) VALUES (%s, %s, %s, %s)",
+            [(r.tenant_id, r.pk, r.fields_json, r.salt) for r in rows if r.fields_json is not None],
+        )

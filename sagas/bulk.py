@@ -264,8 +264,9 @@ def _save_orm(
         for name in STEP_FIELDS:
             setattr(step, name, getattr(state, name))
         models.append(step)
-    Step.objects.bulk_create([m for m in models if m.pk is None])
+    # Split before inserting: bulk_create sets the new steps' pks, which would make them look dirty.
     dirty = [m for m in models if m.pk is not None]
+    Step.objects.bulk_create([m for m in models if m.pk is None])
     if dirty:
         Step.objects.bulk_update(dirty, STEP_FIELDS)
 
