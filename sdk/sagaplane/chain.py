@@ -42,6 +42,21 @@ def content_digest(business: dict, salt: str) -> str:
 
 def record_hash(prev_hash: str, seq: Any, ts: Any, event: str, digest: str) -> str:
     # Hashing the digest rather than the payload is what lets redaction keep the chain.
+    tt = type(ts)
+    if (
+        type(seq) is int
+        and (tt is float and ts - ts == 0.0 or tt is int)  # finite float (not NaN/inf) or int
+        and type(event) is str
+        and type(prev_hash) is str
+        and type(digest) is str
+    ):
+        # The usual shape, without the encoder: the same bytes as canonical() (sorted keys,
+        # compact separators, ints and finite floats by repr, strings by json's own encoder).
+        text = (
+            f'{{"cd":{_encode_str(digest)},"event":{_encode_str(event)},"prev":{_encode_str(prev_hash)},'
+            f'"seq":{seq!r},"ts":{ts!r}}}'
+        )
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
     return hashlib.sha256(
         canonical({"prev": prev_hash, "seq": seq, "ts": ts, "event": event, "cd": digest})
     ).hexdigest()
