@@ -173,6 +173,8 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict = {
     # A checkpoint follows acceptance within about a second (ARCHITECTURE §2.3).
     "transparency-integrate": {"task": "transparency.integrate_grown_tenants", "schedule": 1.0},
+    # An export whose worker died mid-build is re-queued, then failed after a few attempts.
+    "transparency-export-sweep": {"task": "transparency.sweep_stale_exports", "schedule": 60.0},
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -276,3 +278,7 @@ SAGAPLANE_EXPORT_STORAGE = {
     "OPTIONS": {"location": env.str("SAGAPLANE_EXPORT_DIR", default=str(DATA_DIR / "exports"))},
 }
 SAGAPLANE_LEAF_SOURCE = "transparency.sources.AuditLeafSource"
+# An unfinished export with no progress for this long is presumed dead and re-queued; after this
+# many builds have died it is marked failed with the reason.
+SAGAPLANE_EXPORT_STALE_MINUTES = env.int("SAGAPLANE_EXPORT_STALE_MINUTES", default=10)
+SAGAPLANE_EXPORT_MAX_ATTEMPTS = env.int("SAGAPLANE_EXPORT_MAX_ATTEMPTS", default=3)

@@ -47,7 +47,8 @@ def _int_param(request: Request, name: str, *, required: bool) -> int | None:
 
 
 def _refusal(exc: proofs.ProofRequestError) -> ApiError:
-    status_code = 404 if exc.code == "not_found" else 400
+    # "inconsistent" is the server's fault (stored leaves disagree with stored nodes), never the client's.
+    status_code = {"not_found": 404, "no_checkpoint": 404, "inconsistent": 500}.get(exc.code, 400)
     return ApiError(status_code, exc.code, f"{exc.field}: {exc}", field=exc.field)
 
 
@@ -144,6 +145,48 @@ class TileView(LogView):
             raise _refusal(exc) from None
         response = HttpResponse(data, content_type="application/octet-stream")
         # A tile at a given width never changes: full and partial tiles are immutable.
+        response["Cache-Control"] = "public, max-age=31536000, immutable"
+        return response
+
+
+class ProofBundleView(LogView):
+    """Offline proof file (C2SP tlog-proof v1, text/plain) for leaf `index` against the latest
+    signed checkpoint; verify with `sagaplane verify-proof FILE --key VKEY --leaf-hash HEX`."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("index", int, required=True)],
+        responses={(200, "text/plain"): OpenApiTypes.STR},
+    )
+    def get(self, request: Request) -> HttpResponse:
+        index = _int_param(request, "index", required=True)
+        try:
+            text = proofs.proof_file(index)  # type: ignore[arg-type]
+        except proofs.ProofRequestError as exc:
+            raise _refusal(exc) from None
+        response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="leaf-{index}.tlog-proof"'
+        response["Cache-Control"] = "no-cache"  # it names the latest checkpoint, which moves
+        return response
+
+
+class EntryBundleView(LogView):
+    """C2SP tlog-tiles entry bundle `tile/entries/<N>[.p/<W>]`: the leaf data of 256 leaves (or W),
+    each a big-endian uint16 length then the bytes; `leaf_hash` of each is the level-0 tile."""
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request: Request, bundle: str) -> HttpResponse:
+        try:
+            # Same index/width grammar as a level-0 hash tile; parse it strictly as one.
+            parsed = merkle.parse_tile_path(f"tile/0/{bundle}")
+            data = proofs.entry_bundle(self.tenant, parsed.index, parsed.width)
+        except merkle.TilePathError as exc:
+            raise ApiError(
+                400, "invalid", f"tile: {str(exc).replace('tile/0/', 'tile/entries/')}", field="tile"
+            ) from None
+        except proofs.ProofRequestError as exc:
+            raise _refusal(exc) from None
+        response = HttpResponse(data, content_type="application/octet-stream")
+        # Leaf data never changes (erasure keeps the header and its hash), so bundles are immutable.
         response["Cache-Control"] = "public, max-age=31536000, immutable"
         return response
 

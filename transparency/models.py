@@ -59,6 +59,10 @@ class TreeState(TenantScopedModel):
     size = models.BigIntegerField(default=0)
     compact_hashes = models.BinaryField(default=b"")
     updated_at = models.DateTimeField(default=timezone.now)
+    # Leaves [0, sealed_size) have been through the seal pass (services.seal_pending): every saga
+    # they finished has a current seal. A crash between signing and sealing leaves it behind
+    # `size`, which is how the beat finds the work with one indexed comparison, not a saga scan.
+    sealed_size = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant"], name="one_tree_state_per_tenant")]
@@ -118,6 +122,15 @@ class Export(TenantScopedModel):
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Builds claimed so far; a build's writes are fenced on its attempt number, so a worker the
+    # sweep gave up on cannot overwrite the state of the attempt that replaced it.
+    attempts = models.PositiveIntegerField(default=0)
+    # Last sign of life (queued, claimed, a chunk of records written); the sweep re-queues an
+    # unfinished export whose heartbeat is older than SAGAPLANE_EXPORT_STALE_MINUTES.
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "heartbeat_at"], name="export_stale_sweep")]
 
     @property
     def progress(self) -> float:

@@ -143,10 +143,7 @@ def prefix_frontier(start: int) -> list[bytes]:
 def tile(level: int, index: int, width: int) -> bytes:
     """C2SP tile bytes, refused unless the tile exists (at that width) under the latest checkpoint."""
     latest = latest_checkpoint()
-    size = latest.size if latest is not None else 0
-    available = (size >> (merkle.TILE_HEIGHT * level)) - index * merkle.TILE_WIDTH
-    if available < width:
-        raise ProofRequestError("tile", "no such tile under the latest signed checkpoint", "not_found")
+    _check_tile_exists(level, index, width, latest.size if latest is not None else 0)
     first = index * merkle.TILE_WIDTH
     rows = list(
         TreeNode.objects.filter(level=merkle.TILE_HEIGHT * level, index__gte=first, index__lt=first + width)
@@ -156,6 +153,54 @@ def tile(level: int, index: int, width: int) -> bytes:
     if len(rows) != width:
         raise ProofRequestError("tile", "tile nodes are missing from the store", "not_found")
     return b"".join(bytes(h) for h in rows)
+
+
+def _check_tile_exists(level: int, index: int, width: int, size: int) -> None:
+    available = (size >> (merkle.TILE_HEIGHT * level)) - index * merkle.TILE_WIDTH
+    if available < width:
+        raise ProofRequestError("tile", "no such tile under the latest signed checkpoint", "not_found")
+
+
+def entry_bundle(tenant: Tenant, index: int, width: int) -> bytes:
+    """C2SP tlog-tiles entry bundle `tile/entries/<N>[.p/<W>]`: the leaf data of leaves
+    [256·N, 256·N + W), each as a big-endian uint16 length then the bytes. Refused unless those
+    leaves are under the latest signed checkpoint; each entry is checked against the stored
+    level-0 node, so a bundle never disagrees with the hash tile a client checks it against."""
+    from transparency.sources import get_source
+
+    latest = latest_checkpoint()
+    _check_tile_exists(0, index, width, latest.size if latest is not None else 0)
+    first = index * merkle.TILE_WIDTH
+    entries = get_source().leaf_entries(tenant, first, first + width)
+    stored = [
+        bytes(h)
+        for h in TreeNode.objects.filter(level=0, index__gte=first, index__lt=first + width)
+        .order_by("index")
+        .values_list("hash", flat=True)
+    ]
+    if len(entries) != width or len(stored) != width:
+        raise ProofRequestError("tile", "entries are missing from the store", "not_found")
+    out = bytearray()
+    for offset, (data, digest) in enumerate(zip(entries, stored, strict=True)):
+        if merkle.leaf_hash(data) != digest:
+            raise ProofRequestError(
+                "tile", f"leaf {first + offset} does not hash to its tree node", "inconsistent"
+            )
+        if len(data) > 0xFFFF:
+            raise ProofRequestError("tile", f"leaf {first + offset} is too long for a bundle", "inconsistent")
+        out += len(data).to_bytes(2, "big") + data
+    return bytes(out)
+
+
+def proof_file(index: int) -> str:
+    """A C2SP tlog-proof file for leaf `index` against the latest signed checkpoint."""
+    from sagaplane.tlogproof import format_proof
+
+    latest = latest_checkpoint()
+    if latest is None:
+        raise ProofRequestError("index", "the log has no signed checkpoint yet", "no_checkpoint")
+    _, path, _ = inclusion(index, latest.size)
+    return format_proof(index, path, latest.note)
 
 
 def tenant_checkpoints(tenant: Tenant) -> list[Checkpoint]:

@@ -8,10 +8,14 @@ note, not from a column) with `merkle.verify_consistency` *before* it signs, und
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from datetime import datetime
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane import merkle, note
@@ -269,11 +273,56 @@ def seal_saga(tenant: Tenant, saga_id: str, *, actor: str = "system:transparency
 
 
 def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
-    """Seal every saga that has a record among leaves [start, end) and is in a terminal state.
-    Run by the integrator after each integration, so no ingest hook is needed for seals."""
+    """Seal every saga that has a record among leaves [start, end) and is in a terminal state."""
     with tenant_context(tenant):
         saga_ids = get_source().terminal_sagas_touched(tenant, start, end)
-    return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id) is not None]
+        return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id) is not None]
+
+
+# One seal pass looks at most this many integrated leaves, so catching up on a long unsealed
+# stretch (a backlog, or a log integrated before the watermark existed) is bounded per transaction.
+SEAL_PASS_LEAVES = 50_000
+
+
+def seal_pass(tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES) -> tuple[list[str], bool]:
+    """Seal the sagas finished by integrated leaves past the tenant's seal watermark, then move
+    the watermark: (saga ids sealed, whether the watermark has reached the integrated size).
+
+    Self-healing by construction: the watermark (`TreeState.sealed_size`) moves in the same
+    transaction as the seals it vouches for, so a crash anywhere between signing a checkpoint and
+    committing its seals leaves the watermark behind and the next pass (the 1 s beat) redoes the
+    stretch. Re-running is harmless: `seal_saga` appends nothing when the latest seal is current.
+    Only sagas with a record in the stretch are looked at; a saga can only become finished, or
+    outgrow its seal, through a new record, so nothing before the watermark needs a second look."""
+    with tenant_context(tenant):
+        # The TreeState lock serialises seal passes (and the integrator) per tenant.
+        state = TreeState.objects.select_for_update().filter(tenant=tenant).first()
+        if state is None or state.sealed_size >= state.size:
+            return [], True
+        start, end = state.sealed_size, min(state.size, state.sealed_size + max_leaves)
+        sealed = seal_terminal_sagas(tenant, start, end)
+        TreeState.objects.filter(pk=state.pk).update(sealed_size=end)
+        return sealed, end >= state.size
+
+
+def seal_pending(tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES) -> list[str]:
+    """Seal passes until the watermark reaches the integrated size; the saga ids sealed."""
+    sealed: list[str] = []
+    done = False
+    while not done:
+        more, done = seal_pass(tenant, max_leaves=max_leaves)
+        sealed.extend(more)
+    return sealed
+
+
+def tenants_to_seal() -> list[int]:
+    """Ids of tenants with integrated leaves the seal pass has not looked at yet."""
+    from django.db.models import F
+
+    from tenants.scoping import dangerously_bypass_tenant_scope
+
+    with dangerously_bypass_tenant_scope():
+        return sorted(TreeState.objects.filter(sealed_size__lt=F("size")).values_list("tenant_id", flat=True))
 
 
 # --------------------------------------------------------------------------- exports
@@ -303,93 +352,228 @@ def _enqueue_export(export: Export) -> None:
     build_export.delay(str(export.pk), export.tenant_id)
 
 
-def record_export_progress(tenant: Tenant, export_id: Any, done: int, total: int) -> None:
-    """Progress is its own short transaction so pollers see it while the build runs."""
+def _export_stale_after() -> timedelta:
+    return timedelta(minutes=getattr(settings, "SAGAPLANE_EXPORT_STALE_MINUTES", 10))
+
+
+def _export_max_attempts() -> int:
+    return max(1, int(getattr(settings, "SAGAPLANE_EXPORT_MAX_ATTEMPTS", 3)))
+
+
+def record_export_progress(tenant: Tenant, export_id: Any, attempt: int, done: int, total: int) -> None:
+    """Progress is its own short transaction so pollers (and the stale sweep) see it while the
+    build runs. Fenced on `attempt`: a build the sweep has replaced writes nothing."""
     with tenant_context(tenant):
-        Export.objects.filter(pk=export_id).update(
-            status=ExportStatus.RUNNING, records_done=done, records_total=total
+        Export.objects.filter(pk=export_id, status=ExportStatus.RUNNING, attempts=attempt).update(
+            records_done=done, records_total=total, heartbeat_at=timezone.now()
         )
 
 
-def finish_export(tenant: Tenant, export_id: Any, **fields: Any) -> None:
+def finish_export(tenant: Tenant, export_id: Any, attempt: int, **fields: Any) -> bool:
+    """Record the end of build `attempt`; False (and nothing written) if it no longer owns the
+    export, i.e. the sweep re-queued or failed it meanwhile."""
     with tenant_context(tenant):
-        Export.objects.filter(pk=export_id).update(finished_at=timezone.now(), **fields)
+        return bool(
+            Export.objects.filter(pk=export_id, status=ExportStatus.RUNNING, attempts=attempt).update(
+                finished_at=timezone.now(), heartbeat_at=timezone.now(), **fields
+            )
+        )
 
 
-def _claim_export(
-    tenant: Tenant, export_id: Any
-) -> tuple[Export, Checkpoint, Export | None, int, int] | None:
-    """Fix the export's range, checkpoint and predecessor, and mark it running (one transaction;
-    a conditional UPDATE so a redelivered task finds nothing to claim)."""
+@dataclass(frozen=True)
+class ExportClaim:
+    export: Export
+    checkpoint: Checkpoint
+    previous: Export | None
+    first: int
+    end: int
+    attempt: int
+
+
+def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
+    """Mark a queued export running as the next attempt (one transaction; a conditional UPDATE, so
+    a duplicate or redelivered message finds nothing to claim). The first claim fixes the range,
+    checkpoint and predecessor; a retry reuses them, so every attempt builds the same bundle."""
     from transparency.bundles import resolve_range
 
     with tenant_context(tenant):
-        export = Export.objects.select_for_update().get(pk=export_id)
+        # Lock only the export row (Postgres refuses FOR UPDATE across the nullable joins).
+        export = (
+            Export.objects.select_for_update(of=("self",))
+            .select_related("checkpoint", "previous")
+            .get(pk=export_id)
+        )
         if export.status != ExportStatus.QUEUED:
             return None
-        checkpoint = Checkpoint.objects.order_by("-id").first()
-        if checkpoint is None:
-            raise IntegrationRefused("the log has no signed checkpoint yet")
-        previous = (
-            Export.objects.filter(status=ExportStatus.DONE)
-            .exclude(pk=export.pk)
-            .order_by("-finished_at")
-            .first()
-        )
-        first, end = resolve_range(tenant, export, checkpoint)
-        claimed = Export.objects.filter(pk=export.pk, status=ExportStatus.QUEUED).update(
+        if export.checkpoint is not None and export.first is not None and export.end is not None:
+            checkpoint, previous = export.checkpoint, export.previous
+            first, end = export.first, export.end
+        else:
+            latest = Checkpoint.objects.order_by("-id").first()
+            if latest is None:
+                raise IntegrationRefused("the log has no signed checkpoint yet")
+            checkpoint = latest
+            previous = (
+                Export.objects.filter(status=ExportStatus.DONE)
+                .exclude(pk=export.pk)
+                .order_by("-finished_at")
+                .first()
+            )
+            first, end = resolve_range(tenant, export, checkpoint)
+        attempt = export.attempts + 1
+        claimed = Export.objects.filter(
+            pk=export.pk, status=ExportStatus.QUEUED, attempts=export.attempts
+        ).update(
             status=ExportStatus.RUNNING,
             first=first,
             end=end,
             checkpoint=checkpoint,
             previous=previous,
+            records_done=0,
             records_total=end - first,
+            attempts=attempt,
+            heartbeat_at=timezone.now(),
         )
-        return (export, checkpoint, previous, first, end) if claimed else None
+        return ExportClaim(export, checkpoint, previous, first, end, attempt) if claimed else None
+
+
+def _fail_unclaimed(tenant: Tenant, export_id: Any, reason: str) -> None:
+    with tenant_context(tenant):
+        Export.objects.filter(pk=export_id, status=ExportStatus.QUEUED).update(
+            status=ExportStatus.FAILED, error=reason[:2000], finished_at=timezone.now()
+        )
+
+
+def _stored_sha256(name: str) -> str:
+    from transparency.storage import get_storage
+
+    digest = hashlib.sha256()
+    with get_storage().open(name) as stored:
+        for block in iter(lambda: stored.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def export_storage_name(tenant: Tenant, export_id: Any) -> str:
+    return f"tenant-{tenant.pk}/{export_id}.tar.gz"
 
 
 def build_export(tenant: Tenant, export_id: Any) -> None:
-    """Build and store a WORM export. Deliberately several short transactions (claim, one per
-    chunk of records read, finish) so progress is visible while it runs; the stored file is
-    created once (O_EXCL / object lock) and the row is marked done only after it exists."""
-    import hashlib
-    import tempfile
+    """Build and store a WORM export; idempotent and restartable.
 
-    from transparency.bundles import manifest_for, pack_export, write_records
+    Several short transactions (claim, one per chunk of records read, finish) so progress is
+    visible while it runs. The bundle is built in temporary files; the storage publishes it under
+    its final name atomically and write-once, and the row is marked done only after that. So a
+    worker killed at any point leaves either no file (a retry rebuilds it) or the complete file
+    (a retry adopts it: every attempt builds against the same checkpoint and range)."""
+    from transparency.bundles import BundleUnavailable, manifest_for, pack_export, write_records
     from transparency.storage import get_storage
 
     try:
-        claimed = _claim_export(tenant, export_id)
-        if claimed is None:
-            return
-        export, checkpoint, previous, first, end = claimed
-        with tempfile.TemporaryFile() as records_file:
-            sha, heads = write_records(
-                tenant,
-                first,
-                end,
-                records_file,
-                lambda done: record_export_progress(tenant, export_id, done, end - first),
-            )
-            with tenant_context(tenant):
-                manifest = manifest_for(tenant, export, checkpoint, previous, first, end)
-            manifest.update(records_sha256=sha, stream_heads=heads)
-            with pack_export(records_file, manifest, checkpoint.note) as archive:
-                archive_sha = hashlib.sha256()
-                for block in iter(lambda: archive.read(1 << 20), b""):
-                    archive_sha.update(block)
-                archive.seek(0)
-                name = f"tenant-{tenant.pk}/{export_id}.tar.gz"
-                get_storage().create(name, archive)
+        claim = _claim_export(tenant, export_id)
+    except (IntegrationRefused, BundleUnavailable) as exc:
+        # Deterministic refusals (no checkpoint yet, a range outside the log): a retry would only
+        # refuse again, so fail it now rather than leave it for the sweep to re-queue forever.
+        _fail_unclaimed(tenant, export_id, str(exc))
+        raise
+    if claim is None:
+        return
+    attempt = claim.attempt
+    name = export_storage_name(tenant, export_id)
+    storage = get_storage()
+    try:
+        if not storage.exists(name):
+            with tempfile.TemporaryFile() as records_file:
+                sha, heads = write_records(
+                    tenant,
+                    claim.first,
+                    claim.end,
+                    records_file,
+                    lambda done: record_export_progress(
+                        tenant, export_id, attempt, done, claim.end - claim.first
+                    ),
+                )
+                with tenant_context(tenant):
+                    manifest = manifest_for(
+                        tenant, claim.export, claim.checkpoint, claim.previous, claim.first, claim.end
+                    )
+                manifest.update(records_sha256=sha, stream_heads=heads)
+                with pack_export(records_file, manifest, claim.checkpoint.note) as archive:
+                    try:
+                        storage.create(name, archive)
+                    except FileExistsError:
+                        # An attempt presumed dead published after all; its file is equivalent.
+                        log.warning("export %s: adopting the file an earlier attempt published", export_id)
         finish_export(
             tenant,
             export_id,
+            attempt,
             status=ExportStatus.DONE,
             storage_name=name,
-            sha256=archive_sha.hexdigest(),
-            records_done=end - first,
+            sha256=_stored_sha256(name),
+            records_done=claim.end - claim.first,
+            error="",
         )
     except Exception as exc:
-        log.exception("export %s failed", export_id)
-        finish_export(tenant, export_id, status=ExportStatus.FAILED, error=str(exc)[:2000])
+        log.exception("export %s failed (attempt %s)", export_id, attempt)
+        finish_export(tenant, export_id, attempt, status=ExportStatus.FAILED, error=str(exc)[:2000])
         raise
+
+
+def stale_exports(now: datetime | None = None) -> list[tuple[int, Any]]:
+    """(tenant id, export id) of unfinished exports with no sign of life within the stale window
+    (cross-tenant: the sweep's one query, on the (status, heartbeat_at) index)."""
+    from tenants.scoping import dangerously_bypass_tenant_scope
+
+    cutoff = (now or timezone.now()) - _export_stale_after()
+    with dangerously_bypass_tenant_scope():
+        return list(
+            Export.objects.filter(
+                status__in=[ExportStatus.QUEUED, ExportStatus.RUNNING], heartbeat_at__lt=cutoff
+            ).values_list("tenant_id", "pk")
+        )
+
+
+def requeue_or_fail_export(tenant: Tenant, export_id: Any, now: datetime | None = None) -> str | None:
+    """One stale export, one transaction: "failed" once its builds have died
+    SAGAPLANE_EXPORT_MAX_ATTEMPTS times, else "requeued" (queued again, a new message sent after
+    commit); None if it showed progress or finished since the sweep's query."""
+    now = now or timezone.now()
+    cutoff = now - _export_stale_after()
+    with tenant_context(tenant):
+        export = Export.objects.select_for_update().filter(pk=export_id).first()
+        if (
+            export is None
+            or export.status not in (ExportStatus.QUEUED, ExportStatus.RUNNING)
+            or export.heartbeat_at >= cutoff
+        ):
+            return None
+        if export.status == ExportStatus.RUNNING and export.attempts >= _export_max_attempts():
+            Export.objects.filter(pk=export.pk).update(
+                status=ExportStatus.FAILED,
+                finished_at=now,
+                heartbeat_at=now,
+                error=(
+                    f"gave up after {export.attempts} attempt(s): each build stopped making progress "
+                    f"for {_export_stale_after()} (worker lost?)"
+                ),
+            )
+            return "failed"
+        # A running build that went quiet is presumed dead (its late writes are fenced off by the
+        # attempt number); a queued one lost its message. Either way: queue it again. The attempt
+        # is counted when a worker claims it, so a lost message costs no attempt.
+        Export.objects.filter(pk=export.pk).update(status=ExportStatus.QUEUED, heartbeat_at=now)
+        transaction.on_commit(lambda: _enqueue_export(export))
+        return "requeued"
+
+
+def sweep_stale_exports(now: datetime | None = None) -> dict[str, list[str]]:
+    """The periodic sweep: re-queue or fail every stale export; {"requeued": [...], "failed": [...]}."""
+    outcome: dict[str, list[str]] = {"requeued": [], "failed": []}
+    tenants: dict[int, Tenant] = {}
+    for tenant_id, export_id in stale_exports(now):
+        tenant = tenants.get(tenant_id) or tenants.setdefault(tenant_id, Tenant.objects.get(pk=tenant_id))
+        result = requeue_or_fail_export(tenant, export_id, now)
+        if result is not None:
+            outcome[result].append(str(export_id))
+    return outcome

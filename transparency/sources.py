@@ -46,6 +46,10 @@ class LeafSource(Protocol):
     def records(self, tenant: Tenant, start: int, end: int) -> Iterator[LeafRecord]:
         """Records of leaves [start, end), in leaf order, streamed."""
 
+    def leaf_entries(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
+        """Leaf data (the bytes whose RFC 6962 leaf hash is in the tree) of leaves [start, end),
+        in leaf order; stops short at the first missing leaf."""
+
     def saga_records(self, tenant: Tenant, saga_id: str) -> list[LeafRecord]:
         """Every record about the saga (its own, approvals, recovery, seals), in leaf order."""
 
@@ -129,6 +133,24 @@ class AuditLeafSource:
             for row in chunk:
                 yield self._as_leaf(row)
             position = chunk[-1].leaf_index + 1
+
+    def leaf_entries(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
+        from sagaplane.leaf import leaf_data
+
+        from audit.models import Record
+
+        # Header columns only (no payload join): an entry bundle is at most 256 small rows.
+        rows = (
+            Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
+            .order_by("leaf_index")
+            .values_list("leaf_index", "stream__stream_id", "position", "h")
+        )
+        out: list[bytes] = []
+        for index, stream_id, position, record_hash in rows:
+            if index != start + len(out):
+                break  # a hole: the caller sees a short list and refuses
+            out.append(leaf_data(stream_id, position, record_hash))
+        return out
 
     def saga_records(self, tenant: Tenant, saga_id: str) -> list[LeafRecord]:
         return [self._as_leaf(row) for row in self._rows().filter(saga_id=saga_id)]

@@ -1,7 +1,9 @@
 """Write-once storage for WORM exports, selected by `SAGAPLANE_EXPORT_STORAGE`.
 
-Embedded mode: files under SAGAPLANE_DATA_DIR/exports, created with O_EXCL (an existing name is
-never opened for writing, so nothing is overwritten) and left mode 0444. Production points the
+Embedded mode: files under SAGAPLANE_DATA_DIR/exports, left mode 0444. A file is written and
+fsynced under a unique temporary name in the same folder, then published with link(2), which
+is atomic and fails if the name exists: a reader (or a retried build) sees either no file or the
+complete one, never a torn one, and an existing name is never overwritten. Production points the
 setting at a backend with the same two methods over object storage with a retention lock
 (e.g. S3 Object Lock in compliance mode), which is what makes "write once" hold against an
 administrator rather than only against this process.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -23,6 +26,9 @@ class ExportStorage(Protocol):
         """Store `source` under `name`; refuse (FileExistsError) if the name exists."""
 
     def open(self, name: str) -> IO[bytes]: ...
+
+    def exists(self, name: str) -> bool:
+        """Whether `name` has been published (a restarted build adopts it instead of rebuilding)."""
 
 
 class WriteOnceFileStorage:
@@ -38,12 +44,28 @@ class WriteOnceFileStorage:
     def create(self, name: str, source: IO[bytes]) -> None:
         path = self._path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(path, 0o444)  # umask may have widened nothing, but be explicit
+        if path.exists():
+            raise FileExistsError(str(path))  # cheap early refusal; link() below is the real guard
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(partial, 0o444)  # umask may have widened nothing, but be explicit
+            os.link(partial, path)  # atomic publish; FileExistsError if the name is taken
+        finally:
+            # A build killed before this line leaves a dot-file partial, never a final name.
+            partial.unlink(missing_ok=True)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the new name itself durable
+        finally:
+            os.close(dir_fd)
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).exists()
 
     def open(self, name: str) -> IO[bytes]:
         return open(self._path(name), "rb")  # noqa: SIM115 - the caller streams and closes it

@@ -210,11 +210,40 @@ def cmd_verify_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- verify-proof ----------------------------------------------------------------------------
+
+
+def add_verify_proof(sub: Any) -> None:
+    p = sub.add_parser("verify-proof", help="verify a C2SP tlog-proof file (one leaf's inclusion) offline")
+    p.add_argument("file")
+    _add_key_option(p)
+    p.add_argument("--leaf-hash", required=True, metavar="HEX", help="the leaf's RFC 6962 hash, in hex")
+    p.set_defaults(func=cmd_verify_proof)
+
+
+def cmd_verify_proof(args: argparse.Namespace) -> int:
+    from .tlogproof import ProofFileError, verify_proof_file
+
+    try:
+        leaf_hash = bytes.fromhex(args.leaf_hash)
+    except ValueError:
+        print(f"error: --leaf-hash is not hex: {args.leaf_hash!r}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = verify_proof_file(args.file, args.key, leaf_hash=leaf_hash)
+    except (ProofFileError, OSError) as exc:
+        print(f"FAILED: {args.file}: {exc}")
+        return EXIT_FAILED
+    print(f"OK: {args.file}: {report.summary()}")
+    return EXIT_OK
+
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_ship,
     add_verify_wal,
     add_verify_disclosure,
     add_verify_export,
+    add_verify_proof,
 ]
 
 

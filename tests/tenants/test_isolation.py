@@ -62,6 +62,7 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     # transparency: acme's first hash tile, and an acme export
     "level": lambda tenant, alice: 0,
     "tile": _acme_tile,
+    "bundle": _acme_tile,  # an entry bundle has the same <N>[.p/<W>] as acme's first level-0 tile
     "export_id": _acme_export_id,
     "stream_id": sample_stream_id,
     "saga_id": sample_saga_id,

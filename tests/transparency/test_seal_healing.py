@@ -1,0 +1,148 @@
+"""Self-healing seals: a crash between integrating and sealing no longer leaves a finished saga
+unsealed until its next record; the beat's seal pass, driven by a per-tenant watermark, seals it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from audit import services as audit_services
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.conftest import Person
+from tests.transparency.conftest import Writer
+from transparency import services, sources
+from transparency.models import TreeState
+from transparency.tasks import integrate_grown_tenants
+
+API = "/api/v1/audit"
+
+
+class Crash(BaseException):
+    """Stands in for the process dying (not an Exception, so nothing catches it)."""
+
+
+def _seals(tenant: Tenant) -> list[tuple[str, int]]:
+    from audit.models import Record
+
+    with tenant_context(tenant):
+        return list(
+            Record.objects.filter(event=services.SEAL_EVENT)
+            .order_by("leaf_index")
+            .values_list("saga_id", "leaf_index")
+        )
+
+
+def _state(tenant: Tenant) -> TreeState:
+    with tenant_context(tenant):
+        return TreeState.objects.get()
+
+
+def test_integrated_but_never_sealed_is_sealed_by_the_beat(
+    tenant_a: Tenant, alice: Person, writer_a: Writer
+) -> None:
+    writer_a.saga("done")
+    writer_a.saga("open", end=None)
+    # The integrator signed, then died before its seal step: this is all that ran.
+    services.integrate_fully(tenant_a)
+    assert _seals(tenant_a) == []
+    assert tenant_a.pk not in services.tenants_to_integrate()  # nothing left to integrate...
+    assert tenant_a.pk in services.tenants_to_seal()  # ...but the seal watermark lags
+    assert alice.key_client().get(f"{API}/sagas/done/disclosure").json()["error"] == "not_sealed"
+
+    assert tenant_a.pk in integrate_grown_tenants()  # the 1 s beat
+
+    assert [saga for saga, _ in _seals(tenant_a)] == ["done"]  # the open saga is not sealed
+    state = _state(tenant_a)
+    assert state.sealed_size == state.size  # the seal itself integrated, signed, looked at
+    assert services.tenants_to_seal() == [] and services.tenants_to_integrate() == []
+    response = alice.key_client().get(f"{API}/sagas/done/disclosure")
+    assert response.status_code == 200, response.content
+    assert len(response.json()["records"]) == 6
+    # Running the beat again changes nothing: the latest seal is current.
+    integrate_grown_tenants()
+    assert len(_seals(tenant_a)) == 1
+
+
+def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
+    tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer_a.saga("one")
+    writer_a.saga("two")
+    services.integrate_fully(tenant_a)
+    before = _state(tenant_a).sealed_size
+    source = sources.get_source()
+    real_append = source.append_server_record
+    appended: list[str] = []
+
+    def append_then_die(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
+        real_append(tenant, event, fields, actor=actor)
+        appended.append(fields["saga_id"])
+        if len(appended) == 2:
+            raise Crash  # after the second seal, before the watermark moves and commits
+
+    monkeypatch.setattr(source, "append_server_record", append_then_die)
+    with pytest.raises(Crash):
+        services.seal_pending(tenant_a)
+    monkeypatch.undo()
+    assert appended == ["one", "two"]
+    # One transaction: neither seal nor the watermark survived the crash.
+    assert _seals(tenant_a) == []
+    assert _state(tenant_a).sealed_size == before
+
+    integrate_grown_tenants()
+    assert sorted(saga for saga, _ in _seals(tenant_a)) == ["one", "two"]
+
+
+def test_the_pass_only_reads_leaves_past_the_watermark(
+    tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer_a.saga("early")
+    integrate_grown_tenants()
+    sealed_to = _state(tenant_a).sealed_size
+    writer_a.saga("late")
+    services.integrate_fully(tenant_a)
+    source = sources.get_source()
+    real = source.terminal_sagas_touched
+    ranges: list[tuple[int, int]] = []
+
+    def spy(tenant: Tenant, start: int, end: int) -> list[str]:
+        ranges.append((start, end))
+        return real(tenant, start, end)
+
+    monkeypatch.setattr(source, "terminal_sagas_touched", spy)
+    sealed = services.seal_pending(tenant_a, max_leaves=4)
+    assert sealed == ["late"]
+    # Bounded chunks starting at the watermark; nothing before it is looked at again.
+    assert ranges[0][0] == sealed_to and all(end - start <= 4 for start, end in ranges)
+    assert [s for s, _ in ranges[1:]] == [e for _, e in ranges[:-1]]  # contiguous
+
+
+def test_a_record_after_the_seal_gets_a_fresh_seal(tenant_a: Tenant, writer_a: Writer) -> None:
+    writer_a.saga("pay")
+    integrate_grown_tenants()
+    first = _seals(tenant_a)
+    assert [s for s, _ in first] == ["pay"]
+    # A server record about the finished saga (as an approval or recovery note would be).
+    audit_services.append_server_record(tenant_a, "SAGA_NOTE", {"saga_id": "pay"}, actor="test")
+    services.integrate_fully(tenant_a)  # integrated; sealing "crashed" again
+    assert _seals(tenant_a) == first
+    integrate_grown_tenants()
+    seals = _seals(tenant_a)
+    assert len(seals) == 2 and seals[-1][1] > first[0][1]
+
+
+def test_other_tenants_are_healed_independently(
+    tenant_a: Tenant, tenant_b: Tenant, writer_a: Writer, writer_b: Writer
+) -> None:
+    writer_a.saga("a1")
+    writer_b.saga("b1")
+    services.integrate_fully(tenant_a)
+    services.integrate_fully(tenant_b)
+    assert {tenant_a.pk, tenant_b.pk} <= set(services.tenants_to_seal())
+    services.seal_pending(tenant_b)
+    assert [s for s, _ in _seals(tenant_b)] == ["b1"]
+    assert _seals(tenant_a) == []  # b's pass touched nothing of a
+    integrate_grown_tenants()
+    assert [s for s, _ in _seals(tenant_a)] == ["a1"]
