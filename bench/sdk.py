@@ -6,8 +6,11 @@ Measured in one run, on one disk, against peers measured in the same run:
   effect; the commit record rides the next barrier) steps, for the Sagaplane SDK (sync and async
   API) and agent-saga's `saga_scope` (async only);
 - group-commit throughput with 1, 8 and 64 concurrent sagas of COMPENSABLE steps, both libraries;
-- shipper throughput to a local control plane (uvicorn, 2 workers, a temp data folder; embedded
-  SQLite unless DATABASE_URL is set), tenant and key made with the management commands.
+- shipper throughput (the SDK's default Shipper) to a local control plane, uvicorn with 2 workers
+  and a temp data folder, tenant and key made with the management commands: production-like on
+  Postgres (+ Redis) when DATABASE_URL (REDIS_URL) is set -- in its own database
+  `<name>_benchsdk`, created if missing -- and always embedded (SQLite); `shipper.<mode>` in the
+  JSON. `make bench` finds a local Postgres and Redis like `make test` (infra/services.sh).
 
 Issue 5 targets: fast path no slower than agent-saga's; durable step within 30% of the fsync
 floor (a durable step has one fsync on its critical path -- its intent; the commit is made durable
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -314,14 +318,53 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return out.stdout
 
 
-def shipper_throughput(folder: Path, n_records: int, workers: int = 2) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY")}
-    data = folder / "cp-data"
-    env["SAGAPLANE_DATA_DIR"] = str(data)
-    env["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
-    backend = "postgres" if env.get("DATABASE_URL") else "sqlite (embedded)"
-    if not env.get("DATABASE_URL"):
-        env.pop("REDIS_URL", None)
+def _bench_database_url(url: str) -> str:
+    """DATABASE_URL with the database `<name>_benchsdk`, created if missing: the benchmark's tenants
+    and records stay out of the database the URL names. Created as the URL's role when it may
+    (CREATEDB), else with `psql -U postgres` (owner: that role), as infra/services.sh does."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parsed = urllib.parse.urlsplit(url)
+    name = f"{parsed.path.lstrip('/') or 'sagaplane'}_benchsdk"
+    bench_url = urllib.parse.urlunsplit(parsed._replace(path=f"/{name}"))
+    info = conninfo_to_dict(url.replace("postgres://", "postgresql://", 1))
+    role = info.get("user") or "sagaplane"
+    with psycopg.connect(make_conninfo(**{**info, "dbname": "postgres"}), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            return bench_url
+        try:
+            conn.execute(f'CREATE DATABASE "{name}"')
+            return bench_url
+        except psycopg.errors.InsufficientPrivilege:
+            pass
+    subprocess.run(["psql", "-h", info.get("host") or "127.0.0.1", "-p", str(info.get("port") or 5432),
+                    "-U", "postgres", "-qc", f'CREATE DATABASE "{name}" OWNER "{role}"'],
+                   check=True, capture_output=True, timeout=60)
+    return bench_url
+
+
+def shipper_modes() -> list[tuple[str, dict[str, str]]]:
+    """The control planes to ship to: production-like (uvicorn workers on Postgres, with Redis when
+    REDIS_URL is set) when DATABASE_URL is set, and always the embedded one (SQLite, no Redis)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY", "DATABASE_URL", "REDIS_URL")}
+    base.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "0", "LOG_LEVEL": "WARNING"})
+    modes = []
+    if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        env = {**base, "DATABASE_URL": _bench_database_url(os.environ["DATABASE_URL"])}
+        if os.environ.get("REDIS_URL"):
+            env["REDIS_URL"] = os.environ["REDIS_URL"]
+        modes.append(("postgres+redis" if "REDIS_URL" in env else "postgres", env))
+    modes.append(("embedded", base))
+    return modes
+
+
+def shipper_throughput(folder: Path, n_records: int, mode: str, env: dict[str, str],
+                       workers: int = 2) -> dict[str, Any]:
+    folder = folder / f"ship-{mode}"
+    folder.mkdir()
+    env = {**env, "SAGAPLANE_DATA_DIR": str(folder / "cp-data")}
     slug = f"bench-{os.getpid()}-{int(time.time())}"
     t = perf()
     _manage(env, "migrate", "--noinput", "-v0")
@@ -362,10 +405,11 @@ def shipper_throughput(folder: Path, n_records: int, workers: int = 2) -> dict[s
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("control plane did not start") from None
                 time.sleep(0.1)
-        shipper = sp.Shipper(folder / "ship.wal", url=url, api_key=key)
+        shipper = sp.Shipper(folder / "ship.wal", url=url, api_key=key)  # the SDK's defaults
         t = perf()
         shipped = shipper.run_until_caught_up(max_retries=5)
         elapsed = perf() - t
+        connections = shipper.client.connections_opened
         stream = sp.Client(url, key).stream(stream_id).body
         assert shipped == records and stream["length"] == records and stream["head"]["hash"] == head, stream
     finally:
@@ -375,8 +419,11 @@ def shipper_throughput(folder: Path, n_records: int, workers: int = 2) -> dict[s
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(30)
-    return {"backend": backend, "uvicorn_workers": workers, "records": records, "bytes": size,
-            "batch_size": shipper.batch_size, "seconds": round(elapsed, 3),
+    backend = {"embedded": "sqlite (embedded)", "postgres": "postgres",
+               "postgres+redis": "postgres + redis"}[mode]
+    return {"mode": mode, "backend": backend, "uvicorn_workers": workers, "records": records,
+            "bytes": size, "batch_size": shipper.batch_size, "max_batch_bytes": shipper.max_batch_bytes,
+            "http_connections": connections, "seconds": round(elapsed, 3),
             "records_per_s": round(records / elapsed, 1), "mb_per_s": round(size / elapsed / 1e6, 2),
             "setup_seconds": round(setup_s, 1), "verified_on_server": True}
 
@@ -402,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     q = args.quick
     n_fast, n_durable, n_floor = (2000, 200, 200) if q else (20000, 2000, 2000)
     group_sagas = {1: 20, 8: 80, 64: 256} if q else {1: 200, 8: 800, 64: 2560}
-    ship_records = 6000 if q else 50000
+    ship_records = 10000 if q else 50000
 
     folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix=".bench-sdk-", dir=REPO / "bench"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -451,11 +498,14 @@ def main(argv: list[str] | None = None) -> int:
         out["group_commit"] = group
 
         if not args.skip_shipper:
-            out["shipper"] = shipper_throughput(folder, ship_records)
-            s = out["shipper"]
-            print(f"shipper: {s['records']} records ({s['bytes'] / 1e6:.1f} MB) to a local control plane "
-                  f"({s['backend']}, uvicorn x{s['uvicorn_workers']}) in {s['seconds']} s = "
-                  f"{s['records_per_s']:.0f} records/s; server head verified")
+            out["shipper"] = {}
+            for mode, env in shipper_modes():
+                r = out["shipper"][mode] = shipper_throughput(folder, ship_records, mode, env)
+                print(f"shipper [{mode}]: {r['records']} records ({r['bytes'] / 1e6:.1f} MB) to a local "
+                      f"control plane ({r['backend']}, uvicorn x{r['uvicorn_workers']}) in {r['seconds']} s "
+                      f"= {r['records_per_s']:.0f} records/s over {r['http_connections']} HTTP "
+                      f"connection(s); server head verified")
+
 
         floor = out["fsync_floor"]["p50_us"]
         ps = out["per_step"]
@@ -486,8 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             "durable_within_30pct_of_fsync_floor":
                 ratios["durable_sagaplane_sync_vs_fsync_floor_p50"] <= 1.3,
         }
-        if "shipper" in out:
-            targets["shipper_at_least_5000_records_per_s"] = out["shipper"]["records_per_s"] >= 5000
+        for mode, r in out.get("shipper", {}).items():
+            targets[f"shipper_{mode}_at_least_5000_records_per_s"] = r["records_per_s"] >= 5000
         out["targets"] = targets
         print("ratios (< 1 means Sagaplane is faster / closer to the floor):")
         for k, v in ratios.items():

@@ -3,6 +3,9 @@
 # bench/results/<name>.json). `--quick` is what CI runs: small counts, to keep them working.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The same Postgres / Redis discovery as `make test`: DATABASE_URL / REDIS_URL set when reachable.
+source infra/services.sh
+if [ -n "${DATABASE_URL:-}" ]; then echo "== services: Postgres${REDIS_URL:+ and Redis}"; else echo "== services: embedded SQLite"; fi
 status=0
 for script in bench/*.py; do
   echo "== $script $*"

@@ -16,6 +16,7 @@ or rewritten -- a human has to look.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 import random
@@ -28,13 +29,41 @@ from typing import Any
 
 from ._files import atomic_write_json, cursor_path, read_json
 from .chain import HASH_FIELD
-from .client import AuthenticationError, Client, Response, TransportError
-from .walfile import Entry, iter_entries, stream_id_for
+from .client import AuthenticationError, Client, PendingRequest, Response, TransportError
+from .walfile import BadLine, stream_id_for
 
 logger = logging.getLogger("sagaplane.shipper")
 
-DEFAULT_BATCH = 500
-DEFAULT_BATCH_BYTES = 4 << 20
+# The control plane's default limits (SAGAPLANE_MAX_BATCH_RECORDS, SAGAPLANE_MAX_BODY_BYTES). A server
+# configured lower answers 413 with its limit, and the shipper adopts it.
+DEFAULT_BATCH = 5000
+DEFAULT_BATCH_BYTES = 8 << 20  # of request body
+_OPEN, _CLOSE = b'{"records":[', b"]}"
+_READ_CHUNK = 1 << 20
+
+
+@dataclass
+class Batch:
+    """Complete WAL lines from byte `start` to `end`, as the request body that carries them."""
+
+    start: int
+    end: int = 0  # just past the last line taken: the cursor once the batch is acknowledged
+    lines: list[bytes] = field(default_factory=list)  # each a JSON object, exactly as on disk
+    last: dict[str, Any] | None = None  # the last record, parsed (the cursor keeps its hash and seq)
+    bad: BadLine | None = None  # the first line is not a JSON object: shipping cannot go past it
+
+    @property
+    def count(self) -> int:
+        return len(self.lines)
+
+    @property
+    def body(self) -> bytes:
+        # The lines are JSON objects already: no need to decode and re-encode a single record.
+        return _OPEN + b",".join(self.lines) + _CLOSE
+
+    @property
+    def body_size(self) -> int:
+        return len(_OPEN) + sum(map(len, self.lines)) + max(0, self.count - 1) + len(_CLOSE)
 
 
 class ShipperState(str, enum.Enum):  # noqa: UP042
@@ -65,9 +94,8 @@ class ShipAuthFailed(ShipFailed, AuthenticationError):
         self.code = code
         self.body = body
         what = "rejected" if status == 401 else "not allowed to ship records (scope)"
-        self.reason = (
-            f"API key refused by the control plane: {what}, HTTP {status} {code}"
-            + (f": {detail}" if detail else "")
+        self.reason = f"API key refused by the control plane: {what}, HTTP {status} {code}" + (
+            f": {detail}" if detail else ""
         )
         Exception.__init__(self, self.reason)
 
@@ -119,12 +147,15 @@ class Shipper:
         backoff: Backoff | None = None,
         poll_interval: float = 1.0,
         on_batch: Callable[[int, Response], None] | None = None,
+        pipeline: bool = True,
     ) -> None:
         self.path = Path(wal_path)
         self.client = client or Client(url, api_key)
         self.stream_id = stream_id_for(self.path, stream_id)
         self.batch_size = max(1, batch_size)
-        self.max_batch_bytes = max_batch_bytes
+        self.max_batch_bytes = max(1, max_batch_bytes)
+        self.pipeline = pipeline  # read the next batch while the server handles this one
+        self._next: Batch | None = None
         self.backoff = backoff or Backoff()
         self.poll_interval = poll_interval
         self.on_batch = on_batch
@@ -186,8 +217,6 @@ class Shipper:
             chunk = fh.read(cursor.offset - start)
         line = chunk.rstrip(b"\n").rsplit(b"\n", 1)[-1]
         try:
-            import json
-
             last = json.loads(line)
         except ValueError:
             last = None
@@ -208,22 +237,62 @@ class Shipper:
 
     # -- one batch ---------------------------------------------------------------------
 
-    def _read_batch(self) -> list[Entry]:
-        entries = (
-            list(
-                iter_entries(
-                    self.path, self.cursor.offset, limit=self.batch_size, max_bytes=self.max_batch_bytes
-                )
-            )
-            if self.path.exists()
-            else []
-        )
-        for i, entry in enumerate(entries):
-            if entry.bad is not None:
-                if i == 0:
-                    raise ShipFailed(f"{self.path}: {entry.bad}; refusing to skip it")
-                return entries[:i]
-        return entries
+    def _read_batch(self, start: int) -> Batch:
+        """The complete lines from byte `start`: at most `batch_size` records in a body of at most
+        `max_batch_bytes` (a single larger record goes alone; the server says if it is too big).
+        Each line is checked to be a JSON object and sent as it is on disk. A line that is not ends
+        the batch before it; if it is the first, `bad` says so (it is never skipped)."""
+        batch = Batch(start, start)
+        budget = self.max_batch_bytes - len(_OPEN) - len(_CLOSE)
+        size = 0  # body bytes of the lines taken, commas included
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return batch
+        with fh:
+            fh.seek(start)
+            offset = start  # file offset of buf[0]
+            buf = b""
+            while True:
+                chunk = fh.read(_READ_CHUNK)
+                if not chunk:
+                    return batch
+                buf += chunk
+                pos = 0
+                while True:
+                    nl = buf.find(b"\n", pos)
+                    if nl < 0:
+                        break
+                    line = buf[pos:nl].strip()
+                    line_start, pos = offset + pos, nl + 1
+                    if not line:  # a blank line is no record (and passed with the records around it)
+                        continue
+                    cost = len(line) + (1 if batch.count else 0)
+                    if batch.count and (batch.count >= self.batch_size or size + cost > budget):
+                        return batch
+                    try:
+                        record = json.loads(line.decode("utf-8"))
+                    except (ValueError, UnicodeDecodeError):
+                        record = None
+                    if not isinstance(record, dict):
+                        if not batch.count:
+                            text = line.decode("utf-8", "replace")
+                            batch.bad = BadLine(line_start, offset + pos, text)
+                        return batch
+                    batch.lines.append(line)
+                    batch.last = record
+                    batch.end = offset + pos
+                    size += cost
+                buf = buf[pos:]
+                offset += pos
+                if batch.count and (batch.count >= self.batch_size or size + len(buf) > budget):
+                    return batch  # the next line cannot fit (or the batch is full): stop reading
+
+    def _next_batch(self) -> Batch:
+        pre, self._next = self._next, None
+        if pre is not None and pre.start == self.cursor.offset and pre.count <= self.batch_size:
+            return pre
+        return self._read_batch(self.cursor.offset)
 
     def ship_once(self) -> int:
         """Send the next batch. Returns the number of records acknowledged (0 when caught up).
@@ -232,13 +301,21 @@ class Shipper:
         """
         if self.failure is not None:
             raise self.failure
-        entries = self._read_batch()
-        if not entries:
+        batch = self._next_batch()
+        if batch.bad is not None:
+            raise ShipFailed(f"{self.path}: {batch.bad}; refusing to skip it")
+        if not batch.count:
             return 0
-        records = [e.record for e in entries]
+        pending: PendingRequest = self.client.start_records_raw(self.stream_id, batch.body)
+        if self.pipeline:
+            # While the server verifies and stores this batch, read the one after it. It is used
+            # only if this one is acknowledged (then the cursor is exactly where it starts).
+            upcoming = self._read_batch(batch.end)
+            self._next = upcoming if upcoming.count or upcoming.bad else None
         try:
-            response = self.client.post_records(self.stream_id, records)  # type: ignore[arg-type]
+            response = pending.response()
         except TransportError as exc:
+            self._next = None
             raise RetryLater(str(exc)) from exc
         self.last_response = response
         status = response.status
@@ -246,25 +323,25 @@ class Shipper:
             body = response.body if isinstance(response.body, dict) else {}
             self.accepted += int(body.get("accepted", 0) or 0)
             self.duplicates += int(body.get("duplicates", 0) or 0)
-            last = entries[-1]
+            last = batch.last or {}
             with self._cond:
-                self.cursor.offset = last.end
-                self.cursor.hash = last.record.get(HASH_FIELD) if last.record else None
-                self.cursor.seq = last.record.get("seq") if last.record else None
-                self.cursor.shipped += len(entries)
+                self.cursor.offset = batch.end
+                self.cursor.hash = last.get(HASH_FIELD)
+                self.cursor.seq = last.get("seq")
+                self.cursor.shipped += batch.count
                 self._save_cursor()
                 self._cond.notify_all()
             if self.on_batch is not None:
-                self.on_batch(len(entries), response)
-            return len(entries)
+                self.on_batch(batch.count, response)
+            return batch.count
+        self._next = None
         if status == 413:
-            if len(entries) <= 1:
-                raise ShipFailed(
-                    "a single record is larger than the control plane accepts (413)", status, response.body
-                )
-            self.batch_size = max(1, len(entries) // 2)
-            self.max_batch_bytes = max(1, self.max_batch_bytes // 2)
-            raise RetryLater(f"413: batch of {len(entries)} too large; halving", immediate=True)
+            self._shrink(batch, response)
+            raise RetryLater(
+                f"413: batch of {batch.count} too large; now at most {self.batch_size} "
+                f"records, {self.max_batch_bytes} bytes",
+                immediate=True,
+            )
         if status == 429 or status >= 500:
             raise RetryLater(f"HTTP {status} {response.error_code}".strip(), _retry_after(response))
         code = response.error_code or "error"
@@ -274,7 +351,7 @@ class Shipper:
         if code == "chain_broken" or status == 422:
             raise ShipFailed(
                 f"control plane rejected the chain at seq={body.get('seq')} index={body.get('index')} "
-                f"(batch offset {entries[0].start}): {body.get('reason', code)}",
+                f"(batch offset {batch.start}): {body.get('reason', code)}",
                 status,
                 response.body,
             )
@@ -287,6 +364,23 @@ class Shipper:
         raise ShipFailed(
             f"control plane refused the batch: HTTP {status} {response.body}", status, response.body
         )
+
+    def _shrink(self, batch: Batch, response: Response) -> None:
+        """After a 413: adopt the limit the server names (records or body bytes), else halve."""
+        if batch.count <= 1:
+            raise ShipFailed(
+                "a single record is larger than the control plane accepts (413)", 413, response.body
+            )
+        body = response.body if isinstance(response.body, dict) else {}
+        limit = body.get("limit")
+        limit = limit if type(limit) is int and limit > 0 else None
+        code = response.error_code
+        if code == "too_many_records" and limit is not None and limit < batch.count:
+            self.batch_size = limit
+        elif code == "too_large" and limit is not None and limit < batch.body_size:
+            self.max_batch_bytes = limit
+        else:  # no usable limit (a proxy's 413, say): halve the batch (its bytes halve with it)
+            self.batch_size = max(1, batch.count // 2)
 
     # -- failure and retry ---------------------------------------------------------------
 
@@ -387,6 +481,7 @@ class Shipper:
                     self._cond.notify_all()
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
+        self.client.close()  # this thread's kept-alive connection
         with self._cond:
             self.state = ShipperState.CLOSED
             self._cond.notify_all()
@@ -416,6 +511,7 @@ class Shipper:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.client.close()
         with self._cond:
             self.state = ShipperState.CLOSED
             self._cond.notify_all()

@@ -142,6 +142,8 @@ def fast_shipper(wal: sp.WAL, url: str, key: str, **kw: Any) -> sp.Shipper:
         wal.path, stream_id=wal.stream_id, url=url, api_key=key,
         backoff=sp.Backoff(base=0.02, cap=0.3), **kw,
     )
+    shipper.batches = []  # type: ignore[attr-defined]
+    shipper.on_batch = lambda n, _response: shipper.batches.append(n)  # type: ignore[attr-defined]
     wal.subscribe(shipper.notify)
     return shipper.start()
 
@@ -463,6 +465,11 @@ def killable_server(transactional_db: None, tmp_path: Path) -> Any:
             server.kill()
 
 
+def server_batches(shipper: sp.Shipper) -> list[int]:
+    """The batches the shipper had acknowledged, by size (recorded by `fast_shipper`)."""
+    return shipper.batches  # type: ignore[attr-defined,no-any-return]
+
+
 def test_control_plane_outage_agent_keeps_working_records_arrive_once_in_order(
     killable_server: Any, tmp_path: Path
 ) -> None:
@@ -475,8 +482,10 @@ def test_control_plane_outage_agent_keeps_working_records_arrive_once_in_order(
         assert shipper.flush(60), shipper.failure
         shipped_before = len(read_wal(wal.path))
         assert stream_of(client, wal.stream_id)["length"] == shipped_before
+        opened_before = shipper.client.connections_opened
+        assert 1 <= opened_before < len(server_batches(shipper))  # batches share kept-alive connections
 
-        server.kill()  # SIGKILL: no goodbye
+        server.kill()  # SIGKILL: no goodbye (the kept-alive connection dies with it)
         during = run_sagas(wal, tag="during")  # the agent keeps working: no exception from the outage
         with shipper._cond:  # the shipper noticed and is backing off, not failing
             assert shipper._cond.wait_for(lambda: shipper.retries >= 2, 60)
@@ -488,6 +497,8 @@ def test_control_plane_outage_agent_keeps_working_records_arrive_once_in_order(
 
         server.start()  # same port
         assert shipper.flush(120), shipper.failure
+        # The dead connection was replaced by a new one to the restarted server.
+        assert shipper.client.connections_opened > opened_before
     finally:
         shipper.close()
         wal.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from typing import Any
 
@@ -325,3 +326,173 @@ def test_python_dash_m_entry_point() -> None:
         [sys.executable, "-m", "sagaplane", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "verify-wal" in out.stdout and "ship" in out.stdout
+
+
+# -- raw batches, limits from a 413, kept-alive connections ----------------------------------------
+
+
+def capture_bodies(server: FakeControlPlane) -> list[bytes]:
+    """Every request body the fake receives, byte for byte."""
+    bodies: list[bytes] = []
+    handle = server.handle
+
+    def spy(path: str, auth: str, raw: bytes) -> Any:
+        bodies.append(raw)
+        return handle(path, auth, raw)
+
+    server.handle = spy  # type: ignore[method-assign]
+    return bodies
+
+
+def test_lines_are_sent_as_they_are_on_disk_and_stored_as_the_same_records(
+    tmp_path: Any, server: FakeControlPlane
+) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    for i in range(7):
+        wal.append("SAGA_START", {"saga_id": f"s{i}-é✓", "pid": 1, "lease_ttl": 30.0, "n": [1.5, None, True]})
+    wal.close()
+    # Another writer's formatting (ASCII escapes, spaced separators, blank lines, CRLF): the same
+    # JSON objects, so the same chain; the shipper must not need to re-encode them.
+    records = read_wal(wal.path)
+    lines = [json.dumps(r, ensure_ascii=True, separators=(", ", " : ")).encode() for r in records]
+    (tmp_path / "a.wal").write_bytes(b"\n".join(lines[:3]) + b"\r\n\n" + b"\n".join(lines[3:]) + b"\n")
+    bodies = capture_bodies(server)
+    shipper = sp.Shipper(wal.path, url=server.url, api_key=API_KEY, batch_size=4, backoff=NO_WAIT)
+    assert shipper.run_until_caught_up() == 7
+    assert bodies == [
+        b'{"records":[' + b",".join(lines[:4]) + b"]}",
+        b'{"records":[' + b",".join(lines[4:]) + b"]}",
+    ]
+    assert server.records(wal.stream_id) == records  # the server holds the very same records
+    assert shipper.cursor.offset == (tmp_path / "a.wal").stat().st_size
+    assert shipper.cursor.hash == records[-1]["_h"] and shipper.cursor.seq == records[-1]["seq"]
+
+
+def test_an_unparseable_line_ends_the_batch_before_it_and_is_never_skipped(
+    tmp_path: Any, server: FakeControlPlane
+) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    fill(wal, 3)
+    wal.close()
+    good = (tmp_path / "a.wal").read_bytes()
+    with open(tmp_path / "a.wal", "ab") as fh:
+        fh.write(b'{"seq": 4, "event": "STEP_INT\n["not", "an object"]\n')
+    shipper = sp.Shipper(wal.path, url=server.url, api_key=API_KEY, backoff=NO_WAIT)
+    with pytest.raises(sp.ShipFailed, match=f"unparseable line at byte {len(good)}.*refusing to skip it"):
+        shipper.run_until_caught_up()
+    assert shipper.cursor.offset == len(good) and shipper.cursor.shipped == 3
+    assert len(server.requests) == 1 and server.records(wal.stream_id) == read_wal_prefix(tmp_path, 3)
+
+
+def read_wal_prefix(folder: Any, n: int) -> list[dict[str, Any]]:
+    with open(folder / "a.wal", "rb") as fh:
+        return [json.loads(fh.readline()) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("error", "limit", "attr"),
+    [("too_many_records", 3, "batch_size"), ("too_large", 1200, "max_batch_bytes")],
+)
+def test_413_naming_a_limit_adopts_it(
+    tmp_path: Any, server: FakeControlPlane, error: str, limit: int, attr: str
+) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    fill(wal, 10)
+    server.script((413, {"error": error, "detail": "too big", "limit": limit}))
+    bodies = capture_bodies(server)
+    shipper = sp.Shipper(wal.path, url=server.url, api_key=API_KEY, backoff=NO_WAIT)
+    assert shipper.run_until_caught_up() == 10
+    assert getattr(shipper, attr) == limit and shipper.retries == 0  # adapted at once, no backoff
+    assert len(json.loads(bodies[0])["records"]) == 10  # the SDK's default: everything in one go
+    for body in bodies[1:]:
+        assert (len(json.loads(body)["records"]) if attr == "batch_size" else len(body)) <= limit
+    assert len(bodies) > 2
+    assert server.records(wal.stream_id) == read_wal(wal.path)
+
+
+def test_batches_share_one_kept_alive_connection(tmp_path: Any, server: FakeControlPlane) -> None:
+    server.server.RequestHandlerClass.protocol_version = "HTTP/1.1"  # the fake keeps connections open
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    fill(wal, 12)
+    shipper = sp.Shipper(wal.path, url=server.url, api_key=API_KEY, batch_size=3)
+    assert shipper.run_until_caught_up() == 12
+    assert len(server.requests) == 4 and shipper.client.connections_opened == 1
+    assert server.records(wal.stream_id) == read_wal(wal.path)
+    shipper.client.close()
+    wal.close()
+
+
+class OneShotServer:
+    """Raw HTTP/1.1 on a socket: answers each connection's first request (keeping it open), then
+    reads the next request on it and hangs up without answering, like a server that closed an
+    idle keep-alive connection just as the client reused it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.answered = 0
+        self.dropped = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _read_request(self, conn: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
+        while b"\r\n\r\n" not in buf:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        return head, rest[length:]
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                first = self._read_request(conn, b"")
+                if first is None:
+                    continue
+                body = b'{"ok": true}'
+                self.answered += 1  # counted before the client can see the answer
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+                if self._read_request(conn, first[1]) is not None:
+                    self.dropped += 1  # then hang up (leaving `with`) without an answer
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_request_dropped_on_a_reused_connection_is_resent_once_only_when_harmless() -> None:
+    server = OneShotServer()
+    client = sp.Client(server.url, API_KEY)
+    try:
+        assert client.get("/a").status == 200 and client.connections_opened == 1
+        # GET (idempotent): the dropped request goes again on a new connection.
+        assert client.get("/b").status == 200
+        assert (server.dropped, server.answered, client.connections_opened) == (1, 2, 2)
+        # A record batch may be resent too: the server stores a record once.
+        assert client.start_records_raw("st_x", b'{"records":[]}').response().status == 200
+        assert (server.dropped, server.answered, client.connections_opened) == (2, 3, 3)
+        # Any other POST is not sent twice behind the caller's back: it is a transport error.
+        with pytest.raises(sp.TransportError):
+            client.post("/other", {"x": 1})
+        assert (server.dropped, server.answered) == (3, 3)
+        assert client.post("/other", {"x": 1}).status == 200  # the next call reconnects
+    finally:
+        client.close()
+        server.close()

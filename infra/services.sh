@@ -1,0 +1,31 @@
+# Sourced by infra/test.sh and infra/bench.sh: find the local Postgres and Redis the way both expect.
+# With DATABASE_URL / REDIS_URL already set, they are kept. Otherwise a reachable local Postgres
+# (psql as the postgres superuser on 127.0.0.1) gets the application role `sagaplane` and its
+# database `sagaplane`, and DATABASE_URL points there; a Redis answering on 127.0.0.1:6379 becomes
+# REDIS_URL. Nothing reachable: both stay unset (embedded SQLite).
+# Defines pg_up URL and redis_up URL (exit 0 when reachable). Expects the repo root as cwd.
+BIN="${BIN:-.venv/bin}"
+
+pg_up() { $BIN/python - "$1" <<'PY'
+import sys, psycopg
+try:
+    psycopg.connect(sys.argv[1], connect_timeout=3).close()
+except Exception as exc:
+    print(f"postgres unreachable: {exc}", file=sys.stderr); sys.exit(1)
+PY
+}
+redis_up() { $BIN/python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=2).ping()" "$1"; }
+
+if [ -z "${DATABASE_URL:-}" ]; then
+  # The application role must not be a superuser: superusers ignore row-level security.
+  if command -v psql >/dev/null && psql -h 127.0.0.1 -U postgres -Atc "SELECT 1" >/dev/null 2>&1; then
+    psql -h 127.0.0.1 -U postgres -qc "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sagaplane')
+      THEN CREATE ROLE sagaplane LOGIN CREATEDB PASSWORD 'sagaplane'; END IF; END \$\$;" >/dev/null
+    psql -h 127.0.0.1 -U postgres -Atc "SELECT 1 FROM pg_database WHERE datname = 'sagaplane'" | grep -q 1 ||
+      psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE sagaplane OWNER sagaplane" >/dev/null
+    export DATABASE_URL="postgres://sagaplane:sagaplane@127.0.0.1:5432/sagaplane"
+  fi
+fi
+if [ -z "${REDIS_URL:-}" ] && redis_up redis://127.0.0.1:6379/0 2>/dev/null; then
+  export REDIS_URL="redis://127.0.0.1:6379/0"
+fi
