@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._version import __version__
+from .shipper import DEFAULT_BATCH
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the thing checked is bad, or shipping was refused
@@ -79,7 +80,7 @@ def add_ship(sub: Any) -> None:
     p.add_argument("--stream", help="stream id (default: the one in WAL_FILE.meta.json, created if missing)")
     p.add_argument("--url", help="control plane URL (default: $SAGAPLANE_URL)")
     p.add_argument("--api-key", help="API key (default: $SAGAPLANE_API_KEY)")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="records per batch")
     p.add_argument("--max-retries", type=int, default=8, help="transient failures in a row before giving up")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_ship)
