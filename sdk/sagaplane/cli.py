@@ -179,16 +179,25 @@ def add_verify_disclosure(sub: Any) -> None:
     p.set_defaults(func=cmd_verify_disclosure)
 
 
+def _report_verification(
+    target: str, verify: Callable[[], Any], failures: tuple[type[Exception], ...]
+) -> int:
+    """One shape for every offline verifier: OK and a summary (exit 0), or the first failure (exit 1)."""
+    try:
+        report = verify()
+    except failures as exc:
+        print(f"FAILED: {target}: {exc}")
+        return EXIT_FAILED
+    print(f"OK: {target}: {report.summary()}")
+    return EXIT_OK
+
+
 def cmd_verify_disclosure(args: argparse.Namespace) -> int:
     from .disclosure import VerificationError, verify_disclosure_file
 
-    try:
-        report = verify_disclosure_file(args.file, args.key)
-    except (VerificationError, ValueError) as exc:
-        print(f"FAILED: {args.file}: {exc}")
-        return EXIT_FAILED
-    print(f"OK: {args.file}: {report.summary()}")
-    return EXIT_OK
+    return _report_verification(
+        args.file, lambda: verify_disclosure_file(args.file, args.key), (VerificationError, ValueError)
+    )
 
 
 def add_verify_export(sub: Any) -> None:
@@ -202,13 +211,9 @@ def cmd_verify_export(args: argparse.Namespace) -> int:
     from .disclosure import VerificationError
     from .export import verify_export
 
-    try:
-        report = verify_export(args.path, args.key)
-    except (VerificationError, ValueError) as exc:
-        print(f"FAILED: {args.path}: {exc}")
-        return EXIT_FAILED
-    print(f"OK: {args.path}: {report.summary()}")
-    return EXIT_OK
+    return _report_verification(
+        args.path, lambda: verify_export(args.path, args.key), (VerificationError, ValueError)
+    )
 
 
 # -- verify-proof ----------------------------------------------------------------------------
@@ -230,13 +235,11 @@ def cmd_verify_proof(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"error: --leaf-hash is not hex: {args.leaf_hash!r}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        report = verify_proof_file(args.file, args.key, leaf_hash=leaf_hash)
-    except (ProofFileError, OSError) as exc:
-        print(f"FAILED: {args.file}: {exc}")
-        return EXIT_FAILED
-    print(f"OK: {args.file}: {report.summary()}")
-    return EXIT_OK
+    return _report_verification(
+        args.file,
+        lambda: verify_proof_file(args.file, args.key, leaf_hash=leaf_hash),
+        (ProofFileError, OSError),
+    )
 
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [
