@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import threading
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,3 +131,32 @@ class FakeControlPlane:
 def read_wal(path: Any) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+# The head of a child agent that crash tests SIGKILL: two COMPENSABLE tools, the second of which
+# lands its real-world effect (a file), tells the parent through a pipe (b"E") and hangs before
+# returning, so the parent kills it between the effect and the commit record. The test appends
+# the sagas to run. argv: WAL path, effect path, pipe fd.
+CRASHING_AGENT_PRELUDE = textwrap.dedent(
+    """
+    import os, sys, threading
+    import sagaplane as sp
+
+    wal_path, effect_path, signal_fd = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+    @sp.compensator("crash.refund")
+    def refund(charge_id, idempotency_key=None):
+        pass
+
+    def charge(amount):
+        with open(effect_path, "w") as fh:      # the real-world effect lands...
+            fh.write(f"charged {amount}")
+        os.write(signal_fd, b"E")               # ...tell the parent, then hang before returning
+        threading.Event().wait()
+
+    ok = sp.tool(lambda amount: {"id": f"ch_{amount}"}, name="charge_ok", semantics=sp.COMPENSABLE,
+                 compensate=lambda r: sp.undo("crash.refund", charge_id=r["id"]))
+    doomed = sp.tool(charge, semantics=sp.COMPENSABLE,
+                     compensate=lambda r: sp.undo("crash.refund", charge_id=r["id"]))
+    """
+)

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import connection
 from sagaplane.chain import verify_chain
 from sagaplane.shipper import ShipperState
-from sagaplane_testkit import read_wal
+from sagaplane_testkit import CRASHING_AGENT_PRELUDE, read_wal
 
 from tenants import services as tenant_services
 
@@ -278,32 +278,13 @@ def test_agent_saga_wal_ships_with_the_cli_and_verifies_on_the_server(
 
 # -- 3. SIGKILL after the effect, before the commit record -----------------------------------------
 
-CRASHING_AGENT = textwrap.dedent(
+CRASHING_AGENT = CRASHING_AGENT_PRELUDE + textwrap.dedent(
     """
-    import os, sys, threading
-    import sagaplane as sp
-
-    wal_path, effect_path, fd = sys.argv[1], sys.argv[2], int(sys.argv[3])
-
-    @sp.compensator("crash.refund")
-    def refund(charge_id, idempotency_key=None):
-        pass
-
-    def charge(amount):
-        with open(effect_path, "w") as fh:   # the real-world effect lands...
-            fh.write(f"charged {amount}")
-        os.write(fd, b"E")                   # ...the parent is told, and we never return
-        threading.Event().wait()
-
-    ok = sp.tool(lambda amount: {"id": f"ch_{amount}"}, name="charge_ok", semantics=sp.COMPENSABLE,
-                 compensate=lambda r: sp.undo("crash.refund", charge_id=r["id"]))
-    doomed = sp.tool(charge, semantics=sp.COMPENSABLE,
-                     compensate=lambda r: sp.undo("crash.refund", charge_id=r["id"]))
     runtime = sp.configure(wal_path)          # ships to SAGAPLANE_URL in the background
     with sp.saga(name="first"):
         ok(1)
     assert runtime.flush(60), runtime.shipper.failure
-    os.write(fd, b"F")                        # the first saga is on the server
+    os.write(signal_fd, b"F")                 # the first saga is on the server
     with sp.saga(name="crashing"):
         ok(2)
         doomed(3)

@@ -11,29 +11,10 @@ from typing import Any
 
 from agent_saga import integrity
 from sagaplane.chain import verify_chain
-from sagaplane_testkit import API_KEY, FakeControlPlane, read_wal
+from sagaplane_testkit import API_KEY, CRASHING_AGENT_PRELUDE, FakeControlPlane, read_wal
 
-CHILD = textwrap.dedent(
+CHILD = CRASHING_AGENT_PRELUDE + textwrap.dedent(
     """
-    import os, sys, threading
-    import sagaplane as sp
-
-    wal_path, effect_path, signal_fd = sys.argv[1], sys.argv[2], int(sys.argv[3])
-
-    @sp.compensator("crash.refund")
-    def refund(charge_id, idempotency_key=None):
-        pass
-
-    def charge(amount):
-        with open(effect_path, "w") as fh:      # the real-world effect lands...
-            fh.write(f"charged {amount}")
-        os.write(signal_fd, b"E")               # ...tell the parent, then hang before returning
-        threading.Event().wait()
-
-    ok = sp.tool(lambda amount: {"id": f"ch_{amount}"}, name="charge_ok", semantics=sp.COMPENSABLE,
-                 compensate=lambda r: sp.undo("crash.refund", charge_id=r["id"]))
-    doomed = sp.tool(charge, semantics=sp.COMPENSABLE,
-                     compensate=lambda r: sp.undo("crash.refund", charge_id=r["id"]))
     wal = sp.WAL(wal_path)
     with sp.saga(name="first", wal=wal):
         ok(1)
