@@ -63,8 +63,12 @@ def pct(samples: list[float], p: float) -> float:
 
 def summary(samples_s: list[float]) -> dict[str, float]:
     us = [x * 1e6 for x in samples_s]
-    return {"n": len(us), "p50_us": round(pct(us, 50), 2), "p99_us": round(pct(us, 99), 2),
-            "mean_us": round(statistics.fmean(us), 2)}
+    return {
+        "n": len(us),
+        "p50_us": round(pct(us, 50), 2),
+        "p99_us": round(pct(us, 99), 2),
+        "mean_us": round(statistics.fmean(us), 2),
+    }
 
 
 # -- floors ------------------------------------------------------------------------------------------
@@ -239,9 +243,15 @@ def sp_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, floa
     fsyncs = wal.fsyncs
     wal.close()
     steps = per_thread * concurrency * GROUP_STEPS
-    return {"concurrency": concurrency, "sagas": per_thread * concurrency, "steps": steps,
-            "seconds": round(elapsed, 4), "steps_per_s": round(steps / elapsed, 1),
-            "fsyncs": fsyncs, "steps_per_fsync": round(steps / max(1, fsyncs), 2)}
+    return {
+        "concurrency": concurrency,
+        "sagas": per_thread * concurrency,
+        "steps": steps,
+        "seconds": round(elapsed, 4),
+        "steps_per_s": round(steps / elapsed, 1),
+        "fsyncs": fsyncs,
+        "steps_per_fsync": round(steps / max(1, fsyncs), 2),
+    }
 
 
 def sp_group_async(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
@@ -269,9 +279,15 @@ def sp_group_async(folder: Path, concurrency: int, sagas_total: int) -> dict[str
 
     elapsed, fsyncs = asyncio.run(run())
     steps = per_task * concurrency * GROUP_STEPS
-    return {"concurrency": concurrency, "sagas": per_task * concurrency, "steps": steps,
-            "seconds": round(elapsed, 4), "steps_per_s": round(steps / elapsed, 1),
-            "fsyncs": fsyncs, "steps_per_fsync": round(steps / max(1, fsyncs), 2)}
+    return {
+        "concurrency": concurrency,
+        "sagas": per_task * concurrency,
+        "steps": steps,
+        "seconds": round(elapsed, 4),
+        "steps_per_s": round(steps / elapsed, 1),
+        "fsyncs": fsyncs,
+        "steps_per_fsync": round(steps / max(1, fsyncs), 2),
+    }
 
 
 def as_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
@@ -296,9 +312,15 @@ def as_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, floa
 
     elapsed, cycles = asyncio.run(run())
     steps = per_task * concurrency * GROUP_STEPS
-    return {"concurrency": concurrency, "sagas": per_task * concurrency, "steps": steps,
-            "seconds": round(elapsed, 4), "steps_per_s": round(steps / elapsed, 1),
-            "fsyncs": cycles, "steps_per_fsync": round(steps / max(1, cycles), 2)}
+    return {
+        "concurrency": concurrency,
+        "sagas": per_task * concurrency,
+        "steps": steps,
+        "seconds": round(elapsed, 4),
+        "steps_per_s": round(steps / elapsed, 1),
+        "fsyncs": cycles,
+        "steps_per_fsync": round(steps / max(1, cycles), 2),
+    }
 
 
 # -- shipper -------------------------------------------------------------------------------------------------
@@ -311,8 +333,9 @@ def _free_port() -> int:
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
-    out = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     if out.returncode != 0:
         raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stderr}")
     return out.stdout
@@ -338,17 +361,33 @@ def _bench_database_url(url: str) -> str:
             return bench_url
         except psycopg.errors.InsufficientPrivilege:
             pass
-    subprocess.run(["psql", "-h", info.get("host") or "127.0.0.1", "-p", str(info.get("port") or 5432),
-                    "-U", "postgres", "-qc", f'CREATE DATABASE "{name}" OWNER "{role}"'],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "psql",
+            "-h",
+            info.get("host") or "127.0.0.1",
+            "-p",
+            str(info.get("port") or 5432),
+            "-U",
+            "postgres",
+            "-qc",
+            f'CREATE DATABASE "{name}" OWNER "{role}"',
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return bench_url
 
 
 def shipper_modes() -> list[tuple[str, dict[str, str]]]:
     """The control planes to ship to: production-like (uvicorn workers on Postgres, with Redis when
     REDIS_URL is set) when DATABASE_URL is set, and always the embedded one (SQLite, no Redis)."""
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY", "DATABASE_URL", "REDIS_URL")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY", "DATABASE_URL", "REDIS_URL")
+    }
     base.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "0", "LOG_LEVEL": "WARNING"})
     modes = []
     if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
@@ -360,8 +399,9 @@ def shipper_modes() -> list[tuple[str, dict[str, str]]]:
     return modes
 
 
-def shipper_throughput(folder: Path, n_records: int, mode: str, env: dict[str, str],
-                       workers: int = 2) -> dict[str, Any]:
+def shipper_throughput(
+    folder: Path, n_records: int, mode: str, env: dict[str, str], workers: int = 2
+) -> dict[str, Any]:
     folder = folder / f"ship-{mode}"
     folder.mkdir()
     env = {**env, "SAGAPLANE_DATA_DIR": str(folder / "cp-data")}
@@ -390,10 +430,27 @@ def shipper_throughput(folder: Path, n_records: int, mode: str, env: dict[str, s
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", str(workers), "--lifespan", "off", "--no-access-log",
-         "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 120
@@ -419,13 +476,24 @@ def shipper_throughput(folder: Path, n_records: int, mode: str, env: dict[str, s
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(30)
-    backend = {"embedded": "sqlite (embedded)", "postgres": "postgres",
-               "postgres+redis": "postgres + redis"}[mode]
-    return {"mode": mode, "backend": backend, "uvicorn_workers": workers, "records": records,
-            "bytes": size, "batch_size": shipper.batch_size, "max_batch_bytes": shipper.max_batch_bytes,
-            "http_connections": connections, "seconds": round(elapsed, 3),
-            "records_per_s": round(records / elapsed, 1), "mb_per_s": round(size / elapsed / 1e6, 2),
-            "setup_seconds": round(setup_s, 1), "verified_on_server": True}
+    backend = {"embedded": "sqlite (embedded)", "postgres": "postgres", "postgres+redis": "postgres + redis"}[
+        mode
+    ]
+    return {
+        "mode": mode,
+        "backend": backend,
+        "uvicorn_workers": workers,
+        "records": records,
+        "bytes": size,
+        "batch_size": shipper.batch_size,
+        "max_batch_bytes": shipper.max_batch_bytes,
+        "http_connections": connections,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(records / elapsed, 1),
+        "mb_per_s": round(size / elapsed / 1e6, 2),
+        "setup_seconds": round(setup_s, 1),
+        "verified_on_server": True,
+    }
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -455,86 +523,115 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     started = perf()
     out: dict[str, Any] = {
-        "meta": {"quick": q, "python": platform.python_version(), "platform": platform.platform(),
-                 "cpus": os.cpu_count(), "sagaplane": sp.__version__, "agent_saga": _as_version(),
-                 "wal_dir": str(folder), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "meta": {
+            "quick": q,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "sagaplane": sp.__version__,
+            "agent_saga": _as_version(),
+            "wal_dir": str(folder),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
     }
     try:
         print(f"== SDK benchmark ({'quick' if q else 'full'}); WALs in {folder}")
         out["fsync_floor"] = fsync_floor(folder, n_floor)
         out["noop"] = noop_baseline(n_fast)
-        print(f"fsync floor (write+fsync): p50 {out['fsync_floor']['p50_us']} us, "
-              f"p99 {out['fsync_floor']['p99_us']} us; no-op call p50 {out['noop']['sync']['p50_us']} us")
+        print(
+            f"fsync floor (write+fsync): p50 {out['fsync_floor']['p50_us']} us, "
+            f"p99 {out['fsync_floor']['p99_us']} us; no-op call p50 {out['noop']['sync']['p50_us']} us"
+        )
 
         sp_rev, _ = sp_steps(folder, SP_REV, n_fast)
         sp_comp, comp_fsyncs = sp_steps(folder, SP_COMP, n_durable)
         per_step = {
             "sagaplane_sync": {"REVERSIBLE": sp_rev, "COMPENSABLE": sp_comp},
-            "sagaplane_async": {"REVERSIBLE": sp_steps_async(folder, SP_AREV, n_fast),
-                                "COMPENSABLE": sp_steps_async(folder, SP_ACOMP, n_durable)},
-            "agent_saga": {"REVERSIBLE": as_steps(folder, AS_REV, n_fast),
-                           "COMPENSABLE": as_steps(folder, AS_COMP, n_durable)},
+            "sagaplane_async": {
+                "REVERSIBLE": sp_steps_async(folder, SP_AREV, n_fast),
+                "COMPENSABLE": sp_steps_async(folder, SP_ACOMP, n_durable),
+            },
+            "agent_saga": {
+                "REVERSIBLE": as_steps(folder, AS_REV, n_fast),
+                "COMPENSABLE": as_steps(folder, AS_COMP, n_durable),
+            },
         }
         for lib, rows in per_step.items():
             base = out["noop"]["async" if lib != "sagaplane_sync" else "sync"]["p50_us"]
             for sem, row in rows.items():
                 row["overhead_p50_us"] = round(row["p50_us"] - base, 2)
                 row["overhead_p99_us"] = round(row["p99_us"] - base, 2)
-                print(f"{lib:16} {sem:11} p50 {row['p50_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  "
-                      f"(overhead p50 {row['overhead_p50_us']:.1f} us over the no-op)")
+                print(
+                    f"{lib:16} {sem:11} p50 {row['p50_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  "
+                    f"(overhead p50 {row['overhead_p50_us']:.1f} us over the no-op)"
+                )
         per_step["sagaplane_sync"]["COMPENSABLE"]["fsyncs_per_step"] = round(comp_fsyncs / n_durable, 2)
         out["per_step"] = per_step
 
-        group: dict[str, list[dict[str, float]]] = {"sagaplane_threads": [], "sagaplane_async": [],
-                                                     "agent_saga": []}
+        group: dict[str, list[dict[str, float]]] = {
+            "sagaplane_threads": [],
+            "sagaplane_async": [],
+            "agent_saga": [],
+        }
         for c, total in group_sagas.items():
             group["sagaplane_threads"].append(sp_group(folder, c, total))
             group["sagaplane_async"].append(sp_group_async(folder, c, total))
             group["agent_saga"].append(as_group(folder, c, total))
             row = [group[k][-1] for k in group]
-            print(f"group commit, {c:2} concurrent sagas: " + "; ".join(
-                f"{k} {r['steps_per_s']:.0f} steps/s ({r['steps_per_fsync']} steps/fsync)"
-                for k, r in zip(group, row, strict=True)))
+            print(
+                f"group commit, {c:2} concurrent sagas: "
+                + "; ".join(
+                    f"{k} {r['steps_per_s']:.0f} steps/s ({r['steps_per_fsync']} steps/fsync)"
+                    for k, r in zip(group, row, strict=True)
+                )
+            )
         out["group_commit"] = group
 
         if not args.skip_shipper:
             out["shipper"] = {}
             for mode, env in shipper_modes():
                 r = out["shipper"][mode] = shipper_throughput(folder, ship_records, mode, env)
-                print(f"shipper [{mode}]: {r['records']} records ({r['bytes'] / 1e6:.1f} MB) to a local "
-                      f"control plane ({r['backend']}, uvicorn x{r['uvicorn_workers']}) in {r['seconds']} s "
-                      f"= {r['records_per_s']:.0f} records/s over {r['http_connections']} HTTP "
-                      f"connection(s); server head verified")
-
+                print(
+                    f"shipper [{mode}]: {r['records']} records ({r['bytes'] / 1e6:.1f} MB) to a local "
+                    f"control plane ({r['backend']}, uvicorn x{r['uvicorn_workers']}) in {r['seconds']} s "
+                    f"= {r['records_per_s']:.0f} records/s over {r['http_connections']} HTTP "
+                    f"connection(s); server head verified"
+                )
 
         floor = out["fsync_floor"]["p50_us"]
         ps = out["per_step"]
+
         def p50(lib: str, sem: str) -> float:
             return float(ps[lib][sem]["p50_us"])
 
         ratios = {
-            "fast_path_sagaplane_sync_vs_agent_saga_p50": ratio(p50("sagaplane_sync", "REVERSIBLE"),
-                                                                p50("agent_saga", "REVERSIBLE")),
-            "fast_path_sagaplane_async_vs_agent_saga_p50": ratio(p50("sagaplane_async", "REVERSIBLE"),
-                                                                 p50("agent_saga", "REVERSIBLE")),
-            "durable_sagaplane_sync_vs_agent_saga_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"),
-                                                              p50("agent_saga", "COMPENSABLE")),
+            "fast_path_sagaplane_sync_vs_agent_saga_p50": ratio(
+                p50("sagaplane_sync", "REVERSIBLE"), p50("agent_saga", "REVERSIBLE")
+            ),
+            "fast_path_sagaplane_async_vs_agent_saga_p50": ratio(
+                p50("sagaplane_async", "REVERSIBLE"), p50("agent_saga", "REVERSIBLE")
+            ),
+            "durable_sagaplane_sync_vs_agent_saga_p50": ratio(
+                p50("sagaplane_sync", "COMPENSABLE"), p50("agent_saga", "COMPENSABLE")
+            ),
             "durable_sagaplane_sync_vs_fsync_floor_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"), floor),
-            "durable_sagaplane_sync_vs_2x_fsync_floor_p50": ratio(p50("sagaplane_sync", "COMPENSABLE"),
-                                                                  2 * floor),
+            "durable_sagaplane_sync_vs_2x_fsync_floor_p50": ratio(
+                p50("sagaplane_sync", "COMPENSABLE"), 2 * floor
+            ),
             "durable_agent_saga_vs_2x_fsync_floor_p50": ratio(p50("agent_saga", "COMPENSABLE"), 2 * floor),
         }
         for i, c in enumerate(group_sagas):
             ratios[f"group_{c}_sagaplane_threads_vs_agent_saga"] = ratio(
-                group["sagaplane_threads"][i]["steps_per_s"], group["agent_saga"][i]["steps_per_s"])
+                group["sagaplane_threads"][i]["steps_per_s"], group["agent_saga"][i]["steps_per_s"]
+            )
             ratios[f"group_{c}_sagaplane_async_vs_agent_saga"] = ratio(
-                group["sagaplane_async"][i]["steps_per_s"], group["agent_saga"][i]["steps_per_s"])
+                group["sagaplane_async"][i]["steps_per_s"], group["agent_saga"][i]["steps_per_s"]
+            )
         out["ratios"] = ratios
         targets = {
-            "fast_path_no_slower_than_agent_saga":
-                ratios["fast_path_sagaplane_sync_vs_agent_saga_p50"] <= 1.0,
-            "durable_within_30pct_of_fsync_floor":
-                ratios["durable_sagaplane_sync_vs_fsync_floor_p50"] <= 1.3,
+            "fast_path_no_slower_than_agent_saga": ratios["fast_path_sagaplane_sync_vs_agent_saga_p50"]
+            <= 1.0,
+            "durable_within_30pct_of_fsync_floor": ratios["durable_sagaplane_sync_vs_fsync_floor_p50"] <= 1.3,
         }
         for mode, r in out.get("shipper", {}).items():
             targets[f"shipper_{mode}_at_least_5000_records_per_s"] = r["records_per_s"] >= 5000

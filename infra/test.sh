@@ -15,6 +15,7 @@ if [ "${CI:-}" = "true" ]; then
 fi
 echo "== lint"
 $BIN/ruff check .
+$BIN/ruff format --check .
 echo "== full suite on ${DATABASE_URL:+Postgres}${DATABASE_URL:-SQLite} ${REDIS_URL:+with Redis}"
 export SAGAPLANE_DATA_DIR="${SAGAPLANE_TEST_DATA_DIR:-$PWD/test-artifacts/data}"
 $BIN/python -m pytest "$@"

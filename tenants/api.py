@@ -113,8 +113,11 @@ class CurrentTenantView(TenantScopedViewMixin, APIView):
     @extend_schema(
         responses=inline_serializer(
             "CurrentTenant",
-            {"tenant": TenantSerializer(), "role": serializers.CharField(allow_null=True),
-             "scopes": serializers.ListField(child=serializers.CharField(), allow_null=True)},
+            {
+                "tenant": TenantSerializer(),
+                "role": serializers.CharField(allow_null=True),
+                "scopes": serializers.ListField(child=serializers.CharField(), allow_null=True),
+            },
         )
     )
     def get(self, request: Request) -> Response:

@@ -48,8 +48,13 @@ def test_make_run_serves_the_demo_and_the_login_works(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update({"PORT": str(port), "SAGAPLANE_DATA_DIR": str(tmp_path / "data")})
     process = subprocess.Popen(
-        ["bash", "infra/run-embedded.sh"], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        ["bash", "infra/run-embedded.sh"],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         line = _read_until(process, r"Sagaplane is running at", timeout=180)
@@ -63,8 +68,12 @@ def test_make_run_serves_the_demo_and_the_login_works(tmp_path: Path) -> None:
             assert login_page.status_code == 200
             home = client.post(
                 "/login/",
-                data={"username": "owner@demo.sagaplane.local", "password": "sagaplane-demo",
-                      "csrfmiddlewaretoken": csrf, "next": "/"},
+                data={
+                    "username": "owner@demo.sagaplane.local",
+                    "password": "sagaplane-demo",
+                    "csrfmiddlewaretoken": csrf,
+                    "next": "/",
+                },
                 headers={"Referer": url + "login/"},
             )
             assert home.status_code == 200

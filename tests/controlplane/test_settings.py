@@ -15,9 +15,17 @@ def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     clean.update({"SAGAPLANE_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "controlplane.settings"})
     clean.update(env)
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
-         "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)"],
-        cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.DATABASES['default']['ENGINE'], settings.CELERY_BROKER_URL)",
+        ],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -33,8 +41,14 @@ def test_embedded_defaults(tmp_path: Path) -> None:
 def test_production_refuses_insecure_defaults_and_names_them(tmp_path: Path) -> None:
     result = _load_settings(tmp_path, SAGAPLANE_ENV="production", DEBUG="1")
     assert result.returncode != 0
-    for problem in ("SECRET_KEY is not set", "SAGAPLANE_MASTER_KEY is not set", "DEBUG is on",
-                    "DATABASE_URL is not set", "REDIS_URL is not set", "ALLOWED_HOSTS"):
+    for problem in (
+        "SECRET_KEY is not set",
+        "SAGAPLANE_MASTER_KEY is not set",
+        "DEBUG is on",
+        "DATABASE_URL is not set",
+        "REDIS_URL is not set",
+        "ALLOWED_HOSTS",
+    ):
         assert problem in result.stderr, problem
 
 

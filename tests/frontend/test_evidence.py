@@ -34,8 +34,12 @@ def _ship_and_sign(person: Person) -> str:
 def test_refused_batches_are_listed_with_their_reasons(alice: Person, carol: Person) -> None:
     writer = Writer()
     _, records = saga_forward(writer)
-    assert alice.key_client().post("/api/v1/streams/ev-2/records", {"records": records[:2]},
-                                   format="json").status_code == 200
+    assert (
+        alice.key_client()
+        .post("/api/v1/streams/ev-2/records", {"records": records[:2]}, format="json")
+        .status_code
+        == 200
+    )
     tampered = [dict(r) for r in records[2:]]
     tampered[0]["tool"] = "payments.steal"
     refused = alice.key_client().post("/api/v1/streams/ev-2/records", {"records": tampered}, format="json")

@@ -25,7 +25,7 @@ def test_strict_csp_and_no_inline_script_or_style(alice: Person, name: str) -> N
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
     assert "script-src 'self'" in csp and "style-src 'self'" in csp
     body = response.content.decode()
-    assert "<script>" not in body and "<script type" not in body.replace('<script src', '')
+    assert "<script>" not in body and "<script type" not in body.replace("<script src", "")
     assert "style=" not in body and "<style" not in body and " on" + "click=" not in body
 
 

@@ -26,7 +26,9 @@ def test_demo_agent_forever_ships_until_terminated(
     env.update(SAGAPLANE_URL=live_server.url, SAGAPLANE_API_KEY=alice.api_key, SAGAPLANE_WAL_DIR=str(wal_dir))
     proc = subprocess.Popen(
         [sys.executable, str(DEMO), "--forever", "--pause", "0.01"],
-        env=env, stdout=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None

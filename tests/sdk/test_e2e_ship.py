@@ -139,8 +139,12 @@ def assert_server_holds_exactly(client: sp.Client, stream_id: str, records: list
 
 def fast_shipper(wal: sp.WAL, url: str, key: str, **kw: Any) -> sp.Shipper:
     shipper = sp.Shipper(
-        wal.path, stream_id=wal.stream_id, url=url, api_key=key,
-        backoff=sp.Backoff(base=0.02, cap=0.3), **kw,
+        wal.path,
+        stream_id=wal.stream_id,
+        url=url,
+        api_key=key,
+        backoff=sp.Backoff(base=0.02, cap=0.3),
+        **kw,
     )
     shipper.batches = []  # type: ignore[attr-defined]
     shipper.on_batch = lambda n, _response: shipper.batches.append(n)  # type: ignore[attr-defined]
@@ -237,8 +241,11 @@ AGENT_SAGA_WRITER = textwrap.dedent(
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_SAGA_WAL_KEY", "SAGAPLANE_URL",
-                                                         "SAGAPLANE_API_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AGENT_SAGA_WAL_KEY", "SAGAPLANE_URL", "SAGAPLANE_API_KEY")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk"), env.get("PYTHONPATH", "")])
     env.update(extra)
     return env
@@ -302,7 +309,8 @@ def test_sigkilled_agent_loses_nothing_and_a_new_process_ships_the_rest_once(
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
         [sys.executable, str(script), str(wal_path), str(effect), str(write_fd)],
-        pass_fds=(write_fd,), env=env,
+        pass_fds=(write_fd,),
+        env=env,
     )
     os.close(write_fd)
     try:
@@ -331,7 +339,10 @@ def test_sigkilled_agent_loses_nothing_and_a_new_process_ships_the_rest_once(
 
     out = subprocess.run(
         [sys.executable, "-m", "sagaplane", "ship", str(wal_path)],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert_server_holds_exactly(client, stream_id, records)
@@ -373,9 +384,23 @@ class ServerProcess:
     def start(self) -> None:
         assert self.proc is None
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--lifespan", "off"],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--lifespan",
+                "off",
+            ],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         ready = threading.Event()
 
@@ -411,8 +436,9 @@ def _bootstrap_sqlite(data_dir: Path, env: dict[str, str]) -> str:
         print(services.create_api_key(tenant, name="agent", scopes=["ingest", "read"])[1])
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
@@ -531,7 +557,9 @@ def test_wrong_scope_and_revoked_keys_raise_authentication_error(
     out = subprocess.run(
         [sys.executable, "-m", "sagaplane", "ship", str(wal.path)],
         env=clean_env(SAGAPLANE_URL=live_server.url, SAGAPLANE_API_KEY=revoked_key),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2 and "API key refused" in out.stderr and "revoked" in out.stderr
 
