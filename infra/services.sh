@@ -3,7 +3,8 @@
 # (psql as the postgres superuser on 127.0.0.1) gets the application role `sagaplane` and its
 # database `sagaplane`, and DATABASE_URL points there; a Redis answering on 127.0.0.1:6379 becomes
 # REDIS_URL. Nothing reachable: both stay unset (embedded SQLite).
-# Defines pg_up URL and redis_up URL (exit 0 when reachable). Expects the repo root as cwd.
+# Defines pg_up URL and redis_up URL (exit 0 when reachable), redact_url URL and
+# describe_services. Expects the repo root as cwd.
 BIN="${BIN:-.venv/bin}"
 
 pg_up() { $BIN/python - "$1" <<'PY'
@@ -13,6 +14,17 @@ try:
 except Exception as exc:
     print(f"postgres unreachable: {exc}", file=sys.stderr); sys.exit(1)
 PY
+}
+# A URL fit for a log: the password in its user-info replaced by *** (CI logs are public).
+redact_url() {
+  printf '%s' "$1" | sed -E -e 's#^([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*):[^/]*@#\1:***@#' \
+    -e 's#([?&]password=)[^&]*#\1***#'
+}
+# What the run uses, for the log, never with a password.
+describe_services() {
+  if [ -n "${DATABASE_URL:-}" ]; then printf 'Postgres %s' "$(redact_url "$DATABASE_URL")"; else printf 'SQLite'; fi
+  if [ -n "${REDIS_URL:-}" ]; then printf ' with Redis %s' "$(redact_url "$REDIS_URL")"; fi
+  printf '\n'
 }
 redis_up() { $BIN/python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=2).ping()" "$1"; }
 

@@ -16,7 +16,7 @@ fi
 echo "== lint"
 $BIN/ruff check .
 $BIN/ruff format --check .
-echo "== full suite on ${DATABASE_URL:+Postgres}${DATABASE_URL:-SQLite} ${REDIS_URL:+with Redis}"
+echo "== full suite on $(describe_services)"
 export SAGAPLANE_DATA_DIR="${SAGAPLANE_TEST_DATA_DIR:-$PWD/test-artifacts/data}"
 $BIN/python -m pytest "$@"
 echo "== smoke subset on embedded SQLite"

@@ -1,10 +1,12 @@
-"""Every transparency-dev/merkle conformance vector must verify exactly as ``wantErr`` says."""
+"""Every transparency-dev/merkle conformance vector must verify exactly as ``wantErr`` says.
+
+The vectors are vendored in ``tests/vectors/transparency-dev-merkle`` (origin and licence there).
+"""
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,7 @@ from sagaplane.merkle import (
 
 
 def _vectors_root() -> Path:
-    override = os.environ.get("SAGAPLANE_TESTVECTORS")
-    default = Path(__file__).resolve().parents[2].parent / "shared" / "testvectors"
-    base = Path(override) if override else default
-    return base / "transparency-dev-merkle" / "testdata"
+    return Path(__file__).resolve().parents[1] / "vectors" / "transparency-dev-merkle" / "testdata"
 
 
 def _collect(kind: str) -> list[Path]:
@@ -41,7 +40,7 @@ def _b64(value: str) -> bytes:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    assert path.is_file(), f"test vector missing: {path} (set SAGAPLANE_TESTVECTORS)"
+    assert path.is_file(), f"test vector missing: {path}"
     data: dict[str, Any] = json.loads(path.read_text())
     return data
 
@@ -53,11 +52,11 @@ def _ids(paths: list[Path]) -> list[str]:
 
 def test_vectors_present() -> None:
     root = _vectors_root()
-    assert root.is_dir(), f"test vectors missing at {root} (set SAGAPLANE_TESTVECTORS)"
-    # The pinned commit ships 98 files of each kind; a much smaller count
-    # means a truncated checkout that would make the suite pass vacuously.
-    assert len(INCLUSION) >= 90, f"only {len(INCLUSION)} inclusion vectors under {root}"
-    assert len(CONSISTENCY) >= 90, f"only {len(CONSISTENCY)} consistency vectors under {root}"
+    assert root.is_dir(), f"test vectors missing at {root}"
+    # The vendored commit ships 98 files of each kind; fewer means a truncated copy that
+    # would make the suite pass vacuously.
+    assert len(INCLUSION) == 98, f"{len(INCLUSION)} inclusion vectors under {root}, expected 98"
+    assert len(CONSISTENCY) == 98, f"{len(CONSISTENCY)} consistency vectors under {root}, expected 98"
     assert any(not _load(p)["wantErr"] for p in INCLUSION)
     assert any(not _load(p)["wantErr"] for p in CONSISTENCY)
 
