@@ -12,13 +12,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import transaction
 
+from controlplane.postcommit import after_commit
 from sagas import bulk
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
@@ -297,7 +296,8 @@ def publish_on_commit(
         "sagas": changes,
         "state_changes": [c for c in changes if c["status"] != c["previous_status"]],
     }
-    transaction.on_commit(partial(_publish, tenant_group(tenant.pk), message), robust=True)
+    group = tenant_group(tenant.pk)
+    after_commit(f"live event to {group}", lambda: _publish(group, message))
 
 
 def _publish(group: str, message: dict[str, Any]) -> None:

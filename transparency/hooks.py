@@ -9,8 +9,7 @@ fail because of, the log.
 
 from __future__ import annotations
 
-from django.db import transaction
-
+from controlplane.postcommit import after_commit
 from tenants.models import Tenant
 
 
@@ -22,4 +21,4 @@ def records_appended(tenant: Tenant) -> None:
 
         integrate_tenant.delay(tenant_id)
 
-    transaction.on_commit(enqueue, robust=True)
+    after_commit(f"integration request for tenant {tenant_id}", enqueue)

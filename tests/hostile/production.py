@@ -1,0 +1,287 @@
+"""Real processes for the fault and load tests: a Redis of the test's own (so it can be killed),
+a Postgres database of the test's own (created beside DATABASE_URL's, dropped afterwards), and
+the README's production command serving them:
+
+    gunicorn controlplane.asgi:application -k uvicorn.workers.UvicornWorker
+
+with SAGAPLANE_ENV=production and every required setting. Clients speak plain http on loopback
+with `X-Forwarded-Proto: https`, as a TLS-terminating proxy in front of the replicas would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from cryptography.fernet import Fernet
+from sagaplane.chain import GENESIS, stamp
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+STARTUP_DEADLINE = 90.0
+PROXY_HEADERS = {"X-Forwarded-Proto": "https"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pause(process: subprocess.Popen[Any]) -> None:
+    """Between readiness polls: block on the process for a moment (returns early if it exits)."""
+    try:
+        process.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# ------------------------------------------------------------------------------------ Redis
+
+
+@dataclass
+class OwnRedis:
+    url: str
+    process: subprocess.Popen[Any]
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed or OOM-killed Redis: no shutdown, no save."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+@contextmanager
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    import redis
+
+    port = free_port()
+    folder = tmp_path / f"redis-{port}"
+    folder.mkdir()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + STARTUP_DEADLINE
+        while True:
+            try:
+                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+                break
+            except redis.RedisError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"redis-server on port {port} did not start")
+                _pause(process)
+        yield OwnRedis(url, process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+# --------------------------------------------------------------------------------- Postgres
+
+
+def _psycopg_url(url: str) -> str:
+    return url.replace("postgres://", "postgresql://", 1)
+
+
+def pg_execute(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(_psycopg_url(url), autocommit=True) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+@dataclass
+class OwnDatabase:
+    url: str
+    name: str
+    admin_url: str  # the maintenance database, from which this one is watched and dropped
+
+    def connections(self) -> int:
+        """Backends connected to this database now (the watcher itself is in another one)."""
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+        rows = pg_execute(self.admin_url, sql, (self.name,))
+        return int(rows[0][0])
+
+
+@contextmanager
+def own_database() -> Iterator[OwnDatabase]:
+    base = os.environ.get("DATABASE_URL", "")
+    if not base.startswith(("postgres://", "postgresql://")):
+        pytest.skip("needs DATABASE_URL=postgres://...")
+    parts = urlsplit(base)
+    name = f"{parts.path.lstrip('/') or 'sagaplane'}_hostile_{uuid.uuid4().hex[:8]}"
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    pg_execute(admin_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield OwnDatabase(urlunsplit(parts._replace(path="/" + name)), name, admin_url)
+    finally:
+        pg_execute(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# ------------------------------------------------------------------------- the control plane
+
+
+def production_env(database_url: str, redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_"))}
+    env.update(
+        {
+            "SAGAPLANE_ENV": "production",
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "SECRET_KEY": "hostile-tests-" + uuid.uuid4().hex + uuid.uuid4().hex,
+            "SAGAPLANE_MASTER_KEY": Fernet.generate_key().decode(),
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
+            "SAGAPLANE_DATA_DIR": str(data_dir),
+            "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
+            "STATIC_ROOT": str(data_dir / "static"),
+            "LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@dataclass
+class ControlPlane:
+    url: str
+    api_key: str
+    process: subprocess.Popen[Any]
+    log: Path
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        headers = {**PROXY_HEADERS, "Authorization": f"Bearer {self.api_key}"}
+        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@contextmanager
+def control_plane(env: dict[str, str], *, workers: int, tenant: str = "hostile") -> Iterator[ControlPlane]:
+    """Migrate, create a tenant and an ingest+read key, then serve with the README's command."""
+    manage(env, "migrate", "--noinput")
+    manage(
+        env,
+        "create_tenant",
+        tenant,
+        "--name",
+        tenant.title(),
+        "--owner-email",
+        f"owner@{tenant}.example",
+        "--owner-password",
+        "hostile-owner-password",
+    )
+    out = manage(env, "create_api_key", "--tenant", tenant, "--name", "hostile", "--scopes", "ingest,read")
+    api_key = out.strip().splitlines()[-1]
+    port = free_port()
+    log = Path(env["SAGAPLANE_DATA_DIR"]) / f"gunicorn-{port}.log"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [
+                str(VENV_BIN / "gunicorn"),
+                "controlplane.asgi:application",
+                "-k",
+                "uvicorn.workers.UvicornWorker",
+                "--workers",
+                str(workers),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--graceful-timeout",
+                "10",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = ControlPlane(f"http://127.0.0.1:{port}", api_key, process, log)
+    try:
+        deadline = time.monotonic() + STARTUP_DEADLINE
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"gunicorn exited with {process.returncode}:\n{server.log_tail()}")
+            try:
+                if httpx.get(f"{server.url}/healthz", headers=PROXY_HEADERS, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"/healthz did not answer within {STARTUP_DEADLINE}s:\n{server.log_tail()}")
+            _pause(process)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------- the agent
+
+
+@dataclass
+class Chain:
+    """One agent's stream: chained records, as the SDK writes them."""
+
+    stream: str
+    head: str = GENESIS
+    seq: int = 0
+    sagas: list[str] = field(default_factory=list)
+
+    def saga(self, steps: int = 2) -> list[dict[str, Any]]:
+        saga_id = f"{self.stream}-saga-{len(self.sagas) + 1}"
+        self.sagas.append(saga_id)
+        items: list[tuple[str, dict[str, Any]]] = [("SAGA_START", {"saga_id": saga_id, "name": "hostile"})]
+        for n in range(steps):
+            step = {
+                "saga_id": saga_id,
+                "step_id": f"{saga_id}-s{n}",
+                "tool": "payments.charge",
+                "kwargs": {"n": n},
+            }
+            items += [("STEP_INTENT", step), ("STEP_COMMITTED", step)]
+        items.append(("SAGA_COMPLETE", {"saga_id": saga_id}))
+        out = []
+        for event, fields in items:
+            self.seq += 1
+            record = {"seq": self.seq, "ts": round(time.time(), 6), "event": event, **fields}
+            self.head = stamp(record, self.head)
+            out.append(record)
+        return out
