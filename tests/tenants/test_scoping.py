@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 
 from tenants.models import ApiKey, Membership, Tenant
 from tenants.scoping import (
@@ -71,17 +73,51 @@ def test_raw_sql_with_no_tenant_sees_nothing(alice: Person, tenant_a: Tenant) ->
     assert _raw_count(ApiKey._meta.db_table, tenant_a) == 0
 
 
-@pytest.mark.postgres
-def test_raw_insert_into_another_tenant_is_refused(tenant_a: Tenant, tenant_b: Tenant, alice: Person) -> None:
-    from django.db import DatabaseError, transaction
-
-    refused = pytest.raises(DatabaseError)
-    with tenant_context(tenant_b), refused, transaction.atomic(), connection.cursor() as c:
-        c.execute(
+def _insert_membership(tenant: Tenant, user: Any) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
             f"INSERT INTO {Membership._meta.db_table} (tenant_id, user_id, role, created_at) "
             "VALUES (%s, %s, 'owner', now())",
-            [tenant_a.pk, alice.user.pk],
+            [tenant.pk, user.pk],
         )
+
+
+def _is_member(tenant: Tenant, user: Any) -> bool:
+    with tenant_context(tenant):
+        return Membership.objects.filter(user=user).exists()
+
+
+@pytest.mark.postgres
+def test_raw_insert_into_another_tenant_is_refused(tenant_a: Tenant, tenant_b: Tenant, carol: Person) -> None:
+    """Carol (of bravo) makes herself an owner of acme in raw SQL. Nothing but RLS stands in the
+    way: the row violates no constraint, and raw SQL skips the ORM's checks."""
+    assert not _is_member(tenant_a, carol.user)
+    with tenant_context(tenant_b), pytest.raises(DatabaseError) as refused, transaction.atomic():
+        _insert_membership(tenant_a, carol.user)
+    cause = refused.value.__cause__
+    assert getattr(cause, "sqlstate", None) == "42501", refused.value  # insufficient_privilege
+    assert "row-level security" in str(refused.value)
+    assert not _is_member(tenant_a, carol.user)
+
+    # The control: the very same statement succeeds once the table's policy is off, so it was
+    # RLS that refused it above. DDL is transactional in Postgres: the savepoint undoes it all.
+    table = connection.ops.quote_name(Membership._meta.db_table)
+    with tenant_context(tenant_b), pytest.raises(_RolledBack), transaction.atomic():
+        with connection.cursor() as cursor:
+            # Django's foreign keys are deferred; ALTER TABLE refuses while their checks are pending.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
+        _insert_membership(tenant_a, carol.user)
+        assert _is_member(tenant_a, carol.user)
+        raise _RolledBack
+    assert not _is_member(tenant_a, carol.user)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relrowsecurity FROM pg_class WHERE relname = %s", [Membership._meta.db_table])
+        assert cursor.fetchone() == (True,)
+
+
+class _RolledBack(Exception):
+    """Raised to leave an atomic block through its rollback."""
 
 
 @pytest.mark.postgres
