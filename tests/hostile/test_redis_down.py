@@ -39,3 +39,26 @@ def test_ingest_answers_200_after_redis_is_sigkilled(tmp_path: Path) -> None:
             again = client.post(f"/api/v1/streams/{chain.stream}/records", json={"records": batch})
             assert again.status_code == 200, again.text
             assert (again.json()["accepted"], again.json()["duplicates"]) == (0, len(batch))
+
+
+def test_probes_answer_plain_http_and_name_only_the_failing_component(tmp_path: Path) -> None:
+    import httpx
+
+    with own_redis(tmp_path) as redis_server, own_database() as database:
+        env = production_env(database.url, redis_server.url, tmp_path)
+        with control_plane(env, workers=1) as server, httpx.Client(base_url=server.url, timeout=30) as plain:
+            # An in-cluster probe: plain http, no proxy header. The probes answer; the rest redirects.
+            assert plain.get("/healthz").status_code == 200
+            ready = plain.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert plain.get("/api/v1/sagas").status_code == 301
+
+            redis_server.kill()
+
+            ready = plain.get("/readyz")
+            assert ready.status_code == 503, ready.text
+            body = ready.json()
+            assert "redis" in body["failing"] and body["checks"]["database"] == "ok"
+            assert set(body["checks"].values()) <= {"ok", "error"}
+            port = redis_server.url.rsplit(":", 1)[1].split("/")[0]
+            assert "127.0.0.1" not in ready.text and port not in ready.text
