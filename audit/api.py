@@ -15,8 +15,8 @@ from rest_framework.views import APIView
 
 from audit import services
 from audit.models import Record, Redaction, Stream
-from tenants.api import TenantScopedViewMixin
 from tenants.errors import ApiError
+from tenants.permissions import TenantScopedViewMixin
 
 
 def refusal(exc: services.IngestRefused) -> ApiError:

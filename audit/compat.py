@@ -19,8 +19,8 @@ from audit import services
 from audit.api import CHAIN_ERROR, ERROR, RECORDS_BODY, read_json_body, records_from_body, refusal
 from audit.models import Record, Stream
 from sagas.models import Saga
-from tenants.api import TenantScopedViewMixin
 from tenants.errors import ApiError
+from tenants.permissions import TenantScopedViewMixin
 
 
 class WalIngestView(TenantScopedViewMixin, APIView):

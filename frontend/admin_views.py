@@ -20,8 +20,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from frontend import invitations
 from frontend.views import actor_of, member_page, page
 from tenants import services
-from tenants.api import SESSION_TENANT_KEY
 from tenants.models import ApiKey, Membership, Role, Scope
+from tenants.permissions import SESSION_TENANT_KEY
 
 EXPIRY_CHOICES = [("", "Never"), ("30", "30 days"), ("90", "90 days"), ("365", "1 year")]
 

@@ -18,9 +18,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from tenants.api import SESSION_TENANT_KEY, membership_for, memberships_of
 from tenants.models import ROLE_CAPABILITIES, Membership
+from tenants.permissions import SESSION_TENANT_KEY
 from tenants.scoping import tenant_context
+from tenants.selectors import membership_for, memberships_of
 
 # (url name, label, capability): the navigation, filtered by what the member's role allows.
 NAV: list[tuple[str, str, str]] = [

@@ -17,8 +17,8 @@ from audit.models import Record, RecordPayload, Redaction
 from audit.services import stored_record
 from sagas.models import Saga, SagaStatus
 from sagas.services import mask_credentials
-from tenants.api import TenantScopedViewMixin
 from tenants.errors import ApiError
+from tenants.permissions import TenantScopedViewMixin
 
 
 class SagaSerializer(serializers.ModelSerializer):

@@ -8,7 +8,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from sagas.services import tenant_group
-from tenants.api import SESSION_TENANT_KEY, membership_for
+from tenants.permissions import SESSION_TENANT_KEY
+from tenants.selectors import membership_for
 
 
 class TenantEventsConsumer(AsyncJsonWebsocketConsumer):

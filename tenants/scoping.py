@@ -4,7 +4,7 @@ Three layers, each enough to stop a leak on its own:
 1. ORM: every tenant-owned model inherits `TenantScopedModel`; its default manager filters by the
    tenant active in this context and *raises* when none is active, so an unscoped query is an
    error, not a silent cross-tenant read.
-2. API: every tenant view inherits `tenants.api.TenantScopedViewMixin`, which activates the
+2. API: every tenant view inherits `tenants.permissions.TenantScopedViewMixin`, which activates the
    request's tenant (a test enumerates the URL resolver to check that no view skips it).
 3. Postgres: row-level security on every tenant table, keyed by `sagaplane.tenant_id`, which
    `tenant_context` sets with `set_config(..., is_local => true)` (SET LOCAL) for the current
@@ -43,10 +43,6 @@ def current_tenant() -> Tenant:
     if tenant is None:
         raise TenantScopeError("no tenant is active: wrap the work in tenant_context(tenant)")
     return tenant
-
-
-def current_tenant_or_none() -> Tenant | None:
-    return _current_tenant.get()
 
 
 def _is_postgres() -> bool:
@@ -100,18 +96,10 @@ def dangerously_bypass_tenant_scope() -> Iterator[None]:
                 _set_local(BYPASS_SETTING, "off")
 
 
-def scope_is_bypassed() -> bool:
-    return _bypass.get()
-
-
-class TenantQuerySet(models.QuerySet):
-    pass
-
-
-class TenantManager(models.Manager.from_queryset(TenantQuerySet)):  # type: ignore[misc]
+class TenantManager(models.Manager):
     """The default manager of tenant-owned models: the active tenant's rows, or an error."""
 
-    def get_queryset(self) -> TenantQuerySet:
+    def get_queryset(self) -> models.QuerySet:
         queryset = super().get_queryset()
         if _bypass.get():
             return queryset

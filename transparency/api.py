@@ -19,8 +19,8 @@ from rest_framework.views import APIView
 from sagaplane import merkle
 from sagaplane.disclosure import b64
 
-from tenants.api import TenantScopedViewMixin
 from tenants.errors import ApiError
+from tenants.permissions import TenantScopedViewMixin
 from transparency import bundles, proofs, services
 from transparency.models import Export, ExportStatus
 from transparency.storage import get_storage

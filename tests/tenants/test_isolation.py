@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from tenants.api import TenantScopedViewMixin
 from tenants.models import ApiKey, Tenant
+from tenants.permissions import TenantScopedViewMixin
 from tenants.scoping import tenant_context
 from tests.audit.chains import sample_saga_id, sample_stream_id
 from tests.conftest import Person
