@@ -9,38 +9,47 @@ Two modes run the same code:
 
 from __future__ import annotations
 
+import os
+import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import environ
 from cryptography.fernet import Fernet
-from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.config import Config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env()
+# Every variable is read through `config`, which checks it and collects each problem; the last
+# line of this module refuses to start while there is any (controlplane/config.py).
+config = Config(os.environ)
+env = environ.Env()  # only to turn URLs that `config` has checked into Django's dictionaries
 
-SAGAPLANE_ENV = env.str("SAGAPLANE_ENV", default="development")
+SAGAPLANE_ENV = config.choice("SAGAPLANE_ENV", ["development", "production"], default="development")
 PRODUCTION = SAGAPLANE_ENV == "production"
-DATA_DIR = Path(env.str("SAGAPLANE_DATA_DIR", default=str(BASE_DIR / ".sagaplane-data"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR = config.directory("SAGAPLANE_DATA_DIR", BASE_DIR / ".sagaplane-data")
 
-DEBUG = env.bool("DEBUG", default=False)
+DEBUG = config.boolean("DEBUG", default=False)
 
 
-def _persisted_secret(name: str, make: callable) -> str:  # type: ignore[valid-type]
+def _persisted_secret(name: str, make: Callable[[], str]) -> str:
     """A development secret generated once and kept in the data folder, so sessions and
     encrypted values survive restarts of the embedded demo. Never used in production."""
     path = DATA_DIR / name
-    if not path.exists():
-        path.write_text(make())
-        path.chmod(0o600)
-    return path.read_text().strip()
+    try:
+        if not path.exists():
+            path.write_text(make())
+            path.chmod(0o600)
+        return path.read_text().strip()
+    except OSError:
+        return make()  # the data folder is unusable: already a reported problem, start is refused
 
 
 _insecure: list[str] = []
-if "SECRET_KEY" in env:
-    SECRET_KEY = env.str("SECRET_KEY")
+if "SECRET_KEY" in config:
+    SECRET_KEY = config.environ["SECRET_KEY"]
 else:
     SECRET_KEY = _persisted_secret("secret_key", lambda: secrets.token_urlsafe(50))
     _insecure.append("SECRET_KEY is not set (a development key from the data folder is in use)")
@@ -48,32 +57,30 @@ if len(SECRET_KEY) < 32:
     _insecure.append("SECRET_KEY is shorter than 32 characters")
 
 # Comma-separated Fernet keys; the first encrypts, all decrypt, so a rotation is "prepend the new key".
-if "SAGAPLANE_MASTER_KEY" in env:
-    SAGAPLANE_MASTER_KEYS = env.list("SAGAPLANE_MASTER_KEY")
+_master_keys = config.fernet_keys("SAGAPLANE_MASTER_KEY")
+if _master_keys is not None:
+    SAGAPLANE_MASTER_KEYS = _master_keys
 else:
     SAGAPLANE_MASTER_KEYS = [_persisted_secret("master_key", lambda: Fernet.generate_key().decode())]
-    _insecure.append("SAGAPLANE_MASTER_KEY is not set (a development key from the data folder is in use)")
+    if "SAGAPLANE_MASTER_KEY" not in config:
+        _insecure.append("SAGAPLANE_MASTER_KEY is not set (a development key from the data folder is in use)")
 
-DATABASE_URL = env.str("DATABASE_URL", default="")
-REDIS_URL = env.str("REDIS_URL", default="")
+DATABASE_URL = config.url("DATABASE_URL", ("postgres", "postgresql", "sqlite"), needs_path=True)
+REDIS_URL = config.redis_url("REDIS_URL")
 EMBEDDED = not DATABASE_URL and not REDIS_URL
 
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
-CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+ALLOWED_HOSTS = config.hosts("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = config.origins("CSRF_TRUSTED_ORIGINS", [])
 
 if PRODUCTION:
     if DEBUG:
         _insecure.append("DEBUG is on")
-    if not DATABASE_URL:
-        _insecure.append("DATABASE_URL is not set (SQLite is for the embedded demo only)")
+    if not DATABASE_URL or DATABASE_URL.startswith("sqlite"):
+        _insecure.append("DATABASE_URL is not set to Postgres (SQLite is for the embedded demo only)")
     if not REDIS_URL:
         _insecure.append("REDIS_URL is not set (the embedded broker is for one machine only)")
-    if "*" in ALLOWED_HOSTS or "ALLOWED_HOSTS" not in env:
+    if "*" in ALLOWED_HOSTS or "ALLOWED_HOSTS" not in config:
         _insecure.append("ALLOWED_HOSTS is not set to the real host names")
-    if _insecure:
-        raise ImproperlyConfigured(
-            "Refusing to start in production mode with insecure settings:\n- " + "\n- ".join(_insecure)
-        )
 
 INSTALLED_APPS = [
     "daphne",  # makes `runserver` an ASGI server, so websockets work in development
@@ -128,9 +135,15 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'sagaplane.sqlite3'}"),
-}
+# Postgres connections per process are bounded by a pool: under ASGI each request runs in a thread
+# of its own, and persistent per-thread connections (CONN_MAX_AGE > 0) piled up until Postgres
+# refused new ones. A process holds at most DB_POOL_MAX_SIZE connections; a request that finds
+# them all busy waits up to DB_POOL_TIMEOUT seconds for one. DB_POOL=false (e.g. behind
+# pgbouncer) opens one connection per request instead and closes it after.
+DB_POOL = config.boolean("DB_POOL", default=True)
+DB_POOL_MAX_SIZE = config.integer("DB_POOL_MAX_SIZE", 4, minimum=1, maximum=1000)
+DB_POOL_TIMEOUT = config.seconds("DB_POOL_TIMEOUT", 10.0, maximum=600)
+DATABASES = {"default": env.db_url_config(DATABASE_URL or f"sqlite:///{DATA_DIR / 'sagaplane.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL journal and a busy timeout let the web process and the Celery worker share the file.
     DATABASES["default"]["OPTIONS"] = {
@@ -139,8 +152,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
     }
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # with the pool, "close" returns it to the pool
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if DB_POOL:
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": DB_POOL_TIMEOUT,
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if REDIS_URL:
@@ -163,7 +182,7 @@ else:
         "data_folder_processed": str(_broker_dir / "processed"),
         "control_folder": str(_broker_dir / "control"),
     }
-CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_TASK_ALWAYS_EAGER = config.boolean("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
@@ -190,8 +209,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(DATA_DIR / "static")))
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATIC_ROOT = config.directory("STATIC_ROOT", DATA_DIR / "static")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -242,47 +260,79 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+_ssl_redirect = config.boolean("SECURE_SSL_REDIRECT", default=True)
+_hsts_seconds = config.integer("SECURE_HSTS_SECONDS", 31536000, minimum=0)
 if PRODUCTION:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    SECURE_SSL_REDIRECT = _ssl_redirect
     # Probes inside the cluster speak plain http to the pod; redirecting them fails every probe.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_SECONDS = _hsts_seconds
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 
+LOG_LEVEL = config.choice("LOG_LEVEL", ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # Invitation tokens in request paths are credentials: written as references (frontend.log_redaction).
     "filters": {"invitation_tokens": {"()": "frontend.log_redaction.RedactInvitationTokens"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["invitation_tokens"]}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
 # Outgoing mail (invitations): EMAIL_URL such as smtp+tls://user:pass@host:587; the console otherwise.
-globals().update(env.email_url("EMAIL_URL", default="consolemail://"))  # EMAIL_BACKEND, EMAIL_HOST, ...
-DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Sagaplane <no-reply@sagaplane.local>")
+_email_schemes = tuple(environ.Env.EMAIL_SCHEMES)
+globals().update(  # EMAIL_BACKEND, EMAIL_HOST, ...
+    env.email_url_config(
+        config.url("EMAIL_URL", _email_schemes, default="consolemail://") or "consolemail://"
+    )
+)
+DEFAULT_FROM_EMAIL = config.email_address("DEFAULT_FROM_EMAIL", "Sagaplane <no-reply@sagaplane.local>")
 
 # Ingest limits: a batch over either is refused whole with 413.
-SAGAPLANE_MAX_BATCH_RECORDS = env.int("SAGAPLANE_MAX_BATCH_RECORDS", default=5000)
-SAGAPLANE_MAX_BODY_BYTES = env.int("SAGAPLANE_MAX_BODY_BYTES", default=8 * 1024 * 1024)
+SAGAPLANE_MAX_BATCH_RECORDS = config.integer(
+    "SAGAPLANE_MAX_BATCH_RECORDS", 5000, minimum=1, maximum=1_000_000
+)
+SAGAPLANE_MAX_BODY_BYTES = config.integer(
+    "SAGAPLANE_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024, maximum=1024 * 1024 * 1024
+)
 DATA_UPLOAD_MAX_MEMORY_SIZE = SAGAPLANE_MAX_BODY_BYTES
 
 # Transparency log: checkpoint origin (and key name) is f"{prefix}/{tenant slug}"; exports are
 # write-once files under the data folder unless a backend with a retention lock is configured.
-SAGAPLANE_LOG_ORIGIN_PREFIX = env.str("SAGAPLANE_LOG_ORIGIN_PREFIX", default="sagaplane.local")
+SAGAPLANE_LOG_ORIGIN_PREFIX = config.text(
+    "SAGAPLANE_LOG_ORIGIN_PREFIX",
+    "sagaplane.local",
+    pattern=re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._~:/-]*[A-Za-z0-9])?"),
+    must="a schema-less name such as sagaplane.example.com or example.com/log (letters, digits, . _ ~ : / -)",
+)
 SAGAPLANE_EXPORT_STORAGE = {
-    "BACKEND": env.str(
-        "SAGAPLANE_EXPORT_STORAGE_BACKEND", default="transparency.storage.WriteOnceFileStorage"
+    "BACKEND": config.dotted_path(
+        "SAGAPLANE_EXPORT_STORAGE_BACKEND",
+        "transparency.storage.WriteOnceFileStorage",
+        what="a storage class",
     ),
-    "OPTIONS": {"location": env.str("SAGAPLANE_EXPORT_DIR", default=str(DATA_DIR / "exports"))},
+    "OPTIONS": {
+        "location": config.text(
+            "SAGAPLANE_EXPORT_DIR",
+            str(DATA_DIR / "exports"),
+            pattern=re.compile(r"\S(?:.*\S)?"),
+            must="a folder path or storage location",
+        )
+    },
 }
 SAGAPLANE_LEAF_SOURCE = "transparency.sources.AuditLeafSource"
 # An unfinished export with no progress for this long is presumed dead and re-queued; after this
 # many builds have died it is marked failed with the reason.
-SAGAPLANE_EXPORT_STALE_MINUTES = env.int("SAGAPLANE_EXPORT_STALE_MINUTES", default=10)
-SAGAPLANE_EXPORT_MAX_ATTEMPTS = env.int("SAGAPLANE_EXPORT_MAX_ATTEMPTS", default=3)
+SAGAPLANE_EXPORT_STALE_MINUTES = config.integer(
+    "SAGAPLANE_EXPORT_STALE_MINUTES", 10, minimum=1, maximum=7 * 24 * 60
+)
+SAGAPLANE_EXPORT_MAX_ATTEMPTS = config.integer("SAGAPLANE_EXPORT_MAX_ATTEMPTS", 3, minimum=1, maximum=100)
+
+# The last word: refuse to start while any variable above is malformed (every mode) or, in
+# production, any setting keeps an insecure default. Each problem is named at once.
+config.finish(_insecure if PRODUCTION else ())

@@ -67,3 +67,123 @@ def test_production_starts_when_configured(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "postgresql" in result.stdout and "redis://" in result.stdout
+
+
+# ------------------------------------------------------------------ every value checked at start-up
+
+
+def _manage_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")
+        and not k.startswith(("SAGAPLANE_", "DB_"))
+    }
+    clean.update({"SAGAPLANE_DATA_DIR": str(tmp_path), **env})
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _refused(result: subprocess.CompletedProcess, *messages: str) -> None:
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Refusing to start: invalid configuration" in result.stderr, result.stderr
+    for message in messages:
+        assert message in result.stderr, (message, result.stderr)
+    assert "Traceback" not in result.stderr  # the list of problems, not a stack
+
+
+@pytest.mark.smoke
+def test_production_spelled_differently_is_refused_not_read_as_development(tmp_path: Path) -> None:
+    _refused(
+        _manage_check(tmp_path, SAGAPLANE_ENV="Production"),
+        "SAGAPLANE_ENV must be one of development, production (got 'Production')",
+    )
+
+
+@pytest.mark.smoke
+def test_a_malformed_master_key_is_refused_in_development_and_never_echoed(tmp_path: Path) -> None:
+    from cryptography.fernet import Fernet
+
+    good = Fernet.generate_key().decode()
+    result = _manage_check(tmp_path, SAGAPLANE_MASTER_KEY=f"{good},not-a-fernet-key-but-a-secret")
+    _refused(result, "SAGAPLANE_MASTER_KEY must be one or more Fernet keys", "key 2 of 2 is not one")
+    assert good not in result.stderr and "not-a-fernet-key-but-a-secret" not in result.stderr
+
+
+@pytest.mark.smoke
+def test_every_malformed_value_is_named_at_once(tmp_path: Path) -> None:
+    result = _manage_check(
+        tmp_path,
+        DEBUG="ture",
+        LOG_LEVEL="verbose",
+        DATABASE_URL="mysql://app:hunter2secret@db.internal:3306/sagaplane",
+        REDIS_URL="redis://cache.internal:6379/zero",
+        ALLOWED_HOSTS="https://sagaplane.example.com/",
+        CSRF_TRUSTED_ORIGINS="sagaplane.example.com",
+        DB_POOL_MAX_SIZE="0",
+        DB_POOL_TIMEOUT="nan",
+        SAGAPLANE_MAX_BATCH_RECORDS="5k",
+        SAGAPLANE_EXPORT_MAX_ATTEMPTS="-1",
+        SAGAPLANE_EXPORT_STORAGE_BACKEND="transparency.nowhere.Storage",
+        SAGAPLANE_LOG_ORIGIN_PREFIX="my log+1",
+        EMAIL_URL="carrier-pigeon://coop",
+        DEFAULT_FROM_EMAIL="nobody",
+        SECURE_HSTS_SECONDS="a year",
+        CELERY_TASK_ALWAYS_EAGER="maybe",
+    )
+    _refused(
+        result,
+        "DEBUG must be true or false",
+        "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (got 'verbose')",
+        "DATABASE_URL must be a URL starting postgres:// or postgresql:// or sqlite://; got scheme 'mysql'",
+        "REDIS_URL must be a redis:// URL whose path, if any, is a database number",
+        "ALLOWED_HOSTS must be host names",
+        "CSRF_TRUSTED_ORIGINS must be origins such as https://",
+        "DB_POOL_MAX_SIZE must be a whole number from 1 to 1000 (got '0')",
+        "DB_POOL_TIMEOUT must be a number of seconds above 0",
+        "SAGAPLANE_MAX_BATCH_RECORDS must be a whole number from 1 to 1000000 (got '5k')",
+        "SAGAPLANE_EXPORT_MAX_ATTEMPTS must be a whole number from 1 to 100 (got '-1')",
+        "SAGAPLANE_EXPORT_STORAGE_BACKEND must be the dotted path of a storage class",
+        "SAGAPLANE_LOG_ORIGIN_PREFIX must be a schema-less name",
+        "EMAIL_URL must be a URL starting smtp://",
+        "DEFAULT_FROM_EMAIL must be an e-mail address",
+        "SECURE_HSTS_SECONDS must be a whole number at least 0 (got 'a year')",
+        "CELERY_TASK_ALWAYS_EAGER must be true or false",
+    )
+    # URLs may carry passwords: the message names the variable, never the value.
+    assert "hunter2secret" not in result.stderr and "cache.internal" not in result.stderr
+
+
+@pytest.mark.smoke
+def test_production_lists_malformed_and_insecure_settings_together(tmp_path: Path) -> None:
+    result = _manage_check(tmp_path, SAGAPLANE_ENV="production", DB_POOL="sometimes")
+    _refused(result, "DB_POOL must be true or false (also 1/0, yes/no, on/off) (got 'sometimes')")
+    assert "Refusing to start in production mode with insecure settings" in result.stderr
+    assert "SECRET_KEY is not set" in result.stderr
+
+
+@pytest.mark.smoke
+def test_well_formed_values_pass_check(tmp_path: Path) -> None:
+    from cryptography.fernet import Fernet
+
+    result = _manage_check(
+        tmp_path,
+        SAGAPLANE_ENV="development",
+        SAGAPLANE_MASTER_KEY=f"{Fernet.generate_key().decode()}, {Fernet.generate_key().decode()}",
+        DEBUG="off",
+        LOG_LEVEL="WARNING",
+        ALLOWED_HOSTS="sagaplane.example.com,.example.org,127.0.0.1",
+        CSRF_TRUSTED_ORIGINS="https://sagaplane.example.com",
+        DB_POOL_MAX_SIZE="8",
+        DB_POOL_TIMEOUT="2.5",
+        EMAIL_URL="smtp+tls://mailer:pw@smtp.example.com:587",
+        DEFAULT_FROM_EMAIL="Sagaplane <no-reply@example.com>",
+        SAGAPLANE_LOG_ORIGIN_PREFIX="sagaplane.example.com/log",
+    )
+    assert result.returncode == 0, result.stderr
