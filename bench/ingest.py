@@ -93,8 +93,10 @@ def _setup_tenant() -> str:
     from tenants import services
 
     slug = f"bench-{uuid.uuid4().hex[:8]}"
-    tenant = services.create_tenant(slug, "Bench", f"owner@{slug}.example", "bench-password-123")
-    _, key = services.create_api_key(tenant, name="bench", scopes=["ingest", "read"])
+    tenant = services.create_tenant(
+        slug, "Bench", f"owner@{slug}.example", "bench-password-123", actor="system:bench"
+    )
+    _, key = services.create_api_key(tenant, name="bench", scopes=["ingest", "read"], actor="system:bench")
     return key
 
 

@@ -77,8 +77,10 @@ def main() -> int:
     from transparency.models import Export
 
     slug = f"bench{int(time.time())}"
-    tenant = tenant_services.create_tenant(slug, "Bench", f"owner@{slug}.example", "bench-password-1")
-    _, api_key = tenant_services.create_api_key(tenant, name="bench", scopes=["read"])
+    tenant = tenant_services.create_tenant(
+        slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor="system:bench"
+    )
+    _, api_key = tenant_services.create_api_key(tenant, name="bench", scopes=["read"], actor="system:bench")
 
     # -- build the log through ingest (records without saga_id: the projection is not measured here)
     head, seq, batch_size = GENESIS, 0, 5_000
@@ -162,7 +164,7 @@ def main() -> int:
 
     # -- WORM export and its offline verification
     export_n = size if args.quick else min(size, 200_000)
-    export = services.request_export(tenant, requested_by="bench", first=0, end=export_n)
+    export = services.request_export(tenant, actor="system:bench", first=0, end=export_n)
     start = time.perf_counter()
     services.build_export(tenant, export.pk)
     export_build_s = time.perf_counter() - start

@@ -72,7 +72,7 @@ def start_export(request: HttpRequest) -> HttpResponse:
     if proofs.latest_checkpoint() is None:
         messages.error(request, "An export needs a signed checkpoint; none exists yet.")
         return redirect("evidence")
-    export = transparency.request_export(request.tenant, requested_by=actor_of(request))
+    export = transparency.request_export(request.tenant, actor=actor_of(request))
     messages.success(request, "Export started: it appears below and updates as it runs.")
     return redirect(reverse("evidence") + f"#export-{export.pk}")
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import append_server_record
@@ -26,36 +27,73 @@ class TenantError(ValueError):
         self.field = field
 
 
-def create_tenant(slug: str, name: str, owner_email: str, owner_password: str | None = None) -> Tenant:
+def create_tenant(
+    slug: str, name: str, owner_email: str, owner_password: str | None = None, *, actor: str
+) -> Tenant:
+    """A new tenant and its first owner. An existing account (matched by e-mail) becomes the owner
+    as it is: a tenant action never changes anyone's credentials, so `owner_password` only sets
+    the password of an account created here."""
     with transaction.atomic():
         if Tenant.objects.filter(slug=slug).exists():
             raise TenantError("tenant_exists", "slug", f"a tenant with slug '{slug}' already exists")
         tenant = Tenant.objects.create(slug=slug, name=name)
-        owner = _user_for_email(owner_email, owner_password)
+        owner, account_created = _user_for_email(owner_email, owner_password)
         with tenant_context(tenant):
+            append_server_record(
+                tenant,
+                "ADMIN_TENANT_CREATED",
+                {"old": None, "new": {"slug": slug, "name": name}},
+                actor=actor,
+            )
             Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
+            _record_member_added(tenant, owner, Role.OWNER, actor=actor, account_created=account_created)
     return tenant
 
 
-def _user_for_email(email: str, password: str | None) -> Any:
+def _user_for_email(email: str, password: str | None) -> tuple[Any, bool]:
+    """(the account with this e-mail, whether it was created now). An existing account is returned
+    untouched: whoever acts on a tenant may not reset another person's password."""
     user = User.objects.filter(email__iexact=email).first()
-    if user is None:
-        user = User.objects.create_user(username=email.lower(), email=email.lower(), password=password)
-    elif password:
-        user.set_password(password)
-        user.save(update_fields=["password"])
-    return user
+    if user is not None:
+        return user, False
+    # No password: an unusable one (the person sets one through password reset or an invitation).
+    return User.objects.create_user(username=email.lower(), email=email.lower(), password=password), True
 
 
-def add_member(tenant: Tenant, email: str, role: str, password: str | None = None) -> Membership:
+def _record_member_added(
+    tenant: Tenant, user: Any, role: str, *, actor: str, account_created: bool, via: str | None = None
+) -> None:
+    fields: dict[str, Any] = {
+        "user": user.get_username(),
+        "old": None,
+        "new": {"role": role},
+        "account_created": account_created,
+    }
+    if via is not None:
+        fields["via"] = via
+    append_server_record(tenant, "ADMIN_MEMBER_ADDED", fields, actor=actor)
+
+
+def _check_role(role: str) -> None:
     if role not in Role.values:
         raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
+
+
+def add_member(
+    tenant: Tenant, email: str, role: str, password: str | None = None, *, actor: str
+) -> Membership:
+    """Make the person with `email` a member with `role` (an account is created, with `password`,
+    when none exists; an existing account's credentials are never touched). An existing member's
+    role is changed (and recorded as a role change); the same role again is a no-op."""
+    _check_role(role)
     with tenant_context(tenant):
-        user = _user_for_email(email, password)
-        membership, _ = Membership.objects.update_or_create(user=user, defaults={"role": role})
-        append_server_record(
-            tenant, "ADMIN_MEMBER_ADDED", {"user": user.get_username(), "role": role}, actor="system"
-        )
+        user = User.objects.filter(email__iexact=email).first()
+        existing = Membership.objects.filter(user=user).first() if user is not None else None
+        if existing is not None:
+            return change_member_role(existing, role, actor=actor)
+        user, account_created = _user_for_email(email, password)
+        membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+        _record_member_added(tenant, user, role, actor=actor, account_created=account_created)
         return membership
 
 
@@ -66,7 +104,7 @@ def create_api_key(
     scopes: list[str],
     expires_at: datetime | None = None,
     created_by: Any = None,
-    actor: str = "system",
+    actor: str,
 ) -> tuple[ApiKey, str]:
     """A new key and its raw value. The raw value exists only in the return value: show it once."""
     unknown = sorted(set(scopes) - set(Scope.values))
@@ -92,23 +130,37 @@ def create_api_key(
         append_server_record(
             tenant,
             "ADMIN_API_KEY_CREATED",
-            {"prefix": prefix, "name": name, "scopes": api_key.scopes, "expires_at": expires_at},
+            {
+                "prefix": prefix,
+                "name": name,
+                "old": None,
+                "new": {"scopes": api_key.scopes, "expires_at": expires_at, "revoked_at": None},
+            },
             actor=actor,
         )
     return api_key, raw_key
 
 
-def revoke_api_key(api_key: ApiKey, *, actor: str = "system") -> ApiKey:
+def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
+    """Revoke a key (the row stays, for the audit trail); revoking a revoked key is a no-op."""
     with tenant_context(api_key.tenant):
-        if api_key.revoked_at is None:
-            api_key.revoked_at = timezone.now()
-            api_key.save(update_fields=["revoked_at"])
-            append_server_record(
-                api_key.tenant,
-                "ADMIN_API_KEY_REVOKED",
-                {"prefix": api_key.prefix, "name": api_key.name},
-                actor=actor,
-            )
+        locked = ApiKey.objects.select_for_update().get(pk=api_key.pk)
+        if locked.revoked_at is not None:
+            return locked
+        locked.revoked_at = timezone.now()
+        locked.save(update_fields=["revoked_at"])
+        append_server_record(
+            locked.tenant,
+            "ADMIN_API_KEY_REVOKED",
+            {
+                "prefix": locked.prefix,
+                "name": locked.name,
+                "old": {"revoked_at": None},
+                "new": {"revoked_at": locked.revoked_at},
+            },
+            actor=actor,
+        )
+        api_key.revoked_at = locked.revoked_at
     return api_key
 
 
@@ -119,13 +171,13 @@ def accept_invitation(
     password: str | None = None,
     *,
     nonce: str,
-    actor: str = "system",
+    actor: str,
 ) -> Membership:
     """A signed invitation was accepted: the person (created with `password` when new) joins
-    `tenant` with `role`. An existing member keeps the role they already have. Each invitation
-    (its nonce) is accepted once."""
-    if role not in Role.values:
-        raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
+    `tenant` with `role`. An existing member keeps the role they already have (no change, no
+    record), and an existing account keeps its password. Each invitation (its nonce) is
+    accepted once."""
+    _check_role(role)
     with tenant_context(tenant):
         if InvitationUse.objects.filter(nonce=nonce).exists():
             raise TenantError("invitation_used", "token", "this invitation has already been used")
@@ -139,44 +191,71 @@ def accept_invitation(
             user = existing
         membership, created = Membership.objects.get_or_create(user=user, defaults={"role": role})
         if created:
-            fields = {"user": user.get_username(), "role": role, "via": "invitation"}
-            append_server_record(tenant, "ADMIN_MEMBER_ADDED", fields, actor=actor)
-        return membership
-
-
-def _other_owners(membership: Membership) -> bool:
-    return Membership.objects.filter(role=Role.OWNER).exclude(pk=membership.pk).exists()
-
-
-def change_member_role(membership: Membership, role: str, *, actor: str = "system") -> Membership:
-    if role not in Role.values:
-        raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
-    with tenant_context(membership.tenant):
-        membership = Membership.objects.select_for_update().get(pk=membership.pk)
-        if membership.role == Role.OWNER and role != Role.OWNER and not _other_owners(membership):
-            raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
-        if membership.role != role:
-            previous = membership.role
-            membership.role = role
-            membership.save(update_fields=["role"])
-            append_server_record(
-                membership.tenant,
-                "ADMIN_MEMBER_ROLE_CHANGED",
-                {"user": membership.user.get_username(), "role": role, "previous_role": previous},
-                actor=actor,
+            _record_member_added(
+                tenant, user, role, actor=actor, account_created=existing is None, via="invitation"
             )
         return membership
 
 
-def remove_member(membership: Membership, *, actor: str = "system") -> None:
+def _lock_owners_and(membership: Membership) -> Membership | None:
+    """Lock the tenant's owner rows and `membership`'s row (in primary-key order, so two changes
+    never deadlock) and return `membership` as it is now, or None if it is gone.
+
+    Checking "another owner remains" without these locks lets two owners demote each other at
+    the same moment and leave the tenant with none; with them, the second change waits for the
+    first to commit and then re-checks against what it committed."""
+    locked = list(
+        Membership.objects.select_for_update()
+        .filter(Q(role=Role.OWNER) | Q(pk=membership.pk))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    if membership.pk not in locked:
+        return None
+    return Membership.objects.select_related("user").get(pk=membership.pk)
+
+
+def _other_owners(membership: Membership) -> bool:
+    # A fresh statement: under READ COMMITTED it sees what a change we waited for committed.
+    return Membership.objects.filter(role=Role.OWNER).exclude(pk=membership.pk).exists()
+
+
+def change_member_role(membership: Membership, role: str, *, actor: str) -> Membership:
+    """Give a member another role; the same role is a no-op. The last owner stays an owner
+    (`last_owner`)."""
+    _check_role(role)
     with tenant_context(membership.tenant):
-        membership = Membership.objects.select_for_update().get(pk=membership.pk)
-        if membership.role == Role.OWNER and not _other_owners(membership):
+        current = _lock_owners_and(membership)
+        if current is None:
+            raise TenantError("not_a_member", "membership", "this person is no longer a member")
+        if current.role == role:
+            return current
+        if current.role == Role.OWNER and not _other_owners(current):
             raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+        previous = current.role
+        current.role = role
+        current.save(update_fields=["role"])
         append_server_record(
-            membership.tenant,
-            "ADMIN_MEMBER_REMOVED",
-            {"user": membership.user.get_username(), "role": membership.role},
+            current.tenant,
+            "ADMIN_MEMBER_ROLE_CHANGED",
+            {"user": current.user.get_username(), "old": {"role": previous}, "new": {"role": role}},
             actor=actor,
         )
-        membership.delete()
+        return current
+
+
+def remove_member(membership: Membership, *, actor: str) -> None:
+    """Remove a member; one already gone is a no-op. The last owner cannot go (`last_owner`)."""
+    with tenant_context(membership.tenant):
+        current = _lock_owners_and(membership)
+        if current is None:
+            return
+        if current.role == Role.OWNER and not _other_owners(current):
+            raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+        append_server_record(
+            current.tenant,
+            "ADMIN_MEMBER_REMOVED",
+            {"user": current.user.get_username(), "old": {"role": current.role}, "new": None},
+            actor=actor,
+        )
+        current.delete()

@@ -72,19 +72,19 @@ class Person:
 
 
 def make_person(tenant: Tenant, name: str, role: str) -> Person:
-    membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD)
-    _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES)
+    membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor="test")
+    _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES, actor="test")
     return Person(membership.user, tenant, role, raw_key)
 
 
 @pytest.fixture
 def tenant_a(db: None) -> Tenant:
-    return services.create_tenant("acme", "Acme Payments", "founder@acme.example", PASSWORD)
+    return services.create_tenant("acme", "Acme Payments", "founder@acme.example", PASSWORD, actor="test")
 
 
 @pytest.fixture
 def tenant_b(db: None) -> Tenant:
-    return services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", PASSWORD)
+    return services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", PASSWORD, actor="test")
 
 
 @pytest.fixture

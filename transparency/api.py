@@ -253,7 +253,7 @@ class ExportListView(LogView):
     def post(self, request: Request) -> Response:
         serializer = ExportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        export = services.request_export(self.tenant, requested_by=self.actor, **serializer.validated_data)
+        export = services.request_export(self.tenant, actor=self.actor, **serializer.validated_data)
         return Response(ExportSerializer(export).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=ExportSerializer(many=True))
@@ -286,6 +286,8 @@ class ExportDownloadView(LogView):
             raise ApiError(404, "not_found", "no such export in this tenant")
         if export.status != ExportStatus.DONE:
             raise ApiError(409, "not_ready", f"the export is {export.status}", status=export.status)
+        # Recorded in the request's transaction: if the file cannot be opened, neither stays.
+        services.record_export_download(self.tenant, export, actor=self.actor)
         response = FileResponse(
             get_storage().open(export.storage_name),
             content_type="application/gzip",

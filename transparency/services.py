@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane import merkle, note
 
+from audit.services import append_server_record
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import keys
@@ -101,26 +102,53 @@ def current_verifier_keys(include_retired: bool = False) -> list[str]:
     ]
 
 
-def rotate_signing_key(tenant: Tenant) -> LogSigningKey:
+def rotate_signing_key(tenant: Tenant, *, actor: str) -> LogSigningKey:
     """A new active key; the old one co-signs ("retiring") until `finish_key_rotation`. The
-    current tree is re-signed at once with both keys so the new key is usable immediately."""
+    current tree is re-signed at once with both keys so the new key is usable immediately.
+    Recorded (old and new key ids) in the tenant's server stream, in the same transaction."""
     with tenant_context(tenant):
         state = _locked_state(tenant)
+        before = _key_ids_by_status()
         LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
             status=KeyStatus.RETIRED, retired_at=timezone.now()
         )
         LogSigningKey.objects.filter(status=KeyStatus.ACTIVE).update(status=KeyStatus.RETIRING)
         new_key = _create_key(tenant, KeyStatus.ACTIVE)
         _extend_and_sign(tenant, state, target=state.size, force=True)
+        append_server_record(
+            tenant,
+            "ADMIN_SIGNING_KEY_ROTATED",
+            {"old": before, "new": _key_ids_by_status()},
+            actor=actor,
+        )
         return new_key
 
 
-def finish_key_rotation(tenant: Tenant) -> int:
-    """Stop co-signing with retiring keys; they stay listed to verify old checkpoints."""
+def finish_key_rotation(tenant: Tenant, *, actor: str) -> int:
+    """Stop co-signing with retiring keys; they stay listed to verify old checkpoints. With no
+    rotation under way this is a no-op (0, nothing recorded)."""
     with tenant_context(tenant):
-        return LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
+        before = _key_ids_by_status()
+        retired = LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
             status=KeyStatus.RETIRED, retired_at=timezone.now()
         )
+        if retired:
+            append_server_record(
+                tenant,
+                "ADMIN_SIGNING_KEY_ROTATION_FINISHED",
+                {"old": before, "new": _key_ids_by_status()},
+                actor=actor,
+            )
+        return retired
+
+
+def _key_ids_by_status() -> dict[str, list[str]]:
+    """The tenant's key ids (hex, as in verifier keys) by status, oldest first: what a rotation
+    record shows as its old and new values."""
+    out: dict[str, list[str]] = {status: [] for status in KeyStatus.values}
+    for key_id, status in LogSigningKey.objects.order_by("pk").values_list("key_id", "status"):
+        out[status].append(key_id)
+    return out
 
 
 # --------------------------------------------------------------------------- integration
@@ -331,19 +359,49 @@ def tenants_to_seal() -> list[int]:
 def request_export(
     tenant: Tenant,
     *,
-    requested_by: str,
+    actor: str,
     first: int | None = None,
     end: int | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> Export:
-    """A queued export; the task `transparency.tasks.build_export` fills it in."""
+    """A queued export, recorded in the server stream; the task `transparency.tasks.build_export`
+    fills it in."""
     with tenant_context(tenant):
         export = Export.objects.create(
-            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=requested_by
+            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=actor
+        )
+        append_server_record(
+            tenant,
+            "AUDIT_EXPORT_REQUESTED",
+            {
+                "export": str(export.pk),
+                "old": None,
+                "new": {"status": export.status, "first": first, "end": end, "since": since, "until": until},
+            },
+            actor=actor,
         )
         transaction.on_commit(lambda: _enqueue_export(export))
         return export
+
+
+def record_export_download(tenant: Tenant, export: Export, *, actor: str) -> None:
+    """Who was handed which export (its range, checkpoint and digest), in the server stream. A
+    download changes no state, so the record names what was disclosed instead of old and new
+    values; the caller serves the file only after this is written in its transaction."""
+    with tenant_context(tenant):
+        append_server_record(
+            tenant,
+            "AUDIT_EXPORT_DOWNLOADED",
+            {
+                "export": str(export.pk),
+                "first": export.first,
+                "end": export.end,
+                "checkpoint_size": export.checkpoint.size if export.checkpoint is not None else None,
+                "sha256": export.sha256,
+            },
+            actor=actor,
+        )
 
 
 def _enqueue_export(export: Export) -> None:

@@ -303,7 +303,7 @@ def test_server_stream_is_not_writable_by_agents(alice: Person) -> None:
 def test_ingest_needs_the_ingest_scope_and_keys_only(alice: Person, tenant_a: Any) -> None:
     from tenants import services as tenant_services
 
-    _, read_only = tenant_services.create_api_key(tenant_a, name="ro", scopes=["read"])
+    _, read_only = tenant_services.create_api_key(tenant_a, name="ro", scopes=["read"], actor="test")
     client = alice.key_client()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {read_only}")
     assert client.post(URL.format("x"), {"records": chain(saga_records())}, format="json").status_code == 403

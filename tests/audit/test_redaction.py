@@ -92,7 +92,7 @@ def test_admin_actions_are_in_the_server_stream(alice: Person, tenant_a: Any) ->
     tenant_services.revoke_api_key(api_key, actor="user:alice")
     server = _stream(tenant_a, "server")
     created = next(r for r in server if r["event"] == "ADMIN_API_KEY_CREATED" and r["name"] == "ci")
-    assert created["prefix"] == api_key.prefix and created["scopes"] == ["read"]
+    assert created["prefix"] == api_key.prefix and created["new"]["scopes"] == ["read"]
     assert raw not in str(server) and raw.split("_")[2] not in str(server)
     assert server[-1]["event"] == "ADMIN_API_KEY_REVOKED" and server[-1]["actor"] == "user:alice"
     assert any(r["event"] == "ADMIN_MEMBER_ADDED" and r["user"] == alice.user.username for r in server)

@@ -44,7 +44,7 @@ def test_home_redirects_to_sagas(alice: Person) -> None:
 
 
 def test_tenant_switcher(alice: Person, carol: Person, tenant_b) -> None:
-    services.add_member(tenant_b, alice.user.email, Role.VIEWER)
+    services.add_member(tenant_b, alice.user.email, Role.VIEWER, actor="test")
     client = browser(alice)
     page = client.get(reverse("sagas")).content.decode()
     assert 'id="tenant-switch"' in page and "Bravo Logistics" in page

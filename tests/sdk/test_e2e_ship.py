@@ -432,8 +432,10 @@ def _bootstrap_sqlite(data_dir: Path, env: dict[str, str]) -> str:
         from django.core.management import call_command
         from tenants import services
         call_command("migrate", verbosity=0)
-        tenant = services.create_tenant("outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw")
-        print(services.create_api_key(tenant, name="agent", scopes=["ingest", "read"])[1])
+        tenant = services.create_tenant(
+            "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor="test"
+        )
+        print(services.create_api_key(tenant, name="agent", scopes=["ingest", "read"], actor="test")[1])
         """
     )
     out = subprocess.run(
@@ -455,8 +457,10 @@ def killable_server(transactional_db: None, tmp_path: Path) -> Any:
             f"@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         )
         env["SAGAPLANE_DATA_DIR"] = str(settings.DATA_DIR)
-        tenant = tenant_services.create_tenant("outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw")
-        key = tenant_services.create_api_key(tenant, name="agent", scopes=["ingest", "read"])[1]
+        tenant = tenant_services.create_tenant(
+            "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor="test"
+        )
+        key = tenant_services.create_api_key(tenant, name="agent", scopes=["ingest", "read"], actor="test")[1]
     else:
         # The SQLite test database lives in this process's memory: give the server its own file.
         env.pop("DATABASE_URL", None)
@@ -528,9 +532,13 @@ def test_wrong_scope_and_revoked_keys_raise_authentication_error(
     with sp.saga(name="auth", wal=wal):
         reserve(1)
     wal.close()
-    read_only_key = tenant_services.create_api_key(alice.tenant, name="reader", scopes=["read"])[1]
-    revoked, revoked_key = tenant_services.create_api_key(alice.tenant, name="old", scopes=["ingest", "read"])
-    tenant_services.revoke_api_key(revoked)
+    read_only_key = tenant_services.create_api_key(
+        alice.tenant, name="reader", scopes=["read"], actor="test"
+    )[1]
+    revoked, revoked_key = tenant_services.create_api_key(
+        alice.tenant, name="old", scopes=["ingest", "read"], actor="test"
+    )
+    tenant_services.revoke_api_key(revoked, actor="test")
 
     with pytest.raises(sp.AuthenticationError) as scope:
         sp.Shipper(wal.path, url=live_server.url, api_key=read_only_key).run_until_caught_up()

@@ -51,7 +51,7 @@ def test_right_prefix_wrong_secret_is_401(alice: Person) -> None:
 def test_revoked_key_is_401(alice: Person, tenant_a: Tenant) -> None:
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
-    services.revoke_api_key(key)
+    services.revoke_api_key(key, actor="test")
     assert _status_and_code(alice.key_client()) == (401, "revoked_api_key")
 
 
@@ -66,7 +66,7 @@ def test_expired_key_is_401(alice: Person, tenant_a: Tenant) -> None:
 def test_missing_scope_is_403(tenant_a: Tenant) -> None:
     from rest_framework.test import APIClient
 
-    _, raw = services.create_api_key(tenant_a, name="ingest-only", scopes=["ingest"])
+    _, raw = services.create_api_key(tenant_a, name="ingest-only", scopes=["ingest"], actor="test")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert _status_and_code(client) == (403, "missing_scope")

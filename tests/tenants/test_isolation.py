@@ -159,7 +159,9 @@ def test_a_third_tenant_sees_nothing_of_the_first_two(
     from tenants import services
     from tests.conftest import make_person
 
-    tenant_c = services.create_tenant("charlie", "Charlie Freight", "founder@charlie.example", "x" * 12)
+    tenant_c = services.create_tenant(
+        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor="test"
+    )
     dave = make_person(tenant_c, "dave", "owner")
     assert _assert_sees_nothing_of(dave, tenant_a, alice) > 0
     assert _assert_sees_nothing_of(dave, tenant_b, carol) > 0

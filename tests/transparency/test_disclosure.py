@@ -187,7 +187,7 @@ def test_cli_with_both_keys_during_rotation(
 ) -> None:
     from transparency import services
 
-    services.rotate_signing_key(tenant_a)
+    services.rotate_signing_key(tenant_a, actor="test")
     new_key = alice.key_client().get(f"{API}/key").content.decode().splitlines()[0]
     path = tmp_path / "d.json"
     path.write_text(json.dumps(_fetch(alice, "pay-1")))

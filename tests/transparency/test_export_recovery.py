@@ -71,7 +71,7 @@ def _row(tenant: Tenant, export_id: Any) -> Export:
 def _queued(tenant: Tenant, capture: Any) -> Export:
     """A requested export whose message nobody has consumed yet."""
     with capture(execute=False):
-        return services.request_export(tenant, requested_by="test")
+        return services.request_export(tenant, actor="test")
 
 
 def _vkey(tenant: Tenant) -> str:
@@ -336,7 +336,7 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
 
     doomed, doomed_fd = worker("block")
     try:
-        export = services.request_export(logged, requested_by="test")  # committed: message sent
+        export = services.request_export(logged, actor="test")  # committed: message sent
         assert _read_signal(doomed_fd) == b"B"
         row = _row(logged, export.pk)
         assert (row.status, row.attempts) == (ExportStatus.RUNNING, 1)

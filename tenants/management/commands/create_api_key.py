@@ -3,6 +3,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants import services
+from tenants.actors import cli_actor
 from tenants.models import Tenant
 
 
@@ -20,7 +21,9 @@ class Command(BaseCommand):
             raise CommandError(f"tenant: no tenant with slug '{options['tenant']}'")
         scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]
         try:
-            api_key, raw_key = services.create_api_key(tenant, name=options["name"], scopes=scopes)
+            api_key, raw_key = services.create_api_key(
+                tenant, name=options["name"], scopes=scopes, actor=cli_actor()
+            )
         except services.TenantError as exc:
             raise CommandError(f"{exc.field}: {exc}") from exc
         self.stdout.write(f"created API key '{api_key.name}' with scopes {','.join(api_key.scopes)}")

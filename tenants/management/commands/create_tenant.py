@@ -3,6 +3,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants import services
+from tenants.actors import cli_actor
 
 
 class Command(BaseCommand):
@@ -17,7 +18,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             tenant = services.create_tenant(
-                options["slug"], options["name"], options["owner_email"], options["owner_password"]
+                options["slug"],
+                options["name"],
+                options["owner_email"],
+                options["owner_password"],
+                actor=cli_actor(),
             )
         except services.TenantError as exc:
             raise CommandError(f"{exc.field}: {exc}") from exc

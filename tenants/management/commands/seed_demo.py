@@ -22,6 +22,7 @@ DEMO_AGENT = Path(__file__).resolve().parents[3] / "sdk" / "examples" / "demo_ag
 SEED_SAGAS = 12
 
 DEMO_SLUG = "demo"
+ACTOR = "system:seed_demo"
 DEMO_PASSWORD = "sagaplane-demo"
 DEMO_PEOPLE = [
     ("owner@demo.sagaplane.local", Role.OWNER),
@@ -46,13 +47,13 @@ class Command(BaseCommand):
         password = options["password"]
         tenant = Tenant.objects.filter(slug=DEMO_SLUG).first()
         if tenant is None:
-            tenant = services.create_tenant(DEMO_SLUG, "Demo Co", DEMO_PEOPLE[0][0], password)
+            tenant = services.create_tenant(DEMO_SLUG, "Demo Co", DEMO_PEOPLE[0][0], password, actor=ACTOR)
         for email, role in DEMO_PEOPLE:
-            services.add_member(tenant, email, role, password)
+            services.add_member(tenant, email, role, password, actor=ACTOR)
         key_file = demo_key_path()
         if not key_file.exists():
             _, raw_key = services.create_api_key(
-                tenant, name="demo-agent", scopes=["ingest", "gate", "read", "recovery"]
+                tenant, name="demo-agent", scopes=["ingest", "gate", "read", "recovery"], actor=ACTOR
             )
             key_file.write_text(raw_key)
             key_file.chmod(0o600)
@@ -88,5 +89,5 @@ def _seed_history(tenant: Tenant, sagas: int) -> int:
     )
     entries, _ = read_all(wal)
     records = [entry.record for entry in entries if entry.record is not None]
-    ingest(tenant, stream_id_for(wal), records, actor="seed_demo")
+    ingest(tenant, stream_id_for(wal), records, actor=ACTOR)
     return len(records)
