@@ -53,7 +53,7 @@ async def _drain_until(communicator: WebsocketCommunicator, last_stream: str) ->
 
 def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
     tenant_c = services_tenants.create_tenant(
-        "charlie", "Charlie Freight", "founder@charlie.example", PASSWORD
+        "charlie", "Charlie Freight", "founder@charlie.example", PASSWORD, actor="test"
     )
     dave = make_person(tenant_c, "dave", Role.VIEWER)
     cookies = {"acme": _cookie(alice), "bravo": _cookie(carol), "charlie": _cookie(dave)}
