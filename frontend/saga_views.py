@@ -11,7 +11,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
+from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -38,7 +40,7 @@ _SINCE = {
     "7d": timedelta(days=7),
     "30d": timedelta(days=30),
 }
-LIST_LIMIT = 200
+PAGE_SIZE = 50
 
 
 # ------------------------------------------------------------------------------------------ list
@@ -64,8 +66,8 @@ class Filters:
         )
 
     def query(self, **override: str) -> str:
-        from urllib.parse import urlencode
-
+        """The filters as a query string (empty ones left out), with `override` applied; a
+        `page=` override adds the page."""
         values = {**self.__dict__, **override}
         return urlencode({k: v for k, v in values.items() if v})
 
@@ -106,21 +108,28 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
     filters = Filters.from_request(request)
     base = _without_status(filters, now)
     counts = _counts(base, now)
-    sagas = list(
+    matching = (
         _with_status(base, filters.status, now)
         .annotate(step_count=Count("steps", distinct=True))
-        .order_by("-last_activity_at", "-pk")[:LIST_LIMIT]
+        .order_by("-last_activity_at", "-pk")
     )
+    # get_page answers any `page` (missing, not a number, out of range) with a real page.
+    shown = Paginator(matching, PAGE_SIZE).get_page(request.GET.get("page"))
+    sagas = list(shown.object_list)
     for saga in sagas:
         saga.shown_status = saga.effective_status(now)
         saga.needs_human = saga.shown_status in NEEDS_HUMAN
     all_counts = (
         _counts(Saga.objects.all(), now) if (filters.tool or filters.stream or filters.since) else counts
     )
+    # The page is part of the address like the filters, so a refresh (and the live fragment)
+    # stays where the reader is; page 1 is left out of the URL.
+    here = filters.query(page=str(shown.number) if shown.number > 1 else "")
     return {
         "filters": filters,
         "sagas": sagas,
-        "truncated": len(sagas) == LIST_LIMIT,
+        "page": shown,
+        "page_links": _page_links(filters, shown),
         "status_counts": [
             {"value": value, "label": label, "n": counts[value], "query": filters.query(status=value)}
             for value, label in SagaStatus.choices
@@ -128,8 +137,35 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
         "total": sum(counts.values()),
         "any_sagas": Saga.objects.exists(),
         "needs_human": all_counts[SagaStatus.ROLLBACK_PARTIAL] + all_counts[SagaStatus.ORPHANED],
-        "fragment_url": reverse("saga-rows") + ("?" + filters.query() if filters.query() else ""),
+        "fragment_url": reverse("saga-rows") + ("?" + here if here else ""),
     }
+
+
+def _page_links(filters: Filters, shown: Page) -> dict[str, str]:
+    """Query strings (filters kept) of the first, previous, next and last pages; "" where none."""
+
+    def at(number: int) -> str:
+        return "?" + filters.query(page=str(number) if number > 1 else "")
+
+    last = shown.paginator.num_pages
+    return {
+        "first": at(1) if shown.number > 1 else "",
+        "previous": at(shown.previous_page_number()) if shown.has_previous() else "",
+        "next": at(shown.next_page_number()) if shown.has_next() else "",
+        "last": at(last) if shown.number < last else "",
+    }
+
+
+def _stream_choices() -> list[tuple[str, str]]:
+    """(stream id, label) for the filter: the agent's name beside its stream id when it gave one."""
+    agents: dict[str, str] = {}
+    pairs = Saga.objects.order_by("stream_id", "agent").values_list("stream_id", "agent").distinct()[:400]
+    for stream_id, agent in pairs:
+        if agent or stream_id not in agents:
+            agents[stream_id] = agent
+    return [
+        (stream_id, f"{agent} · {stream_id}" if agent else stream_id) for stream_id, agent in agents.items()
+    ][:200]
 
 
 @member_page("read", section="sagas")
@@ -141,7 +177,7 @@ def saga_list(request: HttpRequest) -> HttpResponse:
         tools=list(
             Step.objects.exclude(tool="").order_by("tool").values_list("tool", flat=True).distinct()[:200]
         ),
-        streams=list(Saga.objects.order_by("stream_id").values_list("stream_id", flat=True).distinct()[:200]),
+        streams=_stream_choices(),
     )
     return page(request, "frontend/sagas.html", context, section="sagas")
 

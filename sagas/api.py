@@ -30,6 +30,7 @@ class SagaSerializer(serializers.ModelSerializer):
         fields = [
             "saga_id",
             "name",
+            "agent",
             "stream_id",
             "status",
             "recorded_status",

@@ -18,6 +18,7 @@ from sagas.models import Saga, SagaStatus, Step, StepStatus
 
 SAGA_FIELDS = [
     "name",
+    "agent",
     "status",
     "started_at",
     "last_activity_at",
@@ -43,6 +44,7 @@ class SagaState:
         self.saga_id = saga_id
         self.stream_id = stream_id
         self.name = ""
+        self.agent = ""
         self.status: str = SagaStatus.RUNNING
         self.started_at = None
         self.last_activity_at = None
@@ -121,23 +123,25 @@ WITH cur AS (
     ) AS ok
 ), s AS (
     INSERT INTO sagas_saga (
-        tenant_id, saga_id, stream_id, name, status, started_at, last_activity_at, last_lease_at,
-        lease_ttl, lease_expires_at, last_event, record_count, first_leaf_index, last_leaf_index
+        tenant_id, saga_id, stream_id, name, agent, status, started_at, last_activity_at,
+        last_lease_at, lease_ttl, lease_expires_at, last_event, record_count, first_leaf_index,
+        last_leaf_index
     )
-    SELECT %(tenant)s, u.saga_id, u.stream_id, u.name, u.status, u.started_at, u.last_activity_at,
-        u.last_lease_at, u.lease_ttl, u.lease_expires_at, u.last_event, u.record_count,
+    SELECT %(tenant)s, u.saga_id, u.stream_id, u.name, u.agent, u.status, u.started_at,
+        u.last_activity_at, u.last_lease_at, u.lease_ttl, u.lease_expires_at, u.last_event, u.record_count,
         LEAF(u.first_leaf_index), LEAF(u.last_leaf_index)
     FROM unnest(
-        %(saga_id)b::text[], %(stream_id)b::text[], %(name)b::text[], %(status)b::text[],
-        %(started_at)b::timestamptz[], %(last_activity_at)b::timestamptz[],
+        %(saga_id)b::text[], %(stream_id)b::text[], %(name)b::text[], %(agent)b::text[],
+        %(status)b::text[], %(started_at)b::timestamptz[], %(last_activity_at)b::timestamptz[],
         %(last_lease_at)b::timestamptz[], %(lease_ttl)b::float8[], %(lease_expires_at)b::timestamptz[],
         %(last_event)b::text[], %(record_count)b::int[], %(first_leaf_index)b::bigint[],
         %(last_leaf_index)b::bigint[]
-    ) AS u(saga_id, stream_id, name, status, started_at, last_activity_at, last_lease_at, lease_ttl,
-           lease_expires_at, last_event, record_count, first_leaf_index, last_leaf_index)
+    ) AS u(saga_id, stream_id, name, agent, status, started_at, last_activity_at, last_lease_at,
+           lease_ttl, lease_expires_at, last_event, record_count, first_leaf_index, last_leaf_index)
     WHERE (SELECT ok FROM ok)
     ON CONFLICT (tenant_id, saga_id) DO UPDATE SET
         name = EXCLUDED.name,
+        agent = EXCLUDED.agent,
         status = EXCLUDED.status,
         started_at = EXCLUDED.started_at,
         last_activity_at = EXCLUDED.last_activity_at,
@@ -291,6 +295,7 @@ def _save_postgres(
         "saga_id": [s.saga_id for s in sagas],
         "stream_id": [s.stream_id for s in sagas],
         "name": [s.name for s in sagas],
+        "agent": [s.agent for s in sagas],
         "status": [str(s.status) for s in sagas],
         "started_at": [s.started_at for s in sagas],
         "last_activity_at": [s.last_activity_at for s in sagas],

@@ -10,6 +10,8 @@ from django.utils import timezone
 
 from tenants.scoping import TenantScopedModel
 
+AGENT_NAME_MAX = 100
+
 
 class SagaStatus(models.TextChoices):
     RUNNING = "running", "Running"
@@ -38,6 +40,9 @@ class Saga(TenantScopedModel):
     saga_id = models.CharField(max_length=128)
     name = models.CharField(max_length=200, blank=True, default="")
     stream_id = models.CharField(max_length=200)
+    # The name the agent gave itself (SAGA_START's `agent`, e.g. "billing-bot"), shown beside the
+    # stream id, which is an opaque identifier of the WAL.
+    agent = models.CharField(max_length=AGENT_NAME_MAX, blank=True, default="")
     # `status` holds what the records say; a running saga whose lease lapsed is reported as
     # orphaned by `effective_status` (time passing is not a record, so it is not projected).
     status = models.CharField(max_length=20, choices=SagaStatus.choices, default=SagaStatus.RUNNING)

@@ -19,7 +19,7 @@ from channels.layers import get_channel_layer
 
 from controlplane.postcommit import after_commit
 from sagas import bulk
-from sagas.models import Saga, SagaStatus, Step, StepStatus
+from sagas.models import AGENT_NAME_MAX, Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
@@ -85,6 +85,9 @@ def _apply_one(
     touched: bulk.StepState | None = None
     if event == "SAGA_START":
         saga.name = str(biz.get("name") or saga.name)[:200]
+        agent = biz.get("agent")
+        if isinstance(agent, str):
+            saga.agent = agent_label(agent) or saga.agent
         ttl = _number(biz.get("lease_ttl"))
         if ttl is not None and ttl > 0:
             saga.lease_ttl = ttl
@@ -125,6 +128,16 @@ def _apply_one(
     elif event == "SAGA_QUARANTINED":
         saga.status = SagaStatus.QUARANTINED
     return touched
+
+
+_NOT_SHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def agent_label(name: str) -> str:
+    """An agent's self-given name as the projection keeps it: the record keeps the name exactly;
+    this index copy drops what a text column or a page cannot hold (NUL, control characters,
+    lone surrogates), trims, and keeps at most AGENT_NAME_MAX characters."""
+    return _NOT_SHOWN.sub("", name).strip()[:AGENT_NAME_MAX]
 
 
 def _lease(saga: bulk.SagaState, when: datetime | None) -> None:

@@ -129,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-ship", action="store_true", help="only write the local WAL")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--agent", default="demo-agent", help="the name the dashboard shows for this agent")
     args = parser.parse_args(argv)
     RNG.seed(args.seed)
-    runtime = sp.configure(args.wal or default_wal(), ship=False if args.no_ship else None)
+    runtime = sp.configure(
+        args.wal or default_wal(), ship=False if args.no_ship else None, agent=args.agent or None
+    )
     outcomes = {"complete": 0, "clean rollback": 0, "partial rollback": 0}
     stop = threading.Event()
     if args.forever:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .client import ENV_API_KEY, ENV_URL, Client, ConfigurationError
 from .saga import ConfirmHook, set_default_confirm, set_default_wal
 from .shipper import Shipper
-from .wal import WAL
+from .wal import ENV_AGENT, WAL
 
 logger = logging.getLogger("sagaplane")
 
@@ -46,11 +46,14 @@ def configure(
     ship: bool | None = None,
     confirm: ConfirmHook | None = None,
     fsync: bool = True,
+    agent: str | None = None,
 ) -> Runtime:
     """Open the process WAL and, when a control plane is configured, start shipping it.
 
     `ship=None` ships when a URL is known (argument or SAGAPLANE_URL). A URL without
-    an API key is a ConfigurationError rather than a silent local-only run.
+    an API key is a ConfigurationError rather than a silent local-only run. `agent` (or
+    SAGAPLANE_AGENT) names this agent, e.g. "billing-bot": every saga it starts carries the
+    name, and the dashboard shows it beside the stream id.
     """
     global _runtime
     if _runtime is not None:
@@ -61,7 +64,7 @@ def configure(
     if ship is None:
         ship = bool(url)
     client = Client(url, api_key) if ship else None  # raises ConfigurationError before any file is opened
-    wal = WAL(path, stream_id=stream_id, fsync=fsync)
+    wal = WAL(path, stream_id=stream_id, fsync=fsync, agent=agent or os.environ.get(ENV_AGENT) or None)
     shipper = None
     if client is not None:
         shipper = Shipper(wal.path, stream_id=wal.stream_id, client=client).start()

@@ -29,7 +29,7 @@ from .semantics import (
     accepts_kwarg,
     idempotency_key,
 )
-from .wal import WAL
+from .wal import ENV_AGENT, WAL
 
 logger = logging.getLogger("sagaplane")
 
@@ -182,7 +182,7 @@ def get_default_wal() -> WAL:
     wal = _defaults["wal"]
     if wal is None:
         path = os.environ.get("SAGAPLANE_WAL", "sagaplane.wal")
-        wal = WAL(path)
+        wal = WAL(path, agent=os.environ.get(ENV_AGENT) or None)
         _defaults["wal"] = wal
     return wal
 
@@ -255,6 +255,8 @@ class Saga:
         fields: dict[str, Any] = {"saga_id": self.saga_id, "pid": os.getpid(), "lease_ttl": self.lease_ttl}
         if self.name:
             fields["name"] = self.name
+        if self.wal.agent:
+            fields["agent"] = self.wal.agent
         self.wal.emit("SAGA_START", fields, buffered=True)  # reaches the file with the first intent
         self.wal.hold_lease(self.saga_id, self.lease_ttl)
         self._token = _current.set(self)

@@ -71,6 +71,24 @@ _ENCODED_EVENTS: dict[str, str] = {}
 _sha256 = __import__("hashlib").sha256
 
 
+AGENT_NAME_MAX = 100
+ENV_AGENT = "SAGAPLANE_AGENT"
+
+
+def check_agent_name(agent: str | None) -> str | None:
+    """The agent's own name (e.g. "billing-bot"), written into each SAGA_START as `agent` so the
+    dashboard can show it beside the stream id. None: unnamed. Refused (ValueError) unless it is
+    1-100 printable characters, since the control plane shows it as it is."""
+    if agent is None:
+        return None
+    if not isinstance(agent, str):
+        raise ValueError("agent: must be a string")
+    name = agent.strip()
+    if not name or len(name) > AGENT_NAME_MAX or not name.isprintable():
+        raise ValueError(f"agent: must be 1-{AGENT_NAME_MAX} printable characters, got {agent!r}")
+    return name
+
+
 class WALError(RuntimeError):
     """The WAL could not record something. Raised before the effect it was guarding."""
 
@@ -105,7 +123,10 @@ class WAL:
         flush_interval: float = FLUSH_INTERVAL,
         durable_delay: float = DURABLE_DELAY,
         write_through_intents: bool = True,
+        agent: str | None = None,
     ) -> None:
+        # Checked before the file is opened: a bad name must not leave a WAL half set up.
+        self.agent = check_agent_name(agent)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync_enabled = fsync
