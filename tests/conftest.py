@@ -71,6 +71,19 @@ class Person:
         return client
 
 
+def server_stream(tenant: Tenant) -> list[dict[str, Any]]:
+    """The tenant's server stream (admin actions, approvals, seals) as stored, oldest first."""
+    from audit.models import Record, RecordPayload, Redaction
+    from audit.services import stored_record
+    from tenants.scoping import tenant_context
+
+    with tenant_context(tenant):
+        rows = list(Record.objects.filter(stream__stream_id="server").order_by("position"))
+        payloads = {p.record_id: p for p in RecordPayload.objects.filter(record__in=rows)}
+        erased = dict(Redaction.objects.values_list("record_id", "reason"))
+        return [stored_record(r, payloads.get(r.pk), erased.get(r.pk)) for r in rows]
+
+
 def make_person(tenant: Tenant, name: str, role: str) -> Person:
     membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor="test")
     _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES, actor="test")

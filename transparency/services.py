@@ -284,7 +284,10 @@ def _seal_fields(records: list[LeafRecord], saga_id: str) -> tuple[dict[str, Any
     return fields, current
 
 
-def seal_saga(tenant: Tenant, saga_id: str, *, actor: str = "system:transparency") -> dict[str, Any] | None:
+SEAL_ACTOR = "system:transparency"
+
+
+def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | None:
     """Append SAGA_SEALED to the tenant's server stream, listing the leaf index and `_h` of
     every record of the saga (earlier seals excluded), so a disclosure that omits or adds a
     record no longer matches it. Idempotent: None when the latest seal is already current; a
@@ -304,7 +307,7 @@ def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
     """Seal every saga that has a record among leaves [start, end) and is in a terminal state."""
     with tenant_context(tenant):
         saga_ids = get_source().terminal_sagas_touched(tenant, start, end)
-        return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id) is not None]
+        return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id, actor=SEAL_ACTOR) is not None]
 
 
 # One seal pass looks at most this many integrated leaves, so catching up on a long unsealed

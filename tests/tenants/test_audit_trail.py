@@ -15,26 +15,15 @@ from django.test import Client
 from django.urls import reverse
 from sagaplane.chain import verify_chain
 
-from audit.models import Record, RecordPayload, Redaction
-from audit.services import stored_record
 from frontend import invitations
 from tenants import services
 from tenants.models import Membership, Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import PASSWORD, Person
+from tests.conftest import PASSWORD, Person, server_stream
 from transparency import services as transparency
 from transparency.models import KeyStatus, LogSigningKey
 
 User = get_user_model()
-
-
-def server_stream(tenant: Tenant) -> list[dict[str, Any]]:
-    """The tenant's server stream as stored, in WAL form, oldest first."""
-    with tenant_context(tenant):
-        rows = list(Record.objects.filter(stream__stream_id="server").order_by("position"))
-        payloads = {p.record_id: p for p in RecordPayload.objects.filter(record__in=rows)}
-        erased = dict(Redaction.objects.values_list("record_id", "reason"))
-        return [stored_record(r, payloads.get(r.pk), erased.get(r.pk)) for r in rows]
 
 
 def new_records(tenant: Tenant, before: int) -> list[dict[str, Any]]:

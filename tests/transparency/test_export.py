@@ -19,7 +19,7 @@ from sagaplane.export import pack, verify_export, verify_export_files
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.conftest import Person, server_stream
 from tests.transparency.conftest import Writer, settle
 from transparency.models import Export
 from transparency.storage import WriteOnceFileStorage
@@ -241,10 +241,8 @@ def test_bad_export_requests(exported: dict[str, Any], alice: Person) -> None:
 
 
 def test_export_requests_and_downloads_are_in_the_server_stream(
-    tenant_a: Tenant, alice: Person, writer_a: Writer, django_capture_on_commit_callbacks: Any
+    tenant_a: Tenant, alice: Person, carol: Person, writer_a: Writer, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from tests.tenants.test_audit_trail import server_stream
-
     writer_a.saga("s1")
     settle(tenant_a)
     before = len(server_stream(tenant_a))
@@ -257,19 +255,17 @@ def test_export_requests_and_downloads_are_in_the_server_stream(
     assert downloaded["event"] == "AUDIT_EXPORT_DOWNLOADED" and downloaded["actor"] == requested["actor"]
     assert downloaded["export"] == status["id"] and downloaded["sha256"] == status["sha256"]
     assert [downloaded["first"], downloaded["end"]] == [status["first"], status["end"]]
-    # A download that is refused (not this tenant's) records nothing for either tenant.
-    outsider = Person(alice.user, tenant_a, "owner", "").session_client()
-    outsider.credentials(HTTP_X_SAGAPLANE_TENANT="bravo")
-    assert outsider.get(f"{API}/exports/{status['id']}/download").status_code == 404
+    # A refused download (another tenant's owner) records nothing, in either tenant.
+    bravo_before = server_stream(carol.tenant)
+    assert carol.session_client().get(f"{API}/exports/{status['id']}/download").status_code == 404
     assert server_stream(tenant_a)[-1] == downloaded
+    assert server_stream(carol.tenant) == bravo_before
 
 
 def test_exports_started_from_the_evidence_page_name_the_person(
     tenant_a: Tenant, alice: Person, writer_a: Writer
 ) -> None:
     from django.test import Client
-
-    from tests.tenants.test_audit_trail import server_stream
 
     writer_a.saga("s1")
     settle(tenant_a)
