@@ -431,10 +431,14 @@ def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> 
                     "rollback": status in (SagaStatus.ROLLED_BACK, SagaStatus.ROLLBACK_PARTIAL),
                 }
             )
+        # The lane is the stream; it is labelled with the agent's own name when it gave one.
+        agent = next((saga.agent for saga in reversed(lanes[name]) if saga.agent), "")
+        label = agent or name
         rows.append(
             {
                 "name": name,
-                "short": name if len(name) <= 22 else name[:21] + "…",
+                "title": f"{agent} · {name}" if agent else name,
+                "short": label if len(label) <= 22 else label[:21] + "…",
                 "y": y,
                 "bar_y": y + 7,
                 "text_y": y + 19,

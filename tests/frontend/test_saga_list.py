@@ -180,8 +180,11 @@ def test_the_agent_name_goes_from_the_sdk_through_ingest_to_the_page(
     )
     plain = re.search(rf'<tr data-saga="{anonymous.saga_id}".*?</tr>', body, re.S).group(0)
     assert "agent-name" not in plain and unnamed.stream_id in plain
-    # The stream filter names the agent too.
+    # The stream filter and the fleet's lanes name the agent too.
     assert f'<option value="{named.stream_id}">billing-bot · {named.stream_id}</option>' in body
+    fleet = browser(alice).get(reverse("fleet")).content.decode()
+    lane = re.search(rf'<g class="lane-row" data-stream="{named.stream_id}">.*?</text>', fleet, re.S).group(0)
+    assert lane.endswith(f"<title>billing-bot · {named.stream_id}</title>billing-bot</text>")
 
 
 def test_the_sdk_refuses_an_agent_name_the_dashboard_could_not_show(tmp_path: Path) -> None:
