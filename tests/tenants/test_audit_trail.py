@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 from sagaplane.chain import verify_chain
@@ -269,7 +269,7 @@ def test_rotate_signing_key_command(tenant_a: Tenant) -> None:
     call_command("rotate_signing_key", "--tenant", "acme", "--finish", stdout=StringIO())
     assert _key_ids(tenant_a)["retired"] == old
     assert server_stream(tenant_a)[-1]["event"] == "ADMIN_SIGNING_KEY_ROTATION_FINISHED"
-    with pytest.raises(Exception, match="tenant"):
+    with pytest.raises(CommandError, match="tenant"):
         call_command("rotate_signing_key", "--tenant", "nope", stdout=StringIO())
 
 
