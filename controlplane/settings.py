@@ -191,7 +191,12 @@ CELERY_RESULT_BACKEND = None
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict = {
     # A checkpoint follows acceptance within about a second (ARCHITECTURE §2.3).
-    "transparency-integrate": {"task": "transparency.integrate_grown_tenants", "schedule": 1.0},
+    # A tick that waited behind busy workers is dropped when they get to it, not run late.
+    "transparency-integrate": {
+        "task": "transparency.integrate_grown_tenants",
+        "schedule": 1.0,
+        "options": {"expires": 5.0},
+    },
     # An export whose worker died mid-build is re-queued, then failed after a few attempts.
     "transparency-export-sweep": {"task": "transparency.sweep_stale_exports", "schedule": 60.0},
 }
@@ -326,6 +331,11 @@ SAGAPLANE_EXPORT_STORAGE = {
     },
 }
 SAGAPLANE_LEAF_SOURCE = "transparency.sources.AuditLeafSource"
+# One integration transaction appends at most this many leaves (and signs a checkpoint); a worker
+# asked to shut down stops between two, so this also bounds how long a warm shutdown waits.
+SAGAPLANE_INTEGRATION_CHUNK_LEAVES = config.integer(
+    "SAGAPLANE_INTEGRATION_CHUNK_LEAVES", 50_000, minimum=1, maximum=1_000_000
+)
 # An unfinished export with no progress for this long is presumed dead and re-queued; after this
 # many builds have died it is marked failed with the reason.
 SAGAPLANE_EXPORT_STALE_MINUTES = config.integer(

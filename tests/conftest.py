@@ -116,6 +116,15 @@ def carol(tenant_b: Tenant) -> Person:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    # Coalescing state (transparency's integration requests) lives in the cache and must not
+    # leak from one test to the next; each test run has a Redis database of its own.
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings: Any) -> None:
     # PBKDF2's deliberate slowness protects real passwords; in tests it only slows the suite.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,9 +40,9 @@ from transparency.sources import LeafRecord, get_source
 log = logging.getLogger(__name__)
 
 SEAL_EVENT = "SAGA_SEALED"
-# One integration appends at most this many leaves, so a backlog is worked off in bounded
-# transactions (each still signs a checkpoint) instead of one lock held for minutes.
-MAX_LEAVES_PER_INTEGRATION = 200_000
+# One integration appends at most settings.SAGAPLANE_INTEGRATION_CHUNK_LEAVES leaves, so a
+# backlog is worked off in bounded transactions (each still signs a checkpoint) instead of one
+# lock held for minutes, and a worker asked to stop can stop between two.
 _NODE_BATCH = 5_000
 
 
@@ -242,21 +243,32 @@ def _extend_and_sign(
     return checkpoint
 
 
-def integrate(tenant: Tenant, *, max_leaves: int = MAX_LEAVES_PER_INTEGRATION) -> Checkpoint | None:
+def _always() -> bool:
+    return True
+
+
+def _chunk_leaves() -> int:
+    return int(settings.SAGAPLANE_INTEGRATION_CHUNK_LEAVES)
+
+
+def integrate(tenant: Tenant, *, max_leaves: int | None = None) -> Checkpoint | None:
     """Append the tenant's new leaves to its tree and sign a checkpoint; None if nothing grew.
 
     One transaction, holding the TreeState row lock, so two integrators never interleave."""
     with tenant_context(tenant):
         state = _locked_state(tenant)
         _active_key(tenant)
-        target = min(get_source().log_size(tenant), state.size + max_leaves)
+        target = min(get_source().log_size(tenant), state.size + (max_leaves or _chunk_leaves()))
         return _extend_and_sign(tenant, state, target=target)
 
 
-def integrate_fully(tenant: Tenant, *, max_leaves: int = MAX_LEAVES_PER_INTEGRATION) -> Checkpoint | None:
-    """Integrate until the tree holds every assigned leaf (a backlog takes several rounds)."""
+def integrate_fully(
+    tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = _always
+) -> Checkpoint | None:
+    """Integrate until the tree holds every assigned leaf (a backlog takes several rounds), or
+    until `keep_going()` says stop: it is asked between rounds, each of which has committed."""
     latest = None
-    while (checkpoint := integrate(tenant, max_leaves=max_leaves)) is not None:
+    while keep_going() and (checkpoint := integrate(tenant, max_leaves=max_leaves)) is not None:
         latest = checkpoint
     return latest
 
@@ -336,11 +348,14 @@ def seal_pass(tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES) -> tuple[li
         return sealed, end >= state.size
 
 
-def seal_pending(tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES) -> list[str]:
-    """Seal passes until the watermark reaches the integrated size; the saga ids sealed."""
+def seal_pending(
+    tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES, keep_going: Callable[[], bool] = _always
+) -> list[str]:
+    """Seal passes until the watermark reaches the integrated size (or `keep_going()`, asked
+    between passes, says stop); the saga ids sealed."""
     sealed: list[str] = []
     done = False
-    while not done:
+    while not done and keep_going():
         more, done = seal_pass(tenant, max_leaves=max_leaves)
         sealed.extend(more)
     return sealed

@@ -6,13 +6,50 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.core.cache import cache
 
+from controlplane.celery import keep_going
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import services
+from transparency import hooks, services
 from transparency.models import TreeState
 
 log = logging.getLogger(__name__)
+
+# How long a queued integration request blocks the next one. The key goes when its task starts,
+# so this matters only when the message is lost (a broker restart): new requests wait at most
+# this long, and the 1 s beat integrates meanwhile.
+INTEGRATION_REQUEST_TTL = 30
+
+
+def _request_key(tenant_id: int) -> str:
+    return f"transparency:integration-requested:{tenant_id}"
+
+
+def request_integration(tenant_id: int) -> bool:
+    """Queue an integration of the tenant's log unless one is already waiting: however many
+    batches arrive, at most one integration task per tenant sits in the broker (they used to
+    be one per batch). Returns whether this call queued it.
+
+    No batch is missed: a task takes the request off (`_take_request`) before it reads the log,
+    so a batch committed before that point is integrated by it, and one committed after finds no
+    request and queues the next task."""
+    key = _request_key(tenant_id)
+    if not cache.add(key, "1", timeout=INTEGRATION_REQUEST_TTL):
+        return False
+    try:
+        integrate_tenant.delay(tenant_id)
+    except Exception:
+        cache.delete(key)  # so the next batch asks again
+        raise
+    return True
+
+
+def _take_request(tenant_id: int) -> None:
+    try:
+        cache.delete(_request_key(tenant_id))
+    except Exception:  # the cache is down: the request expires by itself, and this run goes on
+        log.warning("integration of tenant %s: could not clear its request", tenant_id, exc_info=True)
 
 
 def _integrated_size(tenant: Tenant) -> int:
@@ -25,21 +62,35 @@ def integrate_tenant(tenant_id: int) -> int:
     """Integrate the tenant's new leaves and sign, then seal the sagas they finished (the seals
     are leaves too, so integrate and sign them at once). Sealing runs off the tenant's seal
     watermark, not this call's growth: a crash between signing and sealing is healed by the next
-    call, which the beat makes (`integrate_grown_tenants`). Returns the signed size."""
+    call, which the beat makes (`integrate_grown_tenants`). Returns the signed size.
+
+    A worker shutting down stops this between chunks (each committed and signed) and the rest is
+    requested again, for the next worker."""
+    _take_request(tenant_id)
     tenant = Tenant.objects.get(pk=tenant_id)
     try:
-        services.integrate_fully(tenant)
-        # At most two rounds: the seals' own leaves finish no saga, so the second seal pass only
-        # moves the watermark over them.
-        for _ in range(2):
-            if not services.seal_pending(tenant):
-                break
-            services.integrate_fully(tenant)
+        with hooks.integrator_appending():
+            services.integrate_fully(tenant, keep_going=keep_going)
+            # At most two rounds: the seals' own leaves finish no saga, so the second seal pass
+            # only moves the watermark over them.
+            for _ in range(2):
+                if not keep_going() or not services.seal_pending(tenant, keep_going=keep_going):
+                    break
+                services.integrate_fully(tenant, keep_going=keep_going)
     except services.IntegrationRefused:
         # Never sign what cannot be proven; this needs a human, loudly.
         log.critical("transparency log of tenant %s: integration refused", tenant.slug, exc_info=True)
         raise
-    return _integrated_size(tenant)
+    size = _integrated_size(tenant)
+    if not keep_going():
+        log.warning(
+            "integration of tenant %s stopped at %s leaves: the worker is shutting down", tenant.slug, size
+        )
+        try:
+            request_integration(tenant_id)
+        except Exception:  # the beat finds the grown log anyway
+            log.warning("integration of tenant %s: could not request the rest", tenant.slug, exc_info=True)
+    return size
 
 
 @shared_task(name="transparency.integrate_grown_tenants", ignore_result=True)
@@ -48,6 +99,8 @@ def integrate_grown_tenants() -> list[int]:
     seal pass has not covered yet (two indexed queries, no scan of sagas)."""
     tenant_ids = sorted(set(services.tenants_to_integrate()) | set(services.tenants_to_seal()))
     for tenant_id in tenant_ids:
+        if not keep_going():
+            break  # the next beat, on another worker, picks the rest up
         try:
             integrate_tenant(tenant_id)
         except services.IntegrationRefused:

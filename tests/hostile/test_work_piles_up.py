@@ -1,0 +1,196 @@
+"""Work must not pile up: a burst of batches queues one integration per tenant (it used to queue
+one per batch: 1,559 after a fault run), and a worker asked to stop in the middle of a long
+integration stops between chunks instead of holding Celery's warm shutdown until it is done."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audit.models import Record
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.transparency.conftest import Writer
+from transparency import hooks
+from transparency.models import Checkpoint, TreeState
+from transparency.tasks import integrate_tenant
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_QUEUE = "celery"
+
+
+def _broker() -> Any:
+    from controlplane.celery import app
+
+    return app.connection_for_write()
+
+
+def _queued(queue: str = DEFAULT_QUEUE) -> list[dict[str, Any]]:
+    """The messages waiting in a queue of this test run's own Redis database, oldest first."""
+    with _broker() as conn:
+        raw = conn.default_channel.client.lrange(queue, 0, -1)
+    return [json.loads(item) for item in reversed(raw)]  # kombu pushes on the left
+
+
+def _purge(queue: str = DEFAULT_QUEUE) -> None:
+    with _broker() as conn:
+        conn.default_channel.client.delete(queue)
+
+
+def _run_like_a_worker(message: dict[str, Any]) -> Any:
+    assert message["headers"]["task"] == "transparency.integrate_tenant"
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    return integrate_tenant(*args, **kwargs)
+
+
+def _tree(tenant: Tenant) -> tuple[int, int, int]:
+    """(leaves in the log, leaves in the tree, leaves under the latest signed checkpoint)."""
+    with tenant_context(tenant):
+        latest = Checkpoint.objects.order_by("-id").first()
+        return (
+            Record.objects.count(),
+            TreeState.objects.values_list("size", flat=True).first() or 0,
+            latest.size if latest else 0,
+        )
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_200_batches_queue_one_integration_and_everything_integrates(tenant_a: Tenant) -> None:
+    _purge()
+    try:
+        writer = Writer(tenant_a, "agent-burst")
+        for n in range(200):
+            writer.saga(f"burst-{n}", steps=1)  # committed: its post-commit hook ran
+        waiting = _queued()
+        assert len(waiting) == 1, [m["headers"]["task"] for m in waiting[:5]]
+
+        _run_like_a_worker(waiting[0])
+        log_size, tree_size, signed = _tree(tenant_a)
+        assert log_size >= 200 * 4 + 200  # every record, and a seal for each finished saga
+        assert signed == tree_size == log_size
+
+        # The task took the request: the next batch asks again.
+        _purge()
+        writer.saga("after", steps=1)
+        assert len(_queued()) == 1
+    finally:
+        _purge()
+
+
+# ------------------------------------------------------------------ a real worker, told to stop
+
+LEAVES = 10_000
+CHUNK = 1  # leaf per integration transaction: 10,000 of them, minutes of work in all
+SHUTDOWN_BOUND_S = 30.0  # warm shutdown after SIGTERM, mid-integration
+
+
+def _deadline_poll(
+    worker: subprocess.Popen[Any], ready: Any, what: str, log: Path, timeout: float = 180
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if worker.poll() is not None:
+            pytest.fail(f"the worker exited ({worker.returncode}) before {what}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout}s:\n{log.read_text()[-3000:]}")
+        try:
+            worker.wait(timeout=0.2)  # between polls; returns at once if the worker exits
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resumable(
+    tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from django.db import connection
+
+    monkeypatch.setattr(hooks, "records_appended", lambda tenant: None)  # this test queues its own
+    writer = Writer(tenant_a, "agent-long")
+    while _tree(tenant_a)[0] < LEAVES:
+        writer.saga(f"long-{writer.seq}", steps=499)  # 1,000 records a batch
+
+    queue = f"test-shutdown-{uuid.uuid4().hex[:12]}"  # no other worker on this broker takes it
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "SAGAPLANE_INTEGRATION_CHUNK_LEAVES": str(CHUNK),
+        "CELERY_TASK_ALWAYS_EAGER": "false",
+    }
+    integrate_tenant.apply_async((tenant_a.pk,), queue=queue)
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "controlplane",
+                "worker",
+                "--pool=prefork",  # the task runs in a pool process, as in production
+                "--concurrency=1",
+                "-Q",
+                queue,
+                "-n",
+                f"{queue}@%h",
+                "--loglevel=INFO",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _deadline_poll(worker, lambda: _tree(tenant_a)[1] > 0, "integration under way", log)
+        started_at = _tree(tenant_a)[1]
+
+        worker.send_signal(signal.SIGTERM)  # to the main process only, as an orchestrator does
+        asked = time.monotonic()
+        try:
+            code = worker.wait(timeout=SHUTDOWN_BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"warm shutdown took over {SHUTDOWN_BOUND_S}s:\n{log.read_text()[-3000:]}")
+        took = time.monotonic() - asked
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
+        _purge(queue)
+
+    assert code == 0, log.read_text()[-3000:]
+    log_size, stopped_at, signed = _tree(tenant_a)
+    # It stopped between chunks, well short of the end, with what it did committed and signed.
+    assert started_at <= stopped_at < log_size, (started_at, stopped_at, log_size, took)
+    assert signed == stopped_at
+    assert "stopped at" in log.read_text()
+
+    # Resumable: the rest was requested again, and the next run extends the signed tree
+    # (consistency with the last checkpoint is proven before it signs) to every leaf.
+    try:
+        resumed = [m for m in _queued() if m["headers"]["task"] == "transparency.integrate_tenant"]
+        assert len(resumed) == 1
+        _run_like_a_worker(resumed[0])
+    finally:
+        _purge()
+    log_size, tree_size, signed = _tree(tenant_a)
+    assert signed == tree_size == log_size
