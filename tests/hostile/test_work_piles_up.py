@@ -54,6 +54,14 @@ def _run_like_a_worker(message: dict[str, Any]) -> Any:
     return integrate_tenant(*args, **kwargs)
 
 
+def _catch_up() -> None:
+    """Creating the tenant wrote server records, which requested an integration: run it as a
+    worker would, so the test starts with nothing queued or requested."""
+    for message in _queued():
+        _run_like_a_worker(message)
+    _purge()
+
+
 def _tree(tenant: Tenant) -> tuple[int, int, int]:
     """(leaves in the log, leaves in the tree, leaves under the latest signed checkpoint)."""
     with tenant_context(tenant):
@@ -69,7 +77,7 @@ def _tree(tenant: Tenant) -> tuple[int, int, int]:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_200_batches_queue_one_integration_and_everything_integrates(tenant_a: Tenant) -> None:
-    _purge()
+    _catch_up()
     try:
         writer = Writer(tenant_a, "agent-burst")
         for n in range(200):
@@ -121,6 +129,7 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
 ) -> None:
     from django.db import connection
 
+    _catch_up()
     monkeypatch.setattr(hooks, "records_appended", lambda tenant: None)  # this test queues its own
     writer = Writer(tenant_a, "agent-long")
     while _tree(tenant_a)[0] < LEAVES:
@@ -134,6 +143,7 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
         "SAGAPLANE_INTEGRATION_CHUNK_LEAVES": str(CHUNK),
         "CELERY_TASK_ALWAYS_EAGER": "false",
     }
+    before = _tree(tenant_a)[1]  # the tenant's creation records, integrated by _catch_up
     integrate_tenant.apply_async((tenant_a.pk,), queue=queue)
     log = tmp_path / "worker.log"
     with log.open("w") as out:
@@ -161,7 +171,7 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
             start_new_session=True,
         )
     try:
-        _deadline_poll(worker, lambda: _tree(tenant_a)[1] > 0, "integration under way", log)
+        _deadline_poll(worker, lambda: _tree(tenant_a)[1] > before, "integration under way", log)
         started_at = _tree(tenant_a)[1]
 
         worker.send_signal(signal.SIGTERM)  # to the main process only, as an orchestrator does
