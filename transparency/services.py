@@ -22,6 +22,7 @@ from django.utils import timezone
 from sagaplane import merkle, note
 
 from audit.services import append_server_record
+from controlplane.postcommit import after_commit
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import keys
@@ -399,7 +400,9 @@ def request_export(
             },
             actor=actor,
         )
-        transaction.on_commit(lambda: _enqueue_export(export))
+        # Best effort: with the broker down the request still answers 202 (its commit stands) and
+        # the stale sweep sends the message later.
+        after_commit(f"queue export {export.pk}", lambda: _enqueue_export(export))
         return export
 
 
@@ -639,7 +642,7 @@ def requeue_or_fail_export(tenant: Tenant, export_id: Any, now: datetime | None 
         # attempt number); a queued one lost its message. Either way: queue it again. The attempt
         # is counted when a worker claims it, so a lost message costs no attempt.
         Export.objects.filter(pk=export.pk).update(status=ExportStatus.QUEUED, heartbeat_at=now)
-        transaction.on_commit(lambda: _enqueue_export(export))
+        after_commit(f"re-queue export {export.pk}", lambda: _enqueue_export(export))
         return "requeued"
 
 

@@ -8,6 +8,7 @@ import io
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ from sagaplane.export import verify_export
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
+from tests.conftest import Person
 from tests.transparency.conftest import Writer, settle
 from transparency import services
 from transparency.models import Export, ExportStatus
@@ -362,3 +364,40 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
         os.close(rescuer_fd)
     assert (row.status, row.attempts, row.error) == (ExportStatus.DONE, 2, "")
     _verify(logged, row, tmp_path)
+
+
+# ---------------------------------------------------------------- the broker is down at request
+
+
+@pytest.fixture
+def unreachable_broker() -> Any:
+    """Celery publishes to a Redis address nothing listens on (connection refused), as when the
+    broker is down; the previous broker and its cached connection pools are restored after."""
+    from controlplane.celery import app
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing answers on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    saved = (app.conf.broker_url, app.conf.task_always_eager, app._pool, app.amqp._producer_pool)
+    app.conf.broker_url = f"redis://127.0.0.1:{port}/0"
+    app.conf.task_always_eager = False
+    app._pool = app.amqp._producer_pool = None
+    yield
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app.conf.broker_url, app.conf.task_always_eager, app._pool, app.amqp._producer_pool = saved
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_export_request_answers_202_when_the_broker_is_down(
+    alice: Person, unreachable_broker: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = alice.session_client()
+    with caplog.at_level("WARNING", logger="controlplane.postcommit"):
+        response = client.post("/api/v1/audit/exports", {}, format="json")
+    assert response.status_code == 202, response.content
+    # The request committed: the row waits for the stale sweep to send its message again.
+    row = _row(alice.tenant, response.json()["id"])
+    assert (row.status, row.attempts) == (ExportStatus.QUEUED, 0)
+    assert f"queue export {row.pk} failed" in caplog.text  # the publish really was refused
+    assert services.sweep_stale_exports(_later())["requeued"] == [str(row.pk)]
