@@ -68,6 +68,13 @@ else:
 DATABASE_URL = config.url("DATABASE_URL", ("postgres", "postgresql", "sqlite"), needs_path=True)
 REDIS_URL = config.redis_url("REDIS_URL")
 EMBEDDED = not DATABASE_URL and not REDIS_URL
+# Where the gate's budget and rate counters live: Redis (one Lua script, the fast path) when there
+# is one, else the database alone. The ledger of authorisations is always in the database.
+SAGAPLANE_GATE_STORE = config.choice(
+    "SAGAPLANE_GATE_STORE", ["redis", "database"], default="redis" if REDIS_URL else "database"
+)
+if SAGAPLANE_GATE_STORE == "redis" and not REDIS_URL:
+    config.refuse("SAGAPLANE_GATE_STORE", "'database' when REDIS_URL is not set", SAGAPLANE_GATE_STORE)
 
 ALLOWED_HOSTS = config.hosts("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = config.origins("CSRF_TRUSTED_ORIGINS", [])

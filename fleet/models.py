@@ -1,0 +1,175 @@
+"""Fleet controls: the policies the pre-flight gate enforces, and its durable ledger.
+
+Invariants (kept by `fleet.services`, the only writer):
+- a `GateDecision` with decision "allow" is permanent: its debits are spent whatever the step
+  later does (the effect happened in the world), and the fast store (Redis) can always be rebuilt
+  from these rows;
+- one decision per (tenant, idempotency key): a retried gate call gets the first answer back and
+  debits nothing more;
+- `LimitCounter` and `RateState` are the database store's counters (embedded mode, or
+  SAGAPLANE_GATE_STORE=database); with Redis they stay empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+from tenants.scoping import TenantScopedModel
+
+
+class OnCap(models.TextChoices):
+    DENY = "deny", "Deny the call"
+    ESCALATE = "escalate", "Escalate to an approval"
+
+
+class BudgetLimit(TenantScopedModel):
+    """At most `max_total` of the numeric argument `argument` over any `window_s` seconds, for calls
+    to tools matching `tool` (a glob), counted separately for each value of `per`."""
+
+    name = models.CharField(max_length=100)
+    tool = models.CharField(max_length=200, default="*")
+    argument = models.CharField(max_length=100, default="amount")
+    max_total = models.DecimalField(max_digits=20, decimal_places=4)
+    window_s = models.PositiveIntegerField()
+    # [] (the whole fleet), or any of "agent", "api_key", "tool", "arg:<name>", in this order.
+    per = models.JSONField(default=list)
+    on_cap = models.CharField(max_length=10, choices=OnCap.choices, default=OnCap.DENY)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="budget_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RateLimit(TenantScopedModel):
+    """At most `max_calls` calls over `window_s` seconds (GCRA: smooth, O(1) per check), for tools
+    matching `tool`, counted separately for each value of `per`."""
+
+    name = models.CharField(max_length=100)
+    tool = models.CharField(max_length=200, default="*")
+    max_calls = models.PositiveIntegerField()
+    window_s = models.PositiveIntegerField()
+    per = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="rate_limit_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class HaltMode(models.TextChoices):
+    HALT = "halt", "Halt: refuse every matching call"
+    DRAIN = "drain", "Drain: refuse new sagas, let running ones finish"
+
+
+class Halt(TenantScopedModel):
+    """A kill switch in force from `created_at` until lifted or `expires_at`."""
+
+    scope = models.CharField(max_length=200)  # "*", "tool:<glob>", "tag:<t>", "agent:<name>"
+    mode = models.CharField(max_length=8, choices=HaltMode.choices, default=HaltMode.HALT)
+    reason = models.CharField(max_length=500)
+    actor = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "lifted_at"], name="fleet_halt_in_force")]
+
+
+class Quarantine(TenantScopedModel):
+    """One saga set aside: the gate refuses its steps and recovery skips it, until released."""
+
+    saga_id = models.CharField(max_length=128)
+    reason = models.CharField(max_length=500)
+    actor = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "saga_id"], name="fleet_quarantine_saga")]
+
+
+class Decision(models.TextChoices):
+    ALLOW = "allow", "Allowed"
+    DENY = "deny", "Denied"
+    PENDING_APPROVAL = "pending_approval", "Pending approval"
+
+
+class GateDecision(TenantScopedModel):
+    """One answer of the gate. Allowed decisions are the budget ledger (never deleted); denials are
+    kept for the dashboard's recent denials."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    idempotency_key = models.CharField(max_length=200)
+    saga_id = models.CharField(max_length=128)
+    step_id = models.CharField(max_length=128)
+    tool = models.CharField(max_length=200)
+    agent = models.CharField(max_length=100, blank=True, default="")
+    api_key_prefix = models.CharField(max_length=12, blank=True, default="")
+    args_digest = models.CharField(max_length=64)
+    decision = models.CharField(max_length=20, choices=Decision.choices)
+    reason = models.CharField(max_length=40, blank=True, default="")
+    detail = models.JSONField(default=dict)
+    # [{"key": <counter key>, "limit": <name>, "kind": "budget" | "rate", "amount": <str>}]
+    debits = models.JSONField(default=list)
+    decided_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Only allows are idempotent: a refusal debits nothing, so a retry is simply asked again
+            # (a halt lifted or a window passed since may allow it now).
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=models.Q(decision="allow"),
+                name="one_allow_per_idempotency_key",
+            )
+        ]
+        indexes = [models.Index(fields=["tenant", "decision", "decided_at"], name="fleet_decision_recent")]
+
+    def answer(self) -> dict[str, Any]:
+        """The gate's JSON answer for this decision (the same for every retry)."""
+        if self.decision == Decision.ALLOW:
+            return {"decision": "allow", "authorization_id": str(self.id)}
+        return {"decision": Decision(self.decision).value, "reason": self.reason, **self.detail}
+
+
+class LimitCounter(TenantScopedModel):
+    """Database store: the amount debited to one counter key in one time bucket."""
+
+    key = models.CharField(max_length=200)
+    bucket = models.BigIntegerField()
+    amount = models.BigIntegerField(default=0)  # in 1/10,000 units (fleet.gate.SCALE)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key", "bucket"], name="one_counter_per_bucket")
+        ]
+
+
+class RateState(TenantScopedModel):
+    """Database store: a rate limit key's GCRA theoretical arrival time (ms since the epoch)."""
+
+    key = models.CharField(max_length=200)
+    tat_ms = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="one_rate_state_per_key")]
+
+
+class FleetLock(TenantScopedModel):
+    """One row per tenant, locked by the database store so that check-and-debit is atomic."""
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_fleet_lock_per_tenant")]

@@ -1,0 +1,526 @@
+"""Every state change of the fleet context, and the gate itself.
+
+Policy changes (budgets, rate limits, halts, quarantines) take a keyword-only `actor` and append
+their record (old and new values) to the tenant's server stream in the same transaction.
+
+The gate (`evaluate`) answers in this order, and the first refusal wins: kill switch → quarantine
+→ budgets and rate limits (one atomic check-and-debit across every matching limit, all or nothing)
+→ approval policy (allow until approvals exist). Anything that cannot be read is a refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from audit.services import append_server_record
+from fleet import gate
+from fleet.gate import GateRequest, InvalidArgument, LimitSpec
+from fleet.models import BudgetLimit, Decision, GateDecision, Halt, HaltMode, OnCap, Quarantine, RateLimit
+from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, Outcome, RedisStore, StoreUnavailable
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+log = logging.getLogger(__name__)
+
+NAME_MAX = 100
+MAX_WINDOW_S = 366 * 24 * 3600
+MAX_TTL_S = 366 * 24 * 3600
+
+
+class FleetError(ValueError):
+    """A refused policy change, with a machine-readable code and the field at fault."""
+
+    def __init__(self, code: str, field: str, detail: str, status: int = 400) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.field = field
+        self.status = status
+
+
+# ----------------------------------------------------------------------------------------- the store
+
+_store: LimitStore | None = None
+
+
+def get_store() -> LimitStore:
+    """Redis when configured (SAGAPLANE_GATE_STORE=redis, the default with REDIS_URL), else the
+    database. One per process; `set_store` swaps it (tests, benchmarks)."""
+    global _store
+    if _store is None:
+        _store = _configured_store()
+    return _store
+
+
+def set_store(store: LimitStore | None) -> None:
+    global _store
+    _store = store
+
+
+def _configured_store() -> LimitStore:
+    if settings.SAGAPLANE_GATE_STORE == "redis":
+        import redis
+
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0, health_check_interval=30
+        )
+        return RedisStore(client, ledger_since)
+    return DatabaseStore()
+
+
+def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
+    """The tenant's allowed decisions since `since_ms` (what a Redis rebuild replays)."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    since = datetime.fromtimestamp(since_ms / 1000, tz=timezone.get_current_timezone())
+    with tenant_context(tenant):
+        rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+            "id", "idempotency_key", "decided_at", "debits"
+        )
+        return [
+            LedgerEntry(str(pk), key, int(decided_at.timestamp() * 1000), debits)
+            for pk, key, decided_at, debits in rows.iterator()
+        ]
+
+
+# ------------------------------------------------------------------------------------------ the gate
+
+
+def _limit_specs() -> list[LimitSpec]:
+    budgets = [
+        LimitSpec(
+            id=b.pk,
+            kind="budget",
+            name=b.name,
+            tool=b.tool,
+            per=tuple(b.per),
+            window_s=b.window_s,
+            cap_units=gate.to_units(b.max_total),
+            argument=b.argument,
+        )
+        for b in BudgetLimit.objects.order_by("pk")
+    ]
+    rates = [
+        LimitSpec(
+            id=r.pk,
+            kind="rate",
+            name=r.name,
+            tool=r.tool,
+            per=tuple(r.per),
+            window_s=r.window_s,
+            cap_units=r.max_calls,
+        )
+        for r in RateLimit.objects.order_by("pk")
+    ]
+    return budgets + rates
+
+
+def halts_in_force(now: datetime | None = None) -> list[Halt]:
+    now = now or timezone.now()
+    return list(
+        Halt.objects.filter(lifted_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .order_by("created_at", "pk")
+    )
+
+
+def is_quarantined(saga_id: str) -> bool:
+    return Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).exists()
+
+
+def _saga_known_before(saga_id: str, moment: datetime) -> bool:
+    """Was this saga already running when a drain began? (it asked the gate before then)"""
+    return GateDecision.objects.filter(
+        saga_id=saga_id, decision=Decision.ALLOW, decided_at__lt=moment
+    ).exists()
+
+
+def _deny(request: GateRequest, reason: str, *, actor_prefix: str, **detail: Any) -> dict[str, Any]:
+    row = GateDecision.objects.create(
+        idempotency_key=request.idempotency_key,
+        saga_id=request.saga_id,
+        step_id=request.step_id,
+        tool=request.tool,
+        agent=request.agent,
+        api_key_prefix=actor_prefix,
+        args_digest=request.args_digest,
+        decision=Decision.DENY,
+        reason=reason,
+        detail=detail,
+    )
+    return row.answer()
+
+
+def evaluate(
+    tenant: Tenant, request: GateRequest, *, actor: str, store: LimitStore | None = None
+) -> dict[str, Any]:
+    """The gate's answer for one call (see the module docstring for the order)."""
+    store = store or get_store()
+    key_prefix = request.api_key_prefix
+    with tenant_context(tenant):
+        earlier = GateDecision.objects.filter(
+            idempotency_key=request.idempotency_key, decision=Decision.ALLOW
+        ).first()
+        if earlier is not None:
+            return earlier.answer()
+        for halt in halts_in_force():
+            if not gate.halt_matches(halt.scope, request):
+                continue
+            if halt.mode == HaltMode.HALT:
+                return _deny(
+                    request,
+                    "halted",
+                    actor_prefix=key_prefix,
+                    scope=halt.scope,
+                    halt_reason=halt.reason,
+                    retry_after=None,
+                )
+            if not _saga_known_before(request.saga_id, halt.created_at):
+                return _deny(
+                    request,
+                    "draining",
+                    actor_prefix=key_prefix,
+                    scope=halt.scope,
+                    halt_reason=halt.reason,
+                    retry_after=None,
+                )
+        if is_quarantined(request.saga_id):
+            return _deny(request, "quarantined", actor_prefix=key_prefix, retry_after=None)
+        try:
+            debits = gate.debits_for(_limit_specs(), request, tenant_tag=f"t{tenant.pk}")
+        except InvalidArgument as exc:
+            return _deny(
+                request,
+                "invalid_argument",
+                actor_prefix=key_prefix,
+                limit=exc.limit,
+                argument=exc.argument,
+                message=exc.detail,
+                retry_after=None,
+            )
+        decision_id = uuid.uuid4()
+        try:
+            outcome = store.check_and_debit(
+                tenant.pk, debits, idempotency_key=request.idempotency_key, decision_id=str(decision_id)
+            )
+        except StoreUnavailable as exc:
+            log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)
+            return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
+        if not outcome.allowed:
+            return _refusal(request, outcome, actor_prefix=key_prefix)
+        if outcome.duplicate_of is not None:
+            decision_id = uuid.UUID(outcome.duplicate_of)
+            existing = GateDecision.objects.filter(pk=decision_id).first()
+            if existing is not None:
+                return existing.answer()
+            # The store debited under this id but its ledger row never committed: record it now
+            # (the debit is already counted, so this allows nothing the counters did not).
+        late = (time.monotonic() - outcome.debited_at) * 1000 > getattr(store, "commit_deadline_ms", math.inf)
+        if outcome.debited_at and late:
+            # Too late to be sure a rebuild fenced us in: refuse (the Redis debit stays, erring
+            # toward refusal).
+            return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
+        row = GateDecision.objects.create(
+            id=decision_id,
+            idempotency_key=request.idempotency_key,
+            saga_id=request.saga_id,
+            step_id=request.step_id,
+            tool=request.tool,
+            agent=request.agent,
+            api_key_prefix=key_prefix,
+            args_digest=request.args_digest,
+            decision=Decision.ALLOW,
+            debits=[d.as_ledger() for d in debits],
+        )
+        return row.answer()
+
+
+def _refusal(request: GateRequest, outcome: Outcome, *, actor_prefix: str) -> dict[str, Any]:
+    failed = outcome.failed
+    assert failed is not None
+    retry = None if outcome.retry_after_ms is None else max(1, math.ceil(outcome.retry_after_ms / 1000))
+    if failed.kind == "rate":
+        return _deny(
+            request,
+            "rate_limited",
+            actor_prefix=actor_prefix,
+            limit=failed.limit,
+            scope=failed.scope,
+            remaining=0,
+            retry_after=retry,
+        )
+    return _deny(
+        request,
+        "budget_exceeded",
+        actor_prefix=actor_prefix,
+        limit=failed.limit,
+        scope=failed.scope,
+        remaining=gate.from_units(max(0, failed.cap - outcome.used)),
+        requested=gate.from_units(failed.amount),
+        retry_after=retry,
+    )
+
+
+def governed_tools() -> list[str]:
+    """The tool globs some limit applies to (halts and quarantines apply to every call)."""
+    globs = set(BudgetLimit.objects.values_list("tool", flat=True))
+    globs |= set(RateLimit.objects.values_list("tool", flat=True))
+    return sorted(globs)
+
+
+def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Spend per scope of one budget over its window, read from the ledger (the durable truth)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=limit.window_s)
+    totals: dict[str, int] = {}
+    rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+        "debits", flat=True
+    )
+    for debits in rows.iterator():
+        for debit in debits:
+            if debit.get("kind") == "budget" and debit.get("limit") == limit.name:
+                totals[debit["scope"]] = totals.get(debit["scope"], 0) + int(debit["amount"])
+    cap = gate.to_units(limit.max_total)
+    return [
+        {
+            "scope": scope,
+            "used": gate.from_units(used),
+            "cap": gate.from_units(cap),
+            "ratio": used / cap if cap else 1,
+        }
+        for scope, used in sorted(totals.items())
+    ]
+
+
+# -------------------------------------------------------------------------------------- the policies
+
+
+def _check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX or "\x00" in name:
+        raise FleetError("invalid_name", "name", f"name must be 1 to {NAME_MAX} characters")
+    if not isinstance(tool, str) or not tool or len(tool) > 200 or "\x00" in tool:
+        raise FleetError("invalid_tool", "tool", "tool must be a glob of 1 to 200 characters")
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or not 1 <= window_s <= MAX_WINDOW_S:
+        raise FleetError(
+            "invalid_window", "window_s", f"window_s must be a whole number from 1 to {MAX_WINDOW_S}"
+        )
+    if not isinstance(per, list) or len(per) > 4 or not gate.valid_per(per) or len(set(per)) != len(per):
+        raise FleetError(
+            "invalid_per", "per", 'per must be a list of distinct "agent", "api_key", "tool" or "arg:<name>"'
+        )
+
+
+def _budget_values(limit: BudgetLimit) -> dict[str, Any]:
+    return {
+        "name": limit.name,
+        "tool": limit.tool,
+        "argument": limit.argument,
+        "max_total": str(limit.max_total.normalize()),
+        "window_s": limit.window_s,
+        "per": list(limit.per),
+        "on_cap": limit.on_cap,
+    }
+
+
+def _rate_values(limit: RateLimit) -> dict[str, Any]:
+    return {
+        "name": limit.name,
+        "tool": limit.tool,
+        "max_calls": limit.max_calls,
+        "window_s": limit.window_s,
+        "per": list(limit.per),
+    }
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    keys = [k for k in new if old.get(k) != new.get(k)]
+    return {k: old.get(k) for k in keys}, {k: new[k] for k in keys}
+
+
+def create_budget(
+    tenant: Tenant,
+    *,
+    actor: str,
+    name: Any,
+    max_total: Any,
+    window_s: Any,
+    tool: Any = "*",
+    argument: Any = "amount",
+    per: Any = None,
+    on_cap: Any = OnCap.DENY,
+) -> BudgetLimit:
+    per = [] if per is None else per
+    _check_common(name, tool, window_s, per)
+    if not isinstance(argument, str) or not argument or len(argument) > 100:
+        raise FleetError("invalid_argument_name", "argument", "argument must name the numeric argument")
+    try:
+        cap_units = gate.to_units(max_total if not isinstance(max_total, str) else Decimal(max_total))
+    except (ValueError, ArithmeticError):
+        raise FleetError("invalid_max_total", "max_total", "max_total must be a positive number") from None
+    if cap_units <= 0:
+        raise FleetError("invalid_max_total", "max_total", "max_total must be a positive number")
+    if on_cap not in OnCap.values:
+        raise FleetError("invalid_on_cap", "on_cap", f"on_cap must be one of {', '.join(OnCap.values)}")
+    with tenant_context(tenant), transaction.atomic():
+        if BudgetLimit.objects.filter(name=name).exists():
+            raise FleetError("name_taken", "name", f"a budget named '{name}' exists", status=409)
+        limit = BudgetLimit.objects.create(
+            name=name,
+            tool=tool,
+            argument=argument,
+            max_total=Decimal(cap_units) / gate.SCALE,
+            window_s=window_s,
+            per=per,
+            on_cap=on_cap,
+        )
+        append_server_record(
+            tenant,
+            "FLEET_BUDGET_CREATED",
+            {"budget": limit.pk, "old": None, "new": _budget_values(limit)},
+            actor=actor,
+        )
+    return limit
+
+
+def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
+    with tenant_context(tenant):
+        limit = BudgetLimit.objects.select_for_update().filter(pk=budget_id).first()
+        if limit is None:
+            raise FleetError("not_found", "id", "no such budget", status=404)
+        old = _budget_values(limit)
+        limit.delete()
+        append_server_record(
+            tenant, "FLEET_BUDGET_DELETED", {"budget": budget_id, "old": old, "new": None}, actor=actor
+        )
+
+
+def create_rate_limit(
+    tenant: Tenant, *, actor: str, name: Any, max_calls: Any, window_s: Any, tool: Any = "*", per: Any = None
+) -> RateLimit:
+    per = [] if per is None else per
+    _check_common(name, tool, window_s, per)
+    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or not 1 <= max_calls <= 10**9:
+        raise FleetError("invalid_max_calls", "max_calls", "max_calls must be a whole number from 1 to 10^9")
+    with tenant_context(tenant):
+        if RateLimit.objects.filter(name=name).exists():
+            raise FleetError("name_taken", "name", f"a rate limit named '{name}' exists", status=409)
+        limit = RateLimit.objects.create(
+            name=name, tool=tool, max_calls=max_calls, window_s=window_s, per=per
+        )
+        append_server_record(
+            tenant,
+            "FLEET_RATE_LIMIT_CREATED",
+            {"rate_limit": limit.pk, "old": None, "new": _rate_values(limit)},
+            actor=actor,
+        )
+    return limit
+
+
+def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None:
+    with tenant_context(tenant):
+        limit = RateLimit.objects.select_for_update().filter(pk=rate_limit_id).first()
+        if limit is None:
+            raise FleetError("not_found", "id", "no such rate limit", status=404)
+        old = _rate_values(limit)
+        limit.delete()
+        append_server_record(
+            tenant,
+            "FLEET_RATE_LIMIT_DELETED",
+            {"rate_limit": rate_limit_id, "old": old, "new": None},
+            actor=actor,
+        )
+
+
+def _halt_values(halt: Halt) -> dict[str, Any]:
+    return {
+        "scope": halt.scope,
+        "mode": halt.mode,
+        "reason": halt.reason,
+        "expires_at": halt.expires_at.isoformat() if halt.expires_at else None,
+    }
+
+
+def halt(
+    tenant: Tenant, *, actor: str, scope: Any, reason: Any, mode: Any = HaltMode.HALT, ttl_s: Any = None
+) -> Halt:
+    """Put a kill switch in force (reason and actor required; optional TTL)."""
+    if not isinstance(scope, str) or not gate.valid_halt_scope(scope) or "\x00" in scope:
+        raise FleetError(
+            "invalid_scope", "scope", 'scope must be "*", "tool:<glob>", "tag:<t>" or "agent:<name>"'
+        )
+    if mode not in HaltMode.values:
+        raise FleetError("invalid_mode", "mode", f"mode must be one of {', '.join(HaltMode.values)}")
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500 or "\x00" in reason:
+        raise FleetError("invalid_reason", "reason", "a reason of 1 to 500 characters is required")
+    if ttl_s is not None and (
+        isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 1 <= ttl_s <= MAX_TTL_S
+    ):
+        raise FleetError("invalid_ttl", "ttl_s", f"ttl_s must be a whole number from 1 to {MAX_TTL_S}")
+    now = timezone.now()
+    with tenant_context(tenant):
+        row = Halt.objects.create(
+            scope=scope,
+            mode=mode,
+            reason=reason,
+            actor=actor,
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
+        )
+        append_server_record(
+            tenant, "KILLSWITCH_ENGAGED", {"halt": row.pk, "old": None, "new": _halt_values(row)}, actor=actor
+        )
+    return row
+
+
+def resume(tenant: Tenant, halt_id: int, *, actor: str) -> Halt | None:
+    """Lift a halt; None when it was already lifted or had expired (a no-op records nothing)."""
+    with tenant_context(tenant):
+        row = Halt.objects.select_for_update().filter(pk=halt_id).first()
+        if row is None:
+            raise FleetError("not_found", "id", "no such halt", status=404)
+        now = timezone.now()
+        if row.lifted_at is not None or (row.expires_at is not None and row.expires_at <= now):
+            return None
+        row.lifted_at, row.lifted_by = now, actor
+        row.save(update_fields=["lifted_at", "lifted_by"])
+        append_server_record(
+            tenant,
+            "KILLSWITCH_RELEASED",
+            {"halt": row.pk, "old": {"in_force": True}, "new": {"in_force": False}, "scope": row.scope},
+            actor=actor,
+        )
+    return row
+
+
+def recent_denials(limit: int = 50) -> Sequence[GateDecision]:
+    return list(GateDecision.objects.filter(decision=Decision.DENY).order_by("-decided_at")[:limit])
+
+
+def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> Quarantine:
+    """Set one saga aside (the gate refuses its steps; recovery will skip it)."""
+    if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128 or "\x00" in saga_id:
+        raise FleetError("invalid_saga_id", "saga_id", "saga_id must be 1 to 128 characters")
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500 or "\x00" in reason:
+        raise FleetError("invalid_reason", "reason", "a reason of 1 to 500 characters is required")
+    with tenant_context(tenant):
+        existing = Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
+        if existing is not None:
+            return existing
+        row = Quarantine.objects.create(saga_id=saga_id, reason=reason, actor=actor)
+        append_server_record(
+            tenant,
+            "SAGA_QUARANTINED",
+            {"saga_id": saga_id, "old": None, "new": {"quarantined": True, "reason": reason}},
+            actor=actor,
+        )
+    return row

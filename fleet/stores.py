@@ -1,0 +1,382 @@
+"""Where the gate's counters live: one atomic check-and-debit across every matching limit.
+
+- `RedisStore`: one Lua script checks every counter and debits all of them or none, on the
+  server's clock (`TIME`). Every key of a tenant carries the hash tag `{t<id>}`, so the script runs
+  unchanged on Redis Cluster (all keys in one slot). Redis is a cache of the ledger: when its
+  `ready` marker is missing (flushed, restarted empty, never used) the state is rebuilt from the
+  allowed `GateDecision` rows before anything is allowed.
+- `DatabaseStore`: the same rules on the database, serialised per tenant by locking the tenant's
+  `FleetLock` row (SQLite runs `BEGIN IMMEDIATE`, so there the whole database serialises).
+
+Both return an `Outcome`; a store that cannot be read raises `StoreUnavailable`, which the gate
+turns into a refusal (`limit_store_unavailable`), never an allow.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.db import transaction
+from django.db.models import F
+
+from fleet.gate import BUCKETS, Debit
+from fleet.models import FleetLock, LimitCounter, RateState
+
+
+class StoreUnavailable(Exception):
+    """The limit store could not be read or written: the gate must refuse."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    allowed: bool
+    duplicate_of: str | None = None  # a decision id recorded under this idempotency key
+    failed: Debit | None = None  # the first limit that refused
+    used: int = 0  # what the refusing counter already held (units or calls)
+    retry_after_ms: int | None = None  # None: waiting will not help (the call exceeds the cap)
+    now_ms: int = 0
+    # time.monotonic() just before the debit was sent: how long its ledger row has taken since
+    debited_at: float = 0.0
+
+
+class LimitStore(Protocol):
+    def check_and_debit(
+        self, tenant_id: int, debits: Sequence[Debit], *, idempotency_key: str, decision_id: str
+    ) -> Outcome: ...
+
+
+# --------------------------------------------------------------------------------------------- Redis
+
+_CHECK_AND_DEBIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prior = redis.call('GET', KEYS[1])
+if prior then return {'dup', prior} end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'cold'} end
+local buckets = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local plan = {}
+for i = 1, n do
+  local base = 4 + (i - 1) * 4
+  local kind, amount = ARGV[base + 1], tonumber(ARGV[base + 2])
+  local cap, window = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  local key = KEYS[2 + i]
+  if kind == 'b' then
+    local width = math.max(1, math.ceil(window / buckets))
+    local idx = math.floor(now / width)
+    local fields = {}
+    for j = idx - buckets, idx do fields[#fields + 1] = tostring(j) end
+    local vals = redis.call('HMGET', key, unpack(fields))
+    local used = 0
+    for _, v in ipairs(vals) do if v then used = used + tonumber(v) end end
+    if used + amount > cap then
+      local retry = -1
+      if amount <= cap then
+        local freed = 0
+        for j = 1, #vals do
+          if vals[j] then freed = freed + tonumber(vals[j]) end
+          if used - freed + amount <= cap then
+            retry = (idx - buckets + j - 1 + buckets + 1) * width - now
+            break
+          end
+        end
+      end
+      return {'deny', i, tostring(used), tostring(retry), tostring(now)}
+    end
+    plan[i] = {key, 'b', tostring(idx), amount, window + 2 * width, idx - buckets}
+  else
+    local interval = window / cap
+    local tat = tonumber(redis.call('GET', key) or '0')
+    if tat < now then tat = now end
+    if tat - now > window - interval + 0.0001 then
+      return {'deny', i, tostring(cap), tostring(math.ceil(tat - now - (window - interval))), tostring(now)}
+    end
+    plan[i] = {key, 'r', tat + interval}
+  end
+end
+for i = 1, n do
+  local p = plan[i]
+  if p[2] == 'b' then
+    redis.call('HINCRBY', p[1], p[3], p[4])
+    redis.call('PEXPIRE', p[1], p[5])
+    if redis.call('HLEN', p[1]) > 2 * (buckets + 1) then
+      for _, f in ipairs(redis.call('HKEYS', p[1])) do
+        if tonumber(f) < p[6] then redis.call('HDEL', p[1], f) end
+      end
+    end
+  else
+    redis.call('SET', p[1], string.format('%.4f', p[3]), 'PX', math.ceil(p[3] - now) + 1000)
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {'ok', tostring(now)}
+"""
+
+# Rebuild, phase 1: claim the rebuild (or learn that the store is ready / being rebuilt).
+_BEGIN_REBUILD = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'ready'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('SET', KEYS[2], tostring(now), 'NX', 'PX', ARGV[1]) then return {'claimed', tostring(now)} end
+return {'busy'}
+"""
+
+# Rebuild, phase 2: write the counters read from the ledger and open the store, all at once.
+# ARGV: n_hashes, then per hash: field count, ttl ms, field, value, ...; then n_strings, then per
+# string: value, ttl ms. KEYS: marker, fence, hash keys..., string keys...
+_FINISH_REBUILD = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 'lost' end
+local a = 2
+local k = 3
+local nh = tonumber(ARGV[a]); a = a + 1
+for _ = 1, nh do
+  local nf, ttl = tonumber(ARGV[a]), tonumber(ARGV[a + 1]); a = a + 2
+  redis.call('DEL', KEYS[k])
+  for _ = 1, nf do redis.call('HSET', KEYS[k], ARGV[a], ARGV[a + 1]); a = a + 2 end
+  if nf > 0 then redis.call('PEXPIRE', KEYS[k], ttl) end
+  k = k + 1
+end
+local ns = tonumber(ARGV[a]); a = a + 1
+for _ = 1, ns do
+  redis.call('SET', KEYS[k], ARGV[a], 'PX', ARGV[a + 1]); a = a + 2
+  k = k + 1
+end
+redis.call('SET', KEYS[1], '1')
+redis.call('DEL', KEYS[2])
+return 'ok'
+"""
+
+# How long a rebuild waits before reading the ledger: every gate call that debited the lost
+# state has by then committed its ledger row or given up (`RedisStore.commit_deadline_ms`), so the
+# rebuild cannot miss an authorisation that is still on its way to the ledger.
+REBUILD_FENCE_MS = 2_000
+IDEMPOTENCY_TTL_MS = 7 * 24 * 3600 * 1000
+
+
+def tenant_tag(tenant_id: int) -> str:
+    return f"t{tenant_id}"
+
+
+def marker_key(tenant_id: int) -> str:
+    return f"sp:{{{tenant_tag(tenant_id)}}}:ready"
+
+
+def fence_key(tenant_id: int) -> str:
+    return f"sp:{{{tenant_tag(tenant_id)}}}:rebuilding"
+
+
+def idempotency_redis_key(tenant_id: int, idempotency_key: str) -> str:
+    return f"sp:{{{tenant_tag(tenant_id)}}}:idem:{idempotency_key}"
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """An allowed decision, as the rebuild needs it."""
+
+    decision_id: str
+    idempotency_key: str
+    decided_ms: int
+    debits: Sequence[dict[str, Any]]
+
+
+class RedisStore:
+    # A gate call that debited Redis must commit its ledger row within this long, or refuse.
+    commit_deadline_ms = REBUILD_FENCE_MS // 2
+
+    def __init__(self, client: Any, ledger: Callable[[int, int], Sequence[LedgerEntry]]) -> None:
+        """`client`: a redis-py client (or cluster client); `ledger(tenant_id, since_ms)`: the
+        tenant's allowed decisions since then, for rebuilds."""
+        self.client = client
+        self.ledger = ledger
+        self.fence_ms = REBUILD_FENCE_MS
+        self._check = client.register_script(_CHECK_AND_DEBIT)
+        self._begin = client.register_script(_BEGIN_REBUILD)
+        self._finish = client.register_script(_FINISH_REBUILD)
+
+    def check_and_debit(
+        self, tenant_id: int, debits: Sequence[Debit], *, idempotency_key: str, decision_id: str
+    ) -> Outcome:
+        keys = [idempotency_redis_key(tenant_id, idempotency_key), marker_key(tenant_id)]
+        args: list[Any] = [decision_id, IDEMPOTENCY_TTL_MS, BUCKETS, len(debits)]
+        for debit in debits:
+            keys.append(debit.key)
+            args += ["b" if debit.kind == "budget" else "r", debit.amount, debit.cap, debit.window_ms]
+        for _attempt in range(3):
+            sent_at = time.monotonic()
+            try:
+                reply = self._check(keys=keys, args=args)
+            except Exception as exc:  # any client or server error: the store cannot be read
+                raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
+            status = _text(reply[0])
+            if status == "cold":
+                self.rebuild(tenant_id)
+                continue
+            if status == "dup":
+                return Outcome(allowed=True, duplicate_of=_text(reply[1]))
+            if status == "ok":
+                return Outcome(allowed=True, now_ms=int(_text(reply[1])), debited_at=sent_at)
+            index, used, retry, now = (
+                int(reply[1]),
+                int(float(_text(reply[2]))),
+                int(_text(reply[3])),
+                reply[4],
+            )
+            return Outcome(
+                allowed=False,
+                failed=debits[index - 1],
+                used=used,
+                retry_after_ms=None if retry < 0 else retry,
+                now_ms=int(_text(now)),
+            )
+        raise StoreUnavailable("redis: the limit state is being rebuilt")
+
+    def rebuild(self, tenant_id: int) -> bool:
+        """Rebuild the tenant's counters from the ledger; False when another process is at it."""
+        fence_ms = self.fence_ms
+        try:
+            claim = self._begin(keys=[marker_key(tenant_id), fence_key(tenant_id)], args=[fence_ms * 10])
+            if _text(claim[0]) != "claimed":
+                return _text(claim[0]) == "ready"
+            token = _text(claim[1])
+            started_ms = int(token)
+            # Let every call that debited the lost state finish writing its ledger row first.
+            time.sleep(fence_ms / 1000)
+            hashes, strings = _rebuilt_state(tenant_id, self.ledger, started_ms + fence_ms)
+            keys = [marker_key(tenant_id), fence_key(tenant_id), *hashes, *strings]
+            args: list[Any] = [token, len(hashes)]
+            for fields, ttl in hashes.values():
+                args += [len(fields), ttl]
+                for field, value in fields.items():
+                    args += [field, value]
+            args.append(len(strings))
+            for value, ttl in strings.values():
+                args += [value, ttl]
+            return _text(self._finish(keys=keys, args=args)) == "ok"
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise StoreUnavailable(f"redis rebuild: {type(exc).__name__}") from exc
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _rebuilt_state(
+    tenant_id: int, ledger: Callable[[int, int], Sequence[LedgerEntry]], now_ms: int
+) -> tuple[dict[str, tuple[dict[str, int], int]], dict[str, tuple[str, int]]]:
+    """(budget hashes: key → (bucket → units, ttl), strings: key → (value, ttl)) from the ledger.
+    Rate limits come back as if every call in the window had just been made (a later TAT than
+    the lost one, never an earlier one), so a rebuild can only refuse more, never allow more."""
+    entries = ledger(tenant_id, now_ms - 2 * 24 * 3600 * 1000)
+    hashes: dict[str, tuple[dict[str, int], int]] = {}
+    rates: dict[str, tuple[int, int, int]] = {}  # key → (calls in window, cap, window)
+    strings: dict[str, tuple[str, int]] = {}
+    for entry in entries:
+        strings[idempotency_redis_key(tenant_id, entry.idempotency_key)] = (
+            entry.decision_id,
+            IDEMPOTENCY_TTL_MS,
+        )
+        for debit in entry.debits:
+            window = int(debit["window_ms"])
+            if now_ms - entry.decided_ms > window + 2 * max(1, math.ceil(window / BUCKETS)):
+                continue
+            if debit["kind"] == "budget":
+                width = max(1, math.ceil(window / BUCKETS))
+                fields, _ = hashes.setdefault(debit["key"], ({}, window + 2 * width))
+                bucket = str(entry.decided_ms // width)
+                fields[bucket] = fields.get(bucket, 0) + int(debit["amount"])
+            elif now_ms - entry.decided_ms <= window:
+                calls, cap, _ = rates.get(debit["key"], (0, int(debit["cap"]), window))
+                rates[debit["key"]] = (calls + 1, cap, window)
+    for key, (calls, cap, window) in rates.items():
+        tat = now_ms + min(calls, cap) * (window / cap)
+        strings[key] = (f"{tat:.4f}", math.ceil(tat - now_ms) + 1000)
+    return hashes, strings
+
+
+# ------------------------------------------------------------------------------------------ database
+
+
+class DatabaseStore:
+    """Check-and-debit in the caller's transaction, serialised by the tenant's FleetLock row."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+
+    def check_and_debit(
+        self, tenant_id: int, debits: Sequence[Debit], *, idempotency_key: str, decision_id: str
+    ) -> Outcome:
+        # The idempotency key is the ledger's unique constraint (checked by the caller under the
+        # same lock), so this store has no key of its own.
+        with transaction.atomic():
+            FleetLock.objects.bulk_create([FleetLock(tenant_id=tenant_id)], ignore_conflicts=True)
+            FleetLock.objects.select_for_update().get(tenant_id=tenant_id)
+            now_ms = int(self.clock() * 1000)
+            plan: list[Callable[[], None]] = []
+            for debit in debits:
+                if debit.kind == "budget":
+                    refusal, action = self._budget(tenant_id, debit, now_ms)
+                else:
+                    refusal, action = self._rate(tenant_id, debit, now_ms)
+                if refusal is not None:
+                    return refusal
+                plan.append(action)
+            for action in plan:
+                action()
+            return Outcome(allowed=True, now_ms=now_ms)
+
+    def _budget(self, tenant_id: int, debit: Debit, now_ms: int) -> tuple[Outcome | None, Callable[[], None]]:
+        width = debit.bucket_ms
+        idx = now_ms // width
+        rows = dict(
+            LimitCounter.objects.filter(key=debit.key, bucket__gte=idx - BUCKETS).values_list(
+                "bucket", "amount"
+            )
+        )
+        used = sum(rows.values())
+        if used + debit.amount > debit.cap:
+            retry: int | None = None
+            if debit.amount <= debit.cap:
+                freed = 0
+                for bucket in range(idx - BUCKETS, idx + 1):
+                    freed += rows.get(bucket, 0)
+                    if used - freed + debit.amount <= debit.cap:
+                        retry = (bucket + BUCKETS + 1) * width - now_ms
+                        break
+            return Outcome(False, failed=debit, used=used, retry_after_ms=retry, now_ms=now_ms), _nothing
+
+        def debit_it() -> None:
+            updated = LimitCounter.objects.filter(key=debit.key, bucket=idx).update(
+                amount=F("amount") + debit.amount
+            )
+            if not updated:
+                LimitCounter.objects.create(
+                    tenant_id=tenant_id, key=debit.key, bucket=idx, amount=debit.amount
+                )
+            LimitCounter.objects.filter(key=debit.key, bucket__lt=idx - BUCKETS).delete()
+
+        return None, debit_it
+
+    def _rate(self, tenant_id: int, debit: Debit, now_ms: int) -> tuple[Outcome | None, Callable[[], None]]:
+        interval = debit.window_ms / debit.cap
+        state = RateState.objects.filter(key=debit.key).first()
+        tat = max(state.tat_ms if state else 0.0, float(now_ms))
+        if tat - now_ms > debit.window_ms - interval + 0.0001:
+            retry = math.ceil(tat - now_ms - (debit.window_ms - interval))
+            return Outcome(False, failed=debit, used=debit.cap, retry_after_ms=retry, now_ms=now_ms), _nothing
+
+        def debit_it() -> None:
+            RateState.objects.update_or_create(
+                tenant_id=tenant_id, key=debit.key, defaults={"tat_ms": tat + interval}
+            )
+
+        return None, debit_it
+
+
+def _nothing() -> None:
+    return None

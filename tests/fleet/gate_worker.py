@@ -1,0 +1,84 @@
+"""A separate agent process for the gate's concurrency tests: N threads each asking the gate.
+
+    python -m tests.fleet.gate_worker run '{"tenant": "acme", "threads": 16, "calls": 1, ...}'
+    python -m tests.fleet.gate_worker setup '{"tenant": "acme", "max_total": 50000}'
+
+`run` prints "ready", waits for a line on stdin (so every process starts together, without
+sleeping), then prints one JSON list of the answers. The database and Redis come from the
+environment (DATABASE_URL / REDIS_URL / SAGAPLANE_DATA_DIR), as for any process of the project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from fleet import services
+    from fleet.gate import GateRequest
+    from tenants.models import Tenant
+
+    command, config = sys.argv[1], json.loads(sys.argv[2])
+    if command == "setup":
+        from tenants import services as tenant_services
+
+        tenant = tenant_services.create_tenant(
+            config["tenant"], "Gate test", "owner@gate.example", actor="test"
+        )
+        services.create_budget(
+            tenant, actor="test", name="fleet", tool="stripe.*", max_total=config["max_total"], window_s=86400
+        )
+        print(tenant.pk, flush=True)
+        return
+
+    tenant = Tenant.objects.get(slug=config["tenant"])
+    store = None
+    if config.get("redis_url"):
+        import redis
+
+        from fleet.stores import RedisStore
+
+        store = RedisStore(redis.Redis.from_url(config["redis_url"], socket_timeout=5), services.ledger_since)
+    answers: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(config["threads"])
+    prefix = config["prefix"]
+
+    def client(n: int) -> None:
+        barrier.wait()
+        try:
+            for call in range(config["calls"]):
+                request = GateRequest(
+                    saga_id=f"{prefix}-{n}-{call}",
+                    step_id="1",
+                    tool="stripe.charge",
+                    args={"amount": config["amount"]},
+                )
+                answer = services.evaluate(tenant, request, actor="test", store=store)
+                with lock:
+                    answers.append(answer)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(config["threads"])]
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps(answers), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The gate's answers, on both stores: all-or-nothing debits, idempotent allows, refusals that debit
+nothing, bad arguments refused, halts and quarantines, tenants apart, and Redis lost → refusal."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from fleet import services
+from fleet.gate import GateRequest
+from fleet.models import Decision, GateDecision, LimitCounter
+from fleet.stores import DatabaseStore, LimitStore, RedisStore, marker_key
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.hostile.production import OwnRedis, own_redis
+
+ACTOR = "test:gate"
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
+    with own_redis(tmp_path_factory.mktemp("gate-redis")) as server:
+        yield server
+
+
+def _redis_store(server: OwnRedis, *, fence_ms: int = 200) -> RedisStore:
+    client = redis.Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=2)
+    client.flushall()  # our own server: tenant ids may repeat between tests on SQLite
+    store = RedisStore(client, services.ledger_since)
+    store.fence_ms = fence_ms
+    store.commit_deadline_ms = fence_ms // 2
+    return store
+
+
+@pytest.fixture(params=["database", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LimitStore:
+    if request.param == "database":
+        return DatabaseStore()
+    return _redis_store(request.getfixturevalue("private_redis"))
+
+
+_calls = iter(range(10**9))
+
+
+def call(tool: str = "stripe.charge", saga: str | None = None, **args: Any) -> GateRequest:
+    n = next(_calls)
+    return GateRequest(
+        saga_id=saga or f"saga-{n}",
+        step_id=f"step-{n}",
+        tool=tool,
+        args=args,
+        agent="billing-bot",
+        api_key_prefix="",
+    )
+
+
+def ask(tenant: Tenant, store: LimitStore, request: GateRequest) -> dict[str, Any]:
+    return services.evaluate(tenant, request, actor=ACTOR, store=store)
+
+
+def allowed_total(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return sum(
+            int(d["amount"])
+            for debits in GateDecision.objects.filter(decision=Decision.ALLOW).values_list(
+                "debits", flat=True
+            )
+            for d in debits
+            if d["kind"] == "budget"
+        )
+
+
+def test_a_budget_allows_up_to_its_cap_and_refuses_past_it(tenant_a: Tenant, store: LimitStore) -> None:
+    services.create_budget(
+        tenant_a, actor=ACTOR, name="daily", tool="stripe.*", max_total=50_000, window_s=86400
+    )
+    answers = [ask(tenant_a, store, call(amount=999)) for _ in range(51)]
+    assert [a["decision"] for a in answers] == ["allow"] * 50 + ["deny"]
+    refusal = answers[-1]
+    assert refusal["reason"] == "budget_exceeded" and refusal["limit"] == "daily"
+    assert Decimal(refusal["remaining"]) == 50_000 - 50 * 999 and refusal["retry_after"] > 0
+    # What remains still serves a call that fits.
+    assert ask(tenant_a, store, call(amount=50))["decision"] == "allow"
+    assert allowed_total(tenant_a) == (50 * 999 + 50) * 10_000
+
+
+def test_a_call_refused_by_its_third_limit_debits_none(tenant_a: Tenant, store: LimitStore) -> None:
+    services.create_budget(tenant_a, actor=ACTOR, name="all", tool="*", max_total=1000, window_s=3600)
+    services.create_budget(
+        tenant_a, actor=ACTOR, name="stripe", tool="stripe.*", max_total=1000, window_s=3600
+    )
+    services.create_budget(
+        tenant_a,
+        actor=ACTOR,
+        name="per-customer",
+        tool="stripe.*",
+        max_total=100,
+        window_s=3600,
+        per=["arg:customer"],
+    )
+    refused = ask(tenant_a, store, call(amount=150, customer="c1"))
+    assert refused["decision"] == "deny" and refused["limit"] == "per-customer"
+    # Nothing was debited by the first two: 1000 still fits in "all" and "stripe" (another customer).
+    assert ask(tenant_a, store, call(amount=100, customer="c2"))["decision"] == "allow"
+    assert ask(tenant_a, store, call(tool="crm.insert", amount=900))["decision"] == "allow"
+    assert ask(tenant_a, store, call(tool="crm.insert", amount=1))["reason"] == "budget_exceeded"
+    assert allowed_total(tenant_a) == (100 * 3 + 900) * 10_000  # "all", "stripe", "per-customer" + "all"
+
+
+def test_a_retried_call_gets_the_same_authorisation_and_debits_once(
+    tenant_a: Tenant, store: LimitStore
+) -> None:
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    request = call(amount=60)
+    first, second = ask(tenant_a, store, request), ask(tenant_a, store, request)
+    assert first["decision"] == "allow" and first == second
+    assert ask(tenant_a, store, call(amount=40))["decision"] == "allow"  # 60 + 40: debited once
+    with tenant_context(tenant_a):
+        assert GateDecision.objects.filter(decision=Decision.ALLOW).count() == 2
+
+
+@pytest.mark.parametrize(
+    "bad", [-1, float("nan"), float("inf"), float("-inf"), True, "100", None, 10**30, [5], {"v": 5}]
+)
+def test_an_argument_that_cannot_be_counted_is_refused_and_debits_nothing(
+    tenant_a: Tenant, store: LimitStore, bad: Any
+) -> None:
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    answer = ask(tenant_a, store, call(amount=bad))
+    assert (
+        answer["decision"] == "deny"
+        and answer["reason"] == "invalid_argument"
+        and answer["argument"] == "amount"
+    )
+    missing = ask(tenant_a, store, call(other=5))
+    assert missing["decision"] == "deny" and missing["reason"] == "invalid_argument"
+    assert allowed_total(tenant_a) == 0
+    assert ask(tenant_a, store, call(amount=100))["decision"] == "allow"  # the whole cap is still there
+
+
+def test_an_ungoverned_tool_passes_and_debits_nothing(tenant_a: Tenant, store: LimitStore) -> None:
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="stripe.*", max_total=1, window_s=3600)
+    assert ask(tenant_a, store, call(tool="crm.insert", amount=10**6))["decision"] == "allow"
+    assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"  # no amount needed
+    assert allowed_total(tenant_a) == 0
+
+
+def test_a_rate_limit_allows_its_calls_then_refuses_with_a_retry_after(
+    tenant_a: Tenant, store: LimitStore
+) -> None:
+    services.create_rate_limit(
+        tenant_a, actor=ACTOR, name="5/min", tool="email.*", max_calls=5, window_s=60, per=["agent"]
+    )
+    answers = [ask(tenant_a, store, call(tool="email.send")) for _ in range(6)]
+    assert [a["decision"] for a in answers] == ["allow"] * 5 + ["deny"]
+    assert answers[-1]["reason"] == "rate_limited" and 1 <= answers[-1]["retry_after"] <= 12
+    assert ask(tenant_a, store, call(tool="stripe.charge", amount=1))["decision"] == "allow"
+
+
+def test_halts_stop_matching_calls_until_resumed(tenant_a: Tenant, store: LimitStore) -> None:
+    halt = services.halt(tenant_a, actor=ACTOR, scope="tool:stripe.*", reason="incident 42")
+    refused = ask(tenant_a, store, call(tool="stripe.charge", amount=1))
+    assert (
+        refused["decision"] == "deny"
+        and refused["reason"] == "halted"
+        and refused["scope"] == "tool:stripe.*"
+    )
+    assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"
+    services.resume(tenant_a, halt.pk, actor=ACTOR)
+    assert ask(tenant_a, store, call(tool="stripe.charge", amount=1))["decision"] == "allow"
+
+
+def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore) -> None:
+    halt = services.halt(tenant_a, actor=ACTOR, scope="*", reason="maintenance", ttl_s=60)
+    assert ask(tenant_a, store, call(tool="x"))["reason"] == "halted"
+    with tenant_context(tenant_a):
+        type(halt).objects.filter(pk=halt.pk).update(expires_at=halt.created_at)  # its hour has passed
+    assert ask(tenant_a, store, call(tool="x"))["decision"] == "allow"
+
+
+def test_drain_lets_a_running_saga_finish_and_refuses_a_new_one(tenant_a: Tenant, store: LimitStore) -> None:
+    assert ask(tenant_a, store, call(tool="crm.insert", saga="running"))["decision"] == "allow"
+    services.halt(tenant_a, actor=ACTOR, scope="*", mode="drain", reason="deploy")
+    assert ask(tenant_a, store, call(tool="crm.update", saga="running"))["decision"] == "allow"
+    refused = ask(tenant_a, store, call(tool="crm.insert", saga="new"))
+    assert refused["decision"] == "deny" and refused["reason"] == "draining"
+
+
+def test_a_quarantined_saga_is_refused(tenant_a: Tenant, store: LimitStore) -> None:
+    services.quarantine(tenant_a, "suspect", actor=ACTOR, reason="looping")
+    assert ask(tenant_a, store, call(tool="crm.insert", saga="suspect"))["reason"] == "quarantined"
+    assert ask(tenant_a, store, call(tool="crm.insert", saga="other"))["decision"] == "allow"
+
+
+def test_another_tenants_policies_and_halts_never_touch_this_one(
+    tenant_a: Tenant, tenant_b: Tenant, store: LimitStore
+) -> None:
+    services.create_budget(tenant_b, actor=ACTOR, name="tiny", tool="*", max_total=1, window_s=3600)
+    services.halt(tenant_b, actor=ACTOR, scope="tool:crm.*", reason="b's incident")
+    services.create_budget(tenant_a, actor=ACTOR, name="tiny", tool="*", max_total=1, window_s=3600)
+    assert ask(tenant_a, store, call(tool="crm.insert", amount=1))["decision"] == "allow"
+    assert ask(tenant_b, store, call(tool="stripe.charge", amount=1))["decision"] == "allow"  # b's own budget
+    assert ask(tenant_b, store, call(tool="stripe.charge", amount=1))["reason"] == "budget_exceeded"
+    assert (
+        ask(tenant_a, store, call(tool="stripe.charge", amount=1))["reason"] == "budget_exceeded"
+    )  # a's own
+
+
+def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
+    from tests.conftest import server_stream
+
+    budget = services.create_budget(
+        tenant_a, actor="user:alice", name="daily", max_total="50000", window_s=86400
+    )
+    halt = services.halt(tenant_a, actor="user:alice", scope="tool:email.*", reason="spam", ttl_s=600)
+    services.resume(tenant_a, halt.pk, actor="user:bob")
+    assert services.resume(tenant_a, halt.pk, actor="user:bob") is None  # a no-op records nothing
+    services.delete_budget(tenant_a, budget.pk, actor="user:alice")
+    events = [(r["event"], r["actor"], r["old"], r["new"]) for r in server_stream(tenant_a)[-4:]]
+    assert events[0][0:3] == ("FLEET_BUDGET_CREATED", "user:alice", None)
+    assert events[0][3]["max_total"] == "5E+4" or Decimal(events[0][3]["max_total"]) == 50000
+    assert (
+        events[1][0:3] == ("KILLSWITCH_ENGAGED", "user:alice", None)
+        and events[1][3]["scope"] == "tool:email.*"
+    )
+    assert events[2] == ("KILLSWITCH_RELEASED", "user:bob", {"in_force": True}, {"in_force": False})
+    assert events[3][0] == "FLEET_BUDGET_DELETED" and events[3][3] is None and events[3][2]["name"] == "daily"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"name": "", "max_total": 1, "window_s": 60},
+        {"name": "x", "max_total": 0, "window_s": 60},
+        {"name": "x", "max_total": float("nan"), "window_s": 60},
+        {"name": "x", "max_total": 10**30, "window_s": 60},
+        {"name": "x", "max_total": 1, "window_s": 0},
+        {"name": "x", "max_total": 1, "window_s": True},
+        {"name": "x", "max_total": 1, "window_s": 60, "per": ["customer"]},
+        {"name": "x", "max_total": 1, "window_s": 60, "on_cap": "shrug"},
+        {"name": "x\x00y", "max_total": 1, "window_s": 60},
+    ],
+)
+def test_a_malformed_budget_is_refused_naming_its_field(tenant_a: Tenant, fields: dict[str, Any]) -> None:
+    with pytest.raises(services.FleetError) as refused:
+        services.create_budget(tenant_a, actor=ACTOR, **fields)
+    assert refused.value.field in fields
+
+
+# ------------------------------------------------------------------------------------ Redis faults
+
+
+def test_redis_unreachable_refuses_every_call(tenant_a: Tenant, tmp_path: Path) -> None:
+    with own_redis(tmp_path) as server:
+        store = _redis_store(server)
+        services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+        assert ask(tenant_a, store, call(amount=1))["decision"] == "allow"
+        server.kill()
+        for request in [call(amount=1), call(tool="crm.insert", amount=1), call(amount=10**6)]:
+            answer = ask(tenant_a, store, request)
+            assert answer["decision"] == "deny" and answer["reason"] == "limit_store_unavailable"
+    assert allowed_total(tenant_a) == 1 * 10_000
+
+
+def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window(
+    tenant_a: Tenant, private_redis: OwnRedis
+) -> None:
+    store = _redis_store(private_redis)
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    services.create_rate_limit(tenant_a, actor=ACTOR, name="3/h", tool="email.*", max_calls=3, window_s=3600)
+    assert ask(tenant_a, store, call(amount=70))["decision"] == "allow"
+    assert all(ask(tenant_a, store, call(tool="email.send"))["decision"] == "allow" for _ in range(3))
+    retried = call(amount=20)
+    first = ask(tenant_a, store, retried)
+    store.client.flushall()
+    assert not store.client.exists(marker_key(tenant_a.pk))
+    # Rebuilt before anything is allowed: 90 of 100 spent, the three calls counted, the retry known.
+    assert ask(tenant_a, store, call(amount=11))["reason"] == "budget_exceeded"
+    assert ask(tenant_a, store, call(tool="email.send"))["reason"] == "rate_limited"
+    assert ask(tenant_a, store, retried) == first
+    assert ask(tenant_a, store, call(amount=10))["decision"] == "allow"
+    assert store.client.exists(marker_key(tenant_a.pk))
+
+
+def test_the_database_store_keeps_counters_in_the_tenants_rows(tenant_a: Tenant, tenant_b: Tenant) -> None:
+    store = DatabaseStore()
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    assert ask(tenant_a, store, call(amount=5))["decision"] == "allow"
+    with tenant_context(tenant_b):
+        assert not LimitCounter.objects.exists()
+    with tenant_context(tenant_a):
+        assert sum(LimitCounter.objects.values_list("amount", flat=True)) == 5 * 10_000
+
+
+def test_retry_after_says_when_the_window_frees_enough(tenant_a: Tenant, store: LimitStore) -> None:
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=600)
+    assert ask(tenant_a, store, call(amount=100))["decision"] == "allow"
+    refused = ask(tenant_a, store, call(amount=1))
+    # The only debit leaves the window after 600 s plus at most one bucket (10 s).
+    assert 590 <= refused["retry_after"] <= 600 + math.ceil(600 / 60) + 1
+    assert ask(tenant_a, store, call(amount=101))["retry_after"] is None  # never fits
