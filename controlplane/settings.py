@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -108,6 +109,7 @@ INSTALLED_APPS = [
     "approvals",
     "transparency",
     "frontend",
+    "axes",  # sign-in throttling (below)
 ]
 
 MIDDLEWARE = [
@@ -121,6 +123,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "tenants.scoping.TenantContextResetMiddleware",
+    # Last, as django-axes asks: turns a lockout flagged during sign-in into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -214,6 +218,30 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
+
+# Sign-in throttling (django-axes, attempts stored in the database). Failures are counted per
+# account (from any address) and per client address (across accounts), each on its own: either
+# reaching the limit refuses every sign-in it covers, the right password included, until the
+# cool-off has passed since the last failure. A refused sign-in checks no password, so it is not
+# a failure and does not extend the lockout (a person retrying is not punished for it). A success
+# does not reset the counts, or one valid account would let an address guess at all the others.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out sign-in before checking it
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_FAILURE_LIMIT = config.integer("SAGAPLANE_SIGNIN_FAILURE_LIMIT", 10, minimum=1, maximum=1000)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=config.integer("SAGAPLANE_SIGNIN_COOLOFF_MINUTES", 15, minimum=1, maximum=7 * 24 * 60)
+)
+AXES_RESET_ON_SUCCESS = False
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_USERNAME_CALLABLE = "frontend.signin.attempted_username"
+AXES_LOCKOUT_CALLABLE = "frontend.signin.locked_out_response"
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are not kept: a table that would only grow
+# The client address is REMOTE_ADDR: behind a proxy, the server must set it from the proxy's
+# header (uvicorn --proxy-headers --forwarded-allow-ips=<proxy>), or every client shares one.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

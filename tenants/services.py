@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import append_server_record
+from tenants import live
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 
@@ -252,6 +253,9 @@ def remove_member(membership: Membership, *, actor: str) -> None:
             return
         if current.role == Role.OWNER and not _other_owners(current):
             raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+        # Their open dashboards stop hearing this tenant once the removal commits; asked first,
+        # so they close before the live event of the record below reaches them.
+        live.close_member_sockets(current.tenant_id, current.user_id)
         append_server_record(
             current.tenant,
             "ADMIN_MEMBER_REMOVED",

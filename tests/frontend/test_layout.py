@@ -72,5 +72,18 @@ def test_sign_in_with_email_and_password(alice: Person) -> None:
 
 
 def test_times_are_relative_with_absolute_title(alice: Person) -> None:
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from tenants.models import ApiKey
+    from tenants.scoping import tenant_context
+
+    # A key made at a known moment, given in Berlin time (UTC+1 that day): shown in UTC.
+    made = datetime(2024, 3, 5, 9, 8, 9, tzinfo=ZoneInfo("Europe/Berlin"))
+    with tenant_context(alice.tenant):
+        assert ApiKey.objects.filter(name="alice-agent").update(created_at=made) == 1
     body = browser(alice).get(reverse("keys")).content.decode()
-    assert '<time datetime="' in body and 'title="20' in body and "data-relative" in body
+    element = '<time datetime="2024-03-05T08:08:09+00:00" title="2024-03-05 08:08:09 UTC" data-relative>'
+    assert body.count(element) == 1
+    text = body.split(element, 1)[1].split("</time>", 1)[0]
+    assert text.endswith(" ago") and text[0].isdigit(), text  # e.g. "2 years ago", kept current by app.js

@@ -111,3 +111,150 @@ def test_anonymous_socket_is_refused() -> None:
 
     connected, code = async_to_sync(scenario)()
     assert connected is False and code == 4401
+
+
+# ------------------------------------------------------- no socket outlives the right to listen
+
+
+async def _closed_with(communicator: WebsocketCommunicator) -> int:
+    """The close code of the socket's next frame, which must be a close (not an event)."""
+    frame = await communicator.receive_output(timeout=10)
+    assert frame["type"] == "websocket.close", frame
+    return int(frame["code"])
+
+
+async def _ship_and_hear(listener: WebsocketCommunicator, tenant: Any, stream: str) -> list[str]:
+    """Ship a batch to the tenant; the streams the listener hears up to and including it."""
+    ingest = database_sync_to_async(services.ingest)
+    await ingest(tenant, stream, chain(saga_records(f"s-{stream}")), actor="test")
+    return [event["stream"] for event in await _drain_until(listener, stream)]
+
+
+def _sign_out(cookie: bytes) -> int:
+    """POST /logout/ with the session the cookie names (as the browser's sign-out button)."""
+    client = Client()
+    client.cookies["sessionid"] = cookie.decode().split("=", 1)[1]
+    return client.post("/logout/").status_code
+
+
+def _remove(person: Person) -> None:
+    from tenants.selectors import membership_for
+
+    membership = membership_for(person.user, person.tenant.slug)
+    assert membership is not None
+    services_tenants.remove_member(membership, actor="user:alice")
+
+
+def test_a_removed_member_is_closed_and_hears_nothing_more(alice: Person, bob: Person) -> None:
+    cookies = {"alice": _cookie(alice), "bob": _cookie(bob)}
+
+    async def scenario() -> dict[str, Any]:
+        sockets = {name: _communicator(cookie) for name, cookie in cookies.items()}
+        for socket in sockets.values():
+            assert (await socket.connect())[0]
+        outcome: dict[str, Any] = {"bob_before": await _ship_and_hear(sockets["bob"], bob.tenant, "before")}
+        await database_sync_to_async(_remove)(bob)
+        outcome["bob_closed"] = await _closed_with(sockets["bob"])
+        # The next event reaches the remaining member and not Bob: his socket left every group
+        # before it closed, so no event has a way to him any more.
+        outcome["alice"] = await _ship_and_hear(sockets["alice"], alice.tenant, "after")
+        outcome["bob_after"] = await sockets["bob"].receive_nothing(timeout=0.5)
+        for socket in sockets.values():
+            await socket.disconnect()
+        return outcome
+
+    outcome = async_to_sync(scenario)()
+    # Alice also heard the removal's own record in the server stream; Bob closed before it.
+    assert outcome == {
+        "bob_before": ["before"],
+        "bob_closed": 4403,
+        "alice": ["before", "server", "after"],
+        "bob_after": True,
+    }
+
+
+def test_signing_out_closes_that_sessions_sockets_only(bob: Person) -> None:
+    # Bob has the dashboard open in two browsers; he signs out of one.
+    signed_out, still_in = _cookie(bob), _cookie(bob)
+
+    async def scenario() -> dict[str, Any]:
+        leaving, staying = _communicator(signed_out), _communicator(still_in)
+        for socket in (leaving, staying):
+            assert (await socket.connect())[0]
+        outcome: dict[str, Any] = {"logout": await database_sync_to_async(_sign_out)(signed_out)}
+        outcome["closed"] = await _closed_with(leaving)
+        outcome["staying"] = await _ship_and_hear(staying, bob.tenant, "after-sign-out")
+        outcome["leaving_after"] = await leaving.receive_nothing(timeout=0.5)
+        # The signed-out session cannot open a new socket either.
+        again = _communicator(signed_out)
+        outcome["reconnect"] = await again.connect()
+        for socket in (leaving, staying, again):
+            await socket.disconnect()
+        return outcome
+
+    outcome = async_to_sync(scenario)()
+    assert outcome == {
+        "logout": 200,
+        "closed": 4403,
+        "staying": ["after-sign-out"],
+        "leaving_after": True,
+        "reconnect": (False, 4401),
+    }
+
+
+def test_a_lost_close_message_is_covered_by_the_recheck(
+    alice: Person, bob: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the close message never arrives (the channel layer was down at commit), the socket still
+    stops: it re-reads its membership before forwarding (here on every event)."""
+    from sagas.consumers import TenantEventsConsumer
+    from tenants import live
+
+    monkeypatch.setattr(TenantEventsConsumer, "recheck_seconds", 0.0)
+    monkeypatch.setattr(live, "_close_group", lambda group, reason: None)  # the message is lost
+    cookies = {"alice": _cookie(alice), "bob": _cookie(bob)}
+
+    async def scenario() -> dict[str, Any]:
+        sockets = {name: _communicator(cookie) for name, cookie in cookies.items()}
+        for socket in sockets.values():
+            assert (await socket.connect())[0]
+        await database_sync_to_async(_remove)(bob)
+        outcome = {"alice": await _ship_and_hear(sockets["alice"], alice.tenant, "after")}
+        outcome["bob_closed"] = await _closed_with(sockets["bob"])  # instead of the event
+        for socket in sockets.values():
+            await socket.disconnect()
+        return outcome
+
+    # Bob's next event (the removal's record in the server stream) found him no longer a member.
+    assert async_to_sync(scenario)() == {"alice": ["server", "after"], "bob_closed": 4403}
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ({"text_data": "not json"}, 1007),
+        ({"text_data": "[" * 100_000}, 1007),  # too deep for the parser: RecursionError
+        ({"bytes_data": b"\x00\xff"}, 1003),
+        ({"text_data": '{"type": "saga.event"}'}, None),  # valid JSON: ignored, the socket stays
+    ],
+    ids=["text", "deep", "binary", "json"],
+)
+def test_a_frame_that_is_not_json_closes_the_socket_cleanly(
+    alice: Person, frame: dict[str, Any], code: int | None
+) -> None:
+    cookie = _cookie(alice)
+
+    async def scenario() -> tuple[int | None, list[str]]:
+        socket = _communicator(cookie)
+        assert (await socket.connect())[0]
+        await socket.send_to(**frame)
+        if code is not None:
+            # A crash in the consumer would surface here as its exception, not as a close frame.
+            closed: int | None = await _closed_with(socket)
+            heard: list[str] = []
+        else:
+            closed, heard = None, await _ship_and_hear(socket, alice.tenant, "still-open")
+        await socket.disconnect()
+        return closed, heard
+
+    assert async_to_sync(scenario)() == (code, [] if code is not None else ["still-open"])
