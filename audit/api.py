@@ -15,12 +15,9 @@ from rest_framework.views import APIView
 
 from audit import services
 from audit.models import Record, Redaction, Stream
-from tenants.errors import ApiError
+from controlplane.errors import DomainError
+from tenants.access import ERASE, INGEST, READ
 from tenants.permissions import TenantScopedViewMixin
-
-
-def refusal(exc: services.IngestRefused) -> ApiError:
-    return ApiError(exc.status, exc.error, exc.detail, **exc.context())
 
 
 def read_json_body(request: Request) -> Any:
@@ -32,36 +29,60 @@ def read_json_body(request: Request) -> Any:
         try:
             size = int(declared)
         except ValueError:
-            raise ApiError(400, "invalid", "Content-Length is not a number", field="Content-Length")
+            raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
         if size > limit:
-            raise ApiError(
+            raise DomainError(
                 413, "too_large", f"body of {size} bytes exceeds the limit of {limit} bytes", limit=limit
             )
     raw = request._request.read(limit + 1)
     if len(raw) > limit:
-        raise ApiError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit)
+        raise DomainError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit)
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_object_without_duplicate_keys)
+    except DuplicateKey as exc:
+        raise DomainError(400, "duplicate_key", f"body: an object names {exc.key!r} twice", field="body")
+    except RecursionError:
+        # The parser recurses per level; ten thousand '[' must not become a 500.
+        raise DomainError(400, "too_deep", "body: nested too deeply to parse", field="body")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "malformed_json", f"body is not valid JSON: {exc}", field="body")
+        raise DomainError(400, "malformed_json", f"body is not valid JSON: {exc}", field="body")
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key[:100]
+
+
+def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object hook: a key given twice is refused (json.loads would keep the last one
+    silently, so what was hashed and what is stored could differ between two readers)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
 
 
 def records_from_body(body: Any) -> list[Any]:
     if not isinstance(body, dict):
-        raise ApiError(400, "invalid", "body: must be an object with a 'records' list", field="body")
+        raise DomainError(400, "invalid", "body: must be an object with a 'records' list", field="body")
     records = body.get("records")
     if not isinstance(records, list):
-        raise ApiError(400, "invalid", "records: required, a list of record objects", field="records")
+        raise DomainError(400, "invalid", "records: required, a list of record objects", field="records")
     limit = settings.SAGAPLANE_MAX_BATCH_RECORDS
     if len(records) > limit:
-        raise ApiError(
+        raise DomainError(
             413,
             "too_many_records",
             f"{len(records)} records exceed the limit of {limit} per batch",
             limit=limit,
         )
     if not records:
-        raise ApiError(400, "invalid", "records: empty batch", field="records")
+        raise DomainError(400, "invalid", "records: empty batch", field="records")
     return records
 
 
@@ -93,9 +114,7 @@ RECORDS_BODY = inline_serializer(
 class StreamRecordsView(TenantScopedViewMixin, APIView):
     """Append a batch of hash-chained WAL records to one stream: verified, whole or not at all."""
 
-    required_scopes = {"POST": "ingest"}
-    # No role has "ingest": evidence comes from agents' keys, never from a browser session.
-    required_capability = {"POST": "ingest"}
+    access = {"POST": INGEST}
 
     @extend_schema(
         operation_id="streams_records_append",
@@ -121,23 +140,20 @@ class StreamRecordsView(TenantScopedViewMixin, APIView):
         records = records_from_body(body)
         named = body.get("stream")
         if named is not None and named != stream_id:
-            raise ApiError(
+            raise DomainError(
                 400,
                 "mixed_streams",
                 f"stream: body names '{named}' but the URL names '{stream_id}'",
                 field="stream",
             )
-        try:
-            result = services.ingest(self.tenant, stream_id, records, actor=self.actor)
-        except services.IngestRefused as exc:
-            raise refusal(exc)
+        result = services.ingest(self.tenant, stream_id, records, actor=self.actor)
         return Response(result.as_dict())
 
 
 class StreamDetailView(TenantScopedViewMixin, APIView):
     """A stream's head and counts."""
 
-    required_scopes = {"GET": "read"}
+    access = {"GET": READ}
 
     @extend_schema(
         operation_id="streams_retrieve",
@@ -161,7 +177,7 @@ class StreamDetailView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, stream_id: str) -> Response:
         stream = Stream.objects.filter(stream_id=stream_id).first()
         if stream is None:
-            raise ApiError(404, "not_found", "no such stream")
+            raise DomainError(404, "not_found", "no such stream")
         records = Record.objects.filter(stream=stream)
         redacted = (
             records.exclude(redacted="").count() + Redaction.objects.filter(record__stream=stream).count()
@@ -196,7 +212,7 @@ class RedactionView(TenantScopedViewMixin, APIView):
     """Erase one record's payload and salt (people with the audit capability only; not API keys).
     The chain still verifies; the act is appended to the tenant's server stream."""
 
-    required_capability = {"POST": "audit"}
+    access = {"POST": ERASE}
 
     @extend_schema(
         operation_id="audit_redactions_create",
@@ -230,17 +246,14 @@ class RedactionView(TenantScopedViewMixin, APIView):
         serializer = RedactionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        try:
-            redaction = services.redact(
-                self.tenant,
-                data["stream"],
-                position=data.get("position"),
-                record_hash_=data.get("hash"),
-                reason=data["reason"],
-                actor=self.actor,
-            )
-        except services.IngestRefused as exc:
-            raise refusal(exc)
+        redaction = services.redact(
+            self.tenant,
+            data["stream"],
+            position=data.get("position"),
+            record_hash_=data.get("hash"),
+            reason=data["reason"],
+            actor=self.actor,
+        )
         record = redaction.record
         server = redaction.server_record
         return Response(

@@ -10,17 +10,18 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login, logout, password_validation
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods
 
 from frontend import invitations
 from frontend.views import actor_of, member_page, page
-from tenants import services
-from tenants.models import ApiKey, Membership, Role, Scope
+from tenants import selectors, services
+from tenants.access import MANAGE_KEYS, MANAGE_MEMBERS
+from tenants.models import Membership, Role, Scope
 from tenants.permissions import SESSION_TENANT_KEY
 
 EXPIRY_CHOICES = [("", "Never"), ("30", "30 days"), ("90", "90 days"), ("365", "1 year")]
@@ -54,7 +55,7 @@ class AcceptForm(forms.Form):
 
 
 def _members_page(request: HttpRequest, form: InviteForm | None = None, invite_url: str = "", **extra):
-    members = Membership.objects.select_related("user").order_by("user__email", "user__username")
+    members = selectors.members()
     owner_count = sum(1 for m in members if m.role == Role.OWNER)
     is_owner = request.membership.role == Role.OWNER
     mine = request.membership.role
@@ -83,14 +84,13 @@ def _members_page(request: HttpRequest, form: InviteForm | None = None, invite_u
 
 
 @never_cache
-@member_page("manage_members", section="members")
+@member_page({"GET": MANAGE_MEMBERS}, section="members")
 def members(request: HttpRequest) -> HttpResponse:
     return _members_page(request)
 
 
 @never_cache
-@require_POST
-@member_page("manage_members", section="members")
+@member_page({"POST": MANAGE_MEMBERS}, section="members")
 def invite(request: HttpRequest) -> HttpResponse:
     form = InviteForm(request.POST)
     if form.is_valid():
@@ -108,11 +108,13 @@ def invite(request: HttpRequest) -> HttpResponse:
 
 def _member_or_404(membership_id: int) -> Membership:
     # The tenant manager only sees the active tenant's rows: another tenant's id is a 404.
-    return get_object_or_404(Membership.objects.select_related("user"), pk=membership_id)
+    membership = selectors.member(membership_id)
+    if membership is None:
+        raise Http404("no such member")
+    return membership
 
 
-@require_POST
-@member_page("manage_members", section="members")
+@member_page({"POST": MANAGE_MEMBERS}, section="members")
 def change_role(request: HttpRequest, membership_id: int) -> HttpResponse:
     target = _member_or_404(membership_id)
     role = request.POST.get("role", "")
@@ -129,8 +131,7 @@ def change_role(request: HttpRequest, membership_id: int) -> HttpResponse:
     return redirect("members")
 
 
-@require_POST
-@member_page("manage_members", section="members")
+@member_page({"POST": MANAGE_MEMBERS}, section="members")
 def remove(request: HttpRequest, membership_id: int) -> HttpResponse:
     target = _member_or_404(membership_id)
     if not invitations.may_grant(request.membership.role, target.role):
@@ -152,7 +153,7 @@ def remove(request: HttpRequest, membership_id: int) -> HttpResponse:
 
 
 def _keys_page(request: HttpRequest, form: ApiKeyForm | None = None, new_key: str = "", created=None):
-    keys = ApiKey.objects.select_related("created_by").order_by("revoked_at", "-created_at")
+    keys = selectors.api_keys()
     now = timezone.now()
     rows = []
     for key in keys:
@@ -172,13 +173,12 @@ def _keys_page(request: HttpRequest, form: ApiKeyForm | None = None, new_key: st
     return response
 
 
-@member_page("manage_keys", section="members")
+@member_page({"GET": MANAGE_KEYS}, section="members")
 def keys(request: HttpRequest) -> HttpResponse:
     return _keys_page(request)
 
 
-@require_POST
-@member_page("manage_keys", section="members")
+@member_page({"POST": MANAGE_KEYS}, section="members")
 def create_key(request: HttpRequest) -> HttpResponse:
     form = ApiKeyForm(request.POST)
     if not form.is_valid():
@@ -201,10 +201,11 @@ def create_key(request: HttpRequest) -> HttpResponse:
     return _keys_page(request, new_key=raw_key, created=api_key)
 
 
-@require_POST
-@member_page("manage_keys", section="members")
+@member_page({"POST": MANAGE_KEYS}, section="members")
 def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
-    api_key = get_object_or_404(ApiKey, pk=key_id)
+    api_key = selectors.api_key(key_id)
+    if api_key is None:
+        raise Http404("no such key")
     services.revoke_api_key(api_key, actor=actor_of(request))
     messages.success(request, f"Key {api_key.name} (sp_{api_key.prefix}_…) is revoked.")
     return redirect("keys")
@@ -215,6 +216,12 @@ def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
 
 def _invited_by(invitation: invitations.Invitation) -> str:
     return f"user:{invitation.inviter.get_username()} (invitation)"
+
+
+def _invitation_refused(request: HttpRequest, exc: services.TenantError) -> HttpResponse:
+    """The invitation cannot be accepted (used a moment ago by a parallel accept: 410; its
+    e-mail's account created meanwhile: 409)."""
+    return render(request, "frontend/invite.html", {"error": exc.detail}, status=exc.status)
 
 
 @never_cache
@@ -235,13 +242,16 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
             context["login_url"] = f"{reverse('login')}?next={request.path}"
             return render(request, "frontend/invite.html", context)
         if request.method == "POST":
-            services.accept_invitation(
-                invitation.tenant,
-                invitation.email,
-                invitation.role,
-                nonce=invitation.nonce,
-                actor=_invited_by(invitation),
-            )
+            try:
+                services.accept_invitation(
+                    invitation.tenant,
+                    invitation.email,
+                    invitation.role,
+                    nonce=invitation.nonce,
+                    actor=_invited_by(invitation),
+                )
+            except services.TenantError as exc:
+                return _invitation_refused(request, exc)
             request.session[SESSION_TENANT_KEY] = invitation.tenant.slug
             return redirect("home")
         return render(request, "frontend/invite.html", context)
@@ -261,7 +271,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
                 actor=_invited_by(invitation),
             )
         except services.TenantError as exc:
-            form.add_error(None, str(exc))
+            return _invitation_refused(request, exc)
         else:
             login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
             request.session[SESSION_TENANT_KEY] = invitation.tenant.slug

@@ -1,7 +1,7 @@
 """Sagas (list, detail with timeline and record inspector) and the fleet overview.
 
-Reads only: the saga projection (`sagas.models`), the stored records (`audit.models`) in WAL form
-through `audit.services.stored_record`, credentials masked by `sagas.services.mask_credentials`.
+Reads only, through selectors: the saga projection (`sagas.selectors`), the stored records in WAL
+form (`audit.selectors`), credentials masked by `sagas.services.mask_credentials`.
 Each page has a fragment URL that app.js fetches again when a `saga.event` arrives."""
 
 from __future__ import annotations
@@ -14,17 +14,19 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Q, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import Resolver404, resolve, reverse
 from django.utils import timezone
 
-from audit.models import Record, RecordPayload, Redaction
-from audit.services import stored_record
+from audit import selectors as audit_selectors
+from audit.models import Record
 from frontend.views import member_page, page
+from sagas import selectors
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from sagas.services import mask_credentials
+from tenants.access import READ
 
 NEEDS_HUMAN = (SagaStatus.ROLLBACK_PARTIAL, SagaStatus.ORPHANED)
 SINCE_CHOICES = [
@@ -73,45 +75,20 @@ class Filters:
 
 
 def _without_status(filters: Filters, now: datetime) -> QuerySet[Saga]:
-    sagas = Saga.objects.all()
-    if filters.tool:
-        sagas = sagas.filter(steps__tool=filters.tool).distinct()
-    if filters.stream:
-        sagas = sagas.filter(stream_id=filters.stream)
-    if filters.since:
-        sagas = sagas.filter(last_activity_at__gte=now - _SINCE[filters.since])
-    return sagas
-
-
-def _with_status(sagas: QuerySet[Saga], status: str, now: datetime) -> QuerySet[Saga]:
-    """Filter on the effective status: a running saga whose lease lapsed is orphaned."""
-    lapsed = Q(status=SagaStatus.RUNNING, lease_expires_at__lt=now)
-    if status == SagaStatus.ORPHANED:
-        return sagas.filter(lapsed | Q(status=SagaStatus.ORPHANED))
-    if status == SagaStatus.RUNNING:
-        return sagas.filter(status=SagaStatus.RUNNING).exclude(lapsed)
-    return sagas.filter(status=status) if status else sagas
-
-
-def _counts(sagas: QuerySet[Saga], now: datetime) -> dict[str, int]:
-    counts = dict.fromkeys(SagaStatus.values, 0)
-    for row in sagas.order_by().values("status").annotate(n=Count("pk", distinct=True)):
-        counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
-    lapsed = sagas.filter(status=SagaStatus.RUNNING, lease_expires_at__lt=now).count()
-    counts[SagaStatus.RUNNING] -= lapsed
-    counts[SagaStatus.ORPHANED] += lapsed
-    return counts
+    return selectors.filtered(
+        tool=filters.tool,
+        stream_id=filters.stream,
+        active_since=now - _SINCE[filters.since] if filters.since else None,
+    )
 
 
 def _list_context(request: HttpRequest) -> dict[str, Any]:
     now = timezone.now()
     filters = Filters.from_request(request)
     base = _without_status(filters, now)
-    counts = _counts(base, now)
-    matching = (
-        _with_status(base, filters.status, now)
-        .annotate(step_count=Count("steps", distinct=True))
-        .order_by("-last_activity_at", "-pk")
+    counts = selectors.effective_status_counts(base, now)
+    matching = selectors.newest_first_with_step_counts(
+        selectors.with_effective_status(base, filters.status, now)
     )
     # get_page answers any `page` (missing, not a number, out of range) with a real page.
     shown = Paginator(matching, PAGE_SIZE).get_page(request.GET.get("page"))
@@ -120,7 +97,9 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
         saga.shown_status = saga.effective_status(now)
         saga.needs_human = saga.shown_status in NEEDS_HUMAN
     all_counts = (
-        _counts(Saga.objects.all(), now) if (filters.tool or filters.stream or filters.since) else counts
+        selectors.effective_status_counts(selectors.all_sagas(), now)
+        if (filters.tool or filters.stream or filters.since)
+        else counts
     )
     # The page is part of the address like the filters, so a refresh (and the live fragment)
     # stays where the reader is; page 1 is left out of the URL.
@@ -135,7 +114,7 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
             for value, label in SagaStatus.choices
         ],
         "total": sum(counts.values()),
-        "any_sagas": Saga.objects.exists(),
+        "any_sagas": selectors.all_sagas().exists(),
         "needs_human": all_counts[SagaStatus.ROLLBACK_PARTIAL] + all_counts[SagaStatus.ORPHANED],
         "fragment_url": reverse("saga-rows") + ("?" + here if here else ""),
     }
@@ -159,8 +138,7 @@ def _page_links(filters: Filters, shown: Page) -> dict[str, str]:
 def _stream_choices() -> list[tuple[str, str]]:
     """(stream id, label) for the filter: the agent's name beside its stream id when it gave one."""
     agents: dict[str, str] = {}
-    pairs = Saga.objects.order_by("stream_id", "agent").values_list("stream_id", "agent").distinct()[:400]
-    for stream_id, agent in pairs:
+    for stream_id, agent in selectors.stream_agents(limit=400):
         if agent or stream_id not in agents:
             agents[stream_id] = agent
     return [
@@ -168,21 +146,19 @@ def _stream_choices() -> list[tuple[str, str]]:
     ][:200]
 
 
-@member_page("read", section="sagas")
+@member_page({"GET": READ}, section="sagas")
 def saga_list(request: HttpRequest) -> HttpResponse:
     context = _list_context(request)
     context.update(
         statuses=SagaStatus.choices,
         since_choices=SINCE_CHOICES,
-        tools=list(
-            Step.objects.exclude(tool="").order_by("tool").values_list("tool", flat=True).distinct()[:200]
-        ),
+        tools=selectors.step_tools(limit=200),
         streams=_stream_choices(),
     )
     return page(request, "frontend/sagas.html", context, section="sagas")
 
 
-@member_page("read", section="sagas")
+@member_page({"GET": READ}, section="sagas")
 def saga_rows(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/_saga_list.html", {**_list_context(request), "caps": _caps(request)})
 
@@ -295,7 +271,7 @@ def _ts(value: float) -> datetime | None:
 
 def _saga_or_404(saga_id: str) -> Saga:
     # The tenant manager sees only the active tenant: another tenant's saga id is simply not found.
-    saga = Saga.objects.filter(saga_id=saga_id).first()
+    saga = selectors.saga(saga_id)
     if saga is None:
         raise Http404("no such saga")
     return saga
@@ -312,16 +288,9 @@ def _url_exists(path: str) -> bool:
 def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
     now = timezone.now()
     saga = _saga_or_404(saga_id)
-    steps = list(saga.steps.order_by("ordinal"))
+    steps = selectors.steps_of(saga)
     step_by_id = {s.step_id: s for s in steps}
-    records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
-    ids = [r.pk for r in records]
-    payloads = {p.record_id: p for p in RecordPayload.objects.filter(record_id__in=ids)}
-    erased = dict(Redaction.objects.filter(record_id__in=ids).values_list("record_id", "reason"))
-    views = [
-        _record_view(r, stored_record(r, payloads.get(r.pk), erased.get(r.pk)), r.pk not in payloads)
-        for r in records
-    ]
+    views = [_record_view(r.record, r.body, r.erased) for r in audit_selectors.saga_records(saga_id)]
     forward: dict[str, StepView] = {s.step_id: StepView(step=s, outcome=StepStatus.INTENT) for s in steps}
     backward: list[CompensationView] = []
     saga_events: list[RecordView] = []
@@ -369,13 +338,13 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
     }
 
 
-@member_page("read", section="sagas")
+@member_page({"GET": READ}, section="sagas")
 def saga_detail(request: HttpRequest, saga_id: str) -> HttpResponse:
     context = _detail_context(request, saga_id)
     return page(request, "frontend/saga_detail.html", context, section="sagas")
 
 
-@member_page("read", section="sagas")
+@member_page({"GET": READ}, section="sagas")
 def saga_timeline(request: HttpRequest, saga_id: str) -> HttpResponse:
     context = {**_detail_context(request, saga_id), "caps": _caps(request)}
     return render(request, "frontend/_saga_timeline.html", context)
@@ -467,11 +436,11 @@ def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> 
     }
 
 
-def _matrix(steps: QuerySet[Step]) -> dict[str, Any]:
+def _matrix(outcomes: list[tuple[str, str, int]]) -> dict[str, Any]:
     table: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(MATRIX_OUTCOMES, 0))
-    for row in steps.order_by().values("tool", "status").annotate(n=Count("pk")):
-        if row["status"] in MATRIX_OUTCOMES:
-            table[row["tool"] or "(no tool)"][row["status"]] += row["n"]
+    for tool, status, n in outcomes:
+        if status in MATRIX_OUTCOMES:
+            table[tool or "(no tool)"][status] += n
     rows = []
     for tool in sorted(table):
         counts = table[tool]
@@ -490,30 +459,25 @@ def _matrix(steps: QuerySet[Step]) -> dict[str, Any]:
     return {"rows": rows, "outcomes": [(o, OUTCOME_LABEL[o]) for o in MATRIX_OUTCOMES]}
 
 
-@member_page("read", section="fleet")
+@member_page({"GET": READ}, section="fleet")
 def fleet(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     window = request.GET.get("window", "24h")
     window = window if window in _SINCE else "24h"
     since = now - _SINCE[window]
-    sagas = list(
-        Saga.objects.filter(last_activity_at__gte=since)
-        .exclude(started_at=None)
-        .order_by("started_at")[:2000]
-    )
+    sagas = selectors.started_sagas_active_since(since, limit=2000)
     chart = None
     if sagas:
         # Zoom to the activity actually in the window, with a little air on the left.
         first = min(s.started_at for s in sagas)
         start = max(since, first - (now - first) * 0.05)
         chart = _chart(sagas, start, now, now)
-    steps = Step.objects.filter(saga__last_activity_at__gte=since)
     return page(
         request,
         "frontend/fleet.html",
         {
             "chart": chart,
-            "matrix": _matrix(steps),
+            "matrix": _matrix(selectors.step_outcomes_by_tool(since)),
             "window": window,
             "windows": FLEET_WINDOWS,
             "saga_total": len(sagas),

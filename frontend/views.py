@@ -1,8 +1,10 @@
 """Server-rendered pages. They read through services and the tenant mixin's rules, never around them.
 
-Every page view is wrapped in `member_page(capability)`: it requires a signed-in person, resolves
-the tenant they act for (the session's choice, else their only or first tenant), refuses with a
-403 page when their role lacks the capability, and runs the view with that tenant active (ORM
+Every page view is wrapped in `member_page({method: rule})`, the same declaration and the same
+named rules (`tenants.access`) as the API: an undeclared method answers 405; it requires a
+signed-in person, resolves the tenant they act for (the session's choice, else their only or
+first tenant), refuses with a 403 page when the rule refuses their role (`tenants.access.decide`),
+reads the form before any transaction opens, and runs the view with that tenant active (ORM
 scoping and Postgres row-level security). Objects of another tenant are simply not found: 404.
 """
 
@@ -13,23 +15,33 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST
 
+from tenants.access import AccessMap, allowed_methods, decide, rule_for
 from tenants.models import ROLE_CAPABILITIES, Membership
 from tenants.permissions import SESSION_TENANT_KEY
 from tenants.scoping import tenant_context
 from tenants.selectors import membership_for, memberships_of
 
-# (url name, label, capability): the navigation, filtered by what the member's role allows.
-NAV: list[tuple[str, str, str]] = [
-    ("sagas", "Sagas", "read"),
-    ("fleet", "Fleet", "read"),
-    ("evidence", "Evidence", "audit"),
-    ("members", "Administration", "manage_members"),
+# (url name, label): the navigation, each entry shown when its page's own GET rule lets the member in.
+NAV: list[tuple[str, str]] = [
+    ("sagas", "Sagas"),
+    ("fleet", "Fleet"),
+    ("evidence", "Evidence"),
+    ("members", "Administration"),
 ]
+
+
+def may_open(membership: Membership, url_name: str) -> bool:
+    """Whether the page named `url_name` (no path parameters) lets this member GET it, by the
+    page's declared rule: the navigation cannot promise a page that would answer 403."""
+    page_access: AccessMap = getattr(resolve(reverse(url_name)).func, "access", {})
+    rule = rule_for(page_access, "GET")
+    return rule is not None and decide(rule, membership=membership) is None
 
 
 def _membership_or_404(request: HttpRequest) -> Membership:
@@ -57,8 +69,8 @@ def page(
     if membership is not None:
         nav = [
             {"url": reverse(name), "label": label, "current": name == section}
-            for name, label, capability in NAV
-            if membership.can(capability)
+            for name, label in NAV
+            if may_open(membership, name)
         ]
     full = {
         "membership": membership,
@@ -76,21 +88,30 @@ def forbidden(request: HttpRequest, capability: str, section: str = "") -> HttpR
     return page(request, "frontend/403.html", {"capability": capability}, section=section, status=403)
 
 
-def member_page(capability: str = "read", section: str = "") -> Callable:
-    """Decorator for a tenant page or action: signed in, a member, allowed, tenant active."""
+def member_page(access: AccessMap, section: str = "") -> Callable:
+    """Decorator for a tenant page or action, declaring its rule per method (`tenants.access`):
+    method declared (405), signed in (to the login page), a member (404), allowed (403 page),
+    form read, then the view in one transaction with the tenant active."""
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-        @login_required
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            rule = rule_for(access, request.method or "")
+            if rule is None:
+                return HttpResponseNotAllowed(allowed_methods(access))
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
             membership = _membership_or_404(request)
             request.membership = membership  # type: ignore[attr-defined]
             request.tenant = membership.tenant  # type: ignore[attr-defined]
-            if not membership.can(capability):
-                return forbidden(request, capability, section)
+            if decide(rule, membership=membership) is not None:
+                return forbidden(request, rule.capability or "", section)
+            # The form is read (bounded by DATA_UPLOAD_MAX_MEMORY_SIZE) before the transaction opens.
+            request.POST  # noqa: B018
             with tenant_context(membership.tenant):
                 return view(request, *args, **kwargs)
 
+        wrapper.access = access  # type: ignore[attr-defined]  # read by the navigation and the tests
         return wrapper
 
     return decorate

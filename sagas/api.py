@@ -13,11 +13,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.models import Record, RecordPayload, Redaction
-from audit.services import stored_record
+from audit import selectors as audit_selectors
+from audit.jsonvalues import served
+from controlplane.errors import DomainError
+from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from sagas.services import mask_credentials
-from tenants.errors import ApiError
+from tenants.access import READ
 from tenants.permissions import TenantScopedViewMixin
 
 
@@ -49,16 +51,26 @@ class SagaSerializer(serializers.ModelSerializer):
         return saga.effective_status(self.context.get("now"))
 
 
-def _since(value: str) -> datetime:
+def parse_moment(value: str, name: str) -> datetime:
+    """A query parameter holding epoch seconds or an ISO 8601 time, as an aware UTC datetime.
+    Anything else, or a moment no datetime can hold (`1e20`, `-inf`, `nan`), is a 400."""
     try:
-        return datetime.fromtimestamp(float(value), tz=UTC)
+        seconds: float | None = float(value)
     except ValueError:
-        pass
+        seconds = None
     try:
+        if seconds is not None:
+            return datetime.fromtimestamp(seconds, tz=UTC)
         moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise ApiError(400, "invalid", "since: an ISO 8601 time or epoch seconds", field="since")
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    except (ValueError, OverflowError, OSError):
+        raise DomainError(
+            400, "invalid", f"{name}: an ISO 8601 time or epoch seconds within years 1-9999", field=name
+        ) from None
+
+
+def _since(value: str) -> datetime:
+    return parse_moment(value, "since")
 
 
 class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
@@ -66,7 +78,7 @@ class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
     whose lease lapsed is `orphaned`), `tool` on any step's tool, `since` on last activity."""
 
     serializer_class = SagaSerializer
-    required_scopes = {"GET": "read"}
+    access = {"GET": READ}
 
     @extend_schema(
         parameters=[
@@ -84,21 +96,16 @@ class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
     def get_queryset(self) -> QuerySet[Saga]:
         self._now = timezone.now()
         params = self.request.query_params
-        sagas = Saga.objects.all()
+        sagas = selectors.all_sagas()
         wanted = params.get("status")
         if wanted:
             if wanted not in SagaStatus.values:
-                raise ApiError(
+                raise DomainError(
                     400, "invalid", f"status: one of {', '.join(SagaStatus.values)}", field="status"
                 )
-            if wanted == SagaStatus.ORPHANED:
-                sagas = sagas.filter(status=SagaStatus.RUNNING, lease_expires_at__lt=self._now)
-            elif wanted == SagaStatus.RUNNING:
-                sagas = sagas.filter(status=SagaStatus.RUNNING).exclude(lease_expires_at__lt=self._now)
-            else:
-                sagas = sagas.filter(status=wanted)
+            sagas = selectors.with_effective_status(sagas, wanted, self._now)
         if params.get("tool"):
-            sagas = sagas.filter(steps__tool=params["tool"]).distinct()
+            sagas = selectors.with_step_tool(sagas, params["tool"])
         if params.get("since"):
             sagas = sagas.filter(last_activity_at__gte=_since(params["since"]))
         return sagas.order_by("-last_activity_at", "-pk")
@@ -108,7 +115,7 @@ class SagaDetailView(TenantScopedViewMixin, APIView):
     """One saga: its steps (with compensation descriptors, credentials shown as references) and
     its records in log order, each with its leaf index (erased records as redacted stubs)."""
 
-    required_scopes = {"GET": "read"}
+    access = {"GET": READ}
 
     @extend_schema(
         operation_id="sagas_retrieve",
@@ -124,9 +131,9 @@ class SagaDetailView(TenantScopedViewMixin, APIView):
         },
     )
     def get(self, request: Request, saga_id: str) -> Response:
-        saga = Saga.objects.filter(saga_id=saga_id).first()
+        saga = selectors.saga(saga_id)
         if saga is None:
-            raise ApiError(404, "not_found", "no such saga")
+            raise DomainError(404, "not_found", "no such saga")
         steps = [
             {
                 "step_id": step.step_id,
@@ -138,26 +145,23 @@ class SagaDetailView(TenantScopedViewMixin, APIView):
                 "first_leaf_index": step.first_leaf_index,
                 "last_leaf_index": step.last_leaf_index,
             }
-            for step in saga.steps.order_by("ordinal")
+            for step in selectors.steps_of(saga)
         ]
-        records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
-        ids = [r.pk for r in records]
-        payloads = {p.record_id: p for p in RecordPayload.objects.filter(record_id__in=ids)}
-        erased = dict(Redaction.objects.filter(record_id__in=ids).values_list("record_id", "reason"))
         out = []
-        for record in records:
-            body = stored_record(record, payloads.get(record.pk), erased.get(record.pk))
+        for stored in audit_selectors.saga_records(saga_id):
+            record = stored.record
             body = {
                 k: (v if k.startswith("_") or k in ("seq", "ts", "event") else mask_credentials(v, k))
-                for k, v in body.items()
+                for k, v in stored.body.items()
             }
             out.append(
                 {
                     "stream": record.stream.stream_id,
                     "position": record.position,
                     "leaf_index": record.leaf_index,
-                    "redacted": record.pk not in payloads,
-                    "record": body,
+                    "redacted": stored.erased,
+                    # `record`, plus `record_json` when it holds NaN or Infinity (audit.jsonvalues)
+                    **served(body),
                 }
             )
         return Response(

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import services
+from tenants.access import MANAGE_KEYS, MANAGE_MEMBERS, READ
 from tenants.models import ApiKey, Membership, Role, Scope, Tenant
 from tenants.permissions import TenantScopedViewMixin
 
@@ -24,7 +25,7 @@ class TenantSerializer(serializers.ModelSerializer):
 class CurrentTenantView(TenantScopedViewMixin, APIView):
     """The tenant these credentials act for."""
 
-    required_scopes = {"GET": "read"}
+    access = {"GET": READ}
 
     @extend_schema(
         responses=inline_serializer(
@@ -59,7 +60,7 @@ class ApiKeyListView(TenantScopedViewMixin, generics.ListCreateAPIView):
     """List the tenant's API keys, or create one (the key is in the response, once)."""
 
     serializer_class = ApiKeySerializer
-    required_capability = {"GET": "manage_keys", "POST": "manage_keys"}
+    access = {"GET": MANAGE_KEYS, "POST": MANAGE_KEYS}
 
     def get_queryset(self) -> Any:
         return ApiKey.objects.order_by("-created_at")
@@ -82,7 +83,7 @@ class ApiKeyDetailView(TenantScopedViewMixin, generics.RetrieveDestroyAPIView):
     """One API key; DELETE revokes it (the row stays, for the audit trail)."""
 
     serializer_class = ApiKeySerializer
-    required_capability = {"GET": "manage_keys", "DELETE": "manage_keys"}
+    access = {"GET": MANAGE_KEYS, "DELETE": MANAGE_KEYS}
 
     def get_queryset(self) -> Any:
         return ApiKey.objects.all()
@@ -103,10 +104,11 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 
 class MembershipListView(TenantScopedViewMixin, generics.ListAPIView):
-    """The tenant's members and their roles."""
+    """The tenant's members and their roles (every member's e-mail: the administration page's
+    rule, closed to API keys)."""
 
     serializer_class = MembershipSerializer
-    required_scopes = {"GET": "read"}
+    access = {"GET": MANAGE_MEMBERS}
 
     def get_queryset(self) -> Any:
         return Membership.objects.select_related("user").order_by("user__username")

@@ -72,6 +72,8 @@ class Scope(models.TextChoices):
     GATE = "gate", "Ask the pre-flight gate"
     READ = "read", "Read sagas and evidence"
     RECOVERY = "recovery", "Run recovery jobs"
+    AUDIT = "audit", "Start and download WORM exports"
+    CONTROL = "control", "Manage fleet and approval policies, halts"
 
 
 API_KEY_PREFIX = "sp"

@@ -1,78 +1,141 @@
-"""Who may call what: the one mixin every tenant API view inherits.
+"""The one mixin every tenant API view inherits: authenticate, decide, then run in the tenant.
 
-A view states what it needs, never how to check it:
-- `required_scopes`: per HTTP method, the API-key scope an agent needs (e.g. {"POST": "ingest"});
-  a method missing from the map is closed to API keys;
-- `required_capability`: per HTTP method, what a signed-in member's role must allow
-  (see `tenants.models.ROLE_CAPABILITIES`); default "read".
+A view declares `access`, one `tenants.access.Access` per HTTP method it answers (usually a named
+rule: `{"GET": access.READ}`); `tenants.access.decide` is what checks it. A method without a rule
+answers 405, and a view that defines a handler without declaring its rule fails at import.
+
+Order of a request, each step before the next: the method must be declared (405); the body is
+read, bounded (413), before anything touches the database, so a slow upload holds no transaction
+or pooled connection; the caller is authenticated (401) and checked against the rule (403), a
+member's tenant resolved (404); then the handler runs in one transaction with the tenant active
+for the ORM and Postgres row-level security. A refusal the handler raises is answered inside that
+transaction (so a refused batch's evidence is kept); an exception nobody answers rolls it back.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from django.db import transaction
-from django.http import HttpRequest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.http import HttpRequest, UnreadablePostError
+from django.http.request import RawPostDataException
 from rest_framework import exceptions
 from rest_framework.request import Request
+from rest_framework.response import Response
 
-from tenants import scoping
+from tenants import access as policy
 from tenants.authentication import ApiKeyPrincipal
+from tenants.errors import ApiError
 from tenants.models import ApiKey, Membership, Tenant
+from tenants.scoping import tenant_context
 from tenants.selectors import membership_for
 
 TENANT_HEADER = "HTTP_X_SAGAPLANE_TENANT"
 SESSION_TENANT_KEY = "tenant_slug"
 
+_HANDLERS = ("get", "post", "put", "patch", "delete")
+
+
+def read_body_first(request: HttpRequest) -> None:
+    """Read the whole body now, at most `SAGAPLANE_MAX_BODY_BYTES` (a larger declared length is
+    refused before a byte is read), so no transaction is open while a client uploads. Later
+    readers (`request.read()`, DRF's parsers) get the same bytes from memory."""
+    limit = settings.SAGAPLANE_MAX_BODY_BYTES
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    if declared:
+        if not declared.isdigit():
+            raise ApiError(400, "invalid", "Content-Length is not a number", field="Content-Length")
+        if int(declared) > limit:
+            raise ApiError(
+                413, "too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes", limit=limit
+            )
+    try:
+        request.body  # noqa: B018 -- reading caches it; Django bounds it by DATA_UPLOAD_MAX_MEMORY_SIZE
+    except RawPostDataException:
+        pass  # a form parser consumed it already: nothing left to wait for
+    except RequestDataTooBig:
+        raise ApiError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit) from None
+    except UnreadablePostError:
+        raise ApiError(400, "unreadable_body", "the request body could not be read in full") from None
+
 
 class TenantScopedViewMixin:
-    """Authenticates, resolves the tenant, checks scope or role, then runs the whole view in one
-    transaction with the tenant active for the ORM and for Postgres row-level security."""
+    """Declare `access`; the mixin authenticates, decides, reads the body, then runs the handler
+    in one transaction with the tenant active (see the module docstring for the order)."""
 
-    required_scopes: ClassVar[dict[str, str]] = {}
-    required_capability: ClassVar[dict[str, str]] = {}
+    access: ClassVar[policy.AccessMap] = {}
 
     tenant: Tenant
     membership: Membership | None
     api_key: ApiKey | None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        undeclared = [
+            m.upper() for m in _HANDLERS if callable(getattr(cls, m, None)) and m.upper() not in cls.access
+        ]
+        if undeclared:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__} answers {', '.join(undeclared)} with no access rule: "
+                "declare one in its `access` (tenants.access)"
+            )
+
+    @property
+    def allowed_methods(self) -> list[str]:
+        return policy.allowed_methods(self.access)
+
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        self._tenant_token = None
-        with transaction.atomic():
-            try:
-                return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
-            finally:
-                if self._tenant_token is not None:
-                    scoping.deactivate(self._tenant_token)
+        # DRF's APIView.dispatch, with the transaction around the handler alone: nothing that
+        # waits on the client (the body) or refuses it (authentication, the rule) holds one.
+        self.args = args
+        self.kwargs = kwargs
+        drf_request = self.initialize_request(request, *args, **kwargs)  # type: ignore[attr-defined]
+        self.request = drf_request
+        self.headers = self.default_response_headers  # type: ignore[attr-defined]
+        try:
+            if policy.rule_for(self.access, request.method or "") is None:
+                raise exceptions.MethodNotAllowed(request.method or "")
+            read_body_first(request)
+            self.initial(drf_request, *args, **kwargs)
+        except Exception as exc:
+            response = self.handle_exception(exc)  # type: ignore[attr-defined]
+        else:
+            handler = getattr(self, (request.method or "").lower())
+            with tenant_context(self.tenant):
+                try:
+                    response = handler(drf_request, *args, **kwargs)
+                except Exception as exc:
+                    # Answered inside the transaction, so what a refusing service chose to keep
+                    # (a refused batch is evidence) commits; an exception nobody answers is
+                    # re-raised here and rolls everything back.
+                    response = self.handle_exception(exc)  # type: ignore[attr-defined]
+        self.response: Response = self.finalize_response(drf_request, response, *args, **kwargs)  # type: ignore[attr-defined]
+        return self.response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        method = request.method.upper() if request.method != "HEAD" else "GET"
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]  # authenticates: 401
+        rule = policy.rule_for(self.access, request.method)
+        assert rule is not None  # dispatch answered 405 already
         principal = request.user
         self.api_key = None
         self.membership = None
         if isinstance(principal, ApiKeyPrincipal):
-            scope = self.required_scopes.get(method)
-            if scope is None or not principal.api_key.has_scope(scope):
-                needed = scope or "(not available to API keys)"
-                raise exceptions.PermissionDenied(
-                    f"this API key lacks the '{needed}' scope", code="missing_scope"
-                )
+            refusal = policy.decide(rule, api_key=principal.api_key)
+            if refusal is not None:
+                raise exceptions.PermissionDenied(refusal.detail, code=refusal.code)
             self.api_key = principal.api_key
             self.tenant = principal.tenant
-        else:
-            slug = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
-            membership = membership_for(principal, slug)
-            if membership is None:
-                raise exceptions.NotFound("no such tenant for this user", code="tenant_not_found")
-            capability = self.required_capability.get(method, "read")
-            if not membership.can(capability):
-                raise exceptions.PermissionDenied(
-                    f"the role '{membership.role}' may not {capability}", code="role_forbidden"
-                )
-            self.membership = membership
-            self.tenant = membership.tenant
-        self._tenant_token = scoping.activate(self.tenant)
+            return
+        slug = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
+        membership = membership_for(principal, slug)
+        if membership is None:
+            raise exceptions.NotFound("no such tenant for this user", code="tenant_not_found")
+        refusal = policy.decide(rule, membership=membership)
+        if refusal is not None:
+            raise exceptions.PermissionDenied(refusal.detail, code=refusal.code)
+        self.membership = membership
+        self.tenant = membership.tenant
 
     @property
     def actor(self) -> str:

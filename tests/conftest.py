@@ -7,6 +7,7 @@ service they skip on a laptop, but under CI=true they fail: CI must never go gre
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from rest_framework.test import APIClient
 from tenants import services
 from tenants.models import Role, Tenant
 
-ALL_SCOPES = ["ingest", "gate", "read", "recovery"]
+ALL_SCOPES = ["ingest", "gate", "read", "recovery", "audit", "control"]
 PASSWORD = "correct-horse-battery"
 
 
@@ -36,6 +37,49 @@ def _redis_reachable() -> bool:
         return True
     except redis.RedisError:
         return False
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(
+    request: pytest.FixtureRequest,
+    django_test_environment: None,
+    django_db_blocker: Any,
+    django_db_keepdb: bool,
+    django_db_createdb: bool,
+    django_db_modify_db_settings: None,
+) -> Iterator[None]:
+    """pytest-django's set-up, except that on Postgres the owner role (DATABASE_OWNER_URL) creates,
+    migrates and drops the test database, as `migrate` does in production, and the tests run as
+    the runtime role (DATABASE_URL), which row-level security binds (tenants/rls.py)."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    from tenants.rls import database_owner
+
+    verbosity = request.config.option.verbose
+    with django_db_blocker.unblock(), database_owner():
+        databases = setup_databases(
+            verbosity=verbosity,
+            interactive=False,
+            keepdb=django_db_keepdb and not django_db_createdb,
+            aliases={"default"},
+            serialized_aliases=set(),  # no test uses serialized_rollback
+        )
+        _let_the_runtime_role_flush()
+    yield
+    if not django_db_keepdb:
+        with django_db_blocker.unblock(), database_owner():
+            teardown_databases(databases, verbosity=verbosity)
+
+
+def _let_the_runtime_role_flush() -> None:
+    """Transactional tests end with Django's `flush` (TRUNCATE), run on the test's connection, as
+    the runtime role. TRUNCATE is granted here, in the test database only: production's runtime
+    role has no TRUNCATE (it is not subject to row-level security)."""
+    if connection.vendor != "postgresql":
+        return
+    role = connection.ops.quote_name(settings.DATABASE_RUNTIME_ROLE)
+    with connection.cursor() as cursor:
+        cursor.execute(f"GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO {role}")
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,8 @@ from rest_framework.views import APIView
 from sagaplane import merkle
 from sagaplane.disclosure import b64
 
-from tenants.errors import ApiError
+from controlplane.errors import DomainError
+from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
 from transparency import bundles, proofs, services
 from transparency.models import Export, ExportStatus
@@ -39,22 +40,15 @@ def _int_param(request: Request, name: str, *, required: bool) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         if required:
-            raise ApiError(400, "invalid", f"{name}: required", field=name)
+            raise DomainError(400, "invalid", f"{name}: required", field=name)
         return None
-    if not raw.isdigit() or len(raw) > 20:
-        raise ApiError(400, "invalid", f"{name}: must be a non-negative integer", field=name)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
+        raise DomainError(400, "invalid", f"{name}: must be a non-negative integer", field=name)
     return int(raw)
 
 
-def _refusal(exc: proofs.ProofRequestError) -> ApiError:
-    # "inconsistent" is the server's fault (stored leaves disagree with stored nodes), never the client's.
-    status_code = {"not_found": 404, "no_checkpoint": 404, "inconsistent": 500}.get(exc.code, 400)
-    return ApiError(status_code, exc.code, f"{exc.field}: {exc}", field=exc.field)
-
-
 class LogView(TenantScopedViewMixin, APIView):
-    required_scopes = {"GET": "read"}
-    required_capability = {"GET": "read"}
+    access = {"GET": READ}
 
 
 class CheckpointView(LogView):
@@ -64,7 +58,7 @@ class CheckpointView(LogView):
     def get(self, request: Request) -> HttpResponse:
         checkpoint = proofs.latest_checkpoint()
         if checkpoint is None:
-            raise ApiError(404, "no_checkpoint", "the log has no signed checkpoint yet")
+            raise DomainError(404, "no_checkpoint", "the log has no signed checkpoint yet")
         response = HttpResponse(checkpoint.note, content_type="text/plain; charset=utf-8")
         response["Cache-Control"] = "no-cache"
         return response
@@ -72,12 +66,16 @@ class CheckpointView(LogView):
 
 class KeyView(LogView):
     """Verifier key strings, one per line: the active key first, then any key being rotated out.
-    `?all=1` adds retired keys (still needed to verify old checkpoints)."""
+    `?all=1` adds retired keys (still needed to verify old checkpoints). A read never writes: a
+    tenant's first key is made by the integrator with its first checkpoint; until then, 404."""
 
     @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
     def get(self, request: Request) -> HttpResponse:
-        services.ensure_signing_key(self.tenant)
         keys = services.current_verifier_keys(include_retired=request.query_params.get("all") == "1")
+        if not keys:
+            raise DomainError(
+                404, "no_signing_key", "the log has no signing key yet (none before its first checkpoint)"
+            )
         return HttpResponse("".join(f"{k}\n" for k in keys), content_type="text/plain; charset=utf-8")
 
 
@@ -91,10 +89,7 @@ class InclusionProofView(LogView):
     def get(self, request: Request) -> Response:
         index = _int_param(request, "index", required=True)
         size = _int_param(request, "size", required=False)
-        try:
-            size, path, leaf = proofs.inclusion(index, size)  # type: ignore[arg-type]
-        except proofs.ProofRequestError as exc:
-            raise _refusal(exc) from None
+        size, path, leaf = proofs.inclusion(index, size)  # type: ignore[arg-type]
         return Response(
             {
                 "index": index,
@@ -116,10 +111,7 @@ class ConsistencyProofView(LogView):
     def get(self, request: Request) -> Response:
         first = _int_param(request, "first", required=True)
         second = _int_param(request, "second", required=False)
-        try:
-            second, path = proofs.consistency(first, second)  # type: ignore[arg-type]
-        except proofs.ProofRequestError as exc:
-            raise _refusal(exc) from None
+        second, path = proofs.consistency(first, second)  # type: ignore[arg-type]
         return Response(
             {
                 "first": first,
@@ -140,9 +132,7 @@ class TileView(LogView):
             parsed = merkle.parse_tile_path(f"tile/{level}/{tile}")
             data = proofs.tile(parsed.level, parsed.index, parsed.width)
         except merkle.TilePathError as exc:
-            raise ApiError(400, "invalid", f"tile: {exc}", field="tile") from None
-        except proofs.ProofRequestError as exc:
-            raise _refusal(exc) from None
+            raise DomainError(400, "invalid", f"tile: {exc}", field="tile") from None
         response = HttpResponse(data, content_type="application/octet-stream")
         # A tile at a given width never changes: full and partial tiles are immutable.
         response["Cache-Control"] = "public, max-age=31536000, immutable"
@@ -159,10 +149,7 @@ class ProofBundleView(LogView):
     )
     def get(self, request: Request) -> HttpResponse:
         index = _int_param(request, "index", required=True)
-        try:
-            text = proofs.proof_file(index)  # type: ignore[arg-type]
-        except proofs.ProofRequestError as exc:
-            raise _refusal(exc) from None
+        text = proofs.proof_file(index)  # type: ignore[arg-type]
         response = HttpResponse(text, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="leaf-{index}.tlog-proof"'
         response["Cache-Control"] = "no-cache"  # it names the latest checkpoint, which moves
@@ -180,11 +167,9 @@ class EntryBundleView(LogView):
             parsed = merkle.parse_tile_path(f"tile/0/{bundle}")
             data = proofs.entry_bundle(self.tenant, parsed.index, parsed.width)
         except merkle.TilePathError as exc:
-            raise ApiError(
+            raise DomainError(
                 400, "invalid", f"tile: {str(exc).replace('tile/0/', 'tile/entries/')}", field="tile"
             ) from None
-        except proofs.ProofRequestError as exc:
-            raise _refusal(exc) from None
         response = HttpResponse(data, content_type="application/octet-stream")
         # Leaf data never changes (erasure keeps the header and its hash), so bundles are immutable.
         response["Cache-Control"] = "public, max-age=31536000, immutable"
@@ -197,10 +182,7 @@ class DisclosureView(LogView):
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, saga_id: str) -> Response:
-        try:
-            return Response(bundles.disclosure(self.tenant, saga_id))
-        except bundles.BundleUnavailable as exc:
-            raise ApiError(exc.status, exc.code, exc.detail) from None
+        return Response(bundles.disclosure(self.tenant, saga_id))
 
 
 class ExportSerializer(serializers.ModelSerializer):
@@ -244,10 +226,10 @@ class ExportSerializer(serializers.ModelSerializer):
 
 
 class ExportListView(LogView):
-    """POST: start a WORM export (auditor, admin or owner) — 202 with its id. GET: the exports."""
+    """POST: start a WORM export (auditor, admin or owner, or a key with `audit`) — 202 with its
+    id. GET: the exports."""
 
-    required_capability = {"GET": "audit", "POST": "audit"}
-    required_scopes = {"GET": "read"}  # starting an export is for people, not agent keys
+    access = {"GET": AUDIT, "POST": AUDIT}
 
     @extend_schema(request=ExportSerializer, responses={202: ExportSerializer})
     def post(self, request: Request) -> Response:
@@ -264,28 +246,28 @@ class ExportListView(LogView):
 class ExportDetailView(LogView):
     """An export's status and progress."""
 
-    required_capability = {"GET": "audit"}
+    access = {"GET": AUDIT}
 
     @extend_schema(responses=ExportSerializer)
     def get(self, request: Request, export_id: Any) -> Response:
         export = Export.objects.filter(pk=export_id).first()
         if export is None:
-            raise ApiError(404, "not_found", "no such export in this tenant")
+            raise DomainError(404, "not_found", "no such export in this tenant")
         return Response(ExportSerializer(export).data)
 
 
 class ExportDownloadView(LogView):
     """The export's tar.gz (records.ndjson, manifest.json, checkpoint)."""
 
-    required_capability = {"GET": "audit"}
+    access = {"GET": AUDIT}
 
     @extend_schema(responses={(200, "application/gzip"): OpenApiTypes.BINARY})
     def get(self, request: Request, export_id: Any) -> FileResponse:
         export = Export.objects.filter(pk=export_id).first()
         if export is None:
-            raise ApiError(404, "not_found", "no such export in this tenant")
+            raise DomainError(404, "not_found", "no such export in this tenant")
         if export.status != ExportStatus.DONE:
-            raise ApiError(409, "not_ready", f"the export is {export.status}", status=export.status)
+            raise DomainError(409, "not_ready", f"the export is {export.status}", status=export.status)
         # Recorded in the request's transaction: if the file cannot be opened, neither stays.
         services.record_export_download(self.tenant, export, actor=self.actor)
         response = FileResponse(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 
 import pytest
+from rest_framework.test import APIClient
 from sagaplane import merkle, note
 
+from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.conftest import Person
 from tests.transparency.conftest import Writer, settle
@@ -127,12 +129,16 @@ def test_tiles_are_c2sp_and_give_the_same_proofs(log_a: tuple[note.Checkpoint, s
     assert client.get(f"{API}/tile/0/abc").json()["field"] == "tile"
 
 
-def test_viewers_read_the_log_but_cannot_start_exports(
+def test_viewers_and_read_keys_read_the_log_but_cannot_start_exports(
     log_a: tuple[note.Checkpoint, str], bob: Person
 ) -> None:
-    assert bob.session_client().get(f"{API}/proofs/inclusion", {"index": 0}).status_code == 200
-    assert bob.session_client().post(f"{API}/exports", {}, format="json").status_code == 403
-    assert bob.key_client().post(f"{API}/exports", {}, format="json").status_code == 403
+    _, read_key = tenant_services.create_api_key(bob.tenant, name="reader", scopes=["read"], actor="test")
+    read_only = APIClient()
+    read_only.credentials(HTTP_AUTHORIZATION=f"Bearer {read_key}")
+    for client in (bob.session_client(), read_only):
+        assert client.get(f"{API}/proofs/inclusion", {"index": 0}).status_code == 200
+        assert client.post(f"{API}/exports", {}, format="json").status_code == 403
+        assert client.get(f"{API}/exports").status_code == 403
 
 
 def test_another_tenant_gets_none_of_the_log(

@@ -1,0 +1,89 @@
+"""Who may call what: one declaration per route and method, checked in one place.
+
+Every tenant route (API view or HTML page) declares, for each HTTP method it answers, one
+`Access`: the API-key scope an agent needs and the capability a signed-in member's role needs
+(`tenants.models.ROLE_CAPABILITIES`); `None` closes the route to keys, or to members. A method
+with no declaration answers 405 to everyone, and an API view that defines a handler without
+declaring it fails at import, so nothing is open by omission.
+
+Routes pick one of the named rules below, so an API endpoint and the page that shows the same
+thing cannot drift apart: both say `AUDIT`, and `AUDIT` means one thing. `decide` is the only
+code that compares a principal with a rule; `tenants.permissions.TenantScopedViewMixin` (API)
+and `frontend.views.member_page` (pages) both call it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tenants.models import ApiKey, Membership, Scope
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one method of one route requires of the caller."""
+
+    key_scope: str | None
+    """The API-key scope an agent needs; None: not open to API keys."""
+    capability: str | None
+    """What a member's role must allow; None: not open to signed-in members."""
+
+
+AccessMap = Mapping[str, Access]
+"""HTTP method (upper case) → its rule. HEAD follows GET; anything undeclared answers 405."""
+
+# ------------------------------------------------------------------------------ the named rules
+
+READ = Access(key_scope=Scope.READ, capability="read")
+"""Sagas, streams, the transparency log and its proofs: any member, or a key with `read`."""
+INGEST = Access(key_scope=Scope.INGEST, capability=None)
+"""Evidence comes from agents' keys, never from a browser session."""
+AUDIT = Access(key_scope=Scope.AUDIT, capability="audit")
+"""WORM exports (start, list, watch, download): every payload of the tenant in one file."""
+ERASE = Access(key_scope=None, capability="audit")
+"""Erasing a record's payload is a person's decision, never an agent's."""
+MANAGE_MEMBERS = Access(key_scope=None, capability="manage_members")
+"""The member list (every member's e-mail) and changes to it."""
+MANAGE_KEYS = Access(key_scope=None, capability="manage_keys")
+"""API keys: listing, creating, revoking."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is refused: HTTP status, machine-readable code and a sentence."""
+
+    status: int
+    code: str
+    detail: str
+
+
+def rule_for(access: AccessMap, method: str) -> Access | None:
+    """The declared rule for `method`, or None (the route does not answer it: 405)."""
+    method = method.upper()
+    return access.get("GET" if method == "HEAD" else method)
+
+
+def allowed_methods(access: AccessMap) -> list[str]:
+    """The methods a route answers, for the `Allow` header of a 405."""
+    methods = sorted(access)
+    return [*methods, "HEAD"] if "GET" in access else methods
+
+
+def decide(
+    rule: Access, *, api_key: ApiKey | None = None, membership: Membership | None = None
+) -> Refusal | None:
+    """None when the key (or the member) may use the route under `rule`, else the refusal.
+    Exactly one of `api_key` and `membership` is given: the caller has authenticated them."""
+    if api_key is not None:
+        if rule.key_scope is None:
+            return Refusal(403, "missing_scope", "this route is not open to API keys")
+        if not api_key.has_scope(rule.key_scope):
+            return Refusal(403, "missing_scope", f"this API key lacks the '{rule.key_scope}' scope")
+        return None
+    if membership is None:
+        raise ValueError("decide() needs the API key or the membership of the caller")
+    if rule.capability is None:
+        return Refusal(403, "role_forbidden", "this route is open to API keys only, not to members")
+    if not membership.can(rule.capability):
+        return Refusal(403, "role_forbidden", f"the role '{membership.role}' may not {rule.capability}")
+    return None
