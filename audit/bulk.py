@@ -61,6 +61,7 @@ class StoredRow:
         "leaf_hash",
         "fields_json",
         "salt",
+        "verbatim",
     )
 
     def __init__(
@@ -82,6 +83,7 @@ class StoredRow:
         leaf_hash: bytes,
         fields_json: str | None,
         salt: str | None,
+        verbatim: str = "",
     ) -> None:
         self.pk: int | None = None
         self.tenant_id = tenant_id
@@ -103,6 +105,7 @@ class StoredRow:
         self.leaf_hash = leaf_hash
         self.fields_json = fields_json  # None: arrived as a redacted stub, no payload row
         self.salt = salt
+        self.verbatim = verbatim  # see Record.verbatim
 
     def as_record(self) -> Any:
         from audit.models import Record
@@ -123,6 +126,7 @@ class StoredRow:
             step_id=self.step_id,
             tool=self.tool,
             redacted=self.redacted,
+            verbatim=self.verbatim,
             received_at=self.received_at,
             leaf_index=self.leaf_index,
             leaf_hash=self.leaf_hash,
@@ -196,17 +200,18 @@ WITH log AS (
 ), h AS (
     INSERT INTO audit_record (
         tenant_id, stream_id, received_at, id, position, seq, ts, ts_json, event, cd, ph, h,
-        saga_id, step_id, tool, redacted, leaf_hash, leaf_index
+        saga_id, step_id, tool, redacted, verbatim, leaf_hash, leaf_index
     )
     SELECT %(tenant)s, %(stream)s, %(now)s, u.id, u.position, u.seq, u.ts, u.ts_json, u.event, u.cd,
-        u.ph, u.h, u.saga_id, u.step_id, u.tool, u.redacted, u.leaf_hash, log.base + u.ord - 1
+        u.ph, u.h, u.saga_id, u.step_id, u.tool, u.redacted, u.verbatim, u.leaf_hash,
+        log.base + u.ord - 1
     FROM log, unnest(
         %(id)b::bigint[], %(position)b::bigint[], %(seq)b::bigint[], %(ts)b::float8[],
         %(ts_json)b::text[], %(event)b::text[], %(cd)b::text[], %(ph)b::text[], %(h)b::text[],
         %(saga_id)b::text[], %(step_id)b::text[], %(tool)b::text[], %(redacted)b::text[],
-        %(leaf_hash)b::bytea[]
+        %(verbatim)b::text[], %(leaf_hash)b::bytea[]
     ) WITH ORDINALITY AS u(id, position, seq, ts, ts_json, event, cd, ph, h, saga_id, step_id, tool,
-                           redacted, leaf_hash, ord)
+                           redacted, verbatim, leaf_hash, ord)
 ), s AS (
     UPDATE audit_stream
     SET head_hash = %(head_hash)s, head_seq = %(head_seq)s, length = %(length)s, updated_at = %(now)s
@@ -243,6 +248,7 @@ def lock_and_append(tenant_id: int, stream: Any, now: datetime, rows: Sequence[S
         "step_id": [r.step_id for r in rows],
         "tool": [r.tool for r in rows],
         "redacted": [r.redacted for r in rows],
+        "verbatim": [r.verbatim for r in rows],
         "leaf_hash": [r.leaf_hash for r in rows],
     }
     with server_cursor() as cursor:
@@ -271,7 +277,7 @@ def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
         meta.get_field(name).column
         for name in (
             "tenant", "stream", "position", "seq", "ts", "ts_json", "event", "cd", "ph", "h", "saga_id",
-            "step_id", "tool", "redacted", "received_at", "leaf_index", "leaf_hash",
+            "step_id", "tool", "redacted", "verbatim", "received_at", "leaf_index", "leaf_hash",
         )
     ]  # fmt: skip
     adapt = connection.ops.adapt_datetimefield_value
@@ -284,7 +290,8 @@ def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
         values.append(
             (
                 r.tenant_id, r.stream.pk, r.position, r.seq, r.ts, r.ts_json, r.event, r.cd, r.ph, r.h,
-                r.saga_id, r.step_id, r.tool, r.redacted, adapted[when], r.leaf_index, r.leaf_hash,
+                r.saga_id, r.step_id, r.tool, r.redacted, r.verbatim, adapted[when], r.leaf_index,
+                r.leaf_hash,
             )
         )  # fmt: skip
     table = meta.db_table

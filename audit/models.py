@@ -76,6 +76,11 @@ class Record(TenantScopedModel):
     tool = models.CharField(max_length=200, blank=True, default="")
     # Set only when the record arrived as a redacted stub; later erasures live in `Redaction`.
     redacted = models.CharField(max_length=200, blank=True, default="")
+    # `event`, `saga_id`, `step_id`, `tool` and `redacted` are index copies (`audit.jsonvalues`:
+    # NUL, which Postgres text refuses, becomes U+FFFD). When `event` or `redacted` differs from
+    # what was sent, this holds the sent values as ASCII JSON ({"event": ..., "_redacted": ...});
+    # empty otherwise. (The ids are exact in the payload.)
+    verbatim = models.TextField(blank=True, default="")
     received_at = models.DateTimeField(default=timezone.now)
     leaf_index = models.BigIntegerField()
     leaf_hash = models.BinaryField(max_length=32)
@@ -94,12 +99,20 @@ class Record(TenantScopedModel):
     def ts_value(self) -> Any:
         return json.loads(self.ts_json)
 
+    @property
+    def sent_redacted(self) -> str:
+        """The `_redacted` reason the record arrived with, exactly ("" when it arrived whole)."""
+        if self.verbatim:
+            return str(json.loads(self.verbatim).get("_redacted", self.redacted))
+        return self.redacted
+
     def header(self) -> dict[str, Any]:
         """The record's chain fields exactly as the writer sent them."""
+        exact = json.loads(self.verbatim) if self.verbatim else {}
         out: dict[str, Any] = {
             "seq": self.seq,
             "ts": self.ts_value,
-            "event": self.event,
+            "event": exact.get("event", self.event),
             "_cd": self.cd,
             "_ph": self.ph,
             "_h": self.h,

@@ -9,9 +9,9 @@
   admin actions, approvals and redactions, in the caller's transaction.
 - `redact(tenant, stream_id, ..., reason, actor)`: erasure of a payload, recorded in the server stream.
 
-One chain rule for SDK and server: the hashing is `sagaplane.chain`'s. The walk here is the
-incremental form of `sagaplane.chain.verify_chain` (same reasons, same first bad record) that
-also knows what the server already holds.
+One chain rule for SDK and server: the hashing and the walk are `sagaplane.chain`'s
+(`ChainWalk`, the walk `verify_chain` runs: same reasons, same first bad record); `_plan` adds only
+what the server knows, the records it already holds.
 """
 
 from __future__ import annotations
@@ -28,17 +28,20 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 from sagaplane.chain import (
-    GAP_EVENT,
-    attested_seqs,
+    ChainBreak,
+    ChainWalk,
+    SeqRanges,
+    attested_ranges,
     business_fields,
-    content_digest,
-    record_hash,
+    content_breaks,
     stamp,
 )
 from sagaplane.leaf import leaf_data
+from sagaplane.limits import MAX_NESTING
 from sagaplane.merkle import leaf_hash
 
-from audit import bulk
+from audit import bulk, hooks
+from audit.jsonvalues import index_text
 from audit.models import (
     GENESIS,
     SERVER_STREAM_ID,
@@ -51,9 +54,9 @@ from audit.models import (
     StreamKind,
     TenantLog,
 )
+from controlplane.errors import DomainError
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import hooks as transparency_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ STREAM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}\Z")
 INDEXED_MAX = {"saga_id": 128, "step_id": 128, "tool": 200}
 
 
-class IngestRefused(Exception):
+class IngestRefused(DomainError):
     """A refused batch (or erasure). `code` is the specific reason (digest_mismatch, broken_link,
     seq_gap, equivocation, forged_gap, invalid, ...); `error` the API's top-level error code."""
 
@@ -78,22 +81,14 @@ class IngestRefused(Exception):
         field: str | None = None,
         **extra: Any,
     ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
+        super().__init__(status, code, detail, **extra)
         self.seq = seq
         self.index = index
         self.field = field
-        self.extra = extra
 
     @property
     def error(self) -> str:
         return "chain_broken" if self.status == 422 else self.code
-
-    @property
-    def reason(self) -> str:
-        return self.code
 
     def context(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.extra)
@@ -197,8 +192,41 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
             value = business.get(name)
             if value is not None and (not isinstance(value, str) or len(value) > limit):
                 raise _bad(index, name, f"must be a string of at most {limit} characters")
+        for name, value in rec.items():
+            problem = _unstorable(name, value)
+            if problem is not None:
+                raise IngestRefused(
+                    400, problem[0], f"records[{index}].{name}: {problem[1]}", field=f"records[{index}]",
+                    index=index,
+                )  # fmt: skip
         out.append(Incoming(rec, index, seq, ts, event, *chain, salt, redacted, business))
     return out
+
+
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _unstorable(name: str, value: Any) -> tuple[str, str] | None:
+    """Why a record's field (name, value) can be neither verified nor stored, or None.
+
+    Lone surrogates (JSON "\\ud800"): the chain hashes UTF-8, which cannot encode them, so no
+    writer can have chained one (agent-saga and the SDK both fail to write it). Nesting past
+    `MAX_NESTING` (the record is level 1): the SDK refuses to write it, and readers recurse."""
+    pending: list[tuple[Any, int]] = [(name, 1), (value, 2)]
+    while pending:
+        item, level = pending.pop()
+        if type(item) is str:
+            if not item.isascii() and _LONE_SURROGATE.search(item):
+                return "unencodable", "holds a lone surrogate (not UTF-8, so no chain can hash it)"
+        elif isinstance(item, dict | list):
+            if level > MAX_NESTING:
+                return "too_deep", f"nests deeper than {MAX_NESTING} levels (the record is level 1)"
+            if isinstance(item, dict):
+                pending.extend((key, level) for key in item)
+                pending.extend((child, level + 1) for child in item.values())
+            else:
+                pending.extend((child, level + 1) for child in item)
+    return None
 
 
 def validate_stream_id(stream_id: str) -> None:
@@ -209,27 +237,6 @@ def validate_stream_id(stream_id: str) -> None:
 
 
 # -- verification ----------------------------------------------------------------------------------
-
-
-def _self_check(rec: Incoming) -> IngestRefused | None:
-    """What a record proves on its own: payload matches digest, header matches hash."""
-    if rec.redacted:
-        if rec.business or rec.salt is not None:
-            # A stub still carrying payload would let "redacted" skip the content check.
-            return _chain_error(
-                rec, "redacted_with_payload", "a redacted record still carries payload or salt"
-            )
-    elif content_digest(rec.business, rec.salt or "") != rec.cd:
-        return _chain_error(
-            rec, "digest_mismatch", "payload does not match its content digest (a field was altered)"
-        )
-    if record_hash(rec.ph, rec.seq, rec.ts, rec.event, rec.cd) != rec.h:
-        return _chain_error(
-            rec,
-            "hash_mismatch",
-            "record hash does not match its own contents (a field or the chain pointer was altered)",
-        )
-    return None
 
 
 def _chain_error(rec: Incoming, code: str, detail: str, status: int = 422, **extra: Any) -> IngestRefused:
@@ -273,103 +280,76 @@ class _Held:
 
 
 def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
-    """Walk the batch against the stored head. Raises on the first bad record."""
+    """Walk the batch from the stored head with `sagaplane.chain.ChainWalk` (the SDK verifier's
+    walk: same rules, same first bad record, same reason) and raise on the first break. What only
+    the server knows is layered on top: records it already holds (a re-send is counted as
+    duplicates; a different record at a held position is equivocation) and attested gaps, which
+    may only cover records it never received."""
     held = _Held(stream, batch)
-    attested: set[int] | None = None
-    pos = stream.length  # position of `prev` (0 = before the first record)
-    prev_h = stream.head_hash
-    prev_seq = stream.head_seq
+    attested = attested_ranges(r.raw for r in batch)
+    walk = ChainWalk(attested, head=stream.head_hash, head_seq=stream.head_seq, strict=True)
+    pos = stream.length  # position of `walk.prev` (0 = before the first record)
     new: list[tuple[Incoming, int]] = []
     duplicates = 0
     for i, rec in enumerate(batch):
-        error = _self_check(rec)
-        if error is not None:
-            raise error
         at_head = pos == stream.length + len(new)
-        if rec.ph == prev_h:
-            if not at_head:
+        resent = held.get(rec.h) if i == 0 and rec.ph != walk.prev else None
+        if resent is not None or (not at_head and rec.ph == walk.prev):
+            # A re-send of what is held: its own digest and hash prove it is the held record.
+            own = content_breaks(rec.raw, rec.index)
+            if own:
+                raise _refusal(stream, rec, own[0], held, attested)
+            if resent is None and held.get(rec.h) is None:
                 # prev is a held record inside the stream: the next one must be the held one too.
-                if held.get(rec.h) is not None:
-                    duplicates += 1
-                    pos, prev_h, prev_seq = pos + 1, rec.h, rec.seq
-                    continue
                 raise _equivocation(stream, rec, pos + 1, held.hash_at(pos + 1))
-            expected = 1 if prev_seq is None else prev_seq + 1
-            if rec.seq > expected:
-                if attested is None:
-                    attested = attested_seqs(r.raw for r in batch)
-                missing = (
-                    sorted(set(range(expected, rec.seq)) - attested) if rec.seq - expected < 10**6 else [0]
-                )
-                if missing:
-                    raise _seq_gap(rec, missing)
-            elif rec.seq < expected and rec.seq != 1:
-                raise _chain_error(
-                    rec, "seq_regression", f"seq went backwards from {expected - 1} to {rec.seq}"
-                )
-            pos += 1
-            new.append((rec, pos))
-            prev_h, prev_seq = rec.h, rec.seq
-            continue
-        if i == 0 and (spot := held.get(rec.h)) is not None:
-            # A re-send that starts inside what is held: its own hash proves it is the held record.
             duplicates += 1
-            pos, prev_h, prev_seq = spot[0], rec.h, rec.seq
+            pos = resent[0] if resent is not None else pos + 1
+            walk.move_to(rec.h, rec.seq)
             continue
-        if attested is None:
-            attested = attested_seqs(r.raw for r in batch)
-        # Same order as agent-saga's verify: a seq jump is named before the link it also breaks.
-        expected = 1 if prev_seq is None else prev_seq + 1
-        jumped = expected < rec.seq < expected + 10**6
-        if jumped:
-            missing = sorted(set(range(expected, rec.seq)) - attested)
-            if missing:
-                raise _seq_gap(rec, missing)
-        if held.get(rec.h) is not None:
-            raise _broken_link(rec, prev_h)  # a held record out of place: a repeated or moved line
-        claimed = (0, 0) if rec.ph == GENESIS else held.get(rec.ph)
-        if claimed is not None and (rec.ph != GENESIS or stream.length > 0):
-            # It claims a predecessor the server holds but that is not where the batch stands.
-            if attested:
-                raise _chain_error(
-                    rec,
-                    "forged_gap",
-                    "a WAL_CHAIN_GAP attestation cannot remove records the server already holds",
-                )
-            if claimed[0] < stream.length:
-                raise _equivocation(stream, rec, claimed[0] + 1, held.hash_at(claimed[0] + 1))
-            raise _broken_link(rec, prev_h)
-        if jumped:
-            # An attested compaction gap: the predecessor was never shipped and every skipped seq is
-            # accounted for. Only at the head: nothing held may be skipped.
-            if not at_head:
-                raise _chain_error(rec, "forged_gap", "an attested gap may not skip records the server holds")
-            pos += 1
-            new.append((rec, pos))
-            prev_h, prev_seq = rec.h, rec.seq
-            continue
-        if rec.seq < expected and rec.seq != 1:
-            raise _chain_error(rec, "seq_regression", f"seq went backwards from {expected - 1} to {rec.seq}")
-        raise _broken_link(rec, prev_h)
+        prev = walk.prev
+        breaks = walk.step(rec.index, rec.raw)
+        if breaks:
+            raise _refusal(stream, rec, breaks[0], held, attested)
+        # An attested compaction gap: the predecessor was never shipped. Only at the head, and never
+        # over a record the server holds.
+        skipped = walk.gap_forgiven and rec.ph != prev
+        if skipped and (not at_head or _held_position(stream, held, rec.ph) is not None):
+            raise _forged_gap(rec)
+        pos += 1
+        new.append((rec, pos))
     return _Plan(new, duplicates)
 
 
-def _seq_gap(rec: Incoming, missing: list[int]) -> IngestRefused:
-    more = "" if len(missing) <= 5 else f" (+{len(missing) - 5} more)"
-    return _chain_error(
-        rec,
-        "seq_gap",
-        f"{len(missing)} record(s) missing with no {GAP_EVENT} attestation: seq {missing[:5]}{more}",
-    )
+def _held_position(stream: Stream, held: _Held, h: str) -> int | None:
+    """Where the stream holds the record hashed `h` (0: genesis, for a stream that has records)."""
+    if h == GENESIS:
+        return 0 if stream.length > 0 else None
+    spot = held.get(h)
+    return None if spot is None else spot[0]
 
 
-def _broken_link(rec: Incoming, expected: str) -> IngestRefused:
+def _refusal(
+    stream: Stream, rec: Incoming, brk: ChainBreak, held: _Held, attested: SeqRanges
+) -> IngestRefused:
+    """The walk's first break as the API's refusal. A broken link that claims a predecessor the
+    server holds is named for what it is: a fork of held history (equivocation), or, when the
+    batch attests a gap, an attempt to attest away held records (forged_gap)."""
+    if brk.code == "broken_link" and held.get(rec.h) is None:
+        claimed = _held_position(stream, held, rec.ph)
+        if claimed is not None:
+            if attested:
+                return _forged_gap(rec)
+            if claimed < stream.length:
+                return _equivocation(stream, rec, claimed + 1, held.hash_at(claimed + 1))
+    extra: dict[str, Any] = {}
+    if brk.code == "broken_link":
+        extra = {"expected": brk.expected, "found": brk.found}
+    return IngestRefused(422, brk.code, str(brk), seq=brk.seq, index=brk.index, **extra)
+
+
+def _forged_gap(rec: Incoming) -> IngestRefused:
     return _chain_error(
-        rec,
-        "broken_link",
-        "record does not link to the one before it (insertion, reorder, or unattested deletion)",
-        expected=expected,
-        found=rec.ph,
+        rec, "forged_gap", "a WAL_CHAIN_GAP attestation cannot remove records the server already holds"
     )
 
 
@@ -413,14 +393,21 @@ def _lock_log(tenant: Tenant) -> TenantLog:
     return log
 
 
+def _verbatim(rec: Incoming) -> str:
+    """Record.verbatim: the header text a column could not hold as sent (see the model)."""
+    sent = {"event": rec.event, "_redacted": rec.redacted}
+    if all("\x00" not in value for value in sent.values()):
+        return ""
+    return json.dumps({name: value for name, value in sent.items() if value})
+
+
 def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
     """Append the planned records: leaf indices under the tenant log lock, headers then payloads,
-    the stream head, the saga projection, and the live event after commit.
+    the stream head, and what the subscribers of `audit.hooks` do with them (the saga projection
+    in the transaction; the live event and the integration request after commit).
 
     Everything that needs no lock (leaf hashes, payload JSON) is computed before the tenant log is
     locked, so the section that serialises a tenant's ingests is a few set-based statements."""
-    from sagas import services as sagas_services
-
     now = timezone.now()
     stream_name = stream.stream_id
     rows = [
@@ -431,25 +418,29 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
             rec.seq,
             float(rec.ts),
             repr(rec.ts),  # == json.dumps for the int or finite float parse_batch admits
-            rec.event,
+            index_text(rec.event),
             rec.cd,
             rec.ph,
             rec.h,
-            rec.business.get("saga_id") or "",
-            rec.business.get("step_id") or "",
-            rec.business.get("tool") or "",
-            rec.redacted,
+            index_text(rec.business.get("saga_id") or ""),
+            index_text(rec.business.get("step_id") or ""),
+            index_text(rec.business.get("tool") or ""),
+            index_text(rec.redacted),
             leaf_hash(leaf_data(stream_name, position, rec.h)),
+            # ASCII JSON: any string (NUL, any code point), NaN, Infinity and any int, exactly.
             None if rec.redacted else json.dumps(rec.business),
             rec.salt,
+            _verbatim(rec),
         )
         for rec, position in plan.new
     ]
-    items = [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
-    # No lock needed yet (same transaction): header ids and payloads; on Postgres the projection is
-    # read and folded now too, and re-checked under the lock before it is written.
+    appended = hooks.AppendedRecords(
+        tenant, stream_name, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
+    )
+    # No lock needed yet (same transaction): header ids and payloads; subscribers read and fold
+    # now too (the saga projection, on Postgres), and re-check under the lock before they write.
     bulk.prepare_records(rows)
-    folded = sagas_services.prepare_records(tenant, items)
+    on_stored = hooks.records_appending(appended)
     base = bulk.lock_and_append(tenant.pk, stream, now, rows) if bulk.is_postgres() else None
     if base is None and bulk.is_postgres():
         _lock_log(tenant)  # the tenant's first records: create its log row
@@ -464,9 +455,7 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
         )
         stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
         TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
-    changes = sagas_services.apply_prepared(tenant, folded, items, base)
-    sagas_services.publish_on_commit(tenant, stream_name, len(rows), changes)
-    transparency_hooks.records_appended(tenant)
+    hooks.records_stored(appended, on_stored, base)
     return rows
 
 
@@ -518,16 +507,6 @@ def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: str) -> Inges
     EquivocationAttempt row is kept), 422 chain broken (seq, index, reason)."""
     validate_stream_id(stream_id)
     batch = parse_batch(records)
-    for rec in batch[1:]:
-        if rec.ph == GENESIS:
-            raise IngestRefused(
-                400,
-                "mixed_streams",
-                f"records[{rec.index}]._ph: starts a new chain (genesis) inside a batch for stream "
-                f"'{stream_id}'; send each stream's records to its own URL",
-                field=f"records[{rec.index}]._ph",
-                index=rec.index,
-            )
     refused: IngestRefused | None = None
     with tenant_context(tenant):
         try:
@@ -631,8 +610,6 @@ def redact(
 ) -> Redaction:
     """Delete a record's payload and salt (the header, its hash and its leaf stay, so the chain and
     every proof still verify) and record who, when, why and which record in the server stream."""
-    from sagas import services as sagas_services
-
     reason = (reason or "").strip()
     if not reason:
         raise IngestRefused(400, "invalid", "reason: required", field="reason")
@@ -661,10 +638,7 @@ def redact(
         redaction = Redaction.objects.create(
             tenant=tenant, record=record, reason=reason, actor=actor, server_record=server_record
         )
-        if record.saga_id:
-            # The projection may hold values from the erased payload (a compensation descriptor):
-            # rebuild that saga from what the records now say.
-            sagas_services.rebuild_saga(tenant, record.saga_id)
+        hooks.payload_erased(tenant, record)
         return redaction
 
 
@@ -675,5 +649,5 @@ def stored_record(record: Record, payload: RecordPayload | None, erased_reason: 
         out.update(payload.fields)
         out["_s"] = payload.salt
     else:
-        out["_redacted"] = record.redacted or erased_reason or "erased"
+        out["_redacted"] = record.sent_redacted or erased_reason or "erased"
     return out

@@ -1,7 +1,8 @@
 """The saga projection: saga and step state derived from audit records, in record (leaf) order.
 
-`apply_records` is called by `audit.services` inside the ingest transaction, so a saga's state is
-never ahead of or behind its stored records. `rebuild_tenant` / `rebuild_saga` recompute it from
+`project_appended` is subscribed to `audit.hooks.on_records_appended` (in `SagasConfig.ready`), so it
+runs inside the ingest transaction and a saga's state is never ahead of or behind its stored
+records. `rebuild_tenant` / `rebuild_saga` recompute it from
 the records alone; a test checks that the two agree.
 """
 
@@ -17,6 +18,8 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from audit.hooks import AppendedRecords, OnStored
+from audit.jsonvalues import index_json, index_text
 from controlplane.postcommit import after_commit
 from sagas import bulk
 from sagas.models import AGENT_NAME_MAX, Saga, SagaStatus, Step, StepStatus
@@ -45,6 +48,10 @@ _STEP_RANK = {
 }
 
 Item = tuple[Any, dict[str, Any] | None]  # (audit Record, its business fields or None if erased)
+
+
+# A lease longer than this (about 31 years) is not a lease; the saga is then never reported orphaned.
+MAX_LEASE_TTL = 1e9
 
 
 def _when(ts: float) -> datetime | None:
@@ -84,12 +91,13 @@ def _apply_one(
         saga.started_at = when
     touched: bulk.StepState | None = None
     if event == "SAGA_START":
-        saga.name = str(biz.get("name") or saga.name)[:200]
+        # Index copies (audit.jsonvalues): the records keep the exact values.
+        saga.name = index_text(str(biz.get("name") or saga.name)[:200])
         agent = biz.get("agent")
         if isinstance(agent, str):
             saga.agent = agent_label(agent) or saga.agent
         ttl = _number(biz.get("lease_ttl"))
-        if ttl is not None and ttl > 0:
+        if ttl is not None and 0 < ttl <= MAX_LEASE_TTL:  # not NaN, not Infinity
             saga.lease_ttl = ttl
         _lease(saga, when)
     elif event == "SAGA_LEASE":
@@ -111,9 +119,9 @@ def _apply_one(
         touched.tool = record.tool or touched.tool
         semantics = biz.get("semantics")
         if isinstance(semantics, str):
-            touched.semantics = semantics[:20]
+            touched.semantics = index_text(semantics[:20])
         if "compensation" in biz and isinstance(biz["compensation"], dict | None):
-            touched.compensation = biz["compensation"]
+            touched.compensation = index_json(biz["compensation"])
         touched.last_leaf_index = record.leaf_index
     elif event == "ROLLBACK_END":
         counts = [biz.get(k) for k in ("failed", "orphaned", "unresolved")]
@@ -144,7 +152,10 @@ def _lease(saga: bulk.SagaState, when: datetime | None) -> None:
     if when is not None and (saga.last_lease_at is None or when > saga.last_lease_at):
         saga.last_lease_at = when
     if saga.last_lease_at is not None and saga.lease_ttl:
-        saga.lease_expires_at = saga.last_lease_at + timedelta(seconds=saga.lease_ttl)
+        try:
+            saga.lease_expires_at = saga.last_lease_at + timedelta(seconds=saga.lease_ttl)
+        except OverflowError:  # past year 9999: a lease that never lapses
+            saga.lease_expires_at = None
 
 
 @dataclass
@@ -246,6 +257,25 @@ def apply_prepared(
         return fold.changes()
     logger.info("saga projection changed while a batch was being verified; folding again under the lock")
     return apply_records(tenant, items)
+
+
+def project_appended(appended: AppendedRecords) -> OnStored:
+    """`audit.hooks` subscriber: fold an ingest's records into the projection (read and folded
+    before the tenant log lock, written under it), and announce the change after commit."""
+    folded = prepare_records(appended.tenant, appended.items)
+
+    def stored(base: int) -> None:
+        changes = apply_prepared(appended.tenant, folded, appended.items, base)
+        publish_on_commit(appended.tenant, appended.stream_id, len(appended.items), changes)
+
+    return stored
+
+
+def rebuild_after_erasure(tenant: Tenant, record: Any) -> None:
+    """`audit.hooks` subscriber: the projection may hold values from an erased payload (a
+    compensation descriptor), so that saga is rebuilt from what its records now say."""
+    if record.saga_id:
+        rebuild_saga(tenant, record.saga_id)
 
 
 def _payloads_for(records: Iterable[Any]) -> dict[int, dict[str, Any]]:

@@ -18,19 +18,18 @@ from sagaplane import disclosure as sdk_disclosure
 from sagaplane import export as sdk_export
 from sagaplane.chain import canonical
 
+from audit.jsonvalues import served
+from controlplane.errors import DomainError
 from tenants.models import Tenant
-from transparency import keys, proofs
+from transparency import keys, proofs, sources
 from transparency.models import Checkpoint, Export, ExportStatus
-from transparency.services import SEAL_EVENT, verifiers
-from transparency.sources import LeafRecord, get_source
+from transparency.services import SEAL_EVENT, exact_saga_id, verifiers
+from transparency.sources import LeafRecord
 
 
-class BundleUnavailable(Exception):
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
+class BundleUnavailable(DomainError):
+    """A disclosure or export cannot be built: no such saga, no seal or checkpoint yet, a range
+    outside the log (4xx), or stored leaves missing (a 500)."""
 
 
 def _entry(record: LeafRecord, proof: list[bytes]) -> dict[str, Any]:
@@ -38,7 +37,8 @@ def _entry(record: LeafRecord, proof: list[bytes]) -> dict[str, Any]:
         "leaf_index": record.leaf_index,
         "stream": record.stream_id,
         "position": record.position,
-        "record": record.record,
+        # `record`, plus `record_json` when it holds NaN or Infinity (audit.jsonvalues)
+        **served(record.record),
         "inclusion": [sdk_disclosure.b64(h) for h in proof],
     }
 
@@ -46,8 +46,7 @@ def _entry(record: LeafRecord, proof: list[bytes]) -> dict[str, Any]:
 def disclosure(tenant: Tenant, saga_id: str) -> dict[str, Any]:
     """One saga, proven complete by its latest seal, against the latest signed checkpoint.
     Runs with the tenant active; nothing of any other saga is read into the bundle."""
-    source = get_source()
-    records = source.saga_records(tenant, saga_id)
+    records = sources.saga_records(tenant, saga_id)
     if not records:
         raise BundleUnavailable(404, "not_found", "no such saga in this tenant")
     seals = [r for r in records if r.record.get("event") == SEAL_EVENT]
@@ -68,10 +67,10 @@ def disclosure(tenant: Tenant, saga_id: str) -> dict[str, Any]:
     return {
         "format": sdk_disclosure.FORMAT,
         "origin": keys.log_origin(tenant),
-        "saga_id": saga_id,
+        "saga_id": exact_saga_id(shown, saga_id),
         "hash_encoding": "base64",
         "checkpoint": checkpoint.note,
-        "server_stream": source.server_stream_id(),
+        "server_stream": sources.server_stream_id(),
         "records": [_entry(r, paths[r.leaf_index]) for r in shown],
         "seal": _entry(seal, paths[seal.leaf_index]),
         # Records logged after the seal (not yet covered by a newer seal) are not disclosed.
@@ -85,7 +84,7 @@ def resolve_range(tenant: Tenant, export: Export, checkpoint: Checkpoint) -> tup
         first = export.first or 0
         end = checkpoint.size if export.end is None else export.end
     elif export.since is not None or export.until is not None:
-        first, end = get_source().leaf_range_for_time(tenant, export.since, export.until)
+        first, end = sources.leaf_range_for_time(tenant, export.since, export.until)
         end = min(end, checkpoint.size)
         first = min(first, end)
     else:
@@ -149,7 +148,7 @@ def write_records(
     done = 0
     for start in range(first, end, chunk):
         with tenant_context(tenant):
-            rows = list(get_source().records(tenant, start, min(end, start + chunk)))
+            rows = list(sources.records(tenant, start, min(end, start + chunk)))
         for row in rows:
             if row.leaf_index != first + done:
                 raise BundleUnavailable(

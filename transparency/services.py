@@ -21,11 +21,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane import merkle, note
 
+from audit.jsonvalues import index_text
 from audit.services import append_server_record
+from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import keys
+from transparency import cross_tenant, keys, sources
 from transparency.models import (
     Checkpoint,
     Export,
@@ -36,7 +38,7 @@ from transparency.models import (
     TreeState,
 )
 from transparency.proofs import StoredNodes
-from transparency.sources import LeafRecord, get_source
+from transparency.sources import LeafRecord
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,12 @@ SEAL_EVENT = "SAGA_SEALED"
 _NODE_BATCH = 5_000
 
 
-class IntegrationRefused(RuntimeError):
-    """The integrator found stored state it cannot extend consistently; nothing was signed."""
+class IntegrationRefused(DomainError):
+    """The integrator found stored state it cannot extend consistently; nothing was signed.
+    The server's fault, never the client's (a 500 should one reach an API answer)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(500, "integration_refused", detail)
 
 
 # --------------------------------------------------------------------------- keys
@@ -199,7 +205,7 @@ def _extend_and_sign(
     if tuple(stored_frontier) != compact.hashes:
         raise IntegrationRefused("stored tree state disagrees with the stored tree nodes")
 
-    leaves = get_source().leaf_hashes(tenant, state.size, target)
+    leaves = sources.leaf_hashes(tenant, state.size, target)
     if len(leaves) != target - state.size or any(len(h) != merkle.HASH_SIZE for h in leaves):
         raise IntegrationRefused(f"leaves {state.size}..{target} are not contiguous 32-byte hashes")
     new_nodes = compact.extend(leaves)
@@ -259,7 +265,7 @@ def integrate(tenant: Tenant, *, max_leaves: int | None = None) -> Checkpoint | 
     with tenant_context(tenant):
         state = _locked_state(tenant)
         _active_key(tenant)
-        target = min(get_source().log_size(tenant), state.size + (max_leaves or _chunk_leaves()))
+        target = min(sources.log_size(tenant), state.size + (max_leaves or _chunk_leaves()))
         return _extend_and_sign(tenant, state, target=target)
 
 
@@ -276,15 +282,21 @@ def integrate_fully(
 
 def tenants_to_integrate() -> list[int]:
     """Ids of tenants whose log has leaves not yet in a signed checkpoint."""
-    from tenants.scoping import dangerously_bypass_tenant_scope
-
-    with dangerously_bypass_tenant_scope():
-        sizes = get_source().all_log_sizes()
-        integrated = dict(TreeState.objects.values_list("tenant_id", "size"))
-    return sorted(tid for tid, size in sizes.items() if size > integrated.get(tid, -1))
+    return cross_tenant.tenants_to_integrate()
 
 
 # --------------------------------------------------------------------------- saga seal
+
+
+def exact_saga_id(records: list[LeafRecord], saga_id: str) -> str:
+    """The saga id as its records carry it. `saga_id` is the index copy the projection and the
+    URLs use (audit.jsonvalues: a NUL in an id becomes U+FFFD there); seals and disclosures name
+    the exact id, which is what a verifier compares with each record's `saga_id`."""
+    for leaf in records:
+        sent = leaf.record.get("saga_id")
+        if isinstance(sent, str) and index_text(sent) == saga_id:
+            return sent
+    return saga_id
 
 
 def _seal_fields(records: list[LeafRecord], saga_id: str) -> tuple[dict[str, Any], bool]:
@@ -292,7 +304,7 @@ def _seal_fields(records: list[LeafRecord], saga_id: str) -> tuple[dict[str, Any
     own = [r for r in records if r.record.get("event") != SEAL_EVENT]
     seals = [r for r in records if r.record.get("event") == SEAL_EVENT]
     leaves = [[r.leaf_index, r.record.get("_h")] for r in own]
-    fields = {"saga_id": saga_id, "leaves": leaves, "count": len(leaves)}
+    fields = {"saga_id": exact_saga_id(own, saga_id), "leaves": leaves, "count": len(leaves)}
     current = bool(seals) and seals[-1].record.get("leaves") == leaves
     return fields, current
 
@@ -306,20 +318,20 @@ def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | N
     record no longer matches it. Idempotent: None when the latest seal is already current; a
     record about the saga that arrives after its seal gets a fresh seal."""
     with tenant_context(tenant):
-        records = get_source().saga_records(tenant, saga_id)
+        records = sources.saga_records(tenant, saga_id)
         if not records:
             raise LookupError(f"saga {saga_id!r} has no records")
         fields, current = _seal_fields(records, saga_id)
         if current:
             return None
-        get_source().append_server_record(tenant, SEAL_EVENT, fields, actor=actor)
+        sources.append_server_record(tenant, SEAL_EVENT, fields, actor=actor)
         return fields
 
 
 def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
     """Seal every saga that has a record among leaves [start, end) and is in a terminal state."""
     with tenant_context(tenant):
-        saga_ids = get_source().terminal_sagas_touched(tenant, start, end)
+        saga_ids = sources.terminal_sagas_touched(tenant, start, end)
         return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id, actor=SEAL_ACTOR) is not None]
 
 
@@ -364,12 +376,7 @@ def seal_pending(
 
 def tenants_to_seal() -> list[int]:
     """Ids of tenants with integrated leaves the seal pass has not looked at yet."""
-    from django.db.models import F
-
-    from tenants.scoping import dangerously_bypass_tenant_scope
-
-    with dangerously_bypass_tenant_scope():
-        return sorted(TreeState.objects.filter(sealed_size__lt=F("size")).values_list("tenant_id", flat=True))
+    return cross_tenant.tenants_to_seal()
 
 
 # --------------------------------------------------------------------------- exports
@@ -602,15 +609,7 @@ def build_export(tenant: Tenant, export_id: Any) -> None:
 def stale_exports(now: datetime | None = None) -> list[tuple[int, Any]]:
     """(tenant id, export id) of unfinished exports with no sign of life within the stale window
     (cross-tenant: the sweep's one query, on the (status, heartbeat_at) index)."""
-    from tenants.scoping import dangerously_bypass_tenant_scope
-
-    cutoff = (now or timezone.now()) - _export_stale_after()
-    with dangerously_bypass_tenant_scope():
-        return list(
-            Export.objects.filter(
-                status__in=[ExportStatus.QUEUED, ExportStatus.RUNNING], heartbeat_at__lt=cutoff
-            ).values_list("tenant_id", "pk")
-        )
+    return cross_tenant.stale_exports((now or timezone.now()) - _export_stale_after())
 
 
 def requeue_or_fail_export(tenant: Tenant, export_id: Any, now: datetime | None = None) -> str | None:

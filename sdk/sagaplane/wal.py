@@ -51,6 +51,7 @@ from .chain import (
     record_hash_fast,
     token_hex,
 )
+from .limits import MAX_NESTING, nesting_depth
 from .semantics import json_safe
 from .walfile import stream_id_for
 
@@ -618,13 +619,28 @@ class WAL:
 
 
 def _encode_business(fields: dict[str, Any]) -> bytes:
-    """The canonical bytes of a record's business fields (reserved names dropped)."""
+    """The canonical bytes of a record's business fields (reserved names dropped).
+
+    Refuses (WALError, before anything is written) what the control plane would refuse: values
+    nested deeper than `limits.MAX_NESTING` (the record itself is level 1, and its business
+    fields sit on that level) and text that is not UTF-8 (a lone surrogate such as "\\ud800"),
+    which no chain can hash."""
     if not fields.keys().isdisjoint(_RESERVED):
         fields = {k: v for k, v in fields.items() if k not in _RESERVED}
     try:
-        return canonical_strict(fields)
-    except (TypeError, ValueError, RecursionError):
-        return canonical(json_safe(fields))
+        encoded = canonical_strict(fields)
+    except RecursionError:
+        raise WALError(f"record refused: its values nest deeper than {MAX_NESTING} levels") from None
+    except (TypeError, ValueError):
+        # Not plain JSON (NaN, sets, objects...): the logging projection, which caps its own depth.
+        try:
+            return canonical(json_safe(fields))
+        except UnicodeEncodeError as exc:
+            raise WALError(f"record refused: its text is not encodable as UTF-8 ({exc.reason})") from None
+    # Each level opens a bracket, so a record with few brackets needs no walk.
+    if encoded.count(b"{") + encoded.count(b"[") > MAX_NESTING and nesting_depth(fields) > MAX_NESTING:
+        raise WALError(f"record refused: its values nest deeper than {MAX_NESTING} levels")
+    return encoded
 
 
 def _settle(futs: list[asyncio.Future[None]], failure: BaseException | None) -> None:
