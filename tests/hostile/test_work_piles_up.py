@@ -7,10 +7,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
+import textwrap
 import uuid
 from pathlib import Path
 from typing import Any
@@ -100,24 +101,52 @@ def test_200_batches_queue_one_integration_and_everything_integrates(tenant_a: T
 
 # ------------------------------------------------------------------ a real worker, told to stop
 
-LEAVES = 10_000
-CHUNK = 1  # leaf per integration transaction: 10,000 of them, minutes of work in all
-SHUTDOWN_BOUND_S = 30.0  # warm shutdown after SIGTERM, mid-integration
+LEAVES = 2_000
+CHUNK = 100  # leaves per integration transaction: 20 of them to integrate everything
+SHUTDOWN_BOUND_S = 60.0  # a hang guard only: the worker stops at the end of the first chunk
+
+# The worker, with one hook: after the first chunk is committed and signed, the pool process tells
+# the test ("B") and holds there until the worker is asked to shut down. So the SIGTERM always
+# arrives mid-integration with exactly one chunk done, however fast or slow the machine is, and a
+# worker that did not stop between chunks would go on to integrate all of them.
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    import django
+
+    os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+    django.setup()
+    from controlplane.celery import app, keep_going
+    from transparency import services
+
+    queue, fd = sys.argv[1], int(sys.argv[2])
+    first_chunk = services.integrate
+
+    def integrate_then_hold(tenant, **kwargs):
+        services.integrate = first_chunk  # one hold only: later chunks run as they are
+        checkpoint = first_chunk(tenant, **kwargs)
+        os.write(fd, b"B")
+        deadline = time.monotonic() + 300  # bounded: the test kills the worker long before
+        while keep_going() and time.monotonic() < deadline:
+            time.sleep(0.05)  # waits for the shutdown flag that SIGTERM sets in shared memory
+        return checkpoint
+
+    services.integrate = integrate_then_hold
+    app.worker_main(["worker", "--pool=prefork", "--concurrency=1", "-Q", queue, "-n", queue + "@%h",
+                     "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"])
+    """
+)
 
 
-def _deadline_poll(
-    worker: subprocess.Popen[Any], ready: Any, what: str, log: Path, timeout: float = 180
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if worker.poll() is not None:
-            pytest.fail(f"the worker exited ({worker.returncode}) before {what}:\n{log.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {timeout}s:\n{log.read_text()[-3000:]}")
-        try:
-            worker.wait(timeout=0.2)  # between polls; returns at once if the worker exits
-        except subprocess.TimeoutExpired:
-            pass
+def _read_signal(fd: int, worker: subprocess.Popen[Any], log: Path, timeout: float = 180) -> bytes:
+    ready, _, _ = select.select([fd], [], [], timeout)
+    if not ready:
+        pytest.fail(f"the worker never finished its first chunk:\n{log.read_text()[-3000:]}")
+    signal_byte = os.read(fd, 1)
+    if not signal_byte:  # the pipe closed: the worker died first
+        worker.wait(timeout=30)
+        pytest.fail(f"the worker exited ({worker.returncode}):\n{log.read_text()[-3000:]}")
+    return signal_byte
 
 
 @pytest.mark.slow
@@ -146,53 +175,42 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
     before = _tree(tenant_a)[1]  # the tenant's creation records, integrated by _catch_up
     integrate_tenant.apply_async((tenant_a.pk,), queue=queue)
     log = tmp_path / "worker.log"
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    read_fd, write_fd = os.pipe()
     with log.open("w") as out:
         worker = subprocess.Popen(
-            [
-                str(VENV_BIN / "celery"),
-                "-A",
-                "controlplane",
-                "worker",
-                "--pool=prefork",  # the task runs in a pool process, as in production
-                "--concurrency=1",
-                "-Q",
-                queue,
-                "-n",
-                f"{queue}@%h",
-                "--loglevel=INFO",
-                "--without-heartbeat",
-                "--without-gossip",
-                "--without-mingle",
-            ],
+            [sys.executable, str(script), queue, str(write_fd)],
+            pass_fds=(write_fd,),
             cwd=ROOT,
-            env=env,
+            env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    os.close(write_fd)
     try:
-        _deadline_poll(worker, lambda: _tree(tenant_a)[1] > before, "integration under way", log)
-        started_at = _tree(tenant_a)[1]
+        assert _read_signal(read_fd, worker, log) == b"B"  # mid-integration: one chunk done
+        held_at = _tree(tenant_a)
 
         worker.send_signal(signal.SIGTERM)  # to the main process only, as an orchestrator does
-        asked = time.monotonic()
         try:
             code = worker.wait(timeout=SHUTDOWN_BOUND_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"warm shutdown took over {SHUTDOWN_BOUND_S}s:\n{log.read_text()[-3000:]}")
-        took = time.monotonic() - asked
+            pytest.fail(f"warm shutdown did not finish:\n{log.read_text()[-3000:]}")
     finally:
+        os.close(read_fd)
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(timeout=30)
         _purge(queue)
 
     assert code == 0, log.read_text()[-3000:]
-    log_size, stopped_at, signed = _tree(tenant_a)
-    # It stopped between chunks, well short of the end, with what it did committed and signed.
-    assert started_at <= stopped_at < log_size, (started_at, stopped_at, log_size, took)
-    assert signed == stopped_at
-    assert "stopped at" in log.read_text()
+    log_size = held_at[0]
+    assert log_size >= LEAVES and held_at == (log_size, before + CHUNK, before + CHUNK)
+    # It stopped at the end of that chunk, with what it did committed and signed, and no further.
+    assert _tree(tenant_a) == (log_size, before + CHUNK, before + CHUNK)
+    assert f"stopped at {before + CHUNK} leaves" in log.read_text()
 
     # Resumable: the rest was requested again, and the next run extends the signed tree
     # (consistency with the last checkpoint is proven before it signs) to every leaf.
