@@ -1,4 +1,5 @@
-"""agent-saga's `SagaCloudClient` paths, mounted at /v1/."""
+"""agent-saga's `SagaCloudClient` paths, mounted at /v1/ (the reads that count sagas are in
+`sagas.compat_urls`, mounted beside these)."""
 
 from django.urls import path
 
@@ -7,6 +8,4 @@ from audit import compat
 urlpatterns = [
     path("wal/ingest", compat.WalIngestView.as_view(), name="agent-saga-wal-ingest"),
     path("approvals", compat.ApprovalsView.as_view(), name="agent-saga-approvals"),
-    path("fleet/budget", compat.FleetBudgetView.as_view(), name="agent-saga-fleet-budget"),
-    path("audit/report", compat.AuditReportView.as_view(), name="agent-saga-audit-report"),
 ]

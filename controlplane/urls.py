@@ -20,5 +20,6 @@ urlpatterns = [
     path("api/v1/", include("audit.urls")),
     path("api/v1/", include("sagas.urls")),
     path("v1/", include("audit.compat_urls")),
+    path("v1/", include("sagas.compat_urls")),
     path("", include("frontend.urls")),
 ]

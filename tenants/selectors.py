@@ -2,16 +2,61 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from tenants import scoping
-from tenants.models import Membership
+from tenants import rls, scoping
+from tenants.models import ApiKey, Membership, Tenant
+
+# The two questions about tenants that must cross them (tenants/rls.py): SECURITY DEFINER
+# functions on Postgres, each answering only its question.
+_API_KEY_TENANT = rls.cross_tenant_function(
+    "sagaplane_api_key_tenant",
+    arguments="wanted_prefix text",
+    returns="TABLE (tenant_id bigint)",
+    body=f"SELECT tenant_id FROM {ApiKey._meta.db_table} WHERE prefix = wanted_prefix",
+)
+_MEMBERSHIP_COLUMNS = ("id", "tenant_id", "role", "created_at")
+_MEMBERSHIPS_OF = rls.cross_tenant_function(
+    "sagaplane_memberships_of",
+    arguments="member_id bigint",
+    returns="TABLE (id bigint, tenant_id bigint, role varchar, created_at timestamptz)",
+    body=f"SELECT {', '.join(_MEMBERSHIP_COLUMNS)} FROM {Membership._meta.db_table} WHERE user_id = member_id",
+)
+_KEY_PREFIX = re.compile(r"[a-z0-9]{12}")
+
+
+def tenant_of_api_key(prefix: str) -> Tenant | None:
+    """The tenant of the API key with this public prefix (None: no such key): what key
+    authentication must learn before it can enter a tenant and check the key there."""
+    if not _KEY_PREFIX.fullmatch(prefix):
+        return None  # not a prefix any key has (ApiKey.generate)
+    if rls.enforces_rls():
+        tenant_ids = [tenant_id for (tenant_id,) in _API_KEY_TENANT.rows(prefix)]
+    else:
+        with scoping.dangerously_bypass_orm_scope():
+            tenant_ids = list(ApiKey.objects.filter(prefix=prefix).values_list("tenant_id", flat=True))
+    return Tenant.objects.filter(pk=tenant_ids[0]).first() if tenant_ids else None
 
 
 def memberships_of(user: Any) -> list[Membership]:
     """Every tenant a person belongs to: by nature a cross-tenant question (the tenant switcher)."""
-    with scoping.dangerously_bypass_tenant_scope():
-        return list(Membership.objects.select_related("tenant").filter(user=user).order_by("tenant__slug"))
+    if getattr(user, "pk", None) is None:
+        return []  # anonymous, or an API key (which acts for its own tenant, not as a member)
+    if not rls.enforces_rls():
+        with scoping.dangerously_bypass_orm_scope():
+            return list(Membership.objects.select_related("tenant").filter(user=user).order_by("tenant__slug"))
+    rows = [dict(zip(_MEMBERSHIP_COLUMNS, row)) for row in _MEMBERSHIPS_OF.rows(user.pk)]
+    tenants = Tenant.objects.in_bulk([row["tenant_id"] for row in rows])
+    memberships = []
+    for row in rows:
+        row["user_id"] = user.pk
+        fields = Membership._meta.concrete_fields
+        membership = Membership.from_db("default", [f.attname for f in fields], [row[f.attname] for f in fields])
+        membership.tenant = tenants[row["tenant_id"]]
+        membership.user = user
+        memberships.append(membership)
+    return sorted(memberships, key=lambda membership: membership.tenant.slug)
 
 
 def membership_for(user: Any, tenant_slug: str | None) -> Membership | None:
@@ -21,3 +66,26 @@ def membership_for(user: Any, tenant_slug: str | None) -> Membership | None:
     if tenant_slug:
         return next((m for m in memberships if m.tenant.slug == tenant_slug), None)
     return memberships[0] if len(memberships) == 1 else None
+
+
+# -- the active tenant's members and keys (administration pages) ----------------------------------
+
+
+def members() -> list[Membership]:
+    """The active tenant's memberships with their people, by e-mail."""
+    return list(Membership.objects.select_related("user").order_by("user__email", "user__username"))
+
+
+def member(membership_id: int) -> Membership | None:
+    """The active tenant's membership of that id (another tenant's is simply not found)."""
+    return Membership.objects.select_related("user").filter(pk=membership_id).first()
+
+
+def api_keys() -> list[ApiKey]:
+    """The active tenant's API keys: live ones first, newest first."""
+    return list(ApiKey.objects.select_related("created_by").order_by("revoked_at", "-created_at"))
+
+
+def api_key(key_id: int) -> ApiKey | None:
+    """The active tenant's API key of that id (another tenant's is simply not found)."""
+    return ApiKey.objects.filter(pk=key_id).first()

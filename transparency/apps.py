@@ -8,3 +8,12 @@ class TransparencyConfig(AppConfig):
 
     name = "transparency"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from audit import hooks as audit_hooks
+        from transparency import (
+            cross_tenant,  # noqa: F401  (declares the workers' cross-tenant functions, tenants/rls.py)
+            hooks,
+        )
+
+        audit_hooks.after_records_committed(hooks.records_committed)

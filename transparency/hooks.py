@@ -1,11 +1,13 @@
-"""The one call the ingest path makes into the transparency log (ask: audit.services._store).
+"""What the transparency log does when the record store grows (subscribed in `AppConfig.ready`
+to `audit.hooks.after_records_committed`: audit does not import this app).
 
-`records_appended(tenant)` requests an integration for after the ingest commits, so a signed
+`records_committed(appended)` requests an integration once an ingest has committed, so a signed
 checkpoint follows acceptance in well under a second. Requests coalesce per tenant
 (`tasks.request_integration`): a burst of batches queues one task, not one each. Without the hook
 the 1 s beat (`transparency.integrate_grown_tenants`) still integrates every grown log; the hook
 only cuts latency. It never runs integration inside the ingest transaction, and it is best
-effort: ingest must not wait on, or fail because of, the log.
+effort (audit runs it through `controlplane.postcommit.after_commit`): ingest must not wait on,
+or fail because of, the log.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from controlplane.postcommit import after_commit
-from tenants.models import Tenant
+from audit.hooks import AppendedRecords
 
 _integrator_running = contextvars.ContextVar("transparency_integrator_running", default=False)
 
@@ -31,14 +32,10 @@ def integrator_appending() -> Iterator[None]:
         _integrator_running.reset(token)
 
 
-def records_appended(tenant: Tenant) -> None:
+def records_committed(appended: AppendedRecords) -> None:
+    # audit runs this in the context variables of the append, so the integrator's flag holds.
     if _integrator_running.get():
         return
-    tenant_id = tenant.pk
+    from transparency.tasks import request_integration  # tasks imports this module
 
-    def request() -> None:
-        from transparency.tasks import request_integration
-
-        request_integration(tenant_id)
-
-    after_commit(f"integration request for tenant {tenant_id}", request)
+    request_integration(appended.tenant.pk)

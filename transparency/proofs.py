@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from django.db import connection
 from sagaplane import merkle
 
+from controlplane.errors import DomainError
 from tenants.models import Tenant
 from tenants.scoping import current_tenant
 from transparency.models import Checkpoint, TreeNode
@@ -19,13 +20,16 @@ _PLACEHOLDER = b"\x00" * merkle.HASH_SIZE
 _CHUNK = 200
 
 
-class ProofRequestError(ValueError):
-    """A proof or tile was asked for with parameters the log cannot honour; names the field."""
+class ProofRequestError(DomainError):
+    """A proof or tile was asked for with parameters the log cannot honour; names the field.
+    `inconsistent` (stored leaves disagree with stored nodes) is the server's fault, never the
+    client's: a 500."""
+
+    STATUS = {"not_found": 404, "no_checkpoint": 404, "inconsistent": 500}
 
     def __init__(self, field: str, detail: str, code: str = "invalid") -> None:
-        super().__init__(detail)
+        super().__init__(self.STATUS.get(code, 400), code, f"{field}: {detail}", field=field)
         self.field = field
-        self.code = code
 
 
 class StoredNodes:
@@ -130,10 +134,6 @@ def consistency(first: int, second: int | None = None) -> tuple[int, list[bytes]
     return second, _planned(merkle.consistency_proof, first, second)
 
 
-def root_at(size: int) -> bytes:
-    return _planned(lambda source, n: [merkle.tree_root(source, n)], size)[0]
-
-
 def prefix_frontier(start: int) -> list[bytes]:
     """Compact range of the first `start` leaves: what an export verifier extends with the
     exported leaves to recompute a signed root without the rest of the log."""
@@ -166,12 +166,12 @@ def entry_bundle(tenant: Tenant, index: int, width: int) -> bytes:
     [256·N, 256·N + W), each as a big-endian uint16 length then the bytes. Refused unless those
     leaves are under the latest signed checkpoint; each entry is checked against the stored
     level-0 node, so a bundle never disagrees with the hash tile a client checks it against."""
-    from transparency.sources import get_source
+    from transparency import sources
 
     latest = latest_checkpoint()
     _check_tile_exists(0, index, width, latest.size if latest is not None else 0)
     first = index * merkle.TILE_WIDTH
-    entries = get_source().leaf_entries(tenant, first, first + width)
+    entries = sources.leaf_entries(tenant, first, first + width)
     stored = [
         bytes(h)
         for h in TreeNode.objects.filter(level=0, index__gte=first, index__lt=first + width)
@@ -201,10 +201,6 @@ def proof_file(index: int) -> str:
         raise ProofRequestError("index", "the log has no signed checkpoint yet", "no_checkpoint")
     _, path, _ = inclusion(index, latest.size)
     return format_proof(index, path, latest.note)
-
-
-def tenant_checkpoints(tenant: Tenant) -> list[Checkpoint]:
-    return list(Checkpoint.objects.filter(tenant=tenant).order_by("id"))
 
 
 def inclusions(indices: list[int], size: int) -> dict[int, list[bytes]]:

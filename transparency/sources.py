@@ -1,13 +1,12 @@
-"""The one port through which the transparency log reads the record store.
+"""The one place the transparency log reads the record store.
 
 The log is about leaves, not records: it needs each leaf's hash in leaf order, and (for
 disclosures and exports) the record behind a leaf with its stream and chain position. The audit
-context owns those rows; `AuditLeafSource` adapts its models. The setting
-`SAGAPLANE_LEAF_SOURCE` (dotted path) selects the implementation, so this context can be tested
-and benchmarked on its own leaves, and the audit schema can move without touching the tree code.
+context owns those rows; these functions read its models, so the audit schema can move without
+touching the tree code.
 
-Every method runs with the tenant already active (tenant_context), except `all_log_sizes`,
-which the integrator calls under `dangerously_bypass_tenant_scope` to find grown logs.
+Every function runs with the tenant already active (tenant_context). Which tenants have grown
+logs is a cross-tenant question: `transparency.cross_tenant.tenants_to_integrate`.
 """
 
 from __future__ import annotations
@@ -15,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
-from typing import Any, Protocol
+from typing import Any
 
-from django.conf import settings
-from django.utils.module_loading import import_string
+from django.db.models import Max, Min
+from sagaplane.leaf import leaf_data
 
+from audit import services as audit_services
+from audit.models import SERVER_STREAM_ID, Record, TenantLog
+from sagas.models import TERMINAL_STATUSES, Saga
 from tenants.models import Tenant
 
 
@@ -36,170 +37,114 @@ class LeafRecord:
     leaf_hash: bytes
 
 
-class LeafSource(Protocol):
-    def log_size(self, tenant: Tenant) -> int:
-        """How many leaves the tenant's log has been assigned (contiguous from 0)."""
-
-    def leaf_hashes(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
-        """Stored leaf hashes of leaves [start, end), in leaf order."""
-
-    def records(self, tenant: Tenant, start: int, end: int) -> Iterator[LeafRecord]:
-        """Records of leaves [start, end), in leaf order, streamed."""
-
-    def leaf_entries(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
-        """Leaf data (the bytes whose RFC 6962 leaf hash is in the tree) of leaves [start, end),
-        in leaf order; stops short at the first missing leaf."""
-
-    def saga_records(self, tenant: Tenant, saga_id: str) -> list[LeafRecord]:
-        """Every record about the saga (its own, approvals, recovery, seals), in leaf order."""
-
-    def leaf_range_for_time(
-        self, tenant: Tenant, since: datetime | None, until: datetime | None
-    ) -> tuple[int, int]:
-        """[first, end) of the leaves accepted in [since, until)."""
-
-    def append_server_record(self, tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
-        """Append a chained record to the tenant's own server stream (gets the next leaf)."""
-
-    def all_log_sizes(self) -> dict[int, int]:
-        """tenant id -> log size, for every tenant (cross-tenant: the caller bypasses scope)."""
-
-    def terminal_sagas_touched(self, tenant: Tenant, start: int, end: int) -> list[str]:
-        """Sagas with a record among leaves [start, end) that have reached a terminal state."""
-
-    def server_stream_id(self) -> str:
-        """The stream the server appends its own records (and seals) to."""
+# Leaves come from `audit.models.Record` (leaf_index, leaf_hash assigned at ingest).
+_CHUNK = 2_000
 
 
-@cache
-def _load(path: str) -> LeafSource:
-    return import_string(path)()  # type: ignore[no-any-return]
+def log_size(tenant: Tenant) -> int:
+    """How many leaves the tenant's log has been assigned (contiguous from 0)."""
+    return TenantLog.objects.values_list("size", flat=True).first() or 0
 
 
-def get_source() -> LeafSource:
-    return _load(getattr(settings, "SAGAPLANE_LEAF_SOURCE", "transparency.sources.AuditLeafSource"))
+def leaf_hashes(tenant: Tenant, start: int, end: int) -> list[bytes]:
+    """Stored leaf hashes of leaves [start, end), in leaf order; stops short at a hole."""
+    rows = Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end).order_by("leaf_index")
+    out: list[bytes] = []
+    expected = start
+    for index, digest in rows.values_list("leaf_index", "leaf_hash").iterator(chunk_size=_CHUNK):
+        if index != expected:
+            break  # a hole: the caller sees a short list and refuses
+        out.append(bytes(digest))
+        expected += 1
+    return out
 
 
-class AuditLeafSource:
-    """Leaves from `audit.models.Record` (leaf_index, leaf_hash assigned at ingest)."""
+def _as_leaf(row: Any) -> LeafRecord:
+    payload = getattr(row, "payload", None)
+    redaction = getattr(row, "redaction", None)
+    return LeafRecord(
+        leaf_index=row.leaf_index,
+        stream_id=row.stream.stream_id,
+        position=row.position,
+        record=audit_services.stored_record(
+            row, payload, redaction.reason if redaction is not None else None
+        ),
+        leaf_hash=bytes(row.leaf_hash),
+    )
 
-    _CHUNK = 2_000
 
-    def log_size(self, tenant: Tenant) -> int:
-        from audit.models import TenantLog
+def _rows() -> Any:
+    return Record.objects.select_related("stream", "payload", "redaction").order_by("leaf_index")
 
-        return TenantLog.objects.values_list("size", flat=True).first() or 0
 
-    def leaf_hashes(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
-        from audit.models import Record
+def records(tenant: Tenant, start: int, end: int) -> Iterator[LeafRecord]:
+    """Records of leaves [start, end), in leaf order, streamed."""
+    # Keyset pagination on leaf_index: constant memory for any export size.
+    position = start
+    while position < end:
+        chunk = list(_rows().filter(leaf_index__gte=position, leaf_index__lt=min(end, position + _CHUNK)))
+        if not chunk:
+            return
+        for row in chunk:
+            yield _as_leaf(row)
+        position = chunk[-1].leaf_index + 1
 
-        rows = Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end).order_by("leaf_index")
-        out: list[bytes] = []
-        expected = start
-        for index, digest in rows.values_list("leaf_index", "leaf_hash").iterator(chunk_size=self._CHUNK):
-            if index != expected:
-                break  # a hole: the caller sees a short list and refuses
-            out.append(bytes(digest))
-            expected += 1
-        return out
 
-    def _as_leaf(self, row: Any) -> LeafRecord:
-        from audit.services import stored_record
+def leaf_entries(tenant: Tenant, start: int, end: int) -> list[bytes]:
+    """Leaf data (the bytes whose RFC 6962 leaf hash is in the tree) of leaves [start, end),
+    in leaf order; stops short at the first missing leaf."""
+    # Header columns only (no payload join): an entry bundle is at most 256 small rows.
+    rows = (
+        Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
+        .order_by("leaf_index")
+        .values_list("leaf_index", "stream__stream_id", "position", "h")
+    )
+    out: list[bytes] = []
+    for index, stream_id, position, record_hash in rows:
+        if index != start + len(out):
+            break  # a hole: the caller sees a short list and refuses
+        out.append(leaf_data(stream_id, position, record_hash))
+    return out
 
-        payload = getattr(row, "payload", None)
-        redaction = getattr(row, "redaction", None)
-        return LeafRecord(
-            leaf_index=row.leaf_index,
-            stream_id=row.stream.stream_id,
-            position=row.position,
-            record=stored_record(row, payload, redaction.reason if redaction is not None else None),
-            leaf_hash=bytes(row.leaf_hash),
+
+def saga_records(tenant: Tenant, saga_id: str) -> list[LeafRecord]:
+    """Every record about the saga (its own, approvals, recovery, seals), in leaf order."""
+    return [_as_leaf(row) for row in _rows().filter(saga_id=saga_id)]
+
+
+def leaf_range_for_time(tenant: Tenant, since: datetime | None, until: datetime | None) -> tuple[int, int]:
+    """[first, end) of the leaves accepted in [since, until)."""
+    rows = Record.objects.all()
+    if since is not None:
+        rows = rows.filter(received_at__gte=since)
+    if until is not None:
+        rows = rows.filter(received_at__lt=until)
+    bounds = rows.aggregate(first=Min("leaf_index"), last=Max("leaf_index"))
+    if bounds["first"] is None:
+        return 0, 0
+    return bounds["first"], bounds["last"] + 1
+
+
+def terminal_sagas_touched(tenant: Tenant, start: int, end: int) -> list[str]:
+    """Sagas with a record in leaves [start, end) whose projected status is terminal."""
+    touched = (
+        Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
+        .exclude(saga_id="")
+        .values_list("saga_id", flat=True)
+        .distinct()
+    )
+    return sorted(
+        Saga.objects.filter(saga_id__in=list(touched), status__in=list(TERMINAL_STATUSES)).values_list(
+            "saga_id", flat=True
         )
+    )
 
-    def _rows(self) -> Any:
-        from audit.models import Record
 
-        return Record.objects.select_related("stream", "payload", "redaction").order_by("leaf_index")
+def server_stream_id() -> str:
+    """The stream the server appends its own records (and seals) to."""
+    return SERVER_STREAM_ID
 
-    def records(self, tenant: Tenant, start: int, end: int) -> Iterator[LeafRecord]:
-        # Keyset pagination on leaf_index: constant memory for any export size.
-        position = start
-        while position < end:
-            chunk = list(
-                self._rows().filter(leaf_index__gte=position, leaf_index__lt=min(end, position + self._CHUNK))
-            )
-            if not chunk:
-                return
-            for row in chunk:
-                yield self._as_leaf(row)
-            position = chunk[-1].leaf_index + 1
 
-    def leaf_entries(self, tenant: Tenant, start: int, end: int) -> list[bytes]:
-        from sagaplane.leaf import leaf_data
-
-        from audit.models import Record
-
-        # Header columns only (no payload join): an entry bundle is at most 256 small rows.
-        rows = (
-            Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
-            .order_by("leaf_index")
-            .values_list("leaf_index", "stream__stream_id", "position", "h")
-        )
-        out: list[bytes] = []
-        for index, stream_id, position, record_hash in rows:
-            if index != start + len(out):
-                break  # a hole: the caller sees a short list and refuses
-            out.append(leaf_data(stream_id, position, record_hash))
-        return out
-
-    def saga_records(self, tenant: Tenant, saga_id: str) -> list[LeafRecord]:
-        return [self._as_leaf(row) for row in self._rows().filter(saga_id=saga_id)]
-
-    def leaf_range_for_time(
-        self, tenant: Tenant, since: datetime | None, until: datetime | None
-    ) -> tuple[int, int]:
-        from django.db.models import Max, Min
-
-        from audit.models import Record
-
-        rows = Record.objects.all()
-        if since is not None:
-            rows = rows.filter(received_at__gte=since)
-        if until is not None:
-            rows = rows.filter(received_at__lt=until)
-        bounds = rows.aggregate(first=Min("leaf_index"), last=Max("leaf_index"))
-        if bounds["first"] is None:
-            return 0, 0
-        return bounds["first"], bounds["last"] + 1
-
-    def terminal_sagas_touched(self, tenant: Tenant, start: int, end: int) -> list[str]:
-        """Sagas with a record in leaves [start, end) whose projected status is terminal."""
-        from audit.models import Record
-        from sagas.models import TERMINAL_STATUSES, Saga
-
-        touched = (
-            Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
-            .exclude(saga_id="")
-            .values_list("saga_id", flat=True)
-            .distinct()
-        )
-        return sorted(
-            Saga.objects.filter(saga_id__in=list(touched), status__in=list(TERMINAL_STATUSES)).values_list(
-                "saga_id", flat=True
-            )
-        )
-
-    def server_stream_id(self) -> str:
-        from audit.models import SERVER_STREAM_ID
-
-        return SERVER_STREAM_ID
-
-    def append_server_record(self, tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
-        from audit import services
-
-        services.append_server_record(tenant, event, fields, actor=actor)
-
-    def all_log_sizes(self) -> dict[int, int]:
-        from audit.models import TenantLog
-
-        return dict(TenantLog.objects.values_list("tenant_id", "size"))
+def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
+    """Append a chained record to the tenant's own server stream (gets the next leaf)."""
+    audit_services.append_server_record(tenant, event, fields, actor=actor)

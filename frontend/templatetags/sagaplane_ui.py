@@ -53,14 +53,6 @@ def short_hash(value: Any, length: int = 12) -> str:
 
 
 @register.filter
-def get_item(mapping: Any, key: Any) -> Any:
-    try:
-        return mapping.get(key)
-    except AttributeError:
-        return None
-
-
-@register.filter
 def spaced(value: Any) -> str:
     """`rollback_partial` -> `rollback partial`."""
     return str(value or "").replace("_", " ")

@@ -22,7 +22,7 @@ from audit.models import Record
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from tests.transparency.conftest import Writer
-from transparency import hooks
+from transparency import tasks as transparency_tasks
 from transparency.models import Checkpoint, TreeState
 from transparency.tasks import integrate_tenant
 
@@ -159,7 +159,8 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
     from django.db import connection
 
     _catch_up()
-    monkeypatch.setattr(hooks, "records_appended", lambda tenant: None)  # this test queues its own
+    # This test queues its own integration: the ingest's after-commit request is switched off.
+    monkeypatch.setattr(transparency_tasks, "request_integration", lambda tenant_id: None)
     writer = Writer(tenant_a, "agent-long")
     while _tree(tenant_a)[0] < LEAVES:
         writer.saga(f"long-{writer.seq}", steps=499)  # 1,000 records a batch
@@ -167,7 +168,9 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
     queue = f"test-shutdown-{uuid.uuid4().hex[:12]}"  # no other worker on this broker takes it
     db = connection.settings_dict
     env = {
-        **os.environ,
+        **{
+            k: v for k, v in os.environ.items() if k != "DATABASE_OWNER_URL"
+        },  # a worker: the runtime role only
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "SAGAPLANE_INTEGRATION_CHUNK_LEAVES": str(CHUNK),
         "CELERY_TASK_ALWAYS_EAGER": "false",

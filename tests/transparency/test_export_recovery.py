@@ -266,19 +266,17 @@ WORKER = textwrap.dedent(
     os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
     django.setup()
     from celery.signals import task_postrun
-    from django.conf import settings
-    from transparency.sources import AuditLeafSource
+    from transparency import sources
 
     queue, mode, fd = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
-    class BlockingSource(AuditLeafSource):
-        def records(self, tenant, start, end):
-            os.write(fd, b"B")        # the build is under way: tell the test...
-            threading.Event().wait()  # ...and hang here until SIGKILL
-            yield from ()
+    def blocking_records(tenant, start, end):
+        os.write(fd, b"B")        # the build is under way: tell the test...
+        threading.Event().wait()  # ...and hang here until SIGKILL
+        yield from ()
 
     if mode == "block":
-        settings.SAGAPLANE_LEAF_SOURCE = "__main__.BlockingSource"
+        sources.records = blocking_records
     else:
         task_postrun.connect(lambda **kw: os.write(fd, b"D"), weak=False)
 
@@ -314,7 +312,7 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
     )
     db = connection.settings_dict
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_OWNER_URL"},  # a worker: the runtime role only
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "SAGAPLANE_EXPORT_DIR": settings.SAGAPLANE_EXPORT_STORAGE["OPTIONS"]["location"],
         "CELERY_TASK_ALWAYS_EAGER": "false",

@@ -72,8 +72,7 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
     writer_a.saga("two")
     services.integrate_fully(tenant_a)
     before = _state(tenant_a).sealed_size
-    source = sources.get_source()
-    real_append = source.append_server_record
+    real_append = sources.append_server_record
     appended: list[str] = []
 
     def append_then_die(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
@@ -82,7 +81,7 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
         if len(appended) == 2:
             raise Crash  # after the second seal, before the watermark moves and commits
 
-    monkeypatch.setattr(source, "append_server_record", append_then_die)
+    monkeypatch.setattr(sources, "append_server_record", append_then_die)
     with pytest.raises(Crash):
         services.seal_pending(tenant_a)
     monkeypatch.undo()
@@ -103,15 +102,14 @@ def test_the_pass_only_reads_leaves_past_the_watermark(
     sealed_to = _state(tenant_a).sealed_size
     writer_a.saga("late")
     services.integrate_fully(tenant_a)
-    source = sources.get_source()
-    real = source.terminal_sagas_touched
+    real = sources.terminal_sagas_touched
     ranges: list[tuple[int, int]] = []
 
     def spy(tenant: Tenant, start: int, end: int) -> list[str]:
         ranges.append((start, end))
         return real(tenant, start, end)
 
-    monkeypatch.setattr(source, "terminal_sagas_touched", spy)
+    monkeypatch.setattr(sources, "terminal_sagas_touched", spy)
     sealed = services.seal_pending(tenant_a, max_leaves=4)
     assert sealed == ["late"]
     # Bounded chunks starting at the watermark; nothing before it is looked at again.

@@ -1,0 +1,59 @@
+"""Read-only questions about the evidence store, for the API and the pages (which never query
+`audit.models` themselves). Every query runs under the active tenant (TenantScopedModel)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from audit.models import Record, RecordPayload, Redaction, RefusedBatch, Stream, TenantLog
+from audit.services import stored_record
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record header with the record in WAL form as stored (`stored_record`): what the writer
+    sent, or its redacted stub when the payload is gone (`erased`)."""
+
+    record: Record
+    body: dict[str, Any]
+    erased: bool
+
+
+def saga_records(saga_id: str) -> list[StoredRecord]:
+    """Every record about the saga, in log (leaf) order: three queries whatever their number."""
+    records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
+    ids = [r.pk for r in records]
+    payloads = {p.record_id: p for p in RecordPayload.objects.filter(record_id__in=ids)}
+    erased = dict(Redaction.objects.filter(record_id__in=ids).values_list("record_id", "reason"))
+    return [
+        StoredRecord(r, stored_record(r, payloads.get(r.pk), erased.get(r.pk)), r.pk not in payloads)
+        for r in records
+    ]
+
+
+def log_size() -> int:
+    """How many records the tenant's log holds (its leaves)."""
+    return TenantLog.objects.values_list("size", flat=True).first() or 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStatus:
+    stream: Stream
+    last: Record | None
+    refused: list[RefusedBatch]  # the latest few
+    refused_count: int
+
+
+def stream_statuses(streams: int = 200, refusals: int = 500, refusals_each: int = 5) -> list[StreamStatus]:
+    """The most recently written streams, each with its last record and the refused batches
+    (equivocations, broken chains) that named it, newest first."""
+    refused: dict[str, list[RefusedBatch]] = {}
+    for attempt in RefusedBatch.objects.order_by("-received_at")[:refusals]:
+        refused.setdefault(attempt.stream_id, []).append(attempt)
+    out = []
+    for stream in Stream.objects.order_by("-updated_at")[:streams]:
+        last = Record.objects.filter(stream=stream).order_by("-position").first()
+        attempts = refused.get(stream.stream_id, [])
+        out.append(StreamStatus(stream, last, attempts[:refusals_each], len(attempts)))
+    return out

@@ -1,0 +1,110 @@
+"""Read-only questions about sagas, for the API and the pages alike (they never query the
+projection's models themselves). Every query runs under the active tenant (TenantScopedModel).
+
+A saga's *effective* status is what the records say, except that a running saga whose lease has
+lapsed is orphaned (time passing is not a record, so it is not projected): `Saga.effective_status`
+answers it for one saga and `with_effective_status` as a query; a test holds the two together.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Count, Q, QuerySet
+
+from sagas.models import Saga, SagaStatus, Step
+
+
+def _lapsed(now: datetime) -> Q:
+    return Q(status=SagaStatus.RUNNING, lease_expires_at__lt=now)
+
+
+def with_effective_status(sagas: QuerySet[Saga], status: str, now: datetime) -> QuerySet[Saga]:
+    """The sagas among `sagas` whose `effective_status(now)` is `status` (all of them for "")."""
+    if not status:
+        return sagas
+    if status == SagaStatus.ORPHANED:
+        return sagas.filter(_lapsed(now) | Q(status=SagaStatus.ORPHANED))
+    if status == SagaStatus.RUNNING:
+        return sagas.filter(status=SagaStatus.RUNNING).exclude(_lapsed(now))
+    return sagas.filter(status=status)
+
+
+def effective_status_counts(sagas: QuerySet[Saga], now: datetime) -> dict[str, int]:
+    """How many of `sagas` have each effective status (every status present, 0 when none)."""
+    counts = dict.fromkeys(SagaStatus.values, 0)
+    for row in sagas.order_by().values("status").annotate(n=Count("pk", distinct=True)):
+        counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
+    lapsed = sagas.filter(_lapsed(now)).count()
+    counts[SagaStatus.RUNNING] -= lapsed
+    counts[SagaStatus.ORPHANED] += lapsed
+    return counts
+
+
+def all_sagas() -> QuerySet[Saga]:
+    return Saga.objects.all()
+
+
+def saga(saga_id: str) -> Saga | None:
+    """The active tenant's saga of that id (another tenant's id is simply not found)."""
+    return Saga.objects.filter(saga_id=saga_id).first()
+
+
+def steps_of(saga: Saga) -> list[Step]:
+    return list(saga.steps.order_by("ordinal"))
+
+
+def with_step_tool(sagas: QuerySet[Saga], tool: str) -> QuerySet[Saga]:
+    return sagas.filter(steps__tool=tool).distinct()
+
+
+def filtered(*, tool: str = "", stream_id: str = "", active_since: datetime | None = None) -> QuerySet[Saga]:
+    """Sagas with a step using `tool`, written to stream `stream_id`, active since `active_since`
+    (each filter left out when empty)."""
+    sagas = all_sagas()
+    if tool:
+        sagas = with_step_tool(sagas, tool)
+    if stream_id:
+        sagas = sagas.filter(stream_id=stream_id)
+    if active_since is not None:
+        sagas = sagas.filter(last_activity_at__gte=active_since)
+    return sagas
+
+
+def newest_first_with_step_counts(sagas: QuerySet[Saga]) -> QuerySet[Saga]:
+    """Most recently active first, each saga with `step_count`."""
+    return sagas.annotate(step_count=Count("steps", distinct=True)).order_by("-last_activity_at", "-pk")
+
+
+def step_tools(limit: int = 200) -> list[str]:
+    """Tool names any step used, sorted (for a filter's choices)."""
+    return list(
+        Step.objects.exclude(tool="").order_by("tool").values_list("tool", flat=True).distinct()[:limit]
+    )
+
+
+def stream_agents(limit: int = 400) -> list[tuple[str, str]]:
+    """(stream id, agent name or "") pairs the sagas name, by stream id."""
+    return list(
+        Saga.objects.order_by("stream_id", "agent").values_list("stream_id", "agent").distinct()[:limit]
+    )
+
+
+def started_sagas_active_since(since: datetime, limit: int) -> list[Saga]:
+    """Sagas with a start, active since `since`, in order of start (at most `limit`)."""
+    return list(
+        Saga.objects.filter(last_activity_at__gte=since)
+        .exclude(started_at=None)
+        .order_by("started_at")[:limit]
+    )
+
+
+def step_outcomes_by_tool(active_since: datetime) -> list[tuple[str, str, int]]:
+    """(tool, step status, how many) over the steps of sagas active since `active_since`."""
+    rows = (
+        Step.objects.filter(saga__last_activity_at__gte=active_since)
+        .order_by()
+        .values_list("tool", "status")
+        .annotate(n=Count("pk"))
+    )
+    return [(tool, status, n) for tool, status, n in rows]
