@@ -213,7 +213,8 @@ class RedisStore:
                 raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
             status = _text(reply[0])
             if status == "cold":
-                self.rebuild(tenant_id)
+                if not self.rebuild(tenant_id):
+                    self._await_rebuild(tenant_id)
                 continue
             if status == "dup":
                 return Outcome(allowed=True, duplicate_of=_text(reply[1]))
@@ -234,10 +235,25 @@ class RedisStore:
             )
         raise StoreUnavailable("redis: the limit state is being rebuilt")
 
-    def rebuild(self, tenant_id: int) -> bool:
-        """Rebuild the tenant's counters from the ledger; False when another process is at it."""
+    def _await_rebuild(self, tenant_id: int) -> None:
+        """Another process is rebuilding: wait (bounded) for its marker rather than refuse at once."""
+        deadline = time.monotonic() + 2 * self.fence_ms / 1000 + 1
+        while time.monotonic() < deadline:
+            try:
+                if self.client.exists(marker_key(tenant_id)):
+                    return
+            except Exception as exc:
+                raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
+            time.sleep(0.05)
+
+    def rebuild(self, tenant_id: int, *, force: bool = False) -> bool:
+        """Rebuild the tenant's counters from the ledger; False when another process is at it.
+        `force` rebuilds a store that looks ready (an operator's `rebuild_limits`): removing the
+        marker first makes every concurrent call wait for the rebuilt state (they refuse)."""
         fence_ms = self.fence_ms
         try:
+            if force:
+                self.client.delete(marker_key(tenant_id))
             claim = self._begin(keys=[marker_key(tenant_id), fence_key(tenant_id)], args=[fence_ms * 10])
             if _text(claim[0]) != "claimed":
                 return _text(claim[0]) == "ready"

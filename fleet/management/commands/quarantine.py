@@ -1,0 +1,24 @@
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from fleet import services
+from fleet.management.commands._common import refused, tenant_by_slug
+from tenants.actors import cli_actor
+
+
+class Command(BaseCommand):
+    help = "Set one saga aside: the gate refuses its steps and recovery skips it."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", required=True, help="the tenant's slug")
+        parser.add_argument("saga_id")
+        parser.add_argument("--reason", required=True)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant = tenant_by_slug(options["tenant"])
+        try:
+            row = services.quarantine(tenant, options["saga_id"], actor=cli_actor(), reason=options["reason"])
+        except services.FleetError as exc:
+            raise refused(exc) from None
+        self.stdout.write(f"saga {row.saga_id} of {tenant.slug} is quarantined")
