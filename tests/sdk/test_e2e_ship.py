@@ -395,6 +395,10 @@ class ServerProcess:
                 str(self.port),
                 "--lifespan",
                 "off",
+                # Kept-alive connections outlive any pause between batches, however loaded the
+                # machine: the test counts them (uvicorn's default closes them after 5 s idle).
+                "--timeout-keep-alive",
+                "600",
             ],
             cwd=REPO,
             env=self.env,
