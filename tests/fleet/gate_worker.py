@@ -43,12 +43,18 @@ def main() -> None:
 
     tenant = Tenant.objects.get(slug=config["tenant"])
     store = None
-    if config.get("redis_url"):
+    if config.get("redis_url") or config.get("redis_cluster_url"):
         import redis
+        from redis.cluster import RedisCluster
 
         from fleet.stores import RedisStore
 
-        store = RedisStore(redis.Redis.from_url(config["redis_url"], socket_timeout=5), services.ledger_since)
+        client = (
+            RedisCluster.from_url(config["redis_cluster_url"], socket_timeout=5)
+            if config.get("redis_cluster_url")
+            else redis.Redis.from_url(config["redis_url"], socket_timeout=5)
+        )
+        store = RedisStore(client, services.ledger_since)
     answers: list[dict[str, Any]] = []
     lock = threading.Lock()
     barrier = threading.Barrier(config["threads"])
