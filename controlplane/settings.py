@@ -209,7 +209,10 @@ CELERY_BEAT_SCHEDULE: dict = {
         "options": {"expires": 5.0},
     },
     # An export whose worker died mid-build is re-queued, then failed after a few attempts.
-    "transparency-export-sweep": {"task": "transparency.sweep_stale_exports", "schedule": 60.0},
+    "transparency-export-sweep": {
+        "task": "transparency.sweep_stale_exports",
+        "schedule": config.seconds("SAGAPLANE_EXPORT_SWEEP_SECONDS", 60.0, maximum=24 * 3600),
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -243,17 +243,61 @@ def test_recent_progress_keeps_a_long_build_alive(
     assert services.sweep_stale_exports() == {"requeued": [], "failed": []}
 
 
-def test_the_sweep_is_on_the_beat() -> None:
-    from django.conf import settings
+@pytest.mark.slow  # a Redis of its own (redis-server), so no `redis` marker: it runs on SQLite too
+def test_the_sweep_is_on_the_beat(tmp_path: Path) -> None:
+    """A real `celery -A controlplane beat`, on a Redis of the test's own, sends the sweep task
+    on its schedule (shortened to a second here); its messages are read off the broker's queue."""
+    import json
+
+    import redis
 
     from controlplane.celery import app
+    from tests.hostile.production import VENV_BIN, own_redis
+
+    with own_redis(tmp_path) as broker:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_", "DATABASE_", "CELERY_"))
+        }
+        env.update(
+            {
+                "REDIS_URL": broker.url,
+                "SAGAPLANE_DATA_DIR": str(tmp_path / "beat-data"),
+                "SAGAPLANE_EXPORT_SWEEP_SECONDS": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        log = tmp_path / "beat.log"
+        with log.open("w") as out:
+            beat = subprocess.Popen(
+                [str(VENV_BIN / "celery"), "-A", "controlplane", "beat", "--loglevel=INFO"],
+                cwd=Path(__file__).resolve().parents[2],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        sent: list[str] = []
+        try:
+            queue = redis.Redis.from_url(broker.url, socket_timeout=150)
+            # Blocking pops, oldest first; bounded by the number of messages and by each wait.
+            while "transparency.sweep_stale_exports" not in sent and len(sent) < 200:
+                popped = queue.brpop(["celery"], timeout=120)
+                assert popped is not None, f"beat sent nothing more after {sent}:\n{log.read_text()[-3000:]}"
+                sent.append(json.loads(popped[1])["headers"]["task"])
+            beat.send_signal(signal.SIGTERM)
+            code = beat.wait(timeout=60)
+        finally:
+            if beat.poll() is None:
+                os.killpg(beat.pid, signal.SIGKILL)
+                beat.wait(timeout=30)
+    assert "transparency.sweep_stale_exports" in sent, sent
+    assert code == 0, log.read_text()[-3000:]
+    # What it sends is a task a worker knows (registered when the worker imports the tasks).
     from transparency import tasks
 
-    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert "transparency.sweep_stale_exports" in scheduled
-    assert app.tasks["transparency.sweep_stale_exports"].name == tasks.sweep_stale_exports.name
-    with pytest.raises(KeyError):
-        app.tasks["transparency.no_such_task"]  # the lookup above can fail
+    assert app.tasks["transparency.sweep_stale_exports"].run is tasks.sweep_stale_exports.run
 
 
 # ------------------------------------------------------------------ a real worker, really killed
@@ -312,7 +356,9 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
     )
     db = connection.settings_dict
     env = {
-        **{k: v for k, v in os.environ.items() if k != "DATABASE_OWNER_URL"},  # a worker: the runtime role only
+        **{
+            k: v for k, v in os.environ.items() if k != "DATABASE_OWNER_URL"
+        },  # a worker: the runtime role only
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "SAGAPLANE_EXPORT_DIR": settings.SAGAPLANE_EXPORT_STORAGE["OPTIONS"]["location"],
         "CELERY_TASK_ALWAYS_EAGER": "false",
