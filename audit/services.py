@@ -195,10 +195,9 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
         for name, value in rec.items():
             problem = _unstorable(name, value)
             if problem is not None:
-                raise IngestRefused(
-                    400, problem[0], f"records[{index}].{name}: {problem[1]}", field=f"records[{index}]",
-                    index=index,
-                )  # fmt: skip
+                # The name as a Python literal: it may be the very text that cannot be encoded.
+                where = f"records[{index}]"
+                raise IngestRefused(400, problem[0], f"{where} field {name!r}: {problem[1]}", field=where)
         out.append(Incoming(rec, index, seq, ts, event, *chain, salt, redacted, business))
     return out
 
