@@ -172,15 +172,18 @@ def test_records_missing_or_not_a_list_is_400(alice: Person) -> None:
         assert response.json()["field"] in ("records", "body")
 
 
-def test_batch_mixing_two_streams_is_400(alice: Person) -> None:
+def test_batch_mixing_two_streams_breaks_at_the_second_genesis(alice: Person) -> None:
     before = snapshot(alice.tenant)
     mixed = chain(saga_records()) + chain(saga_records())
     response = post(alice, "m", mixed)
-    assert response.status_code == 400
+    # The SDK's verifier names the same record for the same reason (one chain walk).
+    expected = verify_chain(mixed).first_break
+    assert response.status_code == 422 and expected is not None
+    body = response.json()
     assert (
-        response.json()["error"] == "mixed_streams"
-        and response.json()["field"] == f"records[{len(mixed) // 2}]._ph"
+        (body["reason"], body["index"]) == (expected.code, expected.index) == ("broken_link", len(mixed) // 2)
     )
+    assert "genesis" in body["detail"]
     named = alice.key_client().post(
         URL.format("m"), {"stream": "other", "records": chain(saga_records())}, format="json"
     )
