@@ -12,10 +12,12 @@ import logging
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_safe
 
 log = logging.getLogger(__name__)
 
 
+@require_safe  # probes GET (or HEAD); anything else is a 405, like every other route
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
@@ -38,6 +40,7 @@ def _check_broker() -> None:
         conn.ensure_connection(max_retries=1, timeout=2)
 
 
+@require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
     checks = {"database": _check_database, "broker": _check_broker}
     if settings.REDIS_URL:

@@ -5,7 +5,14 @@ from frontend import admin_views, evidence_views, saga_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html"), name="login"),
+    # Django's form views also take PUT as POST; the sign-in page answers GET and POST only.
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="frontend/login.html", http_method_names=["get", "head", "post"]
+        ),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/switch", views.switch_tenant, name="switch-tenant"),
     path("invite/<str:token>", admin_views.accept_invite, name="invite-accept"),

@@ -19,7 +19,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import resolve, reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from tenants.access import AccessMap, allowed_methods, decide, rule_for
 from tenants.models import ROLE_CAPABILITIES, Membership
@@ -122,14 +122,16 @@ def actor_of(request: HttpRequest) -> str:
     return f"user:{request.user.get_username()}"
 
 
+# Method first, then sign-in: a method a route does not answer is a 405 for everyone.
+@require_safe
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     _membership_or_404(request)
     return redirect("sagas")
 
 
-@login_required
 @require_POST
+@login_required
 def switch_tenant(request: HttpRequest) -> HttpResponse:
     slug = request.POST.get("tenant", "")
     if membership_for(request.user, slug) is None:

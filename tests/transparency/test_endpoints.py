@@ -141,6 +141,19 @@ def test_viewers_and_read_keys_read_the_log_but_cannot_start_exports(
         assert client.get(f"{API}/exports").status_code == 403
 
 
+def test_reading_the_verifier_key_never_creates_one(tenant_a: Tenant, alice: Person) -> None:
+    """Before its first checkpoint a tenant has no signing key; GET /key says so (404, JSON) and
+    writes nothing (it used to create the key, unaudited, on a read)."""
+    from tenants.scoping import tenant_context
+    from transparency.models import LogSigningKey
+
+    for client in (alice.key_client(), alice.session_client()):
+        response = client.get(f"{API}/key")
+        assert response.status_code == 404 and response.json()["error"] == "no_signing_key"
+    with tenant_context(tenant_a):
+        assert not LogSigningKey.objects.exists()
+
+
 def test_another_tenant_gets_none_of_the_log(
     log_a: tuple[note.Checkpoint, str], carol: Person, tenant_b: Tenant, writer_b: Writer
 ) -> None:

@@ -1,0 +1,475 @@
+"""The access table: every route × every principal × every method, against one table of answers.
+
+Modelled on NetBox's generated `*_without_permission` tests. The URL resolver is walked (API,
+agent-saga compatibility, HTML pages, probes, the schema, Django's admin); each route must have
+an entry in EXPECTED, and each entry must still name a route, so a new route fails here until
+someone decides who may call it. For tenant routes the entry lists the methods the route answers
+and, per method, which key scopes and which member roles get through; everything else follows
+from the kind of route (API: anonymous 401, refused 403; page: sent to sign in, refused 403).
+Methods a route does not declare must answer 405.
+
+Principals: API keys holding exactly one scope each, members of tenant "acme" with each role,
+the owner of another tenant (acting in their own tenant, so acme's objects must be 404), and
+anonymous. Path parameters are acme's real objects. Every request runs in a transaction rolled
+back afterwards, so requests do not disturb each other; an allowed request must not answer 5xx,
+and a refused one must not write to the database (its queries are captured and inspected).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.db import connection, transaction
+from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.urls.resolvers import RoutePattern
+
+from fleet import services as fleet
+from frontend import invitations
+from tenants import services
+from tenants.models import Role, Tenant
+from tests.transparency.conftest import Writer, settle
+from transparency import proofs
+from transparency import services as transparency
+
+KEY_SCOPES = ("ingest", "read", "audit", "gate", "control", "recovery")
+ROLES = ("viewer", "auditor", "approver", "admin", "owner")
+PRINCIPALS = (*(f"key:{s}" for s in KEY_SCOPES), *(f"member:{r}" for r in ROLES), "outsider", "anonymous")
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+# Undeclared methods are refused before anyone is looked at, so three kinds of caller suffice.
+PROBES = ("anonymous", "member:owner", "key:read")
+
+EVERY_ROLE = frozenset(ROLES)
+AUDITORS = frozenset({"auditor", "admin", "owner"})
+ADMINS = frozenset({"admin", "owner"})
+NOBODY: frozenset[str] = frozenset()
+
+# ------------------------------------------------------------------------------------ outcomes
+
+OK = "ok"  # through the access check: any answer below 500 but 401/403/404/405 or a sign-in redirect
+LOGIN = "login"  # 302 to the sign-in page
+ADMIN_LOGIN = "admin-login"  # 302 to the admin's sign-in page
+Outcome = str | int
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """Who gets through one method of a tenant route."""
+
+    keys: frozenset[str] = NOBODY
+    roles: frozenset[str] = NOBODY
+
+
+@dataclass(frozen=True)
+class Api:
+    """A tenant API route: keys by scope, members (session) by role. `own_names`: its path names
+    something the caller may name in their own tenant (a saga to set aside), not an acme object,
+    so the outsider is answered in their own tenant instead of 404."""
+
+    methods: dict[str, Allowed]
+    own_names: bool = False
+
+
+@dataclass(frozen=True)
+class Page:
+    """A tenant HTML page: members by role; keys and anonymous callers are sent to sign in."""
+
+    methods: dict[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Public:
+    """Not a tenant route: the same answer for every caller, per method."""
+
+    methods: dict[str, Outcome]
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """Any signed-in person (a member of some tenant); everyone else is sent to sign in."""
+
+    methods: frozenset[str]
+
+
+@dataclass(frozen=True)
+class AdminSite:
+    """Django's admin: nobody here is staff, so every page sends every caller to its sign-in
+    (GET is enough to see it closed), except the sign-in page itself and sign-out."""
+
+    methods: dict[str, Outcome] = field(default_factory=lambda: {"GET": ADMIN_LOGIN})
+    by_name: dict[str, Outcome] = field(default_factory=lambda: {"login": 200, "logout": 302})
+
+
+READ = Allowed(keys=frozenset({"read"}), roles=EVERY_ROLE)
+AUDIT = Allowed(keys=frozenset({"audit"}), roles=AUDITORS)
+CONTROL = frozenset({"control"})
+FLEET_VIEW = Allowed(keys=CONTROL, roles=EVERY_ROLE)
+FLEET_CHANGE = Allowed(keys=CONTROL, roles=ADMINS)
+HALTERS = Allowed(keys=CONTROL, roles=frozenset({"approver", "admin", "owner"}))  # risk staff
+
+EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
+    # probes and documentation
+    "healthz": Public({"GET": 200}),
+    "readyz": Public({"GET": 200}),
+    "api/schema": Public({"GET": 200}),
+    "api/docs": Public({"GET": 200}),
+    "api/redoc": Public({"GET": 200}),
+    # the tenant's own endpoints
+    "api/v1/tenant": Api({"GET": READ}),
+    "api/v1/keys": Api({"GET": Allowed(roles=ADMINS), "POST": Allowed(roles=ADMINS)}),
+    "api/v1/keys/<int:pk>": Api({"GET": Allowed(roles=ADMINS), "DELETE": Allowed(roles=ADMINS)}),
+    "api/v1/members": Api({"GET": Allowed(roles=ADMINS)}),  # every member's e-mail: no key reads it
+    # the transparency log: readers
+    "api/v1/audit/checkpoint": Api({"GET": READ}),
+    "api/v1/audit/key": Api({"GET": READ}),
+    "api/v1/audit/proofs/inclusion": Api({"GET": READ}),
+    "api/v1/audit/proofs/consistency": Api({"GET": READ}),
+    "api/v1/audit/proofs/bundle": Api({"GET": READ}),
+    "api/v1/audit/tile/entries/<path:bundle>": Api({"GET": READ}),
+    "api/v1/audit/tile/<int:level>/<path:tile>": Api({"GET": READ}),
+    "api/v1/audit/sagas/<str:saga_id>/disclosure": Api({"GET": READ}),
+    # WORM exports hold every payload of the tenant: the audit scope, the audit capability
+    "api/v1/audit/exports": Api({"GET": AUDIT, "POST": AUDIT}),
+    "api/v1/audit/exports/<uuid:export_id>": Api({"GET": AUDIT}),
+    "api/v1/audit/exports/<uuid:export_id>/download": Api({"GET": AUDIT}),
+    # evidence in, evidence out
+    "api/v1/streams/<str:stream_id>/records": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
+    "api/v1/streams/<str:stream_id>": Api({"GET": READ}),
+    "api/v1/audit/redactions": Api({"POST": Allowed(roles=AUDITORS)}),  # people only
+    "api/v1/sagas": Api({"GET": READ}),
+    "api/v1/sagas/<str:saga_id>": Api({"GET": READ}),
+    # fleet controls: the gate for agents, policies for `control` keys and the people who run them
+    "api/v1/gate/evaluate": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
+    "api/v1/fleet/status": Api({"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}),
+    "api/v1/fleet/budgets": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
+    "api/v1/fleet/budgets/<str:pk>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/rate-limits": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
+    "api/v1/fleet/rate-limits/<str:pk>": Api({"DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
+    "api/v1/fleet/halts/<str:pk>": Api({"DELETE": HALTERS}),
+    "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
+    # agent-saga's SagaCloudClient
+    "v1/wal/ingest": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
+    "v1/approvals": Api({"GET": READ}),
+    "v1/fleet/budget": Api({"GET": READ}),
+    "v1/audit/report": Api({"GET": READ}),
+    # pages
+    "": SignedIn(frozenset({"GET"})),
+    "login/": Public({"GET": 200, "POST": 200}),  # an empty form: shown again with its errors
+    "logout/": Public({"POST": 200}),  # signed out (or already), the page says so
+    "tenant/switch": SignedIn(frozenset({"POST"})),
+    "invite/<str:token>": Public({"GET": 200, "POST": 200}),
+    "sagas/": Page({"GET": EVERY_ROLE}),
+    "sagas/rows": Page({"GET": EVERY_ROLE}),
+    "sagas/<str:saga_id>/": Page({"GET": EVERY_ROLE}),
+    "sagas/<str:saga_id>/timeline": Page({"GET": EVERY_ROLE}),
+    "fleet/": Page({"GET": EVERY_ROLE}),
+    "evidence/": Page({"GET": AUDITORS}),
+    "evidence/exports": Page({"POST": AUDITORS}),
+    "evidence/exports/<uuid:export_id>": Page({"GET": AUDITORS}),
+    "administration/members/": Page({"GET": ADMINS}),
+    "administration/members/invite": Page({"POST": ADMINS}),
+    "administration/members/<int:membership_id>/role": Page({"POST": ADMINS}),
+    "administration/members/<int:membership_id>/remove": Page({"POST": ADMINS}),
+    "administration/keys/": Page({"GET": ADMINS}),
+    "administration/keys/create": Page({"POST": ADMINS}),
+    "administration/keys/<int:key_id>/revoke": Page({"POST": ADMINS}),
+    # Django's admin site (staff only), as one entry for every route under it
+    "admin/": AdminSite(),
+}
+
+# ----------------------------------------------------------------------------- the URL resolver
+
+
+@dataclass(frozen=True)
+class Route:
+    pattern: str  # the full route as written in the URLconfs ("api/v1/sagas/<str:saga_id>")
+    entry: str  # its key in EXPECTED
+    namespace: str | None
+    name: str | None
+    params: tuple[str, ...]
+    regex: bool
+    prefix: str
+    view: Any
+
+
+def _walk(patterns: list[Any], prefix: str = "", namespace: str | None = None) -> Iterator[Route]:
+    for item in patterns:
+        if isinstance(item, URLResolver):
+            yield from _walk(item.url_patterns, prefix + str(item.pattern), item.namespace or namespace)
+        elif isinstance(item, URLPattern):
+            pattern = prefix + str(item.pattern)
+            regex = not isinstance(item.pattern, RoutePattern)
+            params = tuple(item.pattern.regex.groupindex) if regex else tuple(item.pattern.converters)
+            entry = "admin/" if namespace == "admin" else pattern
+            yield Route(pattern, entry, namespace, item.name, params, regex, prefix, item.callback)
+
+
+ROUTES = list(_walk(get_resolver().url_patterns))
+
+# --------------------------------------------------------------------------------- the tenants
+
+
+@dataclass
+class World:
+    clients: dict[str, Client]
+    values: dict[str, Any]
+    by_route: dict[str, dict[str, Any]]  # where one parameter name means different objects
+
+    def path(self, route: Route) -> str:
+        if route.regex and route.name is None:  # Django admin's catch-all
+            return f"/{route.prefix}no-such-page/"
+        values = {**self.values, **self.by_route.get(route.pattern, {})}
+        missing = [p for p in route.params if p not in values]
+        assert not missing, f"{route.pattern}: no value for path parameter(s) {missing}"
+        kwargs = {p: values[p] for p in route.params}
+        if route.regex:  # only Django's admin uses regular expressions
+            return reverse(f"{route.namespace}:{route.name}", kwargs=kwargs)
+        path = route.pattern
+        for name, value in kwargs.items():
+            path = re.sub(rf"<(?:\w+:)?{name}>", str(value), path)
+        return "/" + path
+
+
+def _client(user: Any = None, key: str | None = None) -> Client:
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}") if key else Client()
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+@pytest.fixture(scope="module")
+def world(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    """Built once for the module, inside a transaction rolled back at its end."""
+    storage = {
+        "BACKEND": "transparency.storage.WriteOnceFileStorage",
+        "OPTIONS": {"location": str(tmp_path_factory.mktemp("exports"))},
+    }
+    with (
+        django_db_blocker.unblock(),
+        override_settings(SAGAPLANE_EXPORT_STORAGE=storage),
+        transaction.atomic(),
+    ):
+        acme = services.create_tenant("acme", "Acme Payments", "founder@acme.example", actor="test")
+        bravo = services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", actor="test")
+        clients: dict[str, Client] = {"anonymous": Client()}
+        for scope in KEY_SCOPES:
+            _, raw = services.create_api_key(acme, name=f"only-{scope}", scopes=[scope], actor="test")
+            clients[f"key:{scope}"] = _client(key=raw)
+        for role in ROLES:
+            member = services.add_member(acme, f"{role}@acme.example", role, actor="test")
+            clients[f"member:{role}"] = _client(user=member.user)
+        outsider = services.add_member(bravo, "owner@bravo.example", Role.OWNER, actor="test")
+        clients["outsider"] = _client(user=outsider.user)
+
+        # acme's objects, for path parameters: a sealed saga in a signed log, a finished export,
+        # a spare key, a member to act on and an invitation.
+        writer = Writer(acme, "agent-acme-1")
+        writer.saga("acme-saga-1")
+        settle(acme)
+        Writer(bravo, "agent-bravo-1").saga("bravo-saga-1")
+        settle(bravo)  # the outsider's own log is signed too: what they read there is theirs
+        size = proofs_size(acme)
+        export = transparency.request_export(acme, actor="test")
+        transparency.build_export(acme, export.pk)
+        spare, _ = services.create_api_key(acme, name="spare", scopes=["read"], actor="test")
+        target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor="test")
+        inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor="test")
+        budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
+        rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
+        halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
+        by_route = {
+            "api/v1/fleet/budgets/<str:pk>": {"pk": budget.pk},
+            "api/v1/fleet/rate-limits/<str:pk>": {"pk": rate_limit.pk},
+            "api/v1/fleet/halts/<str:pk>": {"pk": halt.pk},
+        }
+        values = {
+            "stream_id": writer.stream_id,
+            "saga_id": "acme-saga-1",
+            "pk": spare.pk,
+            "key_id": spare.pk,
+            "membership_id": target.pk,
+            "export_id": export.pk,
+            "level": 0,
+            "tile": f"000.p/{size}",
+            "bundle": f"000.p/{size}",
+            "token": invitations.make_token(acme, "invitee@acme.example", Role.VIEWER, inviter.user),
+            # Django's admin
+            "object_id": "1",
+            "id": "1",
+            "content_type_id": 1,
+            "app_label": sorted({model._meta.app_label for model in admin.site._registry})[0],
+        }
+        yield World(clients, values, by_route)
+        transaction.set_rollback(True)
+
+
+def proofs_size(tenant: Tenant) -> int:
+    from tenants.scoping import tenant_context
+
+    with tenant_context(tenant):
+        checkpoint = proofs.latest_checkpoint()
+    assert checkpoint is not None and 0 < checkpoint.size < 256, "one partial tile is enough here"
+    return checkpoint.size
+
+
+# ------------------------------------------------------------------------------------- expected
+
+
+def expected(
+    spec: Api | Page | Public | SignedIn | AdminSite, method: str, principal: str, params: bool
+) -> Outcome:
+    """What `principal` must get from `method` on a route of this kind."""
+    kind, _, name = principal.partition(":")
+    if isinstance(spec, Public | AdminSite):
+        return spec.methods.get(method, 405)
+    if isinstance(spec, SignedIn):
+        if method not in spec.methods:
+            return 405
+        return OK if kind in ("member", "outsider") else LOGIN
+    if isinstance(spec, Page):
+        if method not in spec.methods:
+            return 405
+        roles = spec.methods[method]
+        if kind in ("key", "anonymous"):
+            return LOGIN
+        role = "owner" if kind == "outsider" else name
+        if role not in roles:
+            return 403
+        return 404 if kind == "outsider" and params else OK
+    allowed = spec.methods.get(method)
+    if allowed is None:
+        return 405
+    if kind == "anonymous":
+        return 401
+    if kind == "key":
+        return OK if name in allowed.keys else 403
+    role = "owner" if kind == "outsider" else name
+    if role not in allowed.roles:
+        return 403
+    # The outsider acts in their own tenant: acme's objects do not exist there.
+    return 404 if kind == "outsider" and params and not spec.own_names else OK
+
+
+# ------------------------------------------------------------------------------------ answering
+
+# Writes a refused request may still make: authentication's last-used stamp and the session.
+_BOOKKEEPING = re.compile(r'^UPDATE "tenants_apikey" SET "last_used_at"|"django_session"')
+_WRITE = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    location: str
+    error: str | None
+    writes: tuple[str, ...]
+
+
+def ask(client: Client, method: str, path: str, api: bool) -> Answer:
+    """One request in a transaction rolled back afterwards (and the client's cookies restored),
+    so no request sees another's effects."""
+    cookies = copy.deepcopy(client.cookies)
+    body: dict[str, Any] = {}
+    if method != "GET":
+        body = (
+            {"data": "{}", "content_type": "application/json"}
+            if api
+            else {"data": "", "content_type": "application/x-www-form-urlencoded"}
+        )
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        response = client.generic(method, path, **body)
+        if getattr(response, "streaming", False):
+            b"".join(response.streaming_content)  # the test client closes it at the end
+        transaction.set_rollback(True)
+    client.cookies = cookies
+    error = None
+    if response.get("Content-Type", "").startswith("application/json") and not getattr(
+        response, "streaming", False
+    ):
+        payload = response.json()
+        error = payload.get("error") if isinstance(payload, dict) else None
+    writes = tuple(
+        q["sql"]
+        for q in queries.captured_queries
+        if _WRITE.match(q["sql"]) and not _BOOKKEEPING.search(q["sql"])
+    )
+    return Answer(response.status_code, response.get("Location", ""), error, writes)
+
+
+def mismatch(outcome: Outcome, answer: Answer, api: bool) -> str | None:
+    """Why `answer` is not `outcome`, or None when it is."""
+    if answer.status >= 500:
+        return f"answered {answer.status}"
+    refused = answer.status in (401, 403, 404, 405)
+    if outcome == OK:
+        if refused or (answer.status == 302 and answer.location.startswith(("/login/", "/admin/login/"))):
+            return f"expected through, got {answer.status} {answer.location or answer.error or ''}".rstrip()
+        return None
+    if answer.writes:
+        return f"refused ({answer.status}) but wrote: {answer.writes[0][:120]}"
+    if outcome in (LOGIN, ADMIN_LOGIN):
+        target = "/login/" if outcome == LOGIN else "/admin/login/"
+        if answer.status != 302 or not answer.location.startswith(target):
+            return f"expected a redirect to {target}, got {answer.status} {answer.location}".rstrip()
+        return None
+    if answer.status != outcome:
+        return f"expected {outcome}, got {answer.status} {answer.error or answer.location}".rstrip()
+    if api and refused and answer.error is None:
+        return f"{answer.status} without the JSON error shape"
+    return None
+
+
+# ----------------------------------------------------------------------------------------- tests
+
+
+def test_every_route_has_exactly_one_entry_and_its_declared_methods() -> None:
+    """A new route fails here until the table says who may call it; a stale entry fails too. For
+    tenant routes the table's methods are the ones the view itself declares (`access`)."""
+    entries = {route.entry for route in ROUTES}
+    assert sorted(entries - EXPECTED.keys()) == [], "routes with no entry in EXPECTED"
+    assert sorted(EXPECTED.keys() - entries) == [], "entries in EXPECTED naming no route"
+    for route in ROUTES:
+        spec = EXPECTED[route.entry]
+        if not isinstance(spec, Api | Page):
+            continue
+        view_class = getattr(route.view, "view_class", None)  # DRF views; pages carry it themselves
+        declared = getattr(view_class, "access", None) or getattr(route.view, "access", None)
+        assert declared is not None, f"{route.pattern}: the view declares no access"
+        assert set(declared) == set(spec.methods), f"{route.pattern}: declares {set(declared)}"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("route", ROUTES, ids=[r.pattern or "/" for r in ROUTES])
+def test_access_table(world: World, route: Route) -> None:
+    spec = EXPECTED.get(route.entry)
+    assert spec is not None, f"{route.pattern} has no entry in EXPECTED"
+    path = world.path(route)
+    api = isinstance(spec, Api)
+    failures = []
+    for method in METHODS:
+        declared = method in spec.methods
+        if isinstance(spec, AdminSite):
+            if method != "GET":
+                continue
+            principals: tuple[str, ...] = PROBES
+        else:
+            principals = PRINCIPALS if declared else PROBES
+        for principal in principals:
+            outcome = expected(spec, method, principal, params=bool(route.params))
+            if isinstance(spec, AdminSite):
+                outcome = spec.by_name.get(route.name or "", outcome)
+            answer = ask(world.clients[principal], method, path, api)
+            why = mismatch(outcome, answer, api)
+            if why:
+                failures.append(f"{method} {path} as {principal}: {why}")
+    assert failures == []
