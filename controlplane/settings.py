@@ -115,6 +115,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Outside every other layer: refuses NUL in the path or query, and shapes every non-2xx API
+    # answer as JSON whoever produced it (controlplane/errors.py).
+    "controlplane.errors.ErrorShapeMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -272,7 +275,12 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "tenants.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -283,6 +291,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        # Every operation documents its error answers in the one shape (controlplane/schema.py).
+        "controlplane.schema.add_error_responses",
+    ],
 }
 
 # Content-Security-Policy: no inline script anywhere, no third-party origins.

@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import append_server_record
+from controlplane.errors import DomainError
 from tenants import live
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
@@ -19,12 +20,19 @@ from tenants.scoping import tenant_context
 User = get_user_model()
 
 
-class TenantError(ValueError):
+class TenantError(DomainError):
     """A refused change, with a machine-readable code and the field at fault."""
 
+    STATUS = {
+        "tenant_exists": 409,
+        "account_exists": 409,
+        "last_owner": 409,
+        "invitation_used": 410,
+        "not_a_member": 404,
+    }
+
     def __init__(self, code: str, field: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
+        super().__init__(self.STATUS.get(code, 400), code, detail, field=field)
         self.field = field
 
 
@@ -180,14 +188,29 @@ def accept_invitation(
     accepted once."""
     _check_role(role)
     with tenant_context(tenant):
-        if InvitationUse.objects.filter(nonce=nonce).exists():
-            raise TenantError("invitation_used", "token", "this invitation has already been used")
-        InvitationUse.objects.create(nonce=nonce, email=email.lower())
+        # The insert is the check: the nonce is unique, so of several accepts at once one inserts
+        # and the others wait for it, then fail here (or go ahead if it rolled back). Checking
+        # first and inserting after let all of them pass the check.
+        try:
+            with transaction.atomic():
+                InvitationUse.objects.create(nonce=nonce, email=email.lower())
+        except IntegrityError:
+            raise TenantError("invitation_used", "token", "this invitation has already been used") from None
         existing = User.objects.filter(email__iexact=email).first()
         if existing is None:
             if not password:
                 raise TenantError("password_required", "password", "a new account needs a password")
-            user = User.objects.create_user(username=email.lower(), email=email.lower(), password=password)
+            try:
+                with transaction.atomic():
+                    user = User.objects.create_user(
+                        username=email.lower(), email=email.lower(), password=password
+                    )
+            except IntegrityError:
+                # Another invitation for this e-mail created the account a moment ago: joining
+                # it needs that account's password, so sign in first.
+                raise TenantError(
+                    "account_exists", "email", "an account with this e-mail exists now; sign in to accept"
+                ) from None
         else:
             user = existing
         membership, created = Membership.objects.get_or_create(user=user, defaults={"role": role})

@@ -1,0 +1,224 @@
+"""One error shape for the whole API, and one place that produces it.
+
+Every `/api/` and `/v1/` answer that is not 2xx is JSON `{"error": <code>, "detail": <sentence>,
+...context}`: clients branch on `error` (stable, machine-readable); people read `detail`.
+
+- Domain code raises a `DomainError` (or one of its subclasses: `IngestRefused`, `TenantError`,
+  `BundleUnavailable`, `ProofRequestError`, `IntegrationRefused`), which knows its HTTP status,
+  code, sentence and extra fields; `api_exception_handler` (DRF's EXCEPTION_HANDLER) turns it into
+  the response. Views never convert errors by hand.
+- DRF's own exceptions get the same shape; validation errors also carry `field` (the first one at
+  fault) and `fields` ({dotted field path: [reasons]}, nested serializers and list items
+  flattened, so no Python repr ever reaches a client).
+- `ErrorShapeMiddleware` covers what never reaches a DRF view: an unknown API route, an
+  unhandled exception (500), Django's own refusals (a bad Host, a request too large). It also
+  refuses input no view can use: a NUL character in the path or the query string (Postgres text
+  cannot hold one) is a 400 before any view runs, JSON on API routes and a 400 page elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+logger = logging.getLogger(__name__)
+
+API_PREFIXES = ("/api/", "/v1/")
+NUL = "\x00"
+
+
+class DomainError(Exception):
+    """A refusal the client can act on: HTTP `status`, machine-readable `code`, a sentence
+    (`detail`) and any context fields (`field`, `seq`, `index`, `limit`, ...) that go into the
+    body beside them. Subclasses name where they come from and may derive the body's `error`
+    and context differently (see `IngestRefused`)."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.extra = extra
+
+    @property
+    def error(self) -> str:
+        """The body's `error` code."""
+        return self.code
+
+    def context(self) -> dict[str, Any]:
+        """Fields of the body beside `error` and `detail`."""
+        return dict(self.extra)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.error, "detail": self.detail, **self.context()}
+
+
+def is_api_path(path: str) -> bool:
+    return path.startswith(API_PREFIXES)
+
+
+# ------------------------------------------------------------------------------- DRF errors
+
+_DEFAULT_CODES = {
+    400: "invalid",
+    401: "not_authenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    410: "gone",
+    413: "too_large",
+    415: "unsupported_media_type",
+    429: "throttled",
+    500: "server_error",
+    503: "unavailable",
+}
+# DRF's generic codes say less than the status; a view's specific code (e.g. `missing_scope`) wins.
+_GENERIC_CODES = frozenset({"error", "invalid", "not_authenticated", "permission_denied"})
+
+
+def code_for_status(status: int) -> str:
+    return _DEFAULT_CODES.get(status, "server_error" if status >= 500 else "error")
+
+
+def _code_of(exc: exceptions.APIException, status: int) -> str:
+    if isinstance(exc, exceptions.ParseError):
+        return "malformed_json"
+    codes = exc.get_codes()
+    if isinstance(codes, str) and codes not in _GENERIC_CODES:
+        return codes
+    if isinstance(exc, exceptions.NotAuthenticated):
+        return "not_authenticated"
+    return code_for_status(status)
+
+
+def flatten_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested validation detail as {dotted path: [reasons]}: `{"scopes": {0: [...]}}`
+    becomes `{"scopes.0": [...]}`, a nested serializer's `{"a": {"b": [...]}}` `{"a.b": [...]}`."""
+    if isinstance(detail, Mapping):
+        out: dict[str, list[str]] = {}
+        for key, value in detail.items():
+            out.update(flatten_errors(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(detail, list | tuple):
+        if all(not isinstance(item, Mapping | list | tuple) for item in detail):
+            return {prefix or "non_field_errors": [str(item) for item in detail]}
+        out = {}
+        for index, item in enumerate(detail):
+            if item:  # a list of child serializers reports {} for each valid child
+                out.update(flatten_errors(item, f"{prefix}.{index}" if prefix else str(index)))
+        return out
+    return {prefix or "non_field_errors": [str(detail)]}
+
+
+def _validation_body(exc: exceptions.ValidationError) -> dict[str, Any]:
+    fields = flatten_errors(exc.detail)
+    first = next(iter(fields), None)
+    if first is None:
+        return {"error": "invalid", "detail": "invalid input", "field": None, "fields": {}}
+    reasons = fields[first]
+    return {
+        "error": "invalid",
+        "detail": f"{first}: {reasons[0]}" if reasons else f"{first}: invalid",
+        "field": first,
+        "fields": fields,
+    }
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: a `DomainError` or any DRF/Django refusal as the one shape.
+    Anything else is re-raised (None): the view's transaction rolls back and the middleware
+    answers a JSON 500."""
+    if isinstance(exc, DomainError):
+        return Response(exc.body(), status=exc.status)
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = _validation_body(exc)
+    elif isinstance(exc, exceptions.APIException):
+        if isinstance(exc.detail, str):
+            detail = str(exc.detail)
+        else:
+            detail = "; ".join(f"{path}: {' '.join(why)}" for path, why in flatten_errors(exc.detail).items())
+        response.data = {"error": _code_of(exc, response.status_code), "detail": detail}
+    return response
+
+
+# ----------------------------------------------------------------------- every other answer
+
+
+def error_response(status: int, code: str, detail: str, **extra: Any) -> JsonResponse:
+    return JsonResponse({"error": code, "detail": detail, **extra}, status=status)
+
+
+def _nul_in_request(request: HttpRequest) -> str | None:
+    """Where a NUL character is in the request's path or query string, or None."""
+    if NUL in request.path_info:
+        return "path"
+    for name, values in request.GET.lists():
+        if NUL in name:
+            return "query"
+        if any(NUL in value for value in values):
+            return name
+    return None
+
+
+def _is_json(response: HttpResponse) -> bool:
+    return response.get("Content-Type", "").split(";")[0].strip() == "application/json"
+
+
+class ErrorShapeMiddleware:
+    """Refuses NUL in the path or query (400) before any view, and gives every non-2xx answer
+    on an API route the JSON shape, whoever produced it (the URL resolver's 404, Django's 400 and
+    500 pages, an exception no view handled)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        where = _nul_in_request(request)
+        response = self._refuse_nul(request, where) if where is not None else self.get_response(request)
+        if is_api_path(request.path_info) and response.status_code >= 400 and not _is_json(response):
+            return self._as_json(response)
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not is_api_path(request.path_info):
+            return None  # Django's 500 page (and its error report)
+        logger.error("unhandled error on %s %s", request.method, request.path, exc_info=exception)
+        return error_response(500, "server_error", "an internal error occurred; it has been logged")
+
+    @staticmethod
+    def _refuse_nul(request: HttpRequest, where: str) -> HttpResponse:
+        if where == "path":
+            detail = "the path holds a NUL character"
+        elif where == "query":
+            detail = "a query parameter's name holds a NUL character"
+        else:
+            detail = f"{where}: holds a NUL character"
+        if is_api_path(request.path_info):
+            return error_response(400, "invalid", detail, field=where)
+        return defaults.bad_request(request, ValueError(detail))
+
+    @staticmethod
+    def _as_json(response: HttpResponse) -> HttpResponse:
+        status = response.status_code
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "error"
+        shaped = error_response(status, code_for_status(status), phrase.lower())
+        for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+            if header in response:
+                shaped[header] = response[header]
+        return shaped

@@ -1,0 +1,222 @@
+"""One error shape on every API route (issue 9, defect 7; issue 10, item 4): every `/api/` and
+`/v1/` answer that is not 2xx is JSON `{"error", "detail", ...}`, whoever produced it, and the
+OpenAPI schema documents the error answers of every operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from drf_spectacular.generators import SchemaGenerator
+from rest_framework.test import APIClient
+
+from audit.services import IngestRefused
+from controlplane.errors import DomainError, api_exception_handler, flatten_errors
+from sagas import api as sagas_api
+from tenants.services import TenantError
+from tests.conftest import Person
+from transparency.bundles import BundleUnavailable
+from transparency.proofs import ProofRequestError
+from transparency.services import IntegrationRefused
+
+
+def _shape(response: Any) -> dict[str, Any]:
+    assert response["Content-Type"].startswith("application/json"), (response.status_code, response.content)
+    body = response.json()
+    assert isinstance(body.get("error"), str) and body["error"], body
+    assert isinstance(body.get("detail"), str) and body["detail"], body
+    return body
+
+
+@pytest.mark.parametrize(
+    "url", ["/api/v1/nope", "/api/nope", "/v1/nope", "/api/v1/sagas/x/y/z", "/api/v1/keys/"]
+)
+@pytest.mark.parametrize("method", ["get", "post", "delete"])
+def test_an_unknown_api_route_is_a_json_404(alice: Person, url: str, method: str) -> None:
+    response = getattr(alice.key_client(), method)(url)
+    assert response.status_code == 404
+    assert _shape(response)["error"] == "not_found"
+
+
+def test_an_unknown_page_is_still_an_html_404(db: None) -> None:
+    response = Client().get("/no-such-page/")
+    assert response.status_code == 404
+    assert not response["Content-Type"].startswith("application/json")
+
+
+def test_an_unhandled_error_is_a_json_500_that_leaks_nothing(
+    alice: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def explode(self: Any) -> Any:
+        raise RuntimeError("secret internals: password=hunter2")
+
+    monkeypatch.setattr(sagas_api.SagaListView, "get_queryset", explode)
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.api_key}")
+    response = client.get("/api/v1/sagas")
+    assert response.status_code == 500
+    body = _shape(response)
+    assert body["error"] == "server_error"
+    assert "hunter2" not in response.content.decode()
+
+
+def test_validation_errors_name_nested_fields_without_python_reprs(alice: Person) -> None:
+    response = alice.session_client().post(
+        "/api/v1/keys", {"name": "k", "scopes": ["read", "bogus"]}, format="json"
+    )
+    assert response.status_code == 400
+    body = _shape(response)
+    text = response.content.decode()
+    assert "ErrorDetail" not in text and "{1:" not in text
+    assert body["error"] == "invalid"
+    assert body["field"] == "scopes.1"
+    assert body["detail"].startswith("scopes.1: ")
+    assert list(body["fields"]) == ["scopes.1"]
+
+
+def test_flatten_errors_gives_dotted_paths() -> None:
+    nested = {"a": {"b": ["bad"]}, "c": {0: ["no"], 2: ["nope"]}, "d": [{}, {"e": ["x"]}], "f": ["plain"]}
+    assert flatten_errors(nested) == {
+        "a.b": ["bad"],
+        "c.0": ["no"],
+        "c.2": ["nope"],
+        "d.1.e": ["x"],
+        "f": ["plain"],
+    }
+    assert flatten_errors(["whole"]) == {"non_field_errors": ["whole"]}
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "status", "code"),
+    [
+        ({"path": "/api/v1/sagas", "method": "delete"}, 405, "method_not_allowed"),
+        (
+            {"path": "/api/v1/keys", "method": "post", "data": "x", "content_type": "text/plain"},
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            {"path": "/api/v1/keys", "method": "post", "data": "{", "content_type": "application/json"},
+            400,
+            "malformed_json",
+        ),
+    ],
+)
+def test_drf_refusals_carry_an_error_code(
+    alice: Person, request_kwargs: dict[str, Any], status: int, code: str
+) -> None:
+    kwargs = dict(request_kwargs)
+    method = kwargs.pop("method")
+    path = kwargs.pop("path")
+    response = getattr(alice.session_client(), method)(path, **kwargs)
+    assert response.status_code == status
+    assert _shape(response)["error"] == code
+
+
+def test_anonymous_and_wrong_scope_answers_carry_an_error_code(alice: Person) -> None:
+    assert _shape(APIClient().get("/api/v1/sagas"))["error"] == "not_authenticated"
+    # A key may not manage keys: a signed-in owner's capability, never a key's.
+    assert _shape(alice.key_client().get("/api/v1/keys"))["error"]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "body"),
+    [
+        (
+            IngestRefused(422, "broken_link", "record 3 does not link", seq=3, index=2),
+            422,
+            {
+                "error": "chain_broken",
+                "detail": "record 3 does not link",
+                "seq": 3,
+                "index": 2,
+                "reason": "broken_link",
+            },
+        ),
+        (
+            IngestRefused(409, "equivocation", "seq 3 is held with another hash", seq=3, index=0),
+            409,
+            {
+                "error": "equivocation",
+                "detail": "seq 3 is held with another hash",
+                "seq": 3,
+                "index": 0,
+                "reason": "equivocation",
+            },
+        ),
+        (
+            IngestRefused(400, "invalid", "records[0].seq: required", field="records[0].seq", index=0),
+            400,
+            {"error": "invalid", "detail": "records[0].seq: required", "field": "records[0].seq"},
+        ),
+        (
+            TenantError("invitation_used", "token", "this invitation has already been used"),
+            410,
+            {"error": "invitation_used", "detail": "this invitation has already been used", "field": "token"},
+        ),
+        (
+            TenantError("last_owner", "role", "keep one"),
+            409,
+            {"error": "last_owner", "detail": "keep one", "field": "role"},
+        ),
+        (
+            ProofRequestError("index", "beyond the tree", "not_found"),
+            404,
+            {"error": "not_found", "detail": "index: beyond the tree", "field": "index"},
+        ),
+        (
+            ProofRequestError("first", "too big"),
+            400,
+            {"error": "invalid", "detail": "first: too big", "field": "first"},
+        ),
+        (
+            BundleUnavailable(409, "not_sealed", "no seal yet"),
+            409,
+            {"error": "not_sealed", "detail": "no seal yet"},
+        ),
+        (
+            IntegrationRefused("the log shrank"),
+            500,
+            {"error": "integration_refused", "detail": "the log shrank"},
+        ),
+        (
+            DomainError(413, "too_large", "over", limit=5),
+            413,
+            {"error": "too_large", "detail": "over", "limit": 5},
+        ),
+    ],
+)
+def test_every_domain_error_maps_to_its_status_and_shape_in_one_place(
+    error: DomainError, status: int, body: dict[str, Any]
+) -> None:
+    response = api_exception_handler(error, {})
+    assert response is not None
+    assert (response.status_code, response.data) == (status, body)
+
+
+def _schema() -> dict[str, Any]:
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+def test_every_operation_documents_its_error_answers_in_the_error_shape(db: None) -> None:
+    schema = _schema()
+    error = schema["components"]["schemas"]["Error"]
+    assert error["required"] == ["error", "detail"]
+    operations = [
+        (path, method, op)
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+        if method in ("get", "post", "put", "patch", "delete")
+    ]
+    assert len(operations) > 20
+    for path, method, op in operations:
+        documented = op["responses"]
+        for status in ("400", "401", "403", "404"):
+            assert status in documented, (path, method, status)
+        if "requestBody" in op:
+            assert {"413", "415"} <= set(documented), (path, method)
+        for status, response in documented.items():
+            if status.startswith(("4", "5")):
+                schema_ref = response["content"]["application/json"]["schema"]
+                assert schema_ref.get("$ref", "").startswith("#/components/schemas/"), (path, method, status)

@@ -1,0 +1,260 @@
+"""Input that used to reach the database or a parser unchecked and answer 500 (issue 9, defect 6):
+each is now a 4xx in the error shape (a 400 page on the dashboard), and changes nothing.
+
+- a NUL character in a path or query parameter (Postgres text cannot hold one);
+- `since` / `start` / `end` moments no datetime can hold (`1e20`, `-inf`, `nan`);
+- a JSON body nested ten thousand deep (RecursionError in the parser);
+- a key that would expire in the past (the service refused it, the view did not convert it);
+- six people accepting one invitation at the same moment (five IntegrityErrors)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from audit.models import Record
+from frontend import invitations
+from tenants import services
+from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant
+from tenants.scoping import tenant_context
+from tests.conftest import PASSWORD, Person
+
+API_NUL = [
+    "/api/v1/sagas/a%00b",
+    "/api/v1/sagas?tool=a%00b",
+    "/api/v1/sagas?status=running%00",
+    "/api/v1/sagas?since=%00",
+    "/api/v1/sagas?unknown%00name=1",
+    "/api/v1/streams/a%00b",
+    "/api/v1/audit/sagas/a%00b/disclosure",
+    "/api/v1/audit/proofs/inclusion?index=1%00",
+    "/v1/audit/report?start=%00",
+    "/api/v1/nowhere%00",
+]
+
+
+@pytest.mark.parametrize("url", API_NUL)
+def test_nul_in_an_api_path_or_query_is_a_400_in_the_error_shape(alice: Person, url: str) -> None:
+    response = alice.key_client().get(url)
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["error"] == "invalid"
+    assert "NUL" in body["detail"]
+
+
+DASHBOARD_NUL = [
+    "/sagas/?tool=a%00b",
+    "/sagas/?stream=%00",
+    "/sagas/?page=%00",
+    "/sagas/rows?tool=%00",
+    "/sagas/a%00b/",
+    "/sagas/a%00b/timeline",
+    "/fleet/?window=24h%00",
+    "/evidence/?x=%00",
+    "/administration/members/?q=%00",
+    "/invite/a%00b",
+    "/login/?next=/%00",
+]
+
+
+@pytest.mark.parametrize("url", DASHBOARD_NUL)
+def test_nul_in_a_dashboard_path_or_filter_is_a_400_page(alice: Person, url: str) -> None:
+    client = Client()
+    client.force_login(alice.user)
+    response = client.get(url)
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+
+
+SINCE_OUT_OF_RANGE = ["1e20", "-1e20", "inf", "-inf", "nan", "1e308", "9999-12-31T23:59:59-23:59"]
+
+
+@pytest.mark.parametrize("value", SINCE_OUT_OF_RANGE)
+def test_a_moment_no_datetime_can_hold_is_a_400(alice: Person, value: str) -> None:
+    client = alice.key_client()
+    for url, name in [
+        ("/api/v1/sagas", "since"),
+        ("/v1/audit/report", "start"),
+        ("/v1/audit/report", "end"),
+    ]:
+        response = client.get(url, {name: value})
+        assert response.status_code == 400, (url, name, response.content)
+        assert response.json()["error"] == "invalid"
+        assert response.json()["field"] == name
+
+
+def test_a_moment_in_range_is_still_served(alice: Person) -> None:
+    response = alice.key_client().get("/api/v1/sagas", {"since": "0"})
+    assert response.status_code == 200, response.content
+
+
+DEEP = "[" * 10_000
+
+
+@pytest.mark.parametrize("url", ["/api/v1/keys", "/api/v1/audit/redactions", "/api/v1/audit/exports"])
+def test_a_body_nested_ten_thousand_deep_is_a_400(alice: Person, url: str) -> None:
+    response = alice.session_client().post(url, DEEP, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == "malformed_json"
+
+
+def _keys(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return ApiKey.objects.count()
+
+
+@pytest.mark.parametrize("moment", ["2000-01-01T00:00:00Z", "past"])
+def test_a_key_expiring_in_the_past_is_refused_and_not_created(
+    alice: Person, tenant_a: Tenant, moment: str
+) -> None:
+    if moment == "past":
+        moment = (timezone.now() - timedelta(seconds=1)).isoformat()
+    before = _keys(tenant_a)
+    response = alice.session_client().post(
+        "/api/v1/keys", {"name": "late", "scopes": ["read"], "expires_at": moment}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    assert response.json() == {
+        "error": "invalid_expiry",
+        "detail": "expires_at must be in the future",
+        "field": "expires_at",
+    }
+    assert _keys(tenant_a) == before
+
+
+# ---------------------------------------------------------------------- one invitation, six accepts
+
+PARALLEL = 6
+DEADLINE_S = 60.0
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Wait until `condition()` holds (re-checked every few ms); only a hung test is cut short."""
+    give_up = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.005)
+
+
+def _waiting_on_a_lock(pids: list[int]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) AND wait_event_type = 'Lock'", [pids]
+        )
+        return int(cursor.fetchone()[0])
+
+
+class _FirstAcceptFails(Exception):
+    pass
+
+
+@pytest.fixture
+def pool_for_every_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A connection pool with room for the six threads and the test (a process' pool holds
+    DB_POOL_MAX_SIZE, 4 by default); the default pool is restored afterwards."""
+    pool = connection.settings_dict.get("OPTIONS", {}).get("pool")
+
+    def fresh_pool() -> None:
+        connection.close()
+        connection.close_pool()
+
+    if isinstance(pool, dict):
+        monkeypatch.setitem(pool, "max_size", PARALLEL + 2)
+        fresh_pool()
+    yield
+    if isinstance(pool, dict):
+        monkeypatch.undo()
+        fresh_pool()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("account", ["new", "existing"])
+def test_six_parallel_accepts_of_one_invitation_one_joins_five_are_410(
+    account: str, pool_for_every_thread: None
+) -> None:
+    """Six real threads on six Postgres connections accept one invitation. The race is forced:
+    the test's own transaction holds the invitation's nonce (as a first accept still in flight
+    would) until all six are past every check and waiting on it in Postgres; then it rolls back,
+    so exactly one of the six can take the nonce. Before the fix the other five hit the unique
+    constraint as an IntegrityError (500); now each is told the invitation was used (410)."""
+    tenant = services.create_tenant("inv", "Inv Co", "owner@inv.example", PASSWORD, actor="test")
+    owner = get_user_model().objects.get(email="owner@inv.example")
+    email = "guest@inv.example"
+    if account == "existing":
+        guest = get_user_model().objects.create_user(username=email, email=email, password=PASSWORD)
+    token = invitations.make_token(tenant, email, Role.VIEWER, owner)
+    with tenant_context(tenant):
+        records_before = Record.objects.filter(stream__stream_id="server").count()
+
+    start = threading.Barrier(PARALLEL + 1)
+    pids: list[int] = []
+    outcomes: list[Any] = []
+    lock = threading.Lock()
+
+    def accept() -> None:
+        try:
+            client = Client(raise_request_exception=True)
+            if account == "existing":
+                client.force_login(guest)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                pid = cursor.fetchone()[0]
+            with lock:
+                pids.append(pid)
+            start.wait(DEADLINE_S)
+            form = (
+                {}
+                if account == "existing"
+                else {"password": "a-new-pass-123", "password_again": "a-new-pass-123"}
+            )
+            response = client.post(f"/invite/{token}", form)
+            outcome: Any = response.status_code
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome = repr(exc)
+            start.abort()  # the others (and the test) stop waiting for this one
+        finally:
+            connection.close()
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=accept) for _ in range(PARALLEL)]
+    for thread in threads:
+        thread.start()
+    nonce = invitations.read_token(token).nonce
+    try:
+        # The first accept in flight: the nonce inserted, not yet committed.
+        with tenant_context(tenant):
+            InvitationUse.objects.create(nonce=nonce, email=email)
+            start.wait(DEADLINE_S)
+            _wait_for(
+                lambda: _waiting_on_a_lock(pids) == PARALLEL or len(outcomes) == PARALLEL,
+                "all six accepts wait on the nonce",
+            )
+            # ... which then fails: its transaction rolls back, the nonce is free again.
+            raise _FirstAcceptFails
+    except _FirstAcceptFails:
+        pass
+    except threading.BrokenBarrierError:
+        pass  # a thread failed before the start: its outcome is in the assertion below
+    finally:
+        for thread in threads:
+            thread.join(DEADLINE_S)
+
+    assert sorted(outcomes, key=str) == sorted([302] + [410] * (PARALLEL - 1), key=str), outcomes
+    with tenant_context(tenant):
+        assert InvitationUse.objects.filter(nonce=nonce).count() == 1
+        assert Membership.objects.filter(user__email=email, role=Role.VIEWER).count() == 1
+        # One membership, one record of it.
+        assert Record.objects.filter(stream__stream_id="server").count() == records_before + 1
+    assert get_user_model().objects.filter(email=email).count() == 1
