@@ -381,7 +381,6 @@ SAGAPLANE_EXPORT_STORAGE = {
         )
     },
 }
-SAGAPLANE_LEAF_SOURCE = "transparency.sources.AuditLeafSource"
 # One integration transaction appends at most this many leaves (and signs a checkpoint); a worker
 # asked to shut down stops between two, so this also bounds how long a warm shutdown waits.
 SAGAPLANE_INTEGRATION_CHUNK_LEAVES = config.integer(
