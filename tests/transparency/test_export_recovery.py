@@ -286,14 +286,16 @@ def test_the_sweep_is_on_the_beat(tmp_path: Path) -> None:
                 popped = queue.brpop(["celery"], timeout=120)
                 assert popped is not None, f"beat sent nothing more after {sent}:\n{log.read_text()[-3000:]}"
                 sent.append(json.loads(popped[1])["headers"]["task"])
+            # Stopped as an orchestrator stops it. Its exit status is not asserted: celery beat's
+            # own SIGTERM handling ends with 0, 1 (its schedule shelf closed under its service
+            # thread) or the signal's status depending on timing; the schedule is what matters.
             beat.send_signal(signal.SIGTERM)
-            code = beat.wait(timeout=60)
+            beat.wait(timeout=60)
         finally:
             if beat.poll() is None:
                 os.killpg(beat.pid, signal.SIGKILL)
                 beat.wait(timeout=30)
     assert "transparency.sweep_stale_exports" in sent, sent
-    assert code == 0, log.read_text()[-3000:]
     # What it sends is a task a worker knows (registered when the worker imports the tasks).
     from transparency import tasks
 
