@@ -52,21 +52,32 @@ def test_production_refuses_insecure_defaults_and_names_them(tmp_path: Path) -> 
         assert problem in result.stderr, problem
 
 
-@pytest.mark.smoke
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.postgres
 def test_production_starts_when_configured(tmp_path: Path) -> None:
-    from cryptography.fernet import Fernet
+    """The README's production command, with every required setting and nothing else: it starts,
+    both probes answer 200 with every backing service ready, and it behaves as production (https
+    enforced outside the probes, HSTS behind the TLS proxy)."""
+    import httpx
 
-    result = _load_settings(
-        tmp_path,
-        SAGAPLANE_ENV="production",
-        SECRET_KEY="x" * 50,
-        SAGAPLANE_MASTER_KEY=Fernet.generate_key().decode(),
-        DATABASE_URL="postgres://sagaplane@127.0.0.1:5432/sagaplane",
-        REDIS_URL="redis://127.0.0.1:6379/0",
-        ALLOWED_HOSTS="sagaplane.example.com",
-    )
-    assert result.returncode == 0, result.stderr
-    assert "postgresql" in result.stdout and "redis://" in result.stdout
+    from tests.hostile.production import PROXY_HEADERS, control_plane, own_database, own_redis, production_env
+
+    with own_redis(tmp_path) as redis_server, own_database() as database:
+        env = production_env(database.url, redis_server.url, tmp_path)
+        with control_plane(env, workers=1) as server, httpx.Client(base_url=server.url, timeout=30) as plain:
+            health = plain.get("/healthz")
+            assert (health.status_code, health.json()) == (200, {"status": "ok"})
+            ready = plain.get("/readyz")
+            assert ready.status_code == 200, f"{ready.text}\n{server.log_tail()}"
+            checks = ready.json()["checks"]
+            assert {"database", "broker", "redis"} <= set(checks) and set(checks.values()) == {"ok"}
+
+            assert plain.get("/login/").status_code == 301  # plain http elsewhere goes to https
+            page = plain.get("/login/", headers=PROXY_HEADERS)
+            assert page.status_code == 200 and "max-age=31536000" in page.headers["Strict-Transport-Security"]
+            with server.client(timeout=30) as agent:  # the API key made by create_api_key works
+                assert agent.get("/api/v1/sagas").status_code == 200
 
 
 # ------------------------------------------------------------------ every value checked at start-up
