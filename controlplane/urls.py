@@ -19,6 +19,7 @@ urlpatterns = [
     path("api/v1/audit/", include("transparency.urls")),
     path("api/v1/", include("audit.urls")),
     path("api/v1/", include("sagas.urls")),
+    path("api/v1/", include("fleet.urls")),
     path("v1/", include("audit.compat_urls")),
     path("v1/", include("sagas.compat_urls")),
     path("", include("frontend.urls")),

@@ -133,7 +133,7 @@ def to_units(value: Any) -> int:
 
 def from_units(units: int | float) -> str:
     """Units back to a decimal string for answers (no float rounding on the way out)."""
-    return str((Decimal(int(units)) / SCALE).normalize()) if units else "0"
+    return format((Decimal(int(units)) / SCALE).normalize(), "f") if units else "0"
 
 
 def tool_matches(pattern: str, tool: str) -> bool:

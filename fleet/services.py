@@ -25,6 +25,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import append_server_record
+from controlplane.errors import DomainError
+from controlplane.postcommit import after_commit
 from fleet import gate
 from fleet.gate import GateRequest, InvalidArgument, LimitSpec
 from fleet.models import BudgetLimit, Decision, GateDecision, Halt, HaltMode, OnCap, Quarantine, RateLimit
@@ -39,14 +41,32 @@ MAX_WINDOW_S = 366 * 24 * 3600
 MAX_TTL_S = 366 * 24 * 3600
 
 
-class FleetError(ValueError):
+class FleetError(DomainError):
     """A refused policy change, with a machine-readable code and the field at fault."""
 
     def __init__(self, code: str, field: str, detail: str, status: int = 400) -> None:
-        super().__init__(detail)
-        self.code = code
+        super().__init__(status, code, detail, field=field)
         self.field = field
-        self.status = status
+
+
+# ------------------------------------------------------------------------------------- change signal
+
+
+def version_key(tenant_id: int) -> str:
+    return f"fleet:version:{tenant_id}"
+
+
+def _changed_after_commit(tenant: Tenant) -> None:
+    """Wake every long-poll of the tenant's fleet status once the change commits (best effort:
+    waiters re-read the state every second anyway)."""
+
+    def bump() -> None:
+        from django.core.cache import cache
+
+        if not cache.add(version_key(tenant.pk), 1, timeout=None):
+            cache.incr(version_key(tenant.pk))
+
+    after_commit("fleet status change signal", bump)
 
 
 # ----------------------------------------------------------------------------------------- the store
@@ -325,7 +345,7 @@ def _budget_values(limit: BudgetLimit) -> dict[str, Any]:
         "name": limit.name,
         "tool": limit.tool,
         "argument": limit.argument,
-        "max_total": str(limit.max_total.normalize()),
+        "max_total": gate.from_units(gate.to_units(limit.max_total)),
         "window_s": limit.window_s,
         "per": list(limit.per),
         "on_cap": limit.on_cap,
@@ -389,6 +409,7 @@ def create_budget(
             {"budget": limit.pk, "old": None, "new": _budget_values(limit)},
             actor=actor,
         )
+        _changed_after_commit(tenant)
     return limit
 
 
@@ -402,6 +423,7 @@ def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
         append_server_record(
             tenant, "FLEET_BUDGET_DELETED", {"budget": budget_id, "old": old, "new": None}, actor=actor
         )
+        _changed_after_commit(tenant)
 
 
 def create_rate_limit(
@@ -423,6 +445,7 @@ def create_rate_limit(
             {"rate_limit": limit.pk, "old": None, "new": _rate_values(limit)},
             actor=actor,
         )
+        _changed_after_commit(tenant)
     return limit
 
 
@@ -439,6 +462,7 @@ def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None
             {"rate_limit": rate_limit_id, "old": old, "new": None},
             actor=actor,
         )
+        _changed_after_commit(tenant)
 
 
 def _halt_values(halt: Halt) -> dict[str, Any]:
@@ -479,6 +503,7 @@ def halt(
         append_server_record(
             tenant, "KILLSWITCH_ENGAGED", {"halt": row.pk, "old": None, "new": _halt_values(row)}, actor=actor
         )
+        _changed_after_commit(tenant)
     return row
 
 
@@ -499,6 +524,7 @@ def resume(tenant: Tenant, halt_id: int, *, actor: str) -> Halt | None:
             {"halt": row.pk, "old": {"in_force": True}, "new": {"in_force": False}, "scope": row.scope},
             actor=actor,
         )
+        _changed_after_commit(tenant)
     return row
 
 

@@ -46,6 +46,16 @@ MANAGE_MEMBERS = Access(key_scope=None, capability="manage_members")
 """The member list (every member's e-mail) and changes to it."""
 MANAGE_KEYS = Access(key_scope=None, capability="manage_keys")
 """API keys: listing, creating, revoking."""
+GATE = Access(key_scope=Scope.GATE, capability=None)
+"""The pre-flight gate: agents ask it before an effect; people have nothing to ask."""
+GATE_STATUS = Access(key_scope=Scope.GATE, capability="read")
+"""Halts in force and governed tools: what an agent needs to act, and any member may see."""
+FLEET_VIEW = Access(key_scope=Scope.CONTROL, capability="read")
+"""Budgets (with their usage), rate limits, halts: every member sees them; keys need `control`."""
+FLEET_CONTROL = Access(key_scope=Scope.CONTROL, capability="fleet")
+"""Creating and deleting budgets and rate limits: owners and admins, or a `control` key."""
+FLEET_HALT = Access(key_scope=Scope.CONTROL, capability="halt")
+"""Kill switches and quarantine: owners, admins and approvers (risk staff), or a `control` key."""
 
 
 @dataclass(frozen=True)

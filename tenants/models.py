@@ -33,11 +33,12 @@ class Role(models.TextChoices):
 
 # Who may do what, by role. Views name the capability, never a list of roles.
 ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
+    # "fleet": change budgets and rate limits; "halt": engage and lift kill switches, quarantine.
     Role.OWNER: frozenset(
-        {"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "break_glass"}
+        {"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "halt", "break_glass"}
     ),
-    Role.ADMIN: frozenset({"read", "manage_members", "manage_keys", "audit", "approve", "fleet"}),
-    Role.APPROVER: frozenset({"read", "approve"}),
+    Role.ADMIN: frozenset({"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "halt"}),
+    Role.APPROVER: frozenset({"read", "approve", "halt"}),
     Role.AUDITOR: frozenset({"read", "audit"}),
     Role.VIEWER: frozenset({"read"}),
 }

@@ -18,7 +18,8 @@ from __future__ import annotations
 from ._version import __version__
 from .chain import ChainBreak, ChainReport, verify_chain
 from .client import AuthenticationError, Client, ConfigurationError, SagaplaneError, TransportError
-from .runtime import Runtime, configure, get_runtime, shutdown
+from .gate import GateDenied, guarantees
+from .runtime import Runtime, configure, get_runtime, shutdown, status
 from .saga import (
     ConfirmRequest,
     EffectNotApplied,
@@ -51,6 +52,9 @@ from .shipper import Backoff, ShipFailed, Shipper, ShipperState
 from .wal import WAL, WALError, WALLocked
 
 __all__ = [
+    "GateDenied",
+    "guarantees",
+    "status",
     "AuthenticationError",
     "Backoff",
     "COMPENSABLE",

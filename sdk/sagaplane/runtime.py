@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 
 from .client import ENV_API_KEY, ENV_URL, Client, ConfigurationError
-from .saga import ConfirmHook, set_default_confirm, set_default_wal
+from .gate import DEFAULT_GRACE_S, Gate
+from .saga import ConfirmHook, get_default_gate, set_default_confirm, set_default_gate, set_default_wal
 from .shipper import Shipper
 from .wal import ENV_AGENT, WAL
 
@@ -19,6 +20,7 @@ logger = logging.getLogger("sagaplane")
 class Runtime:
     wal: WAL
     shipper: Shipper | None
+    gate: Gate | None = None
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Make everything durable locally, then wait for the control plane to acknowledge it."""
@@ -26,6 +28,10 @@ class Runtime:
         return True if self.shipper is None else self.shipper.flush(timeout)
 
     def close(self, timeout: float | None = 10.0) -> None:
+        if self.gate is not None:
+            self.gate.close()
+            if get_default_gate() is self.gate:
+                set_default_gate(None)
         try:
             if self.shipper is not None:
                 self.shipper.flush(timeout)
@@ -47,6 +53,8 @@ def configure(
     confirm: ConfirmHook | None = None,
     fsync: bool = True,
     agent: str | None = None,
+    gate: bool | None = None,
+    gate_grace: float = DEFAULT_GRACE_S,
 ) -> Runtime:
     """Open the process WAL and, when a control plane is configured, start shipping it.
 
@@ -54,6 +62,10 @@ def configure(
     an API key is a ConfigurationError rather than a silent local-only run. `agent` (or
     SAGAPLANE_AGENT) names this agent, e.g. "billing-bot": every saga it starts carries the
     name, and the dashboard shows it beside the stream id.
+
+    `gate=None` asks the control plane's pre-flight gate before every step whenever a URL is known
+    (the API key needs the `gate` scope); `gate=False` turns it off. With the gate on, a control
+    plane unreachable for longer than `gate_grace` seconds refuses every step (fail closed).
     """
     global _runtime
     if _runtime is not None:
@@ -69,10 +81,25 @@ def configure(
     if client is not None:
         shipper = Shipper(wal.path, stream_id=wal.stream_id, client=client).start()
         wal.subscribe(shipper.notify)
+    gate_client = None
+    if gate is None:
+        gate = bool(url)
+    if gate:
+        gate_client = Gate(url, api_key, grace=gate_grace).start()
     set_default_wal(wal)
     set_default_confirm(confirm)
-    _runtime = Runtime(wal, shipper)
+    set_default_gate(gate_client)
+    _runtime = Runtime(wal, shipper, gate_client)
     return _runtime
+
+
+def status() -> dict[str, object]:
+    """May this agent act now? `{"ready": bool, "state": "ready" | "halted" | "unknown" | "ungated", ...}`.
+    Unknown (the control plane not read within the grace period) is not ready."""
+    gate = get_default_gate()
+    if gate is None:
+        return {"ready": True, "state": "ungated", "halts": [], "state_age_s": None}
+    return gate.status()
 
 
 def get_runtime() -> Runtime | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .chain import token_hex
+from .gate import Call as GateCall
+from .gate import Gate, GateDenied
 from .semantics import (
     COMPENSABLE,
     IRREVERSIBLE,
@@ -170,8 +172,16 @@ def current_saga() -> Saga | None:
     return _current.get()
 
 
-# The process default WAL and confirmation hook, set by sagaplane.configure().
-_defaults: dict[str, Any] = {"wal": None, "confirm": None}
+# The process default WAL, confirmation hook and gate, set by sagaplane.configure().
+_defaults: dict[str, Any] = {"wal": None, "confirm": None, "gate": None}
+
+
+def set_default_gate(gate: Gate | None) -> None:
+    _defaults["gate"] = gate
+
+
+def get_default_gate() -> Gate | None:
+    return _defaults["gate"]
 
 
 def set_default_wal(wal: WAL | None) -> None:
@@ -505,8 +515,69 @@ class Saga:
         )
         return mark
 
+    def _gate_call(self, step: Step) -> GateCall:
+        return GateCall(
+            self.saga_id,
+            step.step_id,
+            step.tool,
+            step.semantics.value,
+            dict(step.kwargs),
+            self.wal.agent or "",
+        )
+
+    def _gate_answered(self, step: Step, answer: dict[str, Any] | None) -> None:
+        if answer is not None:
+            self.wal.emit(
+                "GATE_ALLOW",
+                {
+                    "saga_id": self.saga_id,
+                    "step_id": step.step_id,
+                    "tool": step.tool,
+                    "authorization_id": answer.get("authorization_id"),
+                },
+                buffered=True,
+            )
+
+    def _gate_denied(self, step: Step, denied: GateDenied) -> GateDenied:
+        # Logged so the evidence shows the attempt and why it was stopped; the step never ran.
+        self.wal.emit(
+            "GATE_DENY",
+            {
+                "saga_id": self.saga_id,
+                "step_id": step.step_id,
+                "tool": step.tool,
+                "semantics": step.semantics.value,
+                "kwargs": step.kwargs,
+                "reason": denied.reason,
+                "answer": denied.answer,
+            },
+            buffered=True,
+        )
+        return denied
+
+    def _ask_gate(self, step: Step) -> None:
+        gate = _defaults["gate"]
+        if gate is None:
+            return
+        try:
+            answer = gate.check(self._gate_call(step))
+        except GateDenied as denied:
+            raise self._gate_denied(step, denied) from None
+        self._gate_answered(step, answer)
+
+    async def _ask_gate_async(self, step: Step) -> None:
+        gate = _defaults["gate"]
+        if gate is None:
+            return
+        try:
+            answer = await asyncio.to_thread(gate.check, self._gate_call(step))
+        except GateDenied as denied:
+            raise self._gate_denied(step, denied) from None
+        self._gate_answered(step, answer)
+
     def run_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
+        self._ask_gate(step)
         if step.semantics is IRREVERSIBLE:
             answer = self._confirm_hook(spec)(self._confirm_request(step))
             if inspect.isawaitable(answer):
@@ -550,6 +621,7 @@ class Saga:
 
     async def run_step_async(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
+        await self._ask_gate_async(step)
         if step.semantics is IRREVERSIBLE:
             answer = self._confirm_hook(spec)(self._confirm_request(step))
             if inspect.isawaitable(answer):

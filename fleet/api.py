@@ -1,0 +1,378 @@
+"""The gate and the fleet's policies over HTTP (shapes in docs/ARCHITECTURE.md, public contract).
+
+- `POST /api/v1/gate/evaluate` (key scope `gate`): the pre-flight answer for one call.
+- `GET /api/v1/fleet/status` (scope `gate`, or any member): halts in force and the governed tool
+  globs, with a `version`; `?since=<version>&wait=<s>` long-polls until it changes.
+- budgets, rate limits, halts (scope `control`, or members whose role may act) and quarantine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from typing import Any
+
+from django.core.cache import cache
+from django.http import HttpRequest
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.errors import DomainError
+from fleet import services
+from fleet.gate import GateRequest, from_units, to_units
+from fleet.models import BudgetLimit, Halt, RateLimit
+from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, GATE, GATE_STATUS
+from tenants.permissions import TenantScopedViewMixin
+
+MAX_WAIT_S = 25.0
+TEXT_MAX = 200
+
+
+def _body(request: Request) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+    return data
+
+
+def _text(data: dict[str, Any], name: str, *, required: bool = True, limit: int = TEXT_MAX) -> str:
+    value = data.get(name, "" if not required else None)
+    if value is None or not isinstance(value, str) or (required and not value) or len(value) > limit:
+        need = "a non-empty string" if required else "a string"
+        raise DomainError(400, "invalid", f"{name}: {need} of at most {limit} characters", field=name)
+    if "\x00" in value:
+        raise DomainError(400, "invalid", f"{name}: must not contain NUL", field=name)
+    return value
+
+
+# ----------------------------------------------------------------------------------------- the gate
+
+_ANSWER = inline_serializer(
+    "GateAnswer",
+    {
+        "decision": serializers.ChoiceField(choices=["allow", "deny", "pending_approval"]),
+        "authorization_id": serializers.UUIDField(required=False),
+        "reason": serializers.CharField(required=False),
+        "limit": serializers.CharField(required=False),
+        "remaining": serializers.CharField(required=False),
+        "retry_after": serializers.IntegerField(required=False, allow_null=True),
+    },
+)
+
+
+class GateEvaluateView(TenantScopedViewMixin, APIView):
+    """Ask before an effect: kill switch, quarantine, budgets and rate limits (one atomic
+    check-and-debit across every matching limit), then approval policy. A refusal debits nothing;
+    an allow is permanent; the same saga, step, tool and arguments get the same allow back."""
+
+    access = {"POST": GATE}
+
+    @extend_schema(
+        operation_id="gate_evaluate",
+        request=inline_serializer(
+            "GateCall",
+            {
+                "saga_id": serializers.CharField(),
+                "step_id": serializers.CharField(),
+                "tool": serializers.CharField(),
+                "semantics": serializers.CharField(required=False),
+                "args": serializers.DictField(required=False),
+                "agent": serializers.CharField(required=False),
+                "tags": serializers.ListField(child=serializers.CharField(), required=False),
+                "idempotency_key": serializers.CharField(required=False),
+            },
+        ),
+        responses={200: _ANSWER},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        args = data.get("args", {})
+        if not isinstance(args, dict):
+            raise DomainError(400, "invalid", "args: must be a JSON object", field="args")
+        tags = data.get("tags", [])
+        if not isinstance(tags, list) or len(tags) > 50 or not all(isinstance(t, str) and t for t in tags):
+            raise DomainError(400, "invalid", "tags: a list of at most 50 non-empty strings", field="tags")
+        call = GateRequest(
+            saga_id=_text(data, "saga_id", limit=128),
+            step_id=_text(data, "step_id", limit=128),
+            tool=_text(data, "tool"),
+            semantics=_text(data, "semantics", required=False, limit=32),
+            args=args,
+            agent=_text(data, "agent", required=False, limit=100),
+            tags=tuple(tags),
+            api_key_prefix=self.api_key.prefix if self.api_key else "",
+            client_idempotency_key=_text(data, "idempotency_key", required=False),
+        )
+        return Response(services.evaluate(self.tenant, call, actor=self.actor))
+
+
+# ------------------------------------------------------------------------------------ fleet status
+
+
+def _status() -> dict[str, Any]:
+    halts = [_halt_json(h) for h in services.halts_in_force()]
+    state = {"halts": halts, "governed_tools": services.governed_tools()}
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {**state, "version": digest}
+
+
+class FleetStatusView(TenantScopedViewMixin, APIView):
+    """What an agent must know to act safely: halts in force and which tools a limit governs.
+    `since=<version>&wait=<seconds>` answers as soon as the state differs from `since` (or a halt
+    lapses), else after `wait` (at most 25 s) — the SDK keeps one such call open, so a halt
+    reaches a running agent within about a second. No transaction or connection is held while
+    waiting."""
+
+    access = {"GET": GATE_STATUS}
+
+    @extend_schema(
+        operation_id="fleet_status",
+        parameters=[OpenApiParameter("since", str), OpenApiParameter("wait", float)],
+        responses={
+            200: inline_serializer(
+                "FleetStatus",
+                {
+                    "halts": serializers.ListField(child=serializers.DictField()),
+                    "governed_tools": serializers.ListField(child=serializers.CharField()),
+                    "version": serializers.CharField(),
+                },
+            )
+        },
+    )
+    def get(self, request: Request) -> Response:
+        return Response(_status())
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        since = request.GET.get("since", "")
+        try:
+            wait = float(request.GET.get("wait", "0") or 0)
+        except ValueError:
+            wait = math.nan
+        if not math.isfinite(wait) or wait < 0:
+            return self._refuse(request, "wait: seconds from 0 (at most 25 are waited)")
+        wait = min(wait, MAX_WAIT_S)
+        deadline = time.monotonic() + wait
+        while True:
+            response = super().dispatch(request, *args, **kwargs)
+            data = getattr(response, "data", None)
+            changed = not isinstance(data, dict) or data.get("version") != since
+            if response.status_code != 200 or changed or time.monotonic() >= deadline:
+                return response
+            self._wait_for_change(getattr(self, "tenant", None), deadline)
+
+    def _refuse(self, request: HttpRequest, detail: str) -> Any:
+        self.headers = {}
+        drf_request = self.initialize_request(request)
+        self.request = drf_request
+        response = self.handle_exception(DomainError(400, "invalid", detail, field="wait"))
+        return self.finalize_response(drf_request, response)
+
+    @staticmethod
+    def _wait_for_change(tenant: Any, deadline: float) -> None:
+        """Until the tenant's change counter moves, a second passes (a halt may lapse, and in
+        embedded mode the cache is per process) or the deadline: then the state is read again."""
+        key = services.version_key(tenant.pk) if tenant is not None else ""
+        seen = cache.get(key) if key else None
+        until = min(deadline, time.monotonic() + 1.0)
+        while time.monotonic() < until:
+            time.sleep(0.05)
+            if key and cache.get(key) != seen:
+                return
+
+
+# --------------------------------------------------------------------------------------- policies
+
+
+def _budget_json(limit: BudgetLimit) -> dict[str, Any]:
+    return {
+        "id": limit.pk,
+        "name": limit.name,
+        "tool": limit.tool,
+        "argument": limit.argument,
+        "max_total": from_units(to_units(limit.max_total)),
+        "window_s": limit.window_s,
+        "per": limit.per,
+        "on_cap": limit.on_cap,
+        "usage": services.budget_usage(limit),
+    }
+
+
+def _rate_json(limit: RateLimit) -> dict[str, Any]:
+    return {
+        "id": limit.pk,
+        "name": limit.name,
+        "tool": limit.tool,
+        "max_calls": limit.max_calls,
+        "window_s": limit.window_s,
+        "per": limit.per,
+    }
+
+
+def _halt_json(halt: Halt) -> dict[str, Any]:
+    return {
+        "id": halt.pk,
+        "scope": halt.scope,
+        "mode": halt.mode,
+        "reason": halt.reason,
+        "actor": halt.actor,
+        "created_at": halt.created_at.isoformat(),
+        "expires_at": halt.expires_at.isoformat() if halt.expires_at else None,
+    }
+
+
+def _pk(value: str) -> int:
+    if not value.isdigit() or len(value) > 18:
+        raise DomainError(404, "not_found", "no such object")
+    return int(value)
+
+
+class BudgetListView(TenantScopedViewMixin, APIView):
+    """Budgets: at most `max_total` of the argument over any `window_s`, per scope."""
+
+    access = {"GET": FLEET_VIEW, "POST": FLEET_CONTROL}
+
+    @extend_schema(operation_id="fleet_budgets_list", responses={200: serializers.ListField()})
+    def get(self, request: Request) -> Response:
+        return Response([_budget_json(b) for b in BudgetLimit.objects.order_by("name")])
+
+    @extend_schema(
+        operation_id="fleet_budgets_create",
+        request=inline_serializer(
+            "BudgetCreate",
+            {
+                "name": serializers.CharField(),
+                "tool": serializers.CharField(required=False),
+                "argument": serializers.CharField(required=False),
+                "max_total": serializers.CharField(),
+                "window_s": serializers.IntegerField(),
+                "per": serializers.ListField(child=serializers.CharField(), required=False),
+                "on_cap": serializers.ChoiceField(choices=["deny", "escalate"], required=False),
+            },
+        ),
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        fields = {
+            k: data[k]
+            for k in ("name", "tool", "argument", "max_total", "window_s", "per", "on_cap")
+            if k in data
+        }
+        limit = services.create_budget(self.tenant, actor=self.actor, **fields)
+        return Response(_budget_json(limit), status=201)
+
+
+class BudgetDetailView(TenantScopedViewMixin, APIView):
+    access = {"GET": FLEET_VIEW, "DELETE": FLEET_CONTROL}
+
+    @extend_schema(operation_id="fleet_budgets_retrieve", responses={200: serializers.DictField()})
+    def get(self, request: Request, pk: str) -> Response:
+        limit = BudgetLimit.objects.filter(pk=_pk(pk)).first()
+        if limit is None:
+            raise DomainError(404, "not_found", "no such budget")
+        return Response(_budget_json(limit))
+
+    @extend_schema(operation_id="fleet_budgets_destroy", responses={204: None})
+    def delete(self, request: Request, pk: str) -> Response:
+        services.delete_budget(self.tenant, _pk(pk), actor=self.actor)
+        return Response(status=204)
+
+
+class RateLimitListView(TenantScopedViewMixin, APIView):
+    """Rate limits: at most `max_calls` over `window_s` (GCRA), per scope."""
+
+    access = {"GET": FLEET_VIEW, "POST": FLEET_CONTROL}
+
+    @extend_schema(operation_id="fleet_rate_limits_list", responses={200: serializers.ListField()})
+    def get(self, request: Request) -> Response:
+        return Response([_rate_json(r) for r in RateLimit.objects.order_by("name")])
+
+    @extend_schema(
+        operation_id="fleet_rate_limits_create",
+        request=inline_serializer(
+            "RateLimitCreate",
+            {
+                "name": serializers.CharField(),
+                "tool": serializers.CharField(required=False),
+                "max_calls": serializers.IntegerField(),
+                "window_s": serializers.IntegerField(),
+                "per": serializers.ListField(child=serializers.CharField(), required=False),
+            },
+        ),
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        fields = {k: data[k] for k in ("name", "tool", "max_calls", "window_s", "per") if k in data}
+        limit = services.create_rate_limit(self.tenant, actor=self.actor, **fields)
+        return Response(_rate_json(limit), status=201)
+
+
+class RateLimitDetailView(TenantScopedViewMixin, APIView):
+    access = {"DELETE": FLEET_CONTROL}
+
+    @extend_schema(operation_id="fleet_rate_limits_destroy", responses={204: None})
+    def delete(self, request: Request, pk: str) -> Response:
+        services.delete_rate_limit(self.tenant, _pk(pk), actor=self.actor)
+        return Response(status=204)
+
+
+class HaltListView(TenantScopedViewMixin, APIView):
+    """Kill switches in force; POST engages one (reason required, optional TTL)."""
+
+    access = {"GET": FLEET_VIEW, "POST": FLEET_HALT}
+
+    @extend_schema(operation_id="fleet_halts_list", responses={200: serializers.ListField()})
+    def get(self, request: Request) -> Response:
+        return Response([_halt_json(h) for h in services.halts_in_force()])
+
+    @extend_schema(
+        operation_id="fleet_halts_create",
+        request=inline_serializer(
+            "HaltCreate",
+            {
+                "scope": serializers.CharField(),
+                "mode": serializers.ChoiceField(choices=["halt", "drain"], required=False),
+                "reason": serializers.CharField(),
+                "ttl_s": serializers.IntegerField(required=False, allow_null=True),
+            },
+        ),
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        fields = {k: data[k] for k in ("scope", "mode", "reason", "ttl_s") if k in data}
+        fields.setdefault("scope", None)
+        fields.setdefault("reason", None)
+        halt = services.halt(self.tenant, actor=self.actor, **fields)
+        return Response(_halt_json(halt), status=201)
+
+
+class HaltDetailView(TenantScopedViewMixin, APIView):
+    access = {"DELETE": FLEET_HALT}
+
+    @extend_schema(operation_id="fleet_halts_destroy", responses={204: None})
+    def delete(self, request: Request, pk: str) -> Response:
+        services.resume(self.tenant, _pk(pk), actor=self.actor)
+        return Response(status=204)
+
+
+class QuarantineView(TenantScopedViewMixin, APIView):
+    """Set one saga aside: the gate refuses its steps; recovery skips it."""
+
+    access = {"POST": FLEET_HALT}
+
+    @extend_schema(
+        operation_id="sagas_quarantine",
+        request=inline_serializer("QuarantineCreate", {"reason": serializers.CharField()}),
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request, saga_id: str) -> Response:
+        data = _body(request)
+        row = services.quarantine(self.tenant, saga_id, actor=self.actor, reason=data.get("reason"))
+        return Response({"saga_id": row.saga_id, "reason": row.reason, "actor": row.actor}, status=201)

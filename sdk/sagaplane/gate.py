@@ -1,0 +1,252 @@
+"""The agent's side of the pre-flight gate.
+
+Before a step's effect, `Gate.check` decides, failing closed:
+1. the fleet state (halts in force, which tools a budget or rate limit governs) comes from one
+   long-poll of `GET /api/v1/fleet/status` kept open in a background thread, so a halt reaches a
+   running agent within about a second. When the control plane cannot be read, the last state is
+   trusted for `grace` seconds (default 30), then every effect is refused (`control_plane_unreachable`);
+   a state never read is no state: refused until the first answer;
+2. a halt in force that matches the call refuses it here, with no round-trip;
+3. a call some limit governs (or any call while a drain is in force: only the server knows which
+   sagas were running before it) is asked of `POST /api/v1/gate/evaluate`; an unreachable gate
+   refuses;
+4. everything else is allowed locally: an ungoverned call costs no round-trip.
+
+Every answer the server gave is recorded in the WAL (`GATE_ALLOW` with the authorisation id,
+`GATE_DENY` with the reason) beside the step it concerns.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import Client, SagaplaneError, TransportError
+
+logger = logging.getLogger("sagaplane.gate")
+
+DEFAULT_GRACE_S = 30.0
+POLL_WAIT_S = 20.0
+FIRST_STATE_WAIT_S = 5.0
+GUARANTEES_VERSION = "2026-12-03"
+
+
+class GateDenied(SagaplaneError):
+    """The gate refused this call before its effect: nothing was done, nothing debited."""
+
+    def __init__(self, reason: str, answer: dict[str, Any] | None = None) -> None:
+        self.reason = reason
+        self.answer = dict(answer or {})
+        detail = (
+            self.answer.get("halt_reason") or self.answer.get("message") or self.answer.get("limit") or ""
+        )
+        super().__init__(f"gate denied: {reason}" + (f" ({detail})" if detail else ""))
+
+
+@dataclass(frozen=True)
+class Call:
+    saga_id: str
+    step_id: str
+    tool: str
+    semantics: str
+    args: dict[str, Any]
+    agent: str = ""
+    tags: Sequence[str] = ()
+
+
+@dataclass
+class FleetState:
+    halts: list[dict[str, Any]] = field(default_factory=list)
+    governed_tools: list[str] = field(default_factory=list)
+    version: str = ""
+    read_at: float | None = None  # time.monotonic() of the last answer; None: never read
+
+
+def _halt_matches(scope: str, call: Call) -> bool:
+    kind, _, value = scope.partition(":")
+    if scope == "*":
+        return True
+    if kind == "tool":
+        return fnmatch.fnmatchcase(call.tool, value)
+    if kind == "tag":
+        return value in call.tags
+    if kind == "agent":
+        return value == call.agent
+    return False
+
+
+class Gate:
+    """One per process (`sagaplane.configure` makes it). Thread-safe."""
+
+    def __init__(
+        self,
+        url: str | None,
+        api_key: str | None,
+        *,
+        grace: float = DEFAULT_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+        poll_wait: float = POLL_WAIT_S,
+    ) -> None:
+        self.grace = grace
+        self.clock = clock
+        self.poll_wait = poll_wait
+        self._ask = Client(url, api_key, timeout=10.0)
+        self._poll = Client(url, api_key, timeout=poll_wait + 15.0)
+        self._state = FleetState()
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the background long-poll ----------------------------------------------------------------
+
+    def start(self) -> Gate:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sagaplane-gate", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        for client in (self._ask, self._poll):
+            try:
+                client.close()
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            since = self._state.version
+            path = "/api/v1/fleet/status"
+            if since:
+                path += "?" + urllib.parse.urlencode({"since": since, "wait": self.poll_wait})
+            try:
+                response = self._poll.get(path)
+            except TransportError as exc:
+                response = None
+                logger.debug("fleet status unreachable: %s", exc)
+            if response is not None and response.ok and isinstance(response.body, dict):
+                self._adopt(response.body)
+                failures = 0
+                continue
+            if response is not None and not response.ok:
+                logger.warning("fleet status refused: %s %s", response.status, response.error_code)
+            failures += 1
+            # Back off (up to 2 s) without sleeping through a close().
+            self._stop.wait(min(2.0, 0.1 * 2**failures))
+
+    def _adopt(self, body: dict[str, Any]) -> None:
+        state = FleetState(
+            halts=[h for h in body.get("halts", []) if isinstance(h, dict)],
+            governed_tools=[t for t in body.get("governed_tools", []) if isinstance(t, str)],
+            version=str(body.get("version", "")),
+            read_at=self.clock(),
+        )
+        with self._changed:
+            self._state = state
+            self._changed.notify_all()
+
+    def refresh(self) -> None:
+        """Read the fleet state now (once), in this thread."""
+        try:
+            response = self._poll.get("/api/v1/fleet/status")
+        except TransportError:
+            return
+        if response.ok and isinstance(response.body, dict):
+            self._adopt(response.body)
+
+    # -- what the agent asks -----------------------------------------------------------------------
+
+    def state(self) -> FleetState:
+        """The last fleet state, waiting (briefly) for the first one."""
+        with self._changed:
+            if self._state.read_at is None and not self._stop.is_set():
+                self._changed.wait_for(lambda: self._state.read_at is not None, timeout=FIRST_STATE_WAIT_S)
+            return self._state
+
+    def status(self) -> dict[str, Any]:
+        """May this agent act now? `ready` only with a fresh fleet state and no fleet-wide halt."""
+        state = self.state()
+        if state.read_at is None or self.clock() - state.read_at > self.grace:
+            age = None if state.read_at is None else round(self.clock() - state.read_at, 3)
+            return {"ready": False, "state": "unknown", "halts": state.halts, "state_age_s": age}
+        everything = [h for h in state.halts if h.get("scope") == "*" and h.get("mode") == "halt"]
+        return {
+            "ready": not everything,
+            "state": "halted" if everything else "ready",
+            "halts": state.halts,
+            "state_age_s": round(self.clock() - state.read_at, 3),
+        }
+
+    def check(self, call: Call) -> dict[str, Any] | None:
+        """None when the call may go ahead without asking; the server's allow answer when it was
+        asked; raises GateDenied otherwise (including every case where nobody can say)."""
+        state = self.state()
+        if state.read_at is None:
+            raise GateDenied("control_plane_unreachable", {"message": "the fleet state was never read"})
+        if self.clock() - state.read_at > self.grace:
+            raise GateDenied(
+                "control_plane_unreachable", {"message": f"fleet state older than the {self.grace:g} s grace"}
+            )
+        draining = False
+        for halt in state.halts:
+            if not _halt_matches(str(halt.get("scope", "")), call):
+                continue
+            if halt.get("mode") == "drain":
+                draining = True
+                continue
+            raise GateDenied("halted", {"scope": halt.get("scope"), "halt_reason": halt.get("reason")})
+        governed = any(fnmatch.fnmatchcase(call.tool, glob) for glob in state.governed_tools)
+        if not governed and not draining:
+            return None
+        body = {
+            "saga_id": call.saga_id,
+            "step_id": call.step_id,
+            "tool": call.tool,
+            "semantics": call.semantics,
+            "args": call.args,
+            "agent": call.agent,
+            "tags": list(call.tags),
+        }
+        try:
+            response = self._ask.post("/api/v1/gate/evaluate", body)
+        except TransportError as exc:
+            raise GateDenied("gate_unreachable", {"message": str(exc)}) from None
+        answer = response.body if isinstance(response.body, dict) else {}
+        if not response.ok:
+            raise GateDenied(str(answer.get("error") or f"http_{response.status}"), answer)
+        if answer.get("decision") == "allow":
+            return answer
+        raise GateDenied(str(answer.get("reason") or answer.get("decision") or "denied"), answer)
+
+
+def guarantees() -> dict[str, Any]:
+    """What this SDK enforces before an effect, and what it does not claim (versioned)."""
+    return {
+        "version": GUARANTEES_VERSION,
+        "enforced_before_effect": [
+            "every step of a saga is written to the local WAL (fsynced for COMPENSABLE and IRREVERSIBLE) "
+            "before its effect runs",
+            "a kill switch (halt) in force for the call's tool, tag or agent refuses it",
+            "a call some budget or rate limit governs runs only after the control plane authorised it: "
+            "one atomic check-and-debit across every matching limit, on the server's clock",
+            "when the control plane cannot be read for longer than the grace period, every step is refused",
+            "every gate answer is recorded in the WAL (GATE_ALLOW with its authorisation id, GATE_DENY "
+            "with its reason)",
+        ],
+        "not_claimed": [
+            "calls made outside a saga are not gated or logged",
+            "within the grace period a halt issued while the control plane is unreachable is not yet known",
+            "an ungoverned tool is allowed without asking the server (no round-trip)",
+            "an effect's own success or failure is whatever the tool reports",
+        ],
+        "grace_s_default": DEFAULT_GRACE_S,
+    }
