@@ -31,10 +31,28 @@ redis_up() { $BIN/python -c "import redis,sys; redis.Redis.from_url(sys.argv[1],
 if [ -z "${DATABASE_URL:-}" ]; then
   # The application role must not be a superuser: superusers ignore row-level security.
   if command -v psql >/dev/null && psql -h 127.0.0.1 -U postgres -Atc "SELECT 1" >/dev/null 2>&1; then
-    psql -h 127.0.0.1 -U postgres -qc "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sagaplane')
-      THEN CREATE ROLE sagaplane LOGIN CREATEDB PASSWORD 'sagaplane'; END IF; END \$\$;" >/dev/null
-    psql -h 127.0.0.1 -U postgres -Atc "SELECT 1 FROM pg_database WHERE datname = 'sagaplane'" | grep -q 1 ||
-      psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE sagaplane OWNER sagaplane" >/dev/null
+    psql -h 127.0.0.1 -U postgres -qc "DO \$\$ BEGIN
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sagaplane_owner')
+        THEN CREATE ROLE sagaplane_owner LOGIN CREATEDB PASSWORD 'sagaplane_owner'; END IF;
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sagaplane')
+        THEN CREATE ROLE sagaplane LOGIN PASSWORD 'sagaplane'; END IF; END \$\$;" >/dev/null
+    owner=$(psql -h 127.0.0.1 -U postgres -Atc "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'sagaplane'")
+    if [ -z "$owner" ]; then
+      psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE sagaplane OWNER sagaplane_owner" >/dev/null
+    elif [ "$owner" != "sagaplane_owner" ]; then
+      # A database from before the owner role: hand it and its tables over (migrate does the rest).
+      psql -h 127.0.0.1 -U postgres -qc "ALTER DATABASE sagaplane OWNER TO sagaplane_owner" >/dev/null
+      psql -h 127.0.0.1 -U postgres -d sagaplane -qc "DO \$\$ DECLARE t regclass; BEGIN
+        FOR t IN SELECT c.oid FROM pg_class c WHERE c.relkind IN ('r', 'p')
+          AND c.relnamespace = 'public'::regnamespace AND c.relowner <> 'sagaplane_owner'::regrole
+        LOOP EXECUTE format('ALTER TABLE %s OWNER TO sagaplane_owner', t); END LOOP; END \$\$;" >/dev/null
+    fi
+    # A test database left by a run from before the owner role belongs to `sagaplane`: the owner
+    # (who creates and drops test databases now) could neither drop nor reuse it. Hand it over.
+    for leftover in $(psql -h 127.0.0.1 -U postgres -Atc "SELECT datname FROM pg_database
+        WHERE datname LIKE 'test\_sagaplane%' AND pg_get_userbyid(datdba) <> 'sagaplane_owner'"); do
+      psql -h 127.0.0.1 -U postgres -qc "ALTER DATABASE \"$leftover\" OWNER TO sagaplane_owner" >/dev/null
+    done
     export DATABASE_URL="postgres://sagaplane:sagaplane@127.0.0.1:5432/sagaplane"
   fi
 fi

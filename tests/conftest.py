@@ -162,10 +162,19 @@ def carol(tenant_b: Tenant) -> Person:
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> None:
     # Coalescing state (transparency's integration requests) lives in the cache and must not
-    # leak from one test to the next; each test run has a Redis database of its own.
-    from django.core.cache import cache
+    # leak from one test to the next. On Redis only the cache's own keys go (never FLUSHDB: the
+    # server and its database are shared with the broker and with other runs).
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
 
-    cache.clear()
+    cache = caches["default"]
+    if isinstance(cache, RedisCache):
+        client = cache._cache.get_client(write=True)
+        keys = list(client.scan_iter(match=cache.make_key("*"), count=1000))
+        if keys:
+            client.delete(*keys)
+    else:
+        cache.clear()
 
 
 @pytest.fixture(autouse=True)
