@@ -21,7 +21,7 @@ def test_valid_key_names_its_tenant(alice: Person) -> None:
     response = alice.key_client().get("/api/v1/tenant")
     assert response.status_code == 200
     assert response.json()["tenant"]["slug"] == "acme"
-    assert response.json()["scopes"] == sorted(["ingest", "gate", "read", "recovery"])
+    assert response.json()["scopes"] == sorted(["ingest", "gate", "read", "recovery", "audit", "control"])
 
 
 def test_missing_key_is_401(db: None) -> None:

@@ -36,6 +36,16 @@ def test_create_tenant_and_a_key_printed_alone_on_the_last_line(db: None) -> Non
     assert body["tenant"]["slug"] == "zeta" and body["scopes"] == ["ingest", "read"]
 
 
+def test_an_audit_key_from_the_command_reaches_exports_and_nothing_else(db: None) -> None:
+    _run("create_tenant", "zeta", "--name", "Zeta Corp", "--owner-email", "boss@zeta.example")
+    key = _run("create_api_key", "--tenant", "zeta", "--name", "auditor", "--scopes", "audit,control")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key.strip().splitlines()[-1]}")
+    assert client.get("/api/v1/audit/exports").status_code == 200
+    refused = client.get("/api/v1/sagas")
+    assert refused.status_code == 403 and refused.json()["error"] == "missing_scope"
+
+
 def test_bad_arguments_are_refused_with_the_field(db: None) -> None:
     _run("create_tenant", "zeta", "--name", "Zeta", "--owner-email", "boss@zeta.example")
     with pytest.raises(CommandError, match="slug"):

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants import services
 from tenants.actors import cli_actor
-from tenants.models import Tenant
+from tenants.models import Scope, Tenant
 
 
 class Command(BaseCommand):
@@ -13,7 +13,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True)
         parser.add_argument("--name", required=True)
-        parser.add_argument("--scopes", default="ingest,gate,read,recovery")
+        parser.add_argument(
+            "--scopes",
+            default="ingest,gate,read,recovery",
+            help=f"comma-separated, from: {', '.join(Scope.values)} (default: %(default)s)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
