@@ -13,7 +13,8 @@ Every `/api/` and `/v1/` answer that is not 2xx is JSON `{"error": <code>, "deta
 - `ErrorShapeMiddleware` covers what never reaches a DRF view: an unknown API route, an
   unhandled exception (500), Django's own refusals (a bad Host, a request too large). It also
   refuses input no view can use: a NUL character in the path or the query string (Postgres text
-  cannot hold one) is a 400 before any view runs, JSON on API routes and a 400 page elsewhere.
+  cannot hold one) is a 400 before any view runs, JSON on API routes and a 400 page elsewhere
+  (where a posted form's fields are checked too).
 """
 
 from __future__ import annotations
@@ -161,16 +162,28 @@ def error_response(status: int, code: str, detail: str, **extra: Any) -> JsonRes
     return JsonResponse({"error": code, "detail": detail, **extra}, status=status)
 
 
-def _nul_in_request(request: HttpRequest) -> str | None:
-    """Where a NUL character is in the request's path or query string, or None."""
-    if NUL in request.path_info:
-        return "path"
-    for name, values in request.GET.lists():
+_FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _nul_in(params: Any, where: str) -> str | None:
+    for name, values in params.lists():
         if NUL in name:
-            return "query"
-        if any(NUL in value for value in values):
+            return where
+        if any(isinstance(value, str) and NUL in value for value in values):
             return name
     return None
+
+
+def _nul_in_request(request: HttpRequest) -> str | None:
+    """Where a NUL character is in the request's path, query string or (on a page) posted form,
+    or None. API bodies are the parsers' and serializers' to refuse (DRF's CharField does)."""
+    if NUL in request.path_info:
+        return "path"
+    found = _nul_in(request.GET, "query")
+    posted_form = request.method == "POST" and request.content_type in _FORMS
+    if found is None and posted_form and not is_api_path(request.path_info):
+        found = _nul_in(request.POST, "form")
+    return found
 
 
 def _is_json(response: HttpResponse) -> bool:
@@ -202,8 +215,8 @@ class ErrorShapeMiddleware:
     def _refuse_nul(request: HttpRequest, where: str) -> HttpResponse:
         if where == "path":
             detail = "the path holds a NUL character"
-        elif where == "query":
-            detail = "a query parameter's name holds a NUL character"
+        elif where in ("query", "form"):
+            detail = f"a {where} field's name holds a NUL character"
         else:
             detail = f"{where}: holds a NUL character"
         if is_api_path(request.path_info):

@@ -75,6 +75,28 @@ def test_nul_in_a_dashboard_path_or_filter_is_a_400_page(alice: Person, url: str
     assert response["Content-Type"].startswith("text/html")
 
 
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("/tenant/switch", {"tenant": "acme\x00"}),
+        ("/administration/members/invite", {"email": "x@example.com", "role": "viewer\x00"}),
+        ("/login/", {"username": "a\x00b", "password": "x"}),
+    ],
+)
+def test_nul_in_a_posted_form_is_a_400_page_that_changes_nothing(
+    alice: Person, tenant_a: Tenant, url: str, form: dict[str, str]
+) -> None:
+    client = Client()
+    client.force_login(alice.user)
+    with tenant_context(tenant_a):
+        records = Record.objects.count()
+    response = client.post(url, form)
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+    with tenant_context(tenant_a):
+        assert Record.objects.count() == records
+
+
 SINCE_OUT_OF_RANGE = ["1e20", "-1e20", "inf", "-inf", "nan", "1e308", "9999-12-31T23:59:59-23:59"]
 
 
