@@ -115,7 +115,7 @@ class TenantScopedViewMixin:
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]  # authenticates: 401
-        rule = policy.rule_for(self.access, request.method)
+        rule = policy.rule_for(self.access, request.method or "")
         assert rule is not None  # dispatch answered 405 already
         principal = request.user
         self.api_key = None
@@ -142,4 +142,4 @@ class TenantScopedViewMixin:
         """Who is acting, as written into audit records."""
         if self.api_key is not None:
             return f"api-key:{self.api_key.prefix}"
-        return f"user:{self.request.user.get_username()}"  # type: ignore[attr-defined]
+        return f"user:{self.request.user.get_username()}"

@@ -112,7 +112,8 @@ AUDIT = Allowed(keys=frozenset({"audit"}), roles=AUDITORS)
 CONTROL = frozenset({"control"})
 FLEET_VIEW = Allowed(keys=CONTROL, roles=EVERY_ROLE)
 FLEET_CHANGE = Allowed(keys=CONTROL, roles=ADMINS)
-HALTERS = Allowed(keys=CONTROL, roles=frozenset({"approver", "admin", "owner"}))  # risk staff
+RISK_STAFF = frozenset({"approver", "admin", "owner"})
+HALTERS = Allowed(keys=CONTROL, roles=RISK_STAFF)
 
 EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
     # probes and documentation
@@ -171,6 +172,13 @@ EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
     "sagas/<str:saga_id>/": Page({"GET": EVERY_ROLE}),
     "sagas/<str:saga_id>/timeline": Page({"GET": EVERY_ROLE}),
     "fleet/": Page({"GET": EVERY_ROLE}),
+    "fleet/controls": Page({"GET": EVERY_ROLE}),
+    "fleet/budgets": Page({"POST": ADMINS}),
+    "fleet/budgets/<int:budget_id>/delete": Page({"POST": ADMINS}),
+    "fleet/rate-limits": Page({"POST": ADMINS}),
+    "fleet/rate-limits/<int:rate_limit_id>/delete": Page({"POST": ADMINS}),
+    "fleet/halts": Page({"POST": RISK_STAFF}),
+    "fleet/halts/<int:halt_id>/resume": Page({"POST": RISK_STAFF}),
     "evidence/": Page({"GET": AUDITORS}),
     "evidence/exports": Page({"POST": AUDITORS}),
     "evidence/exports/<uuid:export_id>": Page({"GET": AUDITORS}),
@@ -298,6 +306,9 @@ def world(
             "pk": spare.pk,
             "key_id": spare.pk,
             "membership_id": target.pk,
+            "budget_id": budget.pk,
+            "rate_limit_id": rate_limit.pk,
+            "halt_id": halt.pk,
             "export_id": export.pk,
             "level": 0,
             "tile": f"000.p/{size}",
@@ -389,7 +400,7 @@ def ask(client: Client, method: str, path: str, api: bool) -> Answer:
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
         response = client.generic(method, path, **body)
         if getattr(response, "streaming", False):
-            b"".join(response.streaming_content)  # the test client closes it at the end
+            b"".join(response.streaming_content)  # type: ignore[attr-defined]  # closed by the client
         transaction.set_rollback(True)
     client.cookies = cookies
     error = None
