@@ -484,3 +484,29 @@ def test_access_table(world: World, route: Route) -> None:
             if why:
                 failures.append(f"{method} {path} as {principal}: {why}")
     assert failures == []
+
+
+def test_a_handler_without_a_rule_fails_at_import() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from rest_framework.views import APIView
+
+    from tenants.access import READ as READ_RULE
+    from tenants.permissions import TenantScopedViewMixin
+
+    with pytest.raises(ImproperlyConfigured, match="POST"):
+
+        class Forgetful(TenantScopedViewMixin, APIView):
+            access = {"GET": READ_RULE}
+
+            def get(self, request: Any) -> None: ...
+
+            def post(self, request: Any) -> None: ...
+
+
+@pytest.mark.django_db
+def test_an_undeclared_method_is_405_naming_the_declared_ones(world: World) -> None:
+    response = world.clients["member:owner"].put("/api/v1/sagas", "{}", content_type="application/json")
+    assert response.status_code == 405 and response.json()["error"] == "method_not_allowed"
+    assert response["Allow"] == "GET, HEAD"
+    page = world.clients["member:owner"].post("/evidence/")
+    assert page.status_code == 405 and page["Allow"] == "GET, HEAD"
