@@ -56,5 +56,7 @@ def meta_path(wal_path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(wal_path)}.meta.json")
 
 
-def cursor_path(wal_path: str | os.PathLike[str]) -> Path:
-    return Path(f"{os.fspath(wal_path)}.cursor.json")
+def cursor_path(wal_path: str | os.PathLike[str], destination: str) -> Path:
+    """The shipping cursor of `wal_path` for one destination (see `shipper.destination_id`): a WAL
+    shipped to two control planes, tenants or streams keeps one cursor for each."""
+    return Path(f"{os.fspath(wal_path)}.cursor-{destination}.json")

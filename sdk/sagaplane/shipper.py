@@ -1,9 +1,18 @@
 """Shipping a WAL to the control plane: tail the file, POST batches, remember how far we got.
 
-The cursor (byte offset + the last acknowledged `_h`) lives in `<wal>.cursor.json`
-and is replaced atomically after every acknowledged batch. A crash between the
-server's answer and the cursor write just re-sends one batch, which the server
-counts as duplicates. Memory stays bounded: at most one batch is read from disk.
+The cursor (byte offset + the last acknowledged `_h`) lives in `<wal>.cursor-<destination>.json`,
+one per destination (control plane URL, API key identity, stream: `destination_id`), and is
+replaced atomically after every acknowledged batch. A crash between the server's answer and the
+cursor write just re-sends one batch, which the server counts as duplicates. Memory stays
+bounded: at most one batch is read from disk.
+
+The server, not the cursor, says where shipping resumes. Before the first batch the shipper asks
+for the stream's head (`GET /api/v1/streams/<id>`) and resumes just after the WAL record with
+that hash: from the start when the server holds nothing (a fresh control plane), earlier than
+the cursor when the server lost records (a restore from backup), later when another shipper got
+further. A head that is not in the WAL stops shipping with an error naming it; nothing is skipped
+on a guess. A batch refused because its first record does not link to the head (the server
+changed under a running shipper) triggers the same reconciliation once.
 
 Transient trouble (connection errors, 5xx, 429) is retried with exponential
 backoff and full jitter, forever in the background thread, since records wait
@@ -16,10 +25,12 @@ or rewritten -- a human has to look.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ._files import atomic_write_json, cursor_path, read_json
-from .chain import HASH_FIELD
+from .chain import GENESIS, HASH_FIELD
 from .client import AuthenticationError, Client, PendingRequest, Response, TransportError
 from .walfile import BadLine, stream_id_for
 
@@ -133,6 +144,28 @@ class Cursor:
     shipped: int = 0  # records acknowledged through this cursor (accepted + duplicates)
 
 
+_SAGAPLANE_KEY = re.compile(r"(sp_[a-z0-9]{12})_")
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+# Refusals of a batch's first record that mean "this is not where the stream ends".
+_OFF_HEAD = frozenset({"broken_link", "seq_gap", "seq_regression"})
+
+
+def key_identity(api_key: str) -> str:
+    """Which API key (and so which tenant) a cursor belongs to, never the secret: the public
+    `sp_<prefix>` of a Sagaplane key (what the dashboard lists), else a truncated SHA-256
+    fingerprint of the key."""
+    match = _SAGAPLANE_KEY.match(api_key)
+    if match is not None:
+        return match.group(1)
+    return "sha256:" + hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:16]
+
+
+def destination_id(url: str, api_key: str, stream_id: str) -> str:
+    """A short, filename-safe name for (control plane URL, key identity, stream)."""
+    text = "\n".join((url.rstrip("/"), key_identity(api_key), stream_id))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 class Shipper:
     def __init__(
         self,
@@ -159,7 +192,15 @@ class Shipper:
         self.backoff = backoff or Backoff()
         self.poll_interval = poll_interval
         self.on_batch = on_batch
-        self.cursor_file = cursor_path(self.path)
+        self.destination = {
+            "url": self.client.url,
+            "key": key_identity(self.client.api_key),
+            "stream": self.stream_id,
+        }
+        self.cursor_file = cursor_path(
+            self.path, destination_id(self.client.url, self.client.api_key, self.stream_id)
+        )
+        self.reconciled = False  # the cursor has been checked against the server's head
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
@@ -177,62 +218,167 @@ class Shipper:
     # -- cursor ------------------------------------------------------------------------
 
     def _load_cursor(self) -> Cursor:
+        """This destination's cursor, as a first guess: `_reconcile` checks it against the server
+        before the first batch is sent."""
         data = read_json(self.cursor_file)
         if not isinstance(data, dict) or data.get("stream") != self.stream_id:
-            if isinstance(data, dict):
-                logger.warning(
-                    "%s: cursor belongs to stream %r, starting %r from the beginning",
-                    self.cursor_file,
-                    data.get("stream"),
-                    self.stream_id,
-                )
             return Cursor(self.stream_id)
-        cursor = Cursor(
+        offset, shipped = data.get("offset"), data.get("shipped")
+        return Cursor(
             self.stream_id,
-            int(data.get("offset", 0)),
+            offset if type(offset) is int and offset >= 0 else 0,
             data.get("hash"),
             data.get("seq"),
-            int(data.get("shipped", 0)),
+            shipped if type(shipped) is int else 0,
         )
-        self._check_cursor(cursor)
-        return cursor
 
-    def _check_cursor(self, cursor: Cursor) -> None:
-        """The record just before the cursor must be the one the server acknowledged;
-        otherwise the file was rewritten under us and re-shipping from a guess would be wrong."""
-        if cursor.offset == 0:
-            return
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if cursor.offset > size:
-            self._fail(
-                ShipFailed(
-                    f"{self.path} is shorter ({size} bytes) than the shipped cursor "
-                    f"({cursor.offset}); the WAL was truncated or replaced"
-                )
-            )
-            return
-        with open(self.path, "rb") as fh:
-            start = max(0, cursor.offset - (1 << 20))
-            fh.seek(start)
-            chunk = fh.read(cursor.offset - start)
+    def _cursor_points_at(self, cursor: Cursor, head: str) -> bool:
+        """Is the record just before the cursor's offset the one hashed `head`? (Cheap: reads at
+        most the last MiB before the offset, instead of scanning the WAL.)"""
+        if cursor.hash != head or cursor.offset <= 0:
+            return False
+        try:
+            with open(self.path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                if cursor.offset > size:
+                    return False
+                start = max(0, cursor.offset - (1 << 20))
+                fh.seek(start)
+                chunk = fh.read(cursor.offset - start)
+        except FileNotFoundError:
+            return False
+        if not chunk.endswith(b"\n"):
+            return False
         line = chunk.rstrip(b"\n").rsplit(b"\n", 1)[-1]
         try:
             last = json.loads(line)
         except ValueError:
-            last = None
-        if not isinstance(last, dict) or last.get(HASH_FIELD) != cursor.hash:
-            self._fail(
-                ShipFailed(
-                    f"{self.path}: the record before the cursor (byte {cursor.offset}) is not "
-                    f"the one the control plane acknowledged; the WAL was rewritten"
+            return False
+        return isinstance(last, dict) and last.get(HASH_FIELD) == head
+
+    def _find_record(self, head: str) -> tuple[int, Any] | None:
+        """(byte offset just past the WAL record hashed `head`, its seq), scanning the file one
+        line at a time (memory bounded by the longest line)."""
+        needle = head.encode("ascii")
+        offset = 0
+        try:
+            with open(self.path, "rb") as fh:
+                for line in fh:
+                    offset += len(line)
+                    if needle not in line or not line.endswith(b"\n"):
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(record, dict) and record.get(HASH_FIELD) == head:
+                        return offset, record.get("seq")
+        except FileNotFoundError:
+            return None
+        return None
+
+    def _reconcile(self, head_hint: str | None = None) -> bool:
+        """Set the cursor to where the server's copy of the stream ends. Returns True when it moved.
+
+        The head comes from `GET /api/v1/streams/<id>` (404: the server holds nothing), or, for a
+        key without the `read` scope, from `head_hint` (what a refusal named as the head) and
+        otherwise the cursor is kept as it is. Raises RetryLater for transient trouble, ShipFailed
+        when the head is not in this WAL."""
+        response = self._get_stream_head()
+        if response is None:
+            if head_hint is None:
+                self.reconciled = True
+                return False
+            head, seq = head_hint, None
+        else:
+            head, seq = response
+        if head is None or head == GENESIS:
+            target = Cursor(self.stream_id)
+            if self.cursor.offset:
+                logger.warning(
+                    "sagaplane shipper: %s holds nothing of stream %s; shipping %s from the start "
+                    "(the cursor said byte %d)",
+                    self.client.url,
+                    self.stream_id,
+                    self.path,
+                    self.cursor.offset,
                 )
+        elif self._cursor_points_at(self.cursor, head):
+            target = self.cursor
+        else:
+            found = self._find_record(head)
+            if found is None:
+                raise ShipFailed(
+                    f"the control plane's stream {self.stream_id} ends at record {head}"
+                    + (f" (seq {seq})" if seq is not None else "")
+                    + f", which is not in {self.path}: this is not the WAL that stream was shipped "
+                    "from, or the WAL was rewritten; refusing to guess where to resume"
+                )
+            offset, found_seq = found
+            target = Cursor(self.stream_id, offset, head, found_seq, self.cursor.shipped)
+            if offset != self.cursor.offset:
+                logger.warning(
+                    "sagaplane shipper: %s holds stream %s up to seq %s; resuming %s at byte %d "
+                    "(the cursor said byte %d)",
+                    self.client.url,
+                    self.stream_id,
+                    found_seq,
+                    self.path,
+                    offset,
+                    self.cursor.offset,
+                )
+        moved = target.offset != self.cursor.offset
+        with self._cond:
+            self.cursor = target
+            self._next = None
+            self._save_cursor()
+            self.reconciled = True
+            self._cond.notify_all()
+        return moved
+
+    def _get_stream_head(self) -> tuple[str | None, Any] | None:
+        """(head hash, head seq) as the server holds the stream ((None, None): nothing), or None
+        when this key may not read it."""
+        try:
+            response = self.client.stream(self.stream_id)
+        except TransportError as exc:
+            raise RetryLater(str(exc)) from exc
+        status = response.status
+        body = response.body if isinstance(response.body, dict) else {}
+        if status == 404:
+            return None, None
+        if response.ok:
+            head = body.get("head") if isinstance(body.get("head"), dict) else {}
+            hash_ = head.get("hash")
+            if hash_ is not None and not (isinstance(hash_, str) and _HEX64.match(hash_)):
+                raise ShipFailed(f"the control plane answered an unreadable stream head: {response.body}")
+            return hash_, head.get("seq")
+        if status == 403:
+            logger.warning(
+                "sagaplane shipper: this API key may not read stream %s (HTTP 403 %s); trusting the "
+                "local cursor until the server refuses a batch. Give the key the 'read' scope so "
+                "shipping can always resume where the server is.",
+                self.stream_id,
+                response.error_code,
             )
+            return None
+        if status == 401:
+            raise ShipAuthFailed(status, response.error_code or "error", str(body.get("detail") or ""), body)
+        if status == 429 or status >= 500:
+            raise RetryLater(f"HTTP {status} {response.error_code}".strip(), _retry_after(response))
+        raise ShipFailed(f"cannot read stream {self.stream_id}: HTTP {status} {response.body}", status, body)
 
     def _save_cursor(self) -> None:
         c = self.cursor
         atomic_write_json(
             self.cursor_file,
-            {"stream": c.stream, "offset": c.offset, "hash": c.hash, "seq": c.seq, "shipped": c.shipped},
+            {
+                **self.destination,
+                "offset": c.offset,
+                "hash": c.hash,
+                "seq": c.seq,
+                "shipped": c.shipped,
+            },
         )
 
     # -- one batch ---------------------------------------------------------------------
@@ -301,6 +447,8 @@ class Shipper:
         """
         if self.failure is not None:
             raise self.failure
+        if not self.reconciled:
+            self._reconcile()
         batch = self._next_batch()
         if batch.bad is not None:
             raise ShipFailed(f"{self.path}: {batch.bad}; refusing to skip it")
@@ -348,6 +496,14 @@ class Shipper:
         body = response.body if isinstance(response.body, dict) else {}
         if status in (401, 403):
             raise ShipAuthFailed(status, code, str(body.get("detail") or ""), response.body)
+        if status == 422 and body.get("index") == 0 and body.get("reason") in _OFF_HEAD:
+            # The batch does not start at the server's head: the server changed under us (restored
+            # from a backup, say). Resume where it is, once; a second refusal here is a real break.
+            hint = body.get("expected") if body.get("reason") == "broken_link" else None
+            if self._reconcile(hint if isinstance(hint, str) and _HEX64.match(hint) else None):
+                raise RetryLater(
+                    f"the stream head moved; resending from byte {self.cursor.offset}", immediate=True
+                )
         if code == "chain_broken" or status == 422:
             raise ShipFailed(
                 f"control plane rejected the chain at seq={body.get('seq')} index={body.get('index')} "
@@ -496,15 +652,16 @@ class Shipper:
             self.start()
         self._wake.set()
         with self._cond:
+            # Until reconciled, the cursor is only what this machine remembers, not what the server holds.
             done = self._cond.wait_for(
                 lambda: (
-                    self.cursor.offset >= target
+                    (self.reconciled and self.cursor.offset >= target)
                     or self.failure is not None
                     or self.state is ShipperState.CLOSED
                 ),
                 timeout,
             )
-            return bool(done) and self.cursor.offset >= target
+            return bool(done) and self.reconciled and self.cursor.offset >= target
 
     def close(self, timeout: float | None = 10.0) -> None:
         self._stop = True

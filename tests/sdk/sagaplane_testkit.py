@@ -14,6 +14,7 @@ from agent_saga import integrity
 
 API_KEY = "sk_test_key"
 _PATH = re.compile(r"^/api/v1/streams/([^/]+)/records$")
+_STREAM_PATH = re.compile(r"^/api/v1/streams/([^/]+)$")
 
 
 class FakeControlPlane:
@@ -24,6 +25,8 @@ class FakeControlPlane:
     def __init__(self) -> None:
         self.streams: dict[str, list[dict[str, Any]]] = {}
         self.requests: list[dict[str, Any]] = []  # every POST: stream, count, status
+        self.head_reads: list[str] = []  # every GET of a stream's head: the stream
+        self.readable = True  # False: GET of a stream answers 403 (a key without the read scope)
         self.scripted: deque[tuple[int, dict[str, Any], dict[str, str]]] = deque()
         self.max_records: int | None = None  # answer 413 above this
         self.lock = threading.Lock()
@@ -34,10 +37,15 @@ class FakeControlPlane:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:  # noqa: N802
+                self.answer(*outer.head(self.path, self.headers.get("Authorization", "")), {})
+
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length", 0))
                 raw = self.rfile.read(length)
-                status, body, headers = outer.handle(self.path, self.headers.get("Authorization", ""), raw)
+                self.answer(*outer.handle(self.path, self.headers.get("Authorization", ""), raw))
+
+            def answer(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -51,6 +59,28 @@ class FakeControlPlane:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def head(self, path: str, auth: str) -> tuple[int, dict[str, Any]]:
+        """GET /api/v1/streams/<id>: the stream's head and length, as the control plane answers."""
+        match = _STREAM_PATH.match(path)
+        with self.lock:
+            if not match:
+                return 404, {"error": "not_found", "detail": "no such route"}
+            stream = match.group(1)
+            self.head_reads.append(stream)
+            if auth != f"Bearer {API_KEY}":
+                return 401, {"error": "invalid_api_key", "detail": "unknown key"}
+            if not self.readable:
+                return 403, {"error": "missing_scope", "detail": "this API key lacks the 'read' scope"}
+            stored = self.streams.get(stream)
+            if not stored:
+                return 404, {"error": "not_found", "detail": "no such stream"}
+            last = stored[-1]
+            return 200, {
+                "stream": stream,
+                "head": {"seq": last.get("seq"), "hash": last.get("_h")},
+                "length": len(stored),
+            }
 
     def handle(self, path: str, auth: str, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
         with self.lock:
@@ -85,7 +115,12 @@ class FakeControlPlane:
         report = integrity.verify(stored + fresh)
         head = stored[-1]["_h"] if stored else integrity.GENESIS
         linked = not fresh or fresh[0].get("_ph") == head
-        if not report.intact or not linked:
+        if report.intact and not linked:
+            entry["status"] = 422
+            body = {"error": "chain_broken", "seq": fresh[0].get("seq"), "index": records.index(fresh[0])}
+            body.update(reason="broken_link", expected=head, found=fresh[0].get("_ph"))
+            return 422, body, {}
+        if not report.intact:
             first = report.breaks[0] if report.breaks else None
             entry["status"] = 422
             return (

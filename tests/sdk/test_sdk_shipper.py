@@ -41,9 +41,15 @@ def test_ships_everything_once_in_order_with_bounded_batches(tmp_path: Any, serv
     fill(wal, 4)
     assert shipper.flush(10)
     assert server.records(wal.stream_id) == read_wal(wal.path)
-    cursor = json.loads((tmp_path / "a.wal.cursor.json").read_text())
+    cursor = json.loads(shipper.cursor_file.read_text())
     assert cursor["offset"] == (tmp_path / "a.wal").stat().st_size
     assert cursor["hash"] == read_wal(wal.path)[-1]["_h"] and cursor["stream"] == wal.stream_id
+    # Keyed by destination, never holding the key itself.
+    assert (
+        cursor["url"] == server.url
+        and cursor["key"].startswith("sha256:")
+        and API_KEY not in json.dumps(cursor)
+    )
     shipper.close()
     wal.close()
 
@@ -62,16 +68,72 @@ def test_cursor_resumes_after_restart_without_resending(tmp_path: Any, server: F
     wal.close()
 
 
-def test_lost_cursor_resends_and_the_server_absorbs_duplicates(
+def test_lost_cursor_resumes_at_the_server_head(tmp_path: Any, server: FakeControlPlane) -> None:
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    fill(wal, 6)
+    first = sp.Shipper(wal.path, url=server.url, api_key=API_KEY)
+    assert first.run_until_caught_up() == 6
+    first.cursor_file.unlink()
+    fill(wal, 2)
+    again = sp.Shipper(wal.path, url=server.url, api_key=API_KEY)
+    assert again.cursor.offset == 0  # nothing remembered locally; the server knows
+    assert again.run_until_caught_up() == 2
+    assert again.duplicates == 0 and again.accepted == 2
+    assert [r["count"] for r in server.requests] == [6, 2]
+    assert server.records(wal.stream_id) == read_wal(wal.path)
+    wal.close()
+
+
+def test_a_stale_cursor_is_corrected_by_the_server_head(tmp_path: Any, server: FakeControlPlane) -> None:
+    """The server lost its latest records (restored from a backup): they are sent again."""
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    fill(wal, 8)
+    assert sp.Shipper(wal.path, url=server.url, api_key=API_KEY, batch_size=3).run_until_caught_up() == 8
+    with server.lock:
+        del server.streams[wal.stream_id][5:]
+    again = sp.Shipper(wal.path, url=server.url, api_key=API_KEY)
+    assert again.cursor.offset == (tmp_path / "a.wal").stat().st_size  # the cursor says: all shipped
+    assert again.run_until_caught_up() == 3 and again.accepted == 3
+    assert server.records(wal.stream_id) == read_wal(wal.path)
+    wal.close()
+
+
+def test_a_server_head_missing_from_the_wal_stops_shipping_naming_it(
+    tmp_path: Any, server: FakeControlPlane
+) -> None:
+    other = sp.WAL(tmp_path / "other.wal", fsync=False)
+    fill(other, 3)
+    wal = sp.WAL(tmp_path / "a.wal", fsync=False)
+    fill(wal, 3)
+    foreign = read_wal(other.path)
+    with server.lock:
+        server.streams[wal.stream_id] = foreign  # the server's stream came from another WAL
+    shipper = sp.Shipper(wal.path, url=server.url, api_key=API_KEY)
+    with pytest.raises(sp.ShipFailed) as failed:
+        shipper.run_until_caught_up()
+    assert foreign[-1]["_h"] in failed.value.reason and "not in" in failed.value.reason
+    assert shipper.state is ShipperState.FAILED and server.requests == []  # nothing sent on a guess
+    wal.close()
+    other.close()
+
+
+def test_a_key_that_cannot_read_the_head_resumes_where_a_refusal_says(
     tmp_path: Any, server: FakeControlPlane
 ) -> None:
     wal = sp.WAL(tmp_path / "a.wal", fsync=False)
     fill(wal, 6)
+    records = read_wal(wal.path)
     assert sp.Shipper(wal.path, url=server.url, api_key=API_KEY).run_until_caught_up() == 6
-    (tmp_path / "a.wal.cursor.json").unlink()
+    server.readable = False
+    fill(wal, 1)
+    # The server says the batch does not link to its head, which is record 2.
+    server.script(
+        (422, {"error": "chain_broken", "reason": "broken_link", "index": 0, "expected": records[1]["_h"]})
+    )
     again = sp.Shipper(wal.path, url=server.url, api_key=API_KEY)
-    assert again.run_until_caught_up() == 6
-    assert again.duplicates == 6 and again.accepted == 0
+    assert again.run_until_caught_up() == 5
+    assert [(r["count"], r["status"]) for r in server.requests[1:]] == [(1, 422), (5, 200)]
+    assert again.duplicates == 4 and again.accepted == 1
     assert server.records(wal.stream_id) == read_wal(wal.path)
     wal.close()
 
