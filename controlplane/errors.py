@@ -42,7 +42,8 @@ class DomainError(Exception):
     body beside them. Subclasses name where they come from and may derive the body's `error`
     and context differently (see `IngestRefused`)."""
 
-    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+    # Positional-only, so a context field may itself be called `status` (an export's status).
+    def __init__(self, status: int, code: str, detail: str, /, **extra: Any) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework import serializers
+
 ERROR_COMPONENT = "Error"
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -28,6 +30,17 @@ ERROR_SCHEMA: dict[str, Any] = {
     "required": ["error", "detail"],
     "additionalProperties": True,
 }
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The `Error` component, for a view declaring a status of its own (e.g. 409 `not_sealed`):
+    `extend_schema(responses={409: ErrorSerializer})`. The hook replaces the component with
+    ERROR_SCHEMA, which says the same and more."""
+
+    error = serializers.CharField()
+    detail = serializers.CharField()
+    field = serializers.CharField(required=False, allow_null=True)
+
 
 ALWAYS = {
     "400": "The request is malformed: a parameter or body field is invalid (named in `field`).",

@@ -40,6 +40,17 @@ def _body(request: Request) -> dict[str, Any]:
     return data
 
 
+# A list of objects (spectacular renders a bare ListField response as an object).
+_LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
+
+
+def _require(data: dict[str, Any], *names: str) -> None:
+    """A required field missing from the body is the client's 400, not a TypeError in the service."""
+    for name in names:
+        if name not in data:
+            raise DomainError(400, "invalid", f"{name}: required", field=name)
+
+
 def _text(data: dict[str, Any], name: str, *, required: bool = True, limit: int = TEXT_MAX) -> str:
     value = data.get(name, "" if not required else None)
     if value is None or not isinstance(value, str) or (required and not value) or len(value) > limit:
@@ -236,7 +247,7 @@ class BudgetListView(TenantScopedViewMixin, APIView):
 
     access = {"GET": FLEET_VIEW, "POST": FLEET_CONTROL}
 
-    @extend_schema(operation_id="fleet_budgets_list", responses={200: serializers.ListField()})
+    @extend_schema(operation_id="fleet_budgets_list", responses={200: _LIST})
     def get(self, request: Request) -> Response:
         return Response([_budget_json(b) for b in BudgetLimit.objects.order_by("name")])
 
@@ -258,6 +269,7 @@ class BudgetListView(TenantScopedViewMixin, APIView):
     )
     def post(self, request: Request) -> Response:
         data = _body(request)
+        _require(data, "name", "max_total", "window_s")
         fields = {
             k: data[k]
             for k in ("name", "tool", "argument", "max_total", "window_s", "per", "on_cap")
@@ -288,7 +300,7 @@ class RateLimitListView(TenantScopedViewMixin, APIView):
 
     access = {"GET": FLEET_VIEW, "POST": FLEET_CONTROL}
 
-    @extend_schema(operation_id="fleet_rate_limits_list", responses={200: serializers.ListField()})
+    @extend_schema(operation_id="fleet_rate_limits_list", responses={200: _LIST})
     def get(self, request: Request) -> Response:
         return Response([_rate_json(r) for r in RateLimit.objects.order_by("name")])
 
@@ -308,6 +320,7 @@ class RateLimitListView(TenantScopedViewMixin, APIView):
     )
     def post(self, request: Request) -> Response:
         data = _body(request)
+        _require(data, "name", "max_calls", "window_s")
         fields = {k: data[k] for k in ("name", "tool", "max_calls", "window_s", "per") if k in data}
         limit = services.create_rate_limit(self.tenant, actor=self.actor, **fields)
         return Response(_rate_json(limit), status=201)
@@ -327,7 +340,7 @@ class HaltListView(TenantScopedViewMixin, APIView):
 
     access = {"GET": FLEET_VIEW, "POST": FLEET_HALT}
 
-    @extend_schema(operation_id="fleet_halts_list", responses={200: serializers.ListField()})
+    @extend_schema(operation_id="fleet_halts_list", responses={200: _LIST})
     def get(self, request: Request) -> Response:
         return Response([_halt_json(h) for h in services.halts_in_force()])
 

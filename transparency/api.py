@@ -20,6 +20,7 @@ from sagaplane import merkle
 from sagaplane.disclosure import b64
 
 from controlplane.errors import DomainError
+from controlplane.schema import ErrorSerializer
 from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
 from transparency import bundles, proofs, services
@@ -180,7 +181,7 @@ class DisclosureView(LogView):
     """One saga's records with inclusion proofs, its seal and the signed checkpoint (JSON),
     verifiable offline with `sagaplane verify-disclosure FILE --key VERIFIER_KEY`."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def get(self, request: Request, saga_id: str) -> Response:
         return Response(bundles.disclosure(self.tenant, saga_id))
 
@@ -261,7 +262,7 @@ class ExportDownloadView(LogView):
 
     access = {"GET": AUDIT}
 
-    @extend_schema(responses={(200, "application/gzip"): OpenApiTypes.BINARY})
+    @extend_schema(responses={(200, "application/gzip"): OpenApiTypes.BINARY, 409: ErrorSerializer})
     def get(self, request: Request, export_id: Any) -> FileResponse:
         export = Export.objects.filter(pk=export_id).first()
         if export is None:

@@ -185,6 +185,12 @@ def test_anonymous_and_wrong_scope_answers_carry_an_error_code(alice: Person) ->
             413,
             {"error": "too_large", "detail": "over", "limit": 5},
         ),
+        (
+            # A context field may be called `status` (an export's), beside the HTTP status.
+            DomainError(409, "not_ready", "the export is running", status="running"),
+            409,
+            {"error": "not_ready", "detail": "the export is running", "status": "running"},
+        ),
     ],
 )
 def test_every_domain_error_maps_to_its_status_and_shape_in_one_place(
