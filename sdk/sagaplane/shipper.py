@@ -289,7 +289,8 @@ class Shipper:
             if head_hint is None:
                 self.reconciled = True
                 return False
-            head, seq = head_hint, None
+            head: str | None = head_hint
+            seq: Any = None
         else:
             head, seq = response
         if head is None or head == GENESIS:
@@ -348,7 +349,8 @@ class Shipper:
         if status == 404:
             return None, None
         if response.ok:
-            head = body.get("head") if isinstance(body.get("head"), dict) else {}
+            held = body.get("head")
+            head: dict[str, Any] = held if isinstance(held, dict) else {}
             hash_ = head.get("hash")
             if hash_ is not None and not (isinstance(hash_, str) and _HEX64.match(hash_)):
                 raise ShipFailed(f"the control plane answered an unreadable stream head: {response.body}")
