@@ -22,5 +22,6 @@ urlpatterns = [
     path("api/v1/", include("fleet.urls")),
     path("v1/", include("audit.compat_urls")),
     path("v1/", include("sagas.compat_urls")),
+    path("v1/", include("fleet.compat_urls")),
     path("", include("frontend.urls")),
 ]

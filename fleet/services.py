@@ -322,6 +322,40 @@ def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[s
     ]
 
 
+def rate_usage(limit: RateLimit, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Calls allowed per scope of one rate limit over its window, read from the ledger (GCRA
+    spreads them smoothly, so a scope can be refused below `max_calls` after a burst)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=limit.window_s)
+    counts: dict[str, int] = {}
+    rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+        "debits", flat=True
+    )
+    for debits in rows.iterator():
+        for debit in debits:
+            if debit.get("kind") == "rate" and debit.get("limit") == limit.name:
+                counts[debit["scope"]] = counts.get(debit["scope"], 0) + 1
+    return [
+        {"scope": scope, "used": used, "cap": limit.max_calls, "ratio": used / limit.max_calls}
+        for scope, used in sorted(counts.items())
+    ]
+
+
+def spend_since(since: datetime) -> tuple[int, int]:
+    """The fleet's spend as agent-saga's `get_fleet_budget` reports it, from the ledger: (units of
+    budgeted arguments that allowed calls since `since` spent, each call counted once — its largest
+    budget debit when several budgets matched it —, and how many distinct agents were allowed)."""
+    units = 0
+    agents: set[str] = set()
+    rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+        "agent", "api_key_prefix", "debits"
+    )
+    for agent, key_prefix, debits in rows.iterator():
+        agents.add(agent or f"key:{key_prefix}")
+        units += max((int(d["amount"]) for d in debits if d.get("kind") == "budget"), default=0)
+    return units, len(agents)
+
+
 # -------------------------------------------------------------------------------------- the policies
 
 

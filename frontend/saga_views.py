@@ -1,4 +1,4 @@
-"""Sagas (list, detail with timeline and record inspector) and the fleet overview.
+"""Sagas (list, detail with timeline and record inspector) and the fleet overview's saga half.
 
 Reads only, through selectors: the saga projection (`sagas.selectors`), the stored records in WAL
 form (`audit.selectors`), credentials masked by `sagas.services.mask_credentials`.
@@ -459,8 +459,9 @@ def _matrix(outcomes: list[tuple[str, str, int]]) -> dict[str, Any]:
     return {"rows": rows, "outcomes": [(o, OUTCOME_LABEL[o]) for o in MATRIX_OUTCOMES]}
 
 
-@member_page({"GET": READ}, section="fleet")
-def fleet(request: HttpRequest) -> HttpResponse:
+def fleet_overview(request: HttpRequest) -> dict[str, Any]:
+    """The Fleet page's saga half (chart and outcome matrix); `frontend.fleet_views` renders the
+    page with the gate's half (gauges, denials, kill switches, forms)."""
     now = timezone.now()
     window = request.GET.get("window", "24h")
     window = window if window in _SINCE else "24h"
@@ -472,17 +473,12 @@ def fleet(request: HttpRequest) -> HttpResponse:
         first = min(s.started_at for s in sagas)
         start = max(since, first - (now - first) * 0.05)
         chart = _chart(sagas, start, now, now)
-    return page(
-        request,
-        "frontend/fleet.html",
-        {
-            "chart": chart,
-            "matrix": _matrix(selectors.step_outcomes_by_tool(since)),
-            "window": window,
-            "windows": FLEET_WINDOWS,
-            "saga_total": len(sagas),
-            "sparse_below": SPARSE_BELOW,
-            "statuses": SagaStatus.choices,
-        },
-        section="fleet",
-    )
+    return {
+        "chart": chart,
+        "matrix": _matrix(selectors.step_outcomes_by_tool(since)),
+        "window": window,
+        "windows": FLEET_WINDOWS,
+        "saga_total": len(sagas),
+        "sparse_below": SPARSE_BELOW,
+        "statuses": SagaStatus.choices,
+    }

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import admin_views, evidence_views, saga_views, views
+from frontend import admin_views, evidence_views, fleet_views, saga_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -20,7 +20,18 @@ urlpatterns = [
     path("sagas/rows", saga_views.saga_rows, name="saga-rows"),
     path("sagas/<str:saga_id>/", saga_views.saga_detail, name="saga-detail"),
     path("sagas/<str:saga_id>/timeline", saga_views.saga_timeline, name="saga-timeline"),
-    path("fleet/", saga_views.fleet, name="fleet"),
+    path("fleet/", fleet_views.fleet, name="fleet"),
+    path("fleet/controls", fleet_views.fleet_controls, name="fleet-controls"),
+    path("fleet/budgets", fleet_views.budget_create, name="fleet-budget-create"),
+    path("fleet/budgets/<int:budget_id>/delete", fleet_views.budget_delete, name="fleet-budget-delete"),
+    path("fleet/rate-limits", fleet_views.rate_limit_create, name="fleet-rate-limit-create"),
+    path(
+        "fleet/rate-limits/<int:rate_limit_id>/delete",
+        fleet_views.rate_limit_delete,
+        name="fleet-rate-limit-delete",
+    ),
+    path("fleet/halts", fleet_views.halt_create, name="fleet-halt-create"),
+    path("fleet/halts/<int:halt_id>/resume", fleet_views.halt_resume, name="fleet-halt-resume"),
     path("evidence/", evidence_views.evidence, name="evidence"),
     path("evidence/exports", evidence_views.start_export, name="export-start"),
     path("evidence/exports/<uuid:export_id>", evidence_views.export_status, name="export-status"),

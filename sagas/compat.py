@@ -1,4 +1,5 @@
-"""agent-saga compatible reads that count sagas (`SagaCloudClient`, endpoint `<server>/v1`).
+"""agent-saga compatible reads that count sagas (`SagaCloudClient`, endpoint `<server>/v1`); the
+fleet budget read is `fleet.compat`.
 
 They live here, not in `audit.compat`, because they read the saga projection and `audit` imports
 no app above it; `sagas/compat_urls.py` mounts them under the same `/v1/` paths."""
@@ -8,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -20,43 +20,6 @@ from sagas import selectors
 from sagas.api import parse_moment
 from tenants.access import READ
 from tenants.permissions import TenantScopedViewMixin
-
-
-class FleetBudgetView(TenantScopedViewMixin, APIView):
-    """`SagaCloudClient.get_fleet_budget`: what the fleet has recorded (budgets proper come with
-    the fleet issue)."""
-
-    access = {"GET": READ}
-
-    @extend_schema(
-        operation_id="agent_saga_fleet_budget",
-        parameters=[OpenApiParameter("window", float, description="seconds (accepted, not yet applied)")],
-        responses={
-            200: inline_serializer(
-                "AgentSagaFleetBudget",
-                {
-                    "status": serializers.CharField(),
-                    "budgets": serializers.ListField(child=serializers.DictField()),
-                    "sagas": serializers.DictField(child=serializers.IntegerField()),
-                    "records": serializers.IntegerField(),
-                },
-            )
-        },
-    )
-    def get(self, request: Request) -> Response:
-        by_status = dict(
-            selectors.all_sagas().values_list("status").annotate(n=Count("pk")).values_list("status", "n")
-        )
-        return Response(
-            {
-                "status": "ok",
-                "window": request.query_params.get("window"),
-                "budgets": [],
-                "sagas": by_status,
-                "records": Record.objects.count(),
-                "streams": Stream.objects.count(),
-            }
-        )
 
 
 def _moment(value: str | None, name: str) -> datetime | None:

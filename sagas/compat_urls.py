@@ -5,6 +5,5 @@ from django.urls import path
 from sagas import compat
 
 urlpatterns = [
-    path("fleet/budget", compat.FleetBudgetView.as_view(), name="agent-saga-fleet-budget"),
     path("audit/report", compat.AuditReportView.as_view(), name="agent-saga-audit-report"),
 ]

@@ -85,9 +85,9 @@
       });
     }, 150);
   }
-  function fetchInto(region) {
-    var url = region.getAttribute("data-live-url");
-    fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+  function fetchInto(region, attribute) {
+    var url = region.getAttribute(attribute || "data-live-url");
+    return fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
       .then(function (html) {
         // Keep open inspectors open across a refresh.
@@ -97,8 +97,31 @@
         region.querySelectorAll("details[id]").forEach(function (d) { if (open[d.id]) d.open = true; });
         refreshTimes(region);
         region.dispatchEvent(new CustomEvent("live:updated", { bubbles: true }));
+        return true;
       })
-      .catch(function () { /* next event or reconnect tries again */ });
+      .catch(function () { return false; /* next event or reconnect tries again */ });
+  }
+
+  // ---- refreshed regions: <div data-refresh-url="..." data-refresh-seconds="3"> (the fleet's
+  // gauges: gate decisions are not websocket events). Fetched again every few seconds while the
+  // tab is visible, never two fetches at once; [data-refresh-status] says whether it keeps up.
+  function refreshEvery(region) {
+    var seconds = Math.max(1, parseFloat(region.getAttribute("data-refresh-seconds")) || 5);
+    var busy = false;
+    var tick = function () {
+      if (busy || document.hidden) return;
+      busy = true;
+      fetchInto(region, "data-refresh-url").then(function (ok) {
+        busy = false;
+        document.querySelectorAll("[data-refresh-status]").forEach(function (el) {
+          el.setAttribute("data-state", ok ? "live" : "offline");
+          el.textContent = ok ? "Live" : "Reconnecting…";
+        });
+        if (ok) document.documentElement.setAttribute("data-refreshed", String(Date.now()));
+      });
+    };
+    tick();
+    setInterval(tick, seconds * 1000);
   }
   function setLiveState(state, text) {
     document.querySelectorAll("[data-live-status]").forEach(function (el) {
@@ -154,5 +177,6 @@
     liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-url]"));
     if (liveRegions.length && "WebSocket" in window) connect(0);
     document.querySelectorAll("[data-poll-url]").forEach(poll);
+    document.querySelectorAll("[data-refresh-url]").forEach(refreshEvery);
   });
 })();

@@ -1,0 +1,337 @@
+"""The Fleet page: the sagas' overview (`saga_views.fleet_overview`) and the gate's controls —
+budget and rate-limit gauges over their windows, recent denials with their reasons, the kill
+switches in force — with the forms that change them.
+
+Every change goes through `fleet.services` (actor `user:<name>`), which validates it and records
+it in the tenant's server stream; a refusal (`FleetError`) is shown beside the field it names, with
+the form as it was typed, and changes nothing. Each route declares its rule with the same named
+rules as the API (`tenants.access`): everyone sees, FLEET_CONTROL (owners, admins) changes budgets
+and rate limits, FLEET_HALT (owners, admins, approvers) halts and resumes. The controls are also a
+fragment (`fleet-controls`) that app.js fetches again every few seconds, so the gauges move live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet import services
+from fleet.gate import from_units, to_units
+from fleet.models import BudgetLimit, GateDecision, Halt, HaltMode, OnCap, RateLimit
+from fleet.services import FleetError
+from frontend.saga_views import fleet_overview
+from frontend.views import actor_of, member_page, page
+from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, READ
+from tenants.models import ROLE_CAPABILITIES
+
+REFRESH_SECONDS = 3
+DENIALS_SHOWN = 20
+# Units a duration is typed in: (value, label, seconds).
+UNITS = [("s", "seconds", 1), ("min", "minutes", 60), ("h", "hours", 3600), ("d", "days", 86400)]
+UNIT_SECONDS = {value: seconds for value, _, seconds in UNITS}
+HALT_SCOPES = [
+    ("tool", "Tools matching"),
+    ("agent", "Agent named"),
+    ("tag", "Sagas tagged"),
+    ("*", "Everything"),
+]
+PER_CHOICES = [("agent", "each agent"), ("api_key", "each API key"), ("tool", "each tool")]
+NUMBER_MAX_CHARS = 40  # a form's number is parsed only when it is this short (no huge int() work)
+
+
+@dataclass
+class FormState:
+    """A form shown again after a refusal: what was typed, and the message per field."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def _amount(value: str) -> str:
+    """'49950' → '49,950' (the ledger's decimal strings, grouped for reading)."""
+    try:
+        return format(Decimal(value), ",")
+    except (InvalidOperation, ValueError):
+        return value
+
+
+def duration_label(seconds: int) -> str:
+    for _, label, size in reversed(UNITS):
+        if seconds % size == 0:
+            n = seconds // size
+            return f"{n} {label[:-1] if n == 1 else label}"
+    return f"{seconds} seconds"
+
+
+def _cap(limit: BudgetLimit) -> str:
+    return from_units(to_units(limit.max_total))
+
+
+def _gauge(usage: dict[str, Any]) -> dict[str, Any]:
+    ratio = float(usage["ratio"])
+    return {
+        **usage,
+        "used_text": _amount(str(usage["used"])),
+        "cap_text": _amount(str(usage["cap"])),
+        "percent": min(100, round(ratio * 100)),
+        "high": str(Decimal(str(usage["cap"])) * Decimal("0.8")),
+        "level": "full" if ratio >= 0.999 else ("high" if ratio >= 0.8 else "ok"),
+    }
+
+
+def _empty_gauge(cap: Any) -> dict[str, Any]:
+    return _gauge({"scope": "fleet", "used": "0", "cap": str(cap), "ratio": 0})
+
+
+def _budget_rows() -> list[dict[str, Any]]:
+    rows = []
+    for limit in BudgetLimit.objects.order_by("name"):
+        gauges = [_gauge(u) for u in services.budget_usage(limit)]
+        cap = _cap(limit)
+        rows.append(
+            {
+                "limit": limit,
+                "cap_text": _amount(cap),
+                "window": duration_label(limit.window_s),
+                "per": ", ".join(limit.per) or "the whole fleet",
+                # A fleet-wide budget always has its one gauge; a scoped one shows scopes that spent.
+                "gauges": gauges or ([_empty_gauge(cap)] if not limit.per else []),
+            }
+        )
+    return rows
+
+
+def _rate_rows() -> list[dict[str, Any]]:
+    rows = []
+    for limit in RateLimit.objects.order_by("name"):
+        gauges = [_gauge(u) for u in services.rate_usage(limit)]
+        rows.append(
+            {
+                "limit": limit,
+                "window": duration_label(limit.window_s),
+                "per": ", ".join(limit.per) or "the whole fleet",
+                "gauges": gauges or ([_empty_gauge(limit.max_calls)] if not limit.per else []),
+            }
+        )
+    return rows
+
+
+def _why(denial: GateDecision) -> str:
+    """One sentence for a denial's reason and details."""
+    d = denial.detail or {}
+    reason = denial.reason
+    if reason == "budget_exceeded":
+        return (
+            f"budget '{d.get('limit')}' ({d.get('scope')}): {_amount(str(d.get('requested')))} asked, "
+            f"{_amount(str(d.get('remaining')))} left"
+        )
+    if reason == "rate_limited":
+        return f"rate limit '{d.get('limit')}' ({d.get('scope')}), retry in {d.get('retry_after')} s"
+    if reason in ("halted", "draining"):
+        return f"kill switch {d.get('scope')}: {d.get('halt_reason')}"
+    if reason == "invalid_argument":
+        return str(d.get("message") or "an argument could not be counted")
+    if reason == "quarantined":
+        return "the saga is quarantined"
+    if reason == "limit_store_unavailable":
+        return "the limit store could not be read: refused rather than risk overspend"
+    return reason
+
+
+def _halt_rows(now: datetime) -> list[dict[str, Any]]:
+    return [
+        {"halt": halt, "ttl_left": (halt.expires_at - now) if halt.expires_at else None}
+        for halt in services.halts_in_force(now)
+    ]
+
+
+def controls_context(request: HttpRequest) -> dict[str, Any]:
+    """What the live fragment shows (the tenant is active: every read is scoped to it)."""
+    now = timezone.now()
+    denials = [{"d": d, "why": _why(d)} for d in services.recent_denials(DENIALS_SHOWN)]
+    return {
+        "budgets": _budget_rows(),
+        "rates": _rate_rows(),
+        "halts": _halt_rows(now),
+        "denials": denials,
+        "caps": ROLE_CAPABILITIES[request.membership.role],  # type: ignore[attr-defined]
+        "now": now,
+    }
+
+
+def _fleet_page(
+    request: HttpRequest, forms: dict[str, FormState] | None = None, status: int = 200
+) -> HttpResponse:
+    context = {
+        **fleet_overview(request),
+        **controls_context(request),
+        "forms": forms or {},
+        "units": UNITS,
+        "halt_scopes": HALT_SCOPES,
+        "halt_modes": HaltMode.choices,
+        "on_cap_choices": OnCap.choices,
+        "per_choices": PER_CHOICES,
+        "controls_url": reverse("fleet-controls"),
+        "refresh_seconds": REFRESH_SECONDS,
+    }
+    return page(request, "frontend/fleet.html", context, section="fleet", status=status)
+
+
+@member_page({"GET": READ}, section="fleet")
+def fleet(request: HttpRequest) -> HttpResponse:
+    return _fleet_page(request)
+
+
+@member_page({"GET": FLEET_VIEW}, section="fleet")
+def fleet_controls(request: HttpRequest) -> HttpResponse:
+    return render(request, "frontend/_fleet_controls.html", controls_context(request))
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+def _whole(value: str, field_name: str, code: str, what: str) -> int:
+    text = value.strip()
+    if not text.isdecimal() or len(text) > NUMBER_MAX_CHARS:
+        raise FleetError(code, field_name, f"{what} must be a whole number")
+    return int(text)
+
+
+def _duration(post: Any, prefix: str, field_name: str, code: str, *, required: bool) -> int | None:
+    """'<prefix>' (a whole number) in '<prefix>_unit' as seconds; None when optional and blank."""
+    amount = post.get(prefix, "").strip()
+    if not amount and not required:
+        return None
+    unit = post.get(f"{prefix}_unit", "s")
+    if unit not in UNIT_SECONDS:
+        raise FleetError(code, field_name, "choose a unit: seconds, minutes, hours or days")
+    return _whole(amount, field_name, code, "the duration") * UNIT_SECONDS[unit]
+
+
+def _per(post: Any) -> list[str]:
+    per = [value for value, _ in PER_CHOICES if value in post.getlist("per")]
+    arguments = [a.strip() for a in post.get("per_args", "").split(",") if a.strip()]
+    return per + [f"arg:{a}" for a in arguments]
+
+
+def _refused(request: HttpRequest, form: str, exc: FleetError) -> HttpResponse:
+    state = FormState(values=request.POST.dict(), errors={exc.field: exc.detail})
+    state.values["per"] = request.POST.getlist("per")
+    return _fleet_page(request, {form: state}, status=exc.status)
+
+
+def _done(request: HttpRequest, text: str) -> HttpResponse:
+    messages.success(request, text)
+    return redirect(reverse("fleet") + "#gate")
+
+
+# ------------------------------------------------------------------------------------ changing
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def budget_create(request: HttpRequest) -> HttpResponse:
+    post = request.POST
+    try:
+        limit = services.create_budget(
+            request.tenant,  # type: ignore[attr-defined]
+            actor=actor_of(request),
+            name=post.get("name", "").strip(),
+            tool=post.get("tool", "").strip(),
+            argument=post.get("argument", "").strip(),
+            max_total=post.get("max_total", "").strip().replace(",", ""),
+            window_s=_duration(post, "window", "window_s", "invalid_window", required=True),
+            per=_per(post),
+            on_cap=post.get("on_cap", OnCap.DENY),
+        )
+    except FleetError as exc:
+        return _refused(request, "budget", exc)
+    return _done(
+        request,
+        f"Budget '{limit.name}' set: at most {_amount(_cap(limit))} of {limit.argument} per "
+        f"{duration_label(limit.window_s)} on {limit.tool}.",
+    )
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def budget_delete(request: HttpRequest, budget_id: int) -> HttpResponse:
+    limit = BudgetLimit.objects.filter(pk=budget_id).first()  # another tenant's id: not found
+    if limit is None:
+        raise Http404("no such budget")
+    services.delete_budget(request.tenant, limit.pk, actor=actor_of(request))  # type: ignore[attr-defined]
+    return _done(request, f"Budget '{limit.name}' deleted.")
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def rate_limit_create(request: HttpRequest) -> HttpResponse:
+    post = request.POST
+    try:
+        limit = services.create_rate_limit(
+            request.tenant,  # type: ignore[attr-defined]
+            actor=actor_of(request),
+            name=post.get("name", "").strip(),
+            tool=post.get("tool", "").strip(),
+            max_calls=_whole(post.get("max_calls", ""), "max_calls", "invalid_max_calls", "calls"),
+            window_s=_duration(post, "window", "window_s", "invalid_window", required=True),
+            per=_per(post),
+        )
+    except FleetError as exc:
+        return _refused(request, "rate", exc)
+    return _done(
+        request,
+        f"Rate limit '{limit.name}' set: at most {limit.max_calls} calls per "
+        f"{duration_label(limit.window_s)} on {limit.tool}.",
+    )
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def rate_limit_delete(request: HttpRequest, rate_limit_id: int) -> HttpResponse:
+    limit = RateLimit.objects.filter(pk=rate_limit_id).first()
+    if limit is None:
+        raise Http404("no such rate limit")
+    services.delete_rate_limit(request.tenant, limit.pk, actor=actor_of(request))  # type: ignore[attr-defined]
+    return _done(request, f"Rate limit '{limit.name}' deleted.")
+
+
+@member_page({"POST": FLEET_HALT}, section="fleet")
+def halt_create(request: HttpRequest) -> HttpResponse:
+    post = request.POST
+    kind = post.get("scope_kind", "")
+    value = post.get("scope_value", "").strip()
+    scope = "*" if kind == "*" else f"{kind}:{value}"
+    try:
+        row = services.halt(
+            request.tenant,  # type: ignore[attr-defined]
+            actor=actor_of(request),
+            scope=scope,
+            mode=post.get("mode", HaltMode.HALT),
+            reason=post.get("reason", "").strip(),
+            ttl_s=_duration(post, "ttl", "ttl_s", "invalid_ttl", required=False),
+        )
+    except FleetError as exc:
+        return _refused(request, "halt", exc)
+    ttl = row.expires_at - row.created_at if row.expires_at else None
+    until = f" for {duration_label(round(ttl.total_seconds()))}" if ttl else ""
+    return _done(request, f"{row.get_mode_display().split(':')[0]} in force on {row.scope}{until}.")
+
+
+@member_page({"POST": FLEET_HALT}, section="fleet")
+def halt_resume(request: HttpRequest, halt_id: int) -> HttpResponse:
+    row = Halt.objects.filter(pk=halt_id).first()
+    if row is None:
+        raise Http404("no such halt")
+    lifted = services.resume(request.tenant, row.pk, actor=actor_of(request))  # type: ignore[attr-defined]
+    if lifted is None:
+        messages.info(request, f"The halt on {row.scope} was no longer in force.")
+        return redirect(reverse("fleet") + "#gate")
+    return _done(request, f"Resumed: {row.scope} is no longer halted.")
