@@ -24,9 +24,9 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.errors import DomainError
 from tenants import access as policy
 from tenants.authentication import ApiKeyPrincipal
-from tenants.errors import ApiError
 from tenants.models import ApiKey, Membership, Tenant
 from tenants.scoping import tenant_context
 from tenants.selectors import membership_for
@@ -45,9 +45,9 @@ def read_body_first(request: HttpRequest) -> None:
     declared = request.META.get("CONTENT_LENGTH") or ""
     if declared:
         if not declared.isdigit():
-            raise ApiError(400, "invalid", "Content-Length is not a number", field="Content-Length")
+            raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
         if int(declared) > limit:
-            raise ApiError(
+            raise DomainError(
                 413, "too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes", limit=limit
             )
     try:
@@ -55,9 +55,9 @@ def read_body_first(request: HttpRequest) -> None:
     except RawPostDataException:
         pass  # a form parser consumed it already: nothing left to wait for
     except RequestDataTooBig:
-        raise ApiError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit) from None
+        raise DomainError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit) from None
     except UnreadablePostError:
-        raise ApiError(400, "unreadable_body", "the request body could not be read in full") from None
+        raise DomainError(400, "unreadable_body", "the request body could not be read in full") from None
 
 
 class TenantScopedViewMixin:
