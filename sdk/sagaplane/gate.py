@@ -136,6 +136,10 @@ class Gate:
             if response is not None and response.ok and isinstance(response.body, dict):
                 self._adopt(response.body)
                 failures = 0
+                if since and self._state.version == since:
+                    # Unchanged: a real server answers so only when its wait ran out; one that
+                    # ignores `wait` must not be asked in a tight loop.
+                    self._stop.wait(0.5)
                 continue
             if response is not None and not response.ok:
                 logger.warning("fleet status refused: %s %s", response.status, response.error_code)

@@ -61,7 +61,10 @@ class FakeControlPlane:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def head(self, path: str, auth: str) -> tuple[int, dict[str, Any]]:
-        """GET /api/v1/streams/<id>: the stream's head and length, as the control plane answers."""
+        """GET /api/v1/streams/<id>: the stream's head and length, as the control plane answers.
+        GET /api/v1/fleet/status: no halts, nothing governed (the SDK's gate asks it)."""
+        if path.split("?")[0] == "/api/v1/fleet/status":
+            return 200, {"halts": [], "governed_tools": [], "version": "fake"}
         match = _STREAM_PATH.match(path)
         with self.lock:
             if not match:
