@@ -584,3 +584,16 @@ def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> Quar
             actor=actor,
         )
     return row
+
+
+DENIALS_KEPT_FOR = timedelta(days=30)
+
+
+def prune_denials(tenant: Tenant, *, now: datetime | None = None) -> int:
+    """Forget refusals older than DENIALS_KEPT_FOR (they debited nothing and are only shown as
+    recent denials; the agent's WAL keeps its own GATE_DENY records). Allows are never pruned:
+    they are the budget ledger."""
+    cutoff = (now or timezone.now()) - DENIALS_KEPT_FOR
+    with tenant_context(tenant):
+        deleted, _ = GateDecision.objects.filter(decision=Decision.DENY, decided_at__lt=cutoff).delete()
+    return deleted

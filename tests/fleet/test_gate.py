@@ -305,3 +305,27 @@ def test_retry_after_says_when_the_window_frees_enough(tenant_a: Tenant, store: 
     # The only debit leaves the window after 600 s plus at most one bucket (10 s).
     assert 590 <= refused["retry_after"] <= 600 + math.ceil(600 / 60) + 1
     assert ask(tenant_a, store, call(amount=101))["retry_after"] is None  # never fits
+
+
+def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.tasks import prune_denials
+
+    store = DatabaseStore()
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=1, window_s=60)
+    assert ask(tenant_a, store, call(amount=1))["decision"] == "allow"
+    assert ask(tenant_a, store, call(amount=1))["decision"] == "deny"
+    assert ask(tenant_a, store, call(amount=1))["decision"] == "deny"
+    with tenant_context(tenant_a):
+        old = timezone.now() - services.DENIALS_KEPT_FOR - timedelta(minutes=1)
+        GateDecision.objects.all().update(decided_at=old)
+        assert ask(tenant_a, store, call(amount=-1))["decision"] == "deny"  # a recent one stays
+    assert prune_denials() == 2
+    with tenant_context(tenant_a):
+        assert list(GateDecision.objects.values_list("decision", flat=True).order_by("decision")) == [
+            "allow",
+            "deny",
+        ]
