@@ -228,6 +228,8 @@ LOGIN_REDIRECT_URL = "/"
 # Sign-in throttling (django-axes, attempts stored in the database). Failures are counted per
 # account (from any address) and per client address (across accounts), each on its own: either
 # reaching the limit refuses every sign-in it covers, the right password included, until the
+    # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
+    "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
 # cool-off has passed since the last failure. A refused sign-in checks no password, so it is not
 # a failure and does not extend the lockout (a person retrying is not punished for it). A success
 # does not reset the counts, or one valid account would let an address guess at all the others.
