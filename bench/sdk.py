@@ -341,43 +341,26 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return out.stdout
 
 
-def _bench_database_url(url: str) -> str:
-    """DATABASE_URL with the database `<name>_benchsdk`, created if missing: the benchmark's tenants
-    and records stay out of the database the URL names. Created as the URL's role when it may
-    (CREATEDB), else with `psql -U postgres` (owner: that role), as infra/services.sh does."""
+def _bench_database_urls(url: str, owner_url: str) -> tuple[str, str]:
+    """(DATABASE_URL, DATABASE_OWNER_URL) of the database `<name>_bench_sdk`, created by the owner
+    role if missing (tenants/rls.py: the owner migrates and owns it, the runtime role serves): the
+    benchmark's tenants and records stay out of the database the URLs name."""
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    parsed = urllib.parse.urlsplit(url)
-    name = f"{parsed.path.lstrip('/') or 'sagaplane'}_benchsdk"
-    bench_url = urllib.parse.urlunsplit(parsed._replace(path=f"/{name}"))
-    info = conninfo_to_dict(url.replace("postgres://", "postgresql://", 1))
-    role = info.get("user") or "sagaplane"
-    with psycopg.connect(make_conninfo(**{**info, "dbname": "postgres"}), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            return bench_url
-        try:
+    def beside(base: str) -> str:
+        parsed = urllib.parse.urlsplit(base)
+        return urllib.parse.urlunsplit(parsed._replace(path=f"/{name}"))
+
+    if not owner_url.startswith(("postgres://", "postgresql://")):
+        raise SystemExit(
+            "set DATABASE_OWNER_URL (the owner role) beside DATABASE_URL, as infra/services.sh does"
+        )
+    name = f"{urllib.parse.urlsplit(url).path.lstrip('/') or 'sagaplane'}_bench_sdk"
+    admin = urllib.parse.urlsplit(owner_url.replace("postgres://", "postgresql://", 1))
+    with psycopg.connect(urllib.parse.urlunsplit(admin._replace(path="/postgres")), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
-            return bench_url
-        except psycopg.errors.InsufficientPrivilege:
-            pass
-    subprocess.run(
-        [
-            "psql",
-            "-h",
-            info.get("host") or "127.0.0.1",
-            "-p",
-            str(info.get("port") or 5432),
-            "-U",
-            "postgres",
-            "-qc",
-            f'CREATE DATABASE "{name}" OWNER "{role}"',
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return bench_url
+    return beside(url), beside(owner_url)
 
 
 def shipper_modes() -> list[tuple[str, dict[str, str]]]:
@@ -386,12 +369,15 @@ def shipper_modes() -> list[tuple[str, dict[str, str]]]:
     base = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY", "DATABASE_URL", "REDIS_URL")
+        if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY", "DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL")
     }
     base.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "0", "LOG_LEVEL": "WARNING"})
     modes = []
     if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
-        env = {**base, "DATABASE_URL": _bench_database_url(os.environ["DATABASE_URL"])}
+        runtime_url, owner_url = _bench_database_urls(
+            os.environ["DATABASE_URL"], os.environ.get("DATABASE_OWNER_URL", "")
+        )
+        env = {**base, "DATABASE_URL": runtime_url, "DATABASE_OWNER_URL": owner_url}
         if os.environ.get("REDIS_URL"):
             env["REDIS_URL"] = os.environ["REDIS_URL"]
         modes.append(("postgres+redis" if "REDIS_URL" in env else "postgres", env))

@@ -33,6 +33,20 @@ def _share_shutdown_flag(**kwargs: Any) -> None:
     _shutting_down = multiprocessing.RawValue("b", 0)
 
 
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _refuse_unsafe_database_role(**kwargs: Any) -> None:
+    """A worker or beat whose database role row-level security does not bind must not start
+    (tenants/rls.py). SystemExit: Celery logs and ignores ordinary exceptions from receivers."""
+    from controlplane.config import ConfigurationError
+    from tenants.rls import refuse_unsafe_runtime_role
+
+    try:
+        refuse_unsafe_runtime_role()
+    except ConfigurationError as exc:
+        raise SystemExit(str(exc)) from exc
+
+
 @signals.worker_shutting_down.connect
 def _announce_shutdown(**kwargs: Any) -> None:
     if _shutting_down is not None:

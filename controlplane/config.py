@@ -173,6 +173,29 @@ class Config:
             return ""
         return value
 
+    def database_owner_url(self, name: str, runtime_name: str, runtime_url: str) -> str:
+        """The owner role's URL (runs migrations, owns the tables): a postgres:// URL of the same
+        host, port and database as the runtime URL, with another role. Empty when not set."""
+        value = self.url(name, ("postgres", "postgresql"), needs_path=True)
+        if not value:
+            return ""
+        owner, runtime = urlsplit(value), urlsplit(runtime_url)
+        if runtime.scheme not in ("postgres", "postgresql"):
+            self.refuse(name, f"set only when {runtime_name} is a postgres:// URL", secret=True)
+            return ""
+        if (owner.hostname, owner.port, owner.path) != (runtime.hostname, runtime.port, runtime.path):
+            self.refuse(name, f"a URL of the same host, port and database as {runtime_name}", secret=True)
+            return ""
+        if not owner.username or owner.username == runtime.username:
+            self.refuse(
+                name,
+                f"a URL naming the owner role, another role than {runtime_name}'s "
+                "(the role the application runs as must own no table)",
+                secret=True,
+            )
+            return ""
+        return value
+
     def redis_url(self, name: str) -> str:
         value = self.url(name, ("redis", "rediss"))
         database = urlsplit(value).path.strip("/") if value else ""

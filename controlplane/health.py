@@ -27,6 +27,16 @@ def _check_database() -> None:
         cursor.execute("SELECT 1")
 
 
+def _check_database_roles() -> None:
+    """DATABASE_URL's role must be one row-level security binds (tenants/rls.py); a replica
+    running as the owner or a superuser is never ready."""
+    from tenants.rls import runtime_role_problems
+
+    problems = runtime_role_problems()
+    if problems:
+        raise RuntimeError("unsafe database role: " + "; ".join(problems))
+
+
 def _check_redis() -> None:
     import redis
 
@@ -42,7 +52,7 @@ def _check_broker() -> None:
 
 @require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
-    checks = {"database": _check_database, "broker": _check_broker}
+    checks = {"database": _check_database, "database_roles": _check_database_roles, "broker": _check_broker}
     if settings.REDIS_URL:
         checks["redis"] = _check_redis
     results: dict[str, str] = {}

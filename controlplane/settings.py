@@ -67,6 +67,10 @@ else:
         _insecure.append("SAGAPLANE_MASTER_KEY is not set (a development key from the data folder is in use)")
 
 DATABASE_URL = config.url("DATABASE_URL", ("postgres", "postgresql", "sqlite"), needs_path=True)
+# Two Postgres roles (tenants/rls.py): DATABASE_URL's runtime role (web, workers, beat) owns nothing
+# and is bound by row-level security; the owner role runs `migrate` and owns the tables. Only the
+# process that migrates needs the owner's URL (`migrate` refuses to run on Postgres without it).
+DATABASE_OWNER_URL = config.database_owner_url("DATABASE_OWNER_URL", "DATABASE_URL", DATABASE_URL)
 REDIS_URL = config.redis_url("REDIS_URL")
 EMBEDDED = not DATABASE_URL and not REDIS_URL
 # Where the gate's budget and rate counters live: Redis (one Lua script, the fast path) when there
@@ -115,6 +119,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "tenants.rls.RuntimeRoleGuardMiddleware",
     # Outside every other layer: refuses NUL in the path or query, and shapes every non-2xx API
     # answer as JSON whoever produced it (controlplane/errors.py).
     "controlplane.errors.ErrorShapeMiddleware",
@@ -174,6 +179,13 @@ else:
             "max_size": DB_POOL_MAX_SIZE,
             "timeout": DB_POOL_TIMEOUT,
         }
+# The role the owner grants table access to after each migrate (tenants.rls.install).
+DATABASE_RUNTIME_ROLE: str = DATABASES["default"].get("USER", "")
+# The owner's credentials, swapped in by tenants.rls.database_owner() (migrate, test set-up).
+DATABASE_OWNER: dict[str, str] | None = None
+if DATABASE_OWNER_URL:
+    _owner = env.db_url_config(DATABASE_OWNER_URL)
+    DATABASE_OWNER = {"USER": _owner["USER"], "PASSWORD": _owner["PASSWORD"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if REDIS_URL:
@@ -216,6 +228,8 @@ CELERY_BEAT_SCHEDULE: dict = {
         "task": "transparency.sweep_stale_exports",
         "schedule": config.seconds("SAGAPLANE_EXPORT_SWEEP_SECONDS", 60.0, maximum=24 * 3600),
     },
+    # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
+    "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -228,8 +242,6 @@ LOGIN_REDIRECT_URL = "/"
 # Sign-in throttling (django-axes, attempts stored in the database). Failures are counted per
 # account (from any address) and per client address (across accounts), each on its own: either
 # reaching the limit refuses every sign-in it covers, the right password included, until the
-    # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
-    "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
 # cool-off has passed since the last failure. A refused sign-in checks no password, so it is not
 # a failure and does not extend the lockout (a person retrying is not punished for it). A success
 # does not reset the counts, or one valid account would let an address guess at all the others.

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 export SAGAPLANE_DATA_DIR="${SAGAPLANE_DATA_DIR:-$PWD/.sagaplane-data}"
-unset DATABASE_URL REDIS_URL
+unset DATABASE_URL DATABASE_OWNER_URL REDIS_URL
 PORT="${PORT:-8000}"
 URL="http://127.0.0.1:${PORT}"
 

@@ -1,8 +1,11 @@
 # Sourced by infra/test.sh and infra/bench.sh: find the local Postgres and Redis the way both expect.
-# With DATABASE_URL / REDIS_URL already set, they are kept. Otherwise a reachable local Postgres
-# (psql as the postgres superuser on 127.0.0.1) gets the application role `sagaplane` and its
-# database `sagaplane`, and DATABASE_URL points there; a Redis answering on 127.0.0.1:6379 becomes
-# REDIS_URL. Nothing reachable: both stay unset (embedded SQLite).
+# With DATABASE_URL / REDIS_URL already set, they are kept (set DATABASE_OWNER_URL beside a
+# Postgres DATABASE_URL). Otherwise a reachable local Postgres (psql as the postgres superuser on
+# 127.0.0.1) gets the two roles of tenants/rls.py and the database `sagaplane`: DATABASE_OWNER_URL
+# as `sagaplane_owner` (runs migrations, owns the database and its tables) and DATABASE_URL as
+# `sagaplane` (what the application and the tests run as: owns nothing, bound by row-level
+# security); a Redis answering on 127.0.0.1:6379 becomes REDIS_URL. Nothing reachable: all stay
+# unset (embedded SQLite).
 # Defines pg_up URL and redis_up URL (exit 0 when reachable), redact_url URL and
 # describe_services. Expects the repo root as cwd.
 BIN="${BIN:-.venv/bin}"
@@ -23,13 +26,15 @@ redact_url() {
 # What the run uses, for the log, never with a password.
 describe_services() {
   if [ -n "${DATABASE_URL:-}" ]; then printf 'Postgres %s' "$(redact_url "$DATABASE_URL")"; else printf 'SQLite'; fi
+  if [ -n "${DATABASE_OWNER_URL:-}" ]; then printf ' (owner %s)' "$(redact_url "$DATABASE_OWNER_URL")"; fi
   if [ -n "${REDIS_URL:-}" ]; then printf ' with Redis %s' "$(redact_url "$REDIS_URL")"; fi
   printf '\n'
 }
 redis_up() { $BIN/python -c "import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=2).ping()" "$1"; }
 
 if [ -z "${DATABASE_URL:-}" ]; then
-  # The application role must not be a superuser: superusers ignore row-level security.
+  # Neither role is a superuser (superusers ignore row-level security). The owner creates the test
+  # databases (CREATEDB); the runtime role needs nothing beyond LOGIN.
   if command -v psql >/dev/null && psql -h 127.0.0.1 -U postgres -Atc "SELECT 1" >/dev/null 2>&1; then
     psql -h 127.0.0.1 -U postgres -qc "DO \$\$ BEGIN
       IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sagaplane_owner')
@@ -54,6 +59,7 @@ if [ -z "${DATABASE_URL:-}" ]; then
       psql -h 127.0.0.1 -U postgres -qc "ALTER DATABASE \"$leftover\" OWNER TO sagaplane_owner" >/dev/null
     done
     export DATABASE_URL="postgres://sagaplane:sagaplane@127.0.0.1:5432/sagaplane"
+    export DATABASE_OWNER_URL="postgres://sagaplane_owner:sagaplane_owner@127.0.0.1:5432/sagaplane"
   fi
 fi
 if [ -z "${REDIS_URL:-}" ] && redis_up redis://127.0.0.1:6379/0 2>/dev/null; then

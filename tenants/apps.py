@@ -9,9 +9,11 @@ class TenantsConfig(AppConfig):
     def ready(self) -> None:
         from tenants import (
             live,  # noqa: F401  (signing out closes that session's live sockets)
+            rls,
             schema,  # noqa: F401  (registers the OpenAPI auth scheme)
+            selectors,  # noqa: F401  (declares the key-lookup and membership cross-tenant functions)
         )
-        from tenants.scoping import install_row_level_security
 
-        # After every migrate (tests included): each tenant table gets its RLS policy.
-        post_migrate.connect(install_row_level_security, dispatch_uid="tenants.install_rls")
+        # After every migrate (as the owner role; tests included): every tenant table gets its RLS
+        # policy, the runtime role its grants, and the cross-tenant functions are (re)created.
+        post_migrate.connect(rls.install, sender=self, dispatch_uid="tenants.install_rls")

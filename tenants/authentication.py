@@ -9,7 +9,8 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from tenants.models import ApiKey, Tenant
-from tenants.scoping import dangerously_bypass_tenant_scope
+from tenants.scoping import tenant_context
+from tenants.selectors import tenant_of_api_key
 
 # Writing last_used_at on every request would turn each read into a write; a minute is precise enough.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -48,9 +49,13 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         prefix = ApiKey.prefix_of(raw_key)
         if prefix is None:
             raise exceptions.AuthenticationFailed("malformed API key", code="invalid_api_key")
-        # Which tenant the key belongs to is what we are finding out: this lookup must cross tenants.
-        with dangerously_bypass_tenant_scope():
-            api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+        # Which tenant the key belongs to is what we are finding out: the one question that must
+        # cross tenants. The key itself is then read and checked inside its tenant.
+        tenant = tenant_of_api_key(prefix)
+        if tenant is None:
+            raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")
+        with tenant_context(tenant):
+            api_key = ApiKey.objects.filter(prefix=prefix).first()
             if api_key is None or not api_key.matches(raw_key):
                 raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")
             if api_key.is_revoked:
@@ -61,7 +66,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
                 ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
                 api_key.last_used_at = now
-        return ApiKeyPrincipal(api_key, api_key.tenant), api_key
+        api_key.tenant = tenant
+        return ApiKeyPrincipal(api_key, tenant), api_key
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

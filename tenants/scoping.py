@@ -8,10 +8,14 @@ Three layers, each enough to stop a leak on its own:
    request's tenant (a test enumerates the URL resolver to check that no view skips it).
 3. Postgres: row-level security on every tenant table, keyed by `sagaplane.tenant_id`, which
    `tenant_context` sets with `set_config(..., is_local => true)` (SET LOCAL) for the current
-   transaction. Even raw SQL inside a request or a Celery task sees only its tenant's rows.
+   transaction. Even raw SQL inside a request or a Celery task sees only its tenant's rows, and
+   the role the application runs as cannot switch that off (tenants/rls.py).
 
 Crossing tenants on purpose (authentication looks an API key up before it knows the tenant,
-the integrator walks all tenants) needs `dangerously_bypass_tenant_scope()`, whose name says so.
+the integrator walks all tenants) asks one narrow question through a cross-tenant function
+(`tenants.rls.cross_tenant_function`: SECURITY DEFINER on Postgres), then enters each tenant with
+`tenant_context`. On SQLite the same questions run under `dangerously_bypass_orm_scope()`, which
+lifts the ORM layer only: on Postgres, RLS still hides every row from it.
 """
 
 from __future__ import annotations
@@ -28,14 +32,13 @@ if TYPE_CHECKING:
     from tenants.models import Tenant
 
 TENANT_SETTING = "sagaplane.tenant_id"
-BYPASS_SETTING = "sagaplane.bypass_rls"
 
 _current_tenant: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar("tenant", default=None)
 _bypass: contextvars.ContextVar[bool] = contextvars.ContextVar("tenant_bypass", default=False)
 
 
 class TenantScopeError(RuntimeError):
-    """A tenant-owned table was queried with no tenant active (and no explicit bypass)."""
+    """A tenant-owned table was queried with no tenant active (and no ORM-scope bypass)."""
 
 
 def current_tenant() -> Tenant:
@@ -83,17 +86,15 @@ def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
 
 
 @contextmanager
-def dangerously_bypass_tenant_scope() -> Iterator[None]:
-    """See every tenant's rows. Only for code that must cross tenants by design."""
-    with transaction.atomic():
-        token = _bypass.set(True)
-        _set_local(BYPASS_SETTING, "on")
-        try:
-            yield
-        finally:
-            _bypass.reset(token)
-            if connection.in_atomic_block and not _bypass.get():
-                _set_local(BYPASS_SETTING, "off")
+def dangerously_bypass_orm_scope() -> Iterator[None]:
+    """Lift the ORM layer: the tenant manager stops filtering. For the SQLite side of the
+    cross-tenant questions only. It does nothing to Postgres' row-level security, so on Postgres
+    a query in here with no tenant active sees no tenant's rows."""
+    token = _bypass.set(True)
+    try:
+        yield
+    finally:
+        _bypass.reset(token)
 
 
 class TenantManager(models.Manager):
@@ -133,30 +134,6 @@ def tenant_scoped_models() -> list[type[models.Model]]:
         for model in apps.get_models()
         if issubclass(model, TenantScopedModel) and model._meta.managed and not model._meta.proxy
     ]
-
-
-def install_row_level_security(using: str = "default", **_: Any) -> None:
-    """Enable and force RLS on every tenant table (idempotent; runs after each migrate, so a new
-    tenant model is covered without anyone remembering to add a policy)."""
-    from django.db import connections
-
-    conn = connections[using]
-    if conn.vendor != "postgresql":
-        return
-    predicate = (
-        f"(tenant_id = NULLIF(current_setting('{TENANT_SETTING}', true), '')::bigint "
-        f"OR current_setting('{BYPASS_SETTING}', true) = 'on')"
-    )
-    with conn.cursor() as cursor:
-        for model in tenant_scoped_models():
-            table = conn.ops.quote_name(model._meta.db_table)
-            cursor.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
-            # FORCE: the table owner (the app role that ran the migration) is bound too.
-            cursor.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
-            cursor.execute(f"DROP POLICY IF EXISTS tenant_isolation ON {table}")
-            cursor.execute(
-                f"CREATE POLICY tenant_isolation ON {table} USING {predicate} WITH CHECK {predicate}"
-            )
 
 
 class TenantContextResetMiddleware:

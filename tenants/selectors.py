@@ -21,7 +21,8 @@ _MEMBERSHIPS_OF = rls.cross_tenant_function(
     "sagaplane_memberships_of",
     arguments="member_id bigint",
     returns="TABLE (id bigint, tenant_id bigint, role varchar, created_at timestamptz)",
-    body=f"SELECT {', '.join(_MEMBERSHIP_COLUMNS)} FROM {Membership._meta.db_table} WHERE user_id = member_id",
+    body=f"SELECT {', '.join(_MEMBERSHIP_COLUMNS)} FROM {Membership._meta.db_table} "
+    "WHERE user_id = member_id",
 )
 _KEY_PREFIX = re.compile(r"[a-z0-9]{12}")
 
@@ -45,14 +46,18 @@ def memberships_of(user: Any) -> list[Membership]:
         return []  # anonymous, or an API key (which acts for its own tenant, not as a member)
     if not rls.enforces_rls():
         with scoping.dangerously_bypass_orm_scope():
-            return list(Membership.objects.select_related("tenant").filter(user=user).order_by("tenant__slug"))
-    rows = [dict(zip(_MEMBERSHIP_COLUMNS, row)) for row in _MEMBERSHIPS_OF.rows(user.pk)]
+            return list(
+                Membership.objects.select_related("tenant").filter(user=user).order_by("tenant__slug")
+            )
+    rows = [dict(zip(_MEMBERSHIP_COLUMNS, row, strict=True)) for row in _MEMBERSHIPS_OF.rows(user.pk)]
     tenants = Tenant.objects.in_bulk([row["tenant_id"] for row in rows])
     memberships = []
     for row in rows:
         row["user_id"] = user.pk
         fields = Membership._meta.concrete_fields
-        membership = Membership.from_db("default", [f.attname for f in fields], [row[f.attname] for f in fields])
+        membership = Membership.from_db(
+            "default", [f.attname for f in fields], [row[f.attname] for f in fields]
+        )
         membership.tenant = tenants[row["tenant_id"]]
         membership.user = user
         memberships.append(membership)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sagaplane.chain import GENESIS, stamp
@@ -16,16 +17,23 @@ T0 = 1_796_000_000.0
 
 
 def saga_records(
-    saga_id: str | None = None, *, tool: str = "payments.charge", steps: int = 1, outcome: str = "complete"
+    saga_id: str | None = None,
+    *,
+    tool: str = "payments.charge",
+    steps: int = 1,
+    outcome: str = "complete",
+    name: str = "demo",
+    step_ids: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Unchained records of one saga, as agent-saga writes them."""
+    """Unchained records of one saga, as agent-saga writes them (step ids random unless given)."""
     saga_id = saga_id or uuid.uuid4().hex
     out: list[dict[str, Any]] = [
-        {"event": "SAGA_START", "saga_id": saga_id, "pid": 42, "lease_ttl": 5.0, "name": "demo"}
+        {"event": "SAGA_START", "saga_id": saga_id, "pid": 42, "lease_ttl": 5.0, "name": name}
     ]
+    given_step_ids = list(step_ids or [])
     step_ids = []
     for n in range(steps):
-        step_id = uuid.uuid4().hex
+        step_id = given_step_ids[n] if n < len(given_step_ids) else uuid.uuid4().hex
         step_ids.append(step_id)
         out.append(
             {
@@ -150,25 +158,51 @@ def snapshot(tenant: Tenant) -> tuple:
         )
 
 
-SAMPLE_STREAM = "st-sample-7f3a"
-SAMPLE_SAGA = "5a9a0000000000000000000000000001"
+@dataclass(frozen=True)
+class Sample:
+    """A tenant's own stream, saga, saga name and step ids: different for every tenant, so each is
+    a leak marker (a tenant's id showing up in another tenant's answer can only be a leak)."""
+
+    stream_id: str
+    saga_id: str
+    saga_name: str
+    step_ids: tuple[str, ...]
+
+    @property
+    def markers(self) -> list[str]:
+        return [self.stream_id, self.saga_id, self.saga_name, *self.step_ids]
 
 
-def ensure_sample(tenant: Tenant) -> None:
-    """A stream holding one saga, for tests that need a tenant's existing ids (isolation)."""
+def sample_of(tenant: Tenant) -> Sample:
+    """The tenant's sample ids, derived from its slug (unique among the tenants of a test)."""
+
+    def derived(what: str) -> str:
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"sagaplane-test:{tenant.slug}:{what}").hex
+
+    return Sample(
+        stream_id=f"st-{derived('stream')[:16]}",
+        saga_id=derived("saga"),
+        saga_name=f"saga-{derived('name')[:12]}",
+        step_ids=(derived("step-1"), derived("step-2")),
+    )
+
+
+def ensure_sample(tenant: Tenant) -> Sample:
+    """The tenant's sample stream holding its sample saga, ingested once (isolation tests)."""
     from audit.services import ingest
 
+    sample = sample_of(tenant)
     with tenant_context(tenant):
-        if Stream.objects.filter(stream_id=SAMPLE_STREAM).exists():
-            return
-    ingest(tenant, SAMPLE_STREAM, chain(saga_records(SAMPLE_SAGA)), actor="test")
+        if Stream.objects.filter(stream_id=sample.stream_id).exists():
+            return sample
+    records = saga_records(sample.saga_id, steps=2, name=sample.saga_name, step_ids=list(sample.step_ids))
+    ingest(tenant, sample.stream_id, chain(records), actor="test")
+    return sample
 
 
 def sample_stream_id(tenant: Tenant, _person: Any) -> str:
-    ensure_sample(tenant)
-    return SAMPLE_STREAM
+    return ensure_sample(tenant).stream_id
 
 
 def sample_saga_id(tenant: Tenant, _person: Any) -> str:
-    ensure_sample(tenant)
-    return SAMPLE_SAGA
+    return ensure_sample(tenant).saga_id

@@ -45,7 +45,9 @@ def _read_until(process: subprocess.Popen, pattern: str, timeout: float) -> str:
 @pytest.mark.slow
 def test_make_run_serves_the_demo_and_the_login_works(tmp_path: Path) -> None:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL")
+    }
     env.update({"PORT": str(port), "SAGAPLANE_DATA_DIR": str(tmp_path / "data")})
     process = subprocess.Popen(
         ["bash", "infra/run-embedded.sh"],

@@ -11,7 +11,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL", "SECRET_KEY")
+    }
     clean.update({"SAGAPLANE_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "controlplane.settings"})
     clean.update(env)
     return subprocess.run(
@@ -87,7 +91,8 @@ def _manage_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")
+        if k
+        not in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")
         and not k.startswith(("SAGAPLANE_", "DB_"))
     }
     clean.update({"SAGAPLANE_DATA_DIR": str(tmp_path), **env})

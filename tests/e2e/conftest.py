@@ -22,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
+from tests.hostile.production import as_owner
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -99,7 +101,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is not installed")
     data_dir = tmp_path_factory.mktemp("e2e-data")
-    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
+    # The server and worker run as the runtime role; only migrate gets the owner's URL.
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_OWNER_URL")}
     env.update(
         {
             "SAGAPLANE_DATA_DIR": str(data_dir),
@@ -112,13 +115,16 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
         parts = urlsplit(os.environ["REDIS_URL"])
         env["REDIS_URL"] = urlunsplit(parts._replace(path=f"/{8 + uuid.uuid4().int % 8}"))
     dropped_db = None
+    migrate_env = env
     if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         admin_url, e2e_url, name = _postgres_database(os.environ["DATABASE_URL"])
+        admin_url = as_owner(admin_url)  # the owner role creates, owns and drops it
         _pg_execute(admin_url, f'CREATE DATABASE "{name}"')
         dropped_db = (admin_url, name)
         env["DATABASE_URL"] = e2e_url
+        migrate_env = {**env, "DATABASE_OWNER_URL": as_owner(e2e_url)}
     try:
-        _manage(env, "migrate", "--noinput")
+        _manage(migrate_env, "migrate", "--noinput")
         _manage(env, "seed_demo", "--password", PASSWORD)
         _manage(
             env,

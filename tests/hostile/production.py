@@ -1,6 +1,7 @@
 """Real processes for the fault and load tests: a Redis of the test's own (so it can be killed),
-a Postgres database of the test's own (created beside DATABASE_URL's, dropped afterwards), and
-the README's production command serving them:
+a Postgres database of the test's own (created by the owner role beside DATABASE_URL's, migrated
+by it with DATABASE_OWNER_URL, dropped afterwards), and the README's production command serving
+them as the runtime role (DATABASE_URL only, as in production):
 
     gunicorn controlplane.asgi:application -k uvicorn.workers.UvicornWorker
 
@@ -114,15 +115,29 @@ def pg_execute(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[A
 
 @dataclass
 class OwnDatabase:
-    url: str
+    url: str  # as the runtime role (DATABASE_URL)
     name: str
     admin_url: str  # the maintenance database, from which this one is watched and dropped
+
+    @property
+    def owner_url(self) -> str:
+        return as_owner(self.url)
 
     def connections(self) -> int:
         """Backends connected to this database now (the watcher itself is in another one)."""
         sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
         rows = pg_execute(self.admin_url, sql, (self.name,))
         return int(rows[0][0])
+
+
+def as_owner(url: str) -> str:
+    """`url` (a database of the runtime role's) with the owner role's credentials, from
+    DATABASE_OWNER_URL: the role that creates, migrates and owns databases (tenants/rls.py)."""
+    owner = os.environ.get("DATABASE_OWNER_URL", "")
+    if not owner.startswith(("postgres://", "postgresql://")):
+        pytest.fail("needs DATABASE_OWNER_URL=postgres://owner:...@.../... beside DATABASE_URL")
+    parts, credentials = urlsplit(url), urlsplit(owner).netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{parts.netloc.rpartition('@')[2]}"))
 
 
 @contextmanager
@@ -132,8 +147,8 @@ def own_database() -> Iterator[OwnDatabase]:
         pytest.skip("needs DATABASE_URL=postgres://...")
     parts = urlsplit(base)
     name = f"{parts.path.lstrip('/') or 'sagaplane'}_hostile_{uuid.uuid4().hex[:8]}"
-    admin_url = urlunsplit(parts._replace(path="/postgres"))
-    pg_execute(admin_url, f'CREATE DATABASE "{name}"')
+    admin_url = as_owner(urlunsplit(parts._replace(path="/postgres")))
+    pg_execute(admin_url, f'CREATE DATABASE "{name}"')  # owned by the owner role
     try:
         yield OwnDatabase(urlunsplit(parts._replace(path="/" + name)), name, admin_url)
     finally:
@@ -144,7 +159,11 @@ def own_database() -> Iterator[OwnDatabase]:
 
 
 def production_env(database_url: str, redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_")) and k != "DATABASE_OWNER_URL"
+    }
     env.update(
         {
             "SAGAPLANE_ENV": "production",
@@ -191,8 +210,9 @@ class ControlPlane:
 
 @contextmanager
 def control_plane(env: dict[str, str], *, workers: int, tenant: str = "hostile") -> Iterator[ControlPlane]:
-    """Migrate, create a tenant and an ingest+read key, then serve with the README's command."""
-    manage(env, "migrate", "--noinput")
+    """Migrate (as the owner role, the one step that needs DATABASE_OWNER_URL), create a tenant
+    and an ingest+read key, then serve with the README's command as the runtime role."""
+    manage({**env, "DATABASE_OWNER_URL": as_owner(env["DATABASE_URL"])}, "migrate", "--noinput")
     manage(
         env,
         "create_tenant",

@@ -1,13 +1,18 @@
 """Tenant isolation, enumerated from the URL resolver so a new route is covered the day it lands.
 
 For every API route: carol (tenant bravo), with her session and with her all-scopes API key,
-asks for acme's objects and gets 404; her listings contain nothing of acme's. A route with a URL
+asks for acme's objects and gets 403/404, and nothing she receives carries one of acme's markers
+(its slug, name, key prefix, e-mail, record hashes, and its own stream, saga, saga name and step
+ids: every tenant has different ones, tests/audit/chains.py). Her listings are empty, or hold
+exactly her own tenant's keys and members, and do not change when acme grows. A route with a URL
 parameter this file has no acme sample for fails the test: add the sample, don't skip the route.
+The same walk proves each scoping layer on its own (test_isolation_layers.py).
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +22,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from tenants.models import ApiKey, Tenant
 from tenants.permissions import TenantScopedViewMixin
 from tenants.scoping import tenant_context
-from tests.audit.chains import sample_saga_id, sample_stream_id
+from tests.audit.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
 from tests.conftest import Person
 
 # Routes that are deliberately not tenant data.
@@ -116,16 +121,102 @@ def _fingerprints(tenant: Tenant, member: Person) -> list[str]:
     """Strings that would betray `tenant` if they showed up in anything an outsider receives."""
     from audit.models import Record
 
+    sample = ensure_sample(tenant)
     with tenant_context(tenant):
         record_hashes = list(Record.objects.order_by("leaf_index").values_list("h", flat=True)[:50])
     prefix = ApiKey.prefix_of(member.api_key) or ""
-    return [tenant.slug, tenant.name, prefix, member.user.email, *record_hashes]
+    return [tenant.slug, tenant.name, prefix, member.user.email, *sample.markers, *record_hashes]
+
+
+def _own_people(outsider: Person) -> dict[str, set[str]]:
+    """The outsider tenant's own keys and members: all its listings may show."""
+    from tenants.models import Membership
+
+    with tenant_context(outsider.tenant):
+        return {
+            "prefixes": set(ApiKey.objects.values_list("prefix", flat=True)),
+            "emails": set(Membership.objects.values_list("user__email", flat=True)),
+        }
+
+
+def _lists_in(value: Any) -> Iterator[list]:
+    if isinstance(value, list):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _lists_in(item)
+
+
+# Listings that show the outsider's own tenant, not only emptiness: how to check them exactly.
+OWN_LISTINGS: dict[str, Callable[[Any, Person, dict[str, set[str]]], bool]] = {
+    "api/v1/tenant": lambda body, outsider, own: body["tenant"]["slug"] == outsider.tenant.slug,
+    "api/v1/keys": lambda body, outsider, own: {k["prefix"] for k in body["results"]} == own["prefixes"],
+    "api/v1/members": lambda body, outsider, own: {m["email"] for m in body["results"]} == own["emails"],
+}
+
+
+def _assert_listing_is_empty_or_own(
+    route: str, response: Any, outsider: Person, own: dict[str, set[str]]
+) -> None:
+    """The outsider has no evidence of its own (only its server stream): every list in a listing
+    it receives is empty, except the few that list its own tenant, which hold exactly that."""
+    if response.status_code != 200 or not response.get("Content-Type", "").startswith("application/json"):
+        return
+    body = response.json()
+    if route in OWN_LISTINGS:
+        assert OWN_LISTINGS[route](body, outsider, own), (
+            f"{outsider.tenant.slug}'s {route} is not its own: {body}"
+        )
+        return
+    for found in _lists_in(body):
+        assert found == [], f"{outsider.tenant.slug}'s {route} lists {found[:3]} (it has nothing to list)"
+    if isinstance(body, dict) and "count" in body:
+        assert body["count"] == 0, f"{outsider.tenant.slug}'s {route} counts {body['count']}"
+
+
+def _answers(outsider: Person, urls: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
+    """The outsider's answers on the routes without parameters, minus timestamps (`*_at`)."""
+
+    def steady(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: steady(v) for k, v in value.items() if not k.endswith("_at")}
+        if isinstance(value, list):
+            return [steady(v) for v in value]
+        return value
+
+    out = {}
+    for route, url in urls:
+        for client_name, client in (("session", outsider.session_client()), ("key", outsider.key_client())):
+            response = client.get(url)
+            is_json = response.get("Content-Type", "").startswith("application/json")
+            body = repr(steady(response.json())) if is_json else response.content.decode(errors="replace")
+            out[(route, client_name)] = (response.status_code, body)
+    return out
+
+
+def _grow(tenant: Tenant) -> None:
+    """More of everything in `tenant`: a saga on a new stream, a key, a member, an export."""
+    from audit.services import ingest
+    from tenants import services
+    from transparency.models import Export
+
+    suffix = uuid.uuid4().hex[:8]
+    ingest(tenant, f"st-grown-{suffix}", chain(saga_records(name=f"grown-{suffix}")), actor="test")
+    services.create_api_key(tenant, name=f"grown-{suffix}", scopes=["read"], actor="test")
+    services.add_member(tenant, f"grown-{suffix}@{tenant.slug}.example", "viewer", "x" * 12, actor="test")
+    with tenant_context(tenant):
+        Export.objects.create(tenant=tenant, requested_by="test")
 
 
 def _assert_sees_nothing_of(outsider: Person, tenant: Tenant, member: Person) -> int:
     """Every API route, with `tenant`'s own object ids, asked by `outsider` (session and key)."""
+    from sagas.models import Saga
+
+    with tenant_context(outsider.tenant):
+        assert not Saga.objects.exists(), "the outsider must hold no evidence: its listings are then empty"
     urls = [(route, _fill(route, tenant, member)) for route, _ in api_routes()]
     fingerprints = _fingerprints(tenant, member)
+    own = _own_people(outsider)
     checked = 0
     for route, url in urls:
         clients = (("session", outsider.session_client()), ("api key", outsider.key_client()))
@@ -139,11 +230,20 @@ def _assert_sees_nothing_of(outsider: Person, tenant: Tenant, member: Person) ->
                     f"{outsider.tenant.slug} ({client_name}) got {response.status_code} for "
                     f"{tenant.slug}'s {url}: {body[:300]}"
                 )
+            else:
+                _assert_listing_is_empty_or_own(route, response, outsider, own)
             for fingerprint in fingerprints:
                 assert fingerprint not in body, (
                     f"{outsider.tenant.slug} ({client_name}) saw {tenant.slug}'s {fingerprint!r} at {url}"
                 )
             checked += 1
+    # And nothing the outsider lists depends on how much the other tenant holds.
+    listings = [(route, url) for route, url in urls if "<" not in route]
+    before = _answers(outsider, listings)
+    _grow(tenant)
+    after = _answers(outsider, listings)
+    changed = sorted(key for key in before if before[key] != after[key])
+    assert not changed, f"{outsider.tenant.slug}'s answers changed when {tenant.slug} grew: {changed}"
     return checked
 
 

@@ -1,16 +1,16 @@
-"""The three layers of tenant scoping: ORM manager, tenant header, Postgres row-level security."""
+"""The three layers of tenant scoping: ORM manager, tenant header, Postgres row-level security;
+and the runtime role's inability to lift the last one (tenants/rls.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from tenants.models import ApiKey, Membership, Tenant
 from tenants.scoping import (
     TenantScopeError,
-    dangerously_bypass_tenant_scope,
+    dangerously_bypass_orm_scope,
     tenant_context,
     tenant_scoped_models,
 )
@@ -53,19 +53,39 @@ def test_tenant_header_for_a_foreign_tenant_is_404(tenant_a: Tenant, carol: Pers
 
 def _raw_count(table: str, tenant: Tenant) -> int:
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM {table} WHERE tenant_id = %s", [tenant.pk])
+        cursor.execute(
+            f"SELECT count(*) FROM {connection.ops.quote_name(table)} WHERE tenant_id = %s", [tenant.pk]
+        )
         return cursor.fetchone()[0]
+
+
+def _tables() -> list[str]:
+    return [model._meta.db_table for model in tenant_scoped_models()]
+
+
+@pytest.mark.smoke
+def test_lifting_the_orm_layer_leaves_rls(
+    tenant_a: Tenant, tenant_b: Tenant, alice: Person, carol: Person
+) -> None:
+    """The ORM bypass lifts the manager's filter and nothing else: on SQLite it sees both
+    tenants' keys; on Postgres row-level security still shows none (no tenant is active)."""
+    with dangerously_bypass_orm_scope():
+        prefixes = set(ApiKey.objects.values_list("prefix", flat=True))
+    both = {ApiKey.prefix_of(alice.api_key), ApiKey.prefix_of(carol.api_key)}
+    if connection.vendor == "postgresql":
+        assert prefixes == set()
+    else:
+        assert both <= prefixes
 
 
 @pytest.mark.postgres
 def test_raw_sql_as_tenant_b_cannot_read_tenant_a(tenant_a: Tenant, tenant_b: Tenant, alice: Person) -> None:
-    with dangerously_bypass_tenant_scope():
-        assert _raw_count(ApiKey._meta.db_table, tenant_a) >= 1
-    for model in tenant_scoped_models():
-        with tenant_context(tenant_b):
-            assert _raw_count(model._meta.db_table, tenant_a) == 0, model._meta.db_table
     with tenant_context(tenant_a):
+        assert _raw_count(ApiKey._meta.db_table, tenant_a) >= 1  # the rows are there...
         assert _raw_count(Membership._meta.db_table, tenant_a) >= 1
+    for table in _tables():
+        with tenant_context(tenant_b):
+            assert _raw_count(table, tenant_a) == 0, table  # ...and tenant b sees none of them
 
 
 @pytest.mark.postgres
@@ -73,66 +93,68 @@ def test_raw_sql_with_no_tenant_sees_nothing(alice: Person, tenant_a: Tenant) ->
     assert _raw_count(ApiKey._meta.db_table, tenant_a) == 0
 
 
-def _insert_membership(tenant: Tenant, user: Any) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {Membership._meta.db_table} (tenant_id, user_id, role, created_at) "
-            "VALUES (%s, %s, 'owner', now())",
-            [tenant.pk, user.pk],
-        )
-
-
-def _is_member(tenant: Tenant, user: Any) -> bool:
-    with tenant_context(tenant):
-        return Membership.objects.filter(user=user).exists()
+# The setting the policy used to accept as a bypass, and others a request might try.
+SESSION_SETTINGS = [
+    ("sagaplane.bypass_rls", "on"),
+    ("sagaplane.bypass_rls", "true"),
+    ("sagaplane.rls", "off"),
+]
 
 
 @pytest.mark.postgres
-def test_raw_insert_into_another_tenant_is_refused(tenant_a: Tenant, tenant_b: Tenant, carol: Person) -> None:
-    """Carol (of bravo) makes herself an owner of acme in raw SQL. Nothing but RLS stands in the
-    way: the row violates no constraint, and raw SQL skips the ORM's checks."""
-    assert not _is_member(tenant_a, carol.user)
-    with tenant_context(tenant_b), pytest.raises(DatabaseError) as refused, transaction.atomic():
-        _insert_membership(tenant_a, carol.user)
-    cause = refused.value.__cause__
-    assert getattr(cause, "sqlstate", None) == "42501", refused.value  # insufficient_privilege
-    assert "row-level security" in str(refused.value)
-    assert not _is_member(tenant_a, carol.user)
-
-    # The control: the very same statement succeeds once the table's policy is off, so it was
-    # RLS that refused it above. DDL is transactional in Postgres: the savepoint undoes it all.
-    table = connection.ops.quote_name(Membership._meta.db_table)
-    with tenant_context(tenant_b), pytest.raises(_RolledBack), transaction.atomic():
-        with connection.cursor() as cursor:
-            # Django's foreign keys are deferred; ALTER TABLE refuses while their checks are pending.
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-            cursor.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
-        _insert_membership(tenant_a, carol.user)
-        assert _is_member(tenant_a, carol.user)
-        raise _RolledBack
-    assert not _is_member(tenant_a, carol.user)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT relrowsecurity FROM pg_class WHERE relname = %s", [Membership._meta.db_table])
-        assert cursor.fetchone() == (True,)
-
-
-class _RolledBack(Exception):
-    """Raised to leave an atomic block through its rollback."""
+@pytest.mark.parametrize("is_local", [True, False], ids=["set-local", "set-session"])
+def test_no_session_setting_lifts_rls(
+    tenant_a: Tenant, tenant_b: Tenant, alice: Person, carol: Person, is_local: bool
+) -> None:
+    with tenant_context(tenant_b), connection.cursor() as cursor:
+        for name, value in SESSION_SETTINGS:
+            cursor.execute("SELECT set_config(%s, %s, %s)", [name, value, is_local])
+        cursor.execute("SELECT set_config('sagaplane.tenant_id', %s, true)", [str(tenant_b.pk)])
+        for table in _tables():
+            assert _raw_count(table, tenant_a) == 0, table
+        assert _raw_count(Membership._meta.db_table, tenant_b) >= 1  # the control: b's own rows
+    # (A session-level setting made inside the test's transaction is undone with it.)
 
 
 @pytest.mark.postgres
-def test_app_role_is_bound_by_rls(db: None) -> None:
+def test_turning_row_security_off_refuses_instead_of_showing(tenant_a: Tenant, alice: Person) -> None:
+    """`SET row_security = off` does not lift a policy for a role bound by it: the query fails."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL row_security = off")
+        with pytest.raises(DatabaseError, match="row-level security"), transaction.atomic():
+            _raw_count(ApiKey._meta.db_table, tenant_a)
+
+
+def _refused(sql: str) -> str:
+    """Run `sql` as the runtime role in a savepoint; the SQLSTATE it was refused with."""
+    with pytest.raises(DatabaseError) as refused, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql)
+    return getattr(refused.value.__cause__, "sqlstate", "")
+
+
+@pytest.mark.postgres
+def test_runtime_role_cannot_change_rls_or_the_functions(db: None) -> None:
+    from tenants.rls import cross_tenant_functions
+
     with connection.cursor() as cursor:
-        cursor.execute("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user")
-        is_superuser, bypasses_rls = cursor.fetchone()
-        assert not is_superuser, "the application role must not be a superuser (superusers ignore RLS)"
-        assert not bypasses_rls
-        for model in tenant_scoped_models():
-            cursor.execute(
-                "SELECT relrowsecurity, relforcerowsecurity, pg_get_userbyid(relowner) = current_user "
-                "FROM pg_class WHERE relname = %s",
-                [model._meta.db_table],
-            )
-            enabled, forced, owned = cursor.fetchone()
-            assert enabled, f"{model._meta.db_table} has no row-level security"
-            assert forced or not owned, f"{model._meta.db_table} is owned by the app role and not FORCEd"
+        # Django's foreign keys are deferred; ALTER TABLE refuses while their checks are pending.
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    for name in _tables():
+        table = connection.ops.quote_name(name)
+        for statement in (
+            f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY",
+            f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY",
+            f"DROP POLICY tenant_isolation ON {table}",
+            f"ALTER POLICY tenant_isolation ON {table} USING (true)",
+            f"CREATE POLICY open_door ON {table} USING (true)",
+            f"ALTER TABLE {table} OWNER TO CURRENT_USER",
+            f"DROP TABLE {table}",
+        ):
+            assert _refused(statement) == "42501", statement  # insufficient_privilege
+    for function in cross_tenant_functions():
+        assert _refused(f"DROP FUNCTION {function.signature}") == "42501"
+        assert _refused(function.create_statement("public")) == "42501"
+    assert _refused("CREATE FUNCTION sagaplane_leak() RETURNS int LANGUAGE sql AS 'SELECT 1'") == "42501"
+    for role in (settings.DATABASE_OWNER["USER"], "postgres"):
+        assert _refused(f"SET ROLE {role}") == "42501"
+        assert _refused(f"SET SESSION AUTHORIZATION {role}") == "42501"
