@@ -259,3 +259,33 @@ def test_a_new_person_can_be_looked_up(tenant_a: Tenant) -> None:
     dave = make_person(tenant_a, "dave", Role.VIEWER)
     assert [m.tenant for m in selectors.memberships_of(dave.user)] == [tenant_a]
     assert selectors.tenant_of_api_key(ApiKey.prefix_of(dave.api_key) or "") == tenant_a
+
+
+# ------------------------------------------------------------------ DATABASE_OWNER_URL at start-up
+
+
+def test_the_owner_url_must_be_another_role_on_the_same_database(tmp_path: Any) -> None:
+    from tests.controlplane.test_settings import _manage_check, _refused
+
+    runtime = "postgres://app:hunter2runtime@db.internal:5432/sagaplane"
+    same = "same host, port and database as DATABASE_URL"
+    refusals = {
+        "postgres://owner:hunter2owner@db.internal:5432/elsewhere": same,
+        "postgres://owner:hunter2owner@db.other:5432/sagaplane": same,
+        "postgres://app:hunter2owner@db.internal:5432/sagaplane": "another role than DATABASE_URL's",
+        "mysql://owner:hunter2owner@db.internal:3306/sagaplane": "a URL starting postgres:// or postgresql://",
+    }
+    for owner, problem in refusals.items():
+        result = _manage_check(tmp_path, DATABASE_URL=runtime, DATABASE_OWNER_URL=owner)
+        _refused(result, "DATABASE_OWNER_URL must be", problem)
+        assert "hunter2" not in result.stderr
+    embedded = _manage_check(
+        tmp_path, DATABASE_OWNER_URL="postgres://owner:hunter2owner@db.internal:5432/sagaplane"
+    )
+    _refused(embedded, "DATABASE_OWNER_URL must be set only when DATABASE_URL is a postgres:// URL")
+    fine = _manage_check(
+        tmp_path,
+        DATABASE_URL=runtime,
+        DATABASE_OWNER_URL="postgresql://owner:hunter2owner@db.internal:5432/sagaplane",
+    )
+    assert fine.returncode == 0, fine.stderr
