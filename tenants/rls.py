@@ -34,7 +34,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.management.base import CommandError
-from django.db import DatabaseError, connection, connections
+from django.db import DatabaseError, connection, connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from tenants.scoping import TENANT_SETTING, tenant_scoped_models
@@ -109,12 +109,13 @@ def _policy_predicate() -> str:
 def install(using: str = "default", **_: Any) -> None:
     """Row-level security on every tenant table, the runtime role's grants and the cross-tenant
     functions; idempotent. Runs after every migrate (as the owner), so a new tenant model is
-    covered without anyone remembering to add a policy."""
+    covered without anyone remembering to add a policy. One transaction: processes running
+    meanwhile (a rolling release) see the old policies and functions or the new ones."""
     conn = connections[using]
     if conn.vendor != "postgresql":
         return
     tables = [model._meta.db_table for model in tenant_scoped_models()]
-    with conn.cursor() as cursor:
+    with transaction.atomic(using=using), conn.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM unnest(%s::text[]) AS t(name) "
             "JOIN pg_class c ON c.oid = to_regclass(t.name) "
@@ -129,14 +130,22 @@ def install(using: str = "default", **_: Any) -> None:
         current_user, schema = cursor.fetchone()
         schema = conn.ops.quote_name(schema)
         predicate = _policy_predicate()
-        for name in tables:
+        cursor.execute(
+            "SELECT t.name, c.relrowsecurity, c.relforcerowsecurity, "
+            "EXISTS (SELECT FROM pg_policy p WHERE p.polrelid = c.oid AND p.polname = %s) "
+            "FROM unnest(%s::text[]) AS t(name) JOIN pg_class c ON c.oid = to_regclass(t.name)",
+            [POLICY, tables],
+        )
+        for name, enabled, forced, has_policy in cursor.fetchall():
             table = conn.ops.quote_name(name)
-            cursor.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
-            # Not FORCEd: the owner is exempt, so the SECURITY DEFINER functions can cross tenants
-            # (and earlier installs that forced it are undone).
-            cursor.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
-            cursor.execute(f"DROP POLICY IF EXISTS {POLICY} ON {table}")
-            cursor.execute(f"CREATE POLICY {POLICY} ON {table} USING ({predicate}) WITH CHECK ({predicate})")
+            if not enabled:
+                cursor.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+            if forced:
+                # Not FORCEd: the owner is exempt, so the SECURITY DEFINER functions can cross
+                # tenants (an install from before the owner role forced it).
+                cursor.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
+            verb = "ALTER" if has_policy else "CREATE"
+            cursor.execute(f"{verb} POLICY {POLICY} ON {table} USING ({predicate}) WITH CHECK ({predicate})")
         for function in cross_tenant_functions():
             cursor.execute(function.create_statement(schema))
             cursor.execute(f"REVOKE ALL ON FUNCTION {function.signature} FROM PUBLIC")

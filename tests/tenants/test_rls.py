@@ -207,6 +207,41 @@ def test_connected_as_the_owner_every_check_refuses(
     assert rls.RuntimeRoleGuardMiddleware.verified
 
 
+@pytest.mark.postgres
+def test_migrate_again_upgrades_an_old_install_in_place(transactional_db: None, tenant_a: Tenant) -> None:
+    """An install from before the owner role (FORCEd, the bypass setting in the policy) is
+    brought to today's policy by the next migrate, as the owner; the runtime role keeps working."""
+    from django.core.management import call_command
+
+    table = connection.ops.quote_name(ApiKey._meta.db_table)
+    legacy = (
+        "tenant_id = NULLIF(current_setting('sagaplane.tenant_id', true), '')::bigint "
+        "OR current_setting('sagaplane.bypass_rls', true) = 'on'"
+    )
+    with rls.database_owner(), connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
+        cursor.execute(f"ALTER POLICY tenant_isolation ON {table} USING ({legacy}) WITH CHECK ({legacy})")
+    call_command("migrate", verbosity=0)
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relforcerowsecurity, pg_get_expr(p.polqual, p.polrelid), "
+            "pg_get_expr(p.polwithcheck, p.polrelid) "
+            "FROM pg_class c JOIN pg_policy p ON p.polrelid = c.oid WHERE c.oid = to_regclass(%s)",
+            [ApiKey._meta.db_table],
+        )
+        forced, using, check = cursor.fetchone()
+    assert not forced
+    assert "sagaplane.tenant_id" in using and "bypass" not in using + check
+    assert rls.runtime_role_problems() == []
+    assert (
+        selectors.tenant_of_api_key(
+            ApiKey.prefix_of(make_person(tenant_a, "erin", Role.VIEWER).api_key) or ""
+        )
+        == tenant_a
+    )
+
+
 def _owner_url_of_the_test_database() -> str:
     from urllib.parse import quote
 
