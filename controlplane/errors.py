@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -142,6 +143,11 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     answers a JSON 500."""
     if isinstance(exc, DomainError):
         return Response(exc.body(), status=exc.status)
+    # Django's own (get_object_or_404, PermissionDenied) as DRF's, so they get the shape below.
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(str(exc) or None)
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
     response = exception_handler(exc, context)
     if response is None:
         return None

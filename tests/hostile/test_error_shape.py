@@ -39,6 +39,13 @@ def test_an_unknown_api_route_is_a_json_404(alice: Person, url: str, method: str
     assert _shape(response)["error"] == "not_found"
 
 
+def test_a_missing_object_is_a_404_in_the_shape(alice: Person) -> None:
+    # get_object_or_404 raises Django's Http404, which DRF answers as {"detail": ...} on its own.
+    response = alice.session_client().get("/api/v1/keys/987654321")
+    assert response.status_code == 404
+    assert _shape(response)["error"] == "not_found"
+
+
 def test_an_unknown_page_is_still_an_html_404(db: None) -> None:
     response = Client().get("/no-such-page/")
     assert response.status_code == 404

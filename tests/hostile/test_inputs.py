@@ -97,6 +97,16 @@ def test_nul_in_a_posted_form_is_a_400_page_that_changes_nothing(
         assert Record.objects.count() == records
 
 
+@pytest.mark.parametrize("url", ["/api/v1/sagas", "/api/v1/keys", "/api/v1/members"])
+@pytest.mark.parametrize("params", [{"limit": "1" + "0" * 24}, {"offset": "1" + "0" * 24}, {"offset": "-5"}])
+def test_a_page_beyond_any_number_the_database_holds_is_served(
+    alice: Person, url: str, params: dict[str, str]
+) -> None:
+    response = alice.session_client().get(url, params)
+    assert response.status_code == 200, response.content
+    assert isinstance(response.json()["results"], list)
+
+
 SINCE_OUT_OF_RANGE = ["1e20", "-1e20", "inf", "-inf", "nan", "1e308", "9999-12-31T23:59:59-23:59"]
 
 
