@@ -523,6 +523,66 @@ def queries_per_decision(store_name: str, limits: int) -> int:
     return len(captured.captured_queries)
 
 
+def profile_decision(decisions: int) -> dict[str, Any]:
+    """Where an in-process decision's time goes (Redis store, 5 limits, 1 client): CPU seconds of
+    this process per decision, and cProfile's share of `evaluate` per step of it."""
+    import cProfile
+    import pstats
+
+    from fleet import services
+    from fleet.gate import GateRequest
+
+    run = Run(5, 2 * decisions)
+    _warm_redis_marker(run.tenant.pk)
+    store = services.get_store()
+
+    def decide(i: int) -> None:
+        request = GateRequest(
+            saga_id=f"p-{i}", step_id="1", tool="bench.charge", args=_call_args(0), agent="a"
+        )
+        services.evaluate(run.tenant, request, actor="bench", store=store)
+
+    decide(-1)
+    wall, cpu = perf(), time.process_time()
+    for i in range(decisions):
+        decide(i)
+    wall, cpu = perf() - wall, time.process_time() - cpu
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(decisions, 2 * decisions - 1):
+        decide(i)
+    profiler.disable()
+    steps = {
+        ("fleet/services.py", "evaluate"): "evaluate",
+        ("fleet/services.py", "_limit_specs"): "read limits (2 queries)",
+        ("fleet/services.py", "halts_in_force"): "read halts in force",
+        ("fleet/services.py", "is_quarantined"): "read quarantine",
+        ("django/db/models/query.py", "first"): "idempotency lookup (ledger)",
+        ("django/db/models/query.py", "create"): "ledger row INSERT",
+        ("fleet/stores.py", "check_and_debit"): "Redis check-and-debit (EVALSHA)",
+        ("fleet/gate.py", "debits_for"): "debits (scope keys, amounts)",
+        ("django/db/transaction.py", "__exit__"): "COMMIT",
+        ("django/db/models/sql/compiler.py", "as_sql"): "ORM: compiling SQL (all queries)",
+        ("psycopg/connection.py", "wait"): "waiting for Postgres (all statements)",
+    }
+    cumulative: dict[str, float] = {}
+    for (filename, _line, name), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        for (suffix, wanted), label in steps.items():
+            if name == wanted and filename.endswith(suffix):
+                cumulative[label] = cumulative.get(label, 0.0) + row[3]
+    total = cumulative.get("evaluate", 0.0) or 1.0
+    return {
+        "decisions": decisions,
+        "wall_ms_per_decision": round(wall * 1000 / decisions, 3),
+        "cpu_ms_per_decision": round(cpu * 1000 / decisions, 3),
+        "share_of_evaluate_under_cprofile": {
+            k: round(v / total, 3)
+            for k, v in sorted(cumulative.items(), key=lambda kv: -kv[1])
+            if k != "evaluate"
+        },
+    }
+
+
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
@@ -861,6 +921,11 @@ def main(argv: list[str] | None = None) -> int:
                         ("evaluate database", inproc[-1]),
                     ):
                         _show(label, row)
+            profile = profile_decision(100 if quick else 500)
+            print(
+                f"one decision (redis, 5 limits): {profile['wall_ms_per_decision']} ms wall, "
+                f"{profile['cpu_ms_per_decision']} ms CPU; {profile['share_of_evaluate_under_cprofile']}"
+            )
             queries = {
                 f"{s}_{n}_limits": queries_per_decision(s, n)
                 for s in ("redis", "database")
@@ -950,6 +1015,7 @@ def main(argv: list[str] | None = None) -> int:
                     queries["redis_5_limits"] * pg_floor["p50_ms"], 3
                 ),
                 "redis_store_only_p50_ms": pick(ours_store, limits=5, clients=1)["p50_ms"],
+                "profile": profile,
             },
             "agent_saga_redis_limit_store": peers,
             "ours_redis_store_only": ours_store,
