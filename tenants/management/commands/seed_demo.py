@@ -21,6 +21,19 @@ from tenants.scoping import tenant_context
 DEMO_AGENT = Path(__file__).resolve().parents[3] / "sdk" / "examples" / "demo_agent.py"
 SEED_SAGAS = 12
 
+# The demo's gate policies, sized to the demo agent (sdk/examples/demo_agent.py: a checkout every
+# ~1.5 s, charges of 20 to 200 dollars): its card spend runs near this cap, so the gauge moves and
+# the cap is reached now and then; the receipt pace refuses a receipt now and then. Both windows are
+# a minute, so a refusal is soon followed by room again.
+DEMO_BUDGET = {
+    "name": "card spend per minute",
+    "tool": "charge_card",
+    "argument": "amount_cents",
+    "max_total": 300_000,
+    "window_s": 60,
+}
+DEMO_RATE_LIMIT = {"name": "receipt e-mails", "tool": "send_receipt", "max_calls": 24, "window_s": 60}
+
 DEMO_SLUG = "demo"
 ACTOR = "system:seed_demo"
 DEMO_PASSWORD = "sagaplane-demo"
@@ -57,6 +70,7 @@ class Command(BaseCommand):
             )
             key_file.write_text(raw_key)
             key_file.chmod(0o600)
+        _seed_policies(tenant)
         if options["sagas"] and not _has_sagas(tenant):
             count = _seed_history(tenant, options["sagas"])
             self.stdout.write(f"ingested a first history of {count} records from the demo agent")
@@ -64,6 +78,20 @@ class Command(BaseCommand):
         for email, role in DEMO_PEOPLE:
             self.stdout.write(f"  {role:<9} {email}")
         self.stdout.write(f"demo agent API key in {key_file}")
+
+
+def _seed_policies(tenant: Tenant) -> None:
+    """The demo's budget and rate limit, once (a second run keeps what exists, even if changed)."""
+    from fleet import services as fleet
+    from fleet.models import BudgetLimit, RateLimit
+
+    with tenant_context(tenant):
+        has_budget = BudgetLimit.objects.filter(name=DEMO_BUDGET["name"]).exists()
+        has_rate_limit = RateLimit.objects.filter(name=DEMO_RATE_LIMIT["name"]).exists()
+    if not has_budget:
+        fleet.create_budget(tenant, actor=ACTOR, **DEMO_BUDGET)
+    if not has_rate_limit:
+        fleet.create_rate_limit(tenant, actor=ACTOR, **DEMO_RATE_LIMIT)
 
 
 def _has_sagas(tenant: Tenant) -> bool:

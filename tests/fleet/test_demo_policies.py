@@ -1,0 +1,72 @@
+"""`seed_demo` gives the demo tenant a budget and a rate limit on the demo agent's own tools
+(sdk/examples/demo_agent.py), once, so `make run` shows moving gauges and some denials."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from fleet import services
+from fleet.gate import GateRequest
+from fleet.models import BudgetLimit, RateLimit
+from fleet.stores import DatabaseStore
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+DEMO_AGENT = Path(__file__).resolve().parents[2] / "sdk" / "examples" / "demo_agent.py"
+
+
+@pytest.fixture(autouse=True)
+def _database_store() -> Iterator[None]:
+    services.set_store(DatabaseStore())
+    yield
+    services.set_store(None)
+
+
+def _tool_arguments() -> dict[str, list[str]]:
+    """The demo agent's tools and their argument names, read from its source."""
+    tree = ast.parse(DEMO_AGENT.read_text())
+    return {
+        node.name: [a.arg for a in node.args.args]
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any(
+            isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "tool" for d in node.decorator_list
+        )
+    }
+
+
+def test_seed_demo_sets_a_budget_and_a_rate_limit_on_the_demo_agents_tools_once(
+    db: None, settings: Any, tmp_path: Path
+) -> None:
+    settings.DATA_DIR = tmp_path
+    for _ in range(2):
+        call_command("seed_demo", "--sagas", "0", stdout=StringIO())
+    tenant = Tenant.objects.get(slug="demo")
+    with tenant_context(tenant):
+        budget = BudgetLimit.objects.get()
+        rate = RateLimit.objects.get()
+    tools = _tool_arguments()
+    assert budget.argument in tools[budget.tool] and rate.tool in tools
+    # The demo's largest checkout (4 × 49.99) fits; a minute of them reaches the cap.
+    calls = [
+        services.evaluate(
+            tenant,
+            GateRequest(
+                saga_id=f"s{n}",
+                step_id="2",
+                tool=budget.tool,
+                args={"customer": "c", budget.argument: 19_996},
+            ),
+            actor="test",
+        )["decision"]
+        for n in range(20)
+    ]
+    allowed = calls.count("allow")
+    assert calls == ["allow"] * allowed + ["deny"] * (20 - allowed) and 0 < allowed < 20
