@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.db.models import Field, Model
 
 
 def is_postgres() -> bool:
@@ -31,9 +32,18 @@ def server_cursor() -> Any:
 
     connection.ensure_connection()
     raw = psycopg.Cursor(connection.connection)
+    # django-stubs types these as taking a CursorWrapper; Django passes them the DB-API cursor.
     if connection.queries_logged:
-        return connection.make_debug_cursor(raw)
-    return connection.make_cursor(raw)
+        return connection.make_debug_cursor(raw)  # type: ignore[arg-type]
+    return connection.make_cursor(raw)  # type: ignore[arg-type]
+
+
+def _column(model: type[Model], name: str) -> str:
+    """The database column of one of `model`'s concrete fields."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, Field) or field.column is None:
+        raise LookupError(f"{model.__name__}.{name} is not a concrete field")
+    return field.column
 
 
 class StoredRow:
@@ -110,6 +120,8 @@ class StoredRow:
     def as_record(self) -> Any:
         from audit.models import Record
 
+        if self.received_at is None:
+            raise RuntimeError("as_record() is for a row that has been stored")
         record = Record(
             id=self.pk,
             tenant_id=self.tenant_id,
@@ -274,7 +286,7 @@ def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
         return
     meta = Record._meta
     columns = [
-        meta.get_field(name).column
+        _column(Record, name)
         for name in (
             "tenant", "stream", "position", "seq", "ts", "ts_json", "event", "cd", "ph", "h", "saga_id",
             "step_id", "tool", "redacted", "verbatim", "received_at", "leaf_index", "leaf_hash",
@@ -295,7 +307,7 @@ def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
             )
         )  # fmt: skip
     table = meta.db_table
-    stream_col, position_col = meta.get_field("stream").column, meta.get_field("position").column
+    stream_col, position_col = _column(Record, "stream"), _column(Record, "position")
     by_stream: dict[Any, list[StoredRow]] = {}
     for r in rows:
         by_stream.setdefault(r.stream.pk, []).append(r)
@@ -313,7 +325,7 @@ def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
             for r in group:
                 r.pk = ids[r.position]
         pmeta = RecordPayload._meta
-        pcolumns = [pmeta.get_field(name).column for name in ("tenant", "record", "fields_json", "salt")]
+        pcolumns = [_column(RecordPayload, name) for name in ("tenant", "record", "fields_json", "salt")]
         cursor.executemany(
             f"INSERT INTO {pmeta.db_table} ({', '.join(pcolumns)}) VALUES (%s, %s, %s, %s)",
             [(r.tenant_id, r.pk, r.fields_json, r.salt) for r in rows if r.fields_json is not None],

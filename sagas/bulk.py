@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from audit.bulk import is_postgres, server_cursor
@@ -46,11 +47,11 @@ class SagaState:
         self.name = ""
         self.agent = ""
         self.status: str = SagaStatus.RUNNING
-        self.started_at = None
-        self.last_activity_at = None
-        self.last_lease_at = None
+        self.started_at: datetime | None = None
+        self.last_activity_at: datetime | None = None
+        self.last_lease_at: datetime | None = None
         self.lease_ttl: float | None = None
-        self.lease_expires_at = None
+        self.lease_expires_at: datetime | None = None
         self.last_event = ""
         self.record_count = 0
         self.first_leaf_index: int | None = None
@@ -89,14 +90,15 @@ def load(
     """The current projection of `saga_ids` (the active tenant's; call under the tenant log lock),
     and their steps by saga in ordinal order."""
     sagas: dict[str, SagaState] = {}
+    by_pk: dict[int, SagaState] = {}
     steps: dict[str, dict[str, StepState]] = {sid: {} for sid in saga_ids}
     for row in _select_sagas(tenant_id, saga_ids):
         saga = SagaState(tenant_id, row[1], row[2], pk=row[0])
         for name, value in zip(SAGA_FIELDS, row[3:], strict=True):
             setattr(saga, name, value)
         sagas[saga.saga_id] = saga
-    if sagas:
-        by_pk = {s.pk: s for s in sagas.values()}
+        by_pk[row[0]] = saga
+    if by_pk:
         for row in _select_steps(tenant_id, list(by_pk)):
             saga = by_pk[row[1]]
             step = StepState(saga, row[2], row[3], row[4], row[-1], pk=row[0])
@@ -251,22 +253,24 @@ def _save_orm(
 ) -> None:
     created = [_saga_model(tenant_id, s) for s in new_sagas]
     Saga.objects.bulk_create(created)
-    for state, model in zip(new_sagas, created, strict=True):
-        state.pk = model.pk
+    for saga_state, model in zip(new_sagas, created, strict=True):
+        saga_state.pk = model.pk
     if existing:
         Saga.objects.bulk_update([_saga_model(tenant_id, s) for s in existing], SAGA_FIELDS)
     models = []
-    for state in steps:
+    for step_state in steps:
+        # Every saga a step names was either loaded or created just above, so it has its pk.
+        assert step_state.saga.pk is not None
         step = Step(
             tenant_id=tenant_id,
-            saga_id=state.saga.pk,
-            pk=state.pk,
-            step_id=state.step_id,
-            ordinal=state.ordinal,
-            first_leaf_index=state.first_leaf_index,
+            saga_id=step_state.saga.pk,
+            pk=step_state.pk,
+            step_id=step_state.step_id,
+            ordinal=step_state.ordinal,
+            first_leaf_index=step_state.first_leaf_index,
         )
         for name in STEP_FIELDS:
-            setattr(step, name, getattr(state, name))
+            setattr(step, name, getattr(step_state, name))
         models.append(step)
     # Split before inserting: bulk_create sets the new steps' pks, which would make them look dirty.
     dirty = [m for m in models if m.pk is not None]

@@ -66,8 +66,9 @@ def unb64(value: Any, what: str) -> bytes:
         raise VerificationError(f"{what} is not valid base64") from None
 
 
-def check_record(record: Any) -> None:
-    """A record's own digest and chain hash (ARCHITECTURE §3); redacted stubs keep the hash."""
+def check_record(record: Any) -> dict[str, Any]:
+    """A record's own digest and chain hash (ARCHITECTURE §3); redacted stubs keep the hash.
+    Returns the record, now known to be a JSON object."""
     if not isinstance(record, dict):
         raise VerificationError("record is not a JSON object")
     for name in (HASH_FIELD, DIGEST_FIELD, PREV_FIELD):
@@ -91,11 +92,18 @@ def check_record(record: Any) -> None:
     )
     if expected != record[HASH_FIELD]:
         raise VerificationError("record hash _h does not match the record (a header or link was altered)")
+    return record
 
 
-def record_leaf_hash(stream: Any, position: Any, record: dict) -> bytes:
+def check_location(stream: Any, position: Any) -> tuple[str, int]:
+    """An entry's stream and position, checked to be a string and an integer."""
     if not isinstance(stream, str) or not isinstance(position, int) or isinstance(position, bool):
         raise VerificationError("entry needs a string stream and an integer position")
+    return stream, position
+
+
+def record_leaf_hash(stream: Any, position: Any, record: dict[str, Any]) -> bytes:
+    stream, position = check_location(stream, position)
     return merkle.leaf_hash(leaf_data(stream, position, record[HASH_FIELD]))
 
 
@@ -127,7 +135,7 @@ class DisclosureReport:
         )
 
 
-def _entry(entry: Any, what: str, cp: note.Checkpoint) -> tuple[int, str, int, dict]:
+def _entry(entry: Any, what: str, cp: note.Checkpoint) -> tuple[int, str, int, dict[str, Any]]:
     if not isinstance(entry, dict):
         raise VerificationError(f"{what} is not a JSON object")
     index, stream, position, record = (entry.get(k) for k in ("leaf_index", "stream", "position", "record"))
@@ -141,9 +149,10 @@ def _entry(entry: Any, what: str, cp: note.Checkpoint) -> tuple[int, str, int, d
         except (TypeError, ValueError, RecursionError):
             raise VerificationError(f"{what} (leaf {index}) has a record_json that is not JSON") from None
     try:
-        check_record(record)
+        record = check_record(record)
     except VerificationError as exc:
         raise VerificationError(f"{what} (leaf {index}): {exc}") from None
+    stream, position = check_location(stream, position)
     leaf = record_leaf_hash(stream, position, record)
     proof = entry.get("inclusion")
     if not isinstance(proof, list):
@@ -246,6 +255,7 @@ __all__ = [
     "SEAL_EVENT",
     "DisclosureReport",
     "VerificationError",
+    "check_location",
     "check_record",
     "record_leaf_hash",
     "verify_disclosure",

@@ -18,13 +18,13 @@ import os
 import tarfile
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from . import merkle, note
 from .chain import HASH_FIELD, PREV_FIELD, REDACTED_FIELD, record_hash
-from .disclosure import VerificationError, check_record, open_signed, record_leaf_hash, unb64
+from .disclosure import VerificationError, check_location, check_record, open_signed, record_leaf_hash, unb64
 
 FORMAT = "sagaplane-export/1"
 FILES = ("records.ndjson", "manifest.json", "checkpoint")
@@ -138,7 +138,7 @@ def _line_count(raw: bytes) -> int:
     return raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
 
 
-def _check_line(line: bytes, i: int, expected_index: int) -> tuple[bytes, str, int, dict]:
+def _check_line(line: bytes, i: int, expected_index: int) -> tuple[bytes, str, int, dict[str, Any]]:
     """Reference check of one line: parse, leaf index, record, leaf hash (not the link)."""
     try:
         entry = json.loads(line)
@@ -151,9 +151,10 @@ def _check_line(line: bytes, i: int, expected_index: int) -> tuple[bytes, str, i
         )
     record, stream, position = entry.get("record"), entry.get("stream"), entry.get("position")
     try:
-        check_record(record)
+        record = check_record(record)
     except VerificationError as exc:
         raise VerificationError(f"line {i + 1} (leaf {expected_index}): {exc}") from None
+    stream, position = check_location(stream, position)
     return record_leaf_hash(stream, position, record), stream, position, record
 
 
@@ -191,12 +192,15 @@ class _Slow(Exception):
 
 
 _MISSING = object()
-_scan = json.JSONDecoder().scan_once  # what json.loads runs, minus its per-call wrapping
+# scan_once and c_make_encoder are CPython's json internals, which typeshed does not declare.
+# What json.loads runs, minus its per-call wrapping:
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _encode_str = json.encoder.encode_basestring  # json.dumps(ensure_ascii=False)'s string form
 # canonical() = JSONEncoder(sort_keys, (",", ":"), ensure_ascii=False, default=str).encode; this is
 # the C encoder that call builds, built once. No circular-reference markers: values parsed from
 # JSON cannot be circular.
-_c_encoder = json.encoder.c_make_encoder
+_EncoderFactory = Callable[..., Callable[[Any, int], list[str]]]
+_c_encoder: _EncoderFactory | None = json.encoder.c_make_encoder  # type: ignore[attr-defined]
 _encode_business = (
     _c_encoder(None, str, _encode_str, None, ":", ",", True, False, True) if _c_encoder is not None else None
 )
@@ -221,6 +225,7 @@ def _scan_lines(text: str, pos: int, start: int, stop: int, first: int, heads: _
     VerificationError for the first line that fails, with the reference reason."""
     sha256 = hashlib.sha256
     scan, find, enc, business_enc = _scan, text.find, _encode_str, _encode_business
+    assert business_enc is not None, "callers take the reference path without the C encoder"
     missing = _MISSING
     suffixes: dict[str, str] = {}
     leaves: list[bytes] = []

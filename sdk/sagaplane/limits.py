@@ -5,6 +5,7 @@ refuses the same records with a 400, so a WAL never holds what the server will n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 # A record's values nest at most this deep, the record object itself counting as level 1
@@ -20,6 +21,7 @@ def nesting_depth(value: Any, stop_after: int = MAX_NESTING) -> int:
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, level = pending.pop()
+        children: Iterable[Any]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list | tuple):

@@ -25,7 +25,7 @@ import hmac
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "EMPTY_ROOT",
@@ -149,7 +149,7 @@ class HashSource(Protocol):
 def _lookup_fn(source: HashSource | SubtreeHashFn) -> SubtreeHashFn:
     method = getattr(source, "subtree_hash", None)
     if callable(method):
-        return method  # type: ignore[no-any-return]
+        return method
     if callable(source):
         return source
     raise TypeError("hash source must be callable or have a subtree_hash(level, index) method")
@@ -405,8 +405,10 @@ def verify_consistency(size1: int, size2: int, proof: Sequence[bytes], root1: by
 # --------------------------------------------------------------------------- incremental builder
 
 
-class Node(NamedTuple):
-    """A completed perfect subtree: safe to store, it never changes."""
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A completed perfect subtree: safe to store, it never changes. (A dataclass, not a
+    NamedTuple: a field named `index` would shadow `tuple.index`.)"""
 
     level: int
     index: int

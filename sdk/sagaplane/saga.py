@@ -16,7 +16,7 @@ import os
 from collections.abc import Awaitable, Callable, Generator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .chain import token_hex
 from .gate import Call as GateCall
@@ -317,7 +317,7 @@ class Saga:
         self._begin()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
         try:
             if exc is None:
                 self._finish()
@@ -335,7 +335,9 @@ class Saga:
         self._begin()
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> Literal[False]:
         try:
             if exc is None:
                 await self._finish_async()
@@ -899,7 +901,7 @@ def tool(
 
     def decorate(target: Callable[..., Any]) -> Callable[..., Any]:
         spec = ToolSpec(
-            target, name or getattr(target, "__name__", "tool"), sem, compensate, capture_state, confirm
+            target, name or str(getattr(target, "__name__", "tool")), sem, compensate, capture_state, confirm
         )
         if inspect.iscoroutinefunction(target):
 

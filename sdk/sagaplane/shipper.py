@@ -100,6 +100,8 @@ class ShipAuthFailed(ShipFailed, AuthenticationError):
 
     Both a ShipFailed (the shipper stopped) and the SDK's AuthenticationError (what to fix)."""
 
+    status: int  # always an HTTP status here (a ShipFailed in general may have none)
+
     def __init__(self, status: int, code: str, detail: str = "", body: Any = None) -> None:
         self.status = status
         self.code = code

@@ -69,6 +69,9 @@ MAX_BUFFERED = 512  # records; more are written through at once (bounded memory)
 MAX_BUFFERED_BYTES = 1 << 20
 _RESERVED = frozenset({"seq", "event", "ts"}) | META_FIELDS
 _ENCODED_EVENTS: dict[str, str] = {}
+
+# A record queued by `emit(buffered=True)`, not yet chained: (event, ts, canonical business fields).
+Pending = tuple[str, float, bytes]
 _sha256 = __import__("hashlib").sha256
 
 
@@ -160,7 +163,7 @@ class WAL:
         self._appended = 0
         self._flushed = 0  # in the file
         self._durable = 0  # fsynced
-        self._buf: list[bytes] = []
+        self._buf: list[Pending] = []
         self._buf_bytes = 0
         self._buf_since = 0.0
         self._syncing = False
@@ -328,7 +331,7 @@ class WAL:
             )
         )
 
-    def _write_out_locked(self, extra: tuple[str, float, bytes] | None = None) -> bytes:
+    def _write_out_locked(self, extra: Pending | None = None) -> bytes:
         """Chain and write the buffer (and `extra`) in one write. Returns the last line written.
 
         On failure the file is put back to its last whole record, the chain head and seq are
