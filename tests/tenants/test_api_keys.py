@@ -107,7 +107,8 @@ def test_bad_scope_is_400_naming_the_field(alice: Person) -> None:
     response = alice.session_client().post("/api/v1/keys", {"name": "x", "scopes": ["root"]}, format="json")
     assert response.status_code == 400
     assert response.json()["error"] == "invalid"
-    assert response.json()["field"] == "scopes"
+    # The list item at fault, as a dotted path (never a Python repr of DRF's nested errors).
+    assert response.json()["field"] == "scopes.0"
 
 
 def test_revoke_through_api(alice: Person, tenant_a: Tenant) -> None:
