@@ -5,6 +5,7 @@ Every change goes through `tenants.services`, which records it in the tenant's a
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django import forms
 from django.contrib import messages
@@ -18,10 +19,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
 from frontend import invitations
-from frontend.views import actor_of, member_page, page
+from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants import selectors, services
 from tenants.access import MANAGE_KEYS, MANAGE_MEMBERS
-from tenants.models import Membership, Role, Scope
+from tenants.models import ApiKey, Membership, Role, Scope
 from tenants.permissions import SESSION_TENANT_KEY
 
 EXPIRY_CHOICES = [("", "Never"), ("30", "30 days"), ("90", "90 days"), ("365", "1 year")]
@@ -42,8 +43,9 @@ class AcceptForm(forms.Form):
     password = forms.CharField(widget=forms.PasswordInput, strip=False)
     password_again = forms.CharField(widget=forms.PasswordInput, strip=False)
 
-    def clean(self) -> dict:
-        data = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
         if data.get("password") and data.get("password") != data.get("password_again"):
             raise ValidationError("the two passwords differ")
         if data.get("password"):
@@ -54,7 +56,9 @@ class AcceptForm(forms.Form):
 # ---------------------------------------------------------------------------------------- members
 
 
-def _members_page(request: HttpRequest, form: InviteForm | None = None, invite_url: str = "", **extra):
+def _members_page(
+    request: MemberRequest, form: InviteForm | None = None, invite_url: str = "", **extra: Any
+) -> HttpResponse:
     members = selectors.members()
     owner_count = sum(1 for m in members if m.role == Role.OWNER)
     is_owner = request.membership.role == Role.OWNER
@@ -85,13 +89,13 @@ def _members_page(request: HttpRequest, form: InviteForm | None = None, invite_u
 
 @never_cache
 @member_page({"GET": MANAGE_MEMBERS}, section="members")
-def members(request: HttpRequest) -> HttpResponse:
+def members(request: MemberRequest) -> HttpResponse:
     return _members_page(request)
 
 
 @never_cache
 @member_page({"POST": MANAGE_MEMBERS}, section="members")
-def invite(request: HttpRequest) -> HttpResponse:
+def invite(request: MemberRequest) -> HttpResponse:
     form = InviteForm(request.POST)
     if form.is_valid():
         role = form.cleaned_data["role"]
@@ -115,7 +119,7 @@ def _member_or_404(membership_id: int) -> Membership:
 
 
 @member_page({"POST": MANAGE_MEMBERS}, section="members")
-def change_role(request: HttpRequest, membership_id: int) -> HttpResponse:
+def change_role(request: MemberRequest, membership_id: int) -> HttpResponse:
     target = _member_or_404(membership_id)
     role = request.POST.get("role", "")
     mine = request.membership.role
@@ -132,7 +136,7 @@ def change_role(request: HttpRequest, membership_id: int) -> HttpResponse:
 
 
 @member_page({"POST": MANAGE_MEMBERS}, section="members")
-def remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+def remove(request: MemberRequest, membership_id: int) -> HttpResponse:
     target = _member_or_404(membership_id)
     if not invitations.may_grant(request.membership.role, target.role):
         messages.error(request, "Only an owner can remove an owner.")
@@ -152,7 +156,9 @@ def remove(request: HttpRequest, membership_id: int) -> HttpResponse:
 # --------------------------------------------------------------------------------------- API keys
 
 
-def _keys_page(request: HttpRequest, form: ApiKeyForm | None = None, new_key: str = "", created=None):
+def _keys_page(
+    request: MemberRequest, form: ApiKeyForm | None = None, new_key: str = "", created: ApiKey | None = None
+) -> HttpResponse:
     keys = selectors.api_keys()
     now = timezone.now()
     rows = []
@@ -174,12 +180,12 @@ def _keys_page(request: HttpRequest, form: ApiKeyForm | None = None, new_key: st
 
 
 @member_page({"GET": MANAGE_KEYS}, section="members")
-def keys(request: HttpRequest) -> HttpResponse:
+def keys(request: MemberRequest) -> HttpResponse:
     return _keys_page(request)
 
 
 @member_page({"POST": MANAGE_KEYS}, section="members")
-def create_key(request: HttpRequest) -> HttpResponse:
+def create_key(request: MemberRequest) -> HttpResponse:
     form = ApiKeyForm(request.POST)
     if not form.is_valid():
         return _keys_page(request, form=form)
@@ -202,7 +208,7 @@ def create_key(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"POST": MANAGE_KEYS}, section="members")
-def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
+def revoke_key(request: MemberRequest, key_id: int) -> HttpResponse:
     api_key = selectors.api_key(key_id)
     if api_key is None:
         raise Http404("no such key")

@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from audit import selectors as audit_selectors
-from frontend.views import actor_of, member_page, page
+from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants.access import AUDIT
 from transparency import selectors as log_selectors
 from transparency import services as transparency
@@ -37,7 +37,7 @@ def _export_view(export: Export) -> dict[str, Any]:
 
 
 @member_page({"GET": AUDIT}, section="evidence")
-def evidence(request: HttpRequest) -> HttpResponse:
+def evidence(request: MemberRequest) -> HttpResponse:
     log_size = audit_selectors.log_size()
     checkpoint = log_selectors.latest_checkpoint()
     keys = log_selectors.verifier_keys()
@@ -54,7 +54,7 @@ def evidence(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"POST": AUDIT}, section="evidence")
-def start_export(request: HttpRequest) -> HttpResponse:
+def start_export(request: MemberRequest) -> HttpResponse:
     if log_selectors.latest_checkpoint() is None:
         messages.error(request, "An export needs a signed checkpoint; none exists yet.")
         return redirect("evidence")
@@ -64,7 +64,7 @@ def start_export(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"GET": AUDIT}, section="evidence")
-def export_status(request: HttpRequest, export_id: Any) -> HttpResponse:
+def export_status(request: MemberRequest, export_id: Any) -> HttpResponse:
     export = log_selectors.export(export_id)
     if export is None:
         raise Http404("no such export")

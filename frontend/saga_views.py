@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit import selectors as audit_selectors
 from audit.models import Record
-from frontend.views import member_page, page
+from frontend.views import MemberRequest, member_page, page
 from sagas import selectors
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from sagas.services import mask_credentials
@@ -82,6 +82,20 @@ def _without_status(filters: Filters, now: datetime) -> QuerySet[Saga]:
     )
 
 
+@dataclass(frozen=True)
+class SagaRow:
+    """A saga as its list row shows it: the saga, its effective status now, whether it needs a human."""
+
+    saga: Saga
+    shown_status: str
+    needs_human: bool
+
+    @classmethod
+    def of(cls, saga: Saga, now: datetime) -> SagaRow:
+        status = saga.effective_status(now)
+        return cls(saga, status, status in NEEDS_HUMAN)
+
+
 def _list_context(request: HttpRequest) -> dict[str, Any]:
     now = timezone.now()
     filters = Filters.from_request(request)
@@ -92,10 +106,7 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
     )
     # get_page answers any `page` (missing, not a number, out of range) with a real page.
     shown = Paginator(matching, PAGE_SIZE).get_page(request.GET.get("page"))
-    sagas = list(shown.object_list)
-    for saga in sagas:
-        saga.shown_status = saga.effective_status(now)
-        saga.needs_human = saga.shown_status in NEEDS_HUMAN
+    rows = [SagaRow.of(saga, now) for saga in shown.object_list]
     all_counts = (
         selectors.effective_status_counts(selectors.all_sagas(), now)
         if (filters.tool or filters.stream or filters.since)
@@ -106,7 +117,7 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
     here = filters.query(page=str(shown.number) if shown.number > 1 else "")
     return {
         "filters": filters,
-        "sagas": sagas,
+        "sagas": rows,
         "page": shown,
         "page_links": _page_links(filters, shown),
         "status_counts": [
@@ -147,7 +158,7 @@ def _stream_choices() -> list[tuple[str, str]]:
 
 
 @member_page({"GET": READ}, section="sagas")
-def saga_list(request: HttpRequest) -> HttpResponse:
+def saga_list(request: MemberRequest) -> HttpResponse:
     context = _list_context(request)
     context.update(
         statuses=SagaStatus.choices,
@@ -159,11 +170,11 @@ def saga_list(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"GET": READ}, section="sagas")
-def saga_rows(request: HttpRequest) -> HttpResponse:
+def saga_rows(request: MemberRequest) -> HttpResponse:
     return render(request, "frontend/_saga_list.html", {**_list_context(request), "caps": _caps(request)})
 
 
-def _caps(request: HttpRequest) -> frozenset[str]:
+def _caps(request: MemberRequest) -> frozenset[str]:
     from tenants.models import ROLE_CAPABILITIES
 
     return ROLE_CAPABILITIES[request.membership.role]
@@ -339,13 +350,13 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
 
 
 @member_page({"GET": READ}, section="sagas")
-def saga_detail(request: HttpRequest, saga_id: str) -> HttpResponse:
+def saga_detail(request: MemberRequest, saga_id: str) -> HttpResponse:
     context = _detail_context(request, saga_id)
     return page(request, "frontend/saga_detail.html", context, section="sagas")
 
 
 @member_page({"GET": READ}, section="sagas")
-def saga_timeline(request: HttpRequest, saga_id: str) -> HttpResponse:
+def saga_timeline(request: MemberRequest, saga_id: str) -> HttpResponse:
     context = {**_detail_context(request, saga_id), "caps": _caps(request)}
     return render(request, "frontend/_saga_timeline.html", context)
 
@@ -366,13 +377,19 @@ MAX_LANES = 25
 CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, TOP, BOTTOM = 960, 170, 30, 10, 34
 
 
+def _active_span(saga: Saga, now: datetime) -> tuple[datetime, datetime]:
+    """When a saga began and when it was last active, as the chart draws it. The chart's sagas
+    have both (the selector returns started sagas active in the window); one with neither would
+    be drawn at `now`."""
+    begin = saga.started_at or saga.last_activity_at or now
+    return begin, saga.last_activity_at or begin
+
+
 def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> dict[str, Any]:
     lanes: dict[str, list[Saga]] = defaultdict(list)
     for saga in sagas:
         lanes[saga.stream_id].append(saga)
-    names = sorted(
-        lanes, key=lambda n: max(s.last_activity_at or s.started_at for s in lanes[n]), reverse=True
-    )
+    names = sorted(lanes, key=lambda n: max(_active_span(s, now)[1] for s in lanes[n]), reverse=True)
     names = names[:MAX_LANES]
     span = max((end - start).total_seconds(), 1.0)
     plot = CHART_WIDTH - LABEL_WIDTH - 10
@@ -385,8 +402,7 @@ def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> 
         y = TOP + i * LANE_HEIGHT
         bars = []
         for saga in lanes[name]:
-            begin = saga.started_at or saga.last_activity_at
-            finish = saga.last_activity_at or begin
+            begin, finish = _active_span(saga, now)
             status = saga.effective_status(now)
             x0, x1 = x(begin), x(finish)
             bars.append(
@@ -470,7 +486,7 @@ def fleet_overview(request: HttpRequest) -> dict[str, Any]:
     chart = None
     if sagas:
         # Zoom to the activity actually in the window, with a little air on the left.
-        first = min(s.started_at for s in sagas)
+        first = min(_active_span(s, now)[0] for s in sagas)
         start = max(since, first - (now - first) * 0.05)
         chart = _chart(sagas, start, now, now)
     return {
