@@ -256,6 +256,7 @@ class RedactionView(TenantScopedViewMixin, APIView):
         )
         record = redaction.record
         server = redaction.server_record
+        assert server is not None, "redact() writes its server-stream record in the same transaction"
         return Response(
             {
                 "stream": record.stream.stream_id,

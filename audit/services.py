@@ -164,21 +164,14 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
         if seq < 0 or seq > 2**62:
             raise _bad(index, "seq", "out of range")
         ts = rec.get("ts")
-        if type(ts) not in (int, float) or not math.isfinite(ts):
+        if not (type(ts) is int or type(ts) is float) or not math.isfinite(ts):
             raise _bad(index, "ts", "missing" if ts is None else "must be a finite number")
         if abs(ts) > 2**53:
             raise _bad(index, "ts", "out of range")
         event = rec.get("event")
         if not isinstance(event, str) or not event or len(event) > 64:
             raise _bad(index, "event", "must be a non-empty string of at most 64 characters")
-        chain = []
-        for name in ("_cd", "_ph", "_h"):
-            value = rec.get(name)
-            if value is None:
-                raise _bad(index, name, "missing chain field")
-            if not isinstance(value, str) or not _HEX64.match(value):
-                raise _bad(index, name, "must be 64 lowercase hex characters")
-            chain.append(value)
+        cd, ph, h = (_chain_field(rec, index, name) for name in ("_cd", "_ph", "_h"))
         redacted = rec.get("_redacted") or ""
         if not isinstance(redacted, str) or len(redacted) > 200:
             raise _bad(index, "_redacted", "must be a reason string of at most 200 characters")
@@ -198,8 +191,18 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
                 # The name as a Python literal: it may be the very text that cannot be encoded.
                 where = f"records[{index}]"
                 raise IngestRefused(400, problem[0], f"{where} field {name!r}: {problem[1]}", field=where)
-        out.append(Incoming(rec, index, seq, ts, event, *chain, salt, redacted, business))
+        out.append(Incoming(rec, index, seq, ts, event, cd, ph, h, salt, redacted, business))
     return out
+
+
+def _chain_field(rec: dict[str, Any], index: int, name: str) -> str:
+    """A record's chain field `name` (_cd, _ph or _h): 64 lowercase hex characters."""
+    value = rec.get(name)
+    if value is None:
+        raise _bad(index, name, "missing chain field")
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise _bad(index, name, "must be 64 lowercase hex characters")
+    return value
 
 
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")

@@ -101,7 +101,7 @@ def verifiers(include_retired: bool = True) -> list[note.Verifier]:
 
 def current_verifier_keys(include_retired: bool = False) -> list[str]:
     """Verifier key strings, active first (what `GET /api/v1/audit/key` serves)."""
-    order = {KeyStatus.ACTIVE: 0, KeyStatus.RETIRING: 1, KeyStatus.RETIRED: 2}
+    order: dict[str, int] = {KeyStatus.ACTIVE: 0, KeyStatus.RETIRING: 1, KeyStatus.RETIRED: 2}
     rows = sorted(LogSigningKey.objects.all(), key=lambda k: (order[k.status], -k.pk))
     return [
         note.Verifier.from_public_key(row.name, bytes(row.public_key)).encode()
@@ -174,8 +174,9 @@ def _locked_state(tenant: Tenant) -> TreeState:
     return state
 
 
-def _split(blob: bytes) -> list[bytes]:
-    blob = bytes(blob)
+def _split(stored: bytes | memoryview) -> list[bytes]:
+    """The stored compact range (a BinaryField: bytes, or a memoryview on Postgres) as hashes."""
+    blob = bytes(stored)
     return [blob[i : i + merkle.HASH_SIZE] for i in range(0, len(blob), merkle.HASH_SIZE)]
 
 

@@ -74,4 +74,4 @@ class WriteOnceFileStorage:
 def get_storage() -> ExportStorage:
     config: dict[str, Any] = getattr(settings, "SAGAPLANE_EXPORT_STORAGE", {}) or {}
     backend = import_string(config.get("BACKEND", "transparency.storage.WriteOnceFileStorage"))
-    return backend(**config.get("OPTIONS", {}))  # type: ignore[no-any-return]
+    return backend(**config.get("OPTIONS", {}))
