@@ -266,11 +266,11 @@ class RedisStore:
             args: list[Any] = [token, len(hashes)]
             for fields, ttl in hashes.values():
                 args += [len(fields), ttl]
-                for field, value in fields.items():
-                    args += [field, value]
+                for field, units in fields.items():
+                    args += [field, units]
             args.append(len(strings))
-            for value, ttl in strings.values():
-                args += [value, ttl]
+            for text, ttl in strings.values():
+                args += [text, ttl]
             return _text(self._finish(keys=keys, args=args)) == "ok"
         except StoreUnavailable:
             raise
