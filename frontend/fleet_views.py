@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -28,7 +28,7 @@ from fleet.gate import from_units, to_units
 from fleet.models import BudgetLimit, GateDecision, Halt, HaltMode, OnCap, RateLimit
 from fleet.services import FleetError
 from frontend.saga_views import fleet_overview
-from frontend.views import actor_of, member_page, page
+from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, READ
 from tenants.models import ROLE_CAPABILITIES
 
@@ -150,13 +150,11 @@ def _why(denial: GateDecision) -> str:
 
 
 def _halt_rows(now: datetime) -> list[dict[str, Any]]:
-    return [
-        {"halt": halt, "ttl_left": (halt.expires_at - now) if halt.expires_at else None}
-        for halt in services.halts_in_force(now)
-    ]
+    # The template shows the TTL left against the same `now` the halts were read at.
+    return [{"halt": halt} for halt in services.halts_in_force(now)]
 
 
-def controls_context(request: HttpRequest) -> dict[str, Any]:
+def controls_context(request: MemberRequest) -> dict[str, Any]:
     """What the live fragment shows (the tenant is active: every read is scoped to it)."""
     now = timezone.now()
     denials = [{"d": d, "why": _why(d)} for d in services.recent_denials(DENIALS_SHOWN)]
@@ -165,13 +163,13 @@ def controls_context(request: HttpRequest) -> dict[str, Any]:
         "rates": _rate_rows(),
         "halts": _halt_rows(now),
         "denials": denials,
-        "caps": ROLE_CAPABILITIES[request.membership.role],  # type: ignore[attr-defined]
+        "caps": ROLE_CAPABILITIES[request.membership.role],
         "now": now,
     }
 
 
 def _fleet_page(
-    request: HttpRequest, forms: dict[str, FormState] | None = None, status: int = 200
+    request: MemberRequest, forms: dict[str, FormState] | None = None, status: int = 200
 ) -> HttpResponse:
     context = {
         **fleet_overview(request),
@@ -189,12 +187,12 @@ def _fleet_page(
 
 
 @member_page({"GET": READ}, section="fleet")
-def fleet(request: HttpRequest) -> HttpResponse:
+def fleet(request: MemberRequest) -> HttpResponse:
     return _fleet_page(request)
 
 
 @member_page({"GET": FLEET_VIEW}, section="fleet")
-def fleet_controls(request: HttpRequest) -> HttpResponse:
+def fleet_controls(request: MemberRequest) -> HttpResponse:
     return render(request, "frontend/_fleet_controls.html", controls_context(request))
 
 
@@ -203,7 +201,7 @@ def fleet_controls(request: HttpRequest) -> HttpResponse:
 
 def _whole(value: str, field_name: str, code: str, what: str) -> int:
     text = value.strip()
-    if not text.isdecimal() or len(text) > NUMBER_MAX_CHARS:
+    if len(text) > NUMBER_MAX_CHARS or not text.isdecimal():
         raise FleetError(code, field_name, f"{what} must be a whole number")
     return int(text)
 
@@ -225,13 +223,13 @@ def _per(post: Any) -> list[str]:
     return per + [f"arg:{a}" for a in arguments]
 
 
-def _refused(request: HttpRequest, form: str, exc: FleetError) -> HttpResponse:
+def _refused(request: MemberRequest, form: str, exc: FleetError) -> HttpResponse:
     state = FormState(values=request.POST.dict(), errors={exc.field: exc.detail})
     state.values["per"] = request.POST.getlist("per")
     return _fleet_page(request, {form: state}, status=exc.status)
 
 
-def _done(request: HttpRequest, text: str) -> HttpResponse:
+def _done(request: MemberRequest, text: str) -> HttpResponse:
     messages.success(request, text)
     return redirect(reverse("fleet") + "#gate")
 
@@ -240,11 +238,11 @@ def _done(request: HttpRequest, text: str) -> HttpResponse:
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
-def budget_create(request: HttpRequest) -> HttpResponse:
+def budget_create(request: MemberRequest) -> HttpResponse:
     post = request.POST
     try:
         limit = services.create_budget(
-            request.tenant,  # type: ignore[attr-defined]
+            request.tenant,
             actor=actor_of(request),
             name=post.get("name", "").strip(),
             tool=post.get("tool", "").strip(),
@@ -264,20 +262,20 @@ def budget_create(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
-def budget_delete(request: HttpRequest, budget_id: int) -> HttpResponse:
+def budget_delete(request: MemberRequest, budget_id: int) -> HttpResponse:
     limit = BudgetLimit.objects.filter(pk=budget_id).first()  # another tenant's id: not found
     if limit is None:
         raise Http404("no such budget")
-    services.delete_budget(request.tenant, limit.pk, actor=actor_of(request))  # type: ignore[attr-defined]
+    services.delete_budget(request.tenant, limit.pk, actor=actor_of(request))
     return _done(request, f"Budget '{limit.name}' deleted.")
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
-def rate_limit_create(request: HttpRequest) -> HttpResponse:
+def rate_limit_create(request: MemberRequest) -> HttpResponse:
     post = request.POST
     try:
         limit = services.create_rate_limit(
-            request.tenant,  # type: ignore[attr-defined]
+            request.tenant,
             actor=actor_of(request),
             name=post.get("name", "").strip(),
             tool=post.get("tool", "").strip(),
@@ -295,23 +293,23 @@ def rate_limit_create(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
-def rate_limit_delete(request: HttpRequest, rate_limit_id: int) -> HttpResponse:
+def rate_limit_delete(request: MemberRequest, rate_limit_id: int) -> HttpResponse:
     limit = RateLimit.objects.filter(pk=rate_limit_id).first()
     if limit is None:
         raise Http404("no such rate limit")
-    services.delete_rate_limit(request.tenant, limit.pk, actor=actor_of(request))  # type: ignore[attr-defined]
+    services.delete_rate_limit(request.tenant, limit.pk, actor=actor_of(request))
     return _done(request, f"Rate limit '{limit.name}' deleted.")
 
 
 @member_page({"POST": FLEET_HALT}, section="fleet")
-def halt_create(request: HttpRequest) -> HttpResponse:
+def halt_create(request: MemberRequest) -> HttpResponse:
     post = request.POST
     kind = post.get("scope_kind", "")
     value = post.get("scope_value", "").strip()
     scope = "*" if kind == "*" else f"{kind}:{value}"
     try:
         row = services.halt(
-            request.tenant,  # type: ignore[attr-defined]
+            request.tenant,
             actor=actor_of(request),
             scope=scope,
             mode=post.get("mode", HaltMode.HALT),
@@ -326,11 +324,11 @@ def halt_create(request: HttpRequest) -> HttpResponse:
 
 
 @member_page({"POST": FLEET_HALT}, section="fleet")
-def halt_resume(request: HttpRequest, halt_id: int) -> HttpResponse:
+def halt_resume(request: MemberRequest, halt_id: int) -> HttpResponse:
     row = Halt.objects.filter(pk=halt_id).first()
     if row is None:
         raise Http404("no such halt")
-    lifted = services.resume(request.tenant, row.pk, actor=actor_of(request))  # type: ignore[attr-defined]
+    lifted = services.resume(request.tenant, row.pk, actor=actor_of(request))
     if lifted is None:
         messages.info(request, f"The halt on {row.scope} was no longer in force.")
         return redirect(reverse("fleet") + "#gate")
