@@ -129,6 +129,10 @@ def test_who_may_do_what(alice: Person, tenant_a: Tenant) -> None:
     assert approver.get("/api/v1/fleet/halts").json() == []
 
 
+# Postgres: the waiting request reads from its own thread's connection while the test writes the
+# halt, and SQLite's in-memory test database (one shared cache) locks the table between the two
+# ("database table is locked"), which a real embedded database file (WAL) does not.
+@pytest.mark.postgres
 def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
     tenant = tenant_services.create_tenant(
         "poll", "Poll", "owner@poll.example", "correct-horse-battery", actor="test"
