@@ -209,9 +209,12 @@ class ControlPlane:
 
 
 @contextmanager
-def control_plane(env: dict[str, str], *, workers: int, tenant: str = "hostile") -> Iterator[ControlPlane]:
+def control_plane(
+    env: dict[str, str], *, workers: int, tenant: str = "hostile", serve_env: dict[str, str] | None = None
+) -> Iterator[ControlPlane]:
     """Migrate (as the owner role, the one step that needs DATABASE_OWNER_URL), create a tenant
-    and an ingest+read key, then serve with the README's command as the runtime role."""
+    and an ingest+read key, then serve with the README's command as the runtime role (or with
+    `serve_env`, to see how a misconfigured server behaves)."""
     manage({**env, "DATABASE_OWNER_URL": as_owner(env["DATABASE_URL"])}, "migrate", "--noinput")
     manage(
         env,
@@ -243,7 +246,7 @@ def control_plane(env: dict[str, str], *, workers: int, tenant: str = "hostile")
                 "10",
             ],
             cwd=ROOT,
-            env=env,
+            env=serve_env or env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
