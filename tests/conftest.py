@@ -61,7 +61,7 @@ def django_db_setup(
             verbosity=verbosity,
             interactive=False,
             keepdb=django_db_keepdb and not django_db_createdb,
-            aliases={"default"},
+            aliases=None,  # every database: there is one
             serialized_aliases=set(),  # no test uses serialized_rollback
         )
         _let_the_runtime_role_flush()

@@ -21,6 +21,11 @@ from tenants.scoping import tenant_context, tenant_scoped_models
 from tests.conftest import Person, make_person
 
 
+def _owner_role() -> str:
+    assert settings.DATABASE_OWNER is not None, "DATABASE_OWNER_URL is set wherever Postgres is"
+    return settings.DATABASE_OWNER["USER"]
+
+
 class _RolledBack(Exception):
     """Raised to leave an atomic block through its rollback."""
 
@@ -69,7 +74,7 @@ def test_the_runtime_role_is_fit_to_serve(db: None) -> None:
             "SELECT current_user, rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user"
         )
         user, superuser, bypasses_rls = cursor.fetchone()
-        assert user == settings.DATABASE_RUNTIME_ROLE != settings.DATABASE_OWNER["USER"]
+        assert user == settings.DATABASE_RUNTIME_ROLE != _owner_role()
         assert not superuser and not bypasses_rls
         for model in tenant_scoped_models():
             cursor.execute(
@@ -78,7 +83,7 @@ def test_the_runtime_role_is_fit_to_serve(db: None) -> None:
             )
             enabled, owner = cursor.fetchone()
             assert enabled, f"{model._meta.db_table} has no row-level security"
-            assert owner == settings.DATABASE_OWNER["USER"], f"{model._meta.db_table} is owned by {owner}"
+            assert owner == _owner_role(), f"{model._meta.db_table} is owned by {owner}"
 
 
 @pytest.mark.postgres
@@ -103,7 +108,7 @@ def test_cross_tenant_functions_are_the_owners_definers_and_only_callable(db: No
     assert [row[0] for row in rows] == sorted(names)
     for name, definer, owner, config, executable, acl in rows:
         assert definer, f"{name} is not SECURITY DEFINER"
-        assert owner == settings.DATABASE_OWNER["USER"], name
+        assert owner == _owner_role(), name
         assert any(setting.startswith("search_path=") for setting in config or []), (
             f"{name}: search_path not pinned"
         )
@@ -246,6 +251,7 @@ def _owner_url_of_the_test_database() -> str:
     from urllib.parse import quote
 
     db, owner = connection.settings_dict, settings.DATABASE_OWNER
+    assert owner is not None
     return (
         f"postgres://{quote(owner['USER'])}:{quote(owner['PASSWORD'] or '')}"
         f"@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"

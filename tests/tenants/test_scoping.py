@@ -155,6 +155,7 @@ def test_runtime_role_cannot_change_rls_or_the_functions(db: None) -> None:
         assert _refused(f"DROP FUNCTION {function.signature}") == "42501"
         assert _refused(function.create_statement("public")) == "42501"
     assert _refused("CREATE FUNCTION sagaplane_leak() RETURNS int LANGUAGE sql AS 'SELECT 1'") == "42501"
+    assert settings.DATABASE_OWNER is not None
     for role in (settings.DATABASE_OWNER["USER"], "postgres"):
         assert _refused(f"SET ROLE {role}") == "42501"
         assert _refused(f"SET SESSION AUTHORIZATION {role}") == "42501"
