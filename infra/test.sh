@@ -19,6 +19,7 @@ fi
 echo "== lint"
 $BIN/ruff check .
 $BIN/ruff format --check .
+$BIN/mypy  # [tool.mypy] in pyproject.toml: the apps and the SDK, with the Django and DRF plugins
 echo "== full suite on $(describe_services)"
 export SAGAPLANE_DATA_DIR="${SAGAPLANE_TEST_DATA_DIR:-$PWD/test-artifacts/data}"
 $BIN/python -m pytest "$@"

@@ -14,8 +14,10 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
-from sagaplane import disclosure as sdk_disclosure
-from sagaplane import export as sdk_export
+# `import a.b as c`: written `from sagaplane import disclosure`, a warm mypy cache has reported
+# these two submodules (which the package's __init__ does not import) missing (cf. python/mypy#6816).
+import sagaplane.disclosure as sdk_disclosure
+import sagaplane.export as sdk_export
 from sagaplane.chain import canonical
 
 from audit.jsonvalues import served
