@@ -12,6 +12,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.sessions.backends.base import SessionBase
+from django.http import HttpRequest
 
 from sagas.services import tenant_group
 from tenants import live
@@ -26,11 +27,11 @@ UNSUPPORTED_DATA = 1003  # RFC 6455: a frame type the endpoint cannot accept (bi
 INVALID_PAYLOAD = 1007  # RFC 6455: data inconsistent with the message type (text that is not JSON)
 
 
-class _Request:
-    """What `django.contrib.auth.get_user` reads from a request: its session."""
-
-    def __init__(self, session: SessionBase) -> None:
-        self.session = session
+def _request_with(session: SessionBase) -> HttpRequest:
+    """A request carrying only `session`: all `django.contrib.auth.get_user` reads."""
+    request = HttpRequest()
+    request.session = session
+    return request
 
 
 class TenantEventsConsumer(AsyncJsonWebsocketConsumer):
@@ -87,7 +88,7 @@ class TenantEventsConsumer(AsyncJsonWebsocketConsumer):
         """The session still signs in the same person (not flushed, password unchanged, account
         active) and they can still read the tenant the socket was opened for."""
         session = import_module(settings.SESSION_ENGINE).SessionStore(self.session_key)
-        user = auth.get_user(_Request(session))  # type: ignore[arg-type]
+        user = auth.get_user(_request_with(session))
         if not user.is_authenticated or user.pk != self.scope["user"].pk:
             return False
         membership = membership_for(user, self.tenant_slug)

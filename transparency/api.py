@@ -7,7 +7,7 @@ a root nobody signed."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.http import FileResponse, HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -37,6 +37,10 @@ PROOF_SCHEMA = inline_serializer(
 )
 
 
+@overload
+def _int_param(request: Request, name: str, *, required: Literal[True]) -> int: ...
+@overload
+def _int_param(request: Request, name: str, *, required: Literal[False]) -> int | None: ...
 def _int_param(request: Request, name: str, *, required: bool) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -90,7 +94,7 @@ class InclusionProofView(LogView):
     def get(self, request: Request) -> Response:
         index = _int_param(request, "index", required=True)
         size = _int_param(request, "size", required=False)
-        size, path, leaf = proofs.inclusion(index, size)  # type: ignore[arg-type]
+        size, path, leaf = proofs.inclusion(index, size)
         return Response(
             {
                 "index": index,
@@ -112,7 +116,7 @@ class ConsistencyProofView(LogView):
     def get(self, request: Request) -> Response:
         first = _int_param(request, "first", required=True)
         second = _int_param(request, "second", required=False)
-        second, path = proofs.consistency(first, second)  # type: ignore[arg-type]
+        second, path = proofs.consistency(first, second)
         return Response(
             {
                 "first": first,
@@ -150,7 +154,7 @@ class ProofBundleView(LogView):
     )
     def get(self, request: Request) -> HttpResponse:
         index = _int_param(request, "index", required=True)
-        text = proofs.proof_file(index)  # type: ignore[arg-type]
+        text = proofs.proof_file(index)
         response = HttpResponse(text, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="leaf-{index}.tlog-proof"'
         response["Cache-Control"] = "no-cache"  # it names the latest checkpoint, which moves
