@@ -16,7 +16,7 @@ import os
 from collections.abc import Awaitable, Callable, Generator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from .chain import token_hex
 from .gate import Call as GateCall
@@ -362,14 +362,14 @@ class Saga:
                 async with self._clone():
                     return await fn(*args, **kwargs)
 
-            return awrapper  # type: ignore[return-value]
+            return cast(F, awrapper)  # called as fn is: it passes every argument through
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self._clone():
                 return fn(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)
 
     # -- steps -------------------------------------------------------------------------
 
