@@ -156,6 +156,10 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
         },
     )
     def get(self, request: Request) -> Response:
+        # The change counter is read before the state: a change that commits between the two
+        # reads then moves the counter past what the wait below compares against, and wakes it.
+        # (Read after the state, such a change went unseen until the once-a-second re-read.)
+        self._seen_version = cache.get(services.version_key(self.tenant.pk))
         return Response(_status())
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -174,7 +178,9 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
             changed = not isinstance(data, dict) or data.get("version") != since
             if response.status_code != 200 or changed or time.monotonic() >= deadline:
                 return response
-            self._wait_for_change(getattr(self, "tenant", None), deadline)
+            self._wait_for_change(
+                getattr(self, "tenant", None), getattr(self, "_seen_version", None), deadline
+            )
 
     def _refuse(self, request: HttpRequest, detail: str) -> Any:
         self.headers = {}
@@ -184,11 +190,11 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
         return self.finalize_response(drf_request, response)
 
     @staticmethod
-    def _wait_for_change(tenant: Any, deadline: float) -> None:
-        """Until the tenant's change counter moves, a second passes (a halt may lapse, and in
-        embedded mode the cache is per process) or the deadline: then the state is read again."""
+    def _wait_for_change(tenant: Any, seen: Any, deadline: float) -> None:
+        """Until the tenant's change counter moves from `seen` (read before the state), a second
+        passes (a halt may lapse, and in embedded mode the cache is per process) or the deadline:
+        then the state is read again."""
         key = services.version_key(tenant.pk) if tenant is not None else ""
-        seen = cache.get(key) if key else None
         until = min(deadline, time.monotonic() + 1.0)
         while time.monotonic() < until:
             time.sleep(0.05)

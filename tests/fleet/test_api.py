@@ -160,6 +160,49 @@ def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
     assert result["waited"] < 20  # woken by the change, not by the end of its wait
 
 
+class VirtualClock:
+    """Stands in for the long-poll's `time`: sleeping moves the clock, no real time passes."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race bench/gate.py caught (a halt reached the SDK after ~1.08 s): a halt committed
+    after the long-poll read the state but before it read the change counter was only seen at the
+    once-a-second re-read. The counter is read before the state, so the change wakes the wait."""
+    from fleet import api
+
+    tenant = tenant_services.create_tenant("race", "Race", "owner@race.example", actor="test")
+    agent = key_client(tenant, "gate")
+    before = agent.get(STATUS).json()
+    reads = 0
+
+    def status_then_a_halt_commits() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        state = read_status()
+        if reads == 1:  # another process's halt lands just after this read
+            services.halt(tenant, actor="test", scope="tool:stripe.*", reason="incident")
+        return state
+
+    read_status = api._status
+    clock = VirtualClock()
+    monkeypatch.setattr(api, "_status", status_then_a_halt_commits)
+    monkeypatch.setattr(api, "time", clock)
+    answer = agent.get(STATUS, {"since": before["version"], "wait": 20}).json()
+    assert [h["scope"] for h in answer["halts"]] == ["tool:stripe.*"]
+    assert clock.now - 1_000.0 < 0.5  # woken by the change counter, not by the 1 s re-read
+
+
 def test_the_long_poll_refuses_a_bad_wait(alice: Person) -> None:
     agent = key_client(alice.tenant, "gate")
     for wait in ["soon", "nan", "-1"]:
