@@ -14,7 +14,7 @@ transaction (so a refused batch's evidence is kept); an exception nobody answers
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
@@ -60,7 +60,15 @@ def read_body_first(request: HttpRequest) -> None:
         raise DomainError(400, "unreadable_body", "the request body could not be read in full") from None
 
 
-class TenantScopedViewMixin:
+if TYPE_CHECKING:
+    from rest_framework.views import APIView
+
+    _ViewBase = APIView  # the mixin is always used with an APIView: its methods are typed
+else:
+    _ViewBase = object
+
+
+class TenantScopedViewMixin(_ViewBase):
     """Declare `access`; the mixin authenticates, decides, reads the body, then runs the handler
     in one transaction with the tenant active (see the module docstring for the order)."""
 
@@ -90,16 +98,16 @@ class TenantScopedViewMixin:
         # waits on the client (the body) or refuses it (authentication, the rule) holds one.
         self.args = args
         self.kwargs = kwargs
-        drf_request = self.initialize_request(request, *args, **kwargs)  # type: ignore[attr-defined]
+        drf_request = self.initialize_request(request, *args, **kwargs)
         self.request = drf_request
-        self.headers = self.default_response_headers  # type: ignore[attr-defined]
+        self.headers = self.default_response_headers
         try:
             if policy.rule_for(self.access, request.method or "") is None:
                 raise exceptions.MethodNotAllowed(request.method or "")
             read_body_first(request)
             self.initial(drf_request, *args, **kwargs)
         except Exception as exc:
-            response = self.handle_exception(exc)  # type: ignore[attr-defined]
+            response = self.handle_exception(exc)
         else:
             handler = getattr(self, (request.method or "").lower())
             with tenant_context(self.tenant):
@@ -109,12 +117,12 @@ class TenantScopedViewMixin:
                     # Answered inside the transaction, so what a refusing service chose to keep
                     # (a refused batch is evidence) commits; an exception nobody answers is
                     # re-raised here and rolls everything back.
-                    response = self.handle_exception(exc)  # type: ignore[attr-defined]
-        self.response: Response = self.finalize_response(drf_request, response, *args, **kwargs)  # type: ignore[attr-defined]
+                    response = self.handle_exception(exc)
+        self.response: Response = self.finalize_response(drf_request, response, *args, **kwargs)
         return self.response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]  # authenticates: 401
+        super().initial(request, *args, **kwargs)  # authenticates: 401
         rule = policy.rule_for(self.access, request.method or "")
         assert rule is not None  # dispatch answered 405 already
         principal = request.user
