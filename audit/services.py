@@ -336,7 +336,9 @@ def _refusal(
     """The walk's first break as the API's refusal. A broken link that claims a predecessor the
     server holds is named for what it is: a fork of held history (equivocation), or, when the
     batch attests a gap, an attempt to attest away held records (forged_gap)."""
-    if brk.code == "broken_link" and held.get(rec.h) is None:
+    # A record that links to a held record other than the head forks held history, whichever
+    # rule the walk tripped first (racing extensions of one head fail the seq check first).
+    if brk.code in ("broken_link", "seq_regression", "seq_gap") and held.get(rec.h) is None:
         claimed = _held_position(stream, held, rec.ph)
         if claimed is not None:
             if attested:
