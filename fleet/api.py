@@ -289,15 +289,15 @@ class BudgetDetailView(TenantScopedViewMixin, APIView):
     access = {"GET": FLEET_VIEW, "DELETE": FLEET_CONTROL}
 
     @extend_schema(operation_id="fleet_budgets_retrieve", responses={200: serializers.DictField()})
-    def get(self, request: Request, pk: str) -> Response:
-        limit = BudgetLimit.objects.filter(pk=_pk(pk)).first()
+    def get(self, request: Request, budget_id: str) -> Response:
+        limit = BudgetLimit.objects.filter(pk=_pk(budget_id)).first()
         if limit is None:
             raise DomainError(404, "not_found", "no such budget")
         return Response(_budget_json(limit))
 
     @extend_schema(operation_id="fleet_budgets_destroy", responses={204: None})
-    def delete(self, request: Request, pk: str) -> Response:
-        services.delete_budget(self.tenant, _pk(pk), actor=self.actor)
+    def delete(self, request: Request, budget_id: str) -> Response:
+        services.delete_budget(self.tenant, _pk(budget_id), actor=self.actor)
         return Response(status=204)
 
 
@@ -336,8 +336,8 @@ class RateLimitDetailView(TenantScopedViewMixin, APIView):
     access = {"DELETE": FLEET_CONTROL}
 
     @extend_schema(operation_id="fleet_rate_limits_destroy", responses={204: None})
-    def delete(self, request: Request, pk: str) -> Response:
-        services.delete_rate_limit(self.tenant, _pk(pk), actor=self.actor)
+    def delete(self, request: Request, rate_limit_id: str) -> Response:
+        services.delete_rate_limit(self.tenant, _pk(rate_limit_id), actor=self.actor)
         return Response(status=204)
 
 
@@ -376,8 +376,8 @@ class HaltDetailView(TenantScopedViewMixin, APIView):
     access = {"DELETE": FLEET_HALT}
 
     @extend_schema(operation_id="fleet_halts_destroy", responses={204: None})
-    def delete(self, request: Request, pk: str) -> Response:
-        services.resume(self.tenant, _pk(pk), actor=self.actor)
+    def delete(self, request: Request, halt_id: str) -> Response:
+        services.resume(self.tenant, _pk(halt_id), actor=self.actor)
         return Response(status=204)
 
 

@@ -150,11 +150,11 @@ EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
     "api/v1/gate/evaluate": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/fleet/status": Api({"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}),
     "api/v1/fleet/budgets": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/fleet/budgets/<str:pk>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/budgets/<str:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
     "api/v1/fleet/rate-limits": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/fleet/rate-limits/<str:pk>": Api({"DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/rate-limits/<str:rate_limit_id>": Api({"DELETE": FLEET_CHANGE}),
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
-    "api/v1/fleet/halts/<str:pk>": Api({"DELETE": HALTERS}),
+    "api/v1/fleet/halts/<str:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
     # agent-saga's SagaCloudClient
     "v1/wal/ingest": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
@@ -295,11 +295,7 @@ def world(
         budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
         rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
-        by_route = {
-            "api/v1/fleet/budgets/<str:pk>": {"pk": budget.pk},
-            "api/v1/fleet/rate-limits/<str:pk>": {"pk": rate_limit.pk},
-            "api/v1/fleet/halts/<str:pk>": {"pk": halt.pk},
-        }
+        by_route = {}
         values = {
             "stream_id": writer.stream_id,
             "saga_id": "acme-saga-1",

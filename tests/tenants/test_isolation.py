@@ -62,6 +62,25 @@ def _tree_size(tenant: Tenant) -> int:
 
 
 # URL parameter name -> how to get acme's value for it. Apps add their own parameters here.
+def _acme_fleet(tenant: Tenant) -> tuple[int, int, int]:
+    """The tenant's sample budget, rate limit and halt (created once)."""
+    from fleet import services as fleet
+    from fleet.models import BudgetLimit, Halt, RateLimit
+
+    with tenant_context(tenant):
+        budget = BudgetLimit.objects.filter(name="sample-spend").first()
+        rate = RateLimit.objects.filter(name="sample-calls").first()
+        halt = Halt.objects.filter(reason="sample halt").first()
+    budget = budget or fleet.create_budget(
+        tenant, actor="test", name="sample-spend", max_total=5, window_s=60
+    )
+    rate = rate or fleet.create_rate_limit(
+        tenant, actor="test", name="sample-calls", max_calls=5, window_s=60
+    )
+    halt = halt or fleet.halt(tenant, actor="test", scope="tool:sample.*", reason="sample halt")
+    return budget.pk, rate.pk, halt.pk
+
+
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
     # transparency: acme's first hash tile, and an acme export
@@ -71,6 +90,10 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "export_id": _acme_export_id,
     "stream_id": sample_stream_id,
     "saga_id": sample_saga_id,
+    # fleet: acme's own budget, rate limit and halt
+    "budget_id": lambda tenant, alice: _acme_fleet(tenant)[0],
+    "rate_limit_id": lambda tenant, alice: _acme_fleet(tenant)[1],
+    "halt_id": lambda tenant, alice: _acme_fleet(tenant)[2],
 }
 
 
