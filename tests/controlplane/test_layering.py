@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tenants",
             "controlplane.postcommit",
             "controlplane.errors",
+            "controlplane.schema",  # the error shape as documented (imports only DRF)
             "controlplane.config",
             "controlplane.celery",
         ],
