@@ -329,9 +329,13 @@ class DatabaseStore:
     ) -> Outcome:
         # The idempotency key is the ledger's unique constraint (checked by the caller under the
         # same lock), so this store has no key of its own.
-        with transaction.atomic():
-            FleetLock.objects.bulk_create([FleetLock(tenant_id=tenant_id)], ignore_conflicts=True)
-            FleetLock.objects.select_for_update().get(tenant_id=tenant_id)
+        # No savepoint of its own inside the caller's transaction: a refusal writes nothing (every
+        # write runs after every check), and an error rolls the caller's transaction back anyway.
+        with transaction.atomic(savepoint=False):
+            # The lock row exists after a tenant's first call: one statement then, not two.
+            if FleetLock.objects.select_for_update().filter(tenant_id=tenant_id).first() is None:
+                FleetLock.objects.bulk_create([FleetLock(tenant_id=tenant_id)], ignore_conflicts=True)
+                FleetLock.objects.select_for_update().get(tenant_id=tenant_id)
             now_ms = int(self.clock() * 1000)
             plan: list[Callable[[], None]] = []
             for debit in debits:
@@ -387,9 +391,10 @@ class DatabaseStore:
             return Outcome(False, failed=debit, used=debit.cap, retry_after_ms=retry, now_ms=now_ms), _nothing
 
         def debit_it() -> None:
-            RateState.objects.update_or_create(
-                tenant_id=tenant_id, key=debit.key, defaults={"tat_ms": tat + interval}
-            )
+            # Under the tenant's lock nobody else writes this key: update, or create its first
+            # state (update_or_create cost a savepoint, a locking read and its release besides).
+            if not RateState.objects.filter(key=debit.key).update(tat_ms=tat + interval):
+                RateState.objects.create(tenant_id=tenant_id, key=debit.key, tat_ms=tat + interval)
 
         return None, debit_it
 
