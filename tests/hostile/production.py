@@ -216,6 +216,7 @@ def control_plane(
     and an ingest+read key, then serve with the README's command as the runtime role (or with
     `serve_env`, to see how a misconfigured server behaves)."""
     manage({**env, "DATABASE_OWNER_URL": as_owner(env["DATABASE_URL"])}, "migrate", "--noinput")
+    manage(env, "collectstatic", "--noinput")  # the build step: pages need the hashed-file manifest
     manage(
         env,
         "create_tenant",
