@@ -14,13 +14,14 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -374,6 +375,15 @@ def _check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
         )
 
 
+@contextmanager
+def _name_race(detail: str) -> Iterator[None]:
+    """Two creations of one name at once: the unique constraint refuses the second (409)."""
+    try:
+        yield
+    except IntegrityError:
+        raise FleetError("name_taken", "name", detail, status=409) from None
+
+
 def _budget_values(limit: BudgetLimit) -> dict[str, Any]:
     return {
         "name": limit.name,
@@ -425,7 +435,7 @@ def create_budget(
         raise FleetError("invalid_max_total", "max_total", "max_total must be a positive number")
     if on_cap not in OnCap.values:
         raise FleetError("invalid_on_cap", "on_cap", f"on_cap must be one of {', '.join(OnCap.values)}")
-    with tenant_context(tenant), transaction.atomic():
+    with _name_race(f"a budget named '{name}' exists"), tenant_context(tenant), transaction.atomic():
         if BudgetLimit.objects.filter(name=name).exists():
             raise FleetError("name_taken", "name", f"a budget named '{name}' exists", status=409)
         limit = BudgetLimit.objects.create(
@@ -447,17 +457,37 @@ def create_budget(
     return limit
 
 
-def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
+def _delete_policy(
+    tenant: Tenant,
+    model: type[BudgetLimit] | type[RateLimit],
+    pk: int,
+    *,
+    actor: str,
+    event: str,
+    subject: str,
+    values: Callable[[Any], dict[str, Any]],
+) -> None:
+    """Delete one budget or rate limit, recording what it was (one transaction)."""
     with tenant_context(tenant):
-        limit = BudgetLimit.objects.select_for_update().filter(pk=budget_id).first()
+        limit = model.objects.select_for_update().filter(pk=pk).first()
         if limit is None:
-            raise FleetError("not_found", "id", "no such budget", status=404)
-        old = _budget_values(limit)
+            raise FleetError("not_found", "id", f"no such {subject.replace('_', ' ')}", status=404)
+        old = values(limit)
         limit.delete()
-        append_server_record(
-            tenant, "FLEET_BUDGET_DELETED", {"budget": budget_id, "old": old, "new": None}, actor=actor
-        )
+        append_server_record(tenant, event, {subject: pk, "old": old, "new": None}, actor=actor)
         _changed_after_commit(tenant)
+
+
+def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
+    _delete_policy(
+        tenant,
+        BudgetLimit,
+        budget_id,
+        actor=actor,
+        event="FLEET_BUDGET_DELETED",
+        subject="budget",
+        values=_budget_values,
+    )
 
 
 def create_rate_limit(
@@ -467,7 +497,7 @@ def create_rate_limit(
     _check_common(name, tool, window_s, per)
     if isinstance(max_calls, bool) or not isinstance(max_calls, int) or not 1 <= max_calls <= 10**9:
         raise FleetError("invalid_max_calls", "max_calls", "max_calls must be a whole number from 1 to 10^9")
-    with tenant_context(tenant):
+    with _name_race(f"a rate limit named '{name}' exists"), tenant_context(tenant):
         if RateLimit.objects.filter(name=name).exists():
             raise FleetError("name_taken", "name", f"a rate limit named '{name}' exists", status=409)
         limit = RateLimit.objects.create(
@@ -484,19 +514,15 @@ def create_rate_limit(
 
 
 def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None:
-    with tenant_context(tenant):
-        limit = RateLimit.objects.select_for_update().filter(pk=rate_limit_id).first()
-        if limit is None:
-            raise FleetError("not_found", "id", "no such rate limit", status=404)
-        old = _rate_values(limit)
-        limit.delete()
-        append_server_record(
-            tenant,
-            "FLEET_RATE_LIMIT_DELETED",
-            {"rate_limit": rate_limit_id, "old": old, "new": None},
-            actor=actor,
-        )
-        _changed_after_commit(tenant)
+    _delete_policy(
+        tenant,
+        RateLimit,
+        rate_limit_id,
+        actor=actor,
+        event="FLEET_RATE_LIMIT_DELETED",
+        subject="rate_limit",
+        values=_rate_values,
+    )
 
 
 def _halt_values(halt: Halt) -> dict[str, Any]:
