@@ -888,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every run exhausts a budget, so its count is also the ledger it leaves; 64 clients need at least
     # 64 (quick: one call each). Full: 1,024 per run (the Postgres-bound runs take the longest).
     total = args.decisions or (64 if quick else 1024)
+    total = max(max(CLIENTS), total - total % max(CLIENTS))  # every client count divides it
     trials = 2 if quick else 10
     out_path = Path(args.out or ROOT / "bench" / "results" / ("gate-quick.json" if quick else "gate.json"))
 
