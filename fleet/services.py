@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -29,7 +32,7 @@ from audit.services import append_server_record
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from fleet import gate
-from fleet.gate import GateRequest, InvalidArgument, LimitSpec
+from fleet.gate import Debit, GateRequest, InvalidArgument, LimitSpec
 from fleet.models import BudgetLimit, Decision, GateDecision, Halt, HaltMode, OnCap, Quarantine, RateLimit
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, Outcome, RedisStore, StoreUnavailable
 from tenants.models import Tenant
@@ -59,7 +62,9 @@ def version_key(tenant_id: int) -> str:
 
 def _changed_after_commit(tenant: Tenant) -> None:
     """Wake every long-poll of the tenant's fleet status once the change commits (best effort:
-    waiters re-read the state every second anyway)."""
+    waiters re-read the state every second anyway), and make every process' gate re-read the
+    tenant's policies (this one at once)."""
+    forget_policies(tenant.pk)
 
     def bump() -> None:
         from django.core.cache import cache
@@ -182,6 +187,76 @@ def _deny(request: GateRequest, reason: str, *, actor_prefix: str, **detail: Any
     return row.answer()
 
 
+# ----------------------------------------------------------------------------- policy snapshot
+
+SNAPSHOT_MAX_AGE_S = 1.0
+SNAPSHOTS_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class _Policies:
+    """What the gate needs of a tenant's policies, read once and reused while fresh: its limits,
+    its halts not lifted (each checked against its expiry at use) and its quarantined sagas."""
+
+    specs: list[LimitSpec]
+    halts: list[Halt]
+    quarantined: frozenset[str]
+    version: Any
+    read_at: float
+
+
+_snapshots: OrderedDict[int, _Policies] = OrderedDict()
+_snapshots_lock = threading.Lock()
+
+
+def _current_version(tenant_id: int) -> Any:
+    """The tenant's change counter (None when the cache cannot be read: then nothing is reused)."""
+    from django.core.cache import cache
+
+    try:
+        return cache.get(version_key(tenant_id), 0)
+    except Exception:
+        return None
+
+
+def forget_policies(tenant_id: int) -> None:
+    """Drop this process' snapshot of the tenant's policies (a change here, or a test)."""
+    with _snapshots_lock:
+        _snapshots.pop(tenant_id, None)
+
+
+def _policies(tenant: Tenant) -> _Policies:
+    """The tenant's policies: reused while the change counter has not moved and for at most a
+    second (another process' change may not reach a per-process cache), else read again."""
+    version = _current_version(tenant.pk)
+    now = time.monotonic()
+    with _snapshots_lock:
+        held = _snapshots.get(tenant.pk)
+    if (
+        held is not None
+        and version is not None
+        and held.version == version
+        and now - held.read_at < SNAPSHOT_MAX_AGE_S
+    ):
+        return held
+    fresh = _Policies(
+        specs=_limit_specs(),
+        halts=list(Halt.objects.filter(lifted_at__isnull=True).order_by("created_at", "pk")),
+        quarantined=frozenset(
+            Quarantine.objects.filter(released_at__isnull=True).values_list("saga_id", flat=True)
+        ),
+        version=version,
+        read_at=now,
+    )
+    if version is not None:
+        with _snapshots_lock:
+            _snapshots[tenant.pk] = fresh
+            _snapshots.move_to_end(tenant.pk)
+            while len(_snapshots) > SNAPSHOTS_KEPT:
+                _snapshots.popitem(last=False)
+    return fresh
+
+
 def evaluate(
     tenant: Tenant, request: GateRequest, *, actor: str, store: LimitStore | None = None
 ) -> dict[str, Any]:
@@ -189,12 +264,18 @@ def evaluate(
     store = store or get_store()
     key_prefix = request.api_key_prefix
     with tenant_context(tenant):
-        earlier = GateDecision.objects.filter(
-            idempotency_key=request.idempotency_key, decision=Decision.ALLOW
-        ).first()
-        if earlier is not None:
-            return earlier.answer()
-        for halt in halts_in_force():
+        if not isinstance(store, RedisStore):
+            # Redis answers a retry from its own idempotency key; the database store asks here.
+            earlier = GateDecision.objects.filter(
+                idempotency_key=request.idempotency_key, decision=Decision.ALLOW
+            ).first()
+            if earlier is not None:
+                return earlier.answer()
+        policies = _policies(tenant)
+        now = timezone.now()
+        for halt in policies.halts:
+            if halt.expires_at is not None and halt.expires_at <= now:
+                continue
             if not gate.halt_matches(halt.scope, request):
                 continue
             if halt.mode == HaltMode.HALT:
@@ -215,10 +296,10 @@ def evaluate(
                     halt_reason=halt.reason,
                     retry_after=None,
                 )
-        if is_quarantined(request.saga_id):
+        if request.saga_id in policies.quarantined:
             return _deny(request, "quarantined", actor_prefix=key_prefix, retry_after=None)
         try:
-            debits = gate.debits_for(_limit_specs(), request, tenant_tag=f"t{tenant.pk}")
+            debits = gate.debits_for(policies.specs, request, tenant_tag=f"t{tenant.pk}")
         except InvalidArgument as exc:
             return _deny(
                 request,
@@ -251,19 +332,32 @@ def evaluate(
             # Too late to be sure a rebuild fenced us in: refuse (the Redis debit stays, erring
             # toward refusal).
             return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
-        row = GateDecision.objects.create(
-            id=decision_id,
-            idempotency_key=request.idempotency_key,
-            saga_id=request.saga_id,
-            step_id=request.step_id,
-            tool=request.tool,
-            agent=request.agent,
-            api_key_prefix=key_prefix,
-            args_digest=request.args_digest,
-            decision=Decision.ALLOW,
-            debits=[d.as_ledger() for d in debits],
-        )
+        try:
+            with transaction.atomic():
+                row = _record_allow(decision_id, request, key_prefix, debits)
+        except IntegrityError:
+            # The same call allowed meanwhile (a retry racing itself, or one whose Redis key had
+            # expired): the first allow stands; this debit stays counted, erring toward refusal.
+            first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
+            return first.answer()
         return row.answer()
+
+
+def _record_allow(
+    decision_id: uuid.UUID, request: GateRequest, key_prefix: str, debits: list[Debit]
+) -> GateDecision:
+    return GateDecision.objects.create(
+        id=decision_id,
+        idempotency_key=request.idempotency_key,
+        saga_id=request.saga_id,
+        step_id=request.step_id,
+        tool=request.tool,
+        agent=request.agent,
+        api_key_prefix=key_prefix,
+        args_digest=request.args_digest,
+        decision=Decision.ALLOW,
+        debits=[d.as_ledger() for d in debits],
+    )
 
 
 def _refusal(request: GateRequest, outcome: Outcome, *, actor_prefix: str) -> dict[str, Any]:
@@ -609,6 +703,7 @@ def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> Quar
             {"saga_id": saga_id, "old": None, "new": {"quarantined": True, "reason": reason}},
             actor=actor,
         )
+        _changed_after_commit(tenant)
     return row
 
 

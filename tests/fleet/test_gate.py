@@ -181,6 +181,7 @@ def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore)
     assert ask(tenant_a, store, call(tool="x"))["reason"] == "halted"
     with tenant_context(tenant_a):
         type(halt).objects.filter(pk=halt.pk).update(expires_at=halt.created_at)  # its hour has passed
+    services.forget_policies(tenant_a.pk)  # a row edited behind the services' back: re-read it now
     assert ask(tenant_a, store, call(tool="x"))["decision"] == "allow"
 
 
@@ -329,3 +330,26 @@ def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
             "allow",
             "deny",
         ]
+
+
+def test_a_retry_whose_redis_key_is_gone_still_gets_the_first_allow(
+    tenant_a: Tenant, private_redis: OwnRedis
+) -> None:
+    store = _redis_store(private_redis)
+    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    request = call(amount=30)
+    first = ask(tenant_a, store, request)
+    for key in store.client.scan_iter(match="*:idem:*"):
+        store.client.delete(key)  # expired after its week, say
+    assert ask(tenant_a, store, request) == first  # the ledger's unique allow stands
+    with tenant_context(tenant_a):
+        assert GateDecision.objects.filter(decision=Decision.ALLOW).count() == 1
+
+
+def test_a_policy_change_reaches_the_next_call_at_once(tenant_a: Tenant, store: LimitStore) -> None:
+    assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"  # policies now held
+    services.create_rate_limit(tenant_a, actor=ACTOR, name="1/h", tool="crm.*", max_calls=1, window_s=3600)
+    assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"
+    assert ask(tenant_a, store, call(tool="crm.insert"))["reason"] == "rate_limited"
+    services.quarantine(tenant_a, "held", actor=ACTOR, reason="r")
+    assert ask(tenant_a, store, call(tool="x", saga="held"))["reason"] == "quarantined"
