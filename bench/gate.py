@@ -434,7 +434,7 @@ def store_only(redis_url: str, limits: int, clients: int, total: int) -> dict[st
             gate.LimitSpec(5, "rate", "per-tool-calls", "bench.*", ("tool",), WINDOW_S, HUGE_CAP),
         ]
     client = redis.Redis.from_url(redis_url, max_connections=clients + 4, socket_timeout=2)
-    client.set(marker_key(tenant_id), "1")  # a namespace with no ledger: nothing to rebuild
+    client.set(marker_key(f"t{tenant_id}"), "1")  # a namespace with no ledger: nothing to rebuild
     store = RedisStore(client, lambda tenant, since: [])
 
     def work(n: int, i: int) -> bool:
@@ -457,14 +457,14 @@ def store_only(redis_url: str, limits: int, clients: int, total: int) -> dict[st
     }
 
 
-def _warm_redis_marker(tenant_id: int) -> None:
+def _warm_redis_marker(tenant: Any) -> None:
     """A new tenant has no ledger and nothing in flight, so its rebuilt Redis state is empty: set
     the ready marker directly (a cold tenant's first call otherwise rebuilds behind the
     REBUILD_FENCE_MS fence, once per tenant, a wait no later call pays)."""
     from fleet import services
     from fleet.stores import marker_key
 
-    services.get_store().client.set(marker_key(tenant_id), "1")  # type: ignore[attr-defined]
+    services.get_store().client.set(marker_key(services.gate_tag(tenant)), "1")  # type: ignore[attr-defined]
 
 
 def in_process(store_name: str, limits: int, clients: int, total: int) -> dict[str, Any]:
@@ -477,7 +477,7 @@ def in_process(store_name: str, limits: int, clients: int, total: int) -> dict[s
     run = Run(limits, total)
     store = services.get_store() if store_name == "redis" else DatabaseStore()
     if store_name == "redis":
-        _warm_redis_marker(run.tenant.pk)
+        _warm_redis_marker(run.tenant)
     prefix = uuid.uuid4().hex[:8]
 
     def work(n: int, i: int) -> bool:
@@ -515,7 +515,7 @@ def queries_per_decision(store_name: str, limits: int) -> int:
     run = Run(limits, 4)
     store = services.get_store() if store_name == "redis" else DatabaseStore()
     if store_name == "redis":
-        _warm_redis_marker(run.tenant.pk)
+        _warm_redis_marker(run.tenant)
     request = GateRequest(saga_id="q", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
     with CaptureQueriesContext(connection) as captured:
         answer = services.evaluate(run.tenant, request, actor="bench", store=store)
@@ -533,7 +533,7 @@ def profile_decision(decisions: int) -> dict[str, Any]:
     from fleet.gate import GateRequest
 
     run = Run(5, 2 * decisions)
-    _warm_redis_marker(run.tenant.pk)
+    _warm_redis_marker(run.tenant)
     store = services.get_store()
 
     def decide(i: int) -> None:
@@ -722,7 +722,7 @@ async def _http_load(
 def over_http(url: str, store_name: str, limits: int, clients: int, total: int) -> dict[str, Any]:
     run = Run(limits, total, keys=True)
     if store_name == "redis":
-        _warm_redis_marker(run.tenant.pk)
+        _warm_redis_marker(run.tenant)
     port = int(urllib.parse.urlsplit(url).port or 80)
     per_client = total // clients
     prefix = uuid.uuid4().hex[:8]

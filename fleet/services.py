@@ -105,6 +105,13 @@ def _configured_store() -> LimitStore:
     return DatabaseStore()
 
 
+def gate_tag(tenant: Tenant) -> str:
+    """The hash tag of every Redis key of the tenant's gate: its id and creation time, so a
+    database re-created beside a Redis that outlived it (ids counting from 1 again, as every test
+    run does) never inherits another tenant's counters."""
+    return f"t{tenant.pk}.{int(tenant.created_at.timestamp() * 1_000_000)}"
+
+
 def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
     """The tenant's allowed decisions since `since_ms` (what a Redis rebuild replays)."""
     tenant = Tenant.objects.get(pk=tenant_id)
@@ -299,7 +306,7 @@ def evaluate(
         if request.saga_id in policies.quarantined:
             return _deny(request, "quarantined", actor_prefix=key_prefix, retry_after=None)
         try:
-            debits = gate.debits_for(policies.specs, request, tenant_tag=f"t{tenant.pk}")
+            debits = gate.debits_for(policies.specs, request, tenant_tag=gate_tag(tenant))
         except InvalidArgument as exc:
             return _deny(
                 request,
@@ -313,7 +320,11 @@ def evaluate(
         decision_id = uuid.uuid4()
         try:
             outcome = store.check_and_debit(
-                tenant.pk, debits, idempotency_key=request.idempotency_key, decision_id=str(decision_id)
+                tenant.pk,
+                debits,
+                idempotency_key=request.idempotency_key,
+                decision_id=str(decision_id),
+                tag=gate_tag(tenant),
             )
         except StoreUnavailable as exc:
             log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)

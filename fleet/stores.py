@@ -45,7 +45,13 @@ class Outcome:
 
 class LimitStore(Protocol):
     def check_and_debit(
-        self, tenant_id: int, debits: Sequence[Debit], *, idempotency_key: str, decision_id: str
+        self,
+        tenant_id: int,
+        debits: Sequence[Debit],
+        *,
+        idempotency_key: str,
+        decision_id: str,
+        tag: str | None = None,
     ) -> Outcome: ...
 
 
@@ -161,16 +167,16 @@ def tenant_tag(tenant_id: int) -> str:
     return f"t{tenant_id}"
 
 
-def marker_key(tenant_id: int) -> str:
-    return f"sp:{{{tenant_tag(tenant_id)}}}:ready"
+def marker_key(tag: str) -> str:
+    return f"sp:{{{tag}}}:ready"
 
 
-def fence_key(tenant_id: int) -> str:
-    return f"sp:{{{tenant_tag(tenant_id)}}}:rebuilding"
+def fence_key(tag: str) -> str:
+    return f"sp:{{{tag}}}:rebuilding"
 
 
-def idempotency_redis_key(tenant_id: int, idempotency_key: str) -> str:
-    return f"sp:{{{tenant_tag(tenant_id)}}}:idem:{idempotency_key}"
+def idempotency_redis_key(tag: str, idempotency_key: str) -> str:
+    return f"sp:{{{tag}}}:idem:{idempotency_key}"
 
 
 @dataclass(frozen=True)
@@ -198,9 +204,17 @@ class RedisStore:
         self._finish = client.register_script(_FINISH_REBUILD)
 
     def check_and_debit(
-        self, tenant_id: int, debits: Sequence[Debit], *, idempotency_key: str, decision_id: str
+        self,
+        tenant_id: int,
+        debits: Sequence[Debit],
+        *,
+        idempotency_key: str,
+        decision_id: str,
+        tag: str | None = None,
     ) -> Outcome:
-        keys = [idempotency_redis_key(tenant_id, idempotency_key), marker_key(tenant_id)]
+        """`tag`: the tenant's hash tag (`fleet.services.gate_tag`), the same in every key."""
+        tag = tag or tenant_tag(tenant_id)
+        keys = [idempotency_redis_key(tag, idempotency_key), marker_key(tag)]
         args: list[Any] = [decision_id, IDEMPOTENCY_TTL_MS, BUCKETS, len(debits)]
         for debit in debits:
             keys.append(debit.key)
@@ -213,8 +227,8 @@ class RedisStore:
                 raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
             status = _text(reply[0])
             if status == "cold":
-                if not self.rebuild(tenant_id):
-                    self._await_rebuild(tenant_id)
+                if not self.rebuild(tenant_id, tag=tag):
+                    self._await_rebuild(tag)
                 continue
             if status == "dup":
                 return Outcome(allowed=True, duplicate_of=_text(reply[1]))
@@ -235,34 +249,35 @@ class RedisStore:
             )
         raise StoreUnavailable("redis: the limit state is being rebuilt")
 
-    def _await_rebuild(self, tenant_id: int) -> None:
+    def _await_rebuild(self, tag: str) -> None:
         """Another process is rebuilding: wait (bounded) for its marker rather than refuse at once."""
         deadline = time.monotonic() + 2 * self.fence_ms / 1000 + 1
         while time.monotonic() < deadline:
             try:
-                if self.client.exists(marker_key(tenant_id)):
+                if self.client.exists(marker_key(tag)):
                     return
             except Exception as exc:
                 raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
             time.sleep(0.05)
 
-    def rebuild(self, tenant_id: int, *, force: bool = False) -> bool:
+    def rebuild(self, tenant_id: int, *, force: bool = False, tag: str | None = None) -> bool:
         """Rebuild the tenant's counters from the ledger; False when another process is at it.
         `force` rebuilds a store that looks ready (an operator's `rebuild_limits`): removing the
         marker first makes every concurrent call wait for the rebuilt state (they refuse)."""
         fence_ms = self.fence_ms
+        tag = tag or tenant_tag(tenant_id)
         try:
             if force:
-                self.client.delete(marker_key(tenant_id))
-            claim = self._begin(keys=[marker_key(tenant_id), fence_key(tenant_id)], args=[fence_ms * 10])
+                self.client.delete(marker_key(tag))
+            claim = self._begin(keys=[marker_key(tag), fence_key(tag)], args=[fence_ms * 10])
             if _text(claim[0]) != "claimed":
                 return _text(claim[0]) == "ready"
             token = _text(claim[1])
             started_ms = int(token)
             # Let every call that debited the lost state finish writing its ledger row first.
             time.sleep(fence_ms / 1000)
-            hashes, strings = _rebuilt_state(tenant_id, self.ledger, started_ms + fence_ms)
-            keys = [marker_key(tenant_id), fence_key(tenant_id), *hashes, *strings]
+            hashes, strings = _rebuilt_state(tenant_id, tag, self.ledger, started_ms + fence_ms)
+            keys = [marker_key(tag), fence_key(tag), *hashes, *strings]
             args: list[Any] = [token, len(hashes)]
             for fields, ttl in hashes.values():
                 args += [len(fields), ttl]
@@ -283,7 +298,7 @@ def _text(value: Any) -> str:
 
 
 def _rebuilt_state(
-    tenant_id: int, ledger: Callable[[int, int], Sequence[LedgerEntry]], now_ms: int
+    tenant_id: int, tag: str, ledger: Callable[[int, int], Sequence[LedgerEntry]], now_ms: int
 ) -> tuple[dict[str, tuple[dict[str, int], int]], dict[str, tuple[str, int]]]:
     """(budget hashes: key → (bucket → units, ttl), strings: key → (value, ttl)) from the ledger.
     Rate limits come back as if every call in the window had just been made (a later TAT than
@@ -293,7 +308,7 @@ def _rebuilt_state(
     rates: dict[str, tuple[int, int, int]] = {}  # key → (calls in window, cap, window)
     strings: dict[str, tuple[str, int]] = {}
     for entry in entries:
-        strings[idempotency_redis_key(tenant_id, entry.idempotency_key)] = (
+        strings[idempotency_redis_key(tag, entry.idempotency_key)] = (
             entry.decision_id,
             IDEMPOTENCY_TTL_MS,
         )
@@ -325,7 +340,13 @@ class DatabaseStore:
         self.clock = clock
 
     def check_and_debit(
-        self, tenant_id: int, debits: Sequence[Debit], *, idempotency_key: str, decision_id: str
+        self,
+        tenant_id: int,
+        debits: Sequence[Debit],
+        *,
+        idempotency_key: str,
+        decision_id: str,
+        tag: str | None = None,
     ) -> Outcome:
         # The idempotency key is the ledger's unique constraint (checked by the caller under the
         # same lock), so this store has no key of its own.

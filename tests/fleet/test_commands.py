@@ -80,7 +80,9 @@ def test_rebuild_limits_rebuilds_from_the_ledger(tenant_a: Tenant, redis_store: 
     first = GateRequest(saga_id="s", step_id="1", tool="x", args={"amount": 8})
     assert services.evaluate(tenant_a, first, actor="test")["decision"] == "allow"
     redis_store.client.flushall()
-    redis_store.client.set(marker_key(tenant_a.pk), "1")  # a store that *looks* ready but lost its counters
+    redis_store.client.set(
+        marker_key(services.gate_tag(tenant_a)), "1"
+    )  # a store that *looks* ready but lost its counters
     assert "acme: rebuilt" in run("rebuild_limits", "--tenant", "acme")
     second = GateRequest(saga_id="s", step_id="2", tool="x", args={"amount": 3})
     assert services.evaluate(tenant_a, second, actor="test")["reason"] == "budget_exceeded"

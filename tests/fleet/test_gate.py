@@ -280,13 +280,13 @@ def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window
     retried = call(amount=20)
     first = ask(tenant_a, store, retried)
     store.client.flushall()
-    assert not store.client.exists(marker_key(tenant_a.pk))
+    assert not store.client.exists(marker_key(services.gate_tag(tenant_a)))
     # Rebuilt before anything is allowed: 90 of 100 spent, the three calls counted, the retry known.
     assert ask(tenant_a, store, call(amount=11))["reason"] == "budget_exceeded"
     assert ask(tenant_a, store, call(tool="email.send"))["reason"] == "rate_limited"
     assert ask(tenant_a, store, retried) == first
     assert ask(tenant_a, store, call(amount=10))["decision"] == "allow"
-    assert store.client.exists(marker_key(tenant_a.pk))
+    assert store.client.exists(marker_key(services.gate_tag(tenant_a)))
 
 
 def test_the_database_store_keeps_counters_in_the_tenants_rows(tenant_a: Tenant, tenant_b: Tenant) -> None:

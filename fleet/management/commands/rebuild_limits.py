@@ -28,7 +28,7 @@ class Command(BaseCommand):
             [tenant_by_slug(options["tenant"])] if options["tenant"] else list(Tenant.objects.order_by("pk"))
         )
         for tenant in tenants:
-            rebuilt = store.rebuild(tenant.pk, force=True)
+            rebuilt = store.rebuild(tenant.pk, force=True, tag=services.gate_tag(tenant))
             self.stdout.write(
                 f"{tenant.slug}: {'rebuilt' if rebuilt else 'being rebuilt by another process'}"
             )
