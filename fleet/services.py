@@ -64,7 +64,7 @@ def _changed_after_commit(tenant: Tenant) -> None:
     """Wake every long-poll of the tenant's fleet status once the change commits (best effort:
     waiters re-read the state every second anyway), and make every process' gate re-read the
     tenant's policies (this one at once)."""
-    forget_policies(tenant.pk)
+    forget_policies(tenant)
 
     def bump() -> None:
         from django.core.cache import cache
@@ -212,7 +212,9 @@ class _Policies:
     read_at: float
 
 
-_snapshots: OrderedDict[int, _Policies] = OrderedDict()
+# Keyed by the tenant's gate tag (id and creation time), not its id: ids repeat where a database
+# is re-created (SQLite tests reuse them after each rollback), a tenant's creation time does not.
+_snapshots: OrderedDict[str, _Policies] = OrderedDict()
 _snapshots_lock = threading.Lock()
 
 
@@ -226,10 +228,10 @@ def _current_version(tenant_id: int) -> Any:
         return None
 
 
-def forget_policies(tenant_id: int) -> None:
+def forget_policies(tenant: Tenant) -> None:
     """Drop this process' snapshot of the tenant's policies (a change here, or a test)."""
     with _snapshots_lock:
-        _snapshots.pop(tenant_id, None)
+        _snapshots.pop(gate_tag(tenant), None)
 
 
 def _policies(tenant: Tenant) -> _Policies:
@@ -238,7 +240,7 @@ def _policies(tenant: Tenant) -> _Policies:
     version = _current_version(tenant.pk)
     now = time.monotonic()
     with _snapshots_lock:
-        held = _snapshots.get(tenant.pk)
+        held = _snapshots.get(gate_tag(tenant))
     if (
         held is not None
         and version is not None
@@ -257,8 +259,8 @@ def _policies(tenant: Tenant) -> _Policies:
     )
     if version is not None:
         with _snapshots_lock:
-            _snapshots[tenant.pk] = fresh
-            _snapshots.move_to_end(tenant.pk)
+            _snapshots[gate_tag(tenant)] = fresh
+            _snapshots.move_to_end(gate_tag(tenant))
             while len(_snapshots) > SNAPSHOTS_KEPT:
                 _snapshots.popitem(last=False)
     return fresh

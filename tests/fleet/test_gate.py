@@ -181,7 +181,7 @@ def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore)
     assert ask(tenant_a, store, call(tool="x"))["reason"] == "halted"
     with tenant_context(tenant_a):
         type(halt).objects.filter(pk=halt.pk).update(expires_at=halt.created_at)  # its hour has passed
-    services.forget_policies(tenant_a.pk)  # a row edited behind the services' back: re-read it now
+    services.forget_policies(tenant_a)  # a row edited behind the services' back: re-read it now
     assert ask(tenant_a, store, call(tool="x"))["decision"] == "allow"
 
 
