@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from django.conf import settings
@@ -82,6 +82,14 @@ def _let_the_runtime_role_flush() -> None:
         cursor.execute(f"GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO {role}")
 
 
+def unavailable(message: str) -> NoReturn:
+    """Something a test needs is missing: a skip on a laptop, a failure under CI=true (CI must
+    never go green by skipping)."""
+    if _in_ci():
+        pytest.fail(message + " — under CI=true this is a failure, not a skip")
+    pytest.skip(message)
+
+
 @pytest.fixture(autouse=True)
 def _require_services(request: pytest.FixtureRequest) -> None:
     missing = []
@@ -90,10 +98,7 @@ def _require_services(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("redis") and not _redis_reachable():
         missing.append("Redis (set REDIS_URL=redis://... and start it)")
     if missing:
-        message = "needs " + " and ".join(missing)
-        if _in_ci():
-            pytest.fail(message + " — under CI=true this is a failure, not a skip")
-        pytest.skip(message)
+        unavailable("needs " + " and ".join(missing))
 
 
 @dataclass

@@ -30,6 +30,8 @@ import pytest
 from cryptography.fernet import Fernet
 from sagaplane.chain import GENESIS, stamp
 
+from tests.conftest import unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 STARTUP_DEADLINE = 90.0
@@ -68,7 +70,7 @@ class OwnRedis:
 def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        unavailable("redis-server is not installed")
     import redis
 
     port = free_port()
@@ -144,7 +146,7 @@ def as_owner(url: str) -> str:
 def own_database() -> Iterator[OwnDatabase]:
     base = os.environ.get("DATABASE_URL", "")
     if not base.startswith(("postgres://", "postgresql://")):
-        pytest.skip("needs DATABASE_URL=postgres://...")
+        unavailable("needs DATABASE_URL=postgres://...")
     parts = urlsplit(base)
     name = f"{parts.path.lstrip('/') or 'sagaplane'}_hostile_{uuid.uuid4().hex[:8]}"
     admin_url = as_owner(urlunsplit(parts._replace(path="/postgres")))
