@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
 from fleet import services
-from fleet.gate import GateRequest, from_units, to_units
+from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, Halt, RateLimit
 from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, GATE, GATE_STATUS
 from tenants.permissions import TenantScopedViewMixin
@@ -206,39 +206,19 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
 
 
 def _budget_json(limit: BudgetLimit) -> dict[str, Any]:
-    return {
-        "id": limit.pk,
-        "name": limit.name,
-        "tool": limit.tool,
-        "argument": limit.argument,
-        "max_total": from_units(to_units(limit.max_total)),
-        "window_s": limit.window_s,
-        "per": limit.per,
-        "on_cap": limit.on_cap,
-        "usage": services.budget_usage(limit),
-    }
+    return {"id": limit.pk, **services.budget_values(limit), "usage": services.budget_usage(limit)}
 
 
 def _rate_json(limit: RateLimit) -> dict[str, Any]:
-    return {
-        "id": limit.pk,
-        "name": limit.name,
-        "tool": limit.tool,
-        "max_calls": limit.max_calls,
-        "window_s": limit.window_s,
-        "per": limit.per,
-    }
+    return {"id": limit.pk, **services.rate_limit_values(limit)}
 
 
 def _halt_json(halt: Halt) -> dict[str, Any]:
     return {
         "id": halt.pk,
-        "scope": halt.scope,
-        "mode": halt.mode,
-        "reason": halt.reason,
+        **services.halt_values(halt),
         "actor": halt.actor,
         "created_at": halt.created_at.isoformat(),
-        "expires_at": halt.expires_at.isoformat() if halt.expires_at else None,
     }
 
 

@@ -16,12 +16,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -482,16 +481,36 @@ def _check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
         )
 
 
-@contextmanager
-def _name_race(detail: str) -> Iterator[None]:
-    """Two creations of one name at once: the unique constraint refuses the second (409)."""
-    try:
-        yield
-    except IntegrityError:
-        raise FleetError("name_taken", "name", detail, status=409) from None
+Policy = TypeVar("Policy", BudgetLimit, RateLimit)
 
 
-def _budget_values(limit: BudgetLimit) -> dict[str, Any]:
+def _create_policy(
+    tenant: Tenant,
+    model: type[Policy],
+    fields: dict[str, Any],
+    *,
+    actor: str,
+    event: str,
+    subject: str,
+    values: Callable[[Policy], dict[str, Any]],
+) -> Policy:
+    """Create one budget or rate limit and record it (one transaction). The unique name is the
+    database's to check: a name taken, even by a creation racing this one, is a 409."""
+    with tenant_context(tenant):
+        try:
+            with transaction.atomic():  # a savepoint: the refused INSERT must not spoil the rest
+                limit = model.objects.create(**fields)
+        except IntegrityError:
+            taken = f"a {subject.replace('_', ' ')} named '{fields['name']}' exists"
+            raise FleetError("name_taken", "name", taken, status=409) from None
+        record = {subject: limit.pk, "old": None, "new": values(limit)}
+        append_server_record(tenant, event, record, actor=actor)
+        _changed_after_commit(tenant)
+    return limit
+
+
+def budget_values(limit: BudgetLimit) -> dict[str, Any]:
+    """A budget as audit records and the API show it."""
     return {
         "name": limit.name,
         "tool": limit.tool,
@@ -503,7 +522,8 @@ def _budget_values(limit: BudgetLimit) -> dict[str, Any]:
     }
 
 
-def _rate_values(limit: RateLimit) -> dict[str, Any]:
+def rate_limit_values(limit: RateLimit) -> dict[str, Any]:
+    """A rate limit as audit records and the API show it."""
     return {
         "name": limit.name,
         "tool": limit.tool,
@@ -511,11 +531,6 @@ def _rate_values(limit: RateLimit) -> dict[str, Any]:
         "window_s": limit.window_s,
         "per": list(limit.per),
     }
-
-
-def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    keys = [k for k in new if old.get(k) != new.get(k)]
-    return {k: old.get(k) for k in keys}, {k: new[k] for k in keys}
 
 
 def create_budget(
@@ -542,26 +557,23 @@ def create_budget(
         raise FleetError("invalid_max_total", "max_total", "max_total must be a positive number")
     if on_cap not in OnCap.values:
         raise FleetError("invalid_on_cap", "on_cap", f"on_cap must be one of {', '.join(OnCap.values)}")
-    with _name_race(f"a budget named '{name}' exists"), tenant_context(tenant), transaction.atomic():
-        if BudgetLimit.objects.filter(name=name).exists():
-            raise FleetError("name_taken", "name", f"a budget named '{name}' exists", status=409)
-        limit = BudgetLimit.objects.create(
-            name=name,
-            tool=tool,
-            argument=argument,
-            max_total=Decimal(cap_units) / gate.SCALE,
-            window_s=window_s,
-            per=per,
-            on_cap=on_cap,
-        )
-        append_server_record(
-            tenant,
-            "FLEET_BUDGET_CREATED",
-            {"budget": limit.pk, "old": None, "new": _budget_values(limit)},
-            actor=actor,
-        )
-        _changed_after_commit(tenant)
-    return limit
+    return _create_policy(
+        tenant,
+        BudgetLimit,
+        {
+            "name": name,
+            "tool": tool,
+            "argument": argument,
+            "max_total": Decimal(cap_units) / gate.SCALE,
+            "window_s": window_s,
+            "per": per,
+            "on_cap": on_cap,
+        },
+        actor=actor,
+        event="FLEET_BUDGET_CREATED",
+        subject="budget",
+        values=budget_values,
+    )
 
 
 def _delete_policy(
@@ -593,7 +605,7 @@ def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
         actor=actor,
         event="FLEET_BUDGET_DELETED",
         subject="budget",
-        values=_budget_values,
+        values=budget_values,
     )
 
 
@@ -604,20 +616,15 @@ def create_rate_limit(
     _check_common(name, tool, window_s, per)
     if isinstance(max_calls, bool) or not isinstance(max_calls, int) or not 1 <= max_calls <= 10**9:
         raise FleetError("invalid_max_calls", "max_calls", "max_calls must be a whole number from 1 to 10^9")
-    with _name_race(f"a rate limit named '{name}' exists"), tenant_context(tenant):
-        if RateLimit.objects.filter(name=name).exists():
-            raise FleetError("name_taken", "name", f"a rate limit named '{name}' exists", status=409)
-        limit = RateLimit.objects.create(
-            name=name, tool=tool, max_calls=max_calls, window_s=window_s, per=per
-        )
-        append_server_record(
-            tenant,
-            "FLEET_RATE_LIMIT_CREATED",
-            {"rate_limit": limit.pk, "old": None, "new": _rate_values(limit)},
-            actor=actor,
-        )
-        _changed_after_commit(tenant)
-    return limit
+    return _create_policy(
+        tenant,
+        RateLimit,
+        {"name": name, "tool": tool, "max_calls": max_calls, "window_s": window_s, "per": per},
+        actor=actor,
+        event="FLEET_RATE_LIMIT_CREATED",
+        subject="rate_limit",
+        values=rate_limit_values,
+    )
 
 
 def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None:
@@ -628,11 +635,12 @@ def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None
         actor=actor,
         event="FLEET_RATE_LIMIT_DELETED",
         subject="rate_limit",
-        values=_rate_values,
+        values=rate_limit_values,
     )
 
 
-def _halt_values(halt: Halt) -> dict[str, Any]:
+def halt_values(halt: Halt) -> dict[str, Any]:
+    """A halt as audit records and the API show it."""
     return {
         "scope": halt.scope,
         "mode": halt.mode,
@@ -668,7 +676,7 @@ def halt(
             expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
         )
         append_server_record(
-            tenant, "KILLSWITCH_ENGAGED", {"halt": row.pk, "old": None, "new": _halt_values(row)}, actor=actor
+            tenant, "KILLSWITCH_ENGAGED", {"halt": row.pk, "old": None, "new": halt_values(row)}, actor=actor
         )
         _changed_after_commit(tenant)
     return row
