@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any, Literal
+
+from sagaplane.chain import canonical
 
 SCALE = 10_000
 MAX_WHOLE_UNITS = 10**11
@@ -105,12 +106,6 @@ class InvalidArgument(Exception):
 
     def __str__(self) -> str:
         return self.detail
-
-
-def canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode(
-        "utf-8", "surrogatepass"
-    )
 
 
 def to_units(value: Any) -> int:
