@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install lint bench bench-quick clean
+.PHONY: run test install lint lock bench bench-quick clean
 
-$(VENV)/.installed: pyproject.toml sdk/pyproject.toml
+# Every third-party package comes at the version pinned in requirements.lock (a new release of a
+# dependency cannot change what is installed); the SDK and the server themselves from this tree.
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e './sdk[crypto]' -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -r requirements.lock -e './sdk[crypto]' -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -24,6 +26,12 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# After changing a dependency in pyproject.toml: re-pin (keeps every other pin where it is;
+# `make lock UPGRADE=--upgrade` moves them all to the newest allowed).
+lock: install
+	$(BIN)/uv pip compile requirements.in --python-version 3.11 $(UPGRADE) --custom-compile-command 'make lock' \
+	  --no-emit-package sagaplane --no-emit-package sagaplane-server -o requirements.lock
 
 bench: install
 	bash infra/bench.sh
