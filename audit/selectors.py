@@ -57,3 +57,24 @@ def stream_statuses(streams: int = 200, refusals: int = 500, refusals_each: int 
         attempts = refused.get(stream.stream_id, [])
         out.append(StreamStatus(stream, last, attempts[:refusals_each], len(attempts)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    leaf_index: int
+    stream_id: str
+    event: str
+    saga_id: str
+    step_id: str
+    tool: str
+
+
+def headers_between(start: int, end: int, events: tuple[str, ...]) -> list[RecordHeader]:
+    """Headers (index copies) of the records at leaf indices [start, end) whose event is one of
+    `events`, in leaf order (a range scan of the leaf index)."""
+    rows = (
+        Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end, event__in=events)
+        .order_by("leaf_index")
+        .values_list("leaf_index", "stream__stream_id", "event", "saga_id", "step_id", "tool")
+    )
+    return [RecordHeader(*row) for row in rows]

@@ -112,6 +112,7 @@ INSTALLED_APPS = [
     "fleet",
     "approvals",
     "transparency",
+    "reconciliation",
     "frontend",
     "axes",  # sign-in throttling (below)
 ]
@@ -230,6 +231,13 @@ CELERY_BEAT_SCHEDULE: dict = {
     },
     # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
     "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
+    # Reconciliation: compensated steps become checks for their observers; overdue checks are
+    # unverifiable. Ticks that waited behind busy workers expire rather than pile up.
+    "reconciliation-pass": {
+        "task": "reconciliation.reconcile",
+        "schedule": config.seconds("SAGAPLANE_RECONCILE_SECONDS", 2.0, maximum=3600),
+        "options": {"expires": 10.0},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -406,6 +414,17 @@ SAGAPLANE_EXPORT_STALE_MINUTES = config.integer(
     "SAGAPLANE_EXPORT_STALE_MINUTES", 10, minimum=1, maximum=7 * 24 * 60
 )
 SAGAPLANE_EXPORT_MAX_ATTEMPTS = config.integer("SAGAPLANE_EXPORT_MAX_ATTEMPTS", 3, minimum=1, maximum=100)
+
+# Reconciliation (reconciliation/): a compensated step is offered to its observers after DELAY
+# (the external system may take a moment to show a refund); nobody answering within WINDOW makes
+# it unverifiable; a claimed check is re-offered when its LEASE lapses without an answer.
+SAGAPLANE_RECONCILE_DELAY_SECONDS = config.integer(
+    "SAGAPLANE_RECONCILE_DELAY_SECONDS", 5, minimum=0, maximum=86400
+)
+SAGAPLANE_RECONCILE_WINDOW_SECONDS = config.seconds(
+    "SAGAPLANE_RECONCILE_WINDOW_SECONDS", 300.0, maximum=30 * 86400
+)
+SAGAPLANE_RECONCILE_LEASE_SECONDS = config.seconds("SAGAPLANE_RECONCILE_LEASE_SECONDS", 30.0, maximum=3600)
 
 # The last word: refuse to start while any variable above is malformed (every mode) or, in
 # production, any setting keeps an insecure default. Each problem is named at once.

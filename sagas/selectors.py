@@ -8,7 +8,9 @@ answers it for one saga and `with_effective_status` as a query; a test holds the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
@@ -108,3 +110,59 @@ def step_outcomes_by_tool(active_since: datetime) -> list[tuple[str, str, int]]:
         .annotate(n=Count("pk"))
     )
     return [(tool, status, n) for tool, status, n in rows]
+
+
+def step_compensations(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any] | None]:
+    """The compensation descriptor (`Step.compensation`) of each (saga id, step id) that names a
+    projected step; pairs with no step are left out."""
+    if not pairs:
+        return {}
+    saga_ids = {saga_id for saga_id, _ in pairs}
+    wanted = set(pairs)
+    rows = Step.objects.filter(saga__saga_id__in=saga_ids, step_id__in={s for _, s in pairs}).values_list(
+        "saga__saga_id", "step_id", "compensation"
+    )
+    return {(saga_id, step_id): comp for saga_id, step_id, comp in rows if (saga_id, step_id) in wanted}
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One step of a saga as the projection holds it, with its saga's effective status."""
+
+    saga_id: str
+    saga_status: str
+    step_id: str
+    tool: str
+    semantics: str
+    status: str
+    compensation: dict[str, Any] | None
+
+
+def sagas_active_between(since: datetime, until: datetime) -> QuerySet[Saga]:
+    return Saga.objects.filter(last_activity_at__gte=since, last_activity_at__lt=until)
+
+
+def step_count_between(since: datetime, until: datetime) -> int:
+    return Step.objects.filter(saga__last_activity_at__gte=since, saga__last_activity_at__lt=until).count()
+
+
+def effects_between(since: datetime, until: datetime, *, now: datetime, limit: int) -> list[Effect]:
+    """Every step of the sagas active in [since, until), saga by saga in order of activity, steps
+    in their order (at most `limit`)."""
+    rows = (
+        Step.objects.filter(saga__last_activity_at__gte=since, saga__last_activity_at__lt=until)
+        .select_related("saga")
+        .order_by("saga__last_activity_at", "saga__pk", "ordinal")[:limit]
+    )
+    return [
+        Effect(
+            s.saga.saga_id,
+            s.saga.effective_status(now),
+            s.step_id,
+            s.tool,
+            s.semantics,
+            s.status,
+            s.compensation if isinstance(s.compensation, dict) else None,
+        )
+        for s in rows
+    ]

@@ -99,6 +99,24 @@ def verifiers(include_retired: bool = True) -> list[note.Verifier]:
     return [note.Verifier.from_public_key(row.name, bytes(row.public_key)) for row in rows]
 
 
+def sign_statement(tenant: Tenant, text: str) -> str:
+    """`text` as a C2SP signed note by the tenant's log keys (active first, then any key being
+    rotated out), so it verifies offline against the same verifier keys as the checkpoints. A
+    tenant has keys once the integrator signed its first checkpoint; before that, 404."""
+    with tenant_context(tenant):
+        signers = _signers()
+    if not signers:
+        raise DomainError(
+            404, "no_signing_key", "the log has no signing key yet (none before its first checkpoint)"
+        )
+    return note.sign_note(text, signers)
+
+
+def log_origin(tenant: Tenant) -> str:
+    """The tenant log's origin, which is also its keys' name."""
+    return keys.log_origin(tenant)
+
+
 def current_verifier_keys(include_retired: bool = False) -> list[str]:
     """Verifier key strings, active first (what `GET /api/v1/audit/key` serves)."""
     order: dict[str, int] = {KeyStatus.ACTIVE: 0, KeyStatus.RETIRING: 1, KeyStatus.RETIRED: 2}

@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tenants.management",
             "fleet",
             "approvals",
+            "reconciliation",  # reads sagas and records, signs with the log's key
         ],
     ),
     ("pages and wiring", ["frontend", "controlplane"]),

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class ReconciliationConfig(AppConfig):
+    """Reconciliation: whether each compensated step's effect is really reversed in the world, as
+    its observer says (an SDK reconciler or the tenant's webhook), and the signed certificate of a
+    range of effects. Reads sagas and records through their selectors; writes only its own rows
+    and its verdicts' records in the tenant's server stream."""
+
+    name = "reconciliation"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from reconciliation import cross_tenant  # noqa: F401  (declares the pass's cross-tenant function)

@@ -1,0 +1,44 @@
+"""The one question the reconciliation pass asks across tenants: which tenants have work (new log
+leaves past their watermark, or open checks past their deadline). Ids only; the pass then works
+in each tenant with `tenant_context`. A SECURITY DEFINER function on Postgres (tenants/rls.py),
+the same query through the ORM with its tenant filter lifted on SQLite."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from audit.models import TenantLog
+from reconciliation.models import OPEN_STATUSES, ReconciliationCheck, ReconciliationCursor
+from tenants import rls
+from tenants.scoping import dangerously_bypass_orm_scope
+
+_OPEN = ", ".join(repr(status.value) for status in OPEN_STATUSES)
+
+_TENANTS_TO_RECONCILE = rls.cross_tenant_function(
+    "sagaplane_tenants_to_reconcile",
+    arguments="due_before timestamptz",
+    returns="TABLE (tenant_id bigint)",
+    body=(
+        f"SELECT log.tenant_id FROM {TenantLog._meta.db_table} AS log "
+        f"LEFT JOIN {ReconciliationCursor._meta.db_table} AS cur ON cur.tenant_id = log.tenant_id "
+        "WHERE log.size > coalesce(cur.scanned, 0) "
+        f"UNION SELECT tenant_id FROM {ReconciliationCheck._meta.db_table} "
+        f"WHERE status IN ({_OPEN}) AND deadline <= due_before "
+        "ORDER BY 1"
+    ),
+)
+
+
+def tenants_to_reconcile(now: datetime) -> list[int]:
+    if rls.enforces_rls():
+        return [tenant_id for (tenant_id,) in _TENANTS_TO_RECONCILE.rows(now)]
+    with dangerously_bypass_orm_scope():
+        sizes = dict(TenantLog.objects.values_list("tenant_id", "size"))
+        scanned = dict(ReconciliationCursor.objects.values_list("tenant_id", "scanned"))
+        due = set(
+            ReconciliationCheck.objects.filter(status__in=OPEN_STATUSES, deadline__lte=now).values_list(
+                "tenant_id", flat=True
+            )
+        )
+    grown = {tenant_id for tenant_id, size in sizes.items() if size > scanned.get(tenant_id, 0)}
+    return sorted(grown | due)

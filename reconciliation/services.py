@@ -1,0 +1,453 @@
+"""Every state change of reconciliation: checks made from compensated steps, claimed by observers,
+answered with a verdict, expired at their deadline, re-opened by a person.
+
+The pass (`reconcile_tenant`, the Celery beat's tick) turns each `COMPENSATED` record in the log
+(an agent's own rollback or a recovery worker's, whichever compensated the step) into one check
+for the step's compensation handler. An observer registered for that handler (an SDK worker's
+`@sp.reconciler("shop.refund")`, claiming through the API) says whether the effect is really
+reversed: true is `confirmed`, false is `drift`, and anything else (it could not tell, it failed,
+nobody claimed the check before its deadline, the compensation has no handler name) is
+`unverifiable`. Nothing is ever inferred to be fine.
+
+Each verdict takes a keyword-only `actor` and appends a `RECONCILIATION_VERDICT` record (old and new
+status, carrying the saga id) to the tenant's server stream in the same transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from sagaplane import certificate as sdk_certificate
+
+from audit import selectors as audit_selectors
+from audit.jsonvalues import index_text
+from audit.services import append_server_record
+from controlplane.errors import DomainError
+from reconciliation import cross_tenant
+from reconciliation.models import (
+    OPEN_STATUSES,
+    CheckStatus,
+    Reason,
+    ReconciliationCheck,
+    ReconciliationCursor,
+)
+from sagas import selectors as saga_selectors
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+log = logging.getLogger(__name__)
+
+VERDICT_EVENT = "RECONCILIATION_VERDICT"
+RECHECK_EVENT = "RECONCILIATION_RECHECK"
+PASS_ACTOR = "system:reconciliation"
+COMPENSATED_EVENTS = ("COMPENSATED",)
+# One pass looks at most this many new leaves per tenant; the next tick goes on from there.
+SCAN_LEAVES = 50_000
+MAX_CLAIM = 50
+DETAIL_MAX = 500
+WORKER_MAX = 200
+HANDLER_MAX = 200
+
+
+class ReconciliationError(DomainError):
+    """A refused reconciliation request: a machine-readable code and the field at fault."""
+
+    def __init__(self, status: int, code: str, detail: str, field: str | None = None) -> None:
+        if field is None:
+            super().__init__(status, code, detail)
+        else:
+            super().__init__(status, code, detail, field=field)
+
+
+def _delay() -> timedelta:
+    return timedelta(seconds=settings.SAGAPLANE_RECONCILE_DELAY_SECONDS)
+
+
+def _window() -> timedelta:
+    return timedelta(seconds=settings.SAGAPLANE_RECONCILE_WINDOW_SECONDS)
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=settings.SAGAPLANE_RECONCILE_LEASE_SECONDS)
+
+
+def _clean(text: Any, limit: int) -> str:
+    return index_text(str(text))[:limit] if text is not None else ""
+
+
+# ------------------------------------------------------------------------------------- verdicts
+
+
+def _decide(
+    tenant: Tenant,
+    check: ReconciliationCheck,
+    status: str,
+    reason: str,
+    detail: str,
+    *,
+    observer: str,
+    actor: str,
+) -> None:
+    """Give `check` its verdict and record it, in the caller's transaction (the row is locked)."""
+    old = {"status": check.status, "reason": check.reason or None}
+    check.status = status
+    check.reason = reason
+    check.detail = detail[:DETAIL_MAX]
+    check.observer = observer[:WORKER_MAX]
+    check.decided_at = timezone.now()
+    check.lease_expires_at = None
+    check.save(update_fields=["status", "reason", "detail", "observer", "decided_at", "lease_expires_at"])
+    append_server_record(
+        tenant,
+        VERDICT_EVENT,
+        {
+            "saga_id": check.saga_id,
+            "step_id": check.step_id,
+            "tool": check.tool,
+            "handler": check.handler,
+            "check": str(check.pk),
+            "verdict": status,
+            "reason": reason,
+            "detail": check.detail,
+            "observer": check.observer,
+            "token": check.token,
+            "old": old,
+            "new": {"status": status, "reason": reason},
+        },
+        actor=actor,
+    )
+
+
+# ----------------------------------------------------------------------------------------- the pass
+
+
+def _locked_cursor(tenant: Tenant) -> ReconciliationCursor:
+    cursor = ReconciliationCursor.objects.select_for_update().filter(tenant=tenant).first()
+    if cursor is not None:
+        return cursor
+    try:
+        with transaction.atomic():
+            ReconciliationCursor.objects.create(tenant=tenant)
+    except IntegrityError:
+        pass  # another pass created it meanwhile
+    return ReconciliationCursor.objects.select_for_update().get(tenant=tenant)
+
+
+def _check_for(
+    tenant: Tenant, header: Any, compensation: dict[str, Any] | None, now: datetime
+) -> ReconciliationCheck:
+    comp = compensation or {}
+    handler = comp.get("handler")
+    kwargs = comp.get("kwargs")
+    key = comp.get("idempotency_key")
+    return ReconciliationCheck(
+        tenant=tenant,
+        saga_id=header.saga_id,
+        step_id=header.step_id,
+        tool=header.tool,
+        handler=_clean(handler, HANDLER_MAX) if isinstance(handler, str) else "",
+        kwargs=kwargs if isinstance(kwargs, dict) else {},
+        idempotency_key=_clean(key, 128) if isinstance(key, str) else "",
+        compensated_leaf=header.leaf_index,
+        compensated_in=header.stream_id,
+        created_at=now,
+        not_before=now + _delay(),
+        deadline=now + _delay() + _window(),
+    )
+
+
+def scan(tenant: Tenant, *, max_leaves: int = SCAN_LEAVES) -> list[ReconciliationCheck]:
+    """Make a check for every step compensated in the leaves past the tenant's watermark (at most
+    `max_leaves` of them), then move the watermark, in one transaction. A compensation with no
+    handler name gets its verdict at once: no observer can ever be registered for it."""
+    with tenant_context(tenant):
+        cursor = _locked_cursor(tenant)
+        # The size first: every leaf below it is committed (indices are assigned in commit order).
+        size = audit_selectors.log_size()
+        if size <= cursor.scanned:
+            return []
+        end = min(size, cursor.scanned + max_leaves)
+        headers = [
+            h
+            for h in audit_selectors.headers_between(cursor.scanned, end, COMPENSATED_EVENTS)
+            if h.saga_id and h.step_id
+        ]
+        created: list[ReconciliationCheck] = []
+        if headers:
+            pairs = list(dict.fromkeys((h.saga_id, h.step_id) for h in headers))
+            known = set(
+                ReconciliationCheck.objects.filter(saga_id__in={s for s, _ in pairs}).values_list(
+                    "saga_id", "step_id"
+                )
+            )
+            compensations = saga_selectors.step_compensations([p for p in pairs if p not in known])
+            now = timezone.now()
+            fresh: dict[tuple[str, str], ReconciliationCheck] = {}
+            for header in headers:
+                pair = (header.saga_id, header.step_id)
+                if pair in known or pair in fresh:
+                    continue  # compensated again (by a recovery worker after its agent): one check
+                fresh[pair] = _check_for(tenant, header, compensations.get(pair), now)
+            created = list(fresh.values())
+            ReconciliationCheck.objects.bulk_create(created, batch_size=1000)
+            for check in created:
+                if not check.handler:
+                    _decide(
+                        tenant,
+                        check,
+                        CheckStatus.UNVERIFIABLE,
+                        Reason.NO_HANDLER,
+                        "the compensation names no registered handler, so no observer can check it",
+                        observer="",
+                        actor=PASS_ACTOR,
+                    )
+        ReconciliationCursor.objects.filter(pk=cursor.pk).update(scanned=end)
+        return created
+
+
+def expire_overdue(tenant: Tenant, *, now: datetime | None = None, limit: int = 1000) -> int:
+    """Checks still open at their deadline become `unverifiable`: nobody claimed them (no observer
+    for the handler) or the observer that claimed them never answered."""
+    now = now or timezone.now()
+    with tenant_context(tenant):
+        overdue = list(
+            ReconciliationCheck.objects.select_for_update(skip_locked=True)
+            .filter(status__in=OPEN_STATUSES, deadline__lte=now)
+            .order_by("deadline")[:limit]
+        )
+        for check in overdue:
+            if check.token == 0:
+                reason, detail = Reason.NO_OBSERVER, f"no observer for {check.handler!r} claimed it in time"
+            else:
+                reason = Reason.OBSERVER_SILENT
+                detail = f"claimed by {check.claimed_by or 'a worker'} and never answered"
+            _decide(tenant, check, CheckStatus.UNVERIFIABLE, reason, detail, observer="", actor=PASS_ACTOR)
+        return len(overdue)
+
+
+def reconcile_tenant(tenant: Tenant) -> dict[str, int]:
+    """One pass over a tenant: new checks from new compensations, then overdue checks expired."""
+    created = scan(tenant)
+    expired = expire_overdue(tenant)
+    return {"created": len(created), "expired": expired}
+
+
+def tenants_to_reconcile(now: datetime | None = None) -> list[int]:
+    return cross_tenant.tenants_to_reconcile(now or timezone.now())
+
+
+# ---------------------------------------------------------------------------------- observers
+
+
+def _handlers(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise ReconciliationError(400, "invalid", "handlers: a non-empty list of handler names", "handlers")
+    if len(value) > 200:
+        raise ReconciliationError(400, "invalid", "handlers: at most 200 names", "handlers")
+    if not all(isinstance(h, str) and 0 < len(h) <= HANDLER_MAX for h in value):
+        raise ReconciliationError(
+            400, "invalid", f"handlers: each a name of 1 to {HANDLER_MAX} characters", "handlers"
+        )
+    return list(dict.fromkeys(value))
+
+
+def claim(
+    tenant: Tenant, *, handlers: Any, worker: str, limit: int = 10, actor: str
+) -> list[ReconciliationCheck]:
+    """Up to `limit` due checks for `handlers`, each claimed under a new fencing token with a
+    lease. A check whose lease lapsed is claimable again (its old token is then stale). Claims are
+    operational, not evidence: the verdict's record names the observer and the token it held."""
+    names = _handlers(handlers)
+    limit = max(1, min(int(limit), MAX_CLAIM))
+    now = timezone.now()
+    claimable = Q(status=CheckStatus.PENDING) | Q(status=CheckStatus.CLAIMED, lease_expires_at__lte=now)
+    with tenant_context(tenant):
+        rows = list(
+            ReconciliationCheck.objects.select_for_update(skip_locked=True)
+            .filter(claimable, handler__in=names, not_before__lte=now, deadline__gt=now)
+            .order_by("not_before")[:limit]
+        )
+        claimed = []
+        for check in rows:
+            lease = now + _lease()
+            # Conditional on the token read: where the database has no row locks (SQLite) a
+            # racing claimer's update wins and this one skips the check.
+            won = ReconciliationCheck.objects.filter(pk=check.pk, token=check.token).update(
+                status=CheckStatus.CLAIMED,
+                token=F("token") + 1,
+                claimed_by=worker[:WORKER_MAX],
+                lease_expires_at=lease,
+            )
+            if won:
+                check.refresh_from_db()
+                claimed.append(check)
+        return claimed
+
+
+def report(
+    tenant: Tenant,
+    check_id: uuid.UUID,
+    *,
+    token: Any,
+    reversed_: Any,
+    detail: Any = "",
+    error: bool = False,
+    actor: str,
+) -> ReconciliationCheck:
+    """The observer's answer for a check it holds: `reversed_` true (confirmed), false (drift) or
+    None (unverifiable: it could not tell, or `error`: it failed). Refused unless `token` is the
+    check's current token and the check is still claimed (409 `stale_token`), so a worker whose
+    lease lapsed and was taken over cannot record a verdict."""
+    if type(token) is not int:
+        raise ReconciliationError(400, "invalid", "token: the integer the claim returned", "token")
+    if not (reversed_ is True or reversed_ is False or reversed_ is None):  # 1 == True: identity
+        raise ReconciliationError(400, "invalid", "reversed: true, false or null", "reversed")
+    if detail is None:
+        detail = ""
+    if not isinstance(detail, str):
+        raise ReconciliationError(400, "invalid", "detail: a string", "detail")
+    with tenant_context(tenant):
+        check = ReconciliationCheck.objects.select_for_update().filter(pk=check_id).first()
+        if check is None:
+            raise ReconciliationError(404, "not_found", "no such reconciliation check")
+        if check.decided:
+            raise ReconciliationError(
+                409, "already_decided", f"the check already has its verdict ({check.status})"
+            )
+        if check.status != CheckStatus.CLAIMED or check.token != token:
+            raise ReconciliationError(
+                409,
+                "stale_token",
+                "this claim is no longer current (its lease lapsed and the check was re-claimed)",
+            )
+        if reversed_ is True:
+            status, reason = CheckStatus.CONFIRMED, Reason.REVERSED
+        elif reversed_ is False:
+            status, reason = CheckStatus.DRIFT, Reason.NOT_REVERSED
+        else:
+            status = CheckStatus.UNVERIFIABLE
+            reason = Reason.OBSERVER_ERROR if error else Reason.OBSERVER_UNKNOWN
+        _decide(
+            tenant, check, status, reason, _clean(detail, DETAIL_MAX), observer=check.claimed_by, actor=actor
+        )
+        return check
+
+
+def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: str) -> ReconciliationCheck:
+    """Open a decided check again (after someone fixed the drift, or started the missing
+    observer): a new deadline, the next claim gets a new token. Recorded with the verdict it
+    replaces."""
+    with tenant_context(tenant):
+        check = ReconciliationCheck.objects.select_for_update().filter(pk=check_id).first()
+        if check is None:
+            raise ReconciliationError(404, "not_found", "no such reconciliation check")
+        if not check.decided:
+            raise ReconciliationError(409, "not_decided", "the check is still waiting for its verdict")
+        if not check.handler:
+            raise ReconciliationError(
+                409, "no_handler", "the compensation names no handler: no observer can check it"
+            )
+        old = {"status": check.status, "reason": check.reason}
+        now = timezone.now()
+        check.status = CheckStatus.PENDING
+        check.reason = ""
+        check.detail = ""
+        check.observer = ""
+        check.decided_at = None
+        check.not_before = now
+        check.deadline = now + _window()
+        check.save(
+            update_fields=["status", "reason", "detail", "observer", "decided_at", "not_before", "deadline"]
+        )
+        append_server_record(
+            tenant,
+            RECHECK_EVENT,
+            {
+                "saga_id": check.saga_id,
+                "step_id": check.step_id,
+                "tool": check.tool,
+                "handler": check.handler,
+                "check": str(check.pk),
+                "old": old,
+                "new": {"status": CheckStatus.PENDING.value, "reason": None},
+            },
+            actor=actor,
+        )
+        return check
+
+
+# ---------------------------------------------------------------------------------- certificate
+
+CERTIFICATE_EVENT = "AUDIT_CERTIFICATE_ISSUED"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = None, *, actor: str) -> str:
+    """A signed statement (`sagaplane.certificate`, signed like a checkpoint by the tenant's log
+    key) that every committed effect of the sagas active in [since, until) is accounted for,
+    naming each exception. Handing one out is recorded in the server stream (range, counts, the
+    note's SHA-256), like an export download."""
+    from reconciliation import certificate
+    from reconciliation import selectors as own
+    from transparency import selectors as log_selectors
+    from transparency import services as transparency
+
+    now = timezone.now()
+    until = min(until or now, now)
+    with tenant_context(tenant):
+        checkpoint = log_selectors.latest_checkpoint()
+        if checkpoint is None:
+            raise ReconciliationError(404, "no_checkpoint", "the log has no signed checkpoint yet")
+        steps = saga_selectors.step_count_between(since, until)
+        if steps > own.MAX_STEPS:
+            raise own.range_too_large(steps)
+        effects = saga_selectors.effects_between(since, until, now=now, limit=own.MAX_STEPS)
+        checks = own.checks_for((e.saga_id, e.step_id) for e in effects if e.status == "compensated")
+        tally = certificate.tally(effects, checks, resolved_steps(effects))
+        statement = {
+            "v": 1,
+            "since": _iso(since),
+            "until": _iso(until),
+            "issued_at": _iso(now),
+            "log": {
+                "size": checkpoint.size,
+                "root": base64.b64encode(bytes(checkpoint.root)).decode("ascii"),
+            },
+            "effects": tally.effects,
+            "accounted": tally.accounted,
+            "exceptions": tally.exceptions,
+            "clean": not tally.exceptions,
+        }
+        text = sdk_certificate.format_statement(transparency.log_origin(tenant), statement)
+        signed = transparency.sign_statement(tenant, text)
+        append_server_record(
+            tenant,
+            CERTIFICATE_EVENT,
+            {
+                "since": statement["since"],
+                "until": statement["until"],
+                "log_size": checkpoint.size,
+                "effects": tally.effects,
+                "exceptions": len(tally.exceptions),
+                "sha256": hashlib.sha256(signed.encode("utf-8")).hexdigest(),
+            },
+            actor=actor,
+        )
+        return signed
+
+
+def resolved_steps(effects: list[Any]) -> set[tuple[str, str]]:
+    """Steps a person made explicitly terminal (recovery's resolutions), where that exists."""
+    return set()
