@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "sagas",
     "fleet",
     "approvals",
+    "passkeys",
     "transparency",
     "reconciliation",
     "frontend",
@@ -244,6 +245,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Passkeys (WebAuthn, passkeys/): the relying party id is the dashboard's host name (a passkey
+# works on that name and the names under it); the origins are the exact addresses the dashboard is
+# served from. With none configured, a ceremony may come from the address the request reached when
+# its host is the RP id or under it (development on localhost at any port).
+SAGAPLANE_WEBAUTHN_RP_ID = config.text(
+    "SAGAPLANE_WEBAUTHN_RP_ID",
+    "localhost",
+    pattern=re.compile(r"[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?"),
+    must="a host name such as sagaplane.example.com (lower case, no scheme or port)",
+)
+SAGAPLANE_WEBAUTHN_RP_NAME = config.text(
+    "SAGAPLANE_WEBAUTHN_RP_NAME", "Sagaplane", pattern=re.compile(r"\S(?:.{0,98}\S)?"), must="a name"
+)
+SAGAPLANE_WEBAUTHN_ORIGINS = config.origins("SAGAPLANE_WEBAUTHN_ORIGINS", [])
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import admin_views, evidence_views, fleet_views, saga_views, views
+from frontend import admin_views, evidence_views, fleet_views, passkey_views, saga_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -14,6 +14,8 @@ urlpatterns = [
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/passkey/options", passkey_views.sign_in_options, name="passkey-sign-in-options"),
+    path("login/passkey", passkey_views.sign_in, name="passkey-sign-in"),
     path("tenant/switch", views.switch_tenant, name="switch-tenant"),
     path("invite/<str:token>", admin_views.accept_invite, name="invite-accept"),
     path("sagas/", saga_views.saga_list, name="sagas"),
@@ -39,6 +41,11 @@ urlpatterns = [
     path("administration/members/invite", admin_views.invite, name="member-invite"),
     path("administration/members/<int:membership_id>/role", admin_views.change_role, name="member-role"),
     path("administration/members/<int:membership_id>/remove", admin_views.remove, name="member-remove"),
+    path("account/passkeys/", passkey_views.passkey_list, name="passkeys"),
+    path("account/passkeys/options", passkey_views.registration_options, name="passkey-options"),
+    path("account/passkeys/register", passkey_views.register, name="passkey-register"),
+    path("account/passkeys/rename", passkey_views.rename, name="passkey-rename"),
+    path("account/passkeys/revoke", passkey_views.revoke, name="passkey-revoke"),
     path("administration/keys/", admin_views.keys, name="keys"),
     path("administration/keys/create", admin_views.create_key, name="key-create"),
     path("administration/keys/<int:key_id>/revoke", admin_views.revoke_key, name="key-revoke"),

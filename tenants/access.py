@@ -56,6 +56,10 @@ FLEET_CONTROL = Access(key_scope=Scope.CONTROL, capability="fleet")
 """Creating and deleting budgets and rate limits: owners and admins, or a `control` key."""
 FLEET_HALT = Access(key_scope=Scope.CONTROL, capability="halt")
 """Kill switches and quarantine: owners, admins and approvers (risk staff), or a `control` key."""
+RECONCILE = Access(key_scope=Scope.RECOVERY, capability=None)
+"""Claiming reconciliation checks and answering them: the SDK workers' observers (`recovery` keys)."""
+RECONCILE_DECIDE = Access(key_scope=Scope.CONTROL, capability="halt")
+"""Re-opening a reconciliation verdict (after a fix): risk staff, or a `control` key."""
 
 
 @dataclass(frozen=True)

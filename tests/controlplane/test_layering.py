@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tenants.management",
             "fleet",
             "approvals",
+            "passkeys",  # a person's WebAuthn credentials; approvals verify votes with them
             "reconciliation",  # reads sagas and records, signs with the log's key
         ],
     ),

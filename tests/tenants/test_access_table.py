@@ -33,8 +33,10 @@ from django.urls.resolvers import RoutePattern
 
 from fleet import services as fleet
 from frontend import invitations
+from reconciliation import services as reconciliation
 from tenants import services
 from tenants.models import Role, Tenant
+from tests.reconciliation.conftest import compensated_saga
 from tests.transparency.conftest import Writer, settle
 from transparency import proofs
 from transparency import services as transparency
@@ -156,6 +158,12 @@ EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
     "api/v1/fleet/halts/<str:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
+    # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
+    "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
+    "api/v1/reconciliation/report": Api({"GET": READ}),
+    "api/v1/reconciliation/checks/<str:check_id>/report": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
+    "api/v1/reconciliation/checks/<str:check_id>/recheck": Api({"POST": HALTERS}),
+    "api/v1/audit/certificate": Api({"GET": AUDIT}),
     # agent-saga's SagaCloudClient
     "v1/wal/ingest": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
     "v1/approvals": Api({"GET": READ}),
@@ -295,6 +303,8 @@ def world(
         budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
         rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
+        compensated_saga(writer, "acme-refunded")
+        (check,) = reconciliation.scan(acme)
         by_route = {}
         values = {
             "stream_id": writer.stream_id,
@@ -305,6 +315,7 @@ def world(
             "budget_id": budget.pk,
             "rate_limit_id": rate_limit.pk,
             "halt_id": halt.pk,
+            "check_id": check.pk,
             "export_id": export.pk,
             "level": 0,
             "tile": f"000.p/{size}",

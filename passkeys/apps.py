@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class PasskeysConfig(AppConfig):
+    name = "passkeys"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,295 @@
+"""Reconciliation over HTTP (docs/ARCHITECTURE.md §8).
+
+Observers (key scope `recovery`, the SDK's reconciler workers): `POST /api/v1/reconciliation/claim`
+long-polls for checks of the handlers they observe; `POST /api/v1/reconciliation/checks/<id>/report`
+answers one with the token its claim returned (409 `stale_token` when it is no longer current).
+Readers: `GET /api/v1/reconciliation/report?since=` (what `sagaplane reconcile` decides on).
+Auditors: `GET /api/v1/audit/certificate?since=` (the signed certificate, text/plain).
+Risk staff: `POST /api/v1/reconciliation/checks/<id>/recheck`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.errors import DomainError
+from reconciliation import selectors, services
+from reconciliation.models import ReconciliationCheck
+from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE
+from tenants.permissions import TenantScopedViewMixin
+
+MAX_WAIT_S = 25.0
+POLL_S = 0.25
+NAME_MAX = 200
+_EPOCH = re.compile(r"\d{1,11}(\.\d{1,6})?")
+# Earliest and latest moments a range may name: anything else is a typo, not a range.
+_FIRST = datetime(2000, 1, 1, tzinfo=UTC)
+_LAST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _body(request: Request) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+    return data
+
+
+def parse_moment(raw: str | None, name: str, *, required: bool) -> datetime | None:
+    """An ISO 8601 date or time (UTC when no offset is given) or Unix seconds; 400 otherwise."""
+    if raw is None or raw == "":
+        if required:
+            raise DomainError(400, "invalid", f"{name}: required (ISO 8601 or Unix seconds)", field=name)
+        return None
+    moment: datetime | None = None
+    if len(raw) <= 40 and raw.isascii():
+        if _EPOCH.fullmatch(raw):
+            try:
+                moment = datetime.fromtimestamp(float(raw), tz=UTC)
+            except (OverflowError, OSError, ValueError):
+                moment = None
+        else:
+            try:
+                moment = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+            except ValueError:
+                moment = None
+            if moment is not None and moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+    if moment is None or not _FIRST <= moment < _LAST:
+        raise DomainError(
+            400,
+            "invalid",
+            f"{name}: an ISO 8601 time (e.g. 2026-12-01T00:00:00Z) or Unix seconds",
+            field=name,
+        )
+    return moment
+
+
+def parse_range(request: Request) -> tuple[datetime, datetime | None]:
+    since = parse_moment(request.query_params.get("since"), "since", required=True)
+    until = parse_moment(request.query_params.get("until"), "until", required=False)
+    assert since is not None
+    if until is not None and until <= since:
+        raise DomainError(400, "invalid", "until: must be later than since", field="until")
+    return since, until
+
+
+def check_json(check: ReconciliationCheck) -> dict[str, Any]:
+    return {
+        "id": str(check.pk),
+        "token": check.token,
+        "saga_id": check.saga_id,
+        "step_id": check.step_id,
+        "tool": check.tool,
+        "handler": check.handler,
+        "kwargs": check.kwargs,
+        "idempotency_key": check.idempotency_key,
+        "status": check.status,
+        "lease_expires_at": check.lease_expires_at.isoformat() if check.lease_expires_at else None,
+        "deadline": check.deadline.isoformat(),
+    }
+
+
+def _check_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise DomainError(404, "not_found", "no such reconciliation check") from None
+
+
+class ClaimView(TenantScopedViewMixin, APIView):
+    """Checks this observer can answer: `{"handlers": [...], "worker"?, "max"? (1-50, default 10),
+    "wait"? (0-25 s)}` → `{"checks": [{... "token"}]}`. Waits up to `wait` seconds for at least
+    one; no transaction or connection is held while waiting."""
+
+    access = {"POST": RECONCILE}
+
+    @extend_schema(
+        operation_id="reconciliation_claim",
+        request=inline_serializer(
+            "ReconciliationClaim",
+            {
+                "handlers": serializers.ListField(child=serializers.CharField()),
+                "worker": serializers.CharField(required=False),
+                "max": serializers.IntegerField(required=False),
+                "wait": serializers.FloatField(required=False),
+            },
+        ),
+        responses={200: inline_serializer("ReconciliationClaimed", {"checks": serializers.ListField()})},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        worker = data.get("worker")
+        if worker is None:
+            worker = self.actor
+        if not isinstance(worker, str) or len(worker) > NAME_MAX or "\x00" in worker:
+            raise DomainError(
+                400, "invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker"
+            )
+        limit = data.get("max", 10)
+        if type(limit) is not int or not 1 <= limit <= services.MAX_CLAIM:
+            raise DomainError(400, "invalid", f"max: an integer from 1 to {services.MAX_CLAIM}", field="max")
+        wait = data.get("wait", 0)
+        if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
+            raise DomainError(400, "invalid", "wait: seconds from 0 (at most 25 are waited)", field="wait")
+        handlers = data.get("handlers")
+        if isinstance(handlers, list) and any(isinstance(h, str) and "\x00" in h for h in handlers):
+            raise DomainError(400, "invalid", "handlers: names without NUL", field="handlers")
+        checks = services.claim(self.tenant, handlers=handlers, worker=worker, limit=limit, actor=self.actor)
+        return Response({"checks": [check_json(c) for c in checks]})
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + _wait(request)
+        while True:
+            response = super().dispatch(request, *args, **kwargs)
+            data = getattr(response, "data", None)
+            if (
+                response.status_code != 200
+                or not isinstance(data, dict)
+                or data.get("checks")
+                or time.monotonic() + POLL_S >= deadline
+            ):
+                return response
+            time.sleep(POLL_S)
+
+
+def _wait(request: HttpRequest) -> float:
+    try:
+        body = json.loads(request.body or b"{}")
+        wait = body.get("wait", 0) if isinstance(body, dict) else 0
+    except Exception:  # malformed or too large: the handler's own reading answers it
+        return 0.0
+    if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
+        return 0.0
+    return min(float(wait), MAX_WAIT_S)
+
+
+_VERDICT = inline_serializer(
+    "ReconciliationVerdict",
+    {
+        "id": serializers.CharField(),
+        "status": serializers.CharField(),
+        "reason": serializers.CharField(),
+    },
+)
+
+
+class ReportView(TenantScopedViewMixin, APIView):
+    """The observer's answer: `{"token": <from the claim>, "reversed": true | false | null,
+    "detail"?: str, "error"?: bool}`. true confirms the reversal, false is drift, null (it could
+    not tell, or failed: `error`) is unverifiable."""
+
+    access = {"POST": RECONCILE}
+
+    @extend_schema(
+        operation_id="reconciliation_report",
+        request=inline_serializer(
+            "ReconciliationAnswer",
+            {
+                "token": serializers.IntegerField(),
+                "reversed": serializers.BooleanField(allow_null=True),
+                "detail": serializers.CharField(required=False),
+                "error": serializers.BooleanField(required=False),
+            },
+        ),
+        responses={200: _VERDICT},
+    )
+    def post(self, request: Request, check_id: str) -> Response:
+        data = _body(request)
+        if "reversed" not in data:
+            raise DomainError(400, "invalid", "reversed: required (true, false or null)", field="reversed")
+        error = data.get("error", False)
+        if type(error) is not bool:
+            raise DomainError(400, "invalid", "error: true or false", field="error")
+        check = services.report(
+            self.tenant,
+            _check_id(check_id),
+            token=data.get("token"),
+            reversed_=data["reversed"],
+            detail=data.get("detail", ""),
+            error=error,
+            actor=self.actor,
+        )
+        return Response({"id": str(check.pk), "status": check.status, "reason": check.reason})
+
+
+class RecheckView(TenantScopedViewMixin, APIView):
+    """Open a decided check again (someone fixed the drift, or started the missing observer)."""
+
+    access = {"POST": RECONCILE_DECIDE}
+
+    @extend_schema(operation_id="reconciliation_recheck", request=None, responses={200: _VERDICT})
+    def post(self, request: Request, check_id: str) -> Response:
+        check = services.recheck(self.tenant, _check_id(check_id), actor=self.actor)
+        return Response({"id": str(check.pk), "status": check.status, "reason": check.reason})
+
+
+class RangeReportView(TenantScopedViewMixin, APIView):
+    """Every compensated step of the sagas active in [since, until) with its outcome:
+    `confirmed`, `drift`, `unverifiable` or `pending` (no verdict yet, never counted as
+    confirmed), the counts, and `outcome` (drift if any, else unverifiable if any is
+    unverifiable or pending, else confirmed). `sagaplane reconcile --since` exits on it."""
+
+    access = {"GET": READ}
+
+    @extend_schema(
+        operation_id="reconciliation_range_report",
+        parameters=[OpenApiParameter("since", str, required=True), OpenApiParameter("until", str)],
+        responses={
+            200: inline_serializer(
+                "ReconciliationRangeReport",
+                {
+                    "since": serializers.CharField(),
+                    "until": serializers.CharField(),
+                    "outcome": serializers.CharField(),
+                    "counts": serializers.DictField(child=serializers.IntegerField()),
+                    "items": serializers.ListField(child=serializers.DictField()),
+                },
+            )
+        },
+    )
+    def get(self, request: Request) -> Response:
+        since, until = parse_range(request)
+        report = selectors.report(since, until)
+        return Response(
+            {
+                "since": report.since.isoformat(),
+                "until": report.until.isoformat(),
+                "outcome": report.outcome,
+                "counts": report.counts,
+                "items": [item.as_json() for item in report.items],
+            }
+        )
+
+
+class CertificateView(TenantScopedViewMixin, APIView):
+    """A signed certificate (text/plain C2SP signed note, `sagaplane.certificate`) that every
+    committed effect of the sagas active in [since, until) is accounted for, naming each
+    exception. Verify it offline with `sagaplane certify --file ... --key <verifier key>`."""
+
+    access = {"GET": AUDIT}
+
+    @extend_schema(
+        operation_id="audit_certificate",
+        parameters=[OpenApiParameter("since", str, required=True), OpenApiParameter("until", str)],
+        responses={(200, "text/plain"): OpenApiTypes.STR},
+    )
+    def get(self, request: Request) -> HttpResponse:
+        since, until = parse_range(request)
+        signed = services.issue_certificate(self.tenant, since, until, actor=self.actor)
+        response = HttpResponse(signed, content_type="text/plain; charset=utf-8")
+        response["Cache-Control"] = "no-store"
+        return response
