@@ -271,8 +271,8 @@ def register(
     """Verify navigator.credentials.create()'s answer to a challenge issued to this person, and
     keep the credential under `name`."""
     name = _clean_name(name)
-    allowed = _checked_origins(origins)
     credential = _parse_attestation(response_json)
+    allowed = _checked_origins(origins)
     challenge = _consume_challenge(REGISTER, int(user.pk), bytes(credential.response.client_data_json))
     try:
         verified = verify_registration_response(
@@ -474,8 +474,8 @@ def verify_assertion(
     inside the transaction that records what the assertion authorises: the counter update then
     commits or rolls back with it. Raises PasskeyRefused."""
     user = member.user if isinstance(member, Membership) else member
-    allowed = _checked_origins(origins)
     credential = _parse_assertion(response_json)
+    allowed = _checked_origins(origins)
     with transaction.atomic():
         passkey = _live_passkey_locked(credential)
         if passkey.user_id != user.pk:
@@ -501,8 +501,8 @@ def sign_in_options() -> dict[str, Any]:
 
 def sign_in(response_json: str | bytes | dict[str, Any], *, origins: Sequence[str] | None = None) -> Any:
     """The person whose live passkey answered a sign-in challenge (consumed here), or a refusal."""
-    allowed = _checked_origins(origins)
     credential = _parse_assertion(response_json)
+    allowed = _checked_origins(origins)
     challenge = _consume_challenge(SIGN_IN, None, bytes(credential.response.client_data_json))
     with transaction.atomic():
         passkey = _live_passkey_locked(credential)
