@@ -242,12 +242,40 @@ def cmd_verify_proof(args: argparse.Namespace) -> int:
     )
 
 
+# -- verify-approval ---------------------------------------------------------------------------
+
+
+def add_verify_approval(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify-approval", help="re-verify a saga disclosure's passkey approval votes offline (WebAuthn)"
+    )
+    p.add_argument("file", help="the saga's disclosure (GET /api/v1/audit/sagas/<id>/disclosure)")
+    p.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="VERIFIER_KEY",
+        help="the tenant's log verifier key: also verify the disclosure itself (repeatable)",
+    )
+    p.set_defaults(func=cmd_verify_approval)
+
+
+def cmd_verify_approval(args: argparse.Namespace) -> int:
+    from .approval import verify_approval_file
+    from .disclosure import VerificationError
+
+    return _report_verification(
+        args.file, lambda: verify_approval_file(args.file, args.key), (VerificationError, ValueError)
+    )
+
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_ship,
     add_verify_wal,
     add_verify_disclosure,
     add_verify_export,
     add_verify_proof,
+    add_verify_approval,
 ]
 
 
