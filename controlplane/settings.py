@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "sagas",
     "fleet",
     "approvals",
+    "slackapp",  # not "slack": slack_sdk once shipped a top-level module of that name
     "passkeys",
     "transparency",
     "reconciliation",
@@ -440,6 +441,27 @@ SAGAPLANE_RECONCILE_WINDOW_SECONDS = config.seconds(
     "SAGAPLANE_RECONCILE_WINDOW_SECONDS", 300.0, maximum=30 * 86400
 )
 SAGAPLANE_RECONCILE_LEASE_SECONDS = config.seconds("SAGAPLANE_RECONCILE_LEASE_SECONDS", 30.0, maximum=3600)
+
+# Where people reach this control plane: links in messages sent from workers, which have no
+# request to build them from (Slack's "Approve with passkey", its account-link page).
+SAGAPLANE_PUBLIC_URL = config.url("SAGAPLANE_PUBLIC_URL", ("https", "http"), default="http://localhost:8000")
+if PRODUCTION and not SAGAPLANE_PUBLIC_URL.startswith("https://"):
+    _insecure.append("SAGAPLANE_PUBLIC_URL is not an https:// URL")
+
+# Slack (slackapp/): the app's credentials from its configuration page. Without a signing secret
+# every /slack/ request is refused (nothing can be verified); without the client id and secret
+# nothing can be installed. SLACK_API_URL is the Web API's base (tests point it at a local server
+# that speaks the same wire format); the OAuth consent page is on the same origin.
+SLACK_CLIENT_ID = config.text("SLACK_CLIENT_ID", "")
+SLACK_CLIENT_SECRET = config.text("SLACK_CLIENT_SECRET", "")
+SLACK_SIGNING_SECRET = config.text("SLACK_SIGNING_SECRET", "")
+SLACK_API_URL = config.url("SLACK_API_URL", ("https", "http"), default="https://slack.com/api/") or (
+    "https://slack.com/api/"
+)
+if not SLACK_API_URL.endswith("/"):
+    SLACK_API_URL += "/"  # WebClient appends the method name to it
+if PRODUCTION and not SLACK_API_URL.startswith("https://"):
+    _insecure.append("SLACK_API_URL is not an https:// URL")
 
 # The last word: refuse to start while any variable above is malformed (every mode) or, in
 # production, any setting keeps an insecure default. Each problem is named at once.

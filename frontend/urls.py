@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import admin_views, evidence_views, fleet_views, passkey_views, saga_views, views
+from frontend import admin_views, evidence_views, fleet_views, passkey_views, saga_views, slack_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -49,4 +49,12 @@ urlpatterns = [
     path("administration/keys/", admin_views.keys, name="keys"),
     path("administration/keys/create", admin_views.create_key, name="key-create"),
     path("administration/keys/<int:key_id>/revoke", admin_views.revoke_key, name="key-revoke"),
+    path("integrations/slack/", slack_views.settings_page, name="slack-settings"),
+    path("integrations/slack/install", slack_views.install, name="slack-install"),
+    path("integrations/slack/oauth/callback", slack_views.oauth_callback, name="slack-oauth-callback"),
+    path("integrations/slack/channel", slack_views.channel, name="slack-channel"),
+    path("integrations/slack/email-matching", slack_views.email_matching, name="slack-email-matching"),
+    path("integrations/slack/uninstall", slack_views.uninstall, name="slack-uninstall"),
+    path("integrations/slack/link/<str:token>", slack_views.link, name="slack-link"),
+    path("integrations/slack/unlink", slack_views.unlink, name="slack-unlink"),
 ]

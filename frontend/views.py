@@ -34,6 +34,7 @@ NAV: list[tuple[str, str]] = [
     ("fleet", "Fleet"),
     ("evidence", "Evidence"),
     ("members", "Administration"),
+    ("slack-settings", "Slack"),
 ]
 
 

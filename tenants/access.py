@@ -27,6 +27,10 @@ class Access:
     """The API-key scope an agent needs; None: not open to API keys."""
     capability: str | None
     """What a member's role must allow; None: not open to signed-in members."""
+    signed_by: str | None = None
+    """A webhook: the sender named here signs each request's body, and that signature is the
+    only credential the route accepts (verified by the route, before it reads anything else);
+    keys and sessions prove nothing to it. None: not a webhook."""
 
 
 AccessMap = Mapping[str, Access]
@@ -61,6 +65,16 @@ RECONCILE = Access(key_scope=Scope.RECOVERY, capability=None)
 RECONCILE_DECIDE = Access(key_scope=Scope.CONTROL, capability="halt")
 """Re-opening a reconciliation verdict (after a fix): risk staff, or a `control` key."""
 
+SLACK_WEBHOOK = Access(key_scope=None, capability=None, signed_by="slack")
+"""Slack's requests (/slack/...): authenticated by `X-Slack-Signature` over the raw body, within
+five minutes, once (slackapp.services.verify_request); the Slack user's link to a member then
+decides what they may do, by the same rules as here."""
+INTEGRATIONS = Access(key_scope=None, capability="integrate")
+"""Connecting the tenant to another service (installing Slack, its channel, e-mail matching):
+owners only, never a key: it decides where requests go and who may answer them."""
+LINK_IDENTITY = Access(key_scope=None, capability="read")
+"""A member links their own chat identity (Slack user) to themselves: any member, never a key."""
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -87,7 +101,12 @@ def decide(
     rule: Access, *, api_key: ApiKey | None = None, membership: Membership | None = None
 ) -> Refusal | None:
     """None when the key (or the member) may use the route under `rule`, else the refusal.
-    Exactly one of `api_key` and `membership` is given: the caller has authenticated them."""
+    Exactly one of `api_key` and `membership` is given: the caller has authenticated them.
+    A webhook's rule (`signed_by`) admits neither: only its sender's signature."""
+    if rule.signed_by is not None:
+        return Refusal(
+            401, "signature_required", f"this route accepts only requests signed by {rule.signed_by}"
+        )
     if api_key is not None:
         if rule.key_scope is None:
             return Refusal(403, "missing_scope", "this route is not open to API keys")

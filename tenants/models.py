@@ -33,9 +33,20 @@ class Role(models.TextChoices):
 
 # Who may do what, by role. Views name the capability, never a list of roles.
 ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
-    # "fleet": change budgets and rate limits; "halt": engage and lift kill switches, quarantine.
+    # "fleet": change budgets and rate limits; "halt": engage and lift kill switches, quarantine;
+    # "integrate": connect the tenant to another service (Slack).
     Role.OWNER: frozenset(
-        {"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "halt", "break_glass"}
+        {
+            "read",
+            "manage_members",
+            "manage_keys",
+            "audit",
+            "approve",
+            "fleet",
+            "halt",
+            "break_glass",
+            "integrate",
+        }
     ),
     Role.ADMIN: frozenset({"read", "manage_members", "manage_keys", "audit", "approve", "fleet", "halt"}),
     Role.APPROVER: frozenset({"read", "approve", "halt"}),

@@ -49,6 +49,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "reconciliation",  # reads sagas and records, signs with the log's key
         ],
     ),
+    # Chat integrations act through the features' services (votes, halts), never the reverse.
+    ("integrations", ["slackapp"]),
     ("pages and wiring", ["frontend", "controlplane"]),
 ]
 APPS = {name.split(".")[0] for _, names in LAYERS for name in names}

@@ -34,6 +34,7 @@ from django.urls.resolvers import RoutePattern
 from fleet import services as fleet
 from frontend import invitations
 from reconciliation import services as reconciliation
+from slackapp import services as slack
 from tenants import services
 from tenants.models import Role, Tenant
 from tests.reconciliation.conftest import compensated_saga
@@ -94,6 +95,14 @@ class Public:
 
 
 @dataclass(frozen=True)
+class Signed:
+    """A webhook authenticated by its sender's signature over the body (Slack): keys and sessions
+    prove nothing, so every caller here (none signs) gets 401 in the error shape, per method."""
+
+    methods: frozenset[str]
+
+
+@dataclass(frozen=True)
 class SignedIn:
     """Any signed-in person (a member of some tenant); everyone else is sent to sign in."""
 
@@ -117,7 +126,9 @@ FLEET_CHANGE = Allowed(keys=CONTROL, roles=ADMINS)
 RISK_STAFF = frozenset({"approver", "admin", "owner"})
 HALTERS = Allowed(keys=CONTROL, roles=RISK_STAFF)
 
-EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
+OWNERS = frozenset({"owner"})
+
+EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     # probes and documentation
     "healthz": Public({"GET": 200}),
     "readyz": Public({"GET": 200}),
@@ -197,6 +208,18 @@ EXPECTED: dict[str, Api | Page | Public | SignedIn | AdminSite] = {
     "administration/keys/": Page({"GET": ADMINS}),
     "administration/keys/create": Page({"POST": ADMINS}),
     "administration/keys/<int:key_id>/revoke": Page({"POST": ADMINS}),
+    # Slack: its requests are signed by Slack; owners install it; any member links their Slack user
+    "slack/interactions": Signed(frozenset({"POST"})),
+    "slack/commands": Signed(frozenset({"POST"})),
+    "slack/events": Signed(frozenset({"POST"})),
+    "integrations/slack/": Page({"GET": OWNERS}),
+    "integrations/slack/install": Page({"POST": OWNERS}),
+    "integrations/slack/oauth/callback": Page({"GET": OWNERS}),
+    "integrations/slack/channel": Page({"POST": OWNERS}),
+    "integrations/slack/email-matching": Page({"POST": OWNERS}),
+    "integrations/slack/uninstall": Page({"POST": OWNERS}),
+    "integrations/slack/link/<str:token>": Page({"GET": EVERY_ROLE, "POST": EVERY_ROLE}),
+    "integrations/slack/unlink": Page({"POST": EVERY_ROLE}),
     # Django's admin site (staff only), as one entry for every route under it
     "admin/": AdminSite(),
 }
@@ -305,7 +328,9 @@ def world(
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
         compensated_saga(writer, "acme-refunded")
         (check,) = reconciliation.scan(acme)
-        by_route = {}
+        by_route = {
+            "integrations/slack/link/<str:token>": {"token": slack.link_token(acme, "T0ACME", "U0LINK")}
+        }
         values = {
             "stream_id": writer.stream_id,
             "saga_id": "acme-saga-1",
@@ -344,12 +369,14 @@ def proofs_size(tenant: Tenant) -> int:
 
 
 def expected(
-    spec: Api | Page | Public | SignedIn | AdminSite, method: str, principal: str, params: bool
+    spec: Api | Page | Public | Signed | SignedIn | AdminSite, method: str, principal: str, params: bool
 ) -> Outcome:
     """What `principal` must get from `method` on a route of this kind."""
     kind, _, name = principal.partition(":")
     if isinstance(spec, Public | AdminSite):
         return spec.methods.get(method, 405)
+    if isinstance(spec, Signed):
+        return 401 if method in spec.methods else 405
     if isinstance(spec, SignedIn):
         if method not in spec.methods:
             return 405
@@ -458,12 +485,14 @@ def test_every_route_has_exactly_one_entry_and_its_declared_methods() -> None:
     assert sorted(EXPECTED.keys() - entries) == [], "entries in EXPECTED naming no route"
     for route in ROUTES:
         spec = EXPECTED[route.entry]
-        if not isinstance(spec, Api | Page):
+        if not isinstance(spec, Api | Page | Signed):
             continue
         view_class = getattr(route.view, "view_class", None)  # DRF views; pages carry it themselves
         declared = getattr(view_class, "access", None) or getattr(route.view, "access", None)
         assert declared is not None, f"{route.pattern}: the view declares no access"
         assert set(declared) == set(spec.methods), f"{route.pattern}: declares {set(declared)}"
+        if isinstance(spec, Signed):  # a webhook's rule names its signer, and no key or role
+            assert all(rule.signed_by for rule in declared.values()), f"{route.pattern}: not a signed rule"
 
 
 @pytest.mark.django_db
@@ -472,7 +501,7 @@ def test_access_table(world: World, route: Route) -> None:
     spec = EXPECTED.get(route.entry)
     assert spec is not None, f"{route.pattern} has no entry in EXPECTED"
     path = world.path(route)
-    api = isinstance(spec, Api)
+    api = isinstance(spec, Api | Signed)
     failures = []
     for method in METHODS:
         declared = method in spec.methods

@@ -1,0 +1,159 @@
+"""The Slack pages: install (OAuth v2) and its settings for owners, and the account-link page on
+which a member confirms that a Slack user is them.
+
+Everything goes through `slackapp.services` (actor `user:<name>`), which records it in the
+tenant's server stream. The install's OAuth `state` is issued to the signed-in owner in the
+tenant they act for, and consumed once by the callback; a refusal is shown on the settings page
+and changes nothing else.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect
+from django.urls import reverse
+
+from frontend.views import MemberRequest, actor_of, member_page, page
+from slackapp import selectors, services
+from slackapp.services import SlackError
+from tenants.access import INTEGRATIONS, LINK_IDENTITY
+from tenants.models import Membership
+
+
+def _back(request: MemberRequest, error: SlackError | None = None, done: str = "") -> HttpResponse:
+    if error is not None:
+        messages.error(request, error.detail)
+    elif done:
+        messages.success(request, done)
+    return redirect("slack-settings")
+
+
+@member_page({"GET": INTEGRATIONS}, section="slack-settings")
+def settings_page(request: MemberRequest) -> HttpResponse:
+    row = selectors.installation()
+    channels: list[dict[str, str]] = []
+    channel_error = ""
+    if row is not None:
+        try:
+            channels = services.list_channels(request.tenant)
+        except SlackError as exc:
+            channel_error = exc.detail
+    links = []
+    if row is not None:
+        from slackapp.models import UserLink
+
+        people = {m.user_id: m for m in Membership.objects.select_related("user")}
+        for link in UserLink.objects.order_by("linked_at"):
+            member = people.get(link.user_id)
+            links.append({"link": link, "member": member.user.email if member else "(no longer a member)"})
+    return page(
+        request,
+        "frontend/slack.html",
+        {
+            "configured": services.configured(),
+            "installation": row,
+            "channels": channels,
+            "channel_error": channel_error,
+            "links": links,
+        },
+        section="slack-settings",
+    )
+
+
+@member_page({"POST": INTEGRATIONS}, section="slack-settings")
+def install(request: MemberRequest) -> HttpResponse:
+    try:
+        url = services.start_install(request.tenant, request.user)
+    except SlackError as exc:
+        return _back(request, exc)
+    return HttpResponseRedirect(url)
+
+
+@member_page({"GET": INTEGRATIONS}, section="slack-settings")
+def oauth_callback(request: MemberRequest) -> HttpResponse:
+    if request.GET.get("error"):
+        # The person clicked Cancel on Slack's page; the state is spent all the same.
+        services.StateStore(request.tenant, request.user).consume(request.GET.get("state", ""))
+        return _back(request, SlackError(400, "cancelled", "Slack install cancelled."))
+    try:
+        row = services.finish_install(
+            request.tenant,
+            request.user,
+            code=request.GET.get("code", ""),
+            state=request.GET.get("state", ""),
+            actor=actor_of(request),
+        )
+    except SlackError as exc:
+        return _back(request, exc)
+    return _back(
+        request, done=f"Slack installed in {row.team_name or row.team_id}. Choose the channel for requests."
+    )
+
+
+@member_page({"POST": INTEGRATIONS}, section="slack-settings")
+def channel(request: MemberRequest) -> HttpResponse:
+    try:
+        row = services.set_channel(request.tenant, request.POST.get("channel", ""), actor=actor_of(request))
+    except SlackError as exc:
+        return _back(request, exc)
+    return _back(request, done=f"Approval requests go to #{row.channel_name}.")
+
+
+@member_page({"POST": INTEGRATIONS}, section="slack-settings")
+def email_matching(request: MemberRequest) -> HttpResponse:
+    enabled = request.POST.get("enabled") == "on"
+    try:
+        services.set_email_matching(request.tenant, enabled, actor=actor_of(request))
+    except SlackError as exc:
+        return _back(request, exc)
+    return _back(request, done="E-mail matching is " + ("on." if enabled else "off."))
+
+
+@member_page({"POST": INTEGRATIONS}, section="slack-settings")
+def uninstall(request: MemberRequest) -> HttpResponse:
+    if not services.uninstall(request.tenant, actor=actor_of(request)):
+        return _back(request, SlackError(404, "not_installed", "Slack was not installed."))
+    return _back(request, done="Slack uninstalled: its token and every account link are deleted.")
+
+
+@member_page({"GET": LINK_IDENTITY, "POST": LINK_IDENTITY})
+def link(request: MemberRequest, token: str) -> HttpResponse:
+    """A Slack user's invitation to act as the signed-in member: shown with who they are in Slack
+    and what linking lets them do, confirmed by a POST (never by opening the link)."""
+    try:
+        tenant_id, team_id, slack_user_id = services.read_link_token(token)
+    except SlackError as exc:
+        return page(request, "frontend/slack_link.html", {"error": exc.detail}, status=exc.status)
+    if tenant_id != request.tenant.pk:
+        error = "This link is for another tenant: switch to it (top right), then open the link again."
+        return page(request, "frontend/slack_link.html", {"error": error}, status=404)
+    row = selectors.installation()
+    if row is None or row.team_id != team_id:
+        error = "This Slack workspace is no longer connected to the tenant."
+        return page(request, "frontend/slack_link.html", {"error": error}, status=409)
+    context = {"team": row.team_name or team_id, "slack_user_id": slack_user_id, "token": token}
+    if request.method == "POST":
+        try:
+            services.link_user(
+                request.tenant,
+                request.user,
+                team_id=team_id,
+                slack_user_id=slack_user_id,
+                how="confirmed",
+                actor=actor_of(request),
+            )
+        except SlackError as exc:
+            return page(
+                request, "frontend/slack_link.html", {**context, "error": exc.detail}, status=exc.status
+            )
+        return page(request, "frontend/slack_link.html", {**context, "linked": True})
+    current = selectors.link_of(request.user.pk)
+    return page(request, "frontend/slack_link.html", {**context, "current": current})
+
+
+@member_page({"POST": LINK_IDENTITY})
+def unlink(request: MemberRequest) -> HttpResponse:
+    if services.unlink_user(request.tenant, request.user, actor=actor_of(request)):
+        messages.success(request, "Your Slack account is unlinked.")
+    return redirect(reverse("home"))

@@ -1,0 +1,106 @@
+"""Slack tests: a local server speaking Slack's Web API (slack_server.py), the app's settings
+pointed at it, Celery tasks run in-process (eagerly) so a test sees the work the views queue,
+and helpers that play Slack's side (signed requests) and the owner's browser (the install)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+import pytest
+from django.test import Client
+
+from controlplane.celery import app as celery_app
+from tests.slackapp.slack_server import FakeSlack, start
+
+
+@pytest.fixture
+def slack(settings: Any) -> Iterator[FakeSlack]:
+    fake, server = start(FakeSlack())
+    settings.SLACK_CLIENT_ID = fake.client_id
+    settings.SLACK_CLIENT_SECRET = fake.client_secret
+    settings.SLACK_SIGNING_SECRET = fake.signing_secret
+    settings.SLACK_API_URL = fake.url + "/api/"
+    settings.SAGAPLANE_PUBLIC_URL = "http://testserver"
+    eager, propagates = celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates
+    celery_app.conf.task_always_eager = True
+    celery_app.conf.task_eager_propagates = True
+    try:
+        yield fake
+    finally:
+        celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates = eager, propagates
+        server.shutdown()
+        server.server_close()
+
+
+def browser(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def install(client: Client, slack: FakeSlack, channel: str | None = "C0RISK") -> Any:
+    """The owner's browser through the whole OAuth v2 round trip: our install button, Slack's
+    consent page (the local server's, which redirects back as Slack does once "Allow" is
+    clicked), our callback; then the channel. Returns the callback's response."""
+    started = client.post("/integrations/slack/install")
+    assert started.status_code == 302, started.content[:500]
+    consent = httpx.get(started["Location"], follow_redirects=False)
+    assert consent.status_code == 302, consent.text
+    back = urlsplit(consent.headers["Location"])
+    assert back.netloc == "testserver" and back.path == "/integrations/slack/oauth/callback"
+    answer = client.get(f"{back.path}?{back.query}")
+    if channel is not None:
+        client.post("/integrations/slack/channel", {"channel": channel})
+    answer.callback_url = f"{back.path}?{back.query}"  # type: ignore[attr-defined]
+    return answer
+
+
+def signed_post(
+    client: Client,
+    slack: FakeSlack,
+    path: str,
+    body: bytes,
+    *,
+    content_type: str = "application/x-www-form-urlencoded",
+    timestamp: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """POST `body` to one of /slack/... as Slack would: signed over exactly these bytes."""
+    signature = headers if headers is not None else slack.sign(body, timestamp)
+    return client.generic("POST", path, body, content_type=content_type, **signature)  # type: ignore[arg-type]
+
+
+def click_body(
+    slack: FakeSlack, action_id: str, request_id: str, user: str, channel: str = "C0RISK"
+) -> bytes:
+    payload = {
+        "type": "block_actions",
+        "team": {"id": slack.team_id, "domain": "acme"},
+        "user": {"id": user, "team_id": slack.team_id},
+        "channel": {"id": channel},
+        "container": {"type": "message", "channel_id": channel, "message_ts": "1.000001"},
+        "actions": [
+            {"action_id": action_id, "value": request_id, "type": "button", "action_ts": str(time.time())}
+        ],
+        "response_url": f"{slack.url}/hooks/actions/1",
+    }
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def command_body(slack: FakeSlack, command: str, text: str, user: str) -> bytes:
+    return urlencode(
+        {
+            "command": command,
+            "text": text,
+            "team_id": slack.team_id,
+            "user_id": user,
+            "channel_id": "C0RISK",
+            "response_url": f"{slack.url}/hooks/commands/{user}",
+            "trigger_id": "1.2.3",
+        }
+    ).encode()
