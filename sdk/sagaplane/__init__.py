@@ -19,6 +19,7 @@ from ._version import __version__
 from .chain import ChainBreak, ChainReport, verify_chain
 from .client import AuthenticationError, Client, ConfigurationError, SagaplaneError, TransportError
 from .gate import GateDenied, guarantees
+from .reconcile import ReconcileWorker, reconciler, registered_reconcilers
 from .runtime import Runtime, configure, get_runtime, shutdown, status
 from .saga import (
     ConfirmRequest,
@@ -70,6 +71,7 @@ __all__ = [
     "PREVIEW",
     "REVERSIBLE",
     "RollbackReport",
+    "ReconcileWorker",
     "Runtime",
     "Saga",
     "SagaAborted",
@@ -91,7 +93,9 @@ __all__ = [
     "current_saga",
     "get_runtime",
     "idempotency_key",
+    "reconciler",
     "refuse_irreversible",
+    "registered_reconcilers",
     "registered_compensators",
     "resolve_compensator",
     "saga",

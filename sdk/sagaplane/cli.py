@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._version import __version__
+from .reconcile import add_certify, add_reconcile, add_reconcile_worker
 from .shipper import DEFAULT_BATCH
 
 EXIT_OK = 0
@@ -275,6 +276,9 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_verify_disclosure,
     add_verify_export,
     add_verify_proof,
+    add_reconcile,
+    add_reconcile_worker,
+    add_certify,
     add_verify_approval,
 ]
 
