@@ -65,6 +65,7 @@ class LimitSpec:
     window_s: int
     cap_units: int  # budgets: the cap in units; rates: max calls
     argument: str = ""
+    on_cap: str = "deny"  # budgets: "deny" or "escalate" (to an approval)
 
 
 @dataclass(frozen=True)

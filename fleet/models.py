@@ -141,7 +141,10 @@ class GateDecision(TenantScopedModel):
     def answer(self) -> dict[str, Any]:
         """The gate's JSON answer for this decision (the same for every retry)."""
         if self.decision == Decision.ALLOW:
-            return {"decision": "allow", "authorization_id": str(self.id)}
+            answer: dict[str, Any] = {"decision": "allow", "authorization_id": str(self.id)}
+            if self.detail.get("approvals"):
+                answer["approvals"] = list(self.detail["approvals"])  # the approvals it consumed
+            return answer
         return {"decision": Decision(self.decision).value, "reason": self.reason, **self.detail}
 
 

@@ -5,7 +5,8 @@ their record (old and new values) to the tenant's server stream in the same tran
 
 The gate (`evaluate`) answers in this order, and the first refusal wins: kill switch → quarantine
 → budgets and rate limits (one atomic check-and-debit across every matching limit, all or nothing)
-→ approval policy (allow until approvals exist). Anything that cannot be read is a refusal.
+→ approval (`fleet.hooks`: the approvals app plugs its step in from above). Anything that cannot be
+read is a refusal.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from django.utils import timezone
 from audit.services import append_server_record
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
-from fleet import gate
+from fleet import gate, hooks
 from fleet.gate import Debit, GateRequest, InvalidArgument, LimitSpec
 from fleet.models import BudgetLimit, Decision, GateDecision, Halt, HaltMode, OnCap, Quarantine, RateLimit
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, Outcome, RedisStore, StoreUnavailable
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 NAME_MAX = 100
 MAX_WINDOW_S = 366 * 24 * 3600
 MAX_TTL_S = 366 * 24 * 3600
+# The cap of a budget an approved escalation lifts, for one call: above any window's possible sum
+# (both stores keep sums exact below 2**53).
+UNCAPPED = 2**52
 
 
 class FleetError(DomainError):
@@ -72,6 +76,12 @@ def _changed_after_commit(tenant: Tenant) -> None:
             cache.incr(version_key(tenant.pk))
 
     after_commit("fleet status change signal", bump)
+
+
+def policies_changed(tenant: Tenant) -> None:
+    """Another app's policy that the gate or the fleet status reads changed (approval policies
+    add governed tools): the same signal as a change here, once the change commits."""
+    _changed_after_commit(tenant)
 
 
 # ----------------------------------------------------------------------------------------- the store
@@ -139,6 +149,7 @@ def _limit_specs() -> list[LimitSpec]:
             window_s=b.window_s,
             cap_units=gate.to_units(b.max_total),
             argument=b.argument,
+            on_cap=b.on_cap,
         )
         for b in BudgetLimit.objects.order_by("pk")
     ]
@@ -306,6 +317,16 @@ def evaluate(
                 )
         if request.saga_id in policies.quarantined:
             return _deny(request, "quarantined", actor_prefix=key_prefix, retry_after=None)
+        step = hooks.approval_step()
+        verdict = step.before_debit(tenant, request) if step is not None else hooks.NONE
+        if verdict.kind == "pending":
+            return verdict.answer
+        if verdict.kind == "refused":
+            return _deny(request, actor_prefix=key_prefix, **verdict.answer)
+        if verdict.kind == "consumed":
+            return _earlier_allow(request) or _deny(
+                request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
+            )
         try:
             debits = gate.debits_for(policies.specs, request, tenant_tag=gate_tag(tenant))
         except InvalidArgument as exc:
@@ -318,6 +339,13 @@ def evaluate(
                 message=exc.detail,
                 retry_after=None,
             )
+        if verdict.uncapped:
+            # An approved escalation: these budgets' caps do not hold for this one call (it is still
+            # debited, so its spend counts against everything after it).
+            debits = [
+                replace(d, cap=UNCAPPED) if d.kind == "budget" and d.limit in verdict.uncapped else d
+                for d in debits
+            ]
         decision_id = uuid.uuid4()
         try:
             outcome = store.check_and_debit(
@@ -331,6 +359,21 @@ def evaluate(
             log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)
             return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
         if not outcome.allowed:
+            failed = outcome.failed
+            if (
+                step is not None
+                and failed is not None
+                and failed.kind == "budget"
+                and any(
+                    s.kind == "budget" and s.name == failed.limit and s.on_cap == OnCap.ESCALATE
+                    for s in policies.specs
+                )
+            ):
+                escalated = step.escalate(tenant, request, failed.limit, debits)
+                if escalated.kind == "pending":
+                    return escalated.answer
+                if escalated.kind == "refused":
+                    return _deny(request, actor_prefix=key_prefix, **escalated.answer)
             return _refusal(request, outcome, actor_prefix=key_prefix)
         if outcome.duplicate_of is not None:
             decision_id = uuid.UUID(outcome.duplicate_of)
@@ -346,7 +389,20 @@ def evaluate(
             return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
         try:
             with transaction.atomic():
-                row = _record_allow(decision_id, request, key_prefix, debits)
+                row = _record_allow(decision_id, request, key_prefix, debits, verdict.requests)
+                if (
+                    verdict.requests
+                    and step is not None
+                    and not step.consume(
+                        tenant, verdict.requests, authorization_id=str(decision_id), actor=actor
+                    )
+                ):
+                    raise _NotConsumable
+        except _NotConsumable:
+            # Used or lapsed since it was read (a racing call took it): this call starts nothing.
+            return _earlier_allow(request) or _deny(
+                request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
+            )
         except IntegrityError:
             # The same call allowed meanwhile (a retry racing itself, or one whose Redis key had
             # expired): the first allow stands; this debit stays counted, erring toward refusal.
@@ -355,8 +411,23 @@ def evaluate(
         return row.answer()
 
 
+class _NotConsumable(Exception):
+    """An approval read as usable was used or lapsed before this authorisation could take it."""
+
+
+def _earlier_allow(request: GateRequest) -> dict[str, Any] | None:
+    earlier = GateDecision.objects.filter(
+        idempotency_key=request.idempotency_key, decision=Decision.ALLOW
+    ).first()
+    return None if earlier is None else earlier.answer()
+
+
 def _record_allow(
-    decision_id: uuid.UUID, request: GateRequest, key_prefix: str, debits: list[Debit]
+    decision_id: uuid.UUID,
+    request: GateRequest,
+    key_prefix: str,
+    debits: list[Debit],
+    approvals: Sequence[str] = (),
 ) -> GateDecision:
     return GateDecision.objects.create(
         id=decision_id,
@@ -369,6 +440,7 @@ def _record_allow(
         args_digest=request.args_digest,
         decision=Decision.ALLOW,
         debits=[d.as_ledger() for d in debits],
+        detail={"approvals": list(approvals)} if approvals else {},
     )
 
 
@@ -402,6 +474,9 @@ def governed_tools() -> list[str]:
     """The tool globs some limit applies to (halts and quarantines apply to every call)."""
     globs = set(BudgetLimit.objects.values_list("tool", flat=True))
     globs |= set(RateLimit.objects.values_list("tool", flat=True))
+    step = hooks.approval_step()
+    if step is not None:
+        globs |= set(step.governed_tools())
     return sorted(globs)
 
 

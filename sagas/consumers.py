@@ -119,6 +119,11 @@ class TenantEventsConsumer(AsyncJsonWebsocketConsumer):
     async def live_revoke(self, message: dict[str, Any]) -> None:
         await self._revoke()
 
+    async def approval_event(self, event: dict[str, Any]) -> None:
+        """`approval.event` (approvals.services): a request opened, voted on, decided, warned,
+        escalated or consumed — forwarded like a saga event (the queue page updates live)."""
+        await self.saga_event(event)
+
     async def saga_event(self, event: dict[str, Any]) -> None:
         if self.revoked:
             return

@@ -60,6 +60,14 @@ FLEET_CONTROL = Access(key_scope=Scope.CONTROL, capability="fleet")
 """Creating and deleting budgets and rate limits: owners and admins, or a `control` key."""
 FLEET_HALT = Access(key_scope=Scope.CONTROL, capability="halt")
 """Kill switches and quarantine: owners, admins and approvers (risk staff), or a `control` key."""
+APPROVAL_POLICIES_VIEW = Access(key_scope=Scope.CONTROL, capability="read")
+"""Approval policies: every member sees who must approve what; keys need `control`."""
+APPROVAL_POLICIES_CHANGE = Access(key_scope=Scope.CONTROL, capability="fleet")
+"""Creating, editing and deleting approval policies: owners and admins, or a `control` key."""
+APPROVAL_WAIT = Access(key_scope=Scope.GATE, capability="read")
+"""Waiting on one approval request: the agent that asked the gate, or any member."""
+APPROVAL_VOTE = Access(key_scope=None, capability="approve")
+"""Voting (and asking for a passkey challenge to vote with): people only, never an agent's key."""
 RECONCILE = Access(key_scope=Scope.RECOVERY, capability=None)
 """Claiming reconciliation checks and answering them: the SDK workers' observers (`recovery` keys)."""
 RECONCILE_DECIDE = Access(key_scope=Scope.CONTROL, capability="halt")

@@ -119,6 +119,19 @@ def test_the_evidence_store_imports_no_app_built_on_it() -> None:
     assert imported == set()
 
 
+def test_the_gate_imports_nothing_of_approvals() -> None:
+    # One way only: approvals plug their step into the gate through fleet.hooks (registered in
+    # approvals' AppConfig.ready) and call fleet's services; fleet never imports approvals.
+    imported = {
+        name
+        for module, path in _modules()
+        if module.split(".")[0] == "fleet"
+        for _, name in _imports(path)
+        if name.split(".")[0] == "approvals"
+    }
+    assert imported == set()
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [

@@ -31,7 +31,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.urls.resolvers import RoutePattern
 
+from approvals import services as approvals
 from fleet import services as fleet
+from fleet.gate import GateRequest
 from frontend import invitations
 from reconciliation import services as reconciliation
 from slackapp import services as slack
@@ -175,6 +177,19 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/reconciliation/checks/<str:check_id>/report": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
     "api/v1/reconciliation/checks/<str:check_id>/recheck": Api({"POST": HALTERS}),
     "api/v1/audit/certificate": Api({"GET": AUDIT}),
+    # approvals: policies like the fleet's; the queue for readers; votes by people who may approve
+    "api/v1/approvals": Api({"GET": READ}),
+    "api/v1/approvals/policies": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
+    "api/v1/approvals/policies/<str:policy_id>": Api(
+        {"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}
+    ),
+    "api/v1/approvals/break-glass": Api({"GET": READ}),
+    "api/v1/approvals/<str:approval_id>": Api({"GET": READ}),
+    "api/v1/approvals/<str:approval_id>/votes": Api({"POST": Allowed(roles=RISK_STAFF)}),
+    "api/v1/approvals/<str:approval_id>/challenge": Api({"POST": Allowed(roles=RISK_STAFF)}),
+    "api/v1/approvals/<str:approval_id>/wait": Api(
+        {"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}
+    ),
     # agent-saga's SagaCloudClient
     "v1/wal/ingest": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
     "v1/approvals": Api({"GET": READ}),
@@ -326,6 +341,9 @@ def world(
         budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
         rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
+        approval_policy = approvals.create_policy(acme, actor="test", name="wires", tool="bank.*")
+        wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
+        pending = fleet.evaluate(acme, wire, actor="test")
         compensated_saga(writer, "acme-refunded")
         (check,) = reconciliation.scan(acme)
         by_route = {
@@ -340,6 +358,8 @@ def world(
             "budget_id": budget.pk,
             "rate_limit_id": rate_limit.pk,
             "halt_id": halt.pk,
+            "policy_id": approval_policy.pk,
+            "approval_id": pending["approval_id"],
             "check_id": check.pk,
             "export_id": export.pk,
             "level": 0,

@@ -1,0 +1,318 @@
+"""Approvals over HTTP (shapes in docs/ARCHITECTURE.md, public contract).
+
+- policies: `GET/POST /api/v1/approvals/policies`, `GET/PATCH/DELETE .../policies/<id>` (scope
+  `control`, or members: every member reads, owners and admins change);
+- requests: `GET /api/v1/approvals?status=`, `GET /api/v1/approvals/<id>` (with its votes),
+  `GET /api/v1/approvals/break-glass` (every break-glass use, for review);
+- `POST /api/v1/approvals/<id>/votes` and `POST .../challenge` (people whose role may approve);
+- `GET /api/v1/approvals/<id>/wait?timeout=<s>`: answers as soon as the request is decided, else
+  after `timeout` (at most 25 s); the SDK loops it until the request's deadline. No transaction
+  or database connection is held while waiting.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from django.core.cache import cache
+from django.db import connection
+from django.http import HttpRequest
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals import services
+from approvals.models import ApprovalPolicy, ApprovalRequest, Status
+from controlplane.errors import DomainError
+from tenants.access import (
+    APPROVAL_POLICIES_CHANGE,
+    APPROVAL_POLICIES_VIEW,
+    APPROVAL_VOTE,
+    APPROVAL_WAIT,
+    READ,
+)
+from tenants.permissions import TenantScopedViewMixin
+
+MAX_WAIT_S = 25.0
+_LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
+POLICY_FIELDS = (
+    "name",
+    "tool",
+    "semantics",
+    "predicates",
+    "required_approvals",
+    "eligible_roles",
+    "eligible_members",
+    "passkey_only",
+    "ttl_s",
+    "execution_window_s",
+    "warn_before_s",
+    "escalation",
+    "enabled",
+)
+_POLICY_BODY = inline_serializer(
+    "ApprovalPolicyBody",
+    {
+        "name": serializers.CharField(),
+        "tool": serializers.CharField(required=False),
+        "semantics": serializers.ListField(child=serializers.CharField(), required=False),
+        "predicates": serializers.ListField(child=serializers.DictField(), required=False),
+        "required_approvals": serializers.IntegerField(required=False),
+        "eligible_roles": serializers.ListField(child=serializers.CharField(), required=False),
+        "eligible_members": serializers.ListField(child=serializers.CharField(), required=False),
+        "passkey_only": serializers.BooleanField(required=False),
+        "ttl_s": serializers.IntegerField(required=False),
+        "execution_window_s": serializers.IntegerField(required=False),
+        "warn_before_s": serializers.IntegerField(required=False),
+        "escalation": serializers.ListField(child=serializers.DictField(), required=False),
+        "enabled": serializers.BooleanField(required=False),
+    },
+)
+
+
+def _body(request: Request) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+    return data
+
+
+def _pk(value: str) -> int:
+    if not value.isdigit() or len(value) > 18:
+        raise DomainError(404, "not_found", "no such approval policy")
+    return int(value)
+
+
+def _policy_json(policy: ApprovalPolicy) -> dict[str, Any]:
+    return {"id": policy.pk, **services.policy_values(policy)}
+
+
+def _request(approval_id: str) -> ApprovalRequest:
+    row = ApprovalRequest.objects.filter(pk=approval_id[:64]).first()
+    if row is None:
+        raise DomainError(404, "not_found", "no such approval request")
+    return row
+
+
+class PolicyListView(TenantScopedViewMixin, APIView):
+    """Approval policies: which calls need whose approval, how many, for how long."""
+
+    access = {"GET": APPROVAL_POLICIES_VIEW, "POST": APPROVAL_POLICIES_CHANGE}
+
+    @extend_schema(operation_id="approval_policies_list", responses={200: _LIST})
+    def get(self, request: Request) -> Response:
+        return Response([_policy_json(p) for p in ApprovalPolicy.objects.order_by("name")])
+
+    @extend_schema(
+        operation_id="approval_policies_create",
+        request=_POLICY_BODY,
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        if "name" not in data:
+            raise DomainError(400, "invalid", "name: required", field="name")
+        policy = services.create_policy(self.tenant, actor=self.actor, **{k: v for k, v in data.items()})
+        return Response(_policy_json(policy), status=201)
+
+
+class PolicyDetailView(TenantScopedViewMixin, APIView):
+    access = {
+        "GET": APPROVAL_POLICIES_VIEW,
+        "PATCH": APPROVAL_POLICIES_CHANGE,
+        "DELETE": APPROVAL_POLICIES_CHANGE,
+    }
+
+    @extend_schema(operation_id="approval_policies_retrieve", responses={200: serializers.DictField()})
+    def get(self, request: Request, policy_id: str) -> Response:
+        policy = ApprovalPolicy.objects.filter(pk=_pk(policy_id)).first()
+        if policy is None:
+            raise DomainError(404, "not_found", "no such approval policy")
+        return Response(_policy_json(policy))
+
+    @extend_schema(
+        operation_id="approval_policies_update",
+        request=_POLICY_BODY,
+        responses={200: serializers.DictField()},
+    )
+    def patch(self, request: Request, policy_id: str) -> Response:
+        data = _body(request)
+        policy = services.update_policy(self.tenant, _pk(policy_id), actor=self.actor, **dict(data.items()))
+        return Response(_policy_json(policy))
+
+    @extend_schema(operation_id="approval_policies_destroy", responses={204: None})
+    def delete(self, request: Request, policy_id: str) -> Response:
+        services.delete_policy(self.tenant, _pk(policy_id), actor=self.actor)
+        return Response(status=204)
+
+
+class RequestListView(TenantScopedViewMixin, APIView):
+    """Approval requests, newest first; `?status=pending` is the queue."""
+
+    access = {"GET": READ}
+
+    @extend_schema(
+        operation_id="approvals_list",
+        parameters=[OpenApiParameter("status", str, enum=list(Status.values))],
+        responses={200: _LIST},
+    )
+    def get(self, request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        if status is not None and status not in Status.values:
+            raise DomainError(400, "invalid", f"status: one of {', '.join(Status.values)}", field="status")
+        return Response([services.request_values(r) for r in services.requests(status)])
+
+
+class BreakGlassListView(TenantScopedViewMixin, APIView):
+    """Every break-glass approval (who, why, what), newest first, for review."""
+
+    access = {"GET": READ}
+
+    @extend_schema(operation_id="approvals_break_glass", responses={200: _LIST})
+    def get(self, request: Request) -> Response:
+        return Response(services.break_glass_uses())
+
+
+class RequestDetailView(TenantScopedViewMixin, APIView):
+    """One request: the exact action, the policy's terms, the votes so far, the time left."""
+
+    access = {"GET": READ}
+
+    @extend_schema(operation_id="approvals_retrieve", responses={200: serializers.DictField()})
+    def get(self, request: Request, approval_id: str) -> Response:
+        row = _request(approval_id)
+        votes = [services.vote_values(v) for v in row.votes.order_by("created_at", "pk")]
+        return Response({**services.request_values(row), "rules": row.rules, "votes": votes})
+
+
+class VoteView(TenantScopedViewMixin, APIView):
+    """A member's vote: `{"choice": "approve" | "deny", "note": ..., "break_glass": false}`.
+    Passkey-only policies take votes through the passkey flow (a verified assertion)."""
+
+    access = {"POST": APPROVAL_VOTE}
+
+    @extend_schema(
+        operation_id="approvals_vote",
+        request=inline_serializer(
+            "ApprovalVote",
+            {
+                "choice": serializers.ChoiceField(choices=["approve", "deny"]),
+                "note": serializers.CharField(required=False),
+                "break_glass": serializers.BooleanField(required=False),
+            },
+        ),
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request, approval_id: str) -> Response:
+        data = _body(request)
+        break_glass = data.get("break_glass", False)
+        if not isinstance(break_glass, bool):
+            raise DomainError(400, "invalid", "break_glass: true or false", field="break_glass")
+        assert self.membership is not None  # APPROVAL_VOTE is closed to keys
+        row = services.vote(
+            self.tenant,
+            approval_id[:64],
+            self.membership,
+            data.get("choice"),
+            data.get("note", ""),
+            actor=self.actor,
+            break_glass=break_glass,
+        )
+        return Response(services.request_values(row), status=201)
+
+
+class ChallengeView(TenantScopedViewMixin, APIView):
+    """A single-use passkey challenge for this member's vote: SHA-256(action digest ‖ nonce)."""
+
+    access = {"POST": APPROVAL_VOTE}
+
+    @extend_schema(operation_id="approvals_challenge", request=None, responses={201: serializers.DictField()})
+    def post(self, request: Request, approval_id: str) -> Response:
+        data = request.data if isinstance(request.data, dict) else {}
+        break_glass = data.get("break_glass", False) is True
+        assert self.membership is not None
+        issued = services.issue_vote_challenge(
+            self.tenant, approval_id[:64], self.membership, actor=self.actor, break_glass=break_glass
+        )
+        return Response(issued, status=201)
+
+
+def _wait_values(row: ApprovalRequest) -> dict[str, Any]:
+    values = services.request_values(row)
+    status = row.status
+    if status == Status.PENDING and values["expires_in"] == 0:
+        status = Status.EXPIRED  # past its deadline: the sweep records it, the answer is already no
+    return {
+        "id": row.pk,
+        "status": status,
+        "approvals": row.approvals,
+        "required": row.required,
+        "expires_at": values["expires_at"],
+        "expires_in": values["expires_in"],
+        "execute_by": values["execute_by"],
+        "decided_by": row.decided_by,
+        "note": row.note,
+    }
+
+
+class WaitView(TenantScopedViewMixin, APIView):
+    """Long-poll one request: answers at once when it is decided, else within a second of the
+    deciding vote, else after `timeout` seconds (at most 25) with it still pending."""
+
+    access = {"GET": APPROVAL_WAIT}
+
+    @extend_schema(
+        operation_id="approvals_wait",
+        parameters=[OpenApiParameter("timeout", float, description="seconds, at most 25")],
+        responses={200: serializers.DictField()},
+    )
+    def get(self, request: Request, approval_id: str) -> Response:
+        # The wake counter is read before the state: a decision committing between the two reads
+        # moves it past what the wait compares against.
+        self._seen = cache.get(services.wake_key(self.tenant.pk, approval_id[:64]))
+        return Response(_wait_values(_request(approval_id)))
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        try:
+            raw = request.GET.get("timeout", "0") or "0"
+            timeout = float(raw) if len(raw) <= 40 else math.nan
+        except ValueError:
+            timeout = math.nan
+        if not math.isfinite(timeout) or timeout < 0:
+            return self._refuse(request, "timeout: seconds from 0 (at most 25 are waited)")
+        deadline = time.monotonic() + min(timeout, MAX_WAIT_S)
+        while True:
+            response = super().dispatch(request, *args, **kwargs)
+            data = getattr(response, "data", None)
+            pending = isinstance(data, dict) and data.get("status") == Status.PENDING
+            if response.status_code != 200 or not pending or time.monotonic() >= deadline:
+                return response
+            expires_in = data.get("expires_in") if isinstance(data, dict) else None
+            until = (
+                deadline if expires_in is None else min(deadline, time.monotonic() + float(expires_in) + 0.05)
+            )
+            if not connection.in_atomic_block:
+                connection.close()  # nothing held while waiting (a pooled connection goes back)
+            self._wait_for_change(getattr(self, "tenant", None), kwargs.get("approval_id", ""), until)
+
+    def _refuse(self, request: HttpRequest, detail: str) -> Any:
+        self.headers = {}
+        drf_request = self.initialize_request(request)
+        self.request = drf_request
+        response = self.handle_exception(DomainError(400, "invalid", detail, field="timeout"))
+        return self.finalize_response(drf_request, response)
+
+    def _wait_for_change(self, tenant: Any, approval_id: str, until: float) -> None:
+        """Until the request's wake counter moves, a second passes (embedded mode's cache is per
+        process: the database is read again) or `until`."""
+        key = services.wake_key(tenant.pk, approval_id[:64]) if tenant is not None else ""
+        seen = getattr(self, "_seen", None)
+        stop = min(until, time.monotonic() + 1.0)
+        while time.monotonic() < stop:
+            time.sleep(0.02)
+            if key and cache.get(key) != seen:
+                return

@@ -1,0 +1,93 @@
+"""Approvals fixtures: a tenant whose agent's key belongs to alice (the requester), three approvers
+(ann and ben, approvers; adam, an admin), and a gate call helper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from approvals import services as approvals
+from fleet import services as fleet
+from fleet.gate import GateRequest
+from fleet.stores import DatabaseStore
+from tenants import services as tenants
+from tenants.models import Membership, Role, Tenant
+from tenants.scoping import tenant_context
+from tests.conftest import ALL_SCOPES, Person, make_person
+
+
+@pytest.fixture(autouse=True)
+def _database_store() -> Iterator[None]:
+    fleet.set_store(DatabaseStore())
+    yield
+    fleet.set_store(None)
+
+
+def member(person: Person) -> Membership:
+    with tenant_context(person.tenant):
+        return Membership.objects.select_related("user", "tenant").get(user=person.user)
+
+
+@dataclass
+class Agent:
+    tenant: Tenant
+    prefix: str
+    raw_key: str
+
+    def ask(
+        self, tool: str = "bank.wire", *, saga: str = "s1", step: str = "1", key: str = "", **args: Any
+    ) -> dict[str, Any]:
+        call = GateRequest(
+            saga_id=saga,
+            step_id=step,
+            tool=tool,
+            args=args,
+            semantics="IRREVERSIBLE",
+            agent="payments-bot",
+            api_key_prefix=self.prefix,
+            client_idempotency_key=key,
+        )
+        return fleet.evaluate(self.tenant, call, actor=f"api-key:{self.prefix}")
+
+
+@pytest.fixture
+def agent(alice: Person) -> Agent:
+    """The payments agent's key, created by alice: she is the requester of what it asks."""
+    key, raw = tenants.create_api_key(
+        alice.tenant, name="payments-bot", scopes=ALL_SCOPES, created_by=alice.user, actor="test"
+    )
+    return Agent(alice.tenant, key.prefix, raw)
+
+
+@pytest.fixture
+def ann(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ann", Role.APPROVER)
+
+
+@pytest.fixture
+def ben(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ben", Role.APPROVER)
+
+
+@pytest.fixture
+def adam(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "adam", Role.ADMIN)
+
+
+def wire_policy(tenant: Tenant, **overrides: Any) -> Any:
+    fields: dict[str, Any] = {
+        "name": "large wires",
+        "tool": "bank.*",
+        "predicates": [{"arg": "amount", "op": ">", "value": 50}],
+        "required_approvals": 1,
+    }
+    return approvals.create_policy(tenant, actor="user:alice", **{**fields, **overrides})
+
+
+def vote(person: Person, approval_id: str, choice: str = "approve", note: str = "", **kwargs: Any) -> Any:
+    return approvals.vote(
+        person.tenant, approval_id, member(person), choice, note, actor=f"user:{person.user.email}", **kwargs
+    )
