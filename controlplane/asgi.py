@@ -4,7 +4,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from controlplane.tracing import configure_tracing
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+configure_tracing("sagaplane-web")  # before the middleware is loaded: it adds its own
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry loaded above)

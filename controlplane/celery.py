@@ -47,6 +47,14 @@ def _refuse_unsafe_database_role(**kwargs: Any) -> None:
         raise SystemExit(str(exc)) from exc
 
 
+@signals.worker_process_init.connect
+def _trace_tasks(**kwargs: Any) -> None:
+    """Each pool process exports its own spans (an exporter's thread does not survive a fork)."""
+    from controlplane.tracing import configure_tracing
+
+    configure_tracing("sagaplane-worker")
+
+
 @signals.worker_shutting_down.connect
 def _announce_shutdown(**kwargs: Any) -> None:
     if _shutting_down is not None:

@@ -120,6 +120,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: the request id, the request's log line, and the ingest and gate metrics
+    # (controlplane/observability.py).
+    "controlplane.observability.RequestObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "tenants.rls.RuntimeRoleGuardMiddleware",
@@ -217,6 +220,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_BACKEND = None
+# Workers log through settings.LOGGING (JSON in production) instead of Celery's own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict = {
     # A checkpoint follows acceptance within about a second (ARCHITECTURE §2.3).
@@ -361,19 +366,29 @@ if PRODUCTION:
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = _ssl_redirect
     # Probes inside the cluster speak plain http to the pod; redirecting them fails every probe.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = _hsts_seconds
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 
 LOG_LEVEL = config.choice("LOG_LEVEL", ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], default="INFO")
+# json: one object per line with time, level, logger, request id, tenant, actor and trace id
+# (controlplane/logs.py), the production default; text: the message alone, for a terminal.
+LOG_FORMAT = config.choice("SAGAPLANE_LOG_FORMAT", ["json", "text"], default="json" if PRODUCTION else "text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # Invitation tokens in request paths are credentials: written as references (frontend.log_redaction).
     "filters": {"invitation_tokens": {"()": "frontend.log_redaction.RedactInvitationTokens"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["invitation_tokens"]}},
+    "formatters": {"json": {"()": "controlplane.logs.json_formatter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["invitation_tokens"],
+            **({"formatter": "json"} if LOG_FORMAT == "json" else {}),
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
@@ -430,6 +445,14 @@ SAGAPLANE_EXPORT_STALE_MINUTES = config.integer(
     "SAGAPLANE_EXPORT_STALE_MINUTES", 10, minimum=1, maximum=7 * 24 * 60
 )
 SAGAPLANE_EXPORT_MAX_ATTEMPTS = config.integer("SAGAPLANE_EXPORT_MAX_ATTEMPTS", 3, minimum=1, maximum=100)
+
+# /metrics (controlplane/observability.py): answered only to a scrape bearing this token
+# (`Authorization: Bearer ...`); without one, in development only. Never echoed.
+SAGAPLANE_METRICS_TOKEN = config.environ.get("SAGAPLANE_METRICS_TOKEN", "")
+if SAGAPLANE_METRICS_TOKEN and (
+    len(SAGAPLANE_METRICS_TOKEN) < 24 or any(ch.isspace() for ch in SAGAPLANE_METRICS_TOKEN)
+):
+    config.refuse("SAGAPLANE_METRICS_TOKEN", "at least 24 characters without spaces", secret=True)
 
 # Reconciliation (reconciliation/): a compensated step is offered to its observers after DELAY
 # (the external system may take a moment to show a refund); nobody answering within WINDOW makes

@@ -3,13 +3,14 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
-from controlplane import health
+from controlplane import health, observability
 
 docs_csp = csp_update({"style-src": ["'unsafe-inline'"], "worker-src": ["blob:"]})
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", observability.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/schema", SpectacularAPIView.as_view(), name="schema"),
     # The API reference pages' bundles inject their own styles (never scripts): relax style-src there only.

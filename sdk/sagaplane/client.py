@@ -119,13 +119,20 @@ class Client:
         return self.start(method, path, data, idempotent=idempotent).response()
 
     def start(
-        self, method: str, path: str, data: bytes | None = None, *, idempotent: bool | None = None
+        self,
+        method: str,
+        path: str,
+        data: bytes | None = None,
+        *,
+        idempotent: bool | None = None,
+        headers: dict[str, str] | None = None,
     ) -> PendingRequest:
         """Send a request now and collect its answer later (`.response()`), so the caller can do
-        other work while the server handles it. One pending request per thread at a time."""
+        other work while the server handles it. One pending request per thread at a time.
+        `headers` are added to this request's (a batch's `traceparent`)."""
         if idempotent is None:
             idempotent = method in _IDEMPOTENT
-        pending = PendingRequest(self, method, path, data, idempotent)
+        pending = PendingRequest(self, method, path, data, idempotent, headers)
         if not self._via_proxy:
             pending.send()
         return pending
@@ -142,10 +149,12 @@ class Client:
     def post_records(self, stream_id: str, records: list[dict[str, Any]]) -> Response:
         return self.post(self.records_path(stream_id), {"records": records})
 
-    def start_records_raw(self, stream_id: str, body: bytes) -> PendingRequest:
+    def start_records_raw(
+        self, stream_id: str, body: bytes, *, headers: dict[str, str] | None = None
+    ) -> PendingRequest:
         """POST an already-encoded `{"records": [...]}` body. Safe to resend: the server stores a
         record once and counts a resent one as a duplicate."""
-        return self.start("POST", self.records_path(stream_id), body, idempotent=True)
+        return self.start("POST", self.records_path(stream_id), body, idempotent=True, headers=headers)
 
     def stream(self, stream_id: str) -> Response:
         return self.get(f"/api/v1/streams/{urllib.parse.quote(stream_id, safe='')}")
@@ -187,8 +196,11 @@ class Client:
             self.connections_opened += 1
         return conn, reused
 
-    def _urllib(self, method: str, path: str, data: bytes | None) -> Response:
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
+    def _urllib(
+        self, method: str, path: str, data: bytes | None, extra: dict[str, str] | None = None
+    ) -> Response:
+        headers = {**self._headers, **(extra or {})}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return Response(resp.status, _parse(resp.read()), dict(resp.headers.items()))
@@ -205,12 +217,21 @@ class Client:
 class PendingRequest:
     """A request on its way (`Client.start`); `response()` waits for the answer."""
 
-    def __init__(self, client: Client, method: str, path: str, data: bytes | None, idempotent: bool) -> None:
+    def __init__(
+        self,
+        client: Client,
+        method: str,
+        path: str,
+        data: bytes | None,
+        idempotent: bool,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.client = client
         self.method = method
         self.path = path
         self.data = data
         self.idempotent = idempotent
+        self.extra_headers = headers or {}
         self._conn: http.client.HTTPConnection | None = None
         self._reused = False
         self._error: BaseException | None = None
@@ -222,7 +243,7 @@ class PendingRequest:
         client = self.client
         conn, self._reused = client._connection()
         self._conn = conn
-        headers = dict(client._headers)
+        headers = {**client._headers, **self.extra_headers}
         if self.data is None:
             headers.pop("Content-Type")
         try:
@@ -234,7 +255,7 @@ class PendingRequest:
     def response(self) -> Response:
         client = self.client
         if client._via_proxy:
-            return client._urllib(self.method, self.path, self.data)
+            return client._urllib(self.method, self.path, self.data, self.extra_headers)
         for attempt in (0, 1):
             conn = self._conn
             assert conn is not None

@@ -18,6 +18,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
+from . import tracing
 from .chain import token_hex
 from .gate import Call as GateCall
 from .gate import Gate, GateDenied
@@ -238,6 +239,7 @@ class Saga:
         # returned "complete" can never look unfinished (and be rolled back) after a power loss.
         self._durable = False
         self._token: Token[Saga | None] | None = None
+        self._span: Any = None  # the saga's OpenTelemetry span, when the agent traces
 
     @property
     def wal(self) -> WAL:
@@ -270,9 +272,22 @@ class Saga:
         self.wal.emit("SAGA_START", fields, buffered=True)  # reaches the file with the first intent
         self.wal.hold_lease(self.saga_id, self.lease_ttl)
         self._token = _current.set(self)
+        # With OpenTelemetry in the agent, the saga is a span carrying its id (sagaplane/tracing.py).
+        self._span = tracing.saga_span(self.name or "saga", self.saga_id)
+        if self._span is not None:
+            try:
+                self._span.__enter__()
+            except Exception:
+                self._span = None
 
     def _leave(self) -> None:
         self.wal.release_lease(self.saga_id)
+        span, self._span = self._span, None
+        if span is not None:
+            try:
+                span.__exit__(None, None, None)
+            except Exception:  # ended in another context: tracing never fails a saga
+                pass
         if self._token is not None:
             try:
                 _current.reset(self._token)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import tracing
 from ._files import atomic_write_json, cursor_path, read_json
 from .chain import GENESIS, HASH_FIELD
 from .client import AuthenticationError, Client, PendingRequest, Response, TransportError
@@ -215,6 +216,7 @@ class Shipper:
         self.accepted = 0
         self.duplicates = 0
         self.last_response: Response | None = None
+        self.last_traceparent = ""  # the W3C trace context the last batch was sent with
         self.cursor = self._load_cursor()
 
     # -- cursor ------------------------------------------------------------------------
@@ -458,7 +460,17 @@ class Shipper:
             raise ShipFailed(f"{self.path}: {batch.bad}; refusing to skip it")
         if not batch.count:
             return 0
-        pending: PendingRequest = self.client.start_records_raw(self.stream_id, batch.body)
+        # Each batch carries a W3C traceparent (its own span when the agent uses OpenTelemetry), so
+        # the control plane's logs and traces of it share the agent's trace id.
+        span = tracing.start_batch(self.stream_id, batch.lines)
+        self.last_traceparent = span.traceparent
+        try:
+            pending: PendingRequest = self.client.start_records_raw(
+                self.stream_id, batch.body, headers=span.headers
+            )
+        except BaseException:
+            span.end(None, "not sent")
+            raise
         if self.pipeline:
             # While the server verifies and stores this batch, read the one after it. It is used
             # only if this one is acknowledged (then the cursor is exactly where it starts).
@@ -468,7 +480,9 @@ class Shipper:
             response = pending.response()
         except TransportError as exc:
             self._next = None
+            span.end(None, str(exc))
             raise RetryLater(str(exc)) from exc
+        span.end(response.status)
         self.last_response = response
         status = response.status
         if response.ok:

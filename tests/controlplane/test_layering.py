@@ -29,6 +29,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "controlplane.schema",  # the error shape as documented (imports only DRF)
             "controlplane.config",
             "controlplane.celery",
+            "controlplane.tracing",  # imports only OpenTelemetry
+            "controlplane.metrics",  # imports only prometheus-client; apps may record and register
         ],
     ),
     ("evidence store", ["audit"]),

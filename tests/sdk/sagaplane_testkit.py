@@ -26,6 +26,7 @@ class FakeControlPlane:
         self.streams: dict[str, list[dict[str, Any]]] = {}
         self.requests: list[dict[str, Any]] = []  # every POST: stream, count, status
         self.head_reads: list[str] = []  # every GET of a stream's head: the stream
+        self.traceparents: list[str] = []  # every POST's W3C traceparent header ("" when none)
         self.readable = True  # False: GET of a stream answers 403 (a key without the read scope)
         self.scripted: deque[tuple[int, dict[str, Any], dict[str, str]]] = deque()
         self.max_records: int | None = None  # answer 413 above this
@@ -43,6 +44,7 @@ class FakeControlPlane:
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length", 0))
                 raw = self.rfile.read(length)
+                outer.traceparents.append(self.headers.get("traceparent", ""))
                 self.answer(*outer.handle(self.path, self.headers.get("Authorization", ""), raw))
 
             def answer(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:

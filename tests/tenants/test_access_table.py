@@ -134,6 +134,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     # probes and documentation
     "healthz": Public({"GET": 200}),
     "readyz": Public({"GET": 200}),
+    "metrics": Public({"GET": 200}),  # development: open; production: a token or 404
     "api/schema": Public({"GET": 200}),
     "api/docs": Public({"GET": 200}),
     "api/redoc": Public({"GET": 200}),

@@ -1,0 +1,115 @@
+"""W3C trace context for the batches the shipper sends, so one trace runs from an agent's batch
+through the control plane's ingest to the task that signs the checkpoint covering it.
+
+Works with or without OpenTelemetry:
+- With `opentelemetry-api` installed and a tracer provider configured by the agent, each batch
+  is a span (`sagaplane.ship`, a client span) in the agent's own tracing, carrying the stream, the
+  record count and the saga ids in the batch (`sagaplane.saga_ids`), and its context goes out as
+  the `traceparent` header.
+- Without it (or with no provider configured), the SDK still sends a fresh, valid `traceparent`
+  per batch, so the control plane's logs and traces of that batch share one trace id that the
+  agent can log (`Shipper.last_traceparent`).
+
+Nothing here is needed for shipping to work: any failure in tracing leaves the batch untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+try:  # optional: the SDK has no dependencies of its own
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - exercised by the tests that hide the package
+    _trace = None  # type: ignore[assignment]
+    _propagate = None  # type: ignore[assignment]
+
+_SAGA_ID = re.compile(rb'"saga_id"\s*:\s*"((?:[^"\\]|\\.){1,128})"')
+MAX_SAGA_IDS = 32  # a span attribute, not an index: enough to find the sagas of a batch
+
+
+def new_traceparent() -> str:
+    """A W3C traceparent for a new trace (version 00, sampled)."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def saga_ids(lines: Iterable[bytes]) -> list[str]:
+    """The distinct saga ids named by these WAL lines, in order, at most MAX_SAGA_IDS (read with a
+    pattern, not a JSON parse: a batch is never decoded just to be traced)."""
+    seen: dict[str, None] = {}
+    for line in lines:
+        match = _SAGA_ID.search(line)
+        if match is None:
+            continue
+        try:
+            seen.setdefault(match.group(1).decode("utf-8"), None)
+        except UnicodeDecodeError:
+            continue
+        if len(seen) >= MAX_SAGA_IDS:
+            break
+    return list(seen)
+
+
+class BatchSpan:
+    """One batch on its way: `headers` go with the request; `end(status)` closes the span."""
+
+    def __init__(self, span: Any, headers: dict[str, str]) -> None:
+        self._span = span
+        self.headers = headers
+
+    @property
+    def traceparent(self) -> str:
+        return self.headers.get("traceparent", "")
+
+    def end(self, status: int | None, error: str | None = None) -> None:
+        span, self._span = self._span, None
+        if span is None:
+            return
+        try:
+            if status is not None:
+                span.set_attribute("http.response.status_code", status)
+            if error is not None or (status is not None and status >= 400):
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, error or f"HTTP {status}"))
+            span.end()
+        except Exception:  # tracing never breaks shipping
+            pass
+
+
+def start_batch(stream_id: str, lines: list[bytes]) -> BatchSpan:
+    """Open the span of one batch (when OpenTelemetry is recording) and the headers that carry it."""
+    if _trace is not None and _propagate is not None:
+        try:
+            tracer = _trace.get_tracer("sagaplane")
+            span = tracer.start_span("sagaplane.ship", kind=_trace.SpanKind.CLIENT)
+            if span.is_recording():
+                span.set_attribute("sagaplane.stream_id", stream_id)
+                span.set_attribute("sagaplane.records", len(lines))
+                ids = saga_ids(lines)
+                if ids:
+                    span.set_attribute("sagaplane.saga_ids", ids)
+                headers: dict[str, str] = {}
+                _propagate.inject(headers, context=_trace.set_span_in_context(span))
+                if headers.get("traceparent"):
+                    return BatchSpan(span, headers)
+            span.end()
+        except Exception:
+            pass
+    return BatchSpan(None, {"traceparent": new_traceparent()})
+
+
+def saga_span(name: str, saga_id: str) -> Any:
+    """A span for a saga run in the agent (a context manager), or None without OpenTelemetry."""
+    if _trace is None:
+        return None
+    try:
+        span = _trace.get_tracer("sagaplane").start_as_current_span(
+            f"saga {name}", attributes={"sagaplane.saga_id": saga_id, "sagaplane.saga_name": name}
+        )
+        return span
+    except Exception:
+        return None

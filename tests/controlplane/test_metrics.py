@@ -1,0 +1,155 @@
+"""/metrics: who may scrape it, and that it answers what on-call asks first (batches accepted and
+refused by reason, batch latency, gate decisions, integration lag, queue depths), read through
+the real middleware and views. Counters are compared before and after (other tests in this
+process count too)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane import metrics
+from fleet import services as fleet_services
+from fleet.stores import DatabaseStore
+from tests.audit.chains import chain, saga_records
+from tests.conftest import Person
+from transparency import services as transparency_services
+
+TOKEN = "metrics-token-" + "x" * 20
+
+
+def scrape(**headers: str) -> str:
+    response = Client().get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain")
+    return response.content.decode()
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    """The sample `name` with exactly these labels (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+def post(person: Person, stream: str, records: Any) -> Any:
+    return person.key_client().post(f"/api/v1/streams/{stream}/records", {"records": records}, format="json")
+
+
+@pytest.fixture
+def database_gate_store() -> Iterator[None]:
+    fleet_services.set_store(DatabaseStore())
+    yield
+    fleet_services.set_store(None)
+
+
+def test_metrics_need_the_token_when_one_is_set(settings: Any, db: None) -> None:
+    settings.SAGAPLANE_METRICS_TOKEN = TOKEN
+    assert Client().get("/metrics").status_code == 404
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong-" + TOKEN).status_code == 404
+    assert Client().get("/metrics", HTTP_AUTHORIZATION=TOKEN).status_code == 404  # no scheme
+    assert "sagaplane_ingest_batch_seconds" in scrape(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+
+
+def test_without_a_token_metrics_are_not_served_in_production(settings: Any, db: None) -> None:
+    settings.SAGAPLANE_METRICS_TOKEN = ""
+    settings.PRODUCTION = True
+    assert Client().get("/metrics").status_code == 404
+    settings.PRODUCTION = False
+    assert Client().get("/metrics").status_code == 200
+    assert Client().post("/metrics").status_code == 405
+
+
+def test_batches_are_counted_by_outcome_and_reason_and_timed(alice: Person) -> None:
+    before = scrape()
+    records = chain(saga_records(steps=2))
+    assert post(alice, "m-1", records[:4]).status_code == 200
+    assert post(alice, "m-1", records).status_code == 200  # 4 duplicates, the rest new
+    forged = [dict(records[0], seq=7)]  # a digest that no longer matches
+    refused = post(alice, "m-2", forged)
+    assert refused.status_code == 422, refused.content
+    reason = refused.json()["reason"]
+    malformed = alice.key_client().post("/api/v1/streams/m-3/records", {"records": "no"}, format="json")
+    assert malformed.status_code == 400
+    after = scrape()
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("sagaplane_ingest_records_total", outcome="accepted") == len(records)
+    assert delta("sagaplane_ingest_records_total", outcome="duplicate") == 4
+    assert delta("sagaplane_ingest_batches_total", outcome="accepted", reason="") == 2
+    assert delta("sagaplane_ingest_batches_total", outcome="refused", reason=reason) == 1
+    assert delta("sagaplane_ingest_batches_total", outcome="refused", reason="invalid") == 1
+    assert delta("sagaplane_ingest_batch_seconds_count") == 4
+    assert delta("sagaplane_ingest_batch_seconds_sum") > 0
+
+
+def test_gate_decisions_are_counted_by_outcome(alice: Person, database_gate_store: None) -> None:
+    owner = alice.session_client()
+    budget = {"name": "tiny", "tool": "stripe.*", "max_total": "100", "window_s": 3600}
+    assert owner.post("/api/v1/fleet/budgets", budget, format="json").status_code == 201
+    agent = alice.key_client()
+    before = scrape()
+    for n in range(3):
+        call = {"saga_id": f"m-saga-{n}", "step_id": "1", "tool": "stripe.charge", "args": {"amount": 60}}
+        assert agent.post("/api/v1/gate/evaluate", call, format="json").status_code == 200
+    after = scrape()
+    allowed = value(after, "sagaplane_gate_decisions_total", decision="allow", reason="")
+    denied = value(after, "sagaplane_gate_decisions_total", decision="deny", reason="budget_exceeded")
+    assert allowed - value(before, "sagaplane_gate_decisions_total", decision="allow", reason="") == 1
+    assert (
+        denied - value(before, "sagaplane_gate_decisions_total", decision="deny", reason="budget_exceeded")
+        == 2
+    )
+
+
+def test_integration_lag_counts_leaves_waiting_for_a_checkpoint(alice: Person) -> None:
+    records = chain(saga_records(steps=2))
+    assert post(alice, "lag", records).status_code == 200
+    waiting = scrape()
+    assert value(waiting, "sagaplane_integration_lag_leaves") >= len(records)
+    assert value(waiting, "sagaplane_integration_lagging_tenants") >= 1
+    assert value(waiting, "sagaplane_integration_lag_seconds") >= 0
+    assert value(waiting, "sagaplane_scrape_errors", source="integration_lag") == 0
+    transparency_services.integrate_fully(alice.tenant)
+    caught_up = scrape()
+    # This tenant's leaves are under a checkpoint now; only other tenants' (none here) remain.
+    assert value(caught_up, "sagaplane_integration_lag_leaves") == 0
+    assert value(caught_up, "sagaplane_integration_lagging_tenants") == 0
+
+
+def test_celery_queue_depth_is_read_from_the_broker(db: None) -> None:
+    text = scrape()
+    assert value(text, "sagaplane_scrape_errors", source="celery_queue_depth") == 0
+    assert any(
+        sample.name == "sagaplane_celery_queue_depth" and sample.labels == {"queue": "celery"}
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )
+
+
+def test_apps_register_their_queues_and_a_failing_one_is_named(db: None) -> None:
+    metrics.register_queue("test-approvals", lambda: 3)
+    metrics.register_queue("test-broken", lambda: 1 // 0)
+    try:
+        text = scrape()
+    finally:
+        metrics._queues.pop("test-approvals")
+        metrics._queues.pop("test-broken")
+    assert value(text, "sagaplane_queue_depth", queue="test-approvals") == 3
+    assert value(text, "sagaplane_scrape_errors", source="queue:test-broken") == 1
+
+
+def test_every_answer_carries_a_request_id(db: None) -> None:
+    given = Client().get("/healthz", HTTP_X_REQUEST_ID="nginx-0123456789abcdef")
+    assert given["X-Request-ID"] == "nginx-0123456789abcdef"
+    hostile = Client().get("/healthz", HTTP_X_REQUEST_ID="a b\nc")
+    assert hostile["X-Request-ID"] != "a b\nc" and len(hostile["X-Request-ID"]) == 32
+    assert Client().get("/healthz")["X-Request-ID"] != Client().get("/healthz")["X-Request-ID"]
