@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "slackapp",  # not "slack": slack_sdk once shipped a top-level module of that name
     "passkeys",
     "transparency",
+    "recovery",
     "reconciliation",
     "frontend",
     "axes",  # sign-in throttling (below)
@@ -236,6 +237,9 @@ CELERY_BEAT_SCHEDULE: dict = {
         "task": "transparency.sweep_stale_exports",
         "schedule": config.seconds("SAGAPLANE_EXPORT_SWEEP_SECONDS", 60.0, maximum=24 * 3600),
     },
+    # Recovery: sagas whose lease expired are taken over, stuck jobs escalated, webhooks woken
+    # (ARCHITECTURE §2.4). Every second; a tick that waited behind busy workers is dropped.
+    "recovery-sweep": {"task": "recovery.sweep", "schedule": 1.0, "options": {"expires": 2.0}},
     # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
     "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
     # Reconciliation: compensated steps become checks for their observers; overdue checks are

@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/v1/", include("audit.urls")),
     path("api/v1/", include("sagas.urls")),
     path("api/v1/", include("fleet.urls")),
+    path("api/v1/", include("recovery.urls")),
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("reconciliation.urls")),
     path("v1/", include("audit.compat_urls")),

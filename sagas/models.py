@@ -20,6 +20,9 @@ class SagaStatus(models.TextChoices):
     ROLLBACK_PARTIAL = "rollback_partial", "Rollback partial (needs a human)"
     ORPHANED = "orphaned", "Orphaned"
     QUARANTINED = "quarantined", "Quarantined"
+    # The agent's lease expired (or a human chose "rollback to here") and recovery is compensating
+    # its steps (RECOVERY_STARTED / RECOVERY_ESCALATED in the server stream; ROLLBACK_END ends it).
+    RECOVERING = "recovering", "Recovering"
 
 
 TERMINAL_STATUSES = frozenset(

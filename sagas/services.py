@@ -135,6 +135,8 @@ def _apply_one(
         _set_status(saga, SagaStatus.COMPLETED)
     elif event == "SAGA_QUARANTINED":
         saga.status = SagaStatus.QUARANTINED
+    elif event in ("RECOVERY_STARTED", "RECOVERY_ESCALATED"):
+        _set_status(saga, SagaStatus.RECOVERING)
     return touched
 
 

@@ -83,6 +83,15 @@ owners only, never a key: it decides where requests go and who may answer them."
 LINK_IDENTITY = Access(key_scope=None, capability="read")
 """A member links their own chat identity (Slack user) to themselves: any member, never a key."""
 
+RECOVER = Access(key_scope=Scope.RECOVERY, capability=None)
+"""Claiming recovery jobs and reporting their results: SDK recovery workers' keys only."""
+RECOVERY_VIEW = Access(key_scope=Scope.RECOVERY, capability="read")
+"""Recovery jobs and the human queue: every member, or a `recovery` key."""
+RECOVERY_DECIDE = Access(key_scope=Scope.CONTROL, capability="halt")
+"""The human queue's decisions (retry, resolve) and "rollback to here": risk staff, or `control`."""
+RECOVERY_SETUP = Access(key_scope=Scope.CONTROL, capability="fleet")
+"""The recovery webhook (its URL and signing secret): owners and admins, or a `control` key."""
+
 
 @dataclass(frozen=True)
 class Refusal:

@@ -51,6 +51,7 @@ from .semantics import (
 )
 from .shipper import Backoff, ShipFailed, Shipper, ShipperState
 from .wal import WAL, WALError, WALLocked
+from .worker import Worker
 
 __all__ = [
     "GateDenied",
@@ -87,6 +88,7 @@ __all__ = [
     "WAL",
     "WALError",
     "WALLocked",
+    "Worker",
     "__version__",
     "compensator",
     "configure",

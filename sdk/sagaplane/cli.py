@@ -270,12 +270,63 @@ def cmd_verify_approval(args: argparse.Namespace) -> int:
     )
 
 
+# -- worker ----------------------------------------------------------------------------------------
+
+
+def add_worker(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run recovery jobs: compensations of sagas whose agent died")
+    p.add_argument(
+        "--handlers",
+        required=True,
+        help="comma-separated modules to import; their @sagaplane.compensator functions are run",
+    )
+    p.add_argument("--name", default=None, help="this worker's name in the evidence (default host:pid)")
+    p.add_argument("--lease", type=float, default=30.0, help="seconds a claimed job is held (default 30)")
+    p.add_argument("--wait", type=float, default=20.0, help="seconds one claim waits for a job (default 20)")
+    p.add_argument("--max-jobs", type=int, default=None, help="exit after running this many jobs")
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import importlib
+    import signal
+
+    from .client import ConfigurationError
+    from .worker import Worker
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--handlers myapp.compensators` from the project's folder
+    for module in filter(None, (m.strip() for m in args.handlers.split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            print(f"error: cannot import {module}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        worker = Worker(name=args.name, lease_s=args.lease, wait_s=args.wait)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not worker.handler_names():
+        print("error: the --handlers modules register no @sagaplane.compensator", file=sys.stderr)
+        return EXIT_USAGE
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    print(f"sagaplane worker {worker.name}: handlers {', '.join(worker.handler_names())}", flush=True)
+    try:
+        ran = worker.run(max_jobs=args.max_jobs)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    print(f"ran {ran} job(s)", flush=True)
+    return EXIT_OK
+
+
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_ship,
     add_verify_wal,
     add_verify_disclosure,
     add_verify_export,
     add_verify_proof,
+    add_worker,
     add_reconcile,
     add_reconcile_worker,
     add_certify,

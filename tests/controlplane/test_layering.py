@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tenants.management",
             "fleet",
             "approvals",
+            "recovery",  # takes over expired sagas; reads sagas, quarantines through fleet
             "passkeys",  # a person's WebAuthn credentials; approvals verify votes with them
             "reconciliation",  # reads sagas and records, signs with the log's key
         ],

@@ -21,6 +21,7 @@ import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,12 +31,15 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.urls.resolvers import RoutePattern
+from django.utils import timezone
 
 from approvals import services as approvals
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from frontend import invitations
 from reconciliation import services as reconciliation
+from recovery import services as recovery
+from recovery.models import Job
 from slackapp import services as slack
 from tenants import services
 from tenants.models import Role, Tenant
@@ -127,6 +131,7 @@ FLEET_VIEW = Allowed(keys=CONTROL, roles=EVERY_ROLE)
 FLEET_CHANGE = Allowed(keys=CONTROL, roles=ADMINS)
 RISK_STAFF = frozenset({"approver", "admin", "owner"})
 HALTERS = Allowed(keys=CONTROL, roles=RISK_STAFF)
+RECOVER = Allowed(keys=frozenset({"recovery"}))
 
 OWNERS = frozenset({"owner"})
 
@@ -172,6 +177,16 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
     "api/v1/fleet/halts/<str:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
+    # recovery: workers claim and report with `recovery` keys; risk staff decide; admins set the webhook
+    "api/v1/recovery/claim": Api({"POST": RECOVER}),
+    "api/v1/recovery/jobs": Api({"GET": Allowed(keys=frozenset({"recovery"}), roles=EVERY_ROLE)}),
+    "api/v1/recovery/jobs/<str:job_id>/complete": Api({"POST": RECOVER}),
+    "api/v1/recovery/jobs/<str:job_id>/fail": Api({"POST": RECOVER}),
+    "api/v1/recovery/jobs/<str:job_id>/heartbeat": Api({"POST": RECOVER}),
+    "api/v1/recovery/jobs/<str:job_id>/retry": Api({"POST": HALTERS}),
+    "api/v1/recovery/jobs/<str:job_id>/resolve": Api({"POST": HALTERS}),
+    "api/v1/recovery/webhook": Api({"GET": FLEET_CHANGE, "PUT": FLEET_CHANGE, "DELETE": FLEET_CHANGE}),
+    "api/v1/sagas/<str:saga_id>/rollback": Api({"POST": HALTERS}),
     # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
     "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
     "api/v1/reconciliation/report": Api({"GET": READ}),
@@ -342,6 +357,7 @@ def world(
         budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
         rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
+        recovery_job = _recovery_job(acme)
         approval_policy = approvals.create_policy(acme, actor="test", name="wires", tool="bank.*")
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor="test")
@@ -359,6 +375,7 @@ def world(
             "budget_id": budget.pk,
             "rate_limit_id": rate_limit.pk,
             "halt_id": halt.pk,
+            "job_id": str(recovery_job.pk),
             "policy_id": approval_policy.pk,
             "approval_id": pending["approval_id"],
             "check_id": check.pk,
@@ -375,6 +392,20 @@ def world(
         }
         yield World(clients, values, by_route)
         transaction.set_rollback(True)
+
+
+def _recovery_job(tenant: Tenant) -> Any:
+    """An escalated recovery job of acme's: a crashed saga whose only step has no handler."""
+    writer = Writer(tenant, "agent-acme-crashed")
+    step = {"saga_id": "acme-crashed", "step_id": "s1", "tool": "shop.charge", "semantics": "COMPENSABLE"}
+    writer.ship(
+        ("SAGA_START", {"saga_id": "acme-crashed", "lease_ttl": 0.001}),
+        ("STEP_INTENT", step),
+        ("STEP_COMMITTED", {**step, "compensation": None}),
+    )
+    recovery.sweep(tenant, now=timezone.now() + timedelta(seconds=1))
+    with tenant_context(tenant):
+        return Job.objects.get(saga_id="acme-crashed")
 
 
 def proofs_size(tenant: Tenant) -> int:

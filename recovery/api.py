@@ -1,0 +1,308 @@
+"""Recovery over HTTP (shapes in docs/ARCHITECTURE.md §8.4).
+
+Workers (key scope `recovery`): `POST /api/v1/recovery/claim` long-polls for the next job they
+have a handler for; `POST /api/v1/recovery/jobs/<id>/complete`, `/fail` and `/heartbeat` carry
+the token the claim returned (409 `stale_token` when it is no longer the job's). People (and
+`control` keys): the jobs, the human queue's decisions, "rollback to here" and the webhook.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from django.http import HttpRequest
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.errors import DomainError
+from recovery import selectors, services
+from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
+from tenants.permissions import TenantScopedViewMixin
+
+MAX_WAIT_S = 25.0
+POLL_S = 0.1
+MAX_HANDLERS = 500
+NAME_MAX = 200
+
+_JOB = {"type": "object", "additionalProperties": True}
+
+
+def _body(request: Request) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+    return data
+
+
+def _handlers(value: Any) -> list[str]:
+    if (
+        not isinstance(value, list)
+        or not 0 < len(value) <= MAX_HANDLERS
+        or not all(isinstance(h, str) and 0 < len(h) <= NAME_MAX and "\x00" not in h for h in value)
+    ):
+        raise DomainError(
+            400, "invalid", f"handlers: a list of 1 to {MAX_HANDLERS} handler names", field="handlers"
+        )
+    return value
+
+
+def _worker_name(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > NAME_MAX or "\x00" in value:
+        raise DomainError(400, "invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
+    return value
+
+
+class ClaimView(TenantScopedViewMixin, APIView):
+    """Take the next job this worker has a handler for: `{"handlers": [...], "worker"?,
+    "lease_s"? (1-300, default 30), "wait"? (0-25 s)}` → `{"job": {... "token"} | null}`.
+    Waits up to `wait` seconds for one; no transaction or connection is held while waiting."""
+
+    access = {"POST": RECOVER}
+
+    @extend_schema(
+        operation_id="recovery_claim",
+        request=inline_serializer(
+            "RecoveryClaim",
+            {
+                "handlers": serializers.ListField(child=serializers.CharField()),
+                "worker": serializers.CharField(required=False),
+                "lease_s": serializers.FloatField(required=False),
+                "wait": serializers.FloatField(required=False),
+            },
+        ),
+        responses={
+            200: inline_serializer("RecoveryClaimed", {"job": serializers.JSONField(allow_null=True)})
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        handlers = _handlers(data.get("handlers"))
+        worker = _worker_name(data.get("worker")) or self.actor
+        job = services.claim(self.tenant, worker=worker, handlers=handlers, lease_s=data.get("lease_s"))
+        return Response({"job": selectors.job_for_worker(job) if job is not None else None})
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        wait = _wait(request)
+        deadline = time.monotonic() + wait
+        while True:
+            response = super().dispatch(request, *args, **kwargs)
+            data = getattr(response, "data", None)
+            if (
+                response.status_code != 200
+                or not isinstance(data, dict)
+                or data.get("job") is not None
+                or time.monotonic() + POLL_S >= deadline
+            ):
+                return response
+            time.sleep(POLL_S)
+
+
+def _wait(request: HttpRequest) -> float:
+    import json
+
+    try:
+        body = json.loads(request.body or b"{}")
+        wait = body.get("wait", 0) if isinstance(body, dict) else 0
+    except Exception:  # malformed or too large: the handler's own reading answers it
+        return 0.0
+    if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
+        return 0.0
+    return min(float(wait), MAX_WAIT_S)
+
+
+_RESULT = inline_serializer(
+    "RecoveryJobState", {"id": serializers.CharField(), "state": serializers.CharField()}
+)
+
+
+class CompleteView(TenantScopedViewMixin, APIView):
+    """The compensation ran: `{"token"}`. 409 `stale_token` when the job was claimed again since."""
+
+    access = {"POST": RECOVER}
+
+    @extend_schema(
+        operation_id="recovery_job_complete",
+        request=inline_serializer("RecoveryComplete", {"token": serializers.IntegerField()}),
+        responses={200: _RESULT},
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _body(request)
+        job = services.complete(self.tenant, _uuid(job_id), token=data.get("token"), actor=self.actor)
+        return Response({"id": str(job.pk), "state": job.state})
+
+
+class FailView(TenantScopedViewMixin, APIView):
+    """The compensation raised: `{"token", "error", "retryable"? (true), "reason"? ("no_handler")}`.
+    Retried after a backoff while attempts remain, then escalated to the human queue."""
+
+    access = {"POST": RECOVER}
+
+    @extend_schema(
+        operation_id="recovery_job_fail",
+        request=inline_serializer(
+            "RecoveryFail",
+            {
+                "token": serializers.IntegerField(),
+                "error": serializers.CharField(),
+                "retryable": serializers.BooleanField(required=False),
+                "reason": serializers.CharField(required=False),
+            },
+        ),
+        responses={200: _RESULT},
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _body(request)
+        job = services.fail(
+            self.tenant,
+            _uuid(job_id),
+            token=data.get("token"),
+            actor=self.actor,
+            error=data.get("error"),
+            retryable=data.get("retryable", True),
+            reason=data.get("reason"),
+        )
+        return Response({"id": str(job.pk), "state": job.state})
+
+
+class HeartbeatView(TenantScopedViewMixin, APIView):
+    """Still working on it: `{"token", "lease_s"?}` extends the lease."""
+
+    access = {"POST": RECOVER}
+
+    @extend_schema(
+        operation_id="recovery_job_heartbeat",
+        request=inline_serializer(
+            "RecoveryHeartbeat",
+            {"token": serializers.IntegerField(), "lease_s": serializers.FloatField(required=False)},
+        ),
+        responses={200: _RESULT},
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _body(request)
+        job = services.heartbeat(
+            self.tenant, _uuid(job_id), token=data.get("token"), lease_s=data.get("lease_s")
+        )
+        return Response({"id": str(job.pk), "state": job.state})
+
+
+def _uuid(value: str) -> Any:
+    import uuid
+
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise DomainError(404, "not_found", "no such recovery job") from None
+
+
+class JobListView(TenantScopedViewMixin, APIView):
+    """Recovery jobs, newest first: `?state=` (e.g. `escalated`: the human queue), `?saga_id=`."""
+
+    access = {"GET": RECOVERY_VIEW}
+
+    @extend_schema(
+        operation_id="recovery_jobs_list",
+        parameters=[OpenApiParameter("state", str), OpenApiParameter("saga_id", str)],
+        responses={
+            200: inline_serializer(
+                "RecoveryJobs", {"jobs": serializers.ListField(child=serializers.DictField())}
+            )
+        },
+    )
+    def get(self, request: Request) -> Response:
+        state = request.query_params.get("state", "")
+        saga_id = request.query_params.get("saga_id", "")
+        if len(state) > 20 or len(saga_id) > 128:
+            raise DomainError(400, "invalid", "state or saga_id too long", field="state")
+        jobs = selectors.jobs(state=state, saga_id=saga_id)[:500]
+        return Response({"jobs": [selectors.job_json(job) for job in jobs]})
+
+
+class RetryView(TenantScopedViewMixin, APIView):
+    """An escalated job goes back to the workers with fresh attempts."""
+
+    access = {"POST": RECOVERY_DECIDE}
+
+    @extend_schema(operation_id="recovery_job_retry", request=None, responses={200: serializers.DictField()})
+    def post(self, request: Request, job_id: str) -> Response:
+        job = services.retry(self.tenant, _uuid(job_id), actor=self.actor)
+        return Response(selectors.job_json(job))
+
+
+class ResolveView(TenantScopedViewMixin, APIView):
+    """A human dealt with this step: `{"note"}` (required; recorded in the server stream)."""
+
+    access = {"POST": RECOVERY_DECIDE}
+
+    @extend_schema(
+        operation_id="recovery_job_resolve",
+        request=inline_serializer("RecoveryResolve", {"note": serializers.CharField()}),
+        responses={200: serializers.DictField()},
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _body(request)
+        job = services.resolve(self.tenant, _uuid(job_id), actor=self.actor, note=data.get("note"))
+        return Response(selectors.job_json(job))
+
+
+class RollbackView(TenantScopedViewMixin, APIView):
+    """ "Rollback to here": `{"to_step": N}` compensates every step after step N (0: all), newest
+    first, by the recovery workers. 409 while the agent holds its lease or a run is unfinished."""
+
+    access = {"POST": RECOVERY_DECIDE}
+
+    @extend_schema(
+        operation_id="sagas_rollback",
+        request=inline_serializer("SagaRollback", {"to_step": serializers.IntegerField()}),
+        responses={201: serializers.DictField()},
+    )
+    def post(self, request: Request, saga_id: str) -> Response:
+        data = _body(request)
+        run = services.rollback_to(self.tenant, saga_id, data.get("to_step"), actor=self.actor)
+        return Response(
+            {"run_id": run.pk, "saga_id": run.saga_id, "to_step": run.to_ordinal, "state": run.state},
+            status=201,
+        )
+
+
+class WebhookView(TenantScopedViewMixin, APIView):
+    """Where compensations go instead of SDK workers. PUT `{"url", "handlers"?}` answers the new
+    signing secret once; GET shows the URL and handlers; DELETE removes it."""
+
+    access = {"GET": RECOVERY_SETUP, "PUT": RECOVERY_SETUP, "DELETE": RECOVERY_SETUP}
+
+    @extend_schema(operation_id="recovery_webhook_retrieve", responses={200: serializers.DictField()})
+    def get(self, request: Request) -> Response:
+        hook = selectors.webhook()
+        if hook is None:
+            return Response({"url": None, "handlers": [], "actor": None})
+        return Response({"url": hook.url, "handlers": hook.handlers, "actor": hook.actor})
+
+    @extend_schema(
+        operation_id="recovery_webhook_set",
+        request=inline_serializer(
+            "RecoveryWebhook",
+            {
+                "url": serializers.URLField(),
+                "handlers": serializers.ListField(child=serializers.CharField(), required=False),
+            },
+        ),
+        responses={200: serializers.DictField()},
+    )
+    def put(self, request: Request) -> Response:
+        data = _body(request)
+        hook, secret = services.set_webhook(
+            self.tenant, url=data.get("url"), handlers=data.get("handlers"), actor=self.actor
+        )
+        return Response({"url": hook.url, "handlers": hook.handlers, "secret": secret})
+
+    @extend_schema(operation_id="recovery_webhook_destroy", responses={204: None})
+    def delete(self, request: Request) -> Response:
+        services.delete_webhook(self.tenant, actor=self.actor)
+        return Response(status=204)

@@ -1,0 +1,102 @@
+"""Celery: the lease sweep (beat, every second) and webhook deliveries. Celery only wakes the
+work: the job row's lease and fencing token decide who may record a result, so a lost, repeated
+or late message never runs a compensation twice in the books (the receiver gets the same
+`Idempotency-Key` on every attempt)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+
+from celery import shared_task
+from django.utils import timezone
+
+from recovery import services
+from recovery.cross_tenant import tenants_with_recovery_due
+from recovery.models import Delivery, Webhook
+from recovery.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, sign
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_TIMEOUT_S = 10.0
+WEBHOOK_LEASE_S = 30.0  # longer than the request may take
+
+
+@shared_task(name="recovery.sweep", ignore_result=True)
+def sweep_all() -> int:
+    """Every tenant with recovery work due: take over expired sagas, escalate, wake webhooks."""
+    now = timezone.now()
+    done = 0
+    for tenant_id in tenants_with_recovery_due(now):
+        tenant = Tenant.objects.filter(pk=tenant_id).first()
+        if tenant is None:
+            continue
+        try:
+            services.sweep(tenant, now=now)
+            done += 1
+        except Exception:
+            log.exception("recovery sweep of tenant %s failed; the next tick retries", tenant_id)
+    return done
+
+
+def delivery_body(job: object) -> bytes:
+    from recovery.selectors import job_for_worker
+
+    return json.dumps(job_for_worker(job), sort_keys=True, separators=(",", ":")).encode()
+
+
+@shared_task(name="recovery.deliver_webhook", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+def deliver_webhook(tenant_id: int, job_id: str) -> str:
+    """Claim the job (as any worker would), POST it signed, and record the answer with the token
+    the claim returned. Nothing to do when the claim fails: someone holds it, or it is not due."""
+    tenant = Tenant.objects.filter(pk=tenant_id).first()
+    if tenant is None:
+        return "no tenant"
+    job = services.claim(
+        tenant,
+        worker="webhook",
+        handlers=None,
+        lease_s=WEBHOOK_LEASE_S,
+        delivery=Delivery.WEBHOOK,
+        job_id=job_id,
+    )
+    if job is None:
+        return "not claimed"
+    actor = "system:recovery-webhook"
+    with tenant_context(tenant):
+        hook = Webhook.objects.first()
+        secret = services.webhook_secret(hook) if hook is not None else ""
+    if hook is None:
+        services.fail(
+            tenant, job.pk, token=job.epoch, actor=actor, error="the webhook was removed", reason="no_handler"
+        )
+        return "no webhook"
+    body = delivery_body(job)
+    request = urllib.request.Request(
+        hook.url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(secret, body),
+            IDEMPOTENCY_HEADER: job.idempotency_key,
+            "User-Agent": "sagaplane-recovery",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (http(s) only, checked)
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        services.fail(tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook unreachable: {exc}"[:500])
+        return "unreachable"
+    if 200 <= status < 300:
+        services.complete(tenant, job.pk, token=job.epoch, actor=actor)
+        return "delivered"
+    services.fail(tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook answered HTTP {status}")
+    return f"HTTP {status}"

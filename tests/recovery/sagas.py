@@ -1,0 +1,64 @@
+"""Crashed sagas for the recovery tests: real chained records through the real ingest."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from recovery import services
+from tenants.models import Tenant
+from tests.transparency.conftest import Writer
+
+HANDLER = "shop.refund"
+
+
+def step_fields(
+    saga_id: str, n: int, *, semantics: str = "COMPENSABLE", handler: str | None = HANDLER
+) -> dict[str, Any]:
+    return {"saga_id": saga_id, "step_id": f"{saga_id}-s{n}", "tool": "shop.charge", "semantics": semantics}
+
+
+def compensation(saga_id: str, n: int, handler: str | None = HANDLER) -> dict[str, Any] | None:
+    if handler is None:
+        return None
+    return {
+        "fn": "refund",
+        "handler": handler,
+        "recoverable": True,
+        "description": "refund",
+        "idempotency_key": f"idem-{saga_id}-{n}",
+        "kwargs": {"charge_id": f"ch-{saga_id}-{n}"},
+    }
+
+
+def crashed(
+    writer: Writer,
+    saga_id: str,
+    *,
+    steps: int = 3,
+    lease_ttl: float = 0.05,
+    semantics: str = "COMPENSABLE",
+    handler: str | None = HANDLER,
+    last: str = "STEP_COMMITTED",
+    end: str | None = None,
+) -> None:
+    """SAGA_START, then `steps` charges committed (the last one ending with `last`), no terminal
+    record unless `end`."""
+    items: list[tuple[str, dict[str, Any]]] = [("SAGA_START", {"saga_id": saga_id, "lease_ttl": lease_ttl})]
+    for n in range(1, steps + 1):
+        fields = step_fields(saga_id, n, semantics=semantics)
+        items.append(("STEP_INTENT", fields))
+        outcome = last if n == steps else "STEP_COMMITTED"
+        if outcome == "STEP_INTENT":
+            continue
+        items.append((outcome, {**fields, "compensation": compensation(saga_id, n, handler)}))
+    if end:
+        items.append((end, {"saga_id": saga_id}))
+    writer.ship(*items)
+
+
+def sweep_later(tenant: Tenant, seconds: float = 5.0) -> dict[str, int]:
+    """A sweep as the beat would run it `seconds` from now (every lease in these tests is shorter)."""
+    return services.sweep(tenant, now=timezone.now() + timedelta(seconds=seconds))
