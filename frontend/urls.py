@@ -1,7 +1,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import admin_views, evidence_views, fleet_views, passkey_views, saga_views, slack_views, views
+from frontend import (
+    admin_views,
+    evidence_views,
+    fleet_views,
+    passkey_views,
+    reconciliation_views,
+    saga_views,
+    slack_views,
+    views,
+)
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -34,6 +43,12 @@ urlpatterns = [
     ),
     path("fleet/halts", fleet_views.halt_create, name="fleet-halt-create"),
     path("fleet/halts/<int:halt_id>/resume", fleet_views.halt_resume, name="fleet-halt-resume"),
+    path("reconciliation/", reconciliation_views.reconciliation, name="reconciliation"),
+    path(
+        "reconciliation/checks/<str:check_id>/recheck",
+        reconciliation_views.recheck,
+        name="reconciliation-recheck",
+    ),
     path("evidence/", evidence_views.evidence, name="evidence"),
     path("evidence/exports", evidence_views.start_export, name="export-start"),
     path("evidence/exports/<uuid:export_id>", evidence_views.export_status, name="export-status"),

@@ -229,6 +229,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/rate-limits/<int:rate_limit_id>/delete": Page({"POST": ADMINS}),
     "fleet/halts": Page({"POST": RISK_STAFF}),
     "fleet/halts/<int:halt_id>/resume": Page({"POST": RISK_STAFF}),
+    "reconciliation/": Page({"GET": EVERY_ROLE}),
+    "reconciliation/checks/<str:check_id>/recheck": Page({"POST": RISK_STAFF}),
     "evidence/": Page({"GET": AUDITORS}),
     "evidence/exports": Page({"POST": AUDITORS}),
     "evidence/exports/<uuid:export_id>": Page({"GET": AUDITORS}),
