@@ -9,5 +9,8 @@ class SlackappConfig(AppConfig):
 
     def ready(self) -> None:
         # The cross-tenant question (which tenant a Slack workspace belongs to) must be declared
-        # before `migrate` installs the functions (tenants/rls.py).
-        from slackapp import selectors  # noqa: F401
+        # before `migrate` installs the functions (tenants/rls.py); the approvals hooks post and
+        # update the channel's messages.
+        from slackapp import hooks, selectors  # noqa: F401
+
+        hooks.subscribe()

@@ -35,12 +35,10 @@ def esc(value: Any) -> str:
 
 def request_page(request_id: str) -> str:
     """The request's page on the dashboard (its path; `services.public_url` makes it absolute)."""
-    for name in ("approval-detail", "approvals-detail", "approval"):
-        try:
-            return reverse(name, args=[request_id])
-        except NoReverseMatch:
-            continue
-    return f"/approvals/{request_id}/"
+    try:
+        return reverse("approval-detail", args=[request_id])
+    except NoReverseMatch:  # a request id no page route takes: the queue
+        return "/approvals/"
 
 
 def _deadline(value: Any) -> str:
@@ -160,10 +158,11 @@ OUTCOME = {
 
 
 def decided(request: dict[str, Any], page_url: str, deciders: list[str]) -> tuple[str, list]:
-    """(fallback text, blocks) of a decided request: who decided, no buttons."""
+    """(fallback text, blocks) of a decided request: who decided (`deciders`: mrkdwn, escaped by
+    the caller, who may mention linked Slack users), no buttons."""
     status = str(request.get("status", ""))
     outcome = OUTCOME.get(status, esc(status))
-    who = ", ".join(esc(d) for d in deciders) if deciders else None
+    who = ", ".join(deciders) if deciders else None
     line = f"{outcome}" + (f" by {who}" if who and status != "expired" else "")
     if request.get("break_glass"):
         line += " (break-glass)"

@@ -43,7 +43,7 @@ def handle_event(team_id: str, event: dict[str, Any]) -> None:
 
 # Slack unreachable for a while: retried with backoff, then given up (the dashboard still shows it).
 _RETRY: dict[str, Any] = {
-    "autoretry_for": (SlackClientError,),
+    "autoretry_for": (SlackClientError, decisions.NotPostedYet),
     "retry_backoff": 2,
     "retry_backoff_max": 60,
     "max_retries": 6,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -15,6 +16,9 @@ import pytest
 from django.test import Client
 
 from controlplane.celery import app as celery_app
+
+# The approvals tests' agent (alice's key: she is the requester) and approvers, for the channel tests.
+from tests.approvals.conftest import _database_store, adam, agent, ann, ben  # noqa: F401
 from tests.slackapp.slack_server import FakeSlack, start
 
 
@@ -88,6 +92,7 @@ def click_body(
             {"action_id": action_id, "value": request_id, "type": "button", "action_ts": str(time.time())}
         ],
         "response_url": f"{slack.url}/hooks/actions/1",
+        "trigger_id": uuid.uuid4().hex,
     }
     return urlencode({"payload": json.dumps(payload)}).encode()
 
@@ -101,6 +106,6 @@ def command_body(slack: FakeSlack, command: str, text: str, user: str) -> bytes:
             "user_id": user,
             "channel_id": "C0RISK",
             "response_url": f"{slack.url}/hooks/commands/{user}",
-            "trigger_id": "1.2.3",
+            "trigger_id": uuid.uuid4().hex,  # Slack's bodies differ: each has its own trigger
         }
     ).encode()

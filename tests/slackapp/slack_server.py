@@ -164,8 +164,9 @@ class FakeSlack:
             blocks = json.loads(blocks)
         if method == "chat.postMessage":
             ts = f"{int(time.time())}.{next(self._ts):06d}"
-            with self.lock:
-                self.messages[(channel, ts)] = Message(channel, ts, str(params.get("text", "")), blocks)
+            if not params.get("thread_ts"):  # a thread's replies are not the channel's messages
+                with self.lock:
+                    self.messages[(channel, ts)] = Message(channel, ts, str(params.get("text", "")), blocks)
             return {
                 "ok": True,
                 "channel": channel,
