@@ -1,7 +1,8 @@
 """The one question the reconciliation pass asks across tenants: which tenants have work (new log
-leaves past their watermark, or open checks past their deadline). Ids only; the pass then works
-in each tenant with `tenant_context`. A SECURITY DEFINER function on Postgres (tenants/rls.py),
-the same query through the ORM with its tenant filter lifted on SQLite."""
+leaves past their watermark, or open checks that are due: to expire, or to offer to a webhook).
+Ids only; the pass then works in each tenant with `tenant_context`. A SECURITY DEFINER function
+on Postgres (tenants/rls.py), the same query through the ORM with its tenant filter lifted on
+SQLite."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ _TENANTS_TO_RECONCILE = rls.cross_tenant_function(
         f"LEFT JOIN {ReconciliationCursor._meta.db_table} AS cur ON cur.tenant_id = log.tenant_id "
         "WHERE log.size > coalesce(cur.scanned, 0) "
         f"UNION SELECT tenant_id FROM {ReconciliationCheck._meta.db_table} "
-        f"WHERE status IN ({_OPEN}) AND deadline <= due_before "
+        f"WHERE status IN ({_OPEN}) AND not_before <= due_before "
         "ORDER BY 1"
     ),
 )
@@ -36,7 +37,7 @@ def tenants_to_reconcile(now: datetime) -> list[int]:
         sizes = dict(TenantLog.objects.values_list("tenant_id", "size"))
         scanned = dict(ReconciliationCursor.objects.values_list("tenant_id", "scanned"))
         due = set(
-            ReconciliationCheck.objects.filter(status__in=OPEN_STATUSES, deadline__lte=now).values_list(
+            ReconciliationCheck.objects.filter(status__in=OPEN_STATUSES, not_before__lte=now).values_list(
                 "tenant_id", flat=True
             )
         )

@@ -32,6 +32,7 @@ from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
 from audit.services import append_server_record
 from controlplane.errors import DomainError
+from controlplane.postcommit import after_commit
 from reconciliation import cross_tenant
 from reconciliation.models import (
     OPEN_STATUSES,
@@ -238,7 +239,8 @@ def reconcile_tenant(tenant: Tenant) -> dict[str, int]:
     """One pass over a tenant: new checks from new compensations, then overdue checks expired."""
     created = scan(tenant)
     expired = expire_overdue(tenant)
-    return {"created": len(created), "expired": expired}
+    delivered = claim_for_webhook(tenant)
+    return {"created": len(created), "expired": expired, "webhook": len(delivered)}
 
 
 def tenants_to_reconcile(now: datetime | None = None) -> list[int]:
@@ -267,30 +269,66 @@ def claim(
     lease. A check whose lease lapsed is claimable again (its old token is then stale). Claims are
     operational, not evidence: the verdict's record names the observer and the token it held."""
     names = _handlers(handlers)
-    limit = max(1, min(int(limit), MAX_CLAIM))
+    with tenant_context(tenant):
+        return _claim_due(names, worker=worker, limit=max(1, min(int(limit), MAX_CLAIM)))
+
+
+def _claim_due(handlers: list[str] | None, *, worker: str, limit: int) -> list[ReconciliationCheck]:
+    """In the active tenant: claim due checks of `handlers` (None: any handler)."""
     now = timezone.now()
     claimable = Q(status=CheckStatus.PENDING) | Q(status=CheckStatus.CLAIMED, lease_expires_at__lte=now)
-    with tenant_context(tenant):
-        rows = list(
-            ReconciliationCheck.objects.select_for_update(skip_locked=True)
-            .filter(claimable, handler__in=names, not_before__lte=now, deadline__gt=now)
-            .order_by("not_before")[:limit]
+    due = ReconciliationCheck.objects.select_for_update(skip_locked=True).filter(
+        claimable, not_before__lte=now, deadline__gt=now
+    )
+    due = due.filter(handler__in=handlers) if handlers is not None else due.exclude(handler="")
+    claimed = []
+    for check in list(due.order_by("not_before")[:limit]):
+        # Conditional on the token read: where the database has no row locks (SQLite) a racing
+        # claimer's update wins and this one skips the check.
+        won = ReconciliationCheck.objects.filter(pk=check.pk, token=check.token).update(
+            status=CheckStatus.CLAIMED,
+            token=F("token") + 1,
+            claimed_by=worker[:WORKER_MAX],
+            lease_expires_at=now + _lease(),
         )
-        claimed = []
-        for check in rows:
-            lease = now + _lease()
-            # Conditional on the token read: where the database has no row locks (SQLite) a
-            # racing claimer's update wins and this one skips the check.
-            won = ReconciliationCheck.objects.filter(pk=check.pk, token=check.token).update(
-                status=CheckStatus.CLAIMED,
-                token=F("token") + 1,
-                claimed_by=worker[:WORKER_MAX],
-                lease_expires_at=lease,
-            )
-            if won:
-                check.refresh_from_db()
-                claimed.append(check)
-        return claimed
+        if won:
+            check.refresh_from_db()
+            claimed.append(check)
+    return claimed
+
+
+# ----------------------------------------------------------------------------------- the webhook
+
+WEBHOOK_OBSERVER = "webhook"
+WEBHOOK_ACTOR = "system:reconciliation-webhook"
+WEBHOOK_BATCH = 100
+
+
+def claim_for_webhook(tenant: Tenant) -> list[tuple[str, int]]:
+    """When the tenant has a webhook (recovery's: the endpoint it answers compensations with), the
+    due checks of the handlers it serves (all, when it names none) are claimed for it, and their
+    deliveries are queued after commit: (check id, token) of each. A delivery that fails leaves the
+    claim to lapse, and the next pass claims the check again, until its deadline."""
+    from recovery import selectors as recovery_selectors
+
+    with tenant_context(tenant):
+        hook = recovery_selectors.webhook()
+        if hook is None:
+            return []
+        handlers = list(hook.handlers) or None
+        claimed = _claim_due(handlers, worker=WEBHOOK_OBSERVER, limit=WEBHOOK_BATCH)
+        due = [(str(c.pk), c.token) for c in claimed]
+        if due:
+            tenant_id = tenant.pk
+
+            def enqueue() -> None:
+                from reconciliation.tasks import deliver_check
+
+                for check_id, token in due:
+                    deliver_check.delay(tenant_id, check_id, token)
+
+            after_commit(f"reconciliation webhook deliveries for tenant {tenant_id}", enqueue)
+        return due
 
 
 def report(

@@ -3,13 +3,19 @@ compensated, by their agent or by a recovery worker)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import urllib.error
+import urllib.request
+from typing import Any
 
 from celery import shared_task
 
 from controlplane.celery import keep_going
 from reconciliation import services
+from reconciliation.models import CheckStatus, ReconciliationCheck
 from tenants.models import Tenant
+from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +24,7 @@ log = logging.getLogger(__name__)
 def reconcile() -> dict[str, int]:
     """Every tenant with work: new compensations become checks, overdue checks unverifiable. One
     tenant's failure is logged and does not stop the others."""
-    totals = {"tenants": 0, "created": 0, "expired": 0}
+    totals = {"tenants": 0, "created": 0, "expired": 0, "webhook": 0}
     for tenant_id in services.tenants_to_reconcile():
         if not keep_going():
             break
@@ -33,4 +39,86 @@ def reconcile() -> dict[str, int]:
         totals["tenants"] += 1
         totals["created"] += done["created"]
         totals["expired"] += done["expired"]
+        totals["webhook"] += done["webhook"]
     return totals
+
+
+WEBHOOK_TIMEOUT_S = 10.0
+ANSWER_MAX_BYTES = 64 * 1024
+
+
+def delivery_body(check: ReconciliationCheck) -> bytes:
+    from reconciliation.api import check_json
+
+    return json.dumps(
+        {"type": "reconciliation.check", "check": check_json(check)}, sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
+@shared_task(
+    name="reconciliation.deliver_check", ignore_result=True, acks_late=True, reject_on_worker_lost=True
+)
+def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
+    """POST one claimed check to the tenant's webhook, signed as recovery's deliveries are
+    (`Sagaplane-Signature`, the same secret), and record its answer `{"reversed": true | false |
+    null}` with the token the claim took. A failed delivery records nothing: the claim lapses and
+    the next pass offers the check again, until its deadline makes it unverifiable."""
+    from recovery import selectors as recovery_selectors
+    from recovery import services as recovery_services
+    from recovery.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, sign
+
+    tenant = Tenant.objects.filter(pk=tenant_id).first()
+    if tenant is None:
+        return "no tenant"
+    with tenant_context(tenant):
+        check = ReconciliationCheck.objects.filter(pk=check_id).first()
+        hook = recovery_selectors.webhook()
+        secret = recovery_services.webhook_secret(hook) if hook is not None else ""
+    if check is None or check.token != token or check.status != CheckStatus.CLAIMED:
+        return "not current"
+    if hook is None:
+        return "no webhook"
+    body = delivery_body(check)
+    request = urllib.request.Request(
+        hook.url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            SIGNATURE_HEADER: sign(secret, body),
+            IDEMPOTENCY_HEADER: f"reconcile-{check.pk}-{token}",
+            "User-Agent": "sagaplane-reconciliation",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (http(s), checked when set)
+            status, raw = response.status, response.read(ANSWER_MAX_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        log.info("reconciliation webhook unreachable for check %s: %s", check_id, exc)
+        return "unreachable"
+    if not 200 <= status < 300:
+        return f"HTTP {status}"
+    answer: Any = None
+    detail = ""
+    try:
+        parsed = json.loads(raw) if len(raw) <= ANSWER_MAX_BYTES else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and "reversed" in parsed and parsed["reversed"] in (True, False, None):
+        answer = (
+            parsed["reversed"] if isinstance(parsed["reversed"], bool) or parsed["reversed"] is None else None
+        )
+        if isinstance(parsed.get("detail"), str):
+            detail = parsed["detail"]
+    else:
+        detail = 'the webhook answered without a verdict ({"reversed": true | false | null})'
+    try:
+        services.report(
+            tenant, check.pk, token=token, reversed_=answer, detail=detail, actor=services.WEBHOOK_ACTOR
+        )
+    except services.ReconciliationError as refused:  # re-claimed meanwhile, or decided
+        return refused.code
+    return "answered"

@@ -152,19 +152,23 @@ def test_a_third_tenant_sees_and_claims_nothing(tenant_a: Tenant, tenant_b: Tena
     with tenant_context(tenant_b):
         assert selectors.report(timezone.now() - timedelta(hours=1)).items == []
         assert selectors.check(check.pk) is None
-    assert services.tenants_to_reconcile() == []  # both caught up
+    # acme has an open check (due for a webhook, or to expire); bravo nothing at all.
+    assert services.tenants_to_reconcile() == [tenant_a.pk]
 
 
 def test_the_pass_finds_only_tenants_with_work(tenant_a: Tenant, tenant_b: Tenant, agent_a: Writer) -> None:
-    compensated_saga(agent_a, "checkout-1")
-    work = services.tenants_to_reconcile()
-    assert tenant_a.pk in work
     from reconciliation.tasks import reconcile
 
-    totals = reconcile()
-    assert totals["created"] == 1
-    assert tenant_a.pk not in services.tenants_to_reconcile()
-    assert tenant_a.pk in services.tenants_to_reconcile(timezone.now() + timedelta(seconds=301))
+    reconcile()  # both tenants' creation records: nothing compensated
+    assert services.tenants_to_reconcile() == []
+    compensated_saga(agent_a, "checkout-1")
+    assert services.tenants_to_reconcile() == [tenant_a.pk]  # new leaves
+    assert reconcile()["created"] == 1
+    assert services.tenants_to_reconcile() == [tenant_a.pk]  # an open check, due
+    (check,) = _claim(tenant_a)
+    services.report(tenant_a, check.pk, token=check.token, reversed_=True, actor="api-key:w")
+    reconcile()  # the verdict's own record is a new leaf: looked at once
+    assert services.tenants_to_reconcile() == []  # everything decided, nothing new
 
 
 def test_hostile_report_values_are_refused(tenant_a: Tenant, agent_a: Writer) -> None:
