@@ -3,6 +3,7 @@ from django.urls import path
 
 from frontend import (
     admin_views,
+    approval_views,
     evidence_views,
     fleet_views,
     passkey_views,
@@ -49,6 +50,12 @@ urlpatterns = [
         reconciliation_views.recheck,
         name="reconciliation-recheck",
     ),
+    path("approvals/", approval_views.queue, name="approval-queue"),
+    path("approvals/rows", approval_views.queue_rows, name="approval-rows"),
+    path("approvals/history", approval_views.history, name="approval-history"),
+    path("approvals/<str:approval_id>/", approval_views.detail, name="approval-detail"),
+    path("approvals/<str:approval_id>/challenge", approval_views.challenge, name="approval-page-challenge"),
+    path("approvals/<str:approval_id>/vote", approval_views.vote, name="approval-page-vote"),
     path("evidence/", evidence_views.evidence, name="evidence"),
     path("evidence/exports", evidence_views.start_export, name="export-start"),
     path("evidence/exports/<uuid:export_id>", evidence_views.export_status, name="export-status"),

@@ -32,6 +32,7 @@ from tenants.selectors import membership_for, memberships_of
 NAV: list[tuple[str, str]] = [
     ("sagas", "Sagas"),
     ("fleet", "Fleet"),
+    ("approval-queue", "Approvals"),
     ("reconciliation", "Reconciliation"),
     ("evidence", "Evidence"),
     ("members", "Administration"),

@@ -483,6 +483,33 @@ def verify_assertion(
         return _verify(credential, passkey, challenge, allowed)
 
 
+def vote_options(user: User, challenge: bytes) -> dict[str, Any]:
+    """Options for navigator.credentials.get() answering an approval's challenge (issued and
+    consumed by the approvals app): only this person's live passkeys, user verification required."""
+    options = generate_authentication_options(
+        rp_id=rp_id(),
+        challenge=challenge,
+        timeout=CEREMONY_TIMEOUT_MS,
+        allow_credentials=[
+            PublicKeyCredentialDescriptor(id=unb64url(p.credential_id)) for p in live_passkeys(user)
+        ],
+        user_verification=UserVerificationRequirement.REQUIRED,
+    )
+    result: dict[str, Any] = json.loads(options_to_json(options))
+    return result
+
+
+def assertion_challenge(response_json: str | bytes | dict[str, Any]) -> bytes:
+    """The challenge an assertion answers (from its clientDataJSON, unverified: `verify_assertion`
+    then checks the signature over it). Raises PasskeyRefused when the assertion is malformed."""
+    credential = _parse_assertion(response_json)
+    try:
+        challenge = parse_client_data_json(bytes(credential.response.client_data_json)).challenge
+    except (WebAuthnException, ValueError, TypeError, KeyError, AttributeError):
+        raise PasskeyRefused("malformed_credential", "clientDataJSON is not valid client data") from None
+    return bytes(challenge)
+
+
 # ----------------------------------------------------------------------------------- sign-in
 
 

@@ -82,6 +82,8 @@ INTEGRATIONS = Access(key_scope=None, capability="integrate")
 owners only, never a key: it decides where requests go and who may answer them."""
 LINK_IDENTITY = Access(key_scope=None, capability="read")
 """A member links their own chat identity (Slack user) to themselves: any member, never a key."""
+OWN_PASSKEYS = Access(key_scope=None, capability="read")
+"""A person's own passkeys (list, register, rename, revoke): every member, for themselves; no key."""
 
 RECOVER = Access(key_scope=Scope.RECOVERY, capability=None)
 """Claiming recovery jobs and reporting their results: SDK recovery workers' keys only."""

@@ -268,7 +268,7 @@ def sign_in(page, email: str, password: str = PASSWORD) -> None:  # type: ignore
     page.goto("/login/")
     page.get_by_label("Email").fill(email)
     page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Sign in", exact=True).click()
     expect(page.get_by_role("button", name="Sign out")).to_be_visible()
 
 

@@ -43,6 +43,7 @@ from recovery.models import Job
 from slackapp import services as slack
 from tenants import services
 from tenants.models import Role, Tenant
+from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.transparency.conftest import Writer, settle
 from transparency import proofs
@@ -215,6 +216,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "": SignedIn(frozenset({"GET"})),
     "login/": Public({"GET": 200, "POST": 200}),  # an empty form: shown again with its errors
     "logout/": Public({"POST": 200}),  # signed out (or already), the page says so
+    "login/passkey/options": Public({"POST": 200}),  # a challenge for any browser
+    "login/passkey": Public({"POST": 400}),  # no credential: refused in the error shape
     "tenant/switch": SignedIn(frozenset({"POST"})),
     "invite/<str:token>": Public({"GET": 200, "POST": 200}),
     "sagas/": Page({"GET": EVERY_ROLE}),
@@ -231,6 +234,12 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/halts/<int:halt_id>/resume": Page({"POST": RISK_STAFF}),
     "reconciliation/": Page({"GET": EVERY_ROLE}),
     "reconciliation/checks/<str:check_id>/recheck": Page({"POST": RISK_STAFF}),
+    "approvals/": Page({"GET": EVERY_ROLE}),  # the queue, live
+    "approvals/rows": Page({"GET": EVERY_ROLE}),
+    "approvals/history": Page({"GET": EVERY_ROLE}),
+    "approvals/<str:approval_id>/": Page({"GET": EVERY_ROLE}),
+    "approvals/<str:approval_id>/challenge": Page({"POST": RISK_STAFF}),  # a passkey vote's challenge
+    "approvals/<str:approval_id>/vote": Page({"POST": RISK_STAFF}),
     "evidence/": Page({"GET": AUDITORS}),
     "evidence/exports": Page({"POST": AUDITORS}),
     "evidence/exports/<uuid:export_id>": Page({"GET": AUDITORS}),
@@ -238,6 +247,11 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "administration/members/invite": Page({"POST": ADMINS}),
     "administration/members/<int:membership_id>/role": Page({"POST": ADMINS}),
     "administration/members/<int:membership_id>/remove": Page({"POST": ADMINS}),
+    "account/passkeys/": Page({"GET": EVERY_ROLE}),  # a person's own passkeys
+    "account/passkeys/options": Page({"POST": EVERY_ROLE}),
+    "account/passkeys/register": Page({"POST": EVERY_ROLE}),
+    "account/passkeys/rename": Page({"POST": EVERY_ROLE}),
+    "account/passkeys/revoke": Page({"POST": EVERY_ROLE}),
     "administration/keys/": Page({"GET": ADMINS}),
     "administration/keys/create": Page({"POST": ADMINS}),
     "administration/keys/<int:key_id>/revoke": Page({"POST": ADMINS}),

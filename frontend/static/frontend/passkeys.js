@@ -102,10 +102,15 @@
     var errorId = form.getAttribute("data-error-id");
     show(errorId, "");
     var decision = submitter && submitter.name === "decision" ? submitter.value : "";
+    var nonce = "";
     post(form.getAttribute("data-challenge-url"), form)
-      .then(function (options) { return navigator.credentials.get({ publicKey: requestOptions(options) }); })
+      .then(function (issued) {
+        nonce = issued.nonce;
+        return navigator.credentials.get({ publicKey: requestOptions(issued.publicKey) });
+      })
       .then(function (cred) {
-        return post(form.getAttribute("action"), form, { credential: credentialJSON(cred), decision: decision });
+        return post(form.getAttribute("action"), form,
+                    { credential: credentialJSON(cred), decision: decision, nonce: nonce });
       })
       .then(function (data) { window.location.assign(data.redirect || window.location.href); })
       .catch(function (e) { show(errorId, failure(e)); });

@@ -1,0 +1,197 @@
+"""Approvals in the dashboard: the queue (live over the websocket), one request in full, votes
+(with a passkey where the policy demands it), break-glass for owners, and the history.
+
+The queue is a live region: every approval event (opened, voted, decided, consumed) reaches the
+tenant's dashboards over `ws/events`, and app.js fetches `approvals/rows` again, so a new request
+appears and a decided one leaves without a reload.
+
+A passkey vote: the page shows the exact action (tool, every argument, amount, saga, policy,
+votes so far, time left) before passkeys.js asks `approvals/<id>/challenge` for a challenge
+(`approvals.services.issue_vote_challenge`: SHA-256(action digest ‖ single-use nonce)) and calls
+navigator.credentials.get() with it. The answer is posted to `approvals/<id>/vote` with the nonce;
+here the assertion is verified (`passkeys.services.verify_assertion`: this member's live passkey,
+user verified, counter growing), the nonce is checked to produce the signed challenge for this
+request's action, and `approvals.services.vote` consumes the challenge and records the vote with
+the assertion kept whole, so `sagaplane verify-approval` can check it offline.
+
+Rules: every member sees the queue, requests and history (READ); voting and asking for a
+challenge are APPROVAL_VOTE (the approve capability; keys never vote); break-glass is a vote
+flagged as such, which `approvals.services` allows owners alone, with a written reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals import services as approvals
+from approvals.models import ApprovalRequest, Status
+from approvals.services import ApprovalError
+from frontend.views import MemberRequest, actor_of, member_page, page
+from passkeys import services as passkeys
+from passkeys.services import PasskeyRefused
+from tenants.access import APPROVAL_VOTE, READ
+
+QUEUE_LIMIT = 200
+HISTORY_LIMIT = 200
+DECIDED = [Status.APPROVED, Status.DENIED, Status.EXPIRED, Status.LAPSED, Status.CONSUMED]
+
+
+def _request_or_404(approval_id: str) -> ApprovalRequest:
+    row = ApprovalRequest.objects.filter(pk=approval_id[:64]).first()
+    if row is None:
+        raise Http404("no such approval request")
+    return row
+
+
+def _row(row: ApprovalRequest, membership: Any) -> dict[str, Any]:
+    values = approvals.request_values(row)
+    return {
+        **values,
+        "amount": row.action.get("amount"),
+        "args_json": json.dumps(row.args, indent=2, sort_keys=True, ensure_ascii=False),
+        "can_vote": row.status == Status.PENDING and approvals.eligible(row, membership),
+    }
+
+
+# ------------------------------------------------------------------------------------ the queue
+
+
+def _pending(request: MemberRequest) -> list[dict[str, Any]]:
+    rows = ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__gt=timezone.now()).order_by(
+        "expires_at", "pk"
+    )[:QUEUE_LIMIT]
+    return [_row(row, request.membership) for row in rows]
+
+
+@member_page({"GET": READ}, section="approvals")
+def queue(request: MemberRequest) -> HttpResponse:
+    return page(request, "frontend/approvals.html", {"rows": _pending(request)}, section="approvals")
+
+
+@member_page({"GET": READ}, section="approvals")
+def queue_rows(request: MemberRequest) -> HttpResponse:
+    return render(request, "frontend/_approval_rows.html", {"rows": _pending(request)})
+
+
+@member_page({"GET": READ}, section="approvals")
+def history(request: MemberRequest) -> HttpResponse:
+    rows = ApprovalRequest.objects.filter(status__in=DECIDED).order_by("-decided_at", "-created_at", "pk")[
+        :HISTORY_LIMIT
+    ]
+    return page(
+        request,
+        "frontend/approval_history.html",
+        {
+            "rows": [_row(row, request.membership) for row in rows],
+            "break_glass": approvals.break_glass_uses(),
+        },
+        section="approvals",
+    )
+
+
+# ---------------------------------------------------------------------------------- one request
+
+
+@member_page({"GET": READ}, section="approvals")
+def detail(request: MemberRequest, approval_id: str) -> HttpResponse:
+    row = _request_or_404(approval_id)
+    votes = [approvals.vote_values(v) for v in row.votes.order_by("created_at", "pk")]
+    voted = row.votes.filter(user_id=request.user.pk).exists()
+    return page(
+        request,
+        "frontend/approval_detail.html",
+        {
+            "row": _row(row, request.membership),
+            "rules": row.rules,
+            "votes": votes,
+            "voted": voted,
+            "has_passkey": bool(passkeys.live_passkeys(request.user)),
+            "may_break_glass": request.membership.can("break_glass") and row.status == Status.PENDING,
+        },
+        section="approvals",
+    )
+
+
+def _wants_json(request: MemberRequest) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def _refused(request: MemberRequest, approval_id: str, status: int, body: dict[str, Any]) -> HttpResponse:
+    if _wants_json(request):
+        return JsonResponse(body, status=status)
+    messages.error(request, str(body.get("detail")))
+    return redirect("approval-detail", approval_id=approval_id)
+
+
+@member_page({"POST": APPROVAL_VOTE}, section="approvals")
+def challenge(request: MemberRequest, approval_id: str) -> HttpResponse:
+    """WebAuthn request options whose challenge is this request's, for this member, once."""
+    try:
+        issued = approvals.issue_vote_challenge(
+            request.tenant,
+            approval_id[:64],
+            request.membership,
+            actor=actor_of(request),
+            break_glass=request.POST.get("break_glass") == "1",
+        )
+    except ApprovalError as exc:
+        return JsonResponse(exc.body(), status=exc.status)
+    options = passkeys.vote_options(request.user, bytes.fromhex(issued["challenge"]))
+    return JsonResponse(
+        {"publicKey": options, "nonce": issued["nonce"], "action_digest": issued["action_digest"]}
+    )
+
+
+def _passkey_assertion(request: MemberRequest, row: ApprovalRequest, credential: str) -> dict[str, Any]:
+    """The verified assertion as the vote keeps it, or PasskeyRefused / ApprovalError."""
+    signed = passkeys.assertion_challenge(credential)
+    nonce_hex = request.POST.get("nonce", "")
+    try:
+        nonce = bytes.fromhex(nonce_hex)
+    except ValueError:
+        nonce = b""
+    if len(nonce) != 32 or approvals.challenge_for(row.action_digest, nonce) != signed.hex():
+        raise ApprovalError(
+            "challenge_invalid", "the passkey signed no challenge for this request's action", status=403
+        )
+    verified = passkeys.verify_assertion(
+        request.membership, signed, credential, origins=passkeys.origins_for(request)
+    )
+    return {**verified.as_record(), "challenge": signed.hex(), "nonce": nonce.hex()}
+
+
+@member_page({"POST": APPROVAL_VOTE}, section="approvals")
+def vote(request: MemberRequest, approval_id: str) -> HttpResponse:
+    row = _request_or_404(approval_id)
+    break_glass = request.POST.get("break_glass") == "1"
+    credential = request.POST.get("credential", "")
+    choice = "approve" if break_glass else request.POST.get("decision", "")
+    try:
+        assertion = _passkey_assertion(request, row, credential) if credential else None
+        decided = approvals.vote(
+            request.tenant,
+            row.pk,
+            request.membership,
+            choice,
+            request.POST.get("note", ""),
+            actor=actor_of(request),
+            assertion=assertion,
+            break_glass=break_glass,
+        )
+    except (ApprovalError, PasskeyRefused) as exc:
+        return _refused(request, row.pk, exc.status, exc.body())
+    outcomes = {Status.APPROVED.value: "approved", Status.DENIED.value: "denied"}
+    done = outcomes.get(str(decided.status), f"{decided.approvals} of {decided.required} approvals so far")
+    kind = "Break-glass approval" if break_glass else ("Passkey vote" if assertion else "Vote")
+    messages.success(request, f"{kind} recorded: {done}.")
+    url = reverse("approval-detail", kwargs={"approval_id": row.pk})
+    if _wants_json(request):
+        return JsonResponse({"redirect": url, "status": decided.status})
+    return redirect(url)
