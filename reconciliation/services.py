@@ -487,5 +487,18 @@ def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = 
 
 
 def resolved_steps(effects: list[Any]) -> set[tuple[str, str]]:
-    """Steps a person made explicitly terminal (recovery's resolutions), where that exists."""
-    return set()
+    """(saga id, step id) of the effects a person made explicitly terminal: a recovery job
+    resolved from the human queue with a note (recorded as RECOVERY_RESOLVED)."""
+    from recovery import selectors as recovery_selectors
+    from recovery.models import JobState
+
+    saga_ids = sorted({e.saga_id for e in effects})
+    resolved: set[tuple[str, str]] = set()
+    for start in range(0, len(saga_ids), 500):
+        rows = (
+            recovery_selectors.jobs(state=JobState.RESOLVED)
+            .filter(saga_id__in=saga_ids[start : start + 500])
+            .values_list("saga_id", "step_id")
+        )
+        resolved.update(rows)
+    return resolved

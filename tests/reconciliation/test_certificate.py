@@ -1,0 +1,75 @@
+"""What the certificate counts: each committed effect accounted for (completed, compensated and
+confirmed, or explicitly made terminal by a person in recovery's human queue) or named as an
+exception with its reason."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from sagaplane.certificate import verify_certificate
+
+from reconciliation import services
+from recovery import selectors as recovery_selectors
+from recovery import services as recovery
+from recovery.models import JobState
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.transparency.conftest import Writer, settle
+from transparency import services as transparency
+
+pytestmark = pytest.mark.usefixtures("no_delay")
+
+
+def _certificate(tenant: Tenant) -> dict:
+    settle(tenant)
+    note = services.issue_certificate(tenant, timezone.now() - timedelta(hours=1), actor="test")
+    with tenant_context(tenant):
+        keys = transparency.current_verifier_keys()
+    return verify_certificate(note, keys).statement
+
+
+def _abandoned(writer: Writer, saga_id: str, semantics: str) -> None:
+    """An agent that died after an effect: no terminal record, a lease of one second."""
+    step = {"saga_id": saga_id, "step_id": f"{saga_id}-s0", "tool": "wire.send", "semantics": semantics}
+    writer.ship(
+        ("SAGA_START", {"saga_id": saga_id, "name": "payout", "lease_ttl": 1}),
+        ("STEP_INTENT", {**step, "kwargs": {"amount": 500}}),
+        ("STEP_COMMITTED", {**step, "compensation": None}),
+    )
+
+
+def test_an_open_saga_is_an_exception_until_a_person_resolves_it(tenant_a: Tenant, agent_a: Writer) -> None:
+    agent_a.saga("paid-1")
+    _abandoned(agent_a, "payout-1", "IRREVERSIBLE")
+    statement = _certificate(tenant_a)
+    assert [(e["saga_id"], e["reason"]) for e in statement["exceptions"]] == [("payout-1", "in_flight")]
+    assert statement["accounted"]["completed"] == 2
+
+    recovery.sweep(tenant_a, now=timezone.now() + timedelta(minutes=5))  # the lease lapsed: taken over
+    with tenant_context(tenant_a):
+        (job,) = recovery_selectors.human_queue()  # irreversible, no inverse: for a person
+    recovery.resolve(tenant_a, job.pk, actor="user:risk", note="wire recalled by phone with the bank")
+    with tenant_context(tenant_a):
+        resolved = recovery_selectors.job(job.pk)
+        assert resolved is not None and resolved.state == JobState.RESOLVED
+    statement = _certificate(tenant_a)
+    assert statement["exceptions"] == [] and statement["clean"] is True
+    assert statement["accounted"] == {"completed": 2, "compensated_confirmed": 0, "resolved": 1}
+
+
+def test_an_unreconciled_compensation_is_an_exception(tenant_a: Tenant, agent_a: Writer) -> None:
+    from tests.reconciliation.conftest import compensated_saga
+
+    compensated_saga(agent_a, "refund-1")
+    statement = _certificate(tenant_a)  # no check yet, or no verdict: never counted as fine
+    assert [(e["saga_id"], e["reason"]) for e in statement["exceptions"]] == [("refund-1", "unreconciled")]
+
+
+def test_a_log_without_a_checkpoint_has_no_certificate(tenant_a: Tenant) -> None:
+    from controlplane.errors import DomainError
+
+    with pytest.raises(DomainError) as refused:
+        services.issue_certificate(tenant_a, timezone.now() - timedelta(hours=1), actor="test")
+    assert (refused.value.status, refused.value.code) == (404, "no_checkpoint")
