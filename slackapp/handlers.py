@@ -14,7 +14,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from slack_sdk.errors import SlackClientError
 from slack_sdk.webhook import WebhookClient
 
 from controlplane.errors import DomainError
@@ -51,7 +50,7 @@ def _ephemeral(tenant: Tenant, channel: str, user: str, text: str) -> None:
         return
     try:
         services.web_client(services.bot_token(row)).chat_postEphemeral(channel=channel, user=user, text=text)
-    except (SlackClientError, crypto.TokenUnreadable):
+    except (*services.UNREACHABLE, crypto.TokenUnreadable):
         log.warning("slack: could not answer %s in %s", user, channel, exc_info=True)
 
 
@@ -71,7 +70,7 @@ def _respond(response_url: str, text: str) -> None:
         return
     try:
         WebhookClient(response_url, timeout=services.API_TIMEOUT_S).send(text=text, response_type="ephemeral")
-    except (SlackClientError, OSError):
+    except services.UNREACHABLE:
         log.warning("slack: could not answer through the response URL", exc_info=True)
 
 

@@ -9,6 +9,7 @@ tests' local server.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import secrets
 import time
@@ -25,6 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 from slack_sdk.oauth import AuthorizeUrlGenerator, InstallationStore, OAuthStateStore
 from slack_sdk.oauth.installation_store.models.bot import Bot
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
@@ -51,6 +53,9 @@ STATE_TTL = timedelta(minutes=10)
 LINK_TTL_S = 15 * 60
 SIGNATURE_WINDOW_S = 5 * 60
 API_TIMEOUT_S = 10
+# What a call to Slack can raise: Slack's own refusals and the SDK's errors, and the network's
+# (WebClient lets connection errors and timeouts through as they are).
+UNREACHABLE = (SlackClientError, OSError, http.client.HTTPException)
 
 
 class SlackError(DomainError):
@@ -66,8 +71,12 @@ def configured() -> bool:
 
 
 def web_client(token: str | None = None) -> WebClient:
-    """Slack's Web API (or the local server the tests start), with a bounded wait."""
-    return WebClient(token=token, base_url=settings.SLACK_API_URL, timeout=API_TIMEOUT_S)
+    """Slack's Web API (or the local server the tests start), with a bounded wait; a rate-limited
+    call waits as Slack's Retry-After says, twice at most (a connection error is retried once,
+    slack-sdk's default)."""
+    client = WebClient(token=token, base_url=settings.SLACK_API_URL, timeout=API_TIMEOUT_S)
+    client.retry_handlers.append(RateLimitErrorRetryHandler(max_retry_count=2))
+    return client
 
 
 def public_url(path: str) -> str:
@@ -312,7 +321,7 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: s
         raise SlackError(
             502, "slack_refused", f"Slack refused the install: {exc.response.get('error')}"
         ) from None
-    except SlackClientError:
+    except UNREACHABLE:
         raise SlackError(502, "slack_unreachable", "Slack could not be reached; try again") from None
     team = answer.get("team") or {}
     enterprise = answer.get("enterprise") or {}
@@ -350,7 +359,7 @@ def uninstall(tenant: Tenant, *, actor: str) -> bool:
             web_client(bot_token(row)).apps_uninstall(
                 client_id=settings.SLACK_CLIENT_ID, client_secret=settings.SLACK_CLIENT_SECRET
             )
-        except (SlackClientError, crypto.TokenUnreadable):
+        except (*UNREACHABLE, crypto.TokenUnreadable):
             log.warning(
                 "slack: apps.uninstall failed for tenant %s; forgetting it anyway", tenant.pk, exc_info=True
             )
@@ -388,7 +397,7 @@ def list_channels(tenant: Tenant) -> list[dict[str, str]]:
             cursor = (page.get("response_metadata") or {}).get("next_cursor")
             if not cursor:
                 break
-    except (SlackClientError, crypto.TokenUnreadable) as exc:
+    except (*UNREACHABLE, crypto.TokenUnreadable) as exc:
         raise SlackError(
             502, "slack_unreachable", f"could not list the workspace's channels ({type(exc).__name__})"
         ) from None
@@ -547,7 +556,7 @@ def member_for(tenant: Tenant, team_id: str, slack_user_id: str) -> Membership |
             return None
     try:
         info = web_client(bot_token(row)).users_info(user=slack_user_id)
-    except (SlackClientError, crypto.TokenUnreadable):
+    except (*UNREACHABLE, crypto.TokenUnreadable):
         log.warning("slack: users.info failed for %s", slack_user_id, exc_info=True)
         return None
     user = info.get("user") or {}

@@ -3,11 +3,12 @@ within its 3 seconds and queue these; the approvals hooks queue the posts and up
 
 from __future__ import annotations
 
+import http.client
 import logging
 from typing import Any
 
 from celery import shared_task
-from slack_sdk.errors import SlackClientError
+from slack_sdk.errors import SlackRequestError
 
 from slackapp import decisions, handlers, services
 from tenants.models import Tenant
@@ -41,9 +42,10 @@ def handle_event(team_id: str, event: dict[str, Any]) -> None:
     services.prune_seen_signatures()
 
 
-# Slack unreachable for a while: retried with backoff, then given up (the dashboard still shows it).
+# Slack unreachable for a while: retried with backoff, then given up (the dashboard still shows
+# it). Slack's own refusals (SlackApiError: a deleted channel, a revoked token) are not retried.
 _RETRY: dict[str, Any] = {
-    "autoretry_for": (SlackClientError, decisions.NotPostedYet),
+    "autoretry_for": (SlackRequestError, OSError, http.client.HTTPException, decisions.NotPostedYet),
     "retry_backoff": 2,
     "retry_backoff_max": 60,
     "max_retries": 6,

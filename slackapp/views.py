@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from kombu.exceptions import OperationalError
 
 from controlplane.errors import DomainError
 from slackapp import selectors, services, tasks
@@ -54,6 +55,16 @@ def _json(text: str) -> dict[str, Any]:
     return value
 
 
+def _queue(task: Any, *args: Any) -> None:
+    """Hand the work to Celery; a broker that does not take it is a 503 (Slack retries the
+    request, signed afresh), never a 500 and never work done here past Slack's 3 seconds."""
+    try:
+        task.delay(*args)
+    except (OperationalError, OSError):
+        log.warning("slack: could not queue %s", getattr(task, "name", task), exc_info=True)
+        raise DomainError(503, "queue_unavailable", "the work queue is unavailable; retry") from None
+
+
 def _text(value: Any, limit: int = 64) -> str:
     return value if isinstance(value, str) and len(value) <= limit else ""
 
@@ -85,7 +96,7 @@ def interactions(request: HttpRequest, body: bytes) -> HttpResponse:
     tenant = selectors.tenant_of_team(team)
     if tenant is None:
         return HttpResponse(status=200)  # a workspace no tenant has: nothing to do, nothing to say
-    tasks.handle_interaction.delay(tenant.pk, payload)
+    _queue(tasks.handle_interaction, tenant.pk, payload)
     return HttpResponse(status=200)
 
 
@@ -97,7 +108,7 @@ def commands(request: HttpRequest, body: bytes) -> HttpResponse:
         return JsonResponse(
             {"response_type": "ephemeral", "text": "This Slack workspace is not connected to Sagaplane."}
         )
-    tasks.handle_command.delay(tenant.pk, form)
+    _queue(tasks.handle_command, tenant.pk, form)
     return JsonResponse({"response_type": "ephemeral", "text": f"Working on `{_text(form.get('command'))}`…"})
 
 
@@ -112,5 +123,5 @@ def events(request: HttpRequest, body: bytes) -> HttpResponse:
     event = obj(payload.get("event"))
     team = _text(payload.get("team_id"))
     if event.get("type") in ("app_uninstalled", "tokens_revoked") and team:
-        tasks.handle_event.delay(team, event)
+        _queue(tasks.handle_event, team, event)
     return HttpResponse(status=200)
