@@ -169,15 +169,19 @@ class Worker:
         while True:
             try:
                 response = self.client.post(self._job_path(job, what), body)
-                break
+                if response.status < 500 and response.status != 429:
+                    break
+                problem = f"HTTP {response.status} {response.error_code}"
             except TransportError as exc:
-                if time.monotonic() > deadline:
-                    logger.error("could not report job %s: %s (its lease will run out)", job["id"], exc)
-                    return Outcome(
-                        str(job["id"]), str(job.get("handler")), what == "complete", False, str(exc)
-                    )
-                time.sleep(pause)
-                pause = min(pause * 2, 5.0)
+                problem = str(exc)
+            # Unreachable, or failing (a database restarting): the result is retried with the same
+            # token; if the lease runs out meanwhile, the job is run again under the same
+            # idempotency key and this result is refused.
+            if time.monotonic() > deadline:
+                logger.error("could not report job %s: %s (its lease will run out)", job["id"], problem)
+                return Outcome(str(job["id"]), str(job.get("handler")), what == "complete", False, problem)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
         return self._outcome(job, what, body, response)
 
     @staticmethod
