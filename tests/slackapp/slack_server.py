@@ -27,6 +27,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 
+def _opened(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
+
+
 @dataclass
 class Call:
     method: str
@@ -64,6 +69,9 @@ class FakeSlack:
     codes: dict[str, str] = field(default_factory=dict)  # one-time code → redirect_uri
     tokens: dict[str, str] = field(default_factory=dict)  # live bot token → team id
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Response URLs answer only once this is set (cleared by a test to hold them: what waits on
+    # Slack then waits visibly).
+    hooks_open: threading.Event = field(default_factory=lambda: _opened(threading.Event()))
     _ts: Any = field(default_factory=lambda: itertools.count(1))
     url: str = ""
 
@@ -238,6 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         if parts.path.startswith("/hooks/"):
             with self.server.slack.lock:
                 self.server.slack.calls.append(Call("response_url", {"path": parts.path, **params}, None))
+            self.server.slack.hooks_open.wait(timeout=60)
             self._reply(200, b"ok", "text/plain")
             return
         if parts.path.startswith("/api/"):
