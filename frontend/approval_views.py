@@ -99,18 +99,29 @@ def history(request: MemberRequest) -> HttpResponse:
 # ---------------------------------------------------------------------------------- one request
 
 
+def _state(request: MemberRequest, row: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "row": _row(row, request.membership),
+        "votes": [approvals.vote_values(v) for v in row.votes.order_by("created_at", "pk")],
+    }
+
+
+@member_page({"GET": READ}, section="approvals")
+def state(request: MemberRequest, approval_id: str) -> HttpResponse:
+    """The request's status and votes: the detail page's live region (fetched again on events)."""
+    return render(request, "frontend/_approval_state.html", _state(request, _request_or_404(approval_id)))
+
+
 @member_page({"GET": READ}, section="approvals")
 def detail(request: MemberRequest, approval_id: str) -> HttpResponse:
     row = _request_or_404(approval_id)
-    votes = [approvals.vote_values(v) for v in row.votes.order_by("created_at", "pk")]
     voted = row.votes.filter(user_id=request.user.pk).exists()
     return page(
         request,
         "frontend/approval_detail.html",
         {
-            "row": _row(row, request.membership),
+            **_state(request, row),
             "rules": row.rules,
-            "votes": votes,
             "voted": voted,
             "has_passkey": bool(passkeys.live_passkeys(request.user)),
             "may_break_glass": request.membership.can("break_glass") and row.status == Status.PENDING,

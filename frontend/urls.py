@@ -54,6 +54,7 @@ urlpatterns = [
     path("approvals/rows", approval_views.queue_rows, name="approval-rows"),
     path("approvals/history", approval_views.history, name="approval-history"),
     path("approvals/<str:approval_id>/", approval_views.detail, name="approval-detail"),
+    path("approvals/<str:approval_id>/state", approval_views.state, name="approval-state"),
     path("approvals/<str:approval_id>/challenge", approval_views.challenge, name="approval-page-challenge"),
     path("approvals/<str:approval_id>/vote", approval_views.vote, name="approval-page-vote"),
     path("evidence/", evidence_views.evidence, name="evidence"),

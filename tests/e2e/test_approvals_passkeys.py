@@ -175,6 +175,8 @@ def test_two_approvers_approve_a_wire_with_passkeys_and_the_agent_runs_it_once(
         expect(owner.get_by_text("Passkey vote recorded: 1 of 2 approvals so far.")).to_be_visible()
         expect(owner.locator("#approval-votes")).to_contain_text("passkey")
         assert agent.poll() is None and not effects.exists()  # one of two: still waiting
+        expect(owner.locator("html")).to_have_attribute("data-live", "open", timeout=LIVE_TIMEOUT)
+        owner.evaluate("window.__noReload = true")
 
         # The second approver completes the 2-of-2 from the queue.
         risk.goto("/approvals/")
@@ -182,6 +184,10 @@ def test_two_approvers_approve_a_wire_with_passkeys_and_the_agent_runs_it_once(
         expect(risk.locator("#approval-count")).to_have_text("1 of 2")
         risk.get_by_role("button", name="Approve with passkey").click()
         expect(risk.get_by_text("Passkey vote recorded: approved.")).to_be_visible()
+        # The owner's open page shows the decision and both votes without a reload.
+        expect(owner.locator("#approval-status")).to_have_text("approved", timeout=LIVE_TIMEOUT)
+        expect(owner.locator("#approval-votes li")).to_have_count(2)
+        assert owner.evaluate("window.__noReload") is True
 
         # The agent resumes and the wire runs exactly once.
         ready, _, _ = select.select([agent.stdout], [], [], AGENT_DEADLINE)

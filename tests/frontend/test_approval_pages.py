@@ -118,6 +118,8 @@ def test_two_approvers_approve_with_passkeys_and_the_votes_verify_offline(
     first = anns.post_vote(approval_id, anns.auth.get(options["challenge"]), issued["nonce"])
     assert first.status_code == 200, first.content
     assert state(agent.tenant, approval_id) == (Status.PENDING, 1, 1)
+    live = bens.client.get(f"/approvals/{approval_id}/state").content.decode()
+    assert "1 of 2" in live and 'data-voter="user:ann@acme.example"' in live and "passkey" in live
     assert agent.ask(amount=250_000, to="ACME GmbH", currency="EUR")["decision"] == "pending_approval"
     second = bens.vote(approval_id)
     assert second.json()["status"] == Status.APPROVED

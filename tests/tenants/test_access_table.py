@@ -238,6 +238,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "approvals/rows": Page({"GET": EVERY_ROLE}),
     "approvals/history": Page({"GET": EVERY_ROLE}),
     "approvals/<str:approval_id>/": Page({"GET": EVERY_ROLE}),
+    "approvals/<str:approval_id>/state": Page({"GET": EVERY_ROLE}),
     "approvals/<str:approval_id>/challenge": Page({"POST": RISK_STAFF}),  # a passkey vote's challenge
     "approvals/<str:approval_id>/vote": Page({"POST": RISK_STAFF}),
     "evidence/": Page({"GET": AUDITORS}),
