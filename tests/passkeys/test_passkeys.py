@@ -327,3 +327,74 @@ def test_a_tampered_signature_an_unknown_key_and_a_revoked_key_are_refused(alice
         auth.get(challenge),
         origins=[],
     )
+
+
+@pytest.mark.postgres
+def test_two_assertions_racing_with_one_counter_value_pass_once(
+    transactional_db: None, alice: Person
+) -> None:
+    """A cloned authenticator: two assertions with the same counter, verified at the same moment
+    in two connections. The passkey's row lock serialises them; the second sees the stored counter."""
+    import threading
+
+    from django.db import connection
+
+    auth, passkey = enrol(alice.user)
+    challenges = [vote_challenge("request-1"), vote_challenge("request-2")]
+    assertions = [auth.get(c, counter=7) for c in challenges]
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def verify(n: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            services.verify_assertion(alice.user, challenges[n], assertions[n], origins=[ORIGIN])
+            outcomes.append("verified")
+        except PasskeyRefused as exc:
+            outcomes.append(exc.code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=verify, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(outcomes) == ["assertion_refused", "verified"]
+    passkey.refresh_from_db()
+    assert passkey.sign_count == 7
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_one_sign_in_challenge_serves_one_of_two_racing_sign_ins(
+    transactional_db: None, alice: Person
+) -> None:
+    """The same assertion sent twice at once (a replay racing the original): the challenge's key
+    is deleted by exactly one of them (Redis DEL), so exactly one signs in."""
+    import threading
+
+    from django.db import connection
+
+    auth, _ = enrol(alice.user)
+    options = services.sign_in_options()
+    assertion = json.dumps(auth.get(options["challenge"]))
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def sign_in_once() -> None:
+        try:
+            barrier.wait(timeout=10)
+            services.sign_in(assertion, origins=[ORIGIN])
+            outcomes.append("signed in")
+        except PasskeyRefused as exc:
+            outcomes.append(exc.code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=sign_in_once) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(outcomes) == ["signed in", "unknown_challenge"]
