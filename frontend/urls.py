@@ -53,6 +53,18 @@ urlpatterns = [
     path("approvals/", approval_views.queue, name="approval-queue"),
     path("approvals/rows", approval_views.queue_rows, name="approval-rows"),
     path("approvals/history", approval_views.history, name="approval-history"),
+    path("approvals/policies/", approval_views.policies, name="approval-policies-page"),
+    path("approvals/policies/create", approval_views.policy_create, name="approval-policy-create"),
+    path(
+        "approvals/policies/<int:policy_id>/toggle",
+        approval_views.policy_toggle,
+        name="approval-policy-toggle",
+    ),
+    path(
+        "approvals/policies/<int:policy_id>/delete",
+        approval_views.policy_delete,
+        name="approval-policy-delete",
+    ),
     path("approvals/<str:approval_id>/", approval_views.detail, name="approval-detail"),
     path("approvals/<str:approval_id>/state", approval_views.state, name="approval-state"),
     path("approvals/<str:approval_id>/challenge", approval_views.challenge, name="approval-page-challenge"),

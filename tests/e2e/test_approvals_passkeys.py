@@ -97,10 +97,6 @@ def register_passkey(page: Any, name: str) -> None:
     expect(page.locator(f'#passkeys-table tr[data-passkey="{name}"]')).to_contain_text("active")
 
 
-def csrf(context: Any) -> str:
-    return next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
-
-
 def test_two_approvers_approve_a_wire_with_passkeys_and_the_agent_runs_it_once(
     browser_instance: Any, control_plane: LiveServer, tmp_path: Path
 ) -> None:
@@ -119,19 +115,17 @@ def test_two_approvers_approve_a_wire_with_passkeys_and_the_agent_runs_it_once(
         sign_in(risk, RISK, PASSWORD)
         register_passkey(risk, "Risk phone")
 
-        # Wires above 10,000 need two approvals, by passkey only.
-        answer = owner.request.post(
-            "/api/v1/approvals/policies",
-            data={
-                "name": "large wires",
-                "tool": "bank.*",
-                "predicates": [{"arg": "amount", "op": ">", "value": 10000}],
-                "required_approvals": 2,
-                "passkey_only": True,
-            },
-            headers={"X-CSRFToken": csrf(owner_context), "Referer": localhost(control_plane) + "/"},
-        )
-        assert answer.status == 201, answer.text()
+        # Wires above 10,000 need two approvals, by passkey only: set on the policies page.
+        owner.goto("/approvals/policies/")
+        form = owner.locator("#policy-form")
+        form.get_by_label("Name", exact=True).fill("large wires")
+        form.get_by_label("Tools (glob)").fill("bank.*")
+        form.get_by_label("Predicates").fill('[{"arg": "amount", "op": ">", "value": 10000}]')
+        form.get_by_label("Approvals required").fill("2")
+        form.get_by_label("Passkey votes only").check()
+        form.get_by_role("button", name="Create policy").click()
+        expect(owner.get_by_text("Approval policy 'large wires' created.")).to_be_visible()
+        expect(owner.locator('#policies-table tr[data-policy="large wires"]')).to_contain_text("passkey only")
 
         owner.goto("/approvals/")
         expect(owner.locator("html")).to_have_attribute("data-live", "open", timeout=LIVE_TIMEOUT)

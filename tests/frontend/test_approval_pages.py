@@ -247,3 +247,59 @@ def test_viewers_see_but_do_not_vote(agent: Agent, tenant_a: Tenant) -> None:
     assert client.post(f"/approvals/{approval_id}/vote", {"decision": "approve"}).status_code == 403
     assert client.post(f"/approvals/{approval_id}/challenge").status_code == 403
     assert state(agent.tenant, approval_id) == (Status.PENDING, 0, 0)
+
+
+def test_admins_set_approval_policies_from_the_page_and_everyone_sees_them(
+    alice: Person, ann: Person, tenant_a: Tenant
+) -> None:
+    from approvals.models import ApprovalPolicy
+
+    owner = Client()
+    owner.force_login(alice.user)
+    form = {
+        "name": "large wires",
+        "tool": "bank.*",
+        "semantics": ["IRREVERSIBLE"],
+        "predicates": '[{"arg": "amount", "op": ">", "value": 10000}]',
+        "required_approvals": "2",
+        "eligible_roles": ["approver", "owner"],
+        "eligible_members": "ann@acme.example",
+        "passkey_only": "on",
+        "ttl_minutes": "30",
+        "execution_window_minutes": "2",
+        "warn_before_minutes": "5",
+        "escalation": '[{"after_s": 600, "roles": ["admin"]}]',
+    }
+    bad = owner.post("/approvals/policies/create", {**form, "predicates": "[{"})
+    assert bad.status_code == 400 and b"predicates: a JSON list" in bad.content
+    assert b"large wires" in bad.content  # the form as typed
+    unknown = owner.post(
+        "/approvals/policies/create", {**form, "predicates": '[{"arg": "amount", "op": "~"}]'}
+    )
+    assert unknown.status_code == 400
+    with tenant_context(tenant_a):
+        assert not ApprovalPolicy.objects.exists()
+
+    assert owner.post("/approvals/policies/create", form).status_code == 302
+    with tenant_context(tenant_a):
+        policy = ApprovalPolicy.objects.get()
+    assert (policy.tool, policy.semantics, policy.required_approvals) == ("bank.*", ["IRREVERSIBLE"], 2)
+    assert (policy.passkey_only, policy.ttl_s, policy.execution_window_s) == (True, 1800, 120)
+    assert policy.eligible_members == [ann.user.pk] and policy.escalation[0]["roles"] == ["admin"]
+    created = [r for r in server_stream(tenant_a) if r["event"] == "APPROVAL_POLICY_CREATED"]
+    assert created[-1]["actor"] == f"user:{alice.user.email}" and created[-1]["new"]["name"] == "large wires"
+
+    approver = Client()
+    approver.force_login(ann.user)
+    listing = approver.get("/approvals/policies/").content.decode()
+    assert 'data-policy="large wires"' in listing and 'id="policy-form"' not in listing
+    assert approver.post("/approvals/policies/create", {**form, "name": "mine"}).status_code == 403
+    assert approver.post(f"/approvals/policies/{policy.pk}/delete").status_code == 403
+
+    owner.post(f"/approvals/policies/{policy.pk}/toggle")
+    with tenant_context(tenant_a):
+        assert ApprovalPolicy.objects.get().enabled is False
+    owner.post(f"/approvals/policies/{policy.pk}/delete")
+    assert owner.post(f"/approvals/policies/{policy.pk}/delete").status_code == 404
+    with tenant_context(tenant_a):
+        assert not ApprovalPolicy.objects.exists()

@@ -237,6 +237,10 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "approvals/": Page({"GET": EVERY_ROLE}),  # the queue, live
     "approvals/rows": Page({"GET": EVERY_ROLE}),
     "approvals/history": Page({"GET": EVERY_ROLE}),
+    "approvals/policies/": Page({"GET": EVERY_ROLE}),
+    "approvals/policies/create": Page({"POST": ADMINS}),
+    "approvals/policies/<int:policy_id>/toggle": Page({"POST": ADMINS}),
+    "approvals/policies/<int:policy_id>/delete": Page({"POST": ADMINS}),
     "approvals/<str:approval_id>/": Page({"GET": EVERY_ROLE}),
     "approvals/<str:approval_id>/state": Page({"GET": EVERY_ROLE}),
     "approvals/<str:approval_id>/challenge": Page({"POST": RISK_STAFF}),  # a passkey vote's challenge
