@@ -18,7 +18,6 @@ from frontend.views import MemberRequest, actor_of, member_page, page
 from slackapp import selectors, services
 from slackapp.services import SlackError
 from tenants.access import INTEGRATIONS, LINK_IDENTITY
-from tenants.models import Membership
 
 
 def _back(request: MemberRequest, error: SlackError | None = None, done: str = "") -> HttpResponse:
@@ -41,12 +40,9 @@ def settings_page(request: MemberRequest) -> HttpResponse:
             channel_error = exc.detail
     links = []
     if row is not None:
-        from slackapp.models import UserLink
-
-        people = {m.user_id: m for m in Membership.objects.select_related("user")}
-        for link in UserLink.objects.order_by("linked_at"):
-            member = people.get(link.user_id)
-            links.append({"link": link, "member": member.user.email if member else "(no longer a member)"})
+        links = [
+            {"link": link, "member": email or "(no longer a member)"} for link, email in selectors.links()
+        ]
     return page(
         request,
         "frontend/slack.html",

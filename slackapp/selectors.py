@@ -8,7 +8,7 @@ import re
 
 from slackapp.models import Installation, UserLink
 from tenants import rls, scoping
-from tenants.models import Tenant
+from tenants.models import Membership, Tenant
 
 _TEAM_TENANT = rls.cross_tenant_function(
     "sagaplane_slack_team_tenant",
@@ -48,6 +48,13 @@ def linked_user_id(team_id: str, slack_user_id: str) -> int | None:
         .values_list("user_id", flat=True)
         .first()
     )
+
+
+def links() -> list[tuple[UserLink, str | None]]:
+    """The active tenant's Slack links, oldest first, each with its member's e-mail (None: the
+    person is no longer a member)."""
+    emails = dict(Membership.objects.values_list("user_id", "user__email"))
+    return [(link, emails.get(link.user_id)) for link in UserLink.objects.order_by("linked_at", "pk")]
 
 
 def link_of(user_id: int) -> UserLink | None:

@@ -209,8 +209,10 @@ def test_a_third_tenant_sees_nothing(slack: FakeSlack, alice: Person, carol: Per
                 assert cursor.fetchone()[0] == 0
                 cursor.execute(f"SELECT count(*) FROM {UserLink._meta.db_table}")
                 assert cursor.fetchone()[0] == 0
+    own = browser(alice.user).get("/integrations/slack/").content.decode()
+    assert slack.team_name in own and "U0ALICE" in own and alice.user.email in own
     page = browser(carol.user).get("/integrations/slack/").content.decode()
-    assert slack.team_name not in page and "Add to Slack" in page
+    assert slack.team_name not in page and "U0ALICE" not in page and "Add to Slack" in page
     # The same workspace cannot be connected to a second tenant: its requests would name two.
     client = browser(carol.user)
     answer = install(client, slack, channel=None)
