@@ -112,6 +112,13 @@ def revoke(request: MemberRequest) -> HttpResponse:
 @never_cache
 @require_POST
 def sign_in_options(request: HttpRequest) -> HttpResponse:
+    if not services.sign_in_challenge_allowed(str(request.META.get("REMOTE_ADDR", ""))):
+        response = JsonResponse(
+            {"error": "rate_limited", "detail": "too many passkey sign-ins from this address; wait a minute"},
+            status=429,
+        )
+        response["Retry-After"] = "60"
+        return response
     return JsonResponse(services.sign_in_options())
 
 

@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -511,6 +512,26 @@ def assertion_challenge(response_json: str | bytes | dict[str, Any]) -> bytes:
 
 
 # ----------------------------------------------------------------------------------- sign-in
+
+
+SIGN_IN_CHALLENGES_PER_MINUTE = 30
+
+
+def sign_in_rate_key(client_address: str, minute: int) -> str:
+    address = hashlib.sha256(client_address.encode()).hexdigest()[:32]
+    return f"passkeys:sign-in-rate:{address}:{minute}"
+
+
+def sign_in_challenge_allowed(client_address: str, *, now: float | None = None) -> bool:
+    """At most SIGN_IN_CHALLENGES_PER_MINUTE anonymous sign-in challenges per client address and
+    clock minute: each is a cache entry for CHALLENGE_TTL_S, so an address cannot fill the cache."""
+    key = sign_in_rate_key(client_address, int((time.time() if now is None else now) // 60))
+    if cache.add(key, 1, timeout=120):
+        return True
+    try:
+        return int(cache.incr(key)) <= SIGN_IN_CHALLENGES_PER_MINUTE
+    except ValueError:  # expired between add and incr: a fresh minute
+        return bool(cache.add(key, 1, timeout=120))
 
 
 def sign_in_options() -> dict[str, Any]:

@@ -5,6 +5,7 @@ nothing changed by a refusal."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -211,6 +212,30 @@ def test_sign_in_refuses_junk_with_400_and_an_unknown_origin_with_403(alice: Per
     options = elsewhere.post("/login/passkey/options").json()
     answer = elsewhere.post("/login/passkey", {"credential": json.dumps(auth.get(options["challenge"]))})
     assert (answer.status_code, answer.json()["error"]) == (403, "origin_not_allowed")
+
+
+def test_sign_in_challenges_are_bounded_per_address(db: None) -> None:
+    minute = 29_000_000 * 60.0  # a fixed clock minute: no boundary to straddle
+    for _ in range(services.SIGN_IN_CHALLENGES_PER_MINUTE):
+        assert services.sign_in_challenge_allowed("192.0.2.1", now=minute + 5)
+    assert not services.sign_in_challenge_allowed("192.0.2.1", now=minute + 59)
+    assert services.sign_in_challenge_allowed("192.0.2.2", now=minute + 59)
+    assert services.sign_in_challenge_allowed("192.0.2.1", now=minute + 60)  # the next minute
+
+    # Over HTTP: an address at its limit (this minute and the next) is answered 429.
+    from django.core.cache import cache
+
+    this_minute = int(time.time() // 60)
+    for m in (this_minute, this_minute + 1):
+        cache.set(services.sign_in_rate_key("127.0.0.1", m), services.SIGN_IN_CHALLENGES_PER_MINUTE, 120)
+    refused = browser().post("/login/passkey/options")
+    assert (refused.status_code, refused.json()["error"], refused["Retry-After"]) == (
+        429,
+        "rate_limited",
+        "60",
+    )
+    elsewhere = Client(HTTP_HOST="localhost:8000", REMOTE_ADDR="10.0.0.7")
+    assert elsewhere.post("/login/passkey/options").status_code == 200
 
 
 def test_next_is_followed_only_on_this_site(alice: Person) -> None:
