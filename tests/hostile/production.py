@@ -176,6 +176,7 @@ def production_env(database_url: str, redis_url: str, data_dir: Path, **extra: s
             "SAGAPLANE_MASTER_KEY": Fernet.generate_key().decode(),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
+            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
             "SAGAPLANE_DATA_DIR": str(data_dir),
             "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
             "STATIC_ROOT": str(data_dir / "static"),
@@ -238,6 +239,8 @@ def control_plane(
         process = subprocess.Popen(
             [
                 str(VENV_BIN / "gunicorn"),
+                "-c",
+                str(ROOT / "infra" / "gunicorn.conf.py"),
                 "controlplane.asgi:application",
                 "-k",
                 "uvicorn.workers.UvicornWorker",
