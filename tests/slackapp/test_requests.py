@@ -240,3 +240,28 @@ def test_a_workspace_no_tenant_has_is_told_so(slack: FakeSlack, alice: Person) -
     answer: Any = signed_post(Client(), slack, "/slack/commands", command_body(slack, *HALT, user="U0ALICE"))
     assert answer.status_code == 200 and "not connected" in answer.json()["text"]
     assert _halts(alice) == []
+
+
+@pytest.mark.parametrize("flag", ["is_bot", "is_restricted"])
+def test_e_mail_matching_never_matches_bots_or_guests(installed: FakeSlack, alice: Person, flag: str) -> None:
+    approver = make_person(alice.tenant, "dora", Role.APPROVER)
+    profile = {"email": approver.user.email}
+    installed.users["U0DORA"] = {"id": "U0DORA", "name": "dora", flag: True, "profile": profile}
+    browser(alice.user).post("/integrations/slack/email-matching", {"enabled": "on"})
+    signed_post(Client(), installed, "/slack/commands", command_body(installed, *HALT, user="U0DORA"))
+    assert _halts(alice) == [] and len(installed.called("users.info")) == 1
+    with tenant_context(alice.tenant):
+        assert not UserLink.objects.filter(slack_user_id="U0DORA").exists()
+
+
+def test_a_member_unlinks_their_slack_account(installed: FakeSlack, bob: Person) -> None:
+    _link(bob, installed, "U0BOB")
+    assert browser(bob.user).post("/integrations/slack/unlink").status_code == 302
+    with tenant_context(bob.tenant):
+        assert not UserLink.objects.exists()
+    (record,) = [r for r in server_stream(bob.tenant) if r["event"] == "SLACK_USER_UNLINKED"]
+    assert record["old"]["slack_user_id"] == "U0BOB" and record["new"] is None
+    signed_post(
+        Client(), installed, "/slack/commands", command_body(installed, "/saga-status", "", user="U0BOB")
+    )
+    assert "not linked" in _replies(installed)[0]
