@@ -27,6 +27,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
+from controlplane.schema import ErrorSerializer
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
 from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE
@@ -205,7 +206,7 @@ class ReportView(TenantScopedViewMixin, APIView):
                 "error": serializers.BooleanField(required=False),
             },
         ),
-        responses={200: _VERDICT},
+        responses={200: _VERDICT, 409: ErrorSerializer},
     )
     def post(self, request: Request, check_id: str) -> Response:
         data = _body(request)
@@ -231,7 +232,9 @@ class RecheckView(TenantScopedViewMixin, APIView):
 
     access = {"POST": RECONCILE_DECIDE}
 
-    @extend_schema(operation_id="reconciliation_recheck", request=None, responses={200: _VERDICT})
+    @extend_schema(
+        operation_id="reconciliation_recheck", request=None, responses={200: _VERDICT, 409: ErrorSerializer}
+    )
     def post(self, request: Request, check_id: str) -> Response:
         check = services.recheck(self.tenant, _check_id(check_id), actor=self.actor)
         return Response({"id": str(check.pk), "status": check.status, "reason": check.reason})
