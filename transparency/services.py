@@ -27,14 +27,13 @@ from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import cross_tenant, keys, sources
+from transparency import cross_tenant, keys, sources, treestore
 from transparency.models import (
     Checkpoint,
     Export,
     ExportStatus,
     KeyStatus,
     LogSigningKey,
-    TreeNode,
     TreeState,
 )
 from transparency.proofs import StoredNodes
@@ -46,7 +45,6 @@ SEAL_EVENT = "SAGA_SEALED"
 # One integration appends at most settings.SAGAPLANE_INTEGRATION_CHUNK_LEAVES leaves, so a
 # backlog is worked off in bounded transactions (each still signs a checkpoint) instead of one
 # lock held for minutes, and a worker asked to stop can stop between two.
-_NODE_BATCH = 5_000
 
 
 class IntegrationRefused(DomainError):
@@ -198,6 +196,21 @@ def _split(stored: bytes | memoryview) -> list[bytes]:
     return [blob[i : i + merkle.HASH_SIZE] for i in range(0, len(blob), merkle.HASH_SIZE)]
 
 
+def _planned_proof(
+    nodes: StoredNodes, fn: Callable[[merkle.SubtreeHashFn, int, int], list[bytes]], first: int, second: int
+) -> list[bytes]:
+    """`fn(nodes, first, second)` after fetching every stored node it reads in one statement."""
+    wanted: list[tuple[int, int]] = []
+
+    def record(level: int, index: int) -> bytes:
+        wanted.append((level, index))
+        return b"\x00" * merkle.HASH_SIZE
+
+    fn(record, first, second)
+    nodes.prefetch(wanted)
+    return fn(nodes.subtree_hash, first, second)
+
+
 def _extend_and_sign(
     tenant: Tenant, state: TreeState, *, target: int, force: bool = False
 ) -> Checkpoint | None:
@@ -244,20 +257,15 @@ def _extend_and_sign(
                 if previous.root_hash != root:
                     raise merkle.ConsistencyProofError("same size, different root")
             elif previous.size > 0:
-                proof = merkle.consistency_proof(nodes, previous.size, target)
+                # The proof's nodes are the new ones (in memory) and old ones, fetched at once.
+                proof = _planned_proof(nodes, merkle.consistency_proof, previous.size, target)
                 merkle.verify_consistency(previous.size, target, proof, previous.root_hash, root)
         except merkle.MerkleError as exc:
             raise IntegrationRefused(
                 f"tree of {target} leaves is not consistent with the checkpoint of {previous.size}: {exc}"
             ) from exc
 
-    for start in range(0, len(new_nodes), _NODE_BATCH):
-        TreeNode.objects.bulk_create(
-            [
-                TreeNode(tenant=tenant, level=n.level, index=n.index, hash=n.hash)
-                for n in new_nodes[start : start + _NODE_BATCH]
-            ]
-        )
+    treestore.insert_nodes(tenant.pk, new_nodes)
     _active_key(tenant)
     signers = _signers()
     signed = note.sign_checkpoint(note.Checkpoint(origin, target, root), signers)
