@@ -585,19 +585,28 @@ def _attach(first: Incoming) -> str:
 def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> Record:
     """Append a chained record to the tenant's server stream, in the caller's transaction (so the
     audit record commits or rolls back with the change it records)."""
-    # Normalise through JSON first: what is hashed must be exactly what is stored and re-read.
-    business = json.loads(json.dumps({**fields, "actor": actor}, default=str))
+    return append_server_records(tenant, [(event, fields)], actor=actor).records[0]
+
+
+def append_server_records(
+    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: str
+) -> IngestResult:
+    """Append several chained records (event, fields) to the tenant's server stream as one batch,
+    in the caller's transaction: one stream lock, one walk, one set-based store (the integrator's
+    seal pass writes thousands of seals at once under sustained ingest)."""
+    now = time.time()
     with tenant_context(tenant):
         stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-        record: dict[str, Any] = {
-            "seq": (stream.head_seq or 0) + 1,
-            "ts": time.time(),
-            "event": event,
-            **business,
-        }
-        stamp(record, stream.head_hash)
-        result = _ingest_into(tenant, stream, parse_batch([record]), actor=actor)
-        return result.records[0]
+        head, seq = stream.head_hash, stream.head_seq or 0
+        batch: list[dict[str, Any]] = []
+        for event, fields in entries:
+            # Normalise through JSON first: what is hashed must be exactly what is stored and re-read.
+            business = json.loads(json.dumps({**fields, "actor": actor}, default=str))
+            seq += 1
+            record: dict[str, Any] = {"seq": seq, "ts": now, "event": event, **business}
+            head = stamp(record, head)
+            batch.append(record)
+        return _ingest_into(tenant, stream, parse_batch(batch), actor=actor)
 
 
 # -- erasure ---------------------------------------------------------------------------------------

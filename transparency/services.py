@@ -355,11 +355,34 @@ def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | N
         return fields
 
 
+# Sagas whose records one statement reads during a seal pass.
+_SEAL_READ_SAGAS = 500
+
+
 def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
-    """Seal every saga that has a record among leaves [start, end) and is in a terminal state."""
+    """Seal every saga that has a record among leaves [start, end) and is in a terminal state.
+
+    In bulk: the records of up to `_SEAL_READ_SAGAS` sagas per statement, and every seal the pass
+    needs appended to the server stream as one batch (one lock, one walk, one set-based store),
+    not one read and one append per saga. What each seal says is `seal_saga`'s rule."""
     with tenant_context(tenant):
         saga_ids = sources.terminal_sagas_touched(tenant, start, end)
-        return [saga_id for saga_id in saga_ids if seal_saga(tenant, saga_id, actor=SEAL_ACTOR) is not None]
+        sealed: list[str] = []
+        seals: list[tuple[str, dict[str, Any]]] = []
+        for first in range(0, len(saga_ids), _SEAL_READ_SAGAS):
+            chunk = saga_ids[first : first + _SEAL_READ_SAGAS]
+            by_saga = sources.seal_inputs(tenant, chunk, SEAL_EVENT)
+            for saga_id in chunk:
+                records = by_saga.get(saga_id)
+                if not records:
+                    continue
+                fields, current = _seal_fields(records, saga_id)
+                if not current:
+                    sealed.append(saga_id)
+                    seals.append((SEAL_EVENT, fields))
+        if seals:
+            sources.append_server_records(tenant, seals, actor=SEAL_ACTOR)
+        return sealed
 
 
 # One seal pass looks at most this many integrated leaves, so catching up on a long unsealed

@@ -72,20 +72,19 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
     writer_a.saga("two")
     services.integrate_fully(tenant_a)
     before = _state(tenant_a).sealed_size
-    real_append = sources.append_server_record
+    real_append = sources.append_server_records
     appended: list[str] = []
 
-    def append_then_die(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
-        real_append(tenant, event, fields, actor=actor)
-        appended.append(fields["saga_id"])
-        if len(appended) == 2:
-            raise Crash  # after the second seal, before the watermark moves and commits
+    def append_then_die(tenant: Tenant, entries: list[tuple[str, dict[str, Any]]], *, actor: str) -> None:
+        real_append(tenant, entries, actor=actor)
+        appended.extend(fields["saga_id"] for _, fields in entries)
+        raise Crash  # after both seals are appended, before the watermark moves and commits
 
-    monkeypatch.setattr(sources, "append_server_record", append_then_die)
+    monkeypatch.setattr(sources, "append_server_records", append_then_die)
     with pytest.raises(Crash):
         services.seal_pending(tenant_a)
     monkeypatch.undo()
-    assert appended == ["one", "two"]
+    assert appended == ["one", "two"]  # one batch: the pass appends every seal it needs at once
     # One transaction: neither seal nor the watermark survived the crash.
     assert _seals(tenant_a) == []
     assert _state(tenant_a).sealed_size == before
