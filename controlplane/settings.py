@@ -438,6 +438,43 @@ SAGAPLANE_EXPORT_STORAGE = {
         )
     },
 }
+# Object storage (transparency/storage.py WriteOnceS3Storage): AWS S3 or any server speaking its
+# API. The bucket, endpoint and region are django-storages' settings; credentials come from boto3's
+# own chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, an instance role), never from here.
+AWS_STORAGE_BUCKET_NAME = config.text(
+    "SAGAPLANE_OBJECT_BUCKET",
+    "",
+    pattern=re.compile(r"|[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+    must="an S3 bucket name",
+)
+AWS_S3_ENDPOINT_URL = config.url("AWS_S3_ENDPOINT_URL", ("https", "http")) or None
+AWS_S3_REGION_NAME = config.text("AWS_S3_REGION_NAME", "") or None
+AWS_S3_FILE_OVERWRITE = False
+_S3_BACKEND = "transparency.storage.WriteOnceS3Storage"
+if SAGAPLANE_EXPORT_STORAGE["BACKEND"] == _S3_BACKEND:
+    # Exports under an Object Lock in compliance mode for this many days (0: write-once only).
+    _export_options: dict = SAGAPLANE_EXPORT_STORAGE["OPTIONS"]  # type: ignore[assignment]
+    _export_options["retention_days"] = config.integer(
+        "SAGAPLANE_EXPORT_RETENTION_DAYS", 0, minimum=0, maximum=100 * 365
+    )
+# Full tiles (and full entry bundles) published once each to object storage, from which a CDN can
+# serve them (they never change); off unless a backend is named.
+SAGAPLANE_TILE_STORAGE: dict = {}
+if config.environ.get("SAGAPLANE_TILE_STORAGE_BACKEND"):
+    SAGAPLANE_TILE_STORAGE = {
+        "BACKEND": config.dotted_path("SAGAPLANE_TILE_STORAGE_BACKEND", _S3_BACKEND, what="a storage class"),
+        "OPTIONS": {
+            "location": config.text(
+                "SAGAPLANE_TILE_PREFIX", "tiles", pattern=re.compile(r"\S(?:.*\S)?"), must="a key prefix"
+            )
+        },
+    }
+    if SAGAPLANE_TILE_STORAGE["BACKEND"] == _S3_BACKEND:
+        SAGAPLANE_TILE_STORAGE["OPTIONS"]["cache_control"] = "public, max-age=31536000, immutable"
+if _S3_BACKEND in (SAGAPLANE_EXPORT_STORAGE["BACKEND"], SAGAPLANE_TILE_STORAGE.get("BACKEND")) and not (
+    AWS_STORAGE_BUCKET_NAME
+):
+    config.refuse("SAGAPLANE_OBJECT_BUCKET", f"set when a storage backend is {_S3_BACKEND}")
 # One integration transaction appends at most this many leaves (and signs a checkpoint); a worker
 # asked to shut down stops between two, so this also bounds how long a warm shutdown waits.
 SAGAPLANE_INTEGRATION_CHUNK_LEAVES = config.integer(

@@ -25,7 +25,7 @@ from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
 from transparency import bundles, proofs, services
 from transparency.models import Export, ExportStatus
-from transparency.storage import get_storage
+from transparency.storage import get_storage, publish_full_tile
 
 PROOF_SCHEMA = inline_serializer(
     "Proof",
@@ -138,6 +138,8 @@ class TileView(LogView):
             data = proofs.tile(parsed.level, parsed.index, parsed.width)
         except merkle.TilePathError as exc:
             raise DomainError(400, "invalid", f"tile: {exc}", field="tile") from None
+        if parsed.width == merkle.TILE_WIDTH:  # a full tile: published to the tile store once
+            publish_full_tile(self.tenant.slug, merkle.tile_path(parsed.level, parsed.index), data)
         response = HttpResponse(data, content_type="application/octet-stream")
         # A tile at a given width never changes: full and partial tiles are immutable.
         response["Cache-Control"] = "public, max-age=31536000, immutable"
@@ -175,6 +177,8 @@ class EntryBundleView(LogView):
             raise DomainError(
                 400, "invalid", f"tile: {str(exc).replace('tile/0/', 'tile/entries/')}", field="tile"
             ) from None
+        if parsed.width == merkle.TILE_WIDTH:
+            publish_full_tile(self.tenant.slug, merkle.entries_tile_path(parsed.index), data)
         response = HttpResponse(data, content_type="application/octet-stream")
         # Leaf data never changes (erasure keeps the header and its hash), so bundles are immutable.
         response["Cache-Control"] = "public, max-age=31536000, immutable"
