@@ -73,3 +73,29 @@ def test_a_log_without_a_checkpoint_has_no_certificate(tenant_a: Tenant) -> None
     with pytest.raises(DomainError) as refused:
         services.issue_certificate(tenant_a, timezone.now() - timedelta(hours=1), actor="test")
     assert (refused.value.status, refused.value.code) == (404, "no_checkpoint")
+
+
+def test_a_step_compensated_by_a_recovery_worker_is_checked_too(tenant_a: Tenant, agent_a: Writer) -> None:
+    """The agent died after the charge; recovery refunded it (a COMPENSATED record in the server
+    stream): reconciliation checks that refund like any other."""
+    step = {"saga_id": "died-1", "step_id": "died-1-s0", "tool": "shop.charge", "semantics": "COMPENSABLE"}
+    compensation = {
+        "fn": "refund",
+        "handler": "shop.refund",
+        "recoverable": True,
+        "description": "",
+        "idempotency_key": "idem-died",
+        "kwargs": {"charge_id": "ch_died"},
+    }
+    agent_a.ship(
+        ("SAGA_START", {"saga_id": "died-1", "name": "checkout", "lease_ttl": 1}),
+        ("STEP_INTENT", {**step, "kwargs": {"amount": 42}}),
+        ("STEP_COMMITTED", {**step, "compensation": compensation}),
+    )
+    recovery.sweep(tenant_a, now=timezone.now() + timedelta(minutes=5))
+    job = recovery.claim(tenant_a, worker="recovery-worker", handlers=["shop.refund"])
+    assert job is not None
+    recovery.complete(tenant_a, job.pk, token=job.epoch, actor="api-key:recovery")
+    (check,) = services.scan(tenant_a)
+    assert (check.saga_id, check.compensated_in, check.handler) == ("died-1", "server", "shop.refund")
+    assert check.kwargs == {"charge_id": "ch_died"}
