@@ -5,8 +5,11 @@ under a new token once the claim lapses; an answer without a verdict is unverifi
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -17,7 +20,6 @@ from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from reconciliation.tasks import deliver_check
 from recovery import services as recovery
-from recovery.webhook import verify_signature
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from tests.conftest import server_stream
@@ -25,6 +27,16 @@ from tests.reconciliation.conftest import compensated_saga
 from tests.transparency.conftest import Writer
 
 pytestmark = pytest.mark.usefixtures("no_delay")
+
+
+def verify_signature(secret: str, body: bytes, header: str) -> bool:
+    """The receiver's check of `Sagaplane-Signature: t=<unix s>,v1=<hex HMAC-SHA256 of "<t>." + body>`."""
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    timestamp, given = fields.get("t", ""), fields.get("v1", "")
+    if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > 300:
+        return False
+    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, given)
 
 
 class Receiver:
