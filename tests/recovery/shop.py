@@ -54,6 +54,13 @@ def refund(charge_id: str, idempotency_key: str | None = None) -> None:
         _done += 1
 
 
+@sp.compensator("shop.refund_by_hook")
+def refund_by_hook(charge_id: str, idempotency_key: str | None = None) -> None:
+    """The same refund, named for the webhook test: the agent registers it (so its compensation is
+    recoverable), and recovery delivers its jobs to the tenant's webhook, never to SDK workers."""
+    refund(charge_id, idempotency_key)
+
+
 def _charge(charge_id: str, amount: int) -> dict[str, Any]:
     with _db() as db:
         db.execute("INSERT INTO charges VALUES (?, ?, ?)", (charge_id, amount, os.getpid()))
@@ -64,5 +71,8 @@ charge = sp.tool(
     _charge,
     name="shop.charge",
     semantics=sp.COMPENSABLE,
-    compensate=lambda result: sp.undo("shop.refund", charge_id=result["id"]),
+    # SHOP_REFUND_HANDLER names the compensation (a webhook-delivered one in the webhook test).
+    compensate=lambda result: sp.undo(
+        os.environ.get("SHOP_REFUND_HANDLER", "shop.refund"), charge_id=result["id"]
+    ),
 )

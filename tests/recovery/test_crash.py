@@ -5,15 +5,23 @@ shop's ledger counts refund attempts separately from the refunds applied."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from recovery.webhook import sign
 from tests.recovery.live import Deployment, deployment, stop
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -176,5 +184,178 @@ def test_postgres_restarted_during_recovery(live: Deployment) -> None:
             assert len(records(live, saga_id, "COMPENSATED")) == 3
             assert len(records(live, saga_id, "ROLLBACK_END")) == 1
         assert set(live.refunds().values()) == {1}
+    finally:
+        stop(worker)
+
+
+# ------------------------------------------------------------------------------------- webhook
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"
+
+
+def documented_verifier() -> Callable[[str, bytes, str], bool]:
+    """Exactly the receiver's snippet from docs/ARCHITECTURE.md (§8.8), executed as written."""
+    text = DOCS.read_text()
+    after = text.split("<!-- recovery-webhook-verify -->", 1)[1]
+    code = after.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(DOCS), "exec"), namespace)  # noqa: S102 (our own documentation)
+    verify: Callable[[str, bytes, str], bool] = namespace["verify_signature"]
+    return verify
+
+
+class Receiver(ThreadingHTTPServer):
+    """The tenant's refund endpoint: answers 500 to the first delivery, then applies each
+    idempotency key once; every delivery's signature is checked with the documented snippet."""
+
+    def __init__(self, secret: list[str]) -> None:
+        super().__init__(("127.0.0.1", 0), _ReceiverHandler)
+        self.secret = secret
+        self.verify = documented_verifier()
+        self.deliveries: list[dict[str, Any]] = []
+        self.applied: dict[str, str] = {}  # idempotency key → charge id
+
+
+class _ReceiverHandler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        header = self.headers.get("Sagaplane-Signature", "")
+        delivery = {
+            "body": body,
+            "signature": header,
+            "idempotency_key": self.headers.get("Idempotency-Key", ""),
+            "verified": self.server.verify(self.server.secret[0], body, header),
+        }
+        self.server.deliveries.append(delivery)
+        if not delivery["verified"]:
+            status = 401
+        elif len(self.server.deliveries) == 1:
+            status = 500  # the first one fails
+        else:
+            job = json.loads(body)
+            self.server.applied.setdefault(delivery["idempotency_key"], job["kwargs"]["charge_id"])
+            status = 200
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_webhook_answering_500_then_200_refunds_once(live: Deployment) -> None:
+    secret: list[str] = []
+    receiver = Receiver(secret)
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with live.client() as client:
+            answer = client.put(
+                "/api/v1/recovery/webhook",
+                json={
+                    "url": f"http://127.0.0.1:{receiver.server_port}/refund",
+                    "handlers": ["shop.refund_by_hook"],
+                },
+            )
+            assert answer.status_code == 200, answer.text
+            secret.append(answer.json()["secret"])
+        agent = live.agent("hang", "hooked", "1", str(LEASE_TTL), SHOP_REFUND_HANDLER="shop.refund_by_hook")
+        live.until(lambda: committed(live, "hooked", 1), "hooked's commit to be shipped")
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=30)
+        live.until(lambda: receiver.applied, "the webhook to apply the refund")
+        live.until(lambda: records(live, "hooked", "COMPENSATED"), "the refund to be recorded")
+        live.sweep_times(3)
+        assert list(receiver.applied.values()) == ["hooked-ch1"]
+        assert len(receiver.deliveries) == 2 and all(d["verified"] for d in receiver.deliveries)
+        keys = {d["idempotency_key"] for d in receiver.deliveries}
+        (compensated,) = records(live, "hooked", "COMPENSATED")
+        assert keys == {compensated["idempotency_key"]} and compensated["delivery"] == "webhook"
+        (failed,) = records(live, "hooked", "COMPENSATION_FAILED")
+        assert failed["error"] == "webhook answered HTTP 500" and failed["final"] is False
+        assert "hooked-ch1" not in live.refunds()  # no SDK worker ran it
+        # Forgeries fail the documented check: another secret, another body, an old signature.
+        verify, good = receiver.verify, receiver.deliveries[-1]
+        assert verify(secret[0], good["body"], good["signature"])
+        assert not verify("whsec_forged", good["body"], good["signature"])
+        assert not verify(secret[0], good["body"].replace(b"hooked", b"hacked"), good["signature"])
+        stale = sign(secret[0], good["body"], timestamp=int(time.time()) - 3600)
+        assert not verify(secret[0], good["body"], stale)
+        assert not verify(secret[0], good["body"], "t=abc,v1=00")
+    finally:
+        receiver.shutdown()
+        with live.client() as client:
+            client.delete("/api/v1/recovery/webhook")
+
+
+# -------------------------------------------------------------------------------- agent-saga
+
+AGENT_SAGA = """
+import asyncio, sys, threading
+from agent_saga import compensator, saga_scope, tool
+from agent_saga.semantics import ActionSemantics as S, Compensation
+from agent_saga.wal import FileWAL
+
+@compensator("shop.refund")
+def refund(charge_id, idempotency_key=None):
+    pass
+
+@tool(semantics=S.COMPENSABLE, compensate=lambda r: Compensation(
+    fn=refund, kwargs={"charge_id": r["id"]}, handler="shop.refund", description="refund"))
+async def charge(amount):
+    return {"id": "as-ch1"}
+
+async def main():
+    wal = FileWAL(sys.argv[1])
+    await wal.start()
+    async with saga_scope(name="agent-saga-checkout", wal=wal):
+        await charge(amount=42)
+        await wal.flush() if hasattr(wal, "flush") else None
+        print("charged", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, threading.Event().wait)
+
+asyncio.run(main())
+"""
+
+
+def test_an_agent_saga_crash_log_shipped_from_elsewhere_is_recovered(
+    live: Deployment, tmp_path: Path
+) -> None:
+    """agent-saga writes intent and commit, is killed before any terminal record; its WAL is
+    copied to another folder (another machine) and shipped by `sagaplane ship`; a Sagaplane
+    worker refunds the charge."""
+    script = tmp_path / "agent_saga_agent.py"
+    script.write_text(AGENT_SAGA)
+    wal = tmp_path / "agent-saga.wal"
+    agent = live.start([sys.executable, str(script), str(wal)], "agent-saga.log")
+    live.until(lambda: wal.exists() and "STEP_COMMITTED" in wal.read_text(), "agent-saga's commit in its WAL")
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait(timeout=30)
+    lines = [json.loads(line) for line in wal.read_text().splitlines() if line.strip()]
+    assert [r["event"] for r in lines][-1] == "STEP_COMMITTED"  # a crash log: no terminal record
+    saga_id = lines[0]["saga_id"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(wal, elsewhere / "shipped.wal")
+    shipped = subprocess.run(
+        [sys.executable, "-m", "sagaplane", "ship", str(elsewhere / "shipped.wal"), "--no-progress"],
+        env=live.sdk_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    worker = live.worker("w-agent-saga")
+    try:
+        live.until(lambda: live.refunds().get("as-ch1") == 1, "the agent-saga charge's refund")
+        (job,) = live.jobs(saga_id)
+        assert job["state"] == "compensated" and job["handler"] == "shop.refund"
+        (refund,) = [r for r in live.ledger_rows("refunds") if r["charge_id"] == "as-ch1"]
+        assert refund["idempotency_key"] == lines[-1]["compensation"]["idempotency_key"]
+        live.until(
+            lambda: (live.saga(saga_id) or {})["saga"]["status"] == "rolled_back", "the saga rolled back"
+        )
     finally:
         stop(worker)
