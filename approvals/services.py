@@ -725,26 +725,32 @@ def issue_vote_challenge(
 def _take_challenge(
     row: ApprovalRequest, member: Membership, assertion: Any, now: datetime
 ) -> dict[str, Any]:
+    """Consume the member's open challenge the (verified) assertion answers; the assertion is kept
+    with the challenge and its nonce, so the vote can be verified again offline."""
     if not isinstance(assertion, dict) or not isinstance(assertion.get("challenge"), str):
         raise ApprovalError(
             "invalid_assertion", "the assertion must name its challenge", status=400, field="assertion"
         )
     if len(json.dumps(assertion, default=str)) > ASSERTION_MAX_BYTES:
         raise ApprovalError("invalid_assertion", "the assertion is too large", status=400, field="assertion")
-    taken = VoteChallenge.objects.filter(
+    issued = VoteChallenge.objects.filter(
         request=row,
         user_id=member.user_id,
-        challenge=assertion["challenge"],
+        challenge=assertion["challenge"].lower(),
         used_at__isnull=True,
         expires_at__gt=now,
-    ).update(used_at=now)
-    if taken != 1:
+    ).first()
+    if issued is None or not VoteChallenge.objects.filter(pk=issued.pk, used_at__isnull=True).update(
+        used_at=now
+    ):
         raise ApprovalError(
             "challenge_invalid",
             "the assertion answers no open challenge of this member for this request",
             status=403,
         )
-    return json.loads(json.dumps(assertion, default=str))
+    kept: dict[str, Any] = json.loads(json.dumps(assertion, default=str))
+    kept.update(challenge=issued.challenge, nonce=issued.nonce)
+    return kept
 
 
 def vote(
@@ -773,7 +779,9 @@ def vote(
             raise ApprovalError("invalid", "choice: approve or deny", field="choice")
         note = _text(note, "note")
         if break_glass and (choice != VoteChoice.APPROVE or not note.strip()):
-            raise ApprovalError("reason_required", "break-glass approves, with a written reason", field="note")
+            raise ApprovalError(
+                "reason_required", "break-glass approves, with a written reason", field="note"
+            )
         _check_open(row, now)
         _check_voter(row, current, break_glass=break_glass)
         kept: dict[str, Any] | None = None

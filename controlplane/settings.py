@@ -242,6 +242,9 @@ CELERY_BEAT_SCHEDULE: dict = {
     "recovery-sweep": {"task": "recovery.sweep", "schedule": 1.0, "options": {"expires": 2.0}},
     # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
     "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
+    # Approval deadlines (expiry denies; the gate and the long-poll already treat a request past its
+    # deadline as expired, this records it), warnings before them, escalation, lapsed approvals.
+    "approvals-sweep": {"task": "approvals.sweep", "schedule": 5.0, "options": {"expires": 10.0}},
     # Reconciliation: compensated steps become checks for their observers; overdue checks are
     # unverifiable. Ticks that waited behind busy workers expire rather than pile up.
     "reconciliation-pass": {

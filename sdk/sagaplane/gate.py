@@ -12,6 +12,13 @@ Before a step's effect, `Gate.check` decides, failing closed:
    refuses;
 4. everything else is allowed locally: an ungoverned call costs no round-trip.
 
+When the gate answers `pending_approval` (an approval policy matched, or a budget escalated), the
+call waits for the named humans: `GET /api/v1/approvals/<id>/wait` long-polls (at most 25 s a
+call, looped until the request's deadline), returns within about a second of the deciding vote,
+and the gate is asked again — that second answer consumes the approval in the transaction that
+authorises the effect, so one approval starts one effect. Denial, the deadline, and a control
+plane that cannot be reached while waiting all refuse (`GateDenied`).
+
 Every answer the server gave is recorded in the WAL (`GATE_ALLOW` with the authorisation id,
 `GATE_DENY` with the reason) beside the step it concerns.
 """
@@ -33,6 +40,8 @@ logger = logging.getLogger("sagaplane.gate")
 
 DEFAULT_GRACE_S = 30.0
 POLL_WAIT_S = 20.0
+APPROVAL_WAIT_S = 20.0  # per long-poll call (the server waits at most 25)
+MAX_APPROVAL_WAIT_S = 7 * 24 * 3600.0
 FIRST_STATE_WAIT_S = 5.0
 GUARANTEES_VERSION = "2026-12-03"
 
@@ -92,12 +101,16 @@ class Gate:
         grace: float = DEFAULT_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
         poll_wait: float = POLL_WAIT_S,
+        approval_wait: float = APPROVAL_WAIT_S,
     ) -> None:
         self.grace = grace
         self.clock = clock
         self.poll_wait = poll_wait
+        self.approval_wait = approval_wait
         self._ask = Client(url, api_key, timeout=10.0)
         self._poll = Client(url, api_key, timeout=poll_wait + 15.0)
+        # Approval long-polls (the client keeps one connection per thread: waiters do not share).
+        self._wait = Client(url, api_key, timeout=approval_wait + 15.0)
         self._state = FleetState()
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -115,7 +128,7 @@ class Gate:
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
-        for client in (self._ask, self._poll):
+        for client in (self._ask, self._poll, self._wait):
             try:
                 client.close()
             except OSError:
@@ -220,6 +233,17 @@ class Gate:
             "agent": call.agent,
             "tags": list(call.tags),
         }
+        answer = self._evaluate(body)
+        if answer.get("decision") == "pending_approval":
+            self._await_approval(answer)
+            # Approved: ask again. This answer consumes the approval with the authorisation (a
+            # retry of the same call gets the same authorisation back; anything else is refused).
+            answer = self._evaluate(body)
+        if answer.get("decision") == "allow":
+            return answer
+        raise GateDenied(str(answer.get("reason") or answer.get("decision") or "denied"), answer)
+
+    def _evaluate(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
             response = self._ask.post("/api/v1/gate/evaluate", body)
         except TransportError as exc:
@@ -227,9 +251,45 @@ class Gate:
         answer = response.body if isinstance(response.body, dict) else {}
         if not response.ok:
             raise GateDenied(str(answer.get("error") or f"http_{response.status}"), answer)
-        if answer.get("decision") == "allow":
-            return answer
-        raise GateDenied(str(answer.get("reason") or answer.get("decision") or "denied"), answer)
+        return answer
+
+    def _await_approval(self, pending: dict[str, Any]) -> None:
+        """Long-poll the request until it is approved (returns), or refuse: denied, expired, its
+        deadline passed on this clock, or the control plane unreachable. The deadline is the
+        server's `expires_in` counted on this process' monotonic clock (no wall-clock skew)."""
+        approval_id = str(pending.get("approval_id") or "")
+        if not approval_id.isalnum() or len(approval_id) > 64:
+            raise GateDenied("approval_unknown", pending)
+        try:
+            left = float(pending.get("expires_in") or 0)
+        except (TypeError, ValueError):
+            left = 0.0
+        deadline = time.monotonic() + min(max(left, 0.0), MAX_APPROVAL_WAIT_S)
+        logger.info("waiting for approval %s (%.0f s left)", approval_id, left)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise GateDenied(
+                    "approval_expired", {**pending, "message": "no decision before the deadline"}
+                )
+            timeout = round(min(self.approval_wait, remaining + 0.5), 3)
+            path = f"/api/v1/approvals/{approval_id}/wait?" + urllib.parse.urlencode({"timeout": timeout})
+            try:
+                response = self._wait.get(path)
+            except TransportError as exc:
+                raise GateDenied("control_plane_unreachable", {**pending, "message": str(exc)}) from None
+            state = response.body if isinstance(response.body, dict) else {}
+            if not response.ok:
+                raise GateDenied(str(state.get("error") or f"http_{response.status}"), {**pending, **state})
+            status = state.get("status")
+            if status == "approved":
+                return
+            if status == "pending":
+                continue
+            reason = {"denied": "approval_denied", "expired": "approval_expired"}.get(
+                str(status), "approval_expired"
+            )
+            raise GateDenied(reason, {**pending, **state})
 
 
 def guarantees() -> dict[str, Any]:
@@ -242,6 +302,12 @@ def guarantees() -> dict[str, Any]:
             "a kill switch (halt) in force for the call's tool, tag or agent refuses it",
             "a call some budget or rate limit governs runs only after the control plane authorised it: "
             "one atomic check-and-debit across every matching limit, on the server's clock",
+            "a call an approval policy matches (or a budget escalates) runs only after the named humans "
+            "approved that exact action (SHA-256 of tool, arguments, amount and policy version); the "
+            "approval is consumed by the authorisation, so it starts one effect, inside its execution "
+            "window; a denial, the deadline or an unreachable control plane while waiting refuses",
+            "an IRREVERSIBLE step the control plane authorised with such an approval needs no local "
+            "confirm= answer; any other IRREVERSIBLE step still does",
             "when the control plane cannot be read for longer than the grace period, every step is refused",
             "every gate answer is recorded in the WAL (GATE_ALLOW with its authorisation id, GATE_DENY "
             "with its reason)",

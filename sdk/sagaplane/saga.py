@@ -544,16 +544,15 @@ class Saga:
 
     def _gate_answered(self, step: Step, answer: dict[str, Any] | None) -> None:
         if answer is not None:
-            self.wal.emit(
-                "GATE_ALLOW",
-                {
-                    "saga_id": self.saga_id,
-                    "step_id": step.step_id,
-                    "tool": step.tool,
-                    "authorization_id": answer.get("authorization_id"),
-                },
-                buffered=True,
-            )
+            fields: dict[str, Any] = {
+                "saga_id": self.saga_id,
+                "step_id": step.step_id,
+                "tool": step.tool,
+                "authorization_id": answer.get("authorization_id"),
+            }
+            if answer.get("approvals"):
+                fields["approvals"] = answer["approvals"]  # the approvals this authorisation used
+            self.wal.emit("GATE_ALLOW", fields, buffered=True)
 
     def _gate_denied(self, step: Step, denied: GateDenied) -> GateDenied:
         # Logged so the evidence shows the attempt and why it was stopped; the step never ran.
@@ -572,30 +571,38 @@ class Saga:
         )
         return denied
 
-    def _ask_gate(self, step: Step) -> None:
+    def _ask_gate(self, step: Step) -> dict[str, Any] | None:
         gate = _defaults["gate"]
         if gate is None:
-            return
+            return None
         try:
             answer = gate.check(self._gate_call(step))
         except GateDenied as denied:
             raise self._gate_denied(step, denied) from None
         self._gate_answered(step, answer)
+        return answer
 
-    async def _ask_gate_async(self, step: Step) -> None:
+    async def _ask_gate_async(self, step: Step) -> dict[str, Any] | None:
         gate = _defaults["gate"]
         if gate is None:
-            return
+            return None
         try:
             answer = await asyncio.to_thread(gate.check, self._gate_call(step))
         except GateDenied as denied:
             raise self._gate_denied(step, denied) from None
         self._gate_answered(step, answer)
+        return answer
+
+    @staticmethod
+    def _approved_by_people(answer: dict[str, Any] | None) -> bool:
+        """The control plane authorised this effect with a human approval bound to its exact
+        arguments (consumed by this authorisation): that replaces the local `confirm=` hook."""
+        return bool(answer and answer.get("decision") == "allow" and answer.get("approvals"))
 
     def run_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
-        self._ask_gate(step)
-        if step.semantics is IRREVERSIBLE:
+        gate_answer = self._ask_gate(step)
+        if step.semantics is IRREVERSIBLE and not self._approved_by_people(gate_answer):
             answer = self._confirm_hook(spec)(self._confirm_request(step))
             if inspect.isawaitable(answer):
                 answer = _run_coro(answer)
@@ -638,8 +645,8 @@ class Saga:
 
     async def run_step_async(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
-        await self._ask_gate_async(step)
-        if step.semantics is IRREVERSIBLE:
+        gate_answer = await self._ask_gate_async(step)
+        if step.semantics is IRREVERSIBLE and not self._approved_by_people(gate_answer):
             answer = self._confirm_hook(spec)(self._confirm_request(step))
             if inspect.isawaitable(answer):
                 answer = await answer

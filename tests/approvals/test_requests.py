@@ -190,7 +190,7 @@ def test_passkey_only_policies_take_a_verified_assertion_on_a_fresh_challenge(
     row = vote(ann, pending["approval_id"], assertion=assertion)
     assert row.status == Status.APPROVED
     with tenant_context(agent.tenant):
-        assert row.votes.get().assertion == assertion
+        assert row.votes.get().assertion == {**assertion, "nonce": issued["nonce"]}
     assert agent.ask(amount=100)["decision"] == "allow"
 
 
@@ -306,3 +306,18 @@ def test_editing_a_policy_moves_its_version_and_records_old_and_new(
     approvals.delete_policy(agent.tenant, policy.pk, actor="user:alice")
     assert agent.ask(amount=100, saga="s9")["decision"] == "allow"
     assert _records(alice, "APPROVAL_POLICY_DELETED")[0]["old"]["name"] == "large wires"
+
+
+def test_the_beat_task_sweeps_every_tenant(agent: Agent, carol: Person) -> None:
+    from django.conf import settings
+
+    from approvals import tasks
+
+    assert settings.CELERY_BEAT_SCHEDULE["approvals-sweep"]["task"] == tasks.sweep.name
+    wire_policy(agent.tenant, ttl_s=60, warn_before_s=10)
+    wire_policy(carol.tenant, ttl_s=60, warn_before_s=10)
+    mine = agent.ask(amount=100)
+    with tenant_context(agent.tenant):
+        ApprovalRequest.objects.filter(pk=mine["approval_id"]).update(expires_at=timezone.now())
+    assert tasks.sweep.apply().get() == {"expired": 1, "warned": 0, "escalated": 0, "lapsed": 0}
+    assert agent.ask(amount=100)["reason"] == "approval_expired"
