@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from audit import selectors as audit_selectors
 from audit.models import Record
+from frontend import recovery_views
 from frontend.views import MemberRequest, member_page, page
 from sagas import selectors
 from sagas.models import Saga, SagaStatus, Step, StepStatus
@@ -223,6 +224,8 @@ class StepView:
     step: Step
     outcome: str
     records: list[RecordView] = field(default_factory=list)
+    recovery_job: Any = None  # the step's latest recovery job (frontend.recovery_views)
+    rollback_here: bool = False  # offer "Rollback to here" on this step
 
     @property
     def outcome_label(self) -> str:
@@ -331,11 +334,15 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
                 abort_cause = view
     shown_status = saga.effective_status(now)
     disclosure = f"/api/v1/audit/sagas/{saga.saga_id}/disclosure"
+    forward_items = [forward[s.step_id] for s in steps]
+    membership = getattr(request, "membership", None)
+    recovery = recovery_views.saga_recovery(membership, saga, forward_items) if membership is not None else {}
     return {
+        **recovery,
         "saga": saga,
         "shown_status": shown_status,
         "needs_human": shown_status in NEEDS_HUMAN,
-        "forward": [forward[s.step_id] for s in steps],
+        "forward": forward_items,
         "backward": backward,
         "saga_events": saga_events,
         "rollback_start": rollback_start,

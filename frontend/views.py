@@ -33,6 +33,7 @@ NAV: list[tuple[str, str]] = [
     ("sagas", "Sagas"),
     ("fleet", "Fleet"),
     ("approval-queue", "Approvals"),
+    ("recovery", "Recovery"),
     ("reconciliation", "Reconciliation"),
     ("evidence", "Evidence"),
     ("members", "Administration"),

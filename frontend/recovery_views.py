@@ -1,0 +1,158 @@
+"""Recovery: the human queue (steps recovery could not compensate on its own, with why: no
+handler, irreversible, retries exhausted, unknown outcome) with its decisions — retry, mark
+resolved with a note, quarantine the saga — and the jobs in flight; and "Rollback to here" on a
+saga's timeline, which compensates the steps after the chosen one by the same workers (the
+timeline shows it live: each result is a record, and records refresh the page).
+
+Reads through `recovery.selectors`; every decision goes through `recovery.services` (actor
+`user:<name>`, recorded in the server stream). Same named rules as the API: RECOVERY_VIEW (any
+member) to see, RECOVERY_DECIDE (risk staff) to decide."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+
+from controlplane.errors import DomainError
+from frontend.views import MemberRequest, actor_of, member_page, page
+from recovery import selectors, services
+from recovery.models import Escalation, JobState
+from sagas.models import Saga, StepStatus
+from tenants.access import RECOVERY_DECIDE, RECOVERY_VIEW, decide
+from tenants.models import Membership
+
+SHOWN = 200
+# Why a step waits for a human, in words (Escalation values → explanation).
+WHY = {
+    Escalation.NO_HANDLER: (
+        "No recoverable compensation: the step names no registered handler (or its arguments were not JSON)."
+    ),
+    Escalation.IRREVERSIBLE: "Irreversible: nothing undoes it, and it declared no compensation.",
+    Escalation.RETRIES_EXHAUSTED: "Retries exhausted: every attempt failed, or its workers kept dying.",
+    Escalation.UNKNOWN_OUTCOME: (
+        "Outcome unknown: the agent died during the effect, which cannot be undone blindly."
+    ),
+}
+ROLLBACK_FROM = (StepStatus.COMMITTED, StepStatus.UNKNOWN, StepStatus.COMPENSATION_FAILED)
+
+
+def may_decide(membership: Membership) -> bool:
+    return decide(RECOVERY_DECIDE, membership=membership) is None
+
+
+@member_page({"GET": RECOVERY_VIEW}, section="recovery")
+def recovery(request: MemberRequest) -> HttpResponse:
+    queue = list(selectors.human_queue()[:SHOWN])
+    context = {
+        "queue": [{"job": job, "why": WHY.get(Escalation(job.escalation), job.escalation)} for job in queue],
+        "in_flight": list(selectors.jobs(state=JobState.CLAIMED)[:SHOWN])
+        + list(selectors.jobs(state=JobState.PENDING)[:SHOWN]),
+        "finished": [
+            j for j in selectors.jobs()[:50] if j.state in (JobState.COMPENSATED, JobState.RESOLVED)
+        ],
+        "may_decide": may_decide(request.membership),
+    }
+    return page(request, "frontend/recovery.html", context, section="recovery")
+
+
+def _job(job_id: str) -> Any:
+    try:
+        pk = uuid.UUID(job_id)
+    except ValueError:
+        raise Http404("no such recovery job") from None
+    job = selectors.job(pk)
+    if job is None:
+        raise Http404("no such recovery job")
+    return job
+
+
+def _back(request: MemberRequest) -> HttpResponse:
+    return redirect(reverse("recovery") + "#queue")
+
+
+@member_page({"POST": RECOVERY_DECIDE}, section="recovery")
+def job_retry(request: MemberRequest, job_id: str) -> HttpResponse:
+    job = _job(job_id)
+    try:
+        services.retry(request.tenant, job.pk, actor=actor_of(request))
+    except services.RecoveryError as refused:
+        messages.error(request, refused.detail)
+        return _back(request)
+    messages.success(request, f"Retrying: {job.tool or job.step_id} goes back to the recovery workers.")
+    return _back(request)
+
+
+@member_page({"POST": RECOVERY_DECIDE}, section="recovery")
+def job_resolve(request: MemberRequest, job_id: str) -> HttpResponse:
+    job = _job(job_id)
+    try:
+        services.resolve(
+            request.tenant, job.pk, actor=actor_of(request), note=request.POST.get("note", "").strip()
+        )
+    except services.RecoveryError as refused:
+        messages.error(request, f"Not resolved: {refused.detail}")
+        return _back(request)
+    messages.success(request, f"Marked resolved: {job.tool or job.step_id} of {job.saga_id}.")
+    return _back(request)
+
+
+@member_page({"POST": RECOVERY_DECIDE}, section="recovery")
+def saga_quarantine(request: MemberRequest, saga_id: str) -> HttpResponse:
+    if not Saga.objects.filter(saga_id=saga_id).exists():
+        raise Http404("no such saga")
+    try:
+        services.quarantine(
+            request.tenant, saga_id, actor=actor_of(request), reason=request.POST.get("reason", "").strip()
+        )
+    except DomainError as refused:
+        messages.error(request, f"Not quarantined: {refused.detail}")
+        return _back(request)
+    messages.success(
+        request, f"Quarantined {saga_id}: recovery leaves it alone and the gate refuses its steps."
+    )
+    return _back(request)
+
+
+@member_page({"POST": RECOVERY_DECIDE}, section="sagas")
+def saga_rollback(request: MemberRequest, saga_id: str) -> HttpResponse:
+    if not Saga.objects.filter(saga_id=saga_id).exists():
+        raise Http404("no such saga")
+    detail = reverse("saga-detail", args=[saga_id])
+    raw = request.POST.get("to_step", "")
+    to_step = int(raw) if raw.isdigit() and len(raw) < 9 else -1
+    try:
+        run = services.rollback_to(request.tenant, saga_id, to_step, actor=actor_of(request))
+    except services.RecoveryError as refused:
+        messages.error(request, f"Not rolled back: {refused.detail}")
+        return redirect(detail)
+    count = run.jobs.count()
+    messages.success(
+        request,
+        f"Rolling back to step {to_step}: {count} step(s) will be compensated, newest first, "
+        "by the recovery workers.",
+    )
+    return redirect(detail + "#recovery")
+
+
+def saga_recovery(membership: Membership, saga: Saga, forward: list[Any]) -> dict[str, Any]:
+    """What a saga's timeline shows of recovery: each step's latest job (set on its timeline item
+    as `recovery_job`), the unfinished run, and whether this member may roll the saga back to a
+    step (risk staff, with no run unfinished; the service refuses while the agent holds its lease)."""
+    jobs = selectors.jobs_by_step(saga.saga_id)
+    run = selectors.unfinished_run(saga.saga_id)
+    may_rollback = may_decide(membership) and run is None
+    last_undoable = max(
+        (item.step.ordinal for item in forward if item.step.status in ROLLBACK_FROM), default=0
+    )
+    for item in forward:
+        item.recovery_job = jobs.get(item.step.step_id)
+        # "Rollback to here" on each committed step with something after it left to undo.
+        item.rollback_here = (
+            may_rollback and item.step.status in ROLLBACK_FROM and item.step.ordinal < last_undoable
+        )
+    return {"recovery_run": run, "recovery_jobs": list(jobs.values()), "may_rollback": may_rollback}
