@@ -232,6 +232,11 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/rate-limits/<int:rate_limit_id>/delete": Page({"POST": ADMINS}),
     "fleet/halts": Page({"POST": RISK_STAFF}),
     "fleet/halts/<int:halt_id>/resume": Page({"POST": RISK_STAFF}),
+    "recovery/": Page({"GET": EVERY_ROLE}),
+    "recovery/jobs/<str:job_id>/retry": Page({"POST": RISK_STAFF}),
+    "recovery/jobs/<str:job_id>/resolve": Page({"POST": RISK_STAFF}),
+    "recovery/sagas/<str:saga_id>/quarantine": Page({"POST": RISK_STAFF}),
+    "sagas/<str:saga_id>/rollback": Page({"POST": RISK_STAFF}),
     "reconciliation/": Page({"GET": EVERY_ROLE}),
     "reconciliation/checks/<str:check_id>/recheck": Page({"POST": RISK_STAFF}),
     "approvals/": Page({"GET": EVERY_ROLE}),  # the queue, live
