@@ -290,6 +290,7 @@ def add_worker(sub: Any) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     import importlib
     import signal
+    import threading
 
     from .client import ConfigurationError
     from .worker import Worker
@@ -310,12 +311,30 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not worker.handler_names():
         print("error: the --handlers modules register no @sagaplane.compensator", file=sys.stderr)
         return EXIT_USAGE
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-    print(f"sagaplane worker {worker.name}: handlers {', '.join(worker.handler_names())}", flush=True)
+    # The same modules' @sagaplane.reconciler observers answer reconciliation checks alongside.
+    from .reconcile import ReconcileWorker, registered_reconcilers
+
+    observer = None
+    if registered_reconcilers():
+        observer = ReconcileWorker(name=worker.name, wait_s=args.wait)
+        threading.Thread(target=observer.run, name="sagaplane-reconciler", daemon=True).start()
+
+    def stop(*_: Any) -> None:
+        worker.stop()
+        if observer is not None:
+            observer.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    observing = f"; observing {', '.join(observer.handler_names())}" if observer is not None else ""
+    handlers = ", ".join(worker.handler_names())
+    print(f"sagaplane worker {worker.name}: handlers {handlers}{observing}", flush=True)
     try:
         ran = worker.run(max_jobs=args.max_jobs)
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        if observer is not None:
+            observer.stop()
     print(f"ran {ran} job(s)", flush=True)
     return EXIT_OK
 

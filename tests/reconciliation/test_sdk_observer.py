@@ -68,3 +68,49 @@ def test_relative_since_becomes_an_iso_time() -> None:
     assert since_value("90m", now) == "2026-12-03T10:30:00Z"
     assert since_value("7d", now) == "2026-11-26T12:00:00Z"
     assert since_value("2026-01-01", now) == "2026-01-01"  # passed as given: the server judges it
+
+
+def test_the_recovery_worker_also_runs_the_modules_reconcilers(
+    transactional_db: None, live_server: Any, alice: Person, tenant_a: Tenant, settings: Any, tmp_path: Any
+) -> None:
+    """`sagaplane worker --handlers m`: m's @sp.compensator functions run recovery jobs and its
+    @sp.reconciler functions answer reconciliation checks, in one process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    settings.SAGAPLANE_RECONCILE_DELAY_SECONDS = 0
+    compensated_saga(Writer(tenant_a, "agent-a-1"), "checkout-1", charges=["ch_1"])
+    services.scan(tenant_a)
+    (tmp_path / "shop_handlers.py").write_text(
+        "import sagaplane as sp\n"
+        "@sp.compensator('shop.refund')\n"
+        "def refund(charge_id, idempotency_key=None):\n    pass\n"
+        "@sp.reconciler('shop.refund')\n"
+        "def refunded(charge_id):\n    return charge_id == 'ch_1'\n"
+    )
+    env = {**os.environ, "SAGAPLANE_URL": live_server.url, "SAGAPLANE_API_KEY": alice.api_key}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "sagaplane", "worker", "--handlers", "shop_handlers", "--wait", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        status = ""
+        while time.monotonic() < deadline and worker.poll() is None:
+            with tenant_context(tenant_a):
+                status = ReconciliationCheck.objects.get().status
+            if status == "confirmed":
+                break
+            time.sleep(0.2)  # a poll interval: the check's status decides
+        assert status == "confirmed", status
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+    assert "observing shop.refund" in out
