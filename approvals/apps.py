@@ -7,7 +7,10 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # The gate's approval step: fleet calls it through fleet.hooks and never imports approvals.
-        from approvals import services
+        from approvals import compat, services
+        from audit import hooks as audit_hooks
         from fleet import hooks
 
         hooks.register_approval_step(services.GateStep())
+        # agent-saga's APPROVAL_REQUESTED records become requests once their ingest commits.
+        audit_hooks.after_records_committed(compat.requests_from_wal)

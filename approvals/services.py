@@ -513,6 +513,73 @@ def _open(
     return row
 
 
+def open_external(
+    tenant: Tenant,
+    *,
+    external_id: str,
+    saga_id: str,
+    step_id: str,
+    tool: str,
+    args: Mapping[str, Any],
+    rule: str,
+    reason: str,
+    expires_at: datetime,
+    actor: str,
+) -> ApprovalRequest:
+    """A request another system asked for (agent-saga's APPROVAL_REQUESTED), bound to its id:
+    found again when the same record arrives twice. Who may approve: BUDGET_RULES (one approval
+    from approvers, admins or owners)."""
+    with tenant_context(tenant):
+        existing = ApprovalRequest.objects.filter(external_id=external_id).first()
+        if existing is not None:
+            return existing
+        safe_args = json.loads(json.dumps(dict(args), default=str))
+        action, digest = action_of(tool, safe_args, safe_args.get("amount"), f"agent-saga:{rule}")
+        request_id = hashlib.sha256(
+            canonical([fleet.gate_tag(tenant), "agent-saga", external_id])
+        ).hexdigest()[:32]
+        now = timezone.now()
+        rules = {**BUDGET_RULES, "ttl_s": max(1, int((expires_at - now).total_seconds()))}
+        try:
+            with transaction.atomic():
+                row = ApprovalRequest.objects.create(
+                    id=request_id,
+                    source=Source.AGENT_SAGA,
+                    external_id=external_id,
+                    saga_id=saga_id,
+                    step_id=step_id,
+                    tool=tool,
+                    args=safe_args,
+                    args_digest=hashlib.sha256(canonical(safe_args)).hexdigest(),
+                    action=action,
+                    action_digest=digest,
+                    policy_name=rule or "agent-saga",
+                    rules=rules,
+                    required=1,
+                    note=reason,
+                    created_at=now,
+                    expires_at=expires_at,
+                )
+        except IntegrityError:
+            return ApprovalRequest.objects.get(external_id=external_id)
+        _record(
+            tenant,
+            "APPROVAL_REQUESTED",
+            row,
+            {
+                "source": Source.AGENT_SAGA.value,
+                "external_id": external_id,
+                "action": action,
+                "policy": row.policy_name,
+                "required": 1,
+                "expires_at": expires_at.isoformat(),
+            },
+            actor=actor,
+        )
+        _announce(tenant, row, "created")
+    return row
+
+
 def _pending_answer(row: ApprovalRequest) -> dict[str, Any]:
     return {
         "decision": "pending_approval",

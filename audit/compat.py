@@ -1,12 +1,12 @@
 """agent-saga compatible endpoints (`SagaCloudClient`, endpoint `<server>/v1`); the reads that
-count sagas are `sagas.compat`.
+count sagas are `sagas.compat`, the approval queue is `approvals.compat`.
 
 agent-saga's own control plane stores whatever it is sent; here the same payload is verified
 exactly like `/api/v1/streams/<id>/records`, attached to streams by chain linkage."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from audit import services
 from audit.api import CHAIN_ERROR, ERROR, RECORDS_BODY, read_json_body, records_from_body
-from tenants.access import INGEST, READ
+from tenants.access import INGEST
 from tenants.permissions import TenantScopedViewMixin
 
 
@@ -53,27 +53,3 @@ class WalIngestView(TenantScopedViewMixin, APIView):
                 "streams": [r.as_dict() for r in results],
             }
         )
-
-
-class ApprovalsView(TenantScopedViewMixin, APIView):
-    """`SagaCloudClient.pull_approvals`: the approval queue (approvals arrive with their own issue;
-    until then the queue is empty, in the shape the client reads)."""
-
-    access = {"GET": READ}
-
-    @extend_schema(
-        operation_id="agent_saga_approvals",
-        parameters=[OpenApiParameter("status", str, description="pending, granted, denied")],
-        responses={
-            200: inline_serializer(
-                "AgentSagaApprovals",
-                {
-                    "approvals": serializers.ListField(child=serializers.DictField()),
-                    "status": serializers.CharField(),
-                },
-            )
-        },
-    )
-    def get(self, request: Request) -> Response:
-        wanted = request.query_params.get("status", "pending")
-        return Response({"status": wanted, "approvals": []})

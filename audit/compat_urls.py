@@ -7,5 +7,4 @@ from audit import compat
 
 urlpatterns = [
     path("wal/ingest", compat.WalIngestView.as_view(), name="agent-saga-wal-ingest"),
-    path("approvals", compat.ApprovalsView.as_view(), name="agent-saga-approvals"),
 ]

@@ -27,6 +27,7 @@ urlpatterns = [
     path("v1/", include("audit.compat_urls")),
     path("v1/", include("sagas.compat_urls")),
     path("v1/", include("fleet.compat_urls")),
+    path("v1/", include("approvals.compat_urls")),
     path("slack/", include("slackapp.urls")),
     path("", include("frontend.urls")),
 ]
