@@ -191,11 +191,21 @@ def test_faults_under_load_lose_and_duplicate_nothing(tmp_path: Path) -> None:
 
             # (c) beat restarts: exactly one runs, before and after.
             cluster(env, "restart", "beat")
+
+            # (d) a graceful restart of web-2 under load (SIGTERM: it drains in-flight requests):
+            # no client of the balancer sees an error while it goes and comes back.
+            access_log = tmp_path / "cluster" / "logs" / "nginx-access.log"
+            seen = len(access_log.read_text().splitlines())
+            cluster(env, "restart", "web-2")
+            wait_for("web-2 ready again", lambda: answers(f"http://127.0.0.1:{base + 1}/readyz") == 200)
             marks = [a.shipper.cursor.shipped for a in agents]
             wait_for(
                 "load after the faults",
                 lambda: all(a.shipper.cursor.shipped > m + 20 for a, m in zip(agents, marks, strict=True)),
             )
+            during = access_log.read_text().splitlines()[seen:]
+            statuses = [line.split('"')[2].split()[0] for line in during if line.count('"') >= 2]
+            assert statuses and not [s for s in statuses if s.startswith("5")], statuses
 
             for agent in agents:
                 agent.stop.set()
