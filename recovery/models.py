@@ -8,7 +8,8 @@ Invariants (kept by `recovery.services`, the only writer):
   only with the current epoch by a claim that still holds it, so a worker whose job was taken
   from it can never record anything;
 - within a run, a job can be claimed only when every job of a later step is finished
-  (compensated, resolved or cancelled): strictly newest first.
+  (compensated, resolved or cancelled): strictly newest first. `Run.frontier` holds the ordinal
+  of the newest unfinished job, kept under the run's row lock whenever a job finishes.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Run(TenantScopedModel):
     kind = models.CharField(max_length=12, choices=RunKind.choices)
     to_ordinal = models.IntegerField(default=0, help_text="compensate the steps after this one (0: all)")
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.ACTIVE)
+    # The ordinal of the newest unfinished job (0: none): the only one that may be claimed.
+    frontier = models.IntegerField(default=0)
     actor = models.CharField(max_length=200)
     lease_expired_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

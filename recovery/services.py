@@ -25,13 +25,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 
 from audit.hooks import AppendedRecords, OnStored
-from audit.services import append_server_record
+from audit.services import append_server_record, append_server_records
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from fleet import selectors as fleet_selectors
@@ -65,7 +65,8 @@ MAX_JOB_LEASE_S = 300.0
 MAX_ATTEMPTS = 5
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
-SWEEP_BATCH = 500
+SWEEP_BATCH = 2000  # sagas taken over per tenant per sweep
+TAKEOVER_BATCH = 100  # sagas per transaction
 TEXT_MAX = 2000
 
 LEASE_EVENTS = frozenset({"SAGA_START", "SAGA_LEASE"})
@@ -211,82 +212,100 @@ def _webhook_for(handler: str) -> Webhook | None:
     return hook
 
 
-def _start_run(
-    tenant: Tenant, saga_id: str, *, kind: str, to_ordinal: int, actor: str, lease_expired_at: datetime | None
-) -> Run | None:
-    """Queue one job per step after `to_ordinal` whose effect may stand, newest first. None when
-    there is nothing to undo. Escalated from the start when any step needs a human."""
-    saga = saga_selectors.saga(saga_id)
-    if saga is None:
-        return None
-    plans = [
-        plan
-        for step in saga_selectors.steps_of(saga)
-        if step.ordinal > to_ordinal
-        and step.status in _TARGET_STATUSES
-        and (plan := _plan_step(saga_id, step)) is not None
-    ]
-    if not plans:
-        return None
-    escalated = [p for p in plans if p.escalation]
+@dataclass
+class _RunRequest:
+    saga: Any  # the projection's Saga
+    steps: list[Any]
+    kind: str
+    to_ordinal: int
+    lease_expired_at: datetime | None
+
+
+def _start_runs(tenant: Tenant, requests: Sequence[_RunRequest], *, actor: str) -> list[Run]:
+    """Queue, for each saga, one job per step after `to_ordinal` whose effect may stand (newest
+    first), in set-based statements: the runs, their jobs, and one server-stream batch of
+    RECOVERY_STARTED / RECOVERY_ESCALATED records. A saga with nothing to undo gets no run; one
+    with any step that needs a human starts escalated. The caller makes sure no other run of these
+    sagas is unfinished (the partial unique index refuses it otherwise)."""
     now = timezone.now()
-    try:
-        with transaction.atomic():
-            run = Run.objects.create(
-                saga_id=saga_id,
-                kind=kind,
-                to_ordinal=to_ordinal,
-                actor=actor,
-                lease_expired_at=lease_expired_at,
-                state=RunState.ESCALATED if escalated else RunState.ACTIVE,
-            )
-    except IntegrityError:
-        return None  # another run of this saga is unfinished
-    hook_cache: dict[str, bool] = {}
-    jobs = []
-    for plan in plans:
-        if plan.handler not in hook_cache:
-            hook_cache[plan.handler] = _webhook_for(plan.handler) is not None
-        jobs.append(
-            Job(
-                tenant=tenant,
-                run=run,
-                saga_id=saga_id,
-                step_id=plan.step_id,
-                ordinal=plan.ordinal,
-                tool=plan.tool,
-                semantics=plan.semantics,
-                step_status=plan.status,
-                handler=plan.handler,
-                kwargs=plan.kwargs,
-                idempotency_key=plan.idempotency_key,
-                delivery=Delivery.WEBHOOK if hook_cache[plan.handler] else Delivery.WORKER,
-                state=JobState.ESCALATED if plan.escalation else JobState.PENDING,
-                escalation=plan.escalation,
-                escalated_at=now if plan.escalation else None,
-                max_attempts=MAX_ATTEMPTS,
-                available_at=now,
-                created_at=now,
-            )
+    hooks: dict[str, bool] = {}
+    planned: list[tuple[_RunRequest, list[_Plan], Run]] = []
+    for request in requests:
+        saga_id = request.saga.saga_id
+        plans = [
+            plan
+            for step in sorted(request.steps, key=lambda s: -s.ordinal)
+            if step.ordinal > request.to_ordinal
+            and step.status in _TARGET_STATUSES
+            and (plan := _plan_step(saga_id, step)) is not None
+        ]
+        if not plans:
+            continue
+        escalated = any(p.escalation for p in plans)
+        run = Run(
+            tenant=tenant,
+            saga_id=saga_id,
+            kind=request.kind,
+            to_ordinal=request.to_ordinal,
+            actor=actor,
+            lease_expired_at=request.lease_expired_at,
+            state=RunState.ESCALATED if escalated else RunState.ACTIVE,
+            frontier=max(p.ordinal for p in plans),
+            created_at=now,
         )
+        planned.append((request, plans, run))
+    if not planned:
+        return []
+    Run.objects.bulk_create([run for _, _, run in planned])
+    jobs = []
+    records: list[tuple[str, dict[str, Any]]] = []
+    for request, plans, run in planned:
+        for plan in plans:
+            if plan.handler not in hooks:
+                hooks[plan.handler] = _webhook_for(plan.handler) is not None
+            jobs.append(
+                Job(
+                    tenant=tenant,
+                    run=run,
+                    saga_id=run.saga_id,
+                    step_id=plan.step_id,
+                    ordinal=plan.ordinal,
+                    tool=plan.tool,
+                    semantics=plan.semantics,
+                    step_status=plan.status,
+                    handler=plan.handler,
+                    kwargs=plan.kwargs,
+                    idempotency_key=plan.idempotency_key,
+                    delivery=Delivery.WEBHOOK if hooks[plan.handler] else Delivery.WORKER,
+                    state=JobState.ESCALATED if plan.escalation else JobState.PENDING,
+                    escalation=plan.escalation,
+                    escalated_at=now if plan.escalation else None,
+                    max_attempts=MAX_ATTEMPTS,
+                    available_at=now,
+                    created_at=now,
+                )
+            )
+        fields: dict[str, Any] = {
+            "saga_id": run.saga_id,
+            "run_id": run.pk,
+            "kind": run.kind,
+            "steps": [p.step_id for p in plans],
+            "old": {"status": request.saga.status},
+        }
+        if run.to_ordinal:
+            fields["to_step"] = run.to_ordinal
+        escalated_steps = {p.step_id: str(p.escalation) for p in plans if p.escalation}
+        if escalated_steps:
+            fields["escalated"] = escalated_steps
+        records.append(("RECOVERY_ESCALATED" if escalated_steps else "RECOVERY_STARTED", fields))
     Job.objects.bulk_create(jobs)
-    fields: dict[str, Any] = {
-        "saga_id": saga_id,
-        "run_id": run.pk,
-        "kind": kind,
-        "steps": [p.step_id for p in plans],
-        "old": {"status": saga.status},
-    }
-    if to_ordinal:
-        fields["to_step"] = to_ordinal
-    if escalated:
-        fields["escalated"] = {p.step_id: str(p.escalation) for p in escalated}
-    append_server_record(
-        tenant, "RECOVERY_ESCALATED" if escalated else "RECOVERY_STARTED", fields, actor=actor
-    )
-    if not escalated:
-        _wake_webhooks(tenant, run)
-    return run
+    append_server_records(tenant, records, actor=actor)
+    runs = [run for _, _, run in planned]
+    if any(hooks.values()):
+        for run in runs:
+            if run.state == RunState.ACTIVE:
+                _wake_webhooks(tenant, run)
+    return runs
 
 
 def _quarantined_out(queryset: Any) -> Any:
@@ -296,22 +315,21 @@ def _quarantined_out(queryset: Any) -> Any:
 def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BATCH) -> dict[str, int]:
     """One pass for one tenant: take over sagas whose lease expired with no terminal record
     (quarantined ones are skipped), escalate jobs whose workers kept dying, and wake webhook
-    deliveries that are due. Each saga is taken over in its own transaction, so workers can start
-    on the first while the rest are queued."""
+    deliveries that are due. Sagas are taken over TAKEOVER_BATCH at a time, each batch in its own
+    transaction, so workers start on the first batch while the next is queued."""
     now = now or timezone.now()
     taken = 0
     while taken < limit:
         with tenant_context(tenant):
-            lease = (
+            leases = list(
                 _quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=now))
                 .order_by("expires_at")
-                .select_for_update(skip_locked=True)
-                .first()
+                .select_for_update(skip_locked=True)[: min(TAKEOVER_BATCH, limit - taken)]
             )
-            if lease is None:
+            if not leases:
                 break
-            _take_over(tenant, lease, now)
-        taken += 1
+            _take_over(tenant, leases, now)
+        taken += len(leases)
     with tenant_context(tenant):
         exhausted = list(
             Job.objects.filter(
@@ -332,23 +350,23 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
     return {"taken_over": taken, "escalated": len(exhausted), "webhooks_woken": len(due_hooks)}
 
 
-def _take_over(tenant: Tenant, lease: Lease, now: datetime) -> None:
-    lease.state = LeaseState.SWEPT
-    lease.swept_at = now
-    lease.save(update_fields=["state", "swept_at"])
-    saga = saga_selectors.saga(lease.saga_id)
-    if saga is None or saga.status in TERMINAL_STATUSES:
-        return
-    if Run.objects.filter(saga_id=lease.saga_id, state__in=UNFINISHED_RUN_STATES).exists():
-        return  # already being rolled back (to a chosen step, by a human)
-    _start_run(
-        tenant,
-        lease.saga_id,
-        kind=RunKind.CRASH,
-        to_ordinal=0,
-        actor=SYSTEM_ACTOR,
-        lease_expired_at=lease.expires_at,
+def _take_over(tenant: Tenant, leases: list[Lease], now: datetime) -> None:
+    """The leases are locked: mark them swept and start a crash run for each saga that is neither
+    finished nor already being rolled back (to a step a person chose)."""
+    saga_ids = [lease.saga_id for lease in leases]
+    Lease.objects.filter(pk__in=[lease.pk for lease in leases]).update(state=LeaseState.SWEPT, swept_at=now)
+    busy = set(
+        Run.objects.filter(saga_id__in=saga_ids, state__in=UNFINISHED_RUN_STATES).values_list(
+            "saga_id", flat=True
+        )
     )
+    found = saga_selectors.sagas_with_steps([s for s in saga_ids if s not in busy])
+    requests = []
+    for lease in leases:
+        pair = found.get(lease.saga_id)
+        if pair is not None and pair[0].status not in TERMINAL_STATUSES:
+            requests.append(_RunRequest(pair[0], pair[1], RunKind.CRASH, 0, lease.expires_at))
+    _start_runs(tenant, requests, actor=SYSTEM_ACTOR)
 
 
 # ------------------------------------------------------------------------------------ claims
@@ -356,19 +374,20 @@ def _take_over(tenant: Tenant, lease: Lease, now: datetime) -> None:
 
 def _claimable(now: datetime, delivery: str) -> Any:
     """Jobs a claimer may take now: ready (pending and due, or claimed with its lease run out and
-    attempts left), of an active run, of a saga not quarantined, and with every later step of the
-    run finished (strictly newest first)."""
-    later_unfinished = Job.objects.filter(run=OuterRef("run"), ordinal__gt=OuterRef("ordinal")).exclude(
-        state__in=FINISHED_JOB_STATES
-    )
+    attempts left), of an active run, of a saga not quarantined, and at its run's frontier (the
+    newest unfinished step: every later one is finished, so strictly newest first)."""
     ready = Q(state=JobState.PENDING, available_at__lte=now) | Q(
         state=JobState.CLAIMED, lease_expires_at__lt=now
     )
     return _quarantined_out(
         Job.objects.filter(
-            ready, run__state=RunState.ACTIVE, delivery=delivery, attempts__lt=F("max_attempts")
+            ready,
+            run__state=RunState.ACTIVE,
+            ordinal=F("run__frontier"),
+            delivery=delivery,
+            attempts__lt=F("max_attempts"),
         )
-    ).filter(~Exists(later_unfinished))
+    )
 
 
 def _lease_seconds(value: Any) -> float:
@@ -581,7 +600,12 @@ def _maybe_finish(tenant: Tenant, run: Run) -> None:
     once no job waits for a human."""
     if run.state not in UNFINISHED_RUN_STATES:
         return
-    jobs = list(run.jobs.values_list("state", flat=True))
+    rows = list(run.jobs.values_list("state", "ordinal"))
+    jobs = [state for state, _ in rows]
+    frontier = max((ordinal for state, ordinal in rows if state not in FINISHED_JOB_STATES), default=0)
+    if frontier != run.frontier:
+        run.frontier = frontier
+        run.save(update_fields=["frontier"])
     if any(state not in FINISHED_JOB_STATES for state in jobs):
         if run.state == RunState.ESCALATED and JobState.ESCALATED not in jobs:
             run.state = RunState.ACTIVE
@@ -744,14 +768,17 @@ def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: str) -> Ru
             lease.state = LeaseState.SWEPT  # the sweep must not start a second run for it
             lease.swept_at = now
             lease.save(update_fields=["state", "swept_at"])
-        run = _start_run(
-            tenant, saga_id, kind=RunKind.ROLLBACK_TO, to_ordinal=to_step, actor=actor, lease_expired_at=None
-        )
-        if run is None:
+        request = _RunRequest(saga, saga_selectors.steps_of(saga), RunKind.ROLLBACK_TO, to_step, None)
+        try:
+            with transaction.atomic():
+                runs = _start_runs(tenant, [request], actor=actor)
+        except IntegrityError:  # a run started meanwhile (the partial unique index)
+            raise RecoveryError(409, "run_unfinished", "this saga is already being rolled back") from None
+        if not runs:
             raise RecoveryError(
                 409, "nothing_to_undo", "no step after this one has an effect to undo", field="to_step"
             )
-        return run
+        return runs[0]
 
 
 # ------------------------------------------------------------------------------- webhooks

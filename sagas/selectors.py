@@ -56,6 +56,15 @@ def steps_of(saga: Saga) -> list[Step]:
     return list(saga.steps.order_by("ordinal"))
 
 
+def sagas_with_steps(saga_ids: list[str]) -> dict[str, tuple[Saga, list[Step]]]:
+    """Saga id → (saga, its steps in order), for many sagas in two queries (recovery's sweep)."""
+    sagas = {saga.pk: saga for saga in Saga.objects.filter(saga_id__in=saga_ids)}
+    steps: dict[int, list[Step]] = {pk: [] for pk in sagas}
+    for step in Step.objects.filter(saga_id__in=list(sagas)).order_by("saga_id", "ordinal"):
+        steps[step.saga_id].append(step)
+    return {saga.saga_id: (saga, steps[pk]) for pk, saga in sagas.items()}
+
+
 def with_step_tool(sagas: QuerySet[Saga], tool: str) -> QuerySet[Saga]:
     return sagas.filter(steps__tool=tool).distinct()
 
