@@ -26,6 +26,7 @@ Every answer the server gave is recorded in the WAL (`GATE_ALLOW` with the autho
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import threading
 import time
@@ -245,7 +246,10 @@ class Gate:
 
     def _evaluate(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            response = self._ask.post("/api/v1/gate/evaluate", body)
+            # Safe to resend on a connection the server closed while idle (after a long approval
+            # wait, typically): the gate answers a retried call with its first answer, debiting once.
+            data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            response = self._ask.request_raw("POST", "/api/v1/gate/evaluate", data, idempotent=True)
         except TransportError as exc:
             raise GateDenied("gate_unreachable", {"message": str(exc)}) from None
         answer = response.body if isinstance(response.body, dict) else {}
