@@ -1,0 +1,79 @@
+"""Recovery in a real browser: "Rollback to here" on a finished saga's timeline queues the later
+steps for the recovery workers, and the timeline shows their compensations live, newest first.
+The worker here is the HTTP API a `sagaplane worker` speaks (claim, complete with its token)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import OWNER, VIEWER, LiveServer, screenshot, sign_in
+from tests.e2e.test_dashboard import LIVE_TIMEOUT, wait_live
+from tests.frontend.sagadata import Writer, saga_forward
+
+pytestmark = pytest.mark.e2e
+
+
+def _work_one(server: LiveServer) -> dict | None:
+    """One claim and its completion, as a recovery worker does."""
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    handlers = ["shop.undo_charge_card", "shop.undo_reserve_stock", "shop.undo_send_invoice"]
+    claimed = httpx.post(
+        f"{server.url}/api/v1/recovery/claim",
+        json={"handlers": handlers, "wait": 5},
+        headers=headers,
+        timeout=20,
+    )
+    assert claimed.status_code == 200, claimed.text
+    job = claimed.json()["job"]
+    if job is not None:
+        done = httpx.post(
+            f"{server.url}/api/v1/recovery/jobs/{job['id']}/complete",
+            json={"token": job["token"]},
+            headers=headers,
+            timeout=20,
+        )
+        assert done.status_code == 200, done.text
+    return job
+
+
+def test_rollback_to_here_runs_live_on_the_timeline(new_page, control_plane: LiveServer) -> None:
+    writer = Writer()
+    saga_id, records = saga_forward(writer, name="rollback-here")
+    records.append(writer.record("SAGA_COMPLETE", saga_id=saga_id, clean=True))
+    control_plane.ship("e2e-rollback-here", records)
+
+    viewer = new_page()
+    sign_in(viewer, VIEWER)
+    viewer.goto(f"/sagas/{saga_id}/")
+    expect(viewer.locator("#forward-steps > li")).to_have_count(2)
+    expect(viewer.locator("#rollback-to-1")).to_have_count(0)  # viewers may look, not decide
+
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto(f"/sagas/{saga_id}/")
+    expect(page.locator("#saga-status")).to_have_attribute("data-status", "completed")
+    expect(page.locator("#rollback-to-2")).to_have_count(0)  # nothing after the last step
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.locator("#rollback-to-1").click()
+    expect(page.locator("#saga-status")).to_have_attribute("data-status", "recovering", timeout=LIVE_TIMEOUT)
+    jobs = page.locator("#recovery-jobs > li")
+    expect(jobs).to_have_count(1)
+    expect(jobs.first).to_have_attribute("data-recovery-state", "pending")
+    wait_live(page)
+
+    job = _work_one(control_plane)
+    assert job is not None and job["saga_id"] == saga_id and job["step"] == 2
+    assert job["handler"] == "shop.undo_reserve_stock"
+    # Without a reload: the compensation and the end of the run arrive as records.
+    expect(page.locator("#saga-status")).to_have_attribute("data-status", "rolled_back", timeout=LIVE_TIMEOUT)
+    expect(jobs.first).to_have_attribute("data-recovery-state", "compensated")
+    backward = page.locator("#compensations > li")
+    expect(backward).to_have_count(1)
+    expect(backward.first).to_have_attribute("data-tool", "reserve_stock")
+    expect(page.locator('#forward-steps > li[data-tool="charge_card"] .outcome').first).to_have_text(
+        "Committed"
+    )
+    screenshot(page, "recovery-rollback-to-here")
+    assert _work_one(control_plane) is None  # step 1 was kept: nothing else to do
