@@ -172,3 +172,101 @@ def test_an_unreachable_control_plane_while_waiting_refuses(live_server: Any, ag
         assert time.monotonic() - started < answer["expires_in"]
     finally:
         gate.close()
+
+
+def test_the_control_plane_killed_while_an_agent_waits_refuses(agent: Agent, tmp_path: Path) -> None:
+    """The control plane is a real server process, SIGKILLed while the agent's long-poll is open."""
+    import urllib.parse
+
+    from django.conf import settings
+    from django.db import connection
+
+    wire_policy(agent.tenant)
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_OWNER_URL", "PYTEST_CURRENT_TEST")}
+    env["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+    env["DATABASE_URL"] = (
+        f"postgres://{urllib.parse.quote(db['USER'] or '')}:{urllib.parse.quote(db['PASSWORD'] or '')}"
+        f"@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    )
+    env["SAGAPLANE_DATA_DIR"] = str(settings.DATA_DIR)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    server = _Server(env)
+    gate = Gate(server.url, agent.raw_key, approval_wait=20.0)
+    outcome: list[BaseException | None] = []
+    try:
+        body = {"saga_id": "s-killed", "step_id": "1", "tool": "bank.wire", "args": {"amount": 900}}
+        answer = gate._evaluate(body)
+        assert answer["decision"] == "pending_approval"
+
+        def wait() -> None:
+            try:
+                gate._await_approval(answer)
+                outcome.append(None)
+            except BaseException as exc:  # the outcome is asserted below
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        waiter.join(timeout=1.0)  # the agent is blocked in its long-poll (bounded look, not a sync)
+        assert waiter.is_alive() and not outcome
+        server.kill()
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+        assert isinstance(outcome[0], sp.GateDenied) and outcome[0].reason == "control_plane_unreachable"
+    finally:
+        gate.close()
+        if server.proc is not None:
+            server.kill()
+
+
+class _Server:
+    """`uvicorn controlplane.asgi:application` as a child process, ready once it listens."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import signal
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._signal = signal.SIGKILL
+        self.proc: subprocess.Popen[str] | None = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--lifespan",
+                "off",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        log: list[str] = []
+        ready = threading.Event()
+
+        def drain() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                log.append(line)
+                if "Uvicorn running on" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        assert ready.wait(120) and self.proc.poll() is None, "".join(log[-30:])
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(self._signal)
+        self.proc.wait(30)
+        self.proc = None
