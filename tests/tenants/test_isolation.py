@@ -81,6 +81,22 @@ def _acme_fleet(tenant: Tenant) -> tuple[int, int, int]:
     return budget.pk, rate.pk, halt.pk
 
 
+def _acme_approval(tenant: Tenant) -> tuple[int, str]:
+    """The tenant's sample approval policy and a pending request under it (created once)."""
+    from approvals import services as approvals
+    from approvals.models import ApprovalPolicy
+    from fleet import services as fleet
+    from fleet.gate import GateRequest
+
+    with tenant_context(tenant):
+        policy = ApprovalPolicy.objects.filter(name="sample-approval").first()
+    policy = policy or approvals.create_policy(
+        tenant, actor="test", name="sample-approval", tool="approve.wire"
+    )
+    call = GateRequest(saga_id="sample-approval-saga", step_id="1", tool="approve.wire", args={"amount": 1})
+    return policy.pk, fleet.evaluate(tenant, call, actor="test")["approval_id"]
+
+
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
     # transparency: acme's first hash tile, and an acme export
@@ -94,6 +110,9 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "budget_id": lambda tenant, alice: _acme_fleet(tenant)[0],
     "rate_limit_id": lambda tenant, alice: _acme_fleet(tenant)[1],
     "halt_id": lambda tenant, alice: _acme_fleet(tenant)[2],
+    # approvals: acme's own policy and request
+    "policy_id": lambda tenant, alice: _acme_approval(tenant)[0],
+    "approval_id": lambda tenant, alice: _acme_approval(tenant)[1],
 }
 
 
