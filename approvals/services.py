@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -239,6 +241,7 @@ def create_policy(tenant: Tenant, *, actor: str, **data: Any) -> ApprovalPolicy:
             actor=actor,
         )
         fleet.policies_changed(tenant)
+        forget_policies(tenant)
     return policy
 
 
@@ -271,6 +274,7 @@ def update_policy(tenant: Tenant, policy_id: int, *, actor: str, **data: Any) ->
             actor=actor,
         )
         fleet.policies_changed(tenant)
+        forget_policies(tenant)
     return policy
 
 
@@ -285,6 +289,7 @@ def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
             tenant, "APPROVAL_POLICY_DELETED", {"policy": policy_id, "old": old, "new": None}, actor=actor
         )
         fleet.policies_changed(tenant)
+        forget_policies(tenant)
 
 
 def _rules(policy: ApprovalPolicy) -> dict[str, Any]:
@@ -626,6 +631,41 @@ def _verdict(rows: Sequence[ApprovalRequest]) -> gate_hooks.Verdict:
     return gate_hooks.Verdict("approved", requests=tuple(row.pk for row in rows), uncapped=uncapped)
 
 
+# The enabled policies of a tenant, read once and reused while the fleet's change counter stands
+# (a policy change bumps it) and for at most a second, as the gate's own policy snapshot: every
+# gate call asks, and most tenants' policies rarely change.
+_SNAPSHOT_MAX_AGE_S = 1.0
+_snapshots: dict[str, tuple[Any, float, list[ApprovalPolicy]]] = {}
+_snapshots_lock = threading.Lock()
+
+
+def _enabled_policies(tenant: Tenant) -> list[ApprovalPolicy]:
+    version = fleet._current_version(tenant.pk)
+    tag = fleet.gate_tag(tenant)
+    now = time.monotonic()
+    with _snapshots_lock:
+        held = _snapshots.get(tag)
+    if (
+        held is not None
+        and version is not None
+        and held[0] == version
+        and now - held[1] < _SNAPSHOT_MAX_AGE_S
+    ):
+        return held[2]
+    policies = list(ApprovalPolicy.objects.filter(enabled=True).order_by("pk"))
+    if version is not None:
+        with _snapshots_lock:
+            if len(_snapshots) > 1000:
+                _snapshots.clear()
+            _snapshots[tag] = (version, now, policies)
+    return policies
+
+
+def forget_policies(tenant: Tenant) -> None:
+    with _snapshots_lock:
+        _snapshots.pop(fleet.gate_tag(tenant), None)
+
+
 class GateStep:
     """The gate's approval step (`fleet.hooks.ApprovalStep`)."""
 
@@ -634,9 +674,9 @@ class GateStep:
     def governed_tools(self) -> list[str]:
         return sorted(set(ApprovalPolicy.objects.filter(enabled=True).values_list("tool", flat=True)))
 
-    def before_debit(self, tenant: Tenant, request: GateRequest) -> gate_hooks.Verdict:
+    def before_debit(self, tenant: Tenant, request: GateRequest, *, escalating: bool) -> gate_hooks.Verdict:
         rows: list[ApprovalRequest] = []
-        policy = matching_policy(ApprovalPolicy.objects.filter(enabled=True).order_by("pk"), request)
+        policy = matching_policy(_enabled_policies(tenant), request)
         if policy is not None:
             rows.append(
                 _open(
@@ -650,6 +690,8 @@ class GateStep:
                     actor=self.actor,
                 )
             )
+        if not escalating:
+            return _verdict(rows)
         # A budget escalated earlier for this very call (its cap lifts once it is approved).
         rows.extend(
             ApprovalRequest.objects.filter(

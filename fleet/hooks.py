@@ -48,7 +48,10 @@ class ApprovalStep(Protocol):
         """Tool globs some approval policy covers (the SDK asks the gate before these)."""
         ...
 
-    def before_debit(self, tenant: Tenant, request: GateRequest) -> Verdict: ...
+    def before_debit(self, tenant: Tenant, request: GateRequest, *, escalating: bool) -> Verdict:
+        """`escalating`: some budget with on_cap=escalate covers this tool (an approved escalation
+        may exist for the call); without it, and without a policy, nothing need be read."""
+        ...
 
     def escalate(self, tenant: Tenant, request: GateRequest, limit: str, debits: Sequence[Debit]) -> Verdict:
         """A budget with on_cap=escalate refused the call: open (or find) its request."""

@@ -318,7 +318,13 @@ def evaluate(
         if request.saga_id in policies.quarantined:
             return _deny(request, "quarantined", actor_prefix=key_prefix, retry_after=None)
         step = hooks.approval_step()
-        verdict = step.before_debit(tenant, request) if step is not None else hooks.NONE
+        escalating = any(
+            s.kind == "budget" and s.on_cap == OnCap.ESCALATE and gate.tool_matches(s.tool, request.tool)
+            for s in policies.specs
+        )
+        verdict = (
+            step.before_debit(tenant, request, escalating=escalating) if step is not None else hooks.NONE
+        )
         if verdict.kind == "pending":
             return verdict.answer
         if verdict.kind == "refused":
