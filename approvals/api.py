@@ -87,6 +87,16 @@ def _pk(value: str) -> int:
     return int(value)
 
 
+def _policy_body(request: Request) -> dict[str, Any]:
+    """The body's policy fields; any other key is a 400 naming it (never a keyword the service
+    takes for itself, such as `actor`)."""
+    data = _body(request)
+    unknown = sorted(set(data) - set(POLICY_FIELDS))
+    if unknown:
+        raise DomainError(400, "invalid", f"{unknown[0][:100]}: not a policy field", field=unknown[0][:100])
+    return data
+
+
 def _policy_json(policy: ApprovalPolicy) -> dict[str, Any]:
     return {"id": policy.pk, **services.policy_values(policy)}
 
@@ -113,10 +123,10 @@ class PolicyListView(TenantScopedViewMixin, APIView):
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
+        data = _policy_body(request)
         if "name" not in data:
             raise DomainError(400, "invalid", "name: required", field="name")
-        policy = services.create_policy(self.tenant, actor=self.actor, **{k: v for k, v in data.items()})
+        policy = services.create_policy(self.tenant, actor=self.actor, **data)
         return Response(_policy_json(policy), status=201)
 
 
@@ -140,8 +150,8 @@ class PolicyDetailView(TenantScopedViewMixin, APIView):
         responses={200: serializers.DictField()},
     )
     def patch(self, request: Request, policy_id: str) -> Response:
-        data = _body(request)
-        policy = services.update_policy(self.tenant, _pk(policy_id), actor=self.actor, **dict(data.items()))
+        data = _policy_body(request)
+        policy = services.update_policy(self.tenant, _pk(policy_id), actor=self.actor, **data)
         return Response(_policy_json(policy))
 
     @extend_schema(operation_id="approval_policies_destroy", responses={204: None})

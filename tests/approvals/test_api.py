@@ -81,6 +81,8 @@ def test_policies_through_the_api(alice: Person, bob: Person, carol: Person) -> 
         ({"name": "x" * 101}, "name"),
         ({"unknown": 1}, "unknown"),
         ({"passkey_only": "yes"}, "passkey_only"),
+        ({"actor": "user:someone-else"}, "actor"),
+        ({"tenant": 2}, "tenant"),
     ],
 )
 def test_a_bad_policy_is_a_400_naming_its_field(alice: Person, change: dict[str, Any], field: str) -> None:
