@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals import services
+from approvals import services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.errors import DomainError
 from tenants.access import (
@@ -283,7 +283,9 @@ class WaitView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, approval_id: str) -> Response:
         # The wake counter is read before the state: a decision committing between the two reads
         # moves it past what the wait compares against.
-        self._seen = cache.get(services.wake_key(self.tenant.pk, approval_id[:64]))
+        key = wake.wake_key(self.tenant.pk, approval_id[:64])
+        self._heard = wake.heard(key)
+        self._seen = cache.get(key)
         return Response(_wait_values(_request(approval_id)))
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -317,12 +319,11 @@ class WaitView(TenantScopedViewMixin, APIView):
         return self.finalize_response(drf_request, response)
 
     def _wait_for_change(self, tenant: Any, approval_id: str, until: float) -> None:
-        """Until the request's wake counter moves, a second passes (embedded mode's cache is per
-        process: the database is read again) or `until`."""
-        key = services.wake_key(tenant.pk, approval_id[:64]) if tenant is not None else ""
-        seen = getattr(self, "_seen", None)
-        stop = min(until, time.monotonic() + 1.0)
-        while time.monotonic() < stop:
-            time.sleep(0.02)
-            if key and cache.get(key) != seen:
-                return
+        """Until the request's wake-up is heard, a second passes (the database is read again:
+        embedded mode's cache is per process, and a wake-up may be lost) or `until`."""
+        if tenant is None:
+            return
+        key = wake.wake_key(tenant.pk, approval_id[:64])
+        wake.wait(
+            key, getattr(self, "_seen", None), getattr(self, "_heard", 0), min(until, time.monotonic() + 1.0)
+        )

@@ -24,7 +24,7 @@ from django.db.models import F
 from django.utils import timezone
 from sagaplane.chain import canonical
 
-from approvals import hooks, predicates
+from approvals import hooks, predicates, wake
 from approvals.models import (
     ApprovalPolicy,
     ApprovalRequest,
@@ -407,10 +407,6 @@ def _record(tenant: Tenant, event: str, row: ApprovalRequest, fields: dict[str, 
     )
 
 
-def wake_key(tenant_id: int, request_id: str) -> str:
-    return f"approvals:wake:{tenant_id}:{request_id}"
-
-
 def _announce(
     tenant: Tenant, row: ApprovalRequest, kind: hooks.Kind, detail: dict[str, Any] | None = None
 ) -> None:
@@ -420,14 +416,7 @@ def _announce(
     hooks.emit(hooks.ApprovalEvent(tenant, kind, values, dict(detail or {})))
     tenant_id, request_id = tenant.pk, row.pk
 
-    def wake() -> None:
-        from django.core.cache import cache
-
-        key = wake_key(tenant_id, request_id)
-        if not cache.add(key, 1, timeout=3600):
-            cache.incr(key)
-
-    after_commit("approval wake-up", wake)
+    after_commit("approval wake-up", lambda: wake.notify(tenant_id, request_id))
     message = {"type": "approval.event", "kind": kind, "approval": values}
     after_commit("approval live event", lambda: _publish(tenant_id, message))
 
