@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
+from controlplane.schema import ErrorSerializer
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
 from tenants.permissions import TenantScopedViewMixin
@@ -130,7 +131,7 @@ class CompleteView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="recovery_job_complete",
         request=inline_serializer("RecoveryComplete", {"token": serializers.IntegerField()}),
-        responses={200: _RESULT},
+        responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
         data = _body(request)
@@ -155,7 +156,7 @@ class FailView(TenantScopedViewMixin, APIView):
                 "reason": serializers.CharField(required=False),
             },
         ),
-        responses={200: _RESULT},
+        responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
         data = _body(request)
@@ -182,7 +183,7 @@ class HeartbeatView(TenantScopedViewMixin, APIView):
             "RecoveryHeartbeat",
             {"token": serializers.IntegerField(), "lease_s": serializers.FloatField(required=False)},
         ),
-        responses={200: _RESULT},
+        responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
         data = _body(request)
@@ -229,7 +230,11 @@ class RetryView(TenantScopedViewMixin, APIView):
 
     access = {"POST": RECOVERY_DECIDE}
 
-    @extend_schema(operation_id="recovery_job_retry", request=None, responses={200: serializers.DictField()})
+    @extend_schema(
+        operation_id="recovery_job_retry",
+        request=None,
+        responses={200: serializers.DictField(), 409: ErrorSerializer},
+    )
     def post(self, request: Request, job_id: str) -> Response:
         job = services.retry(self.tenant, _uuid(job_id), actor=self.actor)
         return Response(selectors.job_json(job))
@@ -243,7 +248,7 @@ class ResolveView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="recovery_job_resolve",
         request=inline_serializer("RecoveryResolve", {"note": serializers.CharField()}),
-        responses={200: serializers.DictField()},
+        responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
         data = _body(request)
@@ -260,7 +265,7 @@ class RollbackView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="sagas_rollback",
         request=inline_serializer("SagaRollback", {"to_step": serializers.IntegerField()}),
-        responses={201: serializers.DictField()},
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, saga_id: str) -> Response:
         data = _body(request)
