@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 from celery import shared_task
 from django.core.cache import cache
@@ -52,6 +53,51 @@ def _take_request(tenant_id: int) -> None:
         log.warning("integration of tenant %s: could not clear its request", tenant_id, exc_info=True)
 
 
+# How long an integrator's claim on a tenant stands without being renewed (it is renewed every
+# pass). A worker killed mid-run leaves its claim behind for at most this long, during which other
+# calls (the beat's too) find it and return: the checkpoint waits that long after such a crash.
+# A claim that lapses under a slow pass costs nothing but coalescing (the row lock serialises).
+INTEGRATOR_CLAIM_TTL = 30
+
+
+def _claim_key(tenant: Tenant) -> str:
+    # Tagged with the tenant's creation time: a database re-created beside a Redis that outlived
+    # it (each test run) never finds a previous tenant's claim under a reused id.
+    return f"transparency:integrating:{tenant.pk}:{tenant.created_at.timestamp():.6f}"
+
+
+def _claim(tenant: Tenant, token: str) -> bool:
+    """Become the tenant's one running integrator, unless another is. Without the cache, every
+    caller proceeds: the TreeState row lock still serialises them, only the coalescing is lost."""
+    try:
+        return bool(cache.add(_claim_key(tenant), token, timeout=INTEGRATOR_CLAIM_TTL))
+    except Exception:
+        log.warning("integration of tenant %s: could not claim it", tenant.pk, exc_info=True)
+        return True
+
+
+def _renew(tenant: Tenant, token: str) -> None:
+    try:
+        cache.set(_claim_key(tenant), token, timeout=INTEGRATOR_CLAIM_TTL)
+    except Exception:
+        log.warning("integration of tenant %s: could not renew its claim", tenant.pk, exc_info=True)
+
+
+def _release(tenant: Tenant, token: str) -> None:
+    try:
+        if cache.get(_claim_key(tenant)) == token:  # not a claim that lapsed and was taken over
+            cache.delete(_claim_key(tenant))
+    except Exception:  # it lapses by itself
+        log.warning("integration of tenant %s: could not release its claim", tenant.pk, exc_info=True)
+
+
+def _requested(tenant_id: int) -> bool:
+    try:
+        return bool(cache.get(_request_key(tenant_id)))
+    except Exception:
+        return False  # the beat finds the grown log
+
+
 def _integrated_size(tenant: Tenant) -> int:
     with tenant_context(tenant):
         return TreeState.objects.values_list("size", flat=True).first() or 0
@@ -65,9 +111,44 @@ def integrate_tenant(tenant_id: int) -> int:
     call, which the beat makes (`integrate_grown_tenants`). Returns the signed size.
 
     A worker shutting down stops this between chunks (each committed and signed) and the rest is
-    requested again, for the next worker."""
-    _take_request(tenant_id)
+    requested again, for the next worker.
+
+    Coalesced: one integrator per tenant runs at a time (a claim in the cache). A call that finds
+    another running returns at once and leaves its request standing; the running one checks for a
+    request after each pass and before it lets go, and runs again if it finds one, so whatever
+    committed meanwhile is integrated by it: under sustained ingest one integrator loops, each pass
+    taking every leaf committed so far (one checkpoint per pass), instead of tasks queueing on the
+    tree lock."""
     tenant = Tenant.objects.get(pk=tenant_id)
+    token = uuid.uuid4().hex
+    while keep_going():
+        if not _claim(tenant, token):
+            return _integrated_size(tenant)  # the running integrator sees the request
+        try:
+            while True:
+                _take_request(tenant_id)
+                _integrate_and_seal(tenant)
+                if not keep_going() or not _requested(tenant_id):
+                    break
+                _renew(tenant, token)
+        finally:
+            _release(tenant, token)
+        # A request made after the last check, whose task found the claim still held and left.
+        if not _requested(tenant_id):
+            break
+    size = _integrated_size(tenant)
+    if not keep_going():
+        log.warning(
+            "integration of tenant %s stopped at %s leaves: the worker is shutting down", tenant.slug, size
+        )
+        try:
+            request_integration(tenant_id)
+        except Exception:  # the beat finds the grown log anyway
+            log.warning("integration of tenant %s: could not request the rest", tenant.slug, exc_info=True)
+    return size
+
+
+def _integrate_and_seal(tenant: Tenant) -> None:
     try:
         with hooks.integrator_appending():
             services.integrate_fully(tenant, keep_going=keep_going)
@@ -81,16 +162,6 @@ def integrate_tenant(tenant_id: int) -> int:
         # Never sign what cannot be proven; this needs a human, loudly.
         log.critical("transparency log of tenant %s: integration refused", tenant.slug, exc_info=True)
         raise
-    size = _integrated_size(tenant)
-    if not keep_going():
-        log.warning(
-            "integration of tenant %s stopped at %s leaves: the worker is shutting down", tenant.slug, size
-        )
-        try:
-            request_integration(tenant_id)
-        except Exception:  # the beat finds the grown log anyway
-            log.warning("integration of tenant %s: could not request the rest", tenant.slug, exc_info=True)
-    return size
 
 
 @shared_task(name="transparency.integrate_grown_tenants", ignore_result=True)

@@ -214,3 +214,69 @@ def test_the_beat_task_integrates_every_grown_tenant(
     for tenant in (tenant_a, tenant_b):
         with tenant_context(tenant):
             assert TreeState.objects.get().size == _size(tenant)
+
+
+def _tree_size(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return TreeState.objects.get().size
+
+
+def test_one_integrator_per_tenant_a_batch_committed_during_its_pass_is_integrated_by_it(
+    tenant_a: Tenant,
+    writer_a: Writer,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controlplane.celery import app
+    from transparency import tasks
+
+    settle(tenant_a)
+    writer_a.saga("first")
+    passes: list[int] = []
+    inner_returned: list[int] = []
+    real_pass = tasks._integrate_and_seal
+
+    def pass_while_a_batch_arrives(tenant: Tenant) -> None:
+        real_pass(tenant)
+        passes.append(_tree_size(tenant))
+        if len(passes) == 1:
+            # A batch commits mid-run: its after-commit hook requests an integration, and the task
+            # (run at once here) finds this integrator's claim and returns, integrating nothing.
+            with django_capture_on_commit_callbacks(execute=True):
+                writer_a.saga("second")
+            inner_returned.append(_tree_size(tenant))
+
+    monkeypatch.setattr(tasks, "_integrate_and_seal", pass_while_a_batch_arrives)
+    previous, app.conf.task_always_eager = app.conf.task_always_eager, True
+    try:
+        size = tasks.integrate_tenant(tenant_a.pk)
+    finally:
+        app.conf.task_always_eager = previous
+
+    assert inner_returned == [passes[0]]  # the second call left the work to the running one
+    assert len(passes) == 2  # which found the request and ran again
+    assert size == _tree_size(tenant_a) == _size(tenant_a)  # "second" and its seal are signed
+    with tenant_context(tenant_a):
+        assert Checkpoint.objects.order_by("-id").first().size == size  # type: ignore[union-attr]
+    assert not tasks._requested(tenant_a.pk)
+
+
+def test_a_call_finding_the_tenant_claimed_returns_and_leaves_its_request(
+    tenant_a: Tenant, writer_a: Writer
+) -> None:
+    from django.core.cache import cache
+
+    from transparency import tasks
+
+    settle(tenant_a)
+    before = _tree_size(tenant_a)
+    writer_a.saga("waiting")
+    assert tasks._claim(tenant_a, "someone-else")
+    try:
+        cache.set(tasks._request_key(tenant_a.pk), "1")
+        assert tasks.integrate_tenant(tenant_a.pk) == before  # nothing integrated, nothing blocked
+        assert tasks._requested(tenant_a.pk)  # the running integrator's to take
+    finally:
+        tasks._release(tenant_a, "someone-else")
+    assert tasks.integrate_tenant(tenant_a.pk) == _size(tenant_a)
+    assert not tasks._requested(tenant_a.pk)
