@@ -988,6 +988,9 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "meta": {
                 "mode": "quick" if quick else "full",
+                "database": "postgresql"
+                if os.environ.get("DATABASE_URL", "").startswith("postgres")
+                else "sqlite",
                 "decisions_per_run": total,
                 "amount": AMOUNT,
                 "fleet_cap": f"{AMOUNT} x decisions/2 (exactly half are allowed)",

@@ -250,6 +250,7 @@ def main() -> None:
     latencies.sort()
     result = {
         "mode": "quick" if args.quick else "full",
+        "database": "postgresql",  # the only store this benchmark runs on (see the check above)
         "clients": clients,
         "batches_per_client": batches,
         "batch_size": size,

@@ -511,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {
         "meta": {
             "quick": q,
+            "database": "postgresql"
+            if os.environ.get("DATABASE_URL", "").startswith("postgres")
+            else "sqlite",
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
