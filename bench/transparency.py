@@ -103,7 +103,7 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
     from django.core.cache import cache
 
     from tenants.scoping import tenant_context
-    from transparency import tasks
+    from transparency import sources, tasks
     from transparency.models import Checkpoint
 
     # The worker here is the loop below; the hook only raises the request flag it watches.
@@ -127,18 +127,25 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
         proc.start()
     start.wait()
     started = time.time()
+    def behind() -> bool:
+        # The request flag, or (no shared cache: embedded mode's is per process) the log itself.
+        if tasks._requested(tenant.pk):
+            return True
+        with tenant_context(tenant):
+            return sources.log_size(tenant) > tasks._integrated_size(tenant)
+
     running = clients
-    while running or tasks._requested(tenant.pk):
+    while running or behind():
         while True:
             try:
-                item = reports.get(timeout=0.005 if not tasks._requested(tenant.pk) else 0)
+                item = reports.get(timeout=0.005)
             except Exception:
                 break
             if item is None:
                 running -= 1
             else:
                 commits.append(item)
-        if tasks._requested(tenant.pk):
+        if behind():
             t0 = time.perf_counter()
             tasks.integrate_tenant(tenant.pk)
             busy += time.perf_counter() - t0
