@@ -127,6 +127,7 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
         proc.start()
     start.wait()
     started = time.time()
+
     def behind() -> bool:
         # The request flag, or (no shared cache: embedded mode's is per process) the log itself.
         if tasks._requested(tenant.pk):

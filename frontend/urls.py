@@ -48,7 +48,11 @@ urlpatterns = [
     path("recovery/", recovery_views.recovery, name="recovery"),
     path("recovery/jobs/<str:job_id>/retry", recovery_views.job_retry, name="recovery-job-retry-page"),
     path("recovery/jobs/<str:job_id>/resolve", recovery_views.job_resolve, name="recovery-job-resolve-page"),
-    path("recovery/sagas/<str:saga_id>/quarantine", recovery_views.saga_quarantine, name="recovery-quarantine-page"),
+    path(
+        "recovery/sagas/<str:saga_id>/quarantine",
+        recovery_views.saga_quarantine,
+        name="recovery-quarantine-page",
+    ),
     path("sagas/<str:saga_id>/rollback", recovery_views.saga_rollback, name="saga-rollback-page"),
     path("reconciliation/", reconciliation_views.reconciliation, name="reconciliation"),
     path(

@@ -60,6 +60,10 @@ FLEET_CONTROL = Access(key_scope=Scope.CONTROL, capability="fleet")
 """Creating and deleting budgets and rate limits: owners and admins, or a `control` key."""
 FLEET_HALT = Access(key_scope=Scope.CONTROL, capability="halt")
 """Kill switches and quarantine: owners, admins and approvers (risk staff), or a `control` key."""
+RECONCILE = Access(key_scope=Scope.RECOVERY, capability=None)
+"""Claiming reconciliation checks and answering them: the SDK workers' observers (`recovery` keys)."""
+RECONCILE_DECIDE = Access(key_scope=Scope.CONTROL, capability="halt")
+"""Re-opening a reconciliation verdict (after a fix): risk staff, or a `control` key."""
 APPROVAL_POLICIES_VIEW = Access(key_scope=Scope.CONTROL, capability="read")
 """Approval policies: every member sees who must approve what; keys need `control`."""
 APPROVAL_POLICIES_CHANGE = Access(key_scope=Scope.CONTROL, capability="fleet")
@@ -68,11 +72,6 @@ APPROVAL_WAIT = Access(key_scope=Scope.GATE, capability="read")
 """Waiting on one approval request: the agent that asked the gate, or any member."""
 APPROVAL_VOTE = Access(key_scope=None, capability="approve")
 """Voting (and asking for a passkey challenge to vote with): people only, never an agent's key."""
-RECONCILE = Access(key_scope=Scope.RECOVERY, capability=None)
-"""Claiming reconciliation checks and answering them: the SDK workers' observers (`recovery` keys)."""
-RECONCILE_DECIDE = Access(key_scope=Scope.CONTROL, capability="halt")
-"""Re-opening a reconciliation verdict (after a fix): risk staff, or a `control` key."""
-
 SLACK_WEBHOOK = Access(key_scope=None, capability=None, signed_by="slack")
 """Slack's requests (/slack/...): authenticated by `X-Slack-Signature` over the raw body, within
 five minutes, once (slackapp.services.verify_request); the Slack user's link to a member then
@@ -82,9 +81,9 @@ INTEGRATIONS = Access(key_scope=None, capability="integrate")
 owners only, never a key: it decides where requests go and who may answer them."""
 LINK_IDENTITY = Access(key_scope=None, capability="read")
 """A member links their own chat identity (Slack user) to themselves: any member, never a key."""
+
 OWN_PASSKEYS = Access(key_scope=None, capability="read")
 """A person's own passkeys (list, register, rename, revoke): every member, for themselves; no key."""
-
 RECOVER = Access(key_scope=Scope.RECOVERY, capability=None)
 """Claiming recovery jobs and reporting their results: SDK recovery workers' keys only."""
 RECOVERY_VIEW = Access(key_scope=Scope.RECOVERY, capability="read")

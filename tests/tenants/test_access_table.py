@@ -178,6 +178,14 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
     "api/v1/fleet/halts/<str:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
+    # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
+    "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
+    "api/v1/reconciliation/report": Api({"GET": READ}),
+    "api/v1/reconciliation/checks/<str:check_id>/report": Api(
+        {"POST": Allowed(keys=frozenset({"recovery"}))}
+    ),
+    "api/v1/reconciliation/checks/<str:check_id>/recheck": Api({"POST": HALTERS}),
+    "api/v1/audit/certificate": Api({"GET": AUDIT}),
     # recovery: workers claim and report with `recovery` keys; risk staff decide; admins set the webhook
     "api/v1/recovery/claim": Api({"POST": RECOVER}),
     "api/v1/recovery/jobs": Api({"GET": Allowed(keys=frozenset({"recovery"}), roles=EVERY_ROLE)}),
@@ -188,12 +196,6 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/recovery/jobs/<str:job_id>/resolve": Api({"POST": HALTERS}),
     "api/v1/recovery/webhook": Api({"GET": FLEET_CHANGE, "PUT": FLEET_CHANGE, "DELETE": FLEET_CHANGE}),
     "api/v1/sagas/<str:saga_id>/rollback": Api({"POST": HALTERS}),
-    # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
-    "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
-    "api/v1/reconciliation/report": Api({"GET": READ}),
-    "api/v1/reconciliation/checks/<str:check_id>/report": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
-    "api/v1/reconciliation/checks/<str:check_id>/recheck": Api({"POST": HALTERS}),
-    "api/v1/audit/certificate": Api({"GET": AUDIT}),
     # approvals: policies like the fleet's; the queue for readers; votes by people who may approve
     "api/v1/approvals": Api({"GET": READ}),
     "api/v1/approvals/policies": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
@@ -383,12 +385,12 @@ def world(
         budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
         rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
-        recovery_job = _recovery_job(acme)
         approval_policy = approvals.create_policy(acme, actor="test", name="wires", tool="bank.*")
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor="test")
         compensated_saga(writer, "acme-refunded")
         (check,) = reconciliation.scan(acme)
+        recovery_job = _recovery_job(acme)
         by_route = {
             "integrations/slack/link/<str:token>": {"token": slack.link_token(acme, "T0ACME", "U0LINK")}
         }
@@ -401,10 +403,10 @@ def world(
             "budget_id": budget.pk,
             "rate_limit_id": rate_limit.pk,
             "halt_id": halt.pk,
-            "job_id": str(recovery_job.pk),
             "policy_id": approval_policy.pk,
             "approval_id": pending["approval_id"],
             "check_id": check.pk,
+            "job_id": str(recovery_job.pk),
             "export_id": export.pk,
             "level": 0,
             "tile": f"000.p/{size}",
