@@ -97,6 +97,31 @@ def _acme_approval(tenant: Tenant) -> tuple[int, str]:
     return policy.pk, fleet.evaluate(tenant, call, actor="test")["approval_id"]
 
 
+def _acme_recovery_job(tenant: Tenant) -> str:
+    """An escalated recovery job of acme's (a crashed saga whose step has no handler; made once)."""
+    from recovery.models import Job
+    from tests.tenants.test_access_table import _recovery_job
+
+    with tenant_context(tenant):
+        job = Job.objects.filter(saga_id="acme-crashed").first()
+    return str((job or _recovery_job(tenant)).pk)
+
+
+def _acme_reconciliation_check(tenant: Tenant) -> Any:
+    """A reconciliation check of acme's: a saga its own rollback refunded (made once)."""
+    from reconciliation import services as reconciliation
+    from reconciliation.models import ReconciliationCheck
+    from tests.reconciliation.conftest import compensated_saga
+    from tests.transparency.conftest import Writer
+
+    with tenant_context(tenant):
+        check = ReconciliationCheck.objects.first()
+    if check is None:
+        compensated_saga(Writer(tenant, "agent-acme-refunds"), "acme-refunded")
+        (check,) = reconciliation.scan(tenant)
+    return check.pk
+
+
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
     # transparency: acme's first hash tile, and an acme export
@@ -113,6 +138,9 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     # approvals: acme's own policy and request
     "policy_id": lambda tenant, alice: _acme_approval(tenant)[0],
     "approval_id": lambda tenant, alice: _acme_approval(tenant)[1],
+    # recovery and reconciliation: acme's own escalated job and verdict check
+    "job_id": lambda tenant, alice: _acme_recovery_job(tenant),
+    "check_id": lambda tenant, alice: _acme_reconciliation_check(tenant),
 }
 
 
