@@ -28,6 +28,7 @@ from rest_framework.views import APIView
 from approvals import services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.errors import DomainError
+from controlplane.schema import ErrorSerializer
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
     APPROVAL_POLICIES_VIEW,
@@ -82,7 +83,7 @@ def _body(request: Request) -> dict[str, Any]:
 
 
 def _pk(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise DomainError(404, "not_found", "no such approval policy")
     return int(value)
 
@@ -120,7 +121,7 @@ class PolicyListView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="approval_policies_create",
         request=_POLICY_BODY,
-        responses={201: serializers.DictField()},
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request) -> Response:
         data = _policy_body(request)
@@ -147,7 +148,7 @@ class PolicyDetailView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="approval_policies_update",
         request=_POLICY_BODY,
-        responses={200: serializers.DictField()},
+        responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def patch(self, request: Request, policy_id: str) -> Response:
         data = _policy_body(request)
@@ -215,7 +216,7 @@ class VoteView(TenantScopedViewMixin, APIView):
                 "break_glass": serializers.BooleanField(required=False),
             },
         ),
-        responses={201: serializers.DictField()},
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
         data = _body(request)
@@ -240,7 +241,11 @@ class ChallengeView(TenantScopedViewMixin, APIView):
 
     access = {"POST": APPROVAL_VOTE}
 
-    @extend_schema(operation_id="approvals_challenge", request=None, responses={201: serializers.DictField()})
+    @extend_schema(
+        operation_id="approvals_challenge",
+        request=None,
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
+    )
     def post(self, request: Request, approval_id: str) -> Response:
         data = request.data if isinstance(request.data, dict) else {}
         break_glass = data.get("break_glass", False) is True

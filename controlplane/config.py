@@ -199,7 +199,7 @@ class Config:
     def redis_url(self, name: str) -> str:
         value = self.url(name, ("redis", "rediss"))
         database = urlsplit(value).path.strip("/") if value else ""
-        if database and not database.isdigit():
+        if database and not (database.isascii() and database.isdigit()):
             self.refuse(name, "a redis:// URL whose path, if any, is a database number (/0)", secret=True)
             return ""
         return value

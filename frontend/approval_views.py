@@ -220,7 +220,7 @@ def _minutes(form: Any, field: str, default: int) -> int:
     raw = str(form.get(field, "") or "").strip()
     if not raw:
         return default * 60
-    if len(raw) > MINUTES_MAX_CHARS or not raw.isdigit():
+    if len(raw) > MINUTES_MAX_CHARS or not (raw.isascii() and raw.isdigit()):
         raise ApprovalError("invalid", f"{field}: a whole number of minutes", field=field)
     return int(raw) * 60
 
@@ -239,7 +239,7 @@ def _json_list(form: Any, field: str) -> list[Any]:
 def _policy_form(form: Any) -> dict[str, Any]:
     """The create form as `approvals.services.create_policy` fields (it checks them all)."""
     required = str(form.get("required_approvals", "1") or "1").strip()
-    if len(required) > 3 or not required.isdigit():
+    if len(required) > 3 or not (required.isascii() and required.isdigit()):
         raise ApprovalError("invalid", "required_approvals: a whole number", field="required_approvals")
     members = [m.strip() for m in str(form.get("eligible_members", "") or "").split(",") if m.strip()]
     return {

@@ -72,7 +72,7 @@ def register(request: MemberRequest) -> HttpResponse:
 
 def _passkey_id(request: MemberRequest) -> int | None:
     raw = request.POST.get("passkey", "")
-    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
 
 
 @member_page({"POST": OWN_PASSKEYS})

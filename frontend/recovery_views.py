@@ -124,7 +124,7 @@ def saga_rollback(request: MemberRequest, saga_id: str) -> HttpResponse:
         raise Http404("no such saga")
     detail = reverse("saga-detail", args=[saga_id])
     raw = request.POST.get("to_step", "")
-    to_step = int(raw) if raw.isdigit() and len(raw) < 9 else -1
+    to_step = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 9 else -1
     try:
         run = services.rollback_to(request.tenant, saga_id, to_step, actor=actor_of(request))
     except services.RecoveryError as refused:

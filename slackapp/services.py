@@ -605,7 +605,7 @@ def verify_request(body: bytes, headers: Any) -> None:
     signature = headers.get("X-Slack-Signature")
     if not timestamp or not signature:
         raise RequestRefused("unsigned", "the request carries no Slack signature")
-    if not timestamp.isdigit() or len(timestamp) > 12 or len(signature) > 80:
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12 or len(signature) > 80:
         raise RequestRefused("bad_signature", "the Slack signature is malformed")
     try:
         body.decode("utf-8")  # Slack signs text; anything else is not its request

@@ -44,7 +44,7 @@ def read_body_first(request: HttpRequest) -> None:
     limit = settings.SAGAPLANE_MAX_BODY_BYTES
     declared = request.META.get("CONTENT_LENGTH") or ""
     if declared:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
         if int(declared) > limit:
             raise DomainError(

@@ -290,3 +290,25 @@ def test_six_parallel_accepts_of_one_invitation_one_joins_five_are_410(
         # One membership, one record of it.
         assert Record.objects.filter(stream__stream_id="server").count() == records_before + 1
     assert get_user_model().objects.filter(email=email).count() == 1
+
+
+# Characters Python's str.isdigit() calls digits but int() refuses ("³", "٣"): an id or a number
+# checked with isdigit() alone reached int() and answered 500 (schemathesis found "%C2%B3").
+NON_ASCII_DIGITS = ["%C2%B3", "%D9%A3"]
+
+
+@pytest.mark.parametrize("digits", NON_ASCII_DIGITS)
+def test_a_non_ascii_digit_in_an_id_is_a_404_in_the_error_shape(alice: Person, digits: str) -> None:
+    client = alice.key_client()
+    for method in ("get", "patch", "delete"):
+        response = getattr(client, method)(f"/api/v1/approvals/policies/{digits}")
+        assert response.status_code == 404, (method, response.content)
+        assert response.json()["error"] == "not_found"
+
+
+def test_a_non_ascii_digit_content_length_is_a_400(alice: Person) -> None:
+    response = alice.key_client().post(
+        "/api/v1/approvals/policies", data=b"{}", content_type="application/json", CONTENT_LENGTH="\xb3"
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "Content-Length"
