@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 from django.core.cache import cache
-from django.db import connection
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -28,6 +27,7 @@ from rest_framework.views import APIView
 from approvals import services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.errors import DomainError
+from controlplane.longpoll import release_connection
 from controlplane.schema import ErrorSerializer
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
@@ -312,8 +312,7 @@ class WaitView(TenantScopedViewMixin, APIView):
             until = (
                 deadline if expires_in is None else min(deadline, time.monotonic() + float(expires_in) + 0.05)
             )
-            if not connection.in_atomic_block:
-                connection.close()  # nothing held while waiting (a pooled connection goes back)
+            release_connection()
             self._wait_for_change(getattr(self, "tenant", None), kwargs.get("approval_id", ""), until)
 
     def _refuse(self, request: HttpRequest, detail: str) -> Any:

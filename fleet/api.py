@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
+from controlplane.longpoll import release_connection
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, Halt, RateLimit
@@ -178,6 +179,7 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
             changed = not isinstance(data, dict) or data.get("version") != since
             if response.status_code != 200 or changed or time.monotonic() >= deadline:
                 return response
+            release_connection()
             self._wait_for_change(
                 getattr(self, "tenant", None), getattr(self, "_seen_version", None), deadline
             )

@@ -27,6 +27,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
+from controlplane.longpoll import release_connection
 from controlplane.schema import ErrorSerializer
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
@@ -164,6 +165,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
                 or time.monotonic() + POLL_S >= deadline
             ):
                 return response
+            release_connection()
             time.sleep(POLL_S)
 
 

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
+from controlplane.longpoll import release_connection
 from controlplane.schema import ErrorSerializer
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
@@ -102,6 +103,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
                 or time.monotonic() + POLL_S >= deadline
             ):
                 return response
+            release_connection()
             time.sleep(POLL_S)
 
 

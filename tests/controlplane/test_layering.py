@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "controlplane.errors",
             "controlplane.schema",  # the error shape as documented (imports only DRF)
             "controlplane.config",
+            "controlplane.longpoll",  # imports only django.db
             "controlplane.celery",
             "controlplane.tracing",  # imports only OpenTelemetry
             "controlplane.metrics",  # imports only prometheus-client; apps may record and register
