@@ -15,7 +15,8 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -224,16 +225,24 @@ def _policy_fields(data: Mapping[str, Any], current: dict[str, Any] | None = Non
     return fields
 
 
+@contextmanager
+def _name_not_taken(name: str) -> Iterator[None]:
+    """A savepoint around a policy's write: the unique name is the database's to check, and a
+    name taken (even by a write racing this one) is a 409 that spoils nothing else."""
+    try:
+        with transaction.atomic():
+            yield
+    except IntegrityError:
+        raise ApprovalError(
+            "name_taken", f"an approval policy named '{name}' exists", status=409, field="name"
+        ) from None
+
+
 def create_policy(tenant: Tenant, *, actor: str, **data: Any) -> ApprovalPolicy:
     with tenant_context(tenant):
         fields = _policy_fields(data)
-        try:
-            with transaction.atomic():
-                policy = ApprovalPolicy.objects.create(**fields)
-        except IntegrityError:
-            raise ApprovalError(
-                "name_taken", f"an approval policy named '{fields['name']}' exists", status=409, field="name"
-            ) from None
+        with _name_not_taken(fields["name"]):
+            policy = ApprovalPolicy.objects.create(**fields)
         append_server_record(
             tenant,
             "APPROVAL_POLICY_CREATED",
@@ -259,13 +268,8 @@ def update_policy(tenant: Tenant, policy_id: int, *, actor: str, **data: Any) ->
             setattr(policy, key, value)
         policy.version = F("version") + 1
         policy.updated_at = timezone.now()
-        try:
-            with transaction.atomic():
-                policy.save()
-        except IntegrityError:
-            raise ApprovalError(
-                "name_taken", f"an approval policy named '{fields['name']}' exists", status=409, field="name"
-            ) from None
+        with _name_not_taken(fields["name"]):
+            policy.save()
         policy.refresh_from_db()
         append_server_record(
             tenant,

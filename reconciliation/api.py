@@ -10,10 +10,8 @@ Risk staff: `POST /api/v1/reconciliation/checks/<id>/recheck`.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -26,15 +24,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane import longpoll
 from controlplane.errors import DomainError
-from controlplane.longpoll import release_connection
 from controlplane.schema import ErrorSerializer
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
 from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE
 from tenants.permissions import TenantScopedViewMixin
 
-MAX_WAIT_S = 25.0
 POLL_S = 0.25
 NAME_MAX = 200
 _EPOCH = re.compile(r"\d{1,11}(\.\d{1,6})?")
@@ -154,30 +151,13 @@ class ClaimView(TenantScopedViewMixin, APIView):
         return Response({"checks": [check_json(c) for c in checks]})
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        deadline = time.monotonic() + _wait(request)
-        while True:
-            response = super().dispatch(request, *args, **kwargs)
-            data = getattr(response, "data", None)
-            if (
-                response.status_code != 200
-                or not isinstance(data, dict)
-                or data.get("checks")
-                or time.monotonic() + POLL_S >= deadline
-            ):
-                return response
-            release_connection()
-            time.sleep(POLL_S)
-
-
-def _wait(request: HttpRequest) -> float:
-    try:
-        body = json.loads(request.body or b"{}")
-        wait = body.get("wait", 0) if isinstance(body, dict) else 0
-    except Exception:  # malformed or too large: the handler's own reading answers it
-        return 0.0
-    if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
-        return 0.0
-    return min(float(wait), MAX_WAIT_S)
+        answer = super().dispatch
+        return longpoll.poll(
+            lambda: answer(request, *args, **kwargs),
+            found=lambda data: bool(data.get("checks")),
+            wait=longpoll.body_wait(request),
+            interval=POLL_S,
+        )
 
 
 _VERDICT = inline_serializer(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from typing import Any
 
 from celery import shared_task
@@ -43,7 +41,6 @@ def reconcile() -> dict[str, int]:
     return totals
 
 
-WEBHOOK_TIMEOUT_S = 10.0
 ANSWER_MAX_BYTES = 64 * 1024
 
 
@@ -65,7 +62,7 @@ def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
     the next pass offers the check again, until its deadline makes it unverifiable."""
     from recovery import selectors as recovery_selectors
     from recovery import services as recovery_services
-    from recovery.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, sign
+    from recovery import webhook
 
     tenant = Tenant.objects.filter(pk=tenant_id).first()
     if tenant is None:
@@ -79,24 +76,16 @@ def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
     if hook is None:
         return "no webhook"
     body = delivery_body(check)
-    request = urllib.request.Request(
-        hook.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            SIGNATURE_HEADER: sign(secret, body),
-            IDEMPOTENCY_HEADER: f"reconcile-{check.pk}-{token}",
-            "User-Agent": "sagaplane-reconciliation",
-        },
-    )
     try:
-        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (http(s), checked when set)
-            status, raw = response.status, response.read(ANSWER_MAX_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
+        status, raw = webhook.post(
+            hook.url,
+            body,
+            secret=secret,
+            idempotency_key=f"reconcile-{check.pk}-{token}",
+            agent="sagaplane-reconciliation",
+            read=ANSWER_MAX_BYTES + 1,
+        )
+    except OSError as exc:
         log.info("reconciliation webhook unreachable for check %s: %s", check_id, exc)
         return "unreachable"
     if not 200 <= status < 300:

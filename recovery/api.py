@@ -8,8 +8,6 @@ the token the claim returned (409 `stale_token` when it is no longer the job's).
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Any
 
 from django.http import HttpRequest
@@ -19,14 +17,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane import longpoll
 from controlplane.errors import DomainError
-from controlplane.longpoll import release_connection
 from controlplane.schema import ErrorSerializer
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
 from tenants.permissions import TenantScopedViewMixin
 
-MAX_WAIT_S = 25.0
 POLL_S = 0.1
 MAX_HANDLERS = 500
 NAME_MAX = 200
@@ -91,33 +88,13 @@ class ClaimView(TenantScopedViewMixin, APIView):
         return Response({"job": selectors.job_for_worker(job) if job is not None else None})
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        wait = _wait(request)
-        deadline = time.monotonic() + wait
-        while True:
-            response = super().dispatch(request, *args, **kwargs)
-            data = getattr(response, "data", None)
-            if (
-                response.status_code != 200
-                or not isinstance(data, dict)
-                or data.get("job") is not None
-                or time.monotonic() + POLL_S >= deadline
-            ):
-                return response
-            release_connection()
-            time.sleep(POLL_S)
-
-
-def _wait(request: HttpRequest) -> float:
-    import json
-
-    try:
-        body = json.loads(request.body or b"{}")
-        wait = body.get("wait", 0) if isinstance(body, dict) else 0
-    except Exception:  # malformed or too large: the handler's own reading answers it
-        return 0.0
-    if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
-        return 0.0
-    return min(float(wait), MAX_WAIT_S)
+        answer = super().dispatch
+        return longpoll.poll(
+            lambda: answer(request, *args, **kwargs),
+            found=lambda data: data.get("job") is not None,
+            wait=longpoll.body_wait(request),
+            interval=POLL_S,
+        )
 
 
 _RESULT = inline_serializer(

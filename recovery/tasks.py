@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 
 from celery import shared_task
 from django.utils import timezone
 
-from recovery import services
+from recovery import services, webhook
 from recovery.cross_tenant import tenants_with_recovery_due
 from recovery.models import Delivery, Webhook
-from recovery.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, sign
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 
-WEBHOOK_TIMEOUT_S = 10.0
 WEBHOOK_LEASE_S = 30.0  # longer than the request may take
 
 
@@ -76,23 +72,11 @@ def deliver_webhook(tenant_id: int, job_id: str) -> str:
         )
         return "no webhook"
     body = delivery_body(job)
-    request = urllib.request.Request(
-        hook.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            SIGNATURE_HEADER: sign(secret, body),
-            IDEMPOTENCY_HEADER: job.idempotency_key,
-            "User-Agent": "sagaplane-recovery",
-        },
-    )
     try:
-        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (http(s) only, checked)
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-    except (urllib.error.URLError, OSError) as exc:
+        status, _ = webhook.post(
+            hook.url, body, secret=secret, idempotency_key=job.idempotency_key, agent="sagaplane-recovery"
+        )
+    except OSError as exc:
         services.fail(tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook unreachable: {exc}"[:500])
         return "unreachable"
     if 200 <= status < 300:

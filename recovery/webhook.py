@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+import urllib.error
+import urllib.request
 
 SIGNATURE_HEADER = "Sagaplane-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -19,3 +21,31 @@ def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
     ts = int(time.time()) if timestamp is None else timestamp
     mac = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={ts},v1={mac}"
+
+
+TIMEOUT_S = 10.0
+
+
+def post(
+    url: str, body: bytes, *, secret: str, idempotency_key: str, agent: str, read: int = 0
+) -> tuple[int, bytes]:
+    """POST one signed delivery: its HTTP status and at most `read` bytes of the answer. An error
+    status is an answer (its body unread); an unreachable receiver raises OSError (URLError is
+    one)."""
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            SIGNATURE_HEADER: sign(secret, body),
+            IDEMPOTENCY_HEADER: idempotency_key,
+            "User-Agent": agent,
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 (http(s), checked when set)
+            return response.status, response.read(read) if read else b""
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""

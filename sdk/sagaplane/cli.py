@@ -288,21 +288,18 @@ def add_worker(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import importlib
     import signal
     import threading
 
     from .client import ConfigurationError
+    from .semantics import import_handler_modules
     from .worker import Worker
 
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # `--handlers myapp.compensators` from the project's folder
-    for module in filter(None, (m.strip() for m in args.handlers.split(","))):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            print(f"error: cannot import {module}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        import_handler_modules(args.handlers)
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         worker = Worker(name=args.name, lease_s=args.lease, wait_s=args.wait)
     except ConfigurationError as exc:

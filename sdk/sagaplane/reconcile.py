@@ -46,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .client import AuthenticationError, Client, ConfigurationError, Response, TransportError
-from .semantics import accepts_kwarg
+from .semantics import accepts_kwarg, import_handler_modules
 
 logger = logging.getLogger("sagaplane.reconcile")
 
@@ -370,17 +370,13 @@ def add_reconcile_worker(sub: Any) -> None:
 
 
 def cmd_reconcile_worker(args: argparse.Namespace) -> int:
-    import importlib
     import signal
 
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # `--handlers myapp.observers` from the project's folder
-    for module in filter(None, (m.strip() for m in args.handlers.split(","))):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            print(f"error: cannot import {module}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        import_handler_modules(args.handlers)
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         worker = ReconcileWorker(
             Client(args.url, args.api_key, timeout=max(30.0, args.wait + 10)),

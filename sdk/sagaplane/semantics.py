@@ -189,3 +189,20 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, dict):
         return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
     return repr(value)[:512]
+
+
+def import_handler_modules(spec: str) -> None:
+    """Import each module of a comma-separated `spec` (the current folder first on the path, so
+    `myapp.compensators` works from the project's folder): their @compensator and @reconciler
+    functions register on import. An ImportError names the module that failed."""
+    import importlib
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in filter(None, (m.strip() for m in spec.split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(f"cannot import {module}: {exc}") from exc
