@@ -219,20 +219,8 @@ class DjangoInstallationStore(InstallationStore):
     def find_bot(
         self, *, enterprise_id: str | None, team_id: str | None, is_enterprise_install: bool | None = False
     ) -> Bot | None:
-        row = self._row(team_id)
-        if row is None:
-            return None
-        return Bot(
-            app_id=row.app_id,
-            enterprise_id=row.enterprise_id or None,
-            team_id=row.team_id,
-            team_name=row.team_name,
-            bot_token=bot_token(row),
-            bot_id=row.bot_id,
-            bot_user_id=row.bot_user_id,
-            bot_scopes=list(row.bot_scopes),
-            installed_at=row.installed_at.timestamp(),
-        )
+        installation = self.find_installation(enterprise_id=enterprise_id, team_id=team_id)
+        return installation.to_bot() if installation is not None else None
 
     def find_installation(
         self,
