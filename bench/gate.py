@@ -605,6 +605,7 @@ def _server_env(db_url: str, redis_url: str, data_dir: Path, store_name: str) ->
             "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
+            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
             "SECURE_SSL_REDIRECT": "0",
             "SAGAPLANE_DATA_DIR": str(data_dir),
             "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
