@@ -177,6 +177,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
     }
+    # Tests on SQLite use a file, not Django's shared in-memory database: in memory, every thread of
+    # a live test server shares the test's one connection, so a long-poll still running after its
+    # test (it re-reads every second for up to 25 s) interleaved its queries with the next test's
+    # savepoints. A file gives each thread its own connection, as in production.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-sagaplane.sqlite3")}
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # with the pool, "close" returns it to the pool
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
