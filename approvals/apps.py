@@ -7,10 +7,13 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # The gate's approval step: fleet calls it through fleet.hooks and never imports approvals.
-        from approvals import compat, services
+        from approvals import compat, cross_tenant, services
         from audit import hooks as audit_hooks
+        from controlplane import metrics
         from fleet import hooks
 
         hooks.register_approval_step(services.GateStep())
         # agent-saga's APPROVAL_REQUESTED records become requests once their ingest commits.
         audit_hooks.after_records_committed(compat.requests_from_wal)
+        # On-call's first question about approvals: how many wait for a human (/metrics).
+        metrics.register_queues("approvals", cross_tenant.queue_depths)

@@ -16,7 +16,7 @@ app. The names are `sagaplane_*`; labels take values from fixed sets only (a rea
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
@@ -83,15 +83,22 @@ def register_gauge(
 def register_queue(name: str, depth: Callable[[], int]) -> None:
     """A work queue whose depth on-call wants to see (approvals waiting, recoveries pending):
     reported as sagaplane_queue_depth{queue=name}."""
-    _queues[name] = depth
+    register_queues(name, lambda: {name: depth()})
 
 
-_queues: dict[str, Callable[[], int]] = {}
+def register_queues(source: str, depths: Callable[[], Mapping[str, int]]) -> None:
+    """Several queues read by one question (one count query for all of an app's queues): each
+    reported as sagaplane_queue_depth{queue=<key>}. The keys are fixed names chosen by the app,
+    never tenant identities; if the read fails, sagaplane_scrape_errors{source="queue:<source>"}."""
+    _queues[source] = depths
+
+
+_queues: dict[str, Callable[[], Mapping[str, int]]] = {}
 
 
 def gauge_sources() -> list[GaugeSource]:
     return list(_sources.values())
 
 
-def queues() -> dict[str, Callable[[], int]]:
+def queues() -> dict[str, Callable[[], Mapping[str, int]]]:
     return dict(_queues)

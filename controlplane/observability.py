@@ -213,12 +213,15 @@ class ScrapeTimeCollector(Collector):
             "Work waiting for people or workers, by queue (approvals, recoveries, ...)",
             labels=["queue"],
         )
-        for queue, read_depth in metrics.queues().items():
+        for queue_source, read_depths in metrics.queues().items():
             try:
-                queues.add_metric([queue], float(read_depth()))
+                waiting = dict(read_depths())
             except Exception:
-                collect_log.warning("metrics: queue %s could not be read", queue, exc_info=True)
-                errors.add_metric([f"queue:{queue}"], 1)
+                collect_log.warning("metrics: queue %s could not be read", queue_source, exc_info=True)
+                errors.add_metric([f"queue:{queue_source}"], 1)
+                continue
+            for queue, depth in sorted(waiting.items()):
+                queues.add_metric([queue], float(depth))
         yield queues
         for source in metrics.gauge_sources():
             try:

@@ -11,4 +11,8 @@ class ReconciliationConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from reconciliation import cross_tenant  # noqa: F401  (declares the pass's cross-tenant function)
+        from controlplane import metrics
+        from reconciliation import cross_tenant  # declares the pass's and /metrics' functions
+
+        # On-call's question about reconciliation: how far behind the pass is.
+        metrics.register_queues("reconciliation", cross_tenant.queue_depths)

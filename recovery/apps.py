@@ -11,11 +11,14 @@ class RecoveryConfig(AppConfig):
 
     def ready(self) -> None:
         from audit import hooks
+        from controlplane import metrics
         from recovery import (
-            cross_tenant,  # noqa: F401  (declares the sweep's cross-tenant function, tenants/rls.py)
+            cross_tenant,  # declares the sweep's and /metrics' cross-tenant functions (tenants/rls.py)
             services,
         )
 
         # Registered after the saga projection's (INSTALLED_APPS order): the lease is written in
         # the same ingest transaction, once the projection has folded the same records.
         hooks.on_records_appended(services.watch_appended)
+        # On-call's first question about recovery: how much waits for workers and for humans.
+        metrics.register_queues("recovery", cross_tenant.queue_depths)

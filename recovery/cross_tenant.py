@@ -1,13 +1,15 @@
 """The sweep's one question across tenants: which tenants have recovery work due now (a live
 lease that expired, a claimed job whose lease ran out, a webhook delivery that is due). Tenant ids
-only; the sweep then works inside each tenant with `tenant_context`. On Postgres a SECURITY
-DEFINER function owned by the owner role (tenants/rls.py); on SQLite the same through the ORM."""
+only; the sweep then works inside each tenant with `tenant_context`. And /metrics' one question:
+how many jobs wait for a worker, are claimed, or wait for a human (escalated: the human queue),
+all tenants together (counts only). On Postgres SECURITY DEFINER functions owned by the owner role
+(tenants/rls.py); on SQLite the same through the ORM."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import Count, Q
 
 from recovery.models import Delivery, Job, JobState, Lease, LeaseState
 from tenants import rls
@@ -42,3 +44,34 @@ def tenants_with_recovery_due(now: datetime) -> list[int]:
             | Q(state=JobState.PENDING, delivery=Delivery.WEBHOOK, available_at__lte=now)
         ).values_list("tenant_id", flat=True)
         return sorted(set(leases) | set(jobs))
+
+
+# Counted through the (state, lease_expires_at) index; the finished states are left out.
+_QUEUED = (JobState.PENDING, JobState.CLAIMED, JobState.ESCALATED)
+
+_RECOVERY_QUEUE_DEPTHS = rls.cross_tenant_function(
+    "sagaplane_recovery_queue_depths",
+    arguments="",
+    returns="TABLE (job_state text, depth bigint)",
+    body=(
+        f"SELECT state::text, count(*) FROM {Job._meta.db_table} "
+        f"WHERE state IN ({', '.join(repr(state.value) for state in _QUEUED)}) GROUP BY state"
+    ),
+)
+
+
+def queue_depths() -> dict[str, int]:
+    """recovery_pending (waiting for a worker or a webhook delivery), recovery_claimed (held by a
+    worker), recovery_escalated (the human queue), all tenants together; a state with no job is 0."""
+    if rls.enforces_rls():
+        counts = dict(_RECOVERY_QUEUE_DEPTHS.rows())
+    else:
+        with dangerously_bypass_orm_scope():
+            counts = {
+                row["state"]: row["depth"]
+                for row in Job.objects.filter(state__in=_QUEUED)
+                .values("state")
+                .annotate(depth=Count("id"))
+                .order_by()
+            }
+    return {f"recovery_{state.value}": int(counts.get(state.value, 0)) for state in _QUEUED}

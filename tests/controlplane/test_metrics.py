@@ -6,15 +6,25 @@ process count too)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from approvals.models import ApprovalRequest
+from approvals.models import Status as ApprovalStatus
+from audit.models import TenantLog
 from controlplane import metrics
 from fleet import services as fleet_services
 from fleet.stores import DatabaseStore
+from reconciliation import services as reconciliation_services
+from reconciliation.models import CheckStatus, ReconciliationCheck
+from recovery.models import Job, JobState, Run, RunKind, RunState
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
 from tests.audit.chains import chain, saga_records
 from tests.conftest import Person
 from transparency import services as transparency_services
@@ -116,7 +126,8 @@ def test_integration_lag_counts_leaves_waiting_for_a_checkpoint(alice: Person) -
     waiting = scrape()
     assert value(waiting, "sagaplane_integration_lag_leaves") >= len(records)
     assert value(waiting, "sagaplane_integration_lagging_tenants") >= 1
-    assert value(waiting, "sagaplane_integration_lag_seconds") >= 0
+    # The oldest waiting leaf was accepted before this scrape: its age is present and positive.
+    assert value(waiting, "sagaplane_integration_lag_seconds") > 0
     assert value(waiting, "sagaplane_scrape_errors", source="integration_lag") == 0
     transparency_services.integrate_fully(alice.tenant)
     caught_up = scrape()
@@ -145,6 +156,122 @@ def test_apps_register_their_queues_and_a_failing_one_is_named(db: None) -> None
         metrics._queues.pop("test-broken")
     assert value(text, "sagaplane_queue_depth", queue="test-approvals") == 3
     assert value(text, "sagaplane_scrape_errors", source="queue:test-broken") == 1
+
+
+def queue_depths(text: str) -> dict[str, float]:
+    return {
+        sample.labels["queue"]: float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "sagaplane_queue_depth"
+    }
+
+
+def _approval_requests(tenant: Tenant, statuses: list[str]) -> None:
+    with tenant_context(tenant):
+        for n, status in enumerate(statuses):
+            ApprovalRequest.objects.create(
+                id=f"q-{tenant.pk}-{n}",
+                saga_id=f"saga-{n}",
+                step_id="1",
+                tool="bank.wire",
+                args_digest="0" * 64,
+                action_digest="0" * 64,
+                status=status,
+                expires_at=timezone.now() + timedelta(hours=1),
+            )
+
+
+def _recovery_jobs(tenant: Tenant, states: list[str]) -> None:
+    with tenant_context(tenant):
+        for n, state in enumerate(states):
+            run = Run.objects.create(
+                saga_id=f"saga-{n}", kind=RunKind.CRASH, state=RunState.DONE, actor="test"
+            )
+            Job.objects.create(
+                run=run,
+                saga_id=run.saga_id,
+                step_id="1",
+                ordinal=1,
+                step_status="committed",
+                idempotency_key=f"key-{n}",
+                state=state,
+            )
+
+
+def _checks(tenant: Tenant, statuses: list[str]) -> None:
+    with tenant_context(tenant):
+        for n, status in enumerate(statuses):
+            ReconciliationCheck.objects.create(
+                saga_id=f"saga-{n}",
+                step_id="1",
+                compensated_leaf=n,
+                compensated_in="stream",
+                status=status,
+                deadline=timezone.now() + timedelta(hours=1),
+            )
+
+
+def test_approval_recovery_and_reconciliation_queues_are_counted_across_tenants(
+    tenant_a: Tenant, tenant_b: Tenant, alice: Person
+) -> None:
+    """Each app's queues, counted over every tenant (the runtime role sees one tenant's rows at a
+    time: these counts cross tenants through the apps' count-only functions) and labelled by
+    queue only, never by tenant."""
+
+    def log_size(tenant: Tenant) -> int:
+        with tenant_context(tenant):
+            return TenantLog.objects.values_list("size", flat=True).first() or 0
+
+    # Creating the tenants and their members wrote server records: leaves the pass has not seen.
+    before = log_size(tenant_a) + log_size(tenant_b)
+    assert queue_depths(scrape()) == {
+        "approvals_pending": 0,
+        "recovery_pending": 0,
+        "recovery_claimed": 0,
+        "recovery_escalated": 0,
+        "reconciliation_checks_open": 0,
+        "reconciliation_leaves_unscanned": before,
+    }
+    P, A, D = ApprovalStatus.PENDING, ApprovalStatus.APPROVED, ApprovalStatus.DENIED
+    _approval_requests(tenant_a, [P, P, A])
+    _approval_requests(tenant_b, [P, D, ApprovalStatus.EXPIRED])
+    _recovery_jobs(tenant_a, [JobState.PENDING, JobState.CLAIMED, JobState.ESCALATED, JobState.COMPENSATED])
+    _recovery_jobs(tenant_b, [JobState.PENDING, JobState.PENDING, JobState.ESCALATED, JobState.RESOLVED])
+    _checks(tenant_a, [CheckStatus.PENDING, CheckStatus.CONFIRMED])
+    _checks(tenant_b, [CheckStatus.CLAIMED, CheckStatus.PENDING, CheckStatus.DRIFT])
+    records = chain(saga_records(steps=2))
+    assert post(alice, "queues", records).status_code == 200
+    text = scrape()
+    assert queue_depths(text) == {
+        "approvals_pending": 3,
+        "recovery_pending": 3,
+        "recovery_claimed": 1,
+        "recovery_escalated": 2,
+        "reconciliation_checks_open": 3,
+        "reconciliation_leaves_unscanned": before + len(records),
+    }
+    for source in ("approvals", "recovery", "reconciliation"):
+        assert value(text, "sagaplane_scrape_errors", source=f"queue:{source}") == 0
+    labels = _all_labels(text)
+    assert not [names for names in labels if "tenant" in names]
+    assert not {tenant_a.slug, tenant_b.slug} & {v for names in labels for v in names.values()}
+
+    reconciliation_services.scan(tenant_a)  # the pass looks at all of tenant a's leaves
+    with tenant_context(tenant_a):
+        ApprovalRequest.objects.filter(status=P).update(status=A)
+    after = queue_depths(scrape())
+    assert after["reconciliation_leaves_unscanned"] == log_size(tenant_b)
+    assert after["approvals_pending"] == 1
+
+
+def _all_labels(text: str) -> list[dict[str, str]]:
+    return [
+        sample.labels
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("sagaplane_")
+        for sample in family.samples
+    ]
 
 
 def test_every_answer_carries_a_request_id(db: None) -> None:

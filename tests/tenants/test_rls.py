@@ -95,6 +95,9 @@ def test_cross_tenant_functions_are_the_owners_definers_and_only_callable(db: No
         "sagaplane_tenants_to_integrate",
         "sagaplane_tenants_to_seal",
         "sagaplane_stale_exports",
+        "sagaplane_pending_approvals_count",
+        "sagaplane_recovery_queue_depths",
+        "sagaplane_reconciliation_backlog",
     } <= set(names)
     with connection.cursor() as cursor:
         cursor.execute(
