@@ -1,28 +1,36 @@
-"""Scale benchmark (issue 15): what ingest, proofs and the saga list cost as one tenant grows.
+"""Scale benchmark (issue 15): what ingest, proofs, the saga list and exports cost as one tenant
+grows, and with a thousand tenants beside it.
 
-One tenant is grown through the real ingest service (in-process, batches of 1,000 chained records
-over 10 agent streams, shaped as sagas: start, four steps, complete) to each size of a ladder
-(full: 100,000 / 1,000,000 / 10,000,000 records; `--quick`: 2,000 / 6,000; `--sizes` to choose),
-integrated and signed at each rung, and at each rung measures:
-- ingest records/s over the rung's last 10% of batches (the cost at that size);
+Phase 1 grows one tenant through the real ingest service (in-process, batches of 1,000 chained
+records over 10 agent streams, shaped as sagas: start, four steps, complete; one saga in 1,000
+uses a rare tool), integrating (and signing) every 100 batches, to each rung of a ladder (full:
+100,000 / 1,000,000 / 10,000,000 records; `--quick`: 2,000 / 6,000). It records the ingest rate
+at points along the way (records/s of the median of the 100 batches before each point, and
+their mean: the cost curve)
+and at each rung measures:
 - inclusion and consistency proof latency through the API (p50/p99, Django's test client: the
-  whole request path, minus the socket);
-- the saga list through the API (p95), unfiltered, by status, and by tool;
-- on Postgres, table + index bytes per million records of the record, payload, tree, saga and
-  step tables.
-The peer is the same code at the first rung: the report gives each rung's ingest rate as a ratio
-of the first one (issue 15's target: 10M within 20% of 100k, i.e. a ratio >= 0.8), and the
-targets proofs p99 < 5 ms and saga list p95 < 100 ms. Reported, never asserted.
+  whole request path minus the socket);
+- the saga list through the API (p95): unfiltered, by status, by a common and a rare tool, since
+  a moment, tool + status, and pages 2-21 by cursor; with the Postgres plan (EXPLAIN ANALYZE as
+  the runtime role, under row-level security) of the tool filters;
+- a WORM export of the newest 100,000 leaves: build and offline verify rates;
+- table + index bytes per million records; load averages before and after.
+Phase 2 (`--tenants N`) adds N tenants of `--per-tenant` records each (full: 1,000 x 10,000),
+recording ingest rate per block of tenants and proofs / list of a sample tenant and of the big
+one at the end.
 
-Not measured here yet: the 1,000-tenant x 10,000-record population and export build/verify rates
-at scale (bench/transparency.py measures export verification at 1M leaves).
+The peer is the same code at the first rung: each rung's ingest rate is reported as a ratio of
+the first (issue 15's target: 10M within 20% of 100k, a ratio >= 0.8), and proofs p99 < 5 ms
+and saga list p95 < 100 ms. Reported, never asserted.
 
-Needs nothing: without DATABASE_URL it runs on a throw-away SQLite file (sizes then omitted). With
-DATABASE_URL and DATABASE_OWNER_URL (infra/services.sh sets them) it works in its own database
-`<name>_bench_scale`, created and migrated by the owner role and dropped afterwards.
-Results: bench/results/scale.json (`--quick`: scale-quick.json).
+Without DATABASE_URL it runs on a throw-away SQLite file (sizes then omitted). With DATABASE_URL
+and DATABASE_OWNER_URL it works in its own database `<name>_bench_scale`. `--quick` creates it
+fresh and drops it after. The full run is incremental: it keeps the database (and its data dir,
+`--data-dir`) and, run again, continues growing it from where it stopped, merging into
+bench/results/scale.json, which it rewrites after every measurement; `--drop` drops it at the end.
 
-    .venv/bin/python bench/scale.py [--quick] [--sizes 100000,1000000]
+    .venv/bin/python bench/scale.py --quick
+    .venv/bin/python bench/scale.py [--sizes 100000,1000000,10000000] [--tenants 1000] [--drop]
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -45,6 +54,10 @@ sys.path.insert(0, str(ROOT / "sdk"))
 
 BATCH = 1000
 STREAMS = 10
+INTEGRATE_EVERY = 100  # batches
+RATE_WINDOW = 100  # batches: the ingest rate at a point is over the 100 batches before it
+EXPORT_WINDOW = 100_000
+RARE_EVERY = 1000  # one saga in 1,000 uses tool.rare
 TARGET_INGEST_RATIO = 0.8
 TARGET_PROOF_P99_MS = 5.0
 TARGET_LIST_P95_MS = 100.0
@@ -56,31 +69,40 @@ def _pct(samples: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
 
 
-def _own_database() -> tuple[str, str, str] | None:
-    """(runtime URL, owner URL, name) of `<name>_bench_scale`, created fresh by the owner role."""
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _beside(base: str, path: str) -> str:
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(base)._replace(path=path))
+
+
+def _admin(owner: str) -> str:
+    return _beside(owner, "/postgres").replace("postgres://", "postgresql://", 1)
+
+
+def _own_database(fresh: bool) -> tuple[str, str, str] | None:
+    """(runtime URL, owner URL, name) of `<name>_bench_scale` (`..._quick` when `fresh`: a quick run
+    never touches a full run's database), created by the owner role, dropped first when `fresh`."""
     url, owner = os.environ.get("DATABASE_URL", ""), os.environ.get("DATABASE_OWNER_URL", "")
     if not url.startswith(("postgres://", "postgresql://")) or not owner:
         return None
     import psycopg
 
     name = f"{urllib.parse.urlsplit(url).path.lstrip('/') or 'sagaplane'}_bench_scale"
-
-    def beside(base: str, path: str) -> str:
-        return urllib.parse.urlunsplit(urllib.parse.urlsplit(base)._replace(path=path))
-
-    with psycopg.connect(
-        beside(owner, "/postgres").replace("postgres://", "postgresql://", 1), autocommit=True
-    ) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        c.execute(f'CREATE DATABASE "{name}"')
-    return beside(url, f"/{name}"), beside(owner, f"/{name}"), name
+    name += "_quick" if fresh else ""
+    with psycopg.connect(_admin(owner), autocommit=True) as c:
+        if fresh:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            c.execute(f'CREATE DATABASE "{name}"')
+    return _beside(url, f"/{name}"), _beside(owner, f"/{name}"), name
 
 
 def _drop(owner_url: str, name: str) -> None:
     import psycopg
 
-    admin = urllib.parse.urlunsplit(urllib.parse.urlsplit(owner_url)._replace(path="/postgres"))
-    with psycopg.connect(admin.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+    with psycopg.connect(_admin(owner_url), autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -102,16 +124,29 @@ def _setup(data_dir: str, database: tuple[str, str, str] | None) -> None:
 
 
 class Grower:
-    """Ten agent streams, each a chain, fed batches of saga-shaped records through ingest."""
+    """Ten agent streams, each a chain, fed batches of saga-shaped records through ingest. It picks
+    up where the tenant's streams stand, so a run continues a database an earlier run grew."""
 
     def __init__(self, tenant: Any) -> None:
         from sagaplane.chain import GENESIS
 
+        from audit.models import Stream
+        from tenants.scoping import tenant_context
+
         self.tenant = tenant
         self.heads = [GENESIS] * STREAMS
         self.seqs = [0] * STREAMS
-        self.total = 0
-        self.turn = 0
+        with tenant_context(tenant):
+            for stream_id, head, seq in Stream.objects.filter(stream_id__startswith="agent-").values_list(
+                "stream_id", "head_hash", "head_seq"
+            ):
+                n = int(stream_id.split("-")[1])
+                self.heads[n], self.seqs[n] = head, seq or 0
+        self.total = sum(self.seqs)
+        self.turn = self.total // BATCH
+        self.since_integrate = 0
+        self.integrate_s = 0.0
+        self.integrated = 0  # leaves, approximately (the server stream's few are not counted)
 
     def batch(self) -> tuple[str, list[dict[str, Any]]]:
         from sagaplane.chain import stamp
@@ -122,36 +157,47 @@ class Grower:
         for _ in range(BATCH):
             self.seqs[n] += 1
             seq = self.seqs[n]
-            phase, saga = (seq - 1) % 6, f"a{n}-{(seq - 1) // 6}"
+            phase, number = (seq - 1) % 6, (seq - 1) // 6
+            saga = f"a{n}-{number}"
             event = "SAGA_START" if phase == 0 else "SAGA_COMPLETE" if phase == 5 else "STEP_COMMITTED"
+            tool = "tool.rare" if phase == 4 and number % RARE_EVERY == 0 else f"tool.{phase % 3}"
             record = {
                 "seq": seq,
                 "ts": 1_700_000_000.0 + seq,
                 "event": event,
                 "saga_id": saga,
                 "step_id": f"{saga}-{phase}",
-                "tool": f"tool.{phase % 3}",
+                "tool": tool,
             }
             self.heads[n] = stamp(record, self.heads[n])
             records.append(record)
         return f"agent-{n}", records
 
-    def grow_to(self, size: int) -> float:
-        """Ingest until `size` records; records/s over the last 10% of the batches."""
+    def step(self) -> float:
+        """One batch through ingest (integrating every INTEGRATE_EVERY batches, not timed);
+        the seconds ingest took."""
         from audit import services
 
-        batches = max(1, (size - self.total) // BATCH)
-        tail_from = batches - max(1, batches // 10)
-        tail_start, tail_records = 0.0, 0
-        for i in range(batches):
-            stream, records = self.batch()
-            if i == tail_from:
-                tail_start = time.perf_counter()
-            services.ingest(self.tenant, stream, records, actor="bench")
-            if i >= tail_from:
-                tail_records += len(records)
-            self.total += len(records)
-        return round(tail_records / (time.perf_counter() - tail_start), 1)
+        stream, records = self.batch()
+        start = time.perf_counter()
+        services.ingest(self.tenant, stream, records, actor="bench")
+        took = time.perf_counter() - start
+        self.total += len(records)
+        self.since_integrate += 1
+        if self.since_integrate >= INTEGRATE_EVERY:
+            self.integrate()
+        return took
+
+    def integrate(self) -> float:
+        from transparency import services as transparency
+
+        start = time.perf_counter()
+        transparency.integrate_fully(self.tenant)
+        took = time.perf_counter() - start
+        self.integrate_s += took
+        self.integrated += self.since_integrate * BATCH
+        self.since_integrate = 0
+        return took
 
 
 def _api(client: Any, path: str, params: dict[str, Any], count: int) -> list[float]:
@@ -164,57 +210,346 @@ def _api(client: Any, path: str, params: dict[str, Any], count: int) -> list[flo
     return samples
 
 
-def _sizes_per_million(records: int) -> dict[str, float] | None:
+def _sizes(records: int) -> dict[str, Any] | None:
     from django.db import connection
 
     if connection.vendor != "postgresql":
         return None
-    out = {}
+    out: dict[str, Any] = {}
     with connection.cursor() as cursor:
         for table in TABLES:
-            cursor.execute("SELECT pg_total_relation_size(%s)", [table])
-            out[table] = round(cursor.fetchone()[0] / (records / 1_000_000) / 2**20, 1)  # MiB per million
+            cursor.execute("SELECT pg_table_size(%s), pg_indexes_size(%s)", [table, table])
+            table_bytes, index_bytes = cursor.fetchone()
+            per = records / 1_000_000
+            out[table] = {
+                "table_mib_per_million": round(table_bytes / per / 2**20, 1),
+                "index_mib_per_million": round(index_bytes / per / 2**20, 1),
+            }
+        cursor.execute("SELECT pg_database_size(current_database())")
+        out["database_gib"] = round(cursor.fetchone()[0] / 2**30, 2)
+    out["disk_free_gib"] = round(shutil.disk_usage("/").free / 2**30, 1)
     return out
 
 
-def rung(grower: Grower, size: int, client: Any, queries: int) -> dict[str, Any]:
+def _plans(tenant: Any) -> dict[str, list[str]] | None:
+    """EXPLAIN ANALYZE of the list's first page by a common and a rare tool, as the API runs it:
+    the runtime role, the tenant active (row-level security on)."""
     from django.db import connection
 
-    from transparency import services as transparency
-
-    rate = grower.grow_to(size)
-    start = time.perf_counter()
-    transparency.integrate_fully(grower.tenant)
-    integrate_s = time.perf_counter() - start
+    from sagas import selectors
     from tenants.scoping import tenant_context
-    from transparency.models import Checkpoint
 
-    with tenant_context(grower.tenant):
-        signed = Checkpoint.objects.order_by("-size").values_list("size", flat=True).first() or 0
-    leaves = [random.randrange(signed) for _ in range(queries)]
-    inclusion = []
-    for leaf in leaves:
-        inclusion += _api(client, "/api/v1/audit/proofs/inclusion", {"index": leaf}, 1)
-    consistency = []
-    for leaf in leaves:
-        consistency += _api(client, "/api/v1/audit/proofs/consistency", {"first": max(1, leaf)}, 1)
+    if connection.vendor != "postgresql":
+        return None
+    out = {}
+    with tenant_context(tenant):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_user")
+            role = cursor.fetchone()[0]
+        for tool in ("tool.1", "tool.rare"):
+            page = selectors.newest_first(selectors.with_step_tool(selectors.all_sagas(), tool))[:51]
+            out[f"tool={tool} (as {role})"] = page.explain(analyze=True, buffers=True).splitlines()
+    return out
+
+
+def _listing(client: Any, tenant: Any, queries: int) -> dict[str, float]:
+    from sagas.models import Saga
+    from tenants.scoping import tenant_context
+
+    with tenant_context(tenant):
+        newest = Saga.objects.order_by("-last_activity_at").values_list("last_activity_at", flat=True).first()
+    since = (newest.timestamp() - 3000) if newest else 0
     listing = {
         "all": _api(client, "/api/v1/sagas", {}, queries),
         "status=completed": _api(client, "/api/v1/sagas", {"status": "completed"}, queries),
+        "status=running": _api(client, "/api/v1/sagas", {"status": "running"}, queries),
         "tool=tool.1": _api(client, "/api/v1/sagas", {"tool": "tool.1"}, queries),
+        "tool=tool.rare": _api(client, "/api/v1/sagas", {"tool": "tool.rare"}, queries),
+        "tool=tool.1&status=completed": _api(
+            client, "/api/v1/sagas", {"tool": "tool.1", "status": "completed"}, queries
+        ),
+        "since=newest-3000s": _api(client, "/api/v1/sagas", {"since": str(since)}, queries),
     }
-    result = {
-        "records": grower.total,
-        "ingest_records_per_s": rate,
-        "integrate_s": round(integrate_s, 2),
+    pages = []
+    for _ in range(max(1, queries // 20)):
+        url = client.get("/api/v1/sagas").json()["next"]
+        for _ in range(20):
+            if not url:
+                break
+            start = time.perf_counter()
+            response = client.get(url)
+            pages.append(time.perf_counter() - start)
+            url = response.json()["next"]
+    listing["pages 2-21 by cursor"] = pages
+    return {name: _pct(samples, 0.95) for name, samples in listing.items() if samples}
+
+
+def _proofs(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
+    from tenants.scoping import tenant_context
+    from transparency.models import Checkpoint
+
+    with tenant_context(tenant):
+        signed = Checkpoint.objects.order_by("-size").values_list("size", flat=True).first() or 0
+    leaves = [random.randrange(signed) for _ in range(queries)]
+    inclusion: list[float] = []
+    consistency: list[float] = []
+    for leaf in leaves:
+        inclusion += _api(client, "/api/v1/audit/proofs/inclusion", {"index": leaf}, 1)
+    for leaf in leaves:
+        consistency += _api(client, "/api/v1/audit/proofs/consistency", {"first": max(1, leaf)}, 1)
+    return {
+        "signed_size": signed,
         "inclusion_ms": {"p50": _pct(inclusion, 0.5), "p99": _pct(inclusion, 0.99)},
         "consistency_ms": {"p50": _pct(consistency, 0.5), "p99": _pct(consistency, 0.99)},
-        "saga_list_p95_ms": {name: _pct(samples, 0.95) for name, samples in listing.items()},
-        "mib_per_million_records": _sizes_per_million(grower.total),
-        "database": connection.vendor,
     }
-    print(json.dumps(result), flush=True)
+
+
+def _export(tenant: Any, signed: int, tmp: str) -> dict[str, Any]:
+    """Build a WORM export of the newest EXPORT_WINDOW signed leaves; verify it offline."""
+    from sagaplane.export import verify_export
+
+    from tenants.scoping import tenant_context
+    from transparency import services
+    from transparency.models import Export
+    from transparency.storage import get_storage
+
+    first = max(0, signed - EXPORT_WINDOW)
+    export = services.request_export(tenant, actor="system:bench", first=first, end=signed)
+    start = time.perf_counter()
+    services.build_export(tenant, export.pk)
+    build_s = time.perf_counter() - start
+    with tenant_context(tenant):
+        stored = Export.objects.get(pk=export.pk)
+        vkey = services.current_verifier_keys()[0]
+    archive = Path(tmp) / "export.tar.gz"
+    with get_storage().open(stored.storage_name) as src:
+        archive.write_bytes(src.read())
+    start = time.perf_counter()
+    report = verify_export(str(archive), vkey)
+    verify_s = time.perf_counter() - start
+    archive.unlink()
+    return {
+        "leaves": signed - first,
+        "build_s": round(build_s, 2),
+        "build_records_per_s": round((signed - first) / build_s),
+        "verify_records_per_s": round(report.records / verify_s),
+        "archive_bytes": stored.size if hasattr(stored, "size") else None,
+    }
+
+
+def _analyze() -> None:
+    """ANALYZE the saga tables (as their owner), as autovacuum would have by now: growing a table
+    by a million rows in minutes outruns it, and stale statistics are not what a tenant meets."""
+    owner = os.environ.get("DATABASE_OWNER_URL", "")
+    if not owner:
+        return
+    import psycopg
+
+    with psycopg.connect(owner.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+        c.execute("ANALYZE sagas_saga, sagas_step")
+
+
+def measure(grower: Grower, client: Any, queries: int, tmp: str) -> dict[str, Any]:
+    from django.db import connection
+
+    load_before = _load()
+    _analyze()
+    integrate_s = grower.integrate()
+    proofs = _proofs(client, grower.tenant, queries)
+    result = {
+        "records": grower.total,
+        "integrate_rest_s": round(integrate_s, 2),
+        **proofs,
+        "saga_list_p95_ms": _listing(client, grower.tenant, queries),
+        "export": _export(grower.tenant, proofs["signed_size"], tmp),
+        "sizes": _sizes(grower.total),
+        "plans": _plans(grower.tenant),
+        "database": connection.vendor,
+        "load_average_before": load_before,
+        "load_average_after": _load(),
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "plans"}), flush=True)
     return result
+
+
+class Report:
+    """bench/results/scale(-quick).json, rewritten after every measurement (a run that stops
+    leaves what it measured); a continued run merges into what an earlier one wrote."""
+
+    def __init__(self, path: Path, keep: bool, quick: bool) -> None:
+        self.path = path
+        old = json.loads(path.read_text()) if keep and path.exists() else {}
+        self.data: dict[str, Any] = {
+            "benchmark": "scale",
+            "quick": quick,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "batch": BATCH,
+            "streams": STREAMS,
+            "curve": old.get("curve", []),
+            "rungs": old.get("rungs", []),
+            "tenants": old.get("tenants", {}),
+            "runs": old.get("runs", []),
+        }
+
+    def point(self, records: int, rate: float, mean: float, integrate_leaves_per_s: float | None) -> None:
+        self.data["curve"] = [p for p in self.data["curve"] if p["records"] != records]
+        self.data["curve"].append(
+            {
+                "records": records,
+                "ingest_records_per_s": rate,
+                "ingest_records_per_s_mean": mean,
+                "integrate_leaves_per_s": integrate_leaves_per_s,
+                "load_average": _load(),
+                "at": time.strftime("%H:%M:%S", time.gmtime()),
+            }
+        )
+        print(json.dumps(self.data["curve"][-1]), flush=True)
+        self.write()
+
+    def has_rung(self, records: int) -> bool:
+        return any(r["records"] == records for r in self.data["rungs"])
+
+    def rung(self, result: dict[str, Any]) -> None:
+        self.data["rungs"] = [r for r in self.data["rungs"] if r["records"] != result["records"]] + [result]
+        self.write()
+
+    def write(self) -> None:
+        curve = sorted(self.data["curve"], key=lambda p: p["records"])
+        self.data["curve"] = curve
+        rungs = sorted(self.data["rungs"], key=lambda r: r["records"])
+        self.data["rungs"] = rungs
+        first = curve[0]["ingest_records_per_s"] if curve else None
+        for p in curve:
+            p["ingest_ratio_to_first"] = round(p["ingest_records_per_s"] / first, 3) if first else None
+        if rungs:
+            last = rungs[-1]
+            self.data["targets"] = {
+                "ingest_ratio_last_to_first": {
+                    "want": f">= {TARGET_INGEST_RATIO}",
+                    "got": curve[-1]["ingest_ratio_to_first"] if curve else None,
+                    "at_records": curve[-1]["records"] if curve else None,
+                },
+                "proof_p99_ms": {
+                    "want": f"< {TARGET_PROOF_P99_MS}",
+                    "got": max(last["inclusion_ms"]["p99"], last["consistency_ms"]["p99"]),
+                },
+                "saga_list_p95_ms": {
+                    "want": f"< {TARGET_LIST_P95_MS}",
+                    "got": max(last["saga_list_p95_ms"].values()),
+                },
+            }
+        self.path.write_text(json.dumps(self.data, indent=2) + "\n")
+
+
+def _client_for(tenant: Any) -> Any:
+    from rest_framework.test import APIClient
+
+    from tenants import services as tenant_services
+
+    _, raw = tenant_services.create_api_key(tenant, name="bench", scopes=["ingest", "read"], actor="bench")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+def _tenant(slug: str) -> Any:
+    from tenants import services as tenant_services
+    from tenants.models import Tenant
+
+    found = Tenant.objects.filter(slug=slug).first()
+    return found or tenant_services.create_tenant(slug, slug.title(), f"owner@{slug}.example", actor="bench")
+
+
+def grow(
+    grower: Grower, sizes: list[int], points: list[int], report: Report, client: Any, queries: int, tmp: str
+) -> None:
+    """Grow to each size; the ingest rate at each of `points` (and each size); measure at each size."""
+    marks = sorted({*sizes, *points})
+    window: list[float] = []
+    for mark in marks:
+        integrated = (grower.integrate_s, grower.integrated)
+        grew = grower.total < mark
+        while grower.total < mark:
+            window = (window + [grower.step()])[-RATE_WINDOW:]
+        if grew:
+            seconds, leaves = grower.integrate_s - integrated[0], grower.integrated - integrated[1]
+            # The median batch: one batch slowed by a neighbour (or a checkpoint) does not move it.
+            rate = round(BATCH / sorted(window)[len(window) // 2], 1)
+            mean = round(len(window) * BATCH / sum(window), 1)
+            report.point(grower.total, rate, mean, round(leaves / seconds) if seconds else None)
+        if disk_guard(grower.total, max(sizes)):
+            report.data["stopped"] = f"disk: stopped at {grower.total:,} records, see sizes"
+            report.write()
+            raise SystemExit(2)
+        if mark in sizes and grower.total == mark and not report.has_rung(mark):
+            try:
+                report.rung(measure(grower, client, queries, tmp))
+            except Exception as error:  # a long run keeps growing; the report says what failed
+                report.data.setdefault("errors", []).append(f"rung {mark}: {error!r}"[:2000])
+                report.write()
+                print(f"rung {mark} failed: {error!r}", flush=True)
+
+
+def disk_guard(records: int, goal: int) -> bool:
+    """True when growing to `goal` at this database's bytes per record would leave < 15 GiB."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql" or records < 500_000:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_database_size(current_database())")
+        used = cursor.fetchone()[0]
+    need = used / records * (goal - records)
+    return shutil.disk_usage("/").free - need < 15 * 2**30
+
+
+def tenants_phase(count: int, per: int, report: Report, queries: int, big: Grower, big_client: Any) -> None:
+    """`count` tenants of `per` records each, resumable; ingest rate per block of 100 tenants."""
+    block_start, block_records = time.perf_counter(), 0
+    done = report.data["tenants"].setdefault("blocks", [])
+    for i in range(1, count + 1):
+        tenant = _tenant(f"mt{i:04d}")
+        grower = Grower(tenant)
+        while grower.total < per:
+            grower.step()
+            block_records += BATCH
+        if grower.since_integrate:
+            grower.integrate()
+        if i % 100 == 0 or i == count:
+            if block_records:
+                done.append(
+                    {
+                        "tenants": i,
+                        "records_per_s_incl_tenant_setup_and_integration": round(
+                            block_records / (time.perf_counter() - block_start), 1
+                        ),
+                        "load_average": _load(),
+                        "at": time.strftime("%H:%M:%S", time.gmtime()),
+                    }
+                )
+                print(json.dumps(done[-1]), flush=True)
+                report.write()
+            block_start, block_records = time.perf_counter(), 0
+    sample = _tenant(f"mt{count:04d}")
+    client = _client_for(sample)
+    report.data["tenants"].update(
+        {
+            "count": count,
+            "records_each": per,
+            "sample_tenant": {
+                **_proofs(client, sample, queries),
+                "saga_list_p95_ms": _listing(client, sample, queries),
+            },
+            "big_tenant_beside_them": {
+                "records": big.total,
+                **_proofs(big_client, big.tenant, queries),
+                "saga_list_p95_ms": _listing(big_client, big.tenant, queries),
+            },
+            "sizes": _sizes(big.total + count * per),
+            "load_average": _load(),
+        }
+    )
+    report.write()
 
 
 def main() -> int:
@@ -223,31 +558,44 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--sizes", help="comma-separated record counts (default 100000,1000000,10000000)")
+    parser.add_argument("--points", help="extra record counts for the ingest-rate curve only")
+    parser.add_argument("--tenants", type=int, help="phase 2: this many tenants (full default 1000)")
+    parser.add_argument("--per-tenant", type=int, default=10_000)
+    parser.add_argument("--data-dir", default="/tmp/sagaplane-bench-scale", help="kept between full runs")
+    parser.add_argument("--drop", action="store_true", help="drop the database when done")
     args = parser.parse_args()
     sizes = (
         [int(s) for s in args.sizes.split(",")]
         if args.sizes
         else ([2_000, 6_000] if args.quick else [100_000, 1_000_000, 10_000_000])
     )
+    points = (
+        [int(s) for s in args.points.split(",")]
+        if args.points
+        else ([] if args.quick else [300_000, 2_000_000, 3_000_000, 5_000_000, 7_000_000])
+    )
+    tenants = args.tenants if args.tenants is not None else (3 if args.quick else 1000)
+    per = 1000 if args.quick else args.per_tenant
     queries = 10 if args.quick else 200
-    database = _own_database()
-    with tempfile.TemporaryDirectory(prefix="sagaplane-bench-scale-") as data_dir:
+    database = _own_database(fresh=args.quick)
+    name = "scale-quick.json" if args.quick else "scale.json"
+    report = Report(ROOT / "bench" / "results" / name, keep=not args.quick, quick=args.quick)
+    report.data["runs"].append(
+        {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "load_average": _load()}
+    )
+    with tempfile.TemporaryDirectory(prefix="sagaplane-bench-scale-") as tmp:
+        data_dir = tmp if args.quick else args.data_dir
+        os.makedirs(data_dir, exist_ok=True)
         try:
             _setup(data_dir, database)
-            from rest_framework.test import APIClient
-
-            from tenants import services as tenant_services
-
-            tenant = tenant_services.create_tenant("scale", "Scale", "owner@scale.example", actor="bench")
-            _, raw = tenant_services.create_api_key(
-                tenant, name="bench", scopes=["ingest", "read"], actor="bench"
-            )
-            client = APIClient()
-            client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+            tenant = _tenant("scale")
+            client = _client_for(tenant)
             grower = Grower(tenant)
-            rungs = [rung(grower, size, client, queries) for size in sizes]
+            grow(grower, sizes, points, report, client, queries, tmp)
+            if tenants:
+                tenants_phase(tenants, per, report, queries, grower, client)
         finally:
-            if database:
+            if database and (args.quick or args.drop):
                 from django.db import connections
 
                 for connection in connections.all():
@@ -255,38 +603,9 @@ def main() -> int:
                         connection.close_pool()  # the runtime role's pooled sessions
                 connections.close_all()
                 _drop(database[1], database[2])
-    first = rungs[0]["ingest_records_per_s"]
-    for r in rungs:
-        r["ingest_ratio_to_first"] = round(r["ingest_records_per_s"] / first, 3)
-    last = rungs[-1]
-    report = {
-        "benchmark": "scale",
-        "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "batch": BATCH,
-        "streams": STREAMS,
-        "rungs": rungs,
-        "targets": {
-            "ingest_ratio_last_to_first": {
-                "want": f">= {TARGET_INGEST_RATIO}",
-                "got": last["ingest_ratio_to_first"],
-            },
-            "proof_p99_ms": {
-                "want": f"< {TARGET_PROOF_P99_MS}",
-                "got": max(last["inclusion_ms"]["p99"], last["consistency_ms"]["p99"]),
-            },
-            "saga_list_p95_ms": {
-                "want": f"< {TARGET_LIST_P95_MS}",
-                "got": max(last["saga_list_p95_ms"].values()),
-            },
-        },
-    }
-    name = "scale-quick.json" if args.quick else "scale.json"
-    out = ROOT / "bench" / "results" / name
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    ratio, first_size = last["ingest_ratio_to_first"], rungs[0]["records"]
-    print(f"ingest at {last['records']:,} records: {ratio}x the rate at {first_size:,}")
-    print(f"wrote {out.relative_to(ROOT)}")
+    report.data["runs"][-1]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    report.write()
+    print(f"wrote {report.path.relative_to(ROOT)}")
     return 0
 
 

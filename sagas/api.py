@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers
+from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -16,6 +20,7 @@ from rest_framework.views import APIView
 from audit import selectors as audit_selectors
 from audit.jsonvalues import served
 from controlplane.errors import DomainError
+from controlplane.pagination import MAX_LIMIT
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from sagas.services import mask_credentials
@@ -73,11 +78,87 @@ def _since(value: str) -> datetime:
     return parse_moment(value, "since")
 
 
+PAGE_SIZE = 50
+_BIGINT = 2**63 - 1
+
+
+def _cursor_of(saga: Saga) -> str:
+    moment = saga.last_activity_at.isoformat() if saga.last_activity_at is not None else "-"
+    return base64.urlsafe_b64encode(f"{moment}|{saga.pk}".encode()).decode().rstrip("=")
+
+
+def _position(cursor: str) -> tuple[datetime | None, int]:
+    """(last activity, id) of the saga a cursor was made from; anything else is a 400."""
+    bad = DomainError(400, "invalid", "cursor: a `next` link's cursor, unchanged", field="cursor")
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        moment, _, pk_text = text.rpartition("|")
+        pk = int(pk_text)
+        when = None if moment == "-" else datetime.fromisoformat(moment)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise bad from None
+    if not 0 < pk <= _BIGINT or (when is not None and when.tzinfo is None):
+        raise bad
+    return when, pk
+
+
+class SagaKeysetPagination(BasePagination):
+    """Pages of the saga list by keyset: `next` carries the (last activity, id) of the page's last
+    saga and the next page is the index range after it, so page 1,000 costs what page 1 costs and
+    no page counts the tenant's sagas (a COUNT, like a deep OFFSET, grows with the tenant).
+    `limit` as before (default 50, at most 500); `offset` is refused (400) rather than ignored,
+    so a client still paging by offset cannot loop on the first page forever."""
+
+    def paginate_queryset(self, queryset: Any, request: Any, view: Any = None) -> list[Any]:
+        params = request.query_params
+        if "offset" in params:
+            raise DomainError(
+                400, "invalid", "offset: the saga list pages by `cursor` (follow `next`)", field="offset"
+            )
+        try:
+            limit = min(max(int(params.get("limit", PAGE_SIZE)), 1), MAX_LIMIT)
+        except ValueError:
+            limit = PAGE_SIZE
+        if params.get("cursor"):
+            queryset = selectors.after(queryset, *_position(params["cursor"]))
+        rows = list(queryset[: limit + 1])
+        self._next = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            self._next = request.build_absolute_uri("?" + _with(params, cursor=_cursor_of(rows[-1])))
+        return rows
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"next": self._next, "results": data})
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["next", "results"],
+            "properties": {
+                "next": {"type": "string", "nullable": True, "format": "uri"},
+                "results": schema,
+            },
+        }
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        return [
+            {"name": "limit", "required": False, "in": "query", "schema": {"type": "integer"}},
+            {"name": "cursor", "required": False, "in": "query", "schema": {"type": "string"}},
+        ]
+
+
+def _with(params: Any, **override: str) -> str:
+    return urlencode({**{k: params.get(k) for k in params}, **override})
+
+
 class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
-    """Sagas, most recently active first. `status` filters on the effective status (a running saga
-    whose lease lapsed is `orphaned`), `tool` on any step's tool, `since` on last activity."""
+    """Sagas, most recently active first, paged by `cursor` (follow `next`). `status` filters on the
+    effective status (a running saga whose lease lapsed is `orphaned`), `tool` on any step's tool,
+    `since` on last activity."""
 
     serializer_class = SagaSerializer
+    pagination_class = SagaKeysetPagination
     access = {"GET": READ}
 
     @extend_schema(
@@ -108,7 +189,7 @@ class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
             sagas = selectors.with_step_tool(sagas, params["tool"])
         if params.get("since"):
             sagas = sagas.filter(last_activity_at__gte=_since(params["since"]))
-        return sagas.order_by("-last_activity_at", "-pk")
+        return selectors.newest_first(sagas)
 
 
 class SagaDetailView(TenantScopedViewMixin, APIView):

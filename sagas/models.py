@@ -61,9 +61,12 @@ class Saga(TenantScopedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "saga_id"], name="saga_id_per_tenant")]
+        # The list's order is (last activity, id) newest first and it pages by keyset on that pair
+        # (sagas.api), so each index ends with it: a page is one index range, whatever the
+        # tenant's size, unfiltered (`activity`) or filtered by recorded status (`status`).
         indexes = [
-            models.Index(fields=["tenant", "status"], name="sagas_saga_status"),
-            models.Index(fields=["tenant", "last_activity_at"], name="sagas_saga_activity"),
+            models.Index(fields=["tenant", "status", "last_activity_at", "id"], name="sagas_saga_status_act"),
+            models.Index(fields=["tenant", "last_activity_at", "id"], name="sagas_saga_activity_id"),
         ]
 
     def effective_status(self, now: datetime | None = None) -> str:
@@ -90,4 +93,6 @@ class Step(TenantScopedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["saga", "step_id"], name="step_id_per_saga")]
-        indexes = [models.Index(fields=["tenant", "tool"], name="sagas_step_tool")]
+        # (tenant, tool, saga): the sagas that used a tool, from the index alone (the list's tool
+        # filter is an EXISTS on steps; per saga it probes `step_id_per_saga`).
+        indexes = [models.Index(fields=["tenant", "tool", "saga"], name="sagas_step_tool_saga")]
