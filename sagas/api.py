@@ -20,7 +20,6 @@ from rest_framework.views import APIView
 from audit import selectors as audit_selectors
 from audit.jsonvalues import served
 from controlplane.errors import DomainError
-from controlplane.pagination import MAX_LIMIT
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from sagas.services import mask_credentials
@@ -79,6 +78,7 @@ def _since(value: str) -> datetime:
 
 
 PAGE_SIZE = 50
+MAX_LIMIT = 500  # the bound of the other lists (controlplane.pagination, a layer above this app)
 _BIGINT = 2**63 - 1
 
 

@@ -103,6 +103,9 @@ def test_a_page_beyond_any_number_the_database_holds_is_served(
     alice: Person, url: str, params: dict[str, str]
 ) -> None:
     response = alice.session_client().get(url, params)
+    if url == "/api/v1/sagas" and "offset" in params:  # it pages by keyset: `offset` is refused
+        assert response.status_code == 400 and response.json()["field"] == "offset"
+        return
     assert response.status_code == 200, response.content
     assert isinstance(response.json()["results"], list)
 
