@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from audit import services
 from audit.models import Record, Redaction, Stream
+from controlplane import timing
 from controlplane.errors import DomainError
 from tenants.access import ERASE, INGEST, READ
 from tenants.permissions import TenantScopedViewMixin
@@ -136,8 +137,9 @@ class StreamRecordsView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request, stream_id: str) -> Response:
-        body = read_json_body(request)
-        records = records_from_body(body)
+        with timing.phase("parse"):
+            body = read_json_body(request)
+            records = records_from_body(body)
         named = body.get("stream")
         if named is not None and named != stream_id:
             raise DomainError(

@@ -54,6 +54,7 @@ from audit.models import (
     StreamKind,
     TenantLog,
 )
+from controlplane import timing
 from controlplane.errors import DomainError
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -414,37 +415,50 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
     locked, so the section that serialises a tenant's ingests is a few set-based statements."""
     now = timezone.now()
     stream_name = stream.stream_id
-    rows = [
-        bulk.StoredRow(
-            tenant.pk,
-            stream,
-            position,
-            rec.seq,
-            float(rec.ts),
-            repr(rec.ts),  # == json.dumps for the int or finite float parse_batch admits
-            index_text(rec.event),
-            rec.cd,
-            rec.ph,
-            rec.h,
-            index_text(rec.business.get("saga_id") or ""),
-            index_text(rec.business.get("step_id") or ""),
-            index_text(rec.business.get("tool") or ""),
-            index_text(rec.redacted),
-            leaf_hash(leaf_data(stream_name, position, rec.h)),
-            # ASCII JSON: any string (NUL, any code point), NaN, Infinity and any int, exactly.
-            None if rec.redacted else json.dumps(rec.business),
-            rec.salt,
-            _verbatim(rec),
+    with timing.phase("rows"):  # leaf hashes, payload JSON: no lock, no statement
+        rows = [
+            bulk.StoredRow(
+                tenant.pk,
+                stream,
+                position,
+                rec.seq,
+                float(rec.ts),
+                repr(rec.ts),  # == json.dumps for the int or finite float parse_batch admits
+                index_text(rec.event),
+                rec.cd,
+                rec.ph,
+                rec.h,
+                index_text(rec.business.get("saga_id") or ""),
+                index_text(rec.business.get("step_id") or ""),
+                index_text(rec.business.get("tool") or ""),
+                index_text(rec.redacted),
+                leaf_hash(leaf_data(stream_name, position, rec.h)),
+                # ASCII JSON: any string (NUL, any code point), NaN, Infinity and any int, exactly.
+                None if rec.redacted else json.dumps(rec.business),
+                rec.salt,
+                _verbatim(rec),
+            )
+            for rec, position in plan.new
+        ]
+        appended = hooks.AppendedRecords(
+            tenant, stream_name, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
         )
-        for rec, position in plan.new
-    ]
-    appended = hooks.AppendedRecords(
-        tenant, stream_name, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
-    )
-    # No lock needed yet (same transaction): header ids and payloads; subscribers read and fold
-    # now too (the saga projection, on Postgres), and re-check under the lock before they write.
-    bulk.prepare_records(rows)
-    on_stored = hooks.records_appending(appended)
+    with timing.phase("insert"):
+        # No lock needed yet (same transaction): header ids and payloads; subscribers read and fold
+        # now too (the saga projection, on Postgres), and re-check under the lock before they write.
+        bulk.prepare_records(rows)
+    with timing.phase("projection"):
+        on_stored = hooks.records_appending(appended)
+    with timing.phase("insert"):
+        base = _append(tenant, stream, now, rows, plan)
+    with timing.phase("projection"):
+        hooks.records_stored(appended, on_stored, base)
+    return rows
+
+
+def _append(tenant: Tenant, stream: Stream, now: Any, rows: list[bulk.StoredRow], plan: _Plan) -> int:
+    """Under the tenant log lock: leaf indices, headers, payloads, the stream head; returns the
+    first leaf index."""
     base = bulk.lock_and_append(tenant.pk, stream, now, rows) if bulk.is_postgres() else None
     if base is None and bulk.is_postgres():
         _lock_log(tenant)  # the tenant's first records: create its log row
@@ -459,12 +473,12 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
         )
         stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
         TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
-    hooks.records_stored(appended, on_stored, base)
-    return rows
+    return base
 
 
 def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:
-    plan = _plan(stream, batch)
+    with timing.phase("verify"):
+        plan = _plan(stream, batch)
     stored = _store(tenant, stream, plan) if plan.new else []
     return IngestResult(
         stream.stream_id, len(plan.new), plan.duplicates, stream.head_seq, stream.head_hash, stored
@@ -510,7 +524,8 @@ def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: str) -> Inges
     Raises IngestRefused: 400 malformed (field named), 403 reserved stream, 409 equivocation (an
     EquivocationAttempt row is kept), 422 chain broken (seq, index, reason)."""
     validate_stream_id(stream_id)
-    batch = parse_batch(records)
+    with timing.phase("parse"):
+        batch = parse_batch(records)
     refused: IngestRefused | None = None
     with tenant_context(tenant):
         try:

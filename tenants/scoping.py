@@ -66,10 +66,12 @@ def activate(tenant: Tenant) -> contextvars.Token:
     return token
 
 
-def deactivate(token: contextvars.Token) -> None:
+def deactivate(token: contextvars.Token, *, transaction_ends: bool = False) -> None:
+    """Undo `activate`. `transaction_ends`: the caller's transaction commits or rolls back right
+    after (its outermost block), which ends the SET LOCAL by itself: no statement to undo it."""
     _current_tenant.reset(token)
     previous = _current_tenant.get()
-    if connection.in_atomic_block:
+    if connection.in_atomic_block and not transaction_ends:
         _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
 
 
@@ -77,12 +79,61 @@ def deactivate(token: contextvars.Token) -> None:
 def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
     """Run a block as `tenant`, in one transaction. The way Celery tasks, management commands
     and tests enter a tenant; views get it from the mixin."""
+    outermost = not connection.in_atomic_block
     with transaction.atomic():
         token = activate(tenant)
         try:
             yield tenant
         finally:
-            deactivate(token)
+            deactivate(token, transaction_ends=outermost)
+
+
+@contextmanager
+def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
+    """Run a block as `tenant` with no transaction of its own (Postgres; hot read paths whose
+    statements need no common snapshot, such as a proof): every statement carries the RLS
+    setting in its own round-trip, as `SELECT set_config(..., true); <statement>` in one
+    simple-protocol message. Postgres runs such a message in order as one implicit transaction
+    (or inside the caller's), so the statement runs as the tenant and the setting ends with it:
+    nothing for a BEGIN, a SET or a COMMIT to do. A statement that cannot carry it (not psycopg's
+    client-side binding cursor, Django's default; an executemany) gets the setting as a statement
+    of its own inside a transaction, and is refused outside one (it would run with no tenant).
+    On SQLite this is `tenant_context`."""
+    if not _is_postgres():
+        with tenant_context(tenant):
+            yield tenant
+        return
+    import psycopg
+
+    prefix = f"SELECT set_config('{TENANT_SETTING}', '{int(tenant.pk)}', true); "
+    sent_in_transaction = False
+
+    def carry_tenant(
+        execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+    ) -> Any:
+        nonlocal sent_in_transaction
+        raw = context["cursor"].cursor
+        in_transaction = connection.in_atomic_block
+        sent_in_transaction = sent_in_transaction or in_transaction
+        if many or not isinstance(raw, psycopg.ClientCursor):
+            if not in_transaction:
+                raise TenantScopeError("this statement cannot carry the tenant: run it in a transaction")
+            raw.execute(prefix)
+            return execute(sql, params, many, context)
+        result = execute(prefix + sql, params, many, context)
+        raw.nextset()  # the statement's own result, not set_config's
+        return result
+
+    token = _current_tenant.set(tenant)
+    try:
+        with connection.execute_wrapper(carry_tenant):
+            yield tenant
+    finally:
+        _current_tenant.reset(token)
+        if sent_in_transaction and connection.in_atomic_block:
+            # A caller's transaction (a test's) would keep the SET LOCAL after the block.
+            previous = _current_tenant.get()
+            _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
 
 
 @contextmanager

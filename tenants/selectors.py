@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from tenants import rls, scoping
-from tenants.models import ApiKey, Membership, Tenant
+from tenants.models import ApiKey, Membership, Tenant, hash_api_key
 
 # The two questions about tenants that must cross them (tenants/rls.py): SECURITY DEFINER
 # functions on Postgres, each answering only its question.
@@ -15,6 +16,22 @@ _API_KEY_TENANT = rls.cross_tenant_function(
     arguments="wanted_prefix text",
     returns="TABLE (tenant_id bigint)",
     body=f"SELECT tenant_id FROM {ApiKey._meta.db_table} WHERE prefix = wanted_prefix",
+)
+# Authentication's one statement on Postgres: the key and its tenant, for a presented key's prefix
+# AND hash (so the function never hands out a hash, or anything at all, for a prefix alone).
+_API_KEY_COLUMNS = tuple(f.attname for f in ApiKey._meta.concrete_fields)  # column == attname
+_TENANT_COLUMNS = tuple(f.attname for f in Tenant._meta.concrete_fields)
+_API_KEY_AUTH = rls.cross_tenant_function(
+    "sagaplane_api_key_auth",
+    arguments="wanted_prefix text, presented_hash text",
+    returns="TABLE (id bigint, tenant_id bigint, name varchar, prefix varchar, key_hash varchar, "
+    "scopes text, created_at timestamptz, created_by_id bigint, expires_at timestamptz, "
+    "revoked_at timestamptz, last_used_at timestamptz, "
+    "t_id bigint, t_slug varchar, t_name varchar, t_created_at timestamptz)",
+    body=f"SELECT {', '.join('k.' + c + ('::text' if c == 'scopes' else '') for c in _API_KEY_COLUMNS)}, "
+    f"{', '.join('t.' + c for c in _TENANT_COLUMNS)} "
+    f"FROM {ApiKey._meta.db_table} k JOIN {Tenant._meta.db_table} t ON t.id = k.tenant_id "
+    "WHERE k.prefix = wanted_prefix AND k.key_hash = presented_hash",
 )
 _MEMBERSHIP_COLUMNS = ("id", "tenant_id", "role", "created_at")
 _MEMBERSHIPS_OF = rls.cross_tenant_function(
@@ -38,6 +55,39 @@ def tenant_of_api_key(prefix: str) -> Tenant | None:
         with scoping.dangerously_bypass_orm_scope():
             tenant_ids = list(ApiKey.objects.filter(prefix=prefix).values_list("tenant_id", flat=True))
     return Tenant.objects.filter(pk=tenant_ids[0]).first() if tenant_ids else None
+
+
+def api_key_and_tenant(prefix: str, raw_key: str) -> tuple[ApiKey, Tenant] | None:
+    """The API key `raw_key` (whose prefix is `prefix`) and its tenant, read fresh (a revoked key
+    is refused on the next request), or None when no key has that prefix and secret. Postgres:
+    one statement (a cross-tenant function matching prefix and hash together); SQLite: the
+    tenant's question, then the key read inside the tenant."""
+    if not _KEY_PREFIX.fullmatch(prefix):
+        return None
+    presented = hash_api_key(raw_key)
+    if rls.enforces_rls():
+        rows = _API_KEY_AUTH.rows(prefix, presented)
+        if not rows:
+            return None
+        row = rows[0]
+        n = len(_API_KEY_COLUMNS)
+        values = dict(zip(_API_KEY_COLUMNS, row[:n], strict=True))
+        values["scopes"] = json.loads(values["scopes"])
+        tenant = Tenant.from_db("default", list(_TENANT_COLUMNS), list(row[n:]))
+        fields = ApiKey._meta.concrete_fields
+        api_key = ApiKey.from_db("default", [f.attname for f in fields], [values[f.attname] for f in fields])
+        api_key.tenant = tenant
+        return api_key, tenant
+    of_key = tenant_of_api_key(prefix)
+    if of_key is None:
+        return None
+    tenant = of_key
+    with scoping.tenant_context(tenant):
+        found = ApiKey.objects.filter(prefix=prefix).first()
+    if found is None:
+        return None
+    found.tenant = tenant
+    return found, tenant
 
 
 def memberships_of(user: Any) -> list[Membership]:

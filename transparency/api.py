@@ -59,6 +59,8 @@ class LogView(TenantScopedViewMixin, APIView):
 class CheckpointView(LogView):
     """The latest signed checkpoint (C2SP signed note), as text/plain."""
 
+    statement_scoped = True  # reads only; nodes never change, checkpoints only grow
+
     @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
     def get(self, request: Request) -> HttpResponse:
         checkpoint = proofs.latest_checkpoint()
@@ -87,6 +89,8 @@ class KeyView(LogView):
 class InclusionProofView(LogView):
     """RFC 9162 inclusion proof of leaf `index` in the tree of `size` (default: latest checkpoint)."""
 
+    statement_scoped = True  # reads only; nodes never change, checkpoints only grow
+
     @extend_schema(
         parameters=[OpenApiParameter("index", int, required=True), OpenApiParameter("size", int)],
         responses=PROOF_SCHEMA,
@@ -108,6 +112,8 @@ class InclusionProofView(LogView):
 
 class ConsistencyProofView(LogView):
     """RFC 9162 consistency proof between tree sizes `first` and `second` (default: latest)."""
+
+    statement_scoped = True  # reads only; nodes never change, checkpoints only grow
 
     @extend_schema(
         parameters=[OpenApiParameter("first", int, required=True), OpenApiParameter("second", int)],

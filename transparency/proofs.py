@@ -1,11 +1,14 @@
 """Reads of the log: the latest checkpoint, proofs and tiles, all from stored perfect nodes.
 
 A proof is planned first (which perfect nodes it needs, via a dry run of the SDK's own proof
-functions), fetched with one indexed query, then computed: O(log n) rows, no leaf scan."""
+functions), fetched with one indexed query, then computed: O(log n) rows, no leaf scan. On
+Postgres that one query also reads the latest signed checkpoint's size (which a proof must not
+exceed), so a proof is one statement (`_one_statement`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.db import connection
 from sagaplane import merkle
@@ -44,15 +47,47 @@ class StoredNodes:
             self._hashes[(node.level, node.index)] = node.hash
 
     def prefetch(self, keys: Iterable[tuple[int, int]]) -> None:
-        """Fetch every missing node in one statement per chunk: a UNION ALL of point lookups, so
-        each arm uses the (tenant, level, index) unique index on SQLite and Postgres alike (an OR
-        or row-value IN lets SQLite's planner fall back to a scan of the tenant's nodes)."""
+        """Fetch every missing node in one statement (per chunk on SQLite)."""
+        self.fetch(keys, with_latest=False)
+
+    def fetch(self, keys: Iterable[tuple[int, int]], *, with_latest: bool) -> int | None:
+        """Fetch the missing nodes; `with_latest` (Postgres only): in the same statement, the
+        size of the latest signed checkpoint (returned; None when there is none).
+
+        Postgres: one index probe per wanted node, joined to `unnest` of the wanted (level, index)
+        arrays, so the statement's text (and its planning) does not grow with the proof. SQLite: a
+        UNION ALL of point lookups, so each arm uses the (tenant, level, index) unique index (an
+        OR or row-value IN lets SQLite's planner fall back to a scan of the tenant's nodes)."""
         missing = list(dict.fromkeys(k for k in keys if k not in self._hashes))
-        if not missing:
-            return
+        if not missing and not with_latest:
+            return None
         tenant_id = current_tenant().pk
         table = connection.ops.quote_name(TreeNode._meta.db_table)
         column = connection.ops.quote_name("index")
+        if connection.vendor == "postgresql":
+            sql = (
+                f"SELECT level, {column}, hash FROM {table} WHERE tenant_id = %s AND (level, {column}) IN "
+                "(SELECT * FROM unnest(%s::smallint[], %s::bigint[]))"
+            )
+            params: list[Any] = [tenant_id, [k[0] for k in missing], [k[1] for k in missing]]
+            if with_latest:
+                checkpoints = connection.ops.quote_name(Checkpoint._meta.db_table)
+                sql += (
+                    f" UNION ALL (SELECT -1, size, NULL FROM {checkpoints} WHERE tenant_id = %s "
+                    "ORDER BY id DESC LIMIT 1)"
+                )
+                params.append(tenant_id)
+            latest = None
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                for level, index, digest in cursor.fetchall():
+                    if level < 0:
+                        latest = index
+                    else:
+                        self._hashes[(level, index)] = bytes(digest)
+            return latest
+        if with_latest:
+            raise NotImplementedError("the latest size beside the nodes is a Postgres statement")
         arm = (
             f"SELECT level, {column}, hash FROM {table} WHERE tenant_id = %s AND level = %s AND {column} = %s"
         )
@@ -65,6 +100,7 @@ class StoredNodes:
                 )
                 for level, index, digest in cursor.fetchall():
                     self._hashes[(level, index)] = bytes(digest)
+        return None
 
     def subtree_hash(self, level: int, index: int) -> bytes:
         key = (level, index)
@@ -76,10 +112,10 @@ class StoredNodes:
             raise merkle.TreeRangeError(f"tree node ({level}, {index}) is not stored") from None
 
 
-def _planned_source(
+def _plan(
     fn: Callable[..., list[bytes]], *args: int, extra: Iterable[tuple[int, int]] = ()
-) -> StoredNodes:
-    """Dry-run a proof function to learn which nodes it reads, and fetch them in one go."""
+) -> list[tuple[int, int]]:
+    """Dry-run a proof function to learn which nodes it reads."""
     wanted: list[tuple[int, int]] = list(extra)
 
     def record(level: int, index: int) -> bytes:
@@ -87,8 +123,15 @@ def _planned_source(
         return _PLACEHOLDER
 
     fn(record, *args)
+    return wanted
+
+
+def _planned_source(
+    fn: Callable[..., list[bytes]], *args: int, extra: Iterable[tuple[int, int]] = ()
+) -> StoredNodes:
+    """Dry-run a proof function to learn which nodes it reads, and fetch them in one go."""
     nodes = StoredNodes()
-    nodes.prefetch(wanted)
+    nodes.prefetch(_plan(fn, *args, extra=extra))
     return nodes
 
 
@@ -100,9 +143,46 @@ def latest_checkpoint() -> Checkpoint | None:
     return Checkpoint.objects.order_by("-id").first()
 
 
+# Per process: the size of each tenant's latest signed checkpoint as last seen. Only a guess to
+# plan a proof by before the checkpoint is read: the proof's one statement reads the real latest
+# size beside the nodes, and a guess found stale (a newer checkpoint was signed since) is replaced
+# and the proof redone. Nothing is answered from it unchecked.
+_latest_size_seen: dict[int, int] = {}
+
+
+def _one_statement(
+    fn: Callable[..., list[bytes]],
+    size: int | None,
+    plan_args: Callable[[int], tuple[int, ...]],
+    fits: Callable[[int], bool],
+    extra: Callable[[int], list[tuple[int, int]]] = lambda _: [],
+) -> tuple[int, StoredNodes] | None:
+    """Postgres: plan against `size` (or the latest size last seen), fetch its nodes and the
+    latest signed size in one statement. None when that does not answer (SQLite, nothing seen
+    yet, parameters that do not fit the size, a size beyond the signed tree, a stale guess): the
+    caller's two-statement path answers, and words every refusal."""
+    if connection.vendor != "postgresql":
+        return None
+    tenant_id = current_tenant().pk
+    target = size if size is not None else _latest_size_seen.get(tenant_id)
+    if target is None or not fits(target):
+        return None
+    nodes = StoredNodes()
+    latest = nodes.fetch(_plan(fn, *plan_args(target), extra=extra(target)), with_latest=True)
+    if latest is None:
+        _latest_size_seen.pop(tenant_id, None)
+        return None
+    _latest_size_seen[tenant_id] = latest
+    if target > latest or (size is None and target != latest):
+        return None
+    return target, nodes
+
+
 def _limit(size: int | None, field: str) -> int:
     latest = latest_checkpoint()
     signed = latest.size if latest is not None else 0
+    if latest is not None and connection.vendor == "postgresql":
+        _latest_size_seen[current_tenant().pk] = signed
     if size is None:
         return signed
     if size > signed:
@@ -116,16 +196,32 @@ def _limit(size: int | None, field: str) -> int:
 
 def inclusion(index: int, size: int | None = None) -> tuple[int, list[bytes], bytes]:
     """(size, audit path leaf-side first, leaf hash) for leaf `index` in the tree of `size`."""
-    size = _limit(size, "size")
-    if index < 0 or index >= size:
-        raise ProofRequestError(
-            "index", f"index {index} is not a leaf of a tree of size {size}", "out_of_range"
-        )
-    nodes = _planned_source(merkle.inclusion_proof, index, size, extra=[(0, index)])
+    fast = _one_statement(
+        merkle.inclusion_proof,
+        size,
+        lambda target: (index, target),
+        lambda target: 0 <= index < target,
+        lambda _: [(0, index)],
+    )
+    if fast is not None:
+        size, nodes = fast
+    else:
+        size = _limit(size, "size")
+        if index < 0 or index >= size:
+            raise ProofRequestError(
+                "index", f"index {index} is not a leaf of a tree of size {size}", "out_of_range"
+            )
+        nodes = _planned_source(merkle.inclusion_proof, index, size, extra=[(0, index)])
     return size, merkle.inclusion_proof(nodes, index, size), nodes.subtree_hash(0, index)
 
 
 def consistency(first: int, second: int | None = None) -> tuple[int, list[bytes]]:
+    fast = _one_statement(
+        merkle.consistency_proof, second, lambda target: (first, target), lambda target: 1 <= first <= target
+    )
+    if fast is not None:
+        second, nodes = fast
+        return second, merkle.consistency_proof(nodes, first, second)
     second = _limit(second, "second")
     if first < 1:
         raise ProofRequestError("first", "first must be at least 1 (every tree extends the empty one)")

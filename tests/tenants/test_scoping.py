@@ -13,6 +13,7 @@ from tenants.scoping import (
     dangerously_bypass_orm_scope,
     tenant_context,
     tenant_scoped_models,
+    tenant_statements,
 )
 from tests.conftest import Person
 
@@ -159,3 +160,52 @@ def test_runtime_role_cannot_change_rls_or_the_functions(db: None) -> None:
     for role in (settings.DATABASE_OWNER["USER"], "postgres"):
         assert _refused(f"SET ROLE {role}") == "42501"
         assert _refused(f"SET SESSION AUTHORIZATION {role}") == "42501"
+
+
+def _setting() -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('sagaplane.tenant_id', true)")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgres
+def test_statement_scoped_block_sees_its_tenant_in_autocommit_and_nothing_after(
+    transactional_db: None, tenant_a: Tenant, tenant_b: Tenant, alice: Person, carol: Person
+) -> None:
+    # No transaction around it: every statement must carry the setting itself.
+    assert not connection.in_atomic_block
+    with tenant_statements(tenant_b):
+        assert _raw_count(ApiKey._meta.db_table, tenant_b) >= 1  # b's own rows (the control)
+        for table in _tables():
+            assert _raw_count(table, tenant_a) == 0, table
+        assert _setting() == str(tenant_b.pk)
+        assert ApiKey.objects.count() == _raw_count(ApiKey._meta.db_table, tenant_b)  # the ORM too
+    # The setting ended with each statement: after the block, no tenant.
+    assert _setting() in ("", None)
+    assert _raw_count(ApiKey._meta.db_table, tenant_b) == 0
+
+
+@pytest.mark.postgres
+def test_statement_scoped_block_in_a_transaction_leaves_no_setting_behind(
+    tenant_a: Tenant, alice: Person
+) -> None:
+    assert connection.in_atomic_block  # the test's own transaction
+    with tenant_statements(tenant_a):
+        assert _raw_count(ApiKey._meta.db_table, tenant_a) >= 1
+    assert _setting() in ("", None)
+    assert _raw_count(ApiKey._meta.db_table, tenant_a) == 0
+
+
+@pytest.mark.postgres
+def test_a_statement_that_cannot_carry_the_tenant_is_refused_outside_a_transaction(
+    transactional_db: None, tenant_a: Tenant, alice: Person
+) -> None:
+    from audit.bulk import server_cursor
+
+    with tenant_statements(tenant_a):
+        with pytest.raises(TenantScopeError), server_cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {ApiKey._meta.db_table}")
+        with transaction.atomic(), server_cursor() as cursor:  # in one: the setting goes first
+            cursor.execute(f"SELECT count(*) FROM {ApiKey._meta.db_table}")
+            assert cursor.fetchone()[0] >= 1
+    assert _raw_count(ApiKey._meta.db_table, tenant_a) == 0
