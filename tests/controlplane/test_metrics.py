@@ -137,13 +137,26 @@ def test_integration_lag_counts_leaves_waiting_for_a_checkpoint(alice: Person) -
 
 
 def test_celery_queue_depth_is_read_from_the_broker(db: None) -> None:
-    text = scrape()
+    """Messages waiting in the default queue, as the broker counts them: three sent to a queue of
+    this test's own (nothing consumes it), then purged (one fixed name: nothing piles up)."""
+    from controlplane.celery import app
+
+    queue = "sagaplane-metrics-test"
+    default = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    try:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(queue)  # a run interrupted before its own purge
+        assert value(scrape(), "sagaplane_celery_queue_depth", queue=queue) == 0
+        for _ in range(3):
+            app.send_task("sagaplane.tests.never_runs", queue=queue)
+        text = scrape()
+    finally:
+        app.conf.task_default_queue = default
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(queue)
     assert value(text, "sagaplane_scrape_errors", source="celery_queue_depth") == 0
-    assert any(
-        sample.name == "sagaplane_celery_queue_depth" and sample.labels == {"queue": "celery"}
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    )
+    assert value(text, "sagaplane_celery_queue_depth", queue=queue) == 3
 
 
 def test_apps_register_their_queues_and_a_failing_one_is_named(db: None) -> None:
