@@ -2,18 +2,51 @@
 
 from __future__ import annotations
 
+import copy
+import hmac
+import time
 from datetime import timedelta
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 from tenants.selectors import api_key_and_tenant
 
 # Writing last_used_at on every request would turn each read into a write; a minute is precise enough.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+# A key that authenticated is taken as checked for this long, in this process (its row read once
+# per key per process per window, not per request). The bound on revocation: a key revoked in
+# another process keeps working here for at most this long; the process that revokes it forgets
+# it at once (`forget`). Expiry is checked on every request from the remembered row.
+API_KEY_CACHE_SECONDS = 2.0
+_API_KEY_CACHE_MAX = 4096
+_checked: dict[str, tuple[float, str, ApiKey, Tenant]] = {}
+
+
+def _recently_checked(prefix: str, raw_key: str) -> tuple[ApiKey, Tenant] | None:
+    entry = _checked.get(prefix)
+    if entry is None:
+        return None
+    until, digest, api_key, tenant = entry
+    if time.monotonic() >= until or not hmac.compare_digest(digest, hash_api_key(raw_key)):
+        return None
+    return copy.copy(api_key), tenant  # a request may set attributes on its own key object
+
+
+def _remember(prefix: str, raw_key: str, api_key: ApiKey, tenant: Tenant) -> None:
+    if len(_checked) >= _API_KEY_CACHE_MAX:
+        _checked.clear()  # a burst of distinct keys: start over rather than track ages
+    until = time.monotonic() + API_KEY_CACHE_SECONDS
+    _checked[prefix] = (until, api_key.key_hash, copy.copy(api_key), tenant)
+
+
+def forget(prefix: str) -> None:
+    """Drop a key from this process's memory of checked keys (on revocation)."""
+    _checked.pop(prefix, None)
 
 
 class ApiKeyPrincipal:
@@ -50,11 +83,14 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if prefix is None:
             raise exceptions.AuthenticationFailed("malformed API key", code="invalid_api_key")
         # Which tenant the key belongs to is what we are finding out: the one question that must
-        # cross tenants, asked with the presented key's hash so it answers only its holder. Read
-        # on every request (one statement on Postgres): a revoked key is refused immediately.
-        found = api_key_and_tenant(prefix, raw_key)
+        # cross tenants, asked with the presented key's hash so it answers only its holder (one
+        # statement on Postgres), and remembered for at most API_KEY_CACHE_SECONDS.
+        found = _recently_checked(prefix, raw_key)
         if found is None:
-            raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")
+            found = api_key_and_tenant(prefix, raw_key)
+            if found is None:
+                raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")
+            _remember(prefix, raw_key, *found)
         api_key, tenant = found
         if not api_key.matches(raw_key):
             raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")

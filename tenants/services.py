@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
-from tenants import live
+from tenants import authentication, live
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 
@@ -158,6 +158,10 @@ def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
             return locked
         locked.revoked_at = timezone.now()
         locked.save(update_fields=["revoked_at"])
+        # This process forgets the key at once and again at commit (a request checking it in
+        # between would remember the row as it was); other processes within the stated bound.
+        authentication.forget(locked.prefix)
+        transaction.on_commit(lambda: authentication.forget(locked.prefix))
         append_server_record(
             locked.tenant,
             "ADMIN_API_KEY_REVOKED",

@@ -101,6 +101,15 @@ def _require_services(request: pytest.FixtureRequest) -> None:
         unavailable("needs " + " and ".join(missing))
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_api_keys() -> None:
+    """Each test starts with no API key remembered as checked (tenants.authentication): rows a
+    previous test made are gone with its transaction."""
+    from tenants import authentication
+
+    authentication._checked.clear()
+
+
 @dataclass
 class Person:
     user: Any

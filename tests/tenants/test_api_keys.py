@@ -120,3 +120,43 @@ def test_revoke_through_api(alice: Person, tenant_a: Tenant) -> None:
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {created['key']}")
     assert _status_and_code(agent) == (401, "revoked_api_key")
+
+
+def test_revoked_key_is_refused_at_once_even_just_after_use(alice: Person, tenant_a: Tenant) -> None:
+    client = alice.key_client()
+    assert _status_and_code(client)[0] == 200  # remembered as checked now
+    with tenant_context(tenant_a):
+        key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
+    services.revoke_api_key(key, actor="test")  # the revoking process forgets it
+    assert _status_and_code(client) == (401, "revoked_api_key")
+
+
+def test_a_key_revoked_by_another_process_is_refused_within_the_bound(
+    alice: Person, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenants import authentication
+
+    now = [1000.0]
+    monkeypatch.setattr(authentication.time, "monotonic", lambda: now[0])
+    client = alice.key_client()
+    assert _status_and_code(client)[0] == 200
+    with tenant_context(tenant_a):  # what another process's revocation looks like from here
+        ApiKey.objects.filter(prefix=ApiKey.prefix_of(alice.api_key)).update(revoked_at=timezone.now())
+    now[0] += authentication.API_KEY_CACHE_SECONDS
+    assert _status_and_code(client) == (401, "revoked_api_key")
+
+
+def test_a_remembered_key_still_needs_its_secret_and_expires_on_time(alice: Person, tenant_a: Tenant) -> None:
+    from rest_framework.test import APIClient
+
+    client = alice.key_client()
+    assert _status_and_code(client)[0] == 200
+    prefix = ApiKey.prefix_of(alice.api_key)
+    wrong = APIClient()
+    wrong.credentials(HTTP_AUTHORIZATION=f"Bearer sp_{prefix}_{'x' * 43}")
+    assert _status_and_code(wrong) == (401, "invalid_api_key")
+    from tenants import authentication
+
+    until, digest, remembered, tenant = authentication._checked[prefix or ""]
+    remembered.expires_at = timezone.now() - timedelta(seconds=1)  # expiry is checked every time
+    assert _status_and_code(client) == (401, "expired_api_key")
