@@ -54,6 +54,8 @@ STEPS = 3
 HANDLER_S = 0.020
 LEASE_TTL = 2.0
 WORKERS = (1, 2, 4)
+CONCURRENCY = 100  # handlers per `sagaplane worker` (--concurrency)
+SWEEP_EVERY_S = 1.0  # the Celery beat's schedule (RECOVERY_SWEEP_S)
 TARGET_P95_S = 2.0
 
 HANDLERS = textwrap.dedent(
@@ -295,7 +297,7 @@ def _ledger(folder: Path) -> list[tuple[str, str, float]]:
 # ------------------------------------------------------------------------------------- ours
 
 
-def ours(n: int, k: int, url: str, folder: Path) -> dict[str, Any]:
+def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_every: float) -> dict[str, Any]:
     from django.db.models import Max, Min
 
     from audit import services as audit_services
@@ -332,7 +334,7 @@ def ours(n: int, k: int, url: str, folder: Path) -> dict[str, Any]:
     workers = [
         subprocess.Popen(
             [sys.executable, "-m", "sagaplane", "worker", "--handlers", "benchhandlers", "--name", f"w{i}",
-             "--lease", "30", "--wait", "5"],
+             "--lease", "30", "--wait", "5", "--concurrency", str(concurrency)],
             cwd=folder, env=env, stdout=(folder / f"worker-{k}-{i}.log").open("w"), stderr=subprocess.STDOUT,
         )
         for i in range(k)
@@ -340,10 +342,18 @@ def ours(n: int, k: int, url: str, folder: Path) -> dict[str, Any]:
     total = n * STEPS
     stop = threading.Event()
 
-    def beat() -> None:  # the Celery beat's 1 s tick, in this process
+    sweeps: list[float] = []
+
+    def beat() -> None:  # the Celery beat's ticks (a fixed schedule), one worker running them
+        tick = time.monotonic()
         while not stop.is_set():
-            recovery.sweep(tenant)
-            stop.wait(1.0)
+            started = time.perf_counter()
+            if recovery.sweep(tenant)["taken_over"]:
+                sweeps.append(time.perf_counter() - started)
+            tick += sweep_every
+            if tick < time.monotonic():  # the pass outlasted its tick: the next one is due now
+                tick = time.monotonic()
+            stop.wait(max(0.0, tick - time.monotonic()))
 
     sweeper = threading.Thread(target=beat, daemon=True)
     sweeper.start()
@@ -374,6 +384,7 @@ def ours(n: int, k: int, url: str, folder: Path) -> dict[str, Any]:
             .annotate(first=Min("first_claimed_at"))
             .values_list("saga_id", "first")
         )
+        job_starts = list(Job.objects.values_list("saga_id", "first_claimed_at"))
         taken = dict(Run.objects.values_list("saga_id", "created_at"))
         last_done = Job.objects.aggregate(last=Max("finished_at"))["last"]
         compensated_records = Counter(
@@ -382,6 +393,7 @@ def ours(n: int, k: int, url: str, folder: Path) -> dict[str, Any]:
             )
         )
     waits = [(starts[s] - expiries[s]).total_seconds() for s in expiries]
+    job_waits = [(when - expiries[s]).total_seconds() for s, when in job_starts]
     takeovers = [(taken[s] - expiries[s]).total_seconds() for s in expiries]
     first_expiry = min(expiries.values())
     drain = (last_done - first_expiry).total_seconds()
@@ -405,6 +417,10 @@ def ours(n: int, k: int, url: str, folder: Path) -> dict[str, Any]:
         "expiry_to_start_p50_s": round(_pct(waits, 50), 3),
         "expiry_to_start_p95_s": round(_pct(waits, 95), 3),
         "expiry_to_start_max_s": round(max(waits), 3),
+        "expiry_to_job_start_p50_s": round(_pct(job_waits, 50), 3),
+        "expiry_to_job_start_p95_s": round(_pct(job_waits, 95), 3),
+        "expiry_to_job_start_max_s": round(max(job_waits), 3),
+        "sweep_takeover_pass_max_s": round(max(sweeps), 3) if sweeps else None,
         "duplicate_handler_calls": duplicate_calls,
         "duplicate_compensated_records": duplicate_records,
     }
@@ -470,7 +486,18 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="100 sagas (CI)")
     parser.add_argument("--sagas", type=int, help="override N")
+    parser.add_argument(
+        "--concurrency", type=int, default=CONCURRENCY, help=f"handlers per worker (default {CONCURRENCY})"
+    )
+    parser.add_argument(
+        "--sweep-every",
+        type=float,
+        default=SWEEP_EVERY_S,
+        help=f"seconds between sweeps (default {SWEEP_EVERY_S})",
+    )
+    parser.add_argument("--workers", default=",".join(map(str, WORKERS)), help="worker counts to run")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     n = args.sagas or (100 if args.quick else 1_000)
     folder = Path(tempfile.mkdtemp(prefix="sagaplane-bench-recovery-"))
     print(
@@ -489,15 +516,16 @@ def main() -> int:
         )
         rows = []
         with _gunicorn(env, folder / "gunicorn.log") as url:
-            for k in WORKERS:
-                row = ours(n, k, url, folder)
+            for k in [int(x) for x in args.workers.split(",")]:
+                row = ours(n, k, url, folder, concurrency=args.concurrency, sweep_every=args.sweep_every)
                 rows.append(row)
                 print(
                     f"  {k} worker(s): drain {row['drain_s']} s ({row['jobs_per_s']} jobs/s, "
                     f"{row['drain_vs_floor']}x the floor), "
                     f"expiry→takeover p95 {row['expiry_to_takeover_p95_s']} s, "
-                    f"expiry→start p50 {row['expiry_to_start_p50_s']} s "
+                    f"expiry→saga start p50 {row['expiry_to_start_p50_s']} s "
                     f"p95 {row['expiry_to_start_p95_s']} s max {row['expiry_to_start_max_s']} s, "
+                    f"expiry→job start p95 {row['expiry_to_job_start_p95_s']} s, "
                     f"duplicates {row['duplicate_handler_calls']}"
                 )
     base = rows[0]["drain_s"]
@@ -512,21 +540,36 @@ def main() -> int:
         "steps_per_saga": STEPS,
         "handler_ms": HANDLER_S * 1000,
         "lease_ttl_s": LEASE_TTL,
-        "sweep_every_s": 1.0,
+        "sweep_every_s": args.sweep_every,
+        "worker_concurrency": args.concurrency,
         "ours": rows,
         "peer_agent_saga_daemon": peer,
         "targets": {
             "expiry_to_start_p95_s_below": TARGET_P95_S,
+            "definition": (
+                "p95 over sagas of (the saga's first compensation claim - its lease expiry), both by "
+                "the server's clock: when recovery starts compensating each orphaned saga. The per-job "
+                "p95 (every job's first claim - its saga's lease expiry) is reported beside it; it is "
+                "bounded below by the drain time, since a saga's steps run strictly newest first"
+            ),
             "p95_takeover_met": all(r["expiry_to_takeover_p95_s"] < TARGET_P95_S for r in rows),
             "p95_start_met": all(r["expiry_to_start_p95_s"] < TARGET_P95_S for r in rows),
+            "p95_job_start_met": all(r["expiry_to_job_start_p95_s"] < TARGET_P95_S for r in rows),
             "speedup_4_workers": rows[-1]["speedup_vs_1"],
             "zero_duplicates": all(r["duplicate_handler_calls"] == 0 for r in rows),
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "setup": (
             "gunicorn controlplane.asgi:application -k uvicorn.workers.UvicornWorker --workers 2 "
-            "(production settings, runtime role), own Redis; the sweep every 1 s in the benchmark's "
-            "process; `sagaplane worker` processes long-polling POST /api/v1/recovery/claim"
+            "(production settings, runtime role), own Redis; the sweep (recovery.sweep) every "
+            f"{args.sweep_every:g} s in the benchmark's process; `sagaplane worker --concurrency "
+            f"{args.concurrency}` processes claiming batches (max_jobs) from POST /api/v1/recovery/claim "
+            "and reporting batches to POST /api/v1/recovery/results"
         ),
     }
     out = ROOT / "bench" / "results" / ("recovery-quick.json" if args.quick else "recovery.json")

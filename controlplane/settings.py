@@ -514,6 +514,19 @@ SAGAPLANE_RECONCILE_WINDOW_SECONDS = config.seconds(
 )
 SAGAPLANE_RECONCILE_LEASE_SECONDS = config.seconds("SAGAPLANE_RECONCILE_LEASE_SECONDS", 30.0, maximum=3600)
 
+# Webhooks (recovery deliveries, reconciliation checks) go to public addresses only: a tenant's URL
+# resolving to loopback, private, link-local (cloud metadata), multicast or reserved space is
+# refused when it is set and at each delivery (recovery/webhook.py). On by default outside
+# production, where the receiver is usually on this machine.
+SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = config.boolean("SAGAPLANE_WEBHOOK_ALLOW_PRIVATE", default=not PRODUCTION)
+
+# Recovery: a worker-delivered job that no worker claims within this long after it became
+# claimable (no SDK worker has its handler, and no webhook takes it) escalates to the human queue
+# as "no handler".
+SAGAPLANE_RECOVERY_UNCLAIMED_SECONDS = config.seconds(
+    "SAGAPLANE_RECOVERY_UNCLAIMED_SECONDS", 300.0, maximum=30 * 86400
+)
+
 # Where people reach this control plane: links in messages sent from workers, which have no
 # request to build them from (Slack's "Approve with passkey", its account-link page).
 SAGAPLANE_PUBLIC_URL = config.url("SAGAPLANE_PUBLIC_URL", ("https", "http"), default="http://localhost:8000")

@@ -60,8 +60,10 @@ def _worker_name(value: Any) -> str:
 
 class ClaimView(TenantScopedViewMixin, APIView):
     """Take the next job this worker has a handler for: `{"handlers": [...], "worker"?,
-    "lease_s"? (1-300, default 30), "wait"? (0-25 s)}` → `{"job": {... "token"} | null}`.
-    Waits up to `wait` seconds for one; no transaction or connection is held while waiting."""
+    "lease_s"? (1-300, default 30), "wait"? (0-25 s), "max_jobs"? (1-100)}` → `{"job": {...
+    "token"} | null}`, and with `max_jobs` also `"jobs": [...]` (up to that many, each with its
+    own token). Waits up to `wait` seconds for one; no transaction or connection is held while
+    waiting."""
 
     access = {"POST": RECOVER}
 
@@ -74,18 +76,35 @@ class ClaimView(TenantScopedViewMixin, APIView):
                 "worker": serializers.CharField(required=False),
                 "lease_s": serializers.FloatField(required=False),
                 "wait": serializers.FloatField(required=False),
+                "max_jobs": serializers.IntegerField(required=False),
             },
         ),
         responses={
-            200: inline_serializer("RecoveryClaimed", {"job": serializers.JSONField(allow_null=True)})
+            200: inline_serializer(
+                "RecoveryClaimed",
+                {
+                    "job": serializers.JSONField(allow_null=True),
+                    "jobs": serializers.ListField(child=serializers.JSONField(), required=False),
+                },
+            )
         },
     )
     def post(self, request: Request) -> Response:
         data = _body(request)
         handlers = _handlers(data.get("handlers"))
         worker = _worker_name(data.get("worker")) or self.actor
-        job = services.claim(self.tenant, worker=worker, handlers=handlers, lease_s=data.get("lease_s"))
-        return Response({"job": selectors.job_for_worker(job) if job is not None else None})
+        jobs = services.claim_many(
+            self.tenant,
+            worker=worker,
+            handlers=handlers,
+            lease_s=data.get("lease_s"),
+            max_jobs=data.get("max_jobs"),
+        )
+        shown = [selectors.job_for_worker(job) for job in jobs]
+        answer: dict[str, Any] = {"job": shown[0] if shown else None}
+        if "max_jobs" in data:
+            answer["jobs"] = shown
+        return Response(answer)
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         answer = super().dispatch
@@ -149,6 +168,39 @@ class FailView(TenantScopedViewMixin, APIView):
             reason=data.get("reason"),
         )
         return Response({"id": str(job.pk), "state": job.state})
+
+
+class ResultsView(TenantScopedViewMixin, APIView):
+    """Several results at once: `{"results": [{"id", "token", "ok": true} | {"id", "token",
+    "ok": false, "error", "retryable"?, "reason"?}]}` (1-500) → `{"results": [{"id", "state"} |
+    {"id", "error", "detail"}]}` in the same order; an item whose token is stale records nothing
+    and answers `stale_token`, the others are recorded in one transaction."""
+
+    access = {"POST": RECOVER}
+
+    @extend_schema(
+        operation_id="recovery_results",
+        request=inline_serializer(
+            "RecoveryResults", {"results": serializers.ListField(child=serializers.DictField())}
+        ),
+        responses={
+            200: inline_serializer(
+                "RecoveryResultStates", {"results": serializers.ListField(child=serializers.DictField())}
+            ),
+            400: ErrorSerializer,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        results = data.get("results")
+        outcomes = services.report_many(self.tenant, results, actor=self.actor)
+        answers: list[dict[str, Any]] = []
+        for item, outcome in zip(results, outcomes, strict=True):
+            if isinstance(outcome, DomainError):
+                answers.append({"id": item["id"], "error": outcome.error, "detail": outcome.detail})
+            else:
+                answers.append({"id": str(outcome.pk), "state": outcome.state})
+        return Response({"results": answers})
 
 
 class HeartbeatView(TenantScopedViewMixin, APIView):

@@ -32,6 +32,36 @@ _TENANTS_WITH_RECOVERY_DUE = rls.cross_tenant_function(
 )
 
 
+_TENANTS_WITH_UNCLAIMED_JOBS = rls.cross_tenant_function(
+    "sagaplane_tenants_with_unclaimed_recovery_jobs",
+    arguments="before timestamptz",
+    returns="TABLE (tenant_id bigint)",
+    body=(
+        f"SELECT DISTINCT tenant_id FROM {Job._meta.db_table} "
+        f"WHERE state = '{JobState.PENDING.value}' AND delivery = '{Delivery.WORKER.value}' "
+        "AND first_claimed_at IS NULL AND available_at < before ORDER BY tenant_id"
+    ),
+)
+
+
+def tenants_with_unclaimed_jobs(before: datetime) -> list[int]:
+    """Tenants with a job for SDK workers, never claimed, claimable since before `before` (the
+    sweep escalates those no worker serves)."""
+    if rls.enforces_rls():
+        return [tenant_id for (tenant_id,) in _TENANTS_WITH_UNCLAIMED_JOBS.rows(before)]
+    with dangerously_bypass_orm_scope():
+        return sorted(
+            set(
+                Job.objects.filter(
+                    state=JobState.PENDING,
+                    delivery=Delivery.WORKER,
+                    first_claimed_at__isnull=True,
+                    available_at__lt=before,
+                ).values_list("tenant_id", flat=True)
+            )
+        )
+
+
 def tenants_with_recovery_due(now: datetime) -> list[int]:
     if rls.enforces_rls():
         return [tenant_id for (tenant_id,) in _TENANTS_WITH_RECOVERY_DUE.rows(now)]

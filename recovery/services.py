@@ -15,6 +15,7 @@ ROLLBACK_END (a run finished).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -66,7 +67,7 @@ MAX_ATTEMPTS = 5
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 SWEEP_BATCH = 2000  # sagas taken over per tenant per sweep
-TAKEOVER_BATCH = 100  # sagas per transaction
+TAKEOVER_BATCH = 250  # sagas per transaction
 TEXT_MAX = 2000
 
 LEASE_EVENTS = frozenset({"SAGA_START", "SAGA_LEASE"})
@@ -257,33 +258,43 @@ def _start_runs(tenant: Tenant, requests: Sequence[_RunRequest], *, actor: str) 
     if not planned:
         return []
     Run.objects.bulk_create([run for _, _, run in planned])
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     records: list[tuple[str, dict[str, Any]]] = []
     for request, plans, run in planned:
         for plan in plans:
             if plan.handler not in hooks:
                 hooks[plan.handler] = _webhook_for(plan.handler) is not None
             jobs.append(
-                Job(
-                    tenant=tenant,
-                    run=run,
-                    saga_id=run.saga_id,
-                    step_id=plan.step_id,
-                    ordinal=plan.ordinal,
-                    tool=plan.tool,
-                    semantics=plan.semantics,
-                    step_status=plan.status,
-                    handler=plan.handler,
-                    kwargs=plan.kwargs,
-                    idempotency_key=plan.idempotency_key,
-                    delivery=Delivery.WEBHOOK if hooks[plan.handler] else Delivery.WORKER,
-                    state=JobState.ESCALATED if plan.escalation else JobState.PENDING,
-                    escalation=plan.escalation,
-                    escalated_at=now if plan.escalation else None,
-                    max_attempts=MAX_ATTEMPTS,
-                    available_at=now,
-                    created_at=now,
-                )
+                {
+                    "id": uuid.uuid4(),
+                    "tenant_id": tenant.pk,
+                    "run_id": run.pk,
+                    "saga_id": run.saga_id,
+                    "step_id": plan.step_id,
+                    "ordinal": plan.ordinal,
+                    "tool": plan.tool,
+                    "semantics": plan.semantics,
+                    "step_status": plan.status,
+                    "handler": plan.handler,
+                    "kwargs": plan.kwargs,
+                    "idempotency_key": plan.idempotency_key,
+                    "delivery": Delivery.WEBHOOK if hooks[plan.handler] else Delivery.WORKER,
+                    "state": JobState.ESCALATED if plan.escalation else JobState.PENDING,
+                    "epoch": 0,
+                    "claimed_by": "",
+                    "lease_expires_at": None,
+                    "attempts": 0,
+                    "max_attempts": MAX_ATTEMPTS,
+                    "available_at": now,
+                    "created_at": now,
+                    "first_claimed_at": None,
+                    "finished_at": None,
+                    "last_error": "",
+                    "escalation": plan.escalation,
+                    "escalated_at": now if plan.escalation else None,
+                    "note": "",
+                    "resolved_by": "",
+                }
             )
         fields: dict[str, Any] = {
             "saga_id": run.saga_id,
@@ -298,7 +309,7 @@ def _start_runs(tenant: Tenant, requests: Sequence[_RunRequest], *, actor: str) 
         if escalated_steps:
             fields["escalated"] = escalated_steps
         records.append(("RECOVERY_ESCALATED" if escalated_steps else "RECOVERY_STARTED", fields))
-    Job.objects.bulk_create(jobs)
+    _insert_jobs(jobs)
     append_server_records(tenant, records, actor=actor)
     runs = [run for _, _, run in planned]
     if any(hooks.values()):
@@ -306,6 +317,37 @@ def _start_runs(tenant: Tenant, requests: Sequence[_RunRequest], *, actor: str) 
             if run.state == RunState.ACTIVE:
                 _wake_webhooks(tenant, run)
     return runs
+
+
+_JOB_COLUMNS = frozenset(field.column for field in Job._meta.concrete_fields)
+
+
+def _insert_jobs(rows: list[dict[str, Any]]) -> None:
+    """Insert new jobs (every column given, by column name). On Postgres one INSERT from one JSON
+    document (`json_populate_recordset` over the table's row type): a takeover of a thousand
+    sagas spent seconds in bulk_create's per-field preparation. Elsewhere bulk_create."""
+    if not rows:
+        return
+    if set(rows[0]) != _JOB_COLUMNS:  # the model gained or lost a column: keep this in step
+        raise RuntimeError(f"job rows name {sorted(set(rows[0]) ^ _JOB_COLUMNS)} wrongly")
+    if connection.vendor != "postgresql":
+        Job.objects.bulk_create([Job(**row) for row in rows])
+        return
+    table = connection.ops.quote_name(Job._meta.db_table)
+    document = json.dumps(rows, default=_json_value, separators=(",", ":"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, %s::json)",  # noqa: S608 (the model's table name)
+            [document],
+        )
+
+
+def _json_value(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} in a job row")
 
 
 def _quarantined_out(queryset: Any) -> Any:
@@ -316,10 +358,15 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
     """One pass for one tenant: take over sagas whose lease expired with no terminal record
     (quarantined ones are skipped), escalate jobs whose workers kept dying, and wake webhook
     deliveries that are due. Sagas are taken over TAKEOVER_BATCH at a time, each batch in its own
-    transaction, so workers start on the first batch while the next is queued."""
+    transaction, so workers start on the first batch while the next is queued; each batch takes
+    the leases expired by the time it starts (a long pass also takes those that expired during
+    it). `now` (tests) fixes the clock for the whole pass."""
+    fixed = now
     now = now or timezone.now()
     taken = 0
     while taken < limit:
+        if fixed is None:
+            now = timezone.now()
         with tenant_context(tenant):
             leases = list(
                 _quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=now))
@@ -344,10 +391,52 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
                 f"its worker lost the lease on each of {job.attempts} attempts",
                 actor=SYSTEM_ACTOR,
             )
+        unclaimed = _escalate_unclaimed(tenant, now, limit)
         due_hooks = list(_claimable(now, Delivery.WEBHOOK).values_list("pk", flat=True)[:limit])
     for job_id in due_hooks:
         _enqueue_delivery(tenant.pk, job_id)
-    return {"taken_over": taken, "escalated": len(exhausted), "webhooks_woken": len(due_hooks)}
+    return {"taken_over": taken, "escalated": len(exhausted) + unclaimed, "webhooks_woken": len(due_hooks)}
+
+
+def unclaimed_after() -> timedelta:
+    from django.conf import settings
+
+    return timedelta(seconds=settings.SAGAPLANE_RECOVERY_UNCLAIMED_SECONDS)
+
+
+def _escalate_unclaimed(tenant: Tenant, now: datetime, limit: int) -> int:
+    """Jobs for SDK workers that none claimed within SAGAPLANE_RECOVERY_UNCLAIMED_SECONDS of
+    becoming claimable go to the human queue as `no_handler`, unless a worker took a job of the
+    same handler meanwhile (then it is a queue, not a missing handler)."""
+    cutoff = now - unclaimed_after()
+    stale = list(
+        _claimable(now, Delivery.WORKER)
+        .filter(state=JobState.PENDING, first_claimed_at__isnull=True, available_at__lt=cutoff)
+        .select_for_update(skip_locked=True, of=("self",))[:limit]
+    )
+    if not stale:
+        return 0
+    served = set(
+        Job.objects.filter(handler__in={job.handler for job in stale})
+        .filter(Q(state=JobState.CLAIMED) | Q(first_claimed_at__gte=cutoff) | Q(finished_at__gte=cutoff))
+        .exclude(state__in=[JobState.RESOLVED, JobState.CANCELLED])
+        .values_list("handler", flat=True)
+        .distinct()
+    )
+    seconds = f"{unclaimed_after().total_seconds():g}"
+    escalated = 0
+    for job in stale:
+        if job.handler in served:
+            continue
+        detail = (
+            f"no worker claimed it within {seconds} s: no SDK worker runs handler {job.handler!r} "
+            "and no webhook takes it"
+        )
+        job.last_error = detail
+        job.save(update_fields=["last_error"])
+        _escalate(tenant, job, Escalation.NO_HANDLER, detail, actor=SYSTEM_ACTOR)
+        escalated += 1
+    return escalated
 
 
 def _take_over(tenant: Tenant, leases: list[Lease], now: datetime) -> None:
@@ -400,6 +489,19 @@ def _lease_seconds(value: Any) -> float:
     return float(value)
 
 
+MAX_CLAIM_BATCH = 100
+
+
+def _claim_batch_size(value: Any) -> int:
+    if value is None:
+        return 1
+    if type(value) is not int or not 1 <= value <= MAX_CLAIM_BATCH:
+        raise RecoveryError(
+            400, "invalid", f"max_jobs: an integer from 1 to {MAX_CLAIM_BATCH}", field="max_jobs"
+        )
+    return value
+
+
 def claim(
     tenant: Tenant,
     *,
@@ -411,7 +513,28 @@ def claim(
 ) -> Job | None:
     """Take the next job this claimer can run (one of `handlers`; any when None), raising its
     fencing token; None when there is none."""
+    jobs = claim_many(
+        tenant, worker=worker, handlers=handlers, lease_s=lease_s, delivery=delivery, job_id=job_id
+    )
+    return jobs[0] if jobs else None
+
+
+def claim_many(
+    tenant: Tenant,
+    *,
+    worker: str,
+    handlers: Sequence[str] | None,
+    lease_s: Any = None,
+    max_jobs: Any = None,
+    delivery: str = Delivery.WORKER,
+    job_id: uuid.UUID | str | None = None,
+) -> list[Job]:
+    """Take up to `max_jobs` (default 1) jobs this claimer can run, in one transaction: the
+    candidates are locked (`SKIP LOCKED` on Postgres) and claimed by one conditional UPDATE that
+    re-checks readiness, raises each one's fencing token and sets its lease. A run has one job at
+    its frontier, so a batch never holds two jobs of one saga: newest first still holds."""
     seconds = _lease_seconds(lease_s)
+    limit = _claim_batch_size(max_jobs)
     with tenant_context(tenant):
         now = timezone.now()
         candidates = _claimable(now, delivery)
@@ -419,42 +542,53 @@ def claim(
             candidates = candidates.filter(handler__in=list(handlers))
         if job_id is not None:
             candidates = candidates.filter(pk=job_id)
-        candidate = (
+        picked = list(
             candidates.order_by("available_at", "created_at")
             .select_for_update(skip_locked=True, of=("self",))
-            .first()
+            .values_list("pk", "epoch")[:limit]
         )
-        if candidate is None:
-            return None
-        updated = Job.objects.filter(pk=candidate.pk, epoch=candidate.epoch).update(
+        if not picked:
+            return []
+        expires = now + timedelta(seconds=seconds)
+        name = worker[:200]
+        # Guarded by each row's epoch as picked (and a state a claim may leave): on Postgres the
+        # rows are locked, on SQLite (no row locks) a claimer that took one of them a moment
+        # earlier raised its epoch, and a holder that finished it changed its state, so this
+        # claim takes nothing of those. (Re-testing the whole readiness query in the UPDATE costs
+        # seconds a batch on Postgres: its joins and row-level security per row.)
+        by_epoch: dict[int, list[Any]] = {}
+        for pk, epoch in picked:
+            by_epoch.setdefault(epoch, []).append(pk)
+        guard = Q()
+        for epoch, pks in by_epoch.items():
+            guard |= Q(pk__in=pks, epoch=epoch)
+        Job.objects.filter(guard, state__in=[JobState.PENDING, JobState.CLAIMED]).update(
             state=JobState.CLAIMED,
             epoch=F("epoch") + 1,
-            claimed_by=worker[:200],
-            lease_expires_at=now + timedelta(seconds=seconds),
+            claimed_by=name,
+            lease_expires_at=expires,
             attempts=F("attempts") + 1,
             first_claimed_at=Coalesce("first_claimed_at", Value(now)),
         )
-        if not updated:
-            return None  # taken meanwhile (SQLite has no row locks; the epoch guard decides)
-        candidate.refresh_from_db()
-        return candidate
+        epochs = {pk: epoch + 1 for pk, epoch in picked}
+        taken = {
+            job.pk: job
+            for job in Job.objects.filter(
+                pk__in=list(epochs), state=JobState.CLAIMED, claimed_by=name, lease_expires_at=expires
+            )
+            if job.epoch == epochs[job.pk]
+        }
+        return [taken[pk] for pk, _ in picked if pk in taken]
 
 
 def _held(job_id: Any, token: Any) -> Job:
     """The job, locked, if `token` is its current fencing token and it is still claimed."""
-    if type(token) is not int:
-        raise RecoveryError(400, "invalid", "token: the integer the claim returned", field="token")
+    _token(token)
     job = Job.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
         raise RecoveryError(404, "not_found", "no such recovery job")
     if job.state != JobState.CLAIMED or job.epoch != token:
-        raise RecoveryError(
-            409,
-            "stale_token",
-            f"this job's current token is not {token} (it was claimed again, or already finished): "
-            "nothing was recorded",
-            field="token",
-        )
+        raise _stale(token)
     return job
 
 
@@ -482,35 +616,93 @@ def _text(value: Any, name: str, *, required: bool = False) -> str:
     return value
 
 
+def _stale(token: Any) -> RecoveryError:
+    return RecoveryError(
+        409,
+        "stale_token",
+        f"this job's current token is not {token} (it was claimed again, or already finished): "
+        "nothing was recorded",
+        field="token",
+    )
+
+
+def _token(value: Any) -> int:
+    if type(value) is not int:
+        raise RecoveryError(400, "invalid", "token: the integer the claim returned", field="token")
+    return value
+
+
 def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: str) -> Job:
     """Record a compensation as done, if `token` still holds the job (409 otherwise)."""
+    (outcome,) = complete_many(tenant, [(job_id, token)], actor=actor)
+    if isinstance(outcome, RecoveryError):
+        raise outcome
+    return outcome
+
+
+def complete_many(
+    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
+) -> list[Job | RecoveryError]:
+    """Record several compensations as done in one transaction: each (job id, token) whose token
+    still holds its job is compensated, the others answer their error (404, 409 `stale_token`)
+    and record nothing. One UPDATE for the jobs, one for their runs, and one server-stream batch
+    of COMPENSATED records (then one of ROLLBACK_END for the runs this finished)."""
+    for _, token in items:
+        _token(token)
     with tenant_context(tenant):
-        job = _held(job_id, token)
-        run = Run.objects.select_for_update().get(pk=job.run_id)
-        now = timezone.now()
+        return _complete_locked(tenant, items, actor=actor)
+
+
+def _complete_locked(
+    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
+) -> list[Job | RecoveryError]:
+    ids = [job_id for job_id, _ in items]
+    jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
+    outcomes: list[Job | RecoveryError] = []
+    good: dict[Any, Job] = {}
+    for job_id, token in items:
+        job = jobs.get(job_id)
+        if job is None:
+            outcomes.append(RecoveryError(404, "not_found", "no such recovery job"))
+        elif job.state != JobState.CLAIMED or job.epoch != token or job.pk in good:
+            outcomes.append(_stale(token))
+        else:
+            good[job.pk] = job
+            outcomes.append(job)
+    if not good:
+        return outcomes
+    runs = list(
+        Run.objects.select_for_update().filter(pk__in={job.run_id for job in good.values()}).order_by("pk")
+    )
+    now = timezone.now()
+    Job.objects.filter(pk__in=list(good)).update(
+        state=JobState.COMPENSATED, finished_at=now, lease_expires_at=None
+    )
+    records: list[tuple[str, dict[str, Any]]] = []
+    for job in good.values():
         job.state = JobState.COMPENSATED
         job.finished_at = now
         job.lease_expires_at = None
-        job.save(update_fields=["state", "finished_at", "lease_expires_at"])
-        append_server_record(
-            tenant,
-            "COMPENSATED",
-            {
-                "saga_id": job.saga_id,
-                "step_id": job.step_id,
-                "tool": job.tool,
-                "handler": job.handler,
-                "idempotency_key": job.idempotency_key,
-                "attempts": job.attempts,
-                "job_id": str(job.pk),
-                "token": job.epoch,
-                "worker": job.claimed_by,
-                "delivery": job.delivery,
-            },
-            actor=actor,
+        records.append(
+            (
+                "COMPENSATED",
+                {
+                    "saga_id": job.saga_id,
+                    "step_id": job.step_id,
+                    "tool": job.tool,
+                    "handler": job.handler,
+                    "idempotency_key": job.idempotency_key,
+                    "attempts": job.attempts,
+                    "job_id": str(job.pk),
+                    "token": job.epoch,
+                    "worker": job.claimed_by,
+                    "delivery": job.delivery,
+                },
+            )
         )
-        _maybe_finish(tenant, run)
-        return job
+    append_server_records(tenant, records, actor=actor)
+    _advance_runs(tenant, runs, now=now)
+    return outcomes
 
 
 def backoff(attempts: int) -> float:
@@ -569,8 +761,73 @@ def fail(
         return job
 
 
+MAX_RESULTS = 500
+
+
+def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | RecoveryError]:
+    """Several results in one request and one transaction: `[{"id", "token", "ok": true} |
+    {"id", "token", "ok": false, "error", "retryable"?, "reason"?}]`. Completions are recorded
+    together (`complete_many`); each failure as `fail` records it. An item whose token no longer
+    holds its job answers its error and records nothing; a malformed item refuses the whole
+    request (400, naming it)."""
+    if not isinstance(results, list) or not 0 < len(results) <= MAX_RESULTS:
+        raise RecoveryError(400, "invalid", f"results: a list of 1 to {MAX_RESULTS} results", field="results")
+    done: list[tuple[int, Any, int]] = []
+    failed: list[tuple[int, Any, dict[str, Any]]] = []
+    for i, item in enumerate(results):
+        where = f"results[{i}]"
+        if not isinstance(item, dict) or type(item.get("ok")) is not bool:
+            raise RecoveryError(400, "invalid", f"{where}: an object with id, token and ok", field=where)
+        try:
+            job_id = uuid.UUID(item.get("id")) if isinstance(item.get("id"), str) else None
+        except ValueError:
+            job_id = None
+        if job_id is None:
+            raise RecoveryError(
+                400, "invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id"
+            )
+        if type(item.get("token")) is not int:
+            raise RecoveryError(
+                400, "invalid", f"{where}.token: the integer the claim returned", field=f"{where}.token"
+            )
+        if item["ok"]:
+            done.append((i, job_id, item["token"]))
+        else:
+            _text(item.get("error"), f"{where}.error")
+            if type(item.get("retryable", True)) is not bool:
+                raise RecoveryError(
+                    400, "invalid", f"{where}.retryable: true or false", field=f"{where}.retryable"
+                )
+            if item.get("reason") not in (None, Escalation.NO_HANDLER.value):
+                raise RecoveryError(
+                    400, "invalid", f"{where}.reason: omit it, or 'no_handler'", field=f"{where}.reason"
+                )
+            failed.append((i, job_id, item))
+    outcomes: list[Job | RecoveryError | None] = [None] * len(results)
+    with tenant_context(tenant):
+        if done:
+            completed = _complete_locked(tenant, [(job_id, token) for _, job_id, token in done], actor=actor)
+            for (i, _, _), outcome in zip(done, completed, strict=True):
+                outcomes[i] = outcome
+        for i, job_id, item in failed:
+            try:
+                outcomes[i] = fail(
+                    tenant,
+                    job_id,
+                    token=item["token"],
+                    actor=actor,
+                    error=item.get("error"),
+                    retryable=item.get("retryable", True),
+                    reason=item.get("reason"),
+                )
+            except RecoveryError as exc:
+                outcomes[i] = exc
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
 def _escalate(tenant: Tenant, job: Job, why: str, detail: str, *, actor: str, run: Run | None = None) -> None:
     run = run or Run.objects.select_for_update().get(pk=job.run_id)
+    old_state = job.state
     job.state = JobState.ESCALATED
     job.escalation = why
     job.escalated_at = timezone.now()
@@ -588,7 +845,7 @@ def _escalate(tenant: Tenant, job: Job, why: str, detail: str, *, actor: str, ru
             "step_id": job.step_id,
             "reason": str(why),
             "detail": detail[:TEXT_MAX],
-            "old": {"job": "claimed"},
+            "old": {"job": str(old_state)},
             "new": {"job": "escalated"},
         },
         actor=actor,
@@ -596,40 +853,84 @@ def _escalate(tenant: Tenant, job: Job, why: str, detail: str, *, actor: str, ru
 
 
 def _maybe_finish(tenant: Tenant, run: Run) -> None:
-    """Close the run (ROLLBACK_END) once every job is finished; reopen it (escalated → active)
-    once no job waits for a human."""
-    if run.state not in UNFINISHED_RUN_STATES:
+    _advance_runs(tenant, [run])
+
+
+def _advance_runs(tenant: Tenant, runs: Sequence[Run], *, now: datetime | None = None) -> None:
+    """The runs are locked and some of their jobs changed: move each run's frontier to its newest
+    unfinished job (which becomes available now, so the queue stays first come, first served),
+    close the runs with every job finished (one batch of ROLLBACK_END records), and reopen
+    (escalated → active) those with no job left waiting for a human. Set-based: one read of the
+    runs' jobs and one UPDATE per kind of change."""
+    now = now or timezone.now()
+    open_runs = [run for run in runs if run.state in UNFINISHED_RUN_STATES]
+    if not open_runs:
         return
-    rows = list(run.jobs.values_list("state", "ordinal"))
-    jobs = [state for state, _ in rows]
-    frontier = max((ordinal for state, ordinal in rows if state not in FINISHED_JOB_STATES), default=0)
-    if frontier != run.frontier:
-        run.frontier = frontier
-        run.save(update_fields=["frontier"])
-    if any(state not in FINISHED_JOB_STATES for state in jobs):
-        if run.state == RunState.ESCALATED and JobState.ESCALATED not in jobs:
-            run.state = RunState.ACTIVE
-            run.save(update_fields=["state"])
-            _wake_webhooks(tenant, run)
-        return
-    run.state = RunState.DONE
-    run.finished_at = timezone.now()
-    run.save(update_fields=["state", "finished_at"])
-    end: dict[str, Any] = {
-        "saga_id": run.saga_id,
-        "run_id": run.pk,
-        "clean": True,
-        "compensated": jobs.count(JobState.COMPENSATED),
-        "resolved": jobs.count(JobState.RESOLVED),
-        "failed": 0,
-        "orphaned": 0,
-        "unresolved": 0,
-        "halted": False,
-        "recovery": run.kind,
-    }
-    if run.to_ordinal:
-        end["to_step"] = run.to_ordinal
-    append_server_record(tenant, "ROLLBACK_END", end, actor=SYSTEM_ACTOR)
+    rows: dict[int, list[tuple[Any, str, int, Any]]] = {run.pk: [] for run in open_runs}
+    for run_id, pk, state, ordinal, claimed in Job.objects.filter(run_id__in=list(rows)).values_list(
+        "run_id", "pk", "state", "ordinal", "first_claimed_at"
+    ):
+        rows[run_id].append((pk, state, ordinal, claimed))
+    changed: list[Run] = []
+    reopened: list[Run] = []
+    arrived: list[Any] = []  # jobs that just reached their run's frontier, never claimed
+    ended: list[tuple[str, dict[str, Any]]] = []
+    for run in open_runs:
+        jobs = rows[run.pk]
+        unfinished = [job for job in jobs if job[1] not in FINISHED_JOB_STATES]
+        frontier = max((ordinal for _, _, ordinal, _ in unfinished), default=0)
+        dirty = False
+        if frontier != run.frontier:
+            run.frontier = frontier
+            dirty = True
+            arrived += [
+                pk
+                for pk, state, ordinal, claimed in unfinished
+                if ordinal == frontier and state == JobState.PENDING and claimed is None
+            ]
+        if unfinished:
+            waiting = any(state == JobState.ESCALATED for _, state, _, _ in unfinished)
+            if run.state == RunState.ESCALATED and not waiting:
+                run.state = RunState.ACTIVE
+                dirty = True
+                reopened.append(run)
+        else:
+            states = [state for _, state, _, _ in jobs]
+            run.state = RunState.DONE
+            run.finished_at = now
+            dirty = True
+            end: dict[str, Any] = {
+                "saga_id": run.saga_id,
+                "run_id": run.pk,
+                "clean": True,
+                "compensated": states.count(JobState.COMPENSATED),
+                "resolved": states.count(JobState.RESOLVED),
+                "failed": 0,
+                "orphaned": 0,
+                "unresolved": 0,
+                "halted": False,
+                "recovery": run.kind,
+            }
+            if run.to_ordinal:
+                end["to_step"] = run.to_ordinal
+            ended.append(("ROLLBACK_END", end))
+        if dirty:
+            changed.append(run)
+    # Grouped UPDATEs (a few distinct values), not bulk_update's CASE per row: that cost more
+    # Python than the rest of a batch of results together.
+    groups: dict[tuple[int, str, datetime | None], list[int]] = {}
+    for run in changed:
+        groups.setdefault((run.frontier, run.state, run.finished_at), []).append(run.pk)
+    for (frontier, state, finished_at), pks in groups.items():
+        Run.objects.filter(pk__in=pks).update(frontier=frontier, state=state, finished_at=finished_at)
+    if arrived:
+        Job.objects.filter(pk__in=arrived, state=JobState.PENDING, available_at__lt=now).update(
+            available_at=now
+        )
+    if ended:
+        append_server_records(tenant, ended, actor=SYSTEM_ACTOR)
+    for run in reopened:
+        _wake_webhooks(tenant, run)
 
 
 # --------------------------------------------------------------------------- human decisions
@@ -798,6 +1099,11 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
         raise RecoveryError(
             400, "invalid", "url: an http(s) URL of at most 500 characters", field="url"
         ) from None
+    from recovery.webhook import check_url
+
+    unsafe = check_url(url)
+    if unsafe:
+        raise RecoveryError(400, "unsafe_url", f"url: {unsafe}", field="url")
     handlers = [] if handlers is None else handlers
     if (
         not isinstance(handlers, list)

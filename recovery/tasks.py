@@ -12,7 +12,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from recovery import services, webhook
-from recovery.cross_tenant import tenants_with_recovery_due
+from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
 from recovery.models import Delivery, Webhook
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -27,7 +27,9 @@ def sweep_all() -> int:
     """Every tenant with recovery work due: take over expired sagas, escalate, wake webhooks."""
     now = timezone.now()
     done = 0
-    for tenant_id in tenants_with_recovery_due(now):
+    due = set(tenants_with_recovery_due(now))
+    due |= set(tenants_with_unclaimed_jobs(now - services.unclaimed_after()))
+    for tenant_id in sorted(due):
         tenant = Tenant.objects.filter(pk=tenant_id).first()
         if tenant is None:
             continue

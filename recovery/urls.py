@@ -4,6 +4,7 @@ from recovery import api
 
 urlpatterns = [
     path("recovery/claim", api.ClaimView.as_view(), name="recovery-claim"),
+    path("recovery/results", api.ResultsView.as_view(), name="recovery-results"),
     path("recovery/jobs", api.JobListView.as_view(), name="recovery-jobs"),
     path("recovery/jobs/<str:job_id>/complete", api.CompleteView.as_view(), name="recovery-job-complete"),
     path("recovery/jobs/<str:job_id>/fail", api.FailView.as_view(), name="recovery-job-fail"),

@@ -1,20 +1,44 @@
-"""Signing a webhook delivery. The receiver's check is the snippet in docs/ARCHITECTURE.md
-(§8.8, "Verifying a recovery webhook"); a test extracts and runs exactly that code.
+"""Signing and sending a webhook delivery (recovery jobs and reconciliation checks). The receiver's
+check is the snippet in docs/ARCHITECTURE.md (§8.8, "Verifying a recovery webhook"); a test
+extracts and runs exactly that code.
 
 The header is `Sagaplane-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>`, the MAC over
 `<t>.` followed by the raw body, keyed with the webhook's secret. The timestamp is signed, so a
-captured delivery cannot be replayed after the tolerance, and the body is the exact bytes sent."""
+captured delivery cannot be replayed after the tolerance, and the body is the exact bytes sent.
+
+A tenant's URL must not turn the control plane into a proxy into its own network: unless
+`SAGAPLANE_WEBHOOK_ALLOW_PRIVATE` is on (development and the embedded demo), a URL whose host
+resolves to any address that is not globally routable (loopback, private, link-local such as the
+169.254.169.254 metadata service, shared, multicast, reserved, unspecified; IPv4-mapped IPv6
+judged by its IPv4 address) is refused when it is configured (`check_url`) and again at each
+delivery, after resolving the name once more: the connection then goes to exactly the address
+that was vetted (no second lookup a rebinding DNS server could answer differently), and a
+redirect is an answer (a failed attempt), never followed."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
+import ipaddress
+import socket
+import ssl
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 SIGNATURE_HEADER = "Sagaplane-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+TIMEOUT_S = 10.0
+
+
+# Indirections the tests replace (a rebinding name server, a connection that records its address).
+_lookup = socket.getaddrinfo
+_connect = socket.create_connection
+
+
+class UnsafeAddress(OSError):
+    """The webhook's host is (or resolves to) an address deliveries may not go to. An OSError,
+    so a delivery refused for it is a failed attempt like an unreachable receiver."""
 
 
 def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
@@ -23,29 +47,126 @@ def sign(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
     return f"t={ts},v1={mac}"
 
 
-TIMEOUT_S = 10.0
+def allow_private() -> bool:
+    from django.conf import settings
+
+    return bool(getattr(settings, "SAGAPLANE_WEBHOOK_ALLOW_PRIVATE", False))
+
+
+def _forbidden(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """Why deliveries may not go to `address` ('' when they may)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    for flag in ("loopback", "link_local", "private", "multicast", "reserved", "unspecified"):
+        if getattr(address, f"is_{flag}"):
+            return flag.replace("_", "-")
+    if not address.is_global:
+        return "not globally routable"
+    return ""
+
+
+def _target(url: str) -> tuple[str, str, int, str]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UnsafeAddress(f"not an http(s) URL with a host: {url[:100]!r}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UnsafeAddress("the URL's port is not a number from 0 to 65535") from None
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.scheme, parts.hostname, port, path
+
+
+def resolve(url: str) -> str:
+    """The address a delivery to `url` connects to: its host resolved once, every address it
+    resolves to vetted (one forbidden address refuses the URL: a name must not mix them).
+    Raises UnsafeAddress (refused) or OSError (does not resolve)."""
+    _, host, port, _ = _target(url)
+    try:
+        infos = _lookup(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"{host} does not resolve: {exc}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses:
+        raise OSError(f"{host} does not resolve")
+    if allow_private():
+        return addresses[0]
+    for text in addresses:
+        why = _forbidden(ipaddress.ip_address(text.split("%", 1)[0]))
+        if why:
+            raise UnsafeAddress(
+                f"{host} resolves to {text} ({why}): webhook deliveries go to public addresses only "
+                "(SAGAPLANE_WEBHOOK_ALLOW_PRIVATE allows others)"
+            )
+    return addresses[0]
+
+
+def check_url(url: str) -> str:
+    """At configuration: '' when deliveries to `url` may be made now, else why not."""
+    if allow_private():
+        return ""
+    try:
+        resolve(url)
+    except UnsafeAddress as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{exc}: a webhook's host must resolve to a public address"
+    return ""
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects to the vetted address; the Host header stays the URL's host."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self) -> None:
+        self.sock = _connect((self._address, self.port), self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """TLS to the vetted address, verifying the certificate for the URL's host name (SNI too)."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._address = address
+
+    def connect(self) -> None:
+        raw = _connect((self._address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
 
 
 def post(
     url: str, body: bytes, *, secret: str, idempotency_key: str, agent: str, read: int = 0
 ) -> tuple[int, bytes]:
-    """POST one signed delivery: its HTTP status and at most `read` bytes of the answer. An error
-    status is an answer (its body unread); an unreachable receiver raises OSError (URLError is
-    one)."""
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            SIGNATURE_HEADER: sign(secret, body),
-            IDEMPOTENCY_HEADER: idempotency_key,
-            "User-Agent": agent,
-        },
-    )
+    """POST one signed delivery: its HTTP status and at most `read` bytes of the answer. Any
+    status is an answer (a 3xx is not followed; only a 2xx's body is read); an unreachable or
+    refused receiver raises OSError (UnsafeAddress when its address is forbidden)."""
+    scheme, host, port, path = _target(url)
+    address = resolve(url)
+    connection_class = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+    connection = connection_class(host, port, address, TIMEOUT_S)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 (http(s), checked when set)
-            return response.status, response.read(read) if read else b""
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
+        connection.request(
+            "POST",
+            path,
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                SIGNATURE_HEADER: sign(secret, body),
+                IDEMPOTENCY_HEADER: idempotency_key,
+                "User-Agent": agent,
+            },
+        )
+        response = connection.getresponse()
+        status = response.status
+        raw = response.read(read) if read and 200 <= status < 300 else b""
+        return status, raw
+    except http.client.HTTPException as exc:
+        raise OSError(f"the webhook's answer was not HTTP: {exc!r}") from None
+    finally:
+        connection.close()

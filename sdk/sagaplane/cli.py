@@ -284,6 +284,13 @@ def add_worker(sub: Any) -> None:
     p.add_argument("--lease", type=float, default=30.0, help="seconds a claimed job is held (default 30)")
     p.add_argument("--wait", type=float, default=20.0, help="seconds one claim waits for a job (default 20)")
     p.add_argument("--max-jobs", type=int, default=None, help="exit after running this many jobs")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="handlers run at once in a thread pool (default 1); jobs are claimed and their results "
+        "reported in batches",
+    )
     p.set_defaults(func=cmd_worker)
 
 
@@ -301,7 +308,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        worker = Worker(name=args.name, lease_s=args.lease, wait_s=args.wait)
+        if not 1 <= args.concurrency <= 1000:
+            raise ConfigurationError("--concurrency: from 1 to 1000")
+        worker = Worker(name=args.name, lease_s=args.lease, wait_s=args.wait, concurrency=args.concurrency)
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

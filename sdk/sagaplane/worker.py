@@ -14,6 +14,11 @@ control plane refuses a result whose token is stale (the job was claimed again a
 lease ran out): such a worker's result is never recorded, and the handler's idempotency key is
 what keeps the effect single when a compensation had to be run twice. While a handler runs, the
 lease is renewed every third of its length.
+
+With `concurrency=N` (`--concurrency N`), `run` keeps up to N handlers running at once in a
+thread pool: each claim asks for as many jobs as there are free slots (`max_jobs`), and the
+results go back in batches (`POST /api/v1/recovery/results`, each with its own token) by one
+reporting thread, so a slow answer from the control plane never holds a handler slot.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import queue
 import random
 import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +43,11 @@ from .semantics import accepts_kwarg, registered_compensators, resolve_compensat
 logger = logging.getLogger("sagaplane.worker")
 
 CLAIM_PATH = "/api/v1/recovery/claim"
+RESULTS_PATH = "/api/v1/recovery/results"
 DEFAULT_LEASE_S = 30.0
 DEFAULT_WAIT_S = 20.0
+MAX_CLAIM_BATCH = 100  # the control plane's limit on one claim's max_jobs
+MAX_REPORT_BATCH = 500  # ... and on one results request
 
 
 @dataclass
@@ -63,13 +73,18 @@ class Worker:
         name: str | None = None,
         lease_s: float = DEFAULT_LEASE_S,
         wait_s: float = DEFAULT_WAIT_S,
+        concurrency: int = 1,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency: at least 1")
         self.client = client or Client(timeout=max(30.0, wait_s + 10.0))
         self._handlers = handlers
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.lease_s = lease_s
         self.wait_s = wait_s
+        self.concurrency = concurrency
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self.outcomes: list[Outcome] = []
 
     def handler_names(self) -> list[str]:
@@ -87,23 +102,32 @@ class Worker:
     # -- the loop ---------------------------------------------------------------------------
 
     def claim(self, wait_s: float | None = None) -> dict[str, Any] | None:
+        jobs = self.claim_many(1, wait_s)
+        return jobs[0] if jobs else None
+
+    def claim_many(self, max_jobs: int, wait_s: float | None = None) -> list[dict[str, Any]]:
+        """Claim up to `max_jobs` jobs in one request (waiting up to `wait_s` for the first)."""
         names = self.handler_names()
         if not names:
             raise RuntimeError("no compensators registered: import your @sp.compensator module first")
-        response = self.client.post(
-            CLAIM_PATH,
-            {
-                "handlers": names,
-                "worker": self.name,
-                "lease_s": self.lease_s,
-                "wait": self.wait_s if wait_s is None else wait_s,
-            },
-        )
+        body: dict[str, Any] = {
+            "handlers": names,
+            "worker": self.name,
+            "lease_s": self.lease_s,
+            "wait": self.wait_s if wait_s is None else wait_s,
+        }
+        if max_jobs > 1:
+            body["max_jobs"] = min(max_jobs, MAX_CLAIM_BATCH)
+        response = self.client.post(CLAIM_PATH, body)
         self.client.check_auth(response)
         if not response.ok:
             raise TransportError(f"claim refused: HTTP {response.status} {response.error_code}")
-        job = response.body.get("job") if isinstance(response.body, dict) else None
-        return job if isinstance(job, dict) else None
+        data = response.body if isinstance(response.body, dict) else {}
+        jobs = data.get("jobs")
+        if isinstance(jobs, list):
+            return [job for job in jobs if isinstance(job, dict)]
+        job = data.get("job")
+        return [job] if isinstance(job, dict) else []
 
     def run_once(self, wait_s: float | None = None) -> Outcome | None:
         """Claim one job (waiting up to `wait_s`), run it and report it. None when none came."""
@@ -116,6 +140,8 @@ class Worker:
 
     def run(self, *, max_jobs: int | None = None) -> int:
         """Until `stop()` (or `max_jobs` done): returns how many jobs it ran."""
+        if self.concurrency > 1:
+            return self._run_pool(max_jobs)
         done = 0
         pause = 0.5
         while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
@@ -131,23 +157,72 @@ class Worker:
                 done += 1
         return done
 
+    def _run_pool(self, max_jobs: int | None) -> int:
+        """Up to `concurrency` handlers at once; results reported in batches by one thread."""
+        slots = threading.Condition()
+        running = 0
+        claimed = 0
+        reporter = _Reporter(self)
+        beats = _Heartbeats(self)
+        reporter.start()
+        beats.start()
+
+        def one(job: dict[str, Any]) -> None:
+            nonlocal running
+            try:
+                what, body = self._call(job)
+            except BaseException as exc:  # never lose a slot or a result
+                what, body = "fail", {"error": repr(exc)[:2000]}
+            finally:
+                beats.forget(job)
+            reporter.put(job, what, body)
+            with slots:
+                running -= 1
+                slots.notify_all()
+
+        pause = 0.5
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="sagaplane-compensator") as pool:
+            try:
+                while not self._stop.is_set() and (max_jobs is None or claimed < max_jobs):
+                    with slots:
+                        while running >= self.concurrency and not self._stop.is_set():
+                            slots.wait(0.5)
+                        free = self.concurrency - running
+                    if self._stop.is_set():
+                        break
+                    if max_jobs is not None:
+                        free = min(free, max_jobs - claimed)
+                    try:
+                        jobs = self.claim_many(free)
+                    except TransportError as exc:
+                        logger.warning("recovery worker: %s; retrying in %.1fs", exc, pause)
+                        self._stop.wait(pause * (0.5 + random.random()))
+                        pause = min(pause * 2, 30.0)
+                        continue
+                    pause = 0.5
+                    for job in jobs[:free]:
+                        with slots:
+                            running += 1
+                        claimed += 1
+                        beats.track(job)
+                        pool.submit(one, job)
+            finally:
+                pool.shutdown(wait=True)
+                reporter.close()
+                beats.close()
+        return claimed
+
     # -- one job -----------------------------------------------------------------------------
 
-    def _job_path(self, job: dict[str, Any], what: str) -> str:
-        return f"/api/v1/recovery/jobs/{urllib.parse.quote(str(job['id']), safe='')}/{what}"
-
-    def execute(self, job: dict[str, Any]) -> Outcome:
+    def _call(self, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Run the job's handler: what to report and with which body."""
         handler = str(job.get("handler") or "")
         fn = self._resolve(handler)
-        if fn is None:  # claimed only for registered names, so only if the registry changed since
-            return self._report(
-                job, "fail", {"error": f"no handler {handler!r} here", "reason": "no_handler"}
-            )
+        if fn is None:
+            return "fail", {"error": f"no handler {handler!r} here", "reason": "no_handler"}
         kwargs = dict(job.get("kwargs") or {})
         if accepts_kwarg(fn, "idempotency_key"):
             kwargs.setdefault("idempotency_key", job.get("idempotency_key"))
-        beat = _Heartbeat(self, job)
-        beat.start()
         try:
             result = fn(**kwargs)
             if inspect.isawaitable(result):
@@ -155,11 +230,25 @@ class Worker:
 
                 _run_coro(result)
         except Exception as exc:
-            beat.stop()
             logger.warning("compensation %s for step %s failed: %r", handler, job.get("step_id"), exc)
-            return self._report(job, "fail", {"error": repr(exc)[:2000]})
-        beat.stop()
-        return self._report(job, "complete", {})
+            return "fail", {"error": repr(exc)[:2000]}
+        return "complete", {}
+
+    def _record(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.outcomes.append(outcome)
+
+    def _job_path(self, job: dict[str, Any], what: str) -> str:
+        return f"/api/v1/recovery/jobs/{urllib.parse.quote(str(job['id']), safe='')}/{what}"
+
+    def execute(self, job: dict[str, Any]) -> Outcome:
+        beat = _Heartbeat(self, job)
+        beat.start()
+        try:
+            what, body = self._call(job)
+        finally:
+            beat.stop()
+        return self._report(job, what, body)
 
     def _report(self, job: dict[str, Any], what: str, body: dict[str, Any]) -> Outcome:
         """Send the result with the job's token, retrying while the control plane is unreachable."""
@@ -186,20 +275,162 @@ class Worker:
 
     @staticmethod
     def _outcome(job: dict[str, Any], what: str, body: dict[str, Any], response: Response) -> Outcome:
-        if response.status == 409:
+        return Worker._answered(job, what, body, response.status, response.error_code)
+
+    @staticmethod
+    def _answered(job: dict[str, Any], what: str, body: dict[str, Any], status: int, code: str) -> Outcome:
+        if status == 409:
             logger.warning(
                 "job %s was claimed again after this worker's lease ran out: its result was not recorded",
                 job["id"],
             )
-        elif not response.ok:
-            logger.error("reporting job %s: HTTP %s %s", job["id"], response.status, response.error_code)
+        elif not 200 <= status < 300:
+            logger.error("reporting job %s: HTTP %s %s", job["id"], status, code)
         return Outcome(
             str(job["id"]),
             str(job.get("handler")),
             what == "complete",
-            response.ok,
+            200 <= status < 300,
             str(body.get("error", "")),
         )
+
+
+class _Reporter:
+    """One thread that sends the pool's results in batches (`POST /api/v1/recovery/results`):
+    whatever finished while the previous request was in flight goes in the next one. A batch the
+    control plane cannot take yet (unreachable, 5xx, 429) is sent again with the same tokens,
+    until twice the lease (at least 60 s); a control plane without the batch route gets each
+    result on its own route."""
+
+    _CLOSE = object()
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._single = False
+        self._thread = threading.Thread(target=self._loop, name="sagaplane-results", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, job: dict[str, Any], what: str, body: dict[str, Any]) -> None:
+        self._queue.put((job, what, body))
+
+    def close(self) -> None:
+        self._queue.put(self._CLOSE)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        closing = False
+        while not closing:
+            batch = [self._queue.get()]
+            while len(batch) < MAX_REPORT_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if self._CLOSE in batch:
+                closing = True
+                batch = [item for item in batch if item is not self._CLOSE]
+            if batch:
+                try:
+                    self._send(batch)
+                except Exception:  # a bug here must not strand the pool: log and go on
+                    logger.exception("recovery worker: reporting %d results failed", len(batch))
+
+    def _send(self, batch: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> None:
+        worker = self.worker
+        if self._single:
+            for job, what, body in batch:
+                worker._record(worker._report(job, what, body))
+            return
+        items = [
+            {"id": str(job["id"]), "token": job["token"], "ok": what == "complete", **body}
+            for job, what, body in batch
+        ]
+        pause = 0.2
+        deadline = time.monotonic() + max(60.0, worker.lease_s * 2)
+        while True:
+            try:
+                response = worker.client.post(RESULTS_PATH, {"results": items})
+                if response.status < 500 and response.status != 429:
+                    break
+                problem = f"HTTP {response.status} {response.error_code}"
+            except TransportError as exc:
+                problem = str(exc)
+            if time.monotonic() > deadline:
+                logger.error("could not report %d jobs: %s (their leases will run out)", len(batch), problem)
+                for job, what, _ in batch:
+                    worker._record(
+                        Outcome(str(job["id"]), str(job.get("handler")), what == "complete", False, problem)
+                    )
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+        answers = response.body.get("results") if isinstance(response.body, dict) else None
+        if response.status == 404 and answers is None:
+            self._single = True  # an older control plane: one result per request
+            self._send(batch)
+            return
+        if not response.ok or not isinstance(answers, list) or len(answers) != len(batch):
+            logger.error("reporting %d jobs: HTTP %s %s", len(batch), response.status, response.error_code)
+            for job, what, body in batch:
+                worker._record(worker._answered(job, what, body, response.status, response.error_code))
+            return
+        for (job, what, body), answer in zip(batch, answers, strict=True):
+            code = str(answer.get("error") or "") if isinstance(answer, dict) else "malformed"
+            status = {"": 200, "stale_token": 409, "not_found": 404}.get(code, 400)
+            worker._record(worker._answered(job, what, body, status, code))
+
+
+class _Heartbeats:
+    """One thread renewing the leases of every job the pool runs that has been running for a
+    third of its lease (a long compensation)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._jobs: dict[str, tuple[dict[str, Any], float]] = {}
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sagaplane-heartbeats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def track(self, job: dict[str, Any]) -> None:
+        with self._lock:
+            self._jobs[str(job["id"])] = (job, time.monotonic())
+
+    def forget(self, job: dict[str, Any]) -> None:
+        with self._lock:
+            self._jobs.pop(str(job["id"]), None)
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        interval = max(0.2, self.worker.lease_s / 3)
+        while not self._done.wait(min(interval, 1.0)):
+            now = time.monotonic()
+            with self._lock:
+                due = [(job, at) for job, at in self._jobs.values() if now - at >= interval]
+            for job, _ in due:
+                try:
+                    response = self.worker.client.post(
+                        self.worker._job_path(job, "heartbeat"),
+                        {"token": job["token"], "lease_s": self.worker.lease_s},
+                    )
+                except TransportError:
+                    continue
+                with self._lock:
+                    if str(job["id"]) not in self._jobs:
+                        continue
+                    if response.status == 409:
+                        logger.warning("job %s: lease lost while its handler runs", job["id"])
+                        self._jobs.pop(str(job["id"]), None)
+                    else:
+                        self._jobs[str(job["id"])] = (job, time.monotonic())
 
 
 class _Heartbeat:

@@ -306,6 +306,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             LOG_LEVEL="INFO",
             SAGAPLANE_PUBLIC_URL="https://127.0.0.1",
             SECURE_SSL_REDIRECT="false",  # the SDK processes speak plain http on loopback
+            SAGAPLANE_WEBHOOK_ALLOW_PRIVATE="true",  # the test webhook receivers listen on loopback
         )
         with control_plane(env, workers=2, tenant="shop") as server:
             out = manage(

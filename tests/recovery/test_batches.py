@@ -1,0 +1,241 @@
+"""Batches: a claim may take several jobs (`max_jobs`), one request may carry several results
+(`POST /api/v1/recovery/results`), and `sagaplane worker --concurrency N` runs several handlers at
+once over both. Each guarantee of the one-job path still holds: one job per saga at a time,
+newest first; a stale token records nothing; a job none of the workers serves escalates as
+"no handler". Both databases."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sagaplane as sp
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from recovery import services
+from recovery.models import Job, JobState, Run, RunState
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.conftest import Person, server_stream
+from tests.recovery.sagas import HANDLER, crashed, sweep_later
+from tests.transparency.conftest import Writer
+
+CLAIM = "/api/v1/recovery/claim"
+NOBODY = "00000000-0000-0000-0000-000000000000"
+RESULTS = "/api/v1/recovery/results"
+
+
+def claim_many(client: APIClient, max_jobs: int, **extra: Any) -> list[dict[str, Any]]:
+    response = client.post(CLAIM, {"handlers": [HANDLER], "max_jobs": max_jobs, **extra}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["job"] == (body["jobs"][0] if body["jobs"] else None)
+    return list(body["jobs"])
+
+
+def results(client: APIClient, items: list[dict[str, Any]]) -> Any:
+    return client.post(RESULTS, {"results": items}, format="json")
+
+
+def ok(job: dict[str, Any]) -> dict[str, Any]:
+    return {"id": job["id"], "token": job["token"], "ok": True}
+
+
+@pytest.mark.django_db
+def test_a_batch_claim_takes_each_sagas_newest_step_and_a_batch_of_results_moves_them_on(
+    alice: Person, writer_a: Writer
+) -> None:
+    tenant = alice.tenant
+    for saga in ("b1", "b2", "b3"):
+        crashed(writer_a, saga, steps=3)
+    assert sweep_later(tenant)["taken_over"] == 3
+    worker = alice.key_client()
+    for step in (3, 2, 1):
+        jobs = claim_many(worker, 10)
+        assert sorted(job["saga_id"] for job in jobs) == ["b1", "b2", "b3"]  # one per saga
+        assert {job["step"] for job in jobs} == {step}  # newest first
+        assert claim_many(worker, 10) == []  # the older steps wait for these
+        answer = results(worker, [ok(job) for job in jobs])
+        assert answer.status_code == 200, answer.content
+        assert [a["state"] for a in answer.json()["results"]] == ["compensated"] * 3
+    with tenant_context(tenant):
+        assert set(Run.objects.values_list("state", flat=True)) == {RunState.DONE}
+    stream = server_stream(tenant)
+    compensated = [r["step_id"] for r in stream if r["event"] == "COMPENSATED"]
+    assert sorted(compensated) == sorted(f"{s}-s{n}" for s in ("b1", "b2", "b3") for n in (1, 2, 3))
+    ends = [r["saga_id"] for r in stream if r["event"] == "ROLLBACK_END"]
+    assert sorted(ends) == ["b1", "b2", "b3"]
+    # Each saga's ROLLBACK_END comes after its last COMPENSATED.
+    for saga in ("b1", "b2", "b3"):
+        positions = [i for i, r in enumerate(stream) if r.get("saga_id") == saga]
+        assert stream[positions[-1]]["event"] == "ROLLBACK_END"
+
+
+@pytest.mark.django_db
+def test_a_stale_token_in_a_batch_records_nothing_and_the_others_are_recorded(
+    alice: Person, writer_a: Writer
+) -> None:
+    tenant = alice.tenant
+    for saga in ("c1", "c2", "c3"):
+        crashed(writer_a, saga, steps=1)
+    sweep_later(tenant)
+    worker = alice.key_client()
+    jobs = {job["saga_id"]: job for job in claim_many(worker, 3)}
+    assert set(jobs) == {"c1", "c2", "c3"}
+    answer = results(
+        worker,
+        [
+            ok(jobs["c1"]),
+            {"id": jobs["c2"]["id"], "token": jobs["c2"]["token"] + 1, "ok": True},  # not its token
+            {"id": jobs["c3"]["id"], "token": jobs["c3"]["token"], "ok": False, "error": "card API down"},
+            ok(jobs["c1"]),  # the same result twice: the second is stale
+        ],
+    )
+    assert answer.status_code == 200, answer.content
+    out = answer.json()["results"]
+    assert out[0] == {"id": jobs["c1"]["id"], "state": "compensated"}
+    assert out[1]["error"] == "stale_token" and out[3]["error"] == "stale_token"
+    assert out[2] == {"id": jobs["c3"]["id"], "state": "pending"}  # retried after a backoff
+    with tenant_context(tenant):
+        states = dict(Job.objects.values_list("saga_id", "state"))
+    assert states == {"c1": "compensated", "c2": "claimed", "c3": "pending"}
+    stream = server_stream(tenant)
+    assert [r["saga_id"] for r in stream if r["event"] == "COMPENSATED"] == ["c1"]
+    assert [r["saga_id"] for r in stream if r["event"] == "COMPENSATION_FAILED"] == ["c3"]
+    # The holder of c2's real token still can record it.
+    assert results(worker, [ok(jobs["c2"])]).json()["results"][0]["state"] == "compensated"
+
+
+@pytest.mark.django_db
+def test_a_claim_without_max_jobs_answers_as_before(alice: Person, writer_a: Writer) -> None:
+    for saga in ("d1", "d2"):
+        crashed(writer_a, saga, steps=1)
+    sweep_later(alice.tenant)
+    body = alice.key_client().post(CLAIM, {"handlers": [HANDLER]}, format="json").json()
+    assert set(body) == {"job"} and body["job"]["saga_id"] in {"d1", "d2"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("max_jobs", [0, 101, "5", True, 2.5, [3]])
+def test_hostile_max_jobs_is_refused(alice: Person, max_jobs: Any) -> None:
+    response = alice.key_client().post(CLAIM, {"handlers": [HANDLER], "max_jobs": max_jobs}, format="json")
+    assert response.status_code == 400
+    assert response.json()["field"] == "max_jobs"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"results": "x"}, "results"),
+        ({"results": []}, "results"),
+        ({"results": [{"id": NOBODY, "token": 1}] * 501}, "results"),
+        ({"results": [{"id": NOBODY, "token": 1}]}, "results[0]"),
+        ({"results": [{"id": "nope", "token": 1, "ok": True}]}, "results[0].id"),
+        ({"results": [{"id": 7, "token": 1, "ok": True}]}, "results[0].id"),
+        ({"results": [{"id": NOBODY, "token": "1", "ok": True}]}, "results[0].token"),
+        (
+            {"results": [{"id": NOBODY, "token": 1, "ok": False, "error": 5}]},
+            "results[0].error",
+        ),
+        (
+            {"results": [{"id": NOBODY, "token": 1, "ok": False, "reason": "x"}]},
+            "results[0].reason",
+        ),
+    ],
+)
+def test_hostile_results_are_refused(alice: Person, body: dict[str, Any], field: str) -> None:
+    response = alice.key_client().post(RESULTS, body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == field
+
+
+@pytest.mark.django_db
+def test_results_for_unknown_or_foreign_jobs_record_nothing(
+    alice: Person, writer_a: Writer, tenant_b: Tenant
+) -> None:
+    from tenants.models import Role
+    from tests.conftest import make_person
+
+    crashed(writer_a, "e1", steps=1)
+    sweep_later(alice.tenant)
+    (job,) = claim_many(alice.key_client(), 5)
+    outsider = make_person(tenant_b, "mallory", Role.OWNER)
+    answer = results(outsider.key_client(), [ok(job)])
+    assert answer.status_code == 200
+    assert answer.json()["results"][0]["error"] == "not_found"
+    with tenant_context(alice.tenant):
+        assert Job.objects.get(saga_id="e1").state == JobState.CLAIMED
+
+
+@pytest.mark.django_db
+def test_a_job_no_worker_serves_escalates_as_no_handler(
+    alice: Person, writer_a: Writer, settings: Any
+) -> None:
+    settings.SAGAPLANE_RECOVERY_UNCLAIMED_SECONDS = 60
+    tenant = alice.tenant
+    crashed(writer_a, "orphan", steps=2, handler="billing.void")  # no worker has this handler
+    crashed(writer_a, "served", steps=2)
+    sweep_later(tenant)
+    worker = alice.key_client()
+    (job,) = claim_many(worker, 5)  # the worker serves shop.refund: it is busy on "served"
+    assert job["saga_id"] == "served"
+    assert sweep_later(tenant, 30)["escalated"] == 0  # not yet: within the bound
+    now = timezone.now()
+    assert services.sweep(tenant, now=now + timedelta(seconds=120))["escalated"] == 1
+    with tenant_context(tenant):
+        orphan = Job.objects.get(saga_id="orphan", state=JobState.ESCALATED)
+        assert orphan.escalation == "no_handler" and orphan.step_id == "orphan-s2"
+        assert "billing.void" in orphan.last_error and "no worker claimed it" in orphan.last_error
+        assert Run.objects.get(saga_id="orphan").state == RunState.ESCALATED
+        # "served" waits behind its worker (a queue, not a missing handler): not escalated
+        assert not Job.objects.filter(saga_id="served", state=JobState.ESCALATED).exists()
+    escalated = [r for r in server_stream(tenant) if r["event"] == "RECOVERY_ESCALATED"]
+    assert [(r["saga_id"], r["reason"], r["old"]) for r in escalated] == [
+        ("orphan", "no_handler", {"job": "pending"})
+    ]
+    page = Client()
+    page.force_login(alice.user)
+    html = page.get("/recovery/").content.decode()
+    assert 'data-saga="orphan"' in html and "no worker claimed it" in html
+
+
+def test_the_sdk_worker_runs_jobs_concurrently_and_reports_them_in_batches(
+    transactional_db: None, live_server: Any, alice: Person, tenant_a: Tenant
+) -> None:
+    writer = Writer(tenant_a, "agent-a-1")
+    sagas = [f"p{i}" for i in range(4)]
+    for saga in sagas:
+        crashed(writer, saga, steps=3)
+    sweep_later(tenant_a)
+    calls: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    together = threading.Barrier(4, timeout=30)  # the four sagas' newest steps run at once
+
+    def refund(charge_id: str, idempotency_key: str | None = None) -> None:
+        assert idempotency_key is not None
+        if charge_id.endswith("-3"):
+            together.wait()
+        with lock:
+            calls.append((charge_id, idempotency_key))
+
+    worker = sp.Worker(
+        sp.Client(live_server.url, alice.api_key),
+        handlers={HANDLER: refund},
+        name="pool-1",
+        wait_s=2,
+        concurrency=4,
+    )
+    assert worker.run(max_jobs=12) == 12
+    assert len(worker.outcomes) == 12 and all(o.ok and o.recorded for o in worker.outcomes)
+    assert sorted(key for _, key in calls) == sorted(f"idem-{s}-{n}" for s in sagas for n in (1, 2, 3))
+    for saga in sagas:  # each saga newest first
+        mine = [charge for charge, _ in calls if charge.startswith(f"ch-{saga}-")]
+        assert mine == [f"ch-{saga}-3", f"ch-{saga}-2", f"ch-{saga}-1"]
+    with tenant_context(tenant_a):
+        assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPENSATED}
+        assert set(Job.objects.values_list("claimed_by", flat=True)) == {"pool-1"}
