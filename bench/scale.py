@@ -297,10 +297,28 @@ def _proofs(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
         inclusion += _api(client, "/api/v1/audit/proofs/inclusion", {"index": leaf}, 1)
     for leaf in leaves:
         consistency += _api(client, "/api/v1/audit/proofs/consistency", {"first": max(1, leaf)}, 1)
+    # The same proofs without the request path (authentication, middleware, DRF, JSON): what the
+    # tree's storage costs at this size, beside what the API adds.
+    from transparency import proofs
+
+    core_inclusion, core_consistency = [], []
+    with tenant_context(tenant):
+        for leaf in leaves:
+            start = time.perf_counter()
+            proofs.inclusion(leaf)
+            core_inclusion.append(time.perf_counter() - start)
+        for leaf in leaves:
+            start = time.perf_counter()
+            proofs.consistency(max(1, leaf))
+            core_consistency.append(time.perf_counter() - start)
     return {
         "signed_size": signed,
         "inclusion_ms": {"p50": _pct(inclusion, 0.5), "p99": _pct(inclusion, 0.99)},
         "consistency_ms": {"p50": _pct(consistency, 0.5), "p99": _pct(consistency, 0.99)},
+        "without_request_path_ms": {
+            "inclusion": {"p50": _pct(core_inclusion, 0.5), "p99": _pct(core_inclusion, 0.99)},
+            "consistency": {"p50": _pct(core_consistency, 0.5), "p99": _pct(core_consistency, 0.99)},
+        },
     }
 
 
@@ -461,7 +479,14 @@ def _tenant(slug: str) -> Any:
 
 
 def grow(
-    grower: Grower, sizes: list[int], points: list[int], report: Report, client: Any, queries: int, tmp: str
+    grower: Grower,
+    sizes: list[int],
+    points: list[int],
+    report: Report,
+    client: Any,
+    queries: int,
+    tmp: str,
+    goal: int,
 ) -> None:
     """Grow to each size; the ingest rate at each of `points` (and each size); measure at each size."""
     marks = sorted({*sizes, *points})
@@ -477,7 +502,7 @@ def grow(
             rate = round(BATCH / sorted(window)[len(window) // 2], 1)
             mean = round(len(window) * BATCH / sum(window), 1)
             report.point(grower.total, rate, mean, round(leaves / seconds) if seconds else None)
-        if disk_guard(grower.total, max(sizes)):
+        if disk_guard(grower.total, goal):
             report.data["stopped"] = f"disk: stopped at {grower.total:,} records, see sizes"
             report.write()
             raise SystemExit(2)
@@ -491,7 +516,8 @@ def grow(
 
 
 def disk_guard(records: int, goal: int) -> bool:
-    """True when growing to `goal` at this database's bytes per record would leave < 15 GiB."""
+    """True when growing to `goal` records in all at this database's bytes per record would
+    leave < 15 GiB free."""
     from django.db import connection
 
     if connection.vendor != "postgresql" or records < 500_000:
@@ -504,9 +530,13 @@ def disk_guard(records: int, goal: int) -> bool:
 
 
 def tenants_phase(count: int, per: int, report: Report, queries: int, big: Grower, big_client: Any) -> None:
-    """`count` tenants of `per` records each, resumable; ingest rate per block of 100 tenants."""
+    """`count` tenants of `per` records each, resumable: the ingest rate per block of 100 tenants;
+    at 100, 250, 500, 750 and `count` tenants, proofs and the saga list of the newest tenant and
+    of the big one beside them."""
     block_start, block_records = time.perf_counter(), 0
-    done = report.data["tenants"].setdefault("blocks", [])
+    blocks = report.data["tenants"].setdefault("blocks", [])
+    samples = report.data["tenants"].setdefault("samples", [])
+    report.data["tenants"].update({"goal": count, "records_each": per})
     for i in range(1, count + 1):
         tenant = _tenant(f"mt{i:04d}")
         grower = Grower(tenant)
@@ -515,41 +545,47 @@ def tenants_phase(count: int, per: int, report: Report, queries: int, big: Growe
             block_records += BATCH
         if grower.since_integrate:
             grower.integrate()
-        if i % 100 == 0 or i == count:
-            if block_records:
-                done.append(
+        if (i % 100 == 0 or i == count) and block_records:
+            blocks.append(
+                {
+                    "tenants": i,
+                    "records_per_s_incl_tenant_setup_and_integration": round(
+                        block_records / (time.perf_counter() - block_start), 1
+                    ),
+                    "load_average": _load(),
+                    "at": time.strftime("%H:%M:%S", time.gmtime()),
+                }
+            )
+            print(json.dumps(blocks[-1]), flush=True)
+            report.write()
+        if (i in (100, 250, 500, 750) or i == count) and not any(x["tenants"] == i for x in samples):
+            try:
+                _analyze()
+                client = _client_for(tenant)
+                samples.append(
                     {
                         "tenants": i,
-                        "records_per_s_incl_tenant_setup_and_integration": round(
-                            block_records / (time.perf_counter() - block_start), 1
-                        ),
+                        "newest_tenant": {
+                            **_proofs(client, tenant, queries),
+                            "saga_list_p95_ms": _listing(client, tenant, queries),
+                        },
+                        "big_tenant_beside_them": {
+                            "records": big.total,
+                            **_proofs(big_client, big.tenant, queries),
+                            "saga_list_p95_ms": _listing(big_client, big.tenant, queries),
+                        },
+                        "sizes": _sizes(big.total + i * per),
                         "load_average": _load(),
                         "at": time.strftime("%H:%M:%S", time.gmtime()),
                     }
                 )
-                print(json.dumps(done[-1]), flush=True)
-                report.write()
+                print(json.dumps(samples[-1]), flush=True)
+            except Exception as error:  # keep growing; the report says what failed
+                report.data.setdefault("errors", []).append(f"tenants {i}: {error!r}"[:2000])
+            report.write()
+        if i % 100 == 0:
             block_start, block_records = time.perf_counter(), 0
-    sample = _tenant(f"mt{count:04d}")
-    client = _client_for(sample)
-    report.data["tenants"].update(
-        {
-            "count": count,
-            "records_each": per,
-            "sample_tenant": {
-                **_proofs(client, sample, queries),
-                "saga_list_p95_ms": _listing(client, sample, queries),
-            },
-            "big_tenant_beside_them": {
-                "records": big.total,
-                **_proofs(big_client, big.tenant, queries),
-                "saga_list_p95_ms": _listing(big_client, big.tenant, queries),
-            },
-            "sizes": _sizes(big.total + count * per),
-            "load_average": _load(),
-        }
-    )
-    report.write()
+    report.data["tenants"]["count"] = count
 
 
 def main() -> int:
@@ -591,7 +627,7 @@ def main() -> int:
             tenant = _tenant("scale")
             client = _client_for(tenant)
             grower = Grower(tenant)
-            grow(grower, sizes, points, report, client, queries, tmp)
+            grow(grower, sizes, points, report, client, queries, tmp, max(sizes) + tenants * per)
             if tenants:
                 tenants_phase(tenants, per, report, queries, grower, client)
         finally:
