@@ -303,6 +303,15 @@ def test_one_trace_metrics_across_workers_json_logs_and_no_secret_logged(tmp_pat
                             == 8
                         )
                         assert metric(text, "sagaplane_integration_lag_leaves") == 0
+                        # Read as the runtime role, through the apps' count-only functions.
+                        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+                        failed = [
+                            s.labels for s in samples if s.name == "sagaplane_scrape_errors" and s.value
+                        ]
+                        assert failed == [], failed
+                        queues = {s.labels["queue"] for s in samples if s.name == "sagaplane_queue_depth"}
+                        wanted = {"approvals_pending", "recovery_escalated", "reconciliation_checks_open"}
+                        assert wanted <= queues, queues
                     worker.send_signal(signal.SIGTERM)
                     worker.wait(timeout=60)
                 api_key = server.api_key
