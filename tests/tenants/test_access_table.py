@@ -188,6 +188,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/audit/certificate": Api({"GET": AUDIT}),
     # recovery: workers claim and report with `recovery` keys; risk staff decide; admins set the webhook
     "api/v1/recovery/claim": Api({"POST": RECOVER}),
+    "api/v1/recovery/results": Api({"POST": RECOVER}),
     "api/v1/recovery/jobs": Api({"GET": Allowed(keys=frozenset({"recovery"}), roles=EVERY_ROLE)}),
     "api/v1/recovery/jobs/<str:job_id>/complete": Api({"POST": RECOVER}),
     "api/v1/recovery/jobs/<str:job_id>/fail": Api({"POST": RECOVER}),

@@ -97,6 +97,7 @@ def test_cross_tenant_functions_are_the_owners_definers_and_only_callable(db: No
         "sagaplane_stale_exports",
         "sagaplane_pending_approvals_count",
         "sagaplane_recovery_queue_depths",
+        "sagaplane_tenants_with_unclaimed_recovery_jobs",
         "sagaplane_reconciliation_backlog",
     } <= set(names)
     with connection.cursor() as cursor:
