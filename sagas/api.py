@@ -93,9 +93,13 @@ def _position(cursor: str) -> tuple[datetime | None, int]:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         moment, _, pk_text = text.rpartition("|")
+        if not (pk_text.isascii() and pk_text.isdigit()):
+            raise bad  # `_cursor_of` writes ASCII digits; int() would take "٣" or " 7"
         pk = int(pk_text)
         when = None if moment == "-" else datetime.fromisoformat(moment)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        if when is not None and when.tzinfo is not None:
+            when = when.astimezone(UTC)  # a moment past year 1 or 9999 in UTC overflows here, not in SQLite
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise bad from None
     if not 0 < pk <= _BIGINT or (when is not None and when.tzinfo is None):
         raise bad

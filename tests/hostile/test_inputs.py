@@ -315,3 +315,50 @@ def test_a_non_ascii_digit_content_length_is_a_400(alice: Person) -> None:
     )
     assert response.status_code == 400, response.content
     assert response.json()["field"] == "Content-Length"
+
+
+# ---------------------------------------------------------------------- the saga list's cursor
+
+
+def _b64(text: str | bytes) -> str:
+    import base64
+
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+HOSTILE_CURSORS = [
+    _b64("0001-01-01T00:00:00+14:00|5"),  # UTC before year 1: no datetime holds it
+    _b64("9999-12-31T23:59:59-14:00|5"),  # UTC after year 9999
+    _b64("2026-01-01T00:00:00+00:00|0"),
+    _b64("2026-01-01T00:00:00+00:00|-1"),
+    _b64(f"2026-01-01T00:00:00+00:00|{2**63}"),
+    _b64("2026-01-01T00:00:00+00:00|" + "9" * 5000),  # past int()'s digit limit
+    _b64("2026-01-01T00:00:00+00:00|\u0663"),  # a non-ASCII digit
+    _b64("2026-01-01T00:00:00+00:00|1\x00"),
+    _b64("no separator"),
+    _b64("|"),
+    "Zm9v\u00e9YmFy",  # non-ASCII in the cursor itself
+    "%00",
+    "A" * 100_000,  # huge
+]
+
+
+@pytest.mark.parametrize("cursor", HOSTILE_CURSORS)
+def test_a_forged_saga_list_cursor_is_a_400_in_the_error_shape(alice: Person, cursor: str) -> None:
+    response = alice.key_client().get("/api/v1/sagas", {"cursor": cursor})
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()
+    assert body["error"] == "invalid" and body["field"] == "cursor" and body["detail"], body
+
+
+def test_a_truncated_saga_list_cursor_is_a_400_or_a_position(alice: Person) -> None:
+    """Every prefix of a real cursor is refused or read as some position: never a 5xx."""
+    cursor = _b64("2026-01-01T00:00:00.123456+00:00|123")
+    client = alice.key_client()
+    for end in range(1, len(cursor)):
+        response = client.get("/api/v1/sagas", {"cursor": cursor[:end]})
+        assert response.status_code in (200, 400), (cursor[:end], response.content[:300])
+        if response.status_code == 400:
+            assert response.json()["field"] == "cursor"
+
