@@ -73,10 +73,18 @@ def _target(url: str) -> tuple[str, str, int, str]:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise UnsafeAddress("the URL's port is not a number from 0 to 65535") from None
+    try:
+        parts.hostname.encode("idna")  # what a lookup sends; a label too long raises UnicodeError
+    except UnicodeError:
+        raise UnsafeAddress(f"not a host name a lookup can send: {parts.hostname[:100]!r}") from None
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    return parts.scheme, parts.hostname, port, path
+    # URLValidator allows any non-space character; an HTTP request line is ASCII (percent-encoded).
+    return parts.scheme, parts.hostname, port, urllib.parse.quote(path, safe=_PRINTABLE_ASCII)
+
+
+_PRINTABLE_ASCII = "".join(chr(code) for code in range(0x21, 0x7F))
 
 
 def resolve(url: str) -> str:

@@ -362,3 +362,57 @@ def test_a_truncated_saga_list_cursor_is_a_400_or_a_position(alice: Person) -> N
         if response.status_code == 400:
             assert response.json()["field"] == "cursor"
 
+
+# ---------------------------------------------------------------------- webhook URLs
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://" + "\u00e9" * 60 + ".example/hook",  # a label past 63 characters once in punycode
+        "https://a\u00e9" + "b" * 58 + ".example/hook",
+    ],
+)
+def test_a_webhook_host_no_name_server_can_be_asked_for_is_a_400(
+    alice: Person, settings: Any, url: str
+) -> None:
+    """URLValidator takes the name; the IDNA encoding a lookup needs refuses it (UnicodeError)."""
+    settings.SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = False
+    response = alice.session_client().put("/api/v1/recovery/webhook", {"url": url}, format="json")
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()
+    assert body["field"] == "url" and body["error"] in ("invalid", "unsafe_url") and body["detail"]
+
+
+def test_a_webhook_path_with_non_ascii_or_spaces_is_delivered_percent_encoded(settings: Any) -> None:
+    """URLValidator allows any non-space character in the path; http.client sends ASCII only
+    (UnicodeEncodeError, which no delivery caught). The path goes out percent-encoded."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from recovery import webhook
+
+    settings.SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = True  # the receiver is local
+    paths: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            paths.append(self.path)
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/h\u00e9/\u0663?q=\u00e9&r=%41"
+        status, _ = webhook.post(url, b"{}", secret="s", idempotency_key="k", agent="t")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 204
+    assert paths == ["/h%C3%A9/%D9%A3?q=%C3%A9&r=%41"]
