@@ -209,6 +209,38 @@ class ReportView(TenantScopedViewMixin, APIView):
         return Response({"id": str(check.pk), "status": check.status, "reason": check.reason})
 
 
+class AnswersView(TenantScopedViewMixin, APIView):
+    """Several answers at once: `{"answers": [{"id", "token", "reversed", "detail"?, "error"?}]}`
+    (1-500) → `{"answers": [{"id", "status", "reason"} | {"id", "error", "detail"}]}` in order,
+    recorded in one transaction; an answer whose token is stale records nothing."""
+
+    access = {"POST": RECONCILE}
+
+    @extend_schema(
+        operation_id="reconciliation_answers",
+        request=inline_serializer(
+            "ReconciliationAnswers", {"answers": serializers.ListField(child=serializers.DictField())}
+        ),
+        responses={
+            200: inline_serializer(
+                "ReconciliationVerdicts", {"answers": serializers.ListField(child=serializers.DictField())}
+            ),
+            400: ErrorSerializer,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        answers: Any = data.get("answers")
+        outcomes = services.report_many(self.tenant, answers, actor=self.actor)
+        out: list[dict[str, Any]] = []
+        for answer, outcome in zip(answers, outcomes, strict=True):
+            if isinstance(outcome, DomainError):
+                out.append({"id": answer["id"], "error": outcome.error, "detail": outcome.detail})
+            else:
+                out.append({"id": str(outcome.pk), "status": outcome.status, "reason": outcome.reason})
+        return Response({"answers": out})
+
+
 class RecheckView(TenantScopedViewMixin, APIView):
     """Open a decided check again (someone fixed the drift, or started the missing observer)."""
 

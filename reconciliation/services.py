@@ -30,7 +30,7 @@ from sagaplane import certificate as sdk_certificate
 
 from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
-from audit.services import append_server_record
+from audit.services import append_server_record, append_server_records
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from reconciliation import cross_tenant
@@ -97,8 +97,11 @@ def _decide(
     *,
     observer: str,
     actor: str,
+    batch: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> None:
-    """Give `check` its verdict and record it, in the caller's transaction (the row is locked)."""
+    """Give `check` its verdict and record it, in the caller's transaction (the row is locked).
+    With `batch`, the record is added to it for the caller to append with the others (one
+    server-stream append for many verdicts) before its transaction ends."""
     old = {"status": check.status, "reason": check.reason or None}
     check.status = status
     check.reason = reason
@@ -107,8 +110,7 @@ def _decide(
     check.decided_at = timezone.now()
     check.lease_expires_at = None
     check.save(update_fields=["status", "reason", "detail", "observer", "decided_at", "lease_expires_at"])
-    append_server_record(
-        tenant,
+    record = (
         VERDICT_EVENT,
         {
             "saga_id": check.saga_id,
@@ -124,8 +126,11 @@ def _decide(
             "old": old,
             "new": {"status": status, "reason": reason},
         },
-        actor=actor,
     )
+    if batch is None:
+        append_server_records(tenant, [record], actor=actor)
+    else:
+        batch.append(record)
 
 
 # ----------------------------------------------------------------------------------------- the pass
@@ -200,6 +205,7 @@ def scan(tenant: Tenant, *, max_leaves: int = SCAN_LEAVES) -> list[Reconciliatio
                 fresh[pair] = _check_for(tenant, header, compensations.get(pair), now)
             created = list(fresh.values())
             ReconciliationCheck.objects.bulk_create(created, batch_size=1000)
+            verdicts: list[tuple[str, dict[str, Any]]] = []
             for check in created:
                 if not check.handler:
                     _decide(
@@ -210,7 +216,10 @@ def scan(tenant: Tenant, *, max_leaves: int = SCAN_LEAVES) -> list[Reconciliatio
                         "the compensation names no registered handler, so no observer can check it",
                         observer="",
                         actor=PASS_ACTOR,
+                        batch=verdicts,
                     )
+            if verdicts:
+                append_server_records(tenant, verdicts, actor=PASS_ACTOR)
         ReconciliationCursor.objects.filter(pk=cursor.pk).update(scanned=end)
         return created
 
@@ -225,13 +234,25 @@ def expire_overdue(tenant: Tenant, *, now: datetime | None = None, limit: int = 
             .filter(status__in=OPEN_STATUSES, deadline__lte=now)
             .order_by("deadline")[:limit]
         )
+        verdicts: list[tuple[str, dict[str, Any]]] = []
         for check in overdue:
             if check.token == 0:
                 reason, detail = Reason.NO_OBSERVER, f"no observer for {check.handler!r} claimed it in time"
             else:
                 reason = Reason.OBSERVER_SILENT
                 detail = f"claimed by {check.claimed_by or 'a worker'} and never answered"
-            _decide(tenant, check, CheckStatus.UNVERIFIABLE, reason, detail, observer="", actor=PASS_ACTOR)
+            _decide(
+                tenant,
+                check,
+                CheckStatus.UNVERIFIABLE,
+                reason,
+                detail,
+                observer="",
+                actor=PASS_ACTOR,
+                batch=verdicts,
+            )
+        if verdicts:
+            append_server_records(tenant, verdicts, actor=PASS_ACTOR)
         return len(overdue)
 
 
@@ -345,39 +366,112 @@ def report(
     None (unverifiable: it could not tell, or `error`: it failed). Refused unless `token` is the
     check's current token and the check is still claimed (409 `stale_token`), so a worker whose
     lease lapsed and was taken over cannot record a verdict."""
+    _answer_fields(token, reversed_, detail, "")
+    (outcome,) = _report_all(tenant, [(check_id, token, reversed_, detail or "", error)], actor=actor)
+    if isinstance(outcome, ReconciliationError):
+        raise outcome
+    return outcome
+
+
+MAX_ANSWERS = 500
+
+
+def report_many(
+    tenant: Tenant, answers: Any, *, actor: str
+) -> list[ReconciliationCheck | ReconciliationError]:
+    """Several answers in one transaction and one server-stream append: `[{"id", "token",
+    "reversed", "detail"?, "error"?}]`. Each is judged as `report` judges one (an answer whose
+    token no longer holds its check records nothing and comes back as its error); a malformed item
+    refuses the whole request (400, naming it)."""
+    if not isinstance(answers, list) or not 0 < len(answers) <= MAX_ANSWERS:
+        raise ReconciliationError(400, "invalid", f"answers: a list of 1 to {MAX_ANSWERS} answers", "answers")
+    items: list[tuple[uuid.UUID, int, bool | None, str, bool]] = []
+    for i, answer in enumerate(answers):
+        where = f"answers[{i}]"
+        if not isinstance(answer, dict) or "reversed" not in answer:
+            raise ReconciliationError(
+                400, "invalid", f"{where}: an object with id, token and reversed", where
+            )
+        try:
+            check_id = uuid.UUID(answer["id"]) if isinstance(answer.get("id"), str) else None
+        except ValueError:
+            check_id = None
+        if check_id is None:
+            raise ReconciliationError(
+                400, "invalid", f"{where}.id: a check id the claim returned", f"{where}.id"
+            )
+        error = answer.get("error", False)
+        if type(error) is not bool:
+            raise ReconciliationError(400, "invalid", f"{where}.error: true or false", f"{where}.error")
+        detail = answer.get("detail") or ""
+        _answer_fields(answer.get("token"), answer["reversed"], detail, f"{where}.")
+        items.append((check_id, answer["token"], answer["reversed"], detail, error))
+    return _report_all(tenant, items, actor=actor)
+
+
+def _answer_fields(token: Any, reversed_: Any, detail: Any, prefix: str) -> None:
     if type(token) is not int:
-        raise ReconciliationError(400, "invalid", "token: the integer the claim returned", "token")
+        raise ReconciliationError(400, "invalid", "token: the integer the claim returned", f"{prefix}token")
     if not (reversed_ is True or reversed_ is False or reversed_ is None):  # 1 == True: identity
-        raise ReconciliationError(400, "invalid", "reversed: true, false or null", "reversed")
-    if detail is None:
-        detail = ""
-    if not isinstance(detail, str):
-        raise ReconciliationError(400, "invalid", "detail: a string", "detail")
+        raise ReconciliationError(400, "invalid", "reversed: true, false or null", f"{prefix}reversed")
+    if detail is not None and not isinstance(detail, str):
+        raise ReconciliationError(400, "invalid", "detail: a string", f"{prefix}detail")
+
+
+def _report_all(
+    tenant: Tenant, items: list[tuple[uuid.UUID, int, bool | None, str, bool]], *, actor: str
+) -> list[ReconciliationCheck | ReconciliationError]:
     with tenant_context(tenant):
-        check = ReconciliationCheck.objects.select_for_update().filter(pk=check_id).first()
-        if check is None:
-            raise ReconciliationError(404, "not_found", "no such reconciliation check")
-        if check.decided:
-            raise ReconciliationError(
-                409, "already_decided", f"the check already has its verdict ({check.status})"
+        checks = {
+            check.pk: check
+            for check in ReconciliationCheck.objects.select_for_update()
+            .filter(pk__in=[item[0] for item in items])
+            .order_by("pk")
+        }
+        verdicts: list[tuple[str, dict[str, Any]]] = []
+        outcomes: list[ReconciliationCheck | ReconciliationError] = []
+        for check_id, token, reversed_, detail, error in items:
+            check = checks.get(check_id)
+            if check is None:
+                outcomes.append(ReconciliationError(404, "not_found", "no such reconciliation check"))
+                continue
+            if check.decided:
+                outcomes.append(
+                    ReconciliationError(
+                        409, "already_decided", f"the check already has its verdict ({check.status})"
+                    )
+                )
+                continue
+            if check.status != CheckStatus.CLAIMED or check.token != token:
+                outcomes.append(
+                    ReconciliationError(
+                        409,
+                        "stale_token",
+                        "this claim is no longer current (its lease lapsed and the check was re-claimed)",
+                    )
+                )
+                continue
+            if reversed_ is True:
+                status, reason = CheckStatus.CONFIRMED, Reason.REVERSED
+            elif reversed_ is False:
+                status, reason = CheckStatus.DRIFT, Reason.NOT_REVERSED
+            else:
+                status = CheckStatus.UNVERIFIABLE
+                reason = Reason.OBSERVER_ERROR if error else Reason.OBSERVER_UNKNOWN
+            _decide(
+                tenant,
+                check,
+                status,
+                reason,
+                _clean(detail, DETAIL_MAX),
+                observer=check.claimed_by,
+                actor=actor,
+                batch=verdicts,
             )
-        if check.status != CheckStatus.CLAIMED or check.token != token:
-            raise ReconciliationError(
-                409,
-                "stale_token",
-                "this claim is no longer current (its lease lapsed and the check was re-claimed)",
-            )
-        if reversed_ is True:
-            status, reason = CheckStatus.CONFIRMED, Reason.REVERSED
-        elif reversed_ is False:
-            status, reason = CheckStatus.DRIFT, Reason.NOT_REVERSED
-        else:
-            status = CheckStatus.UNVERIFIABLE
-            reason = Reason.OBSERVER_ERROR if error else Reason.OBSERVER_UNKNOWN
-        _decide(
-            tenant, check, status, reason, _clean(detail, DETAIL_MAX), observer=check.claimed_by, actor=actor
-        )
-        return check
+            outcomes.append(check)
+        if verdicts:
+            append_server_records(tenant, verdicts, actor=actor)
+        return outcomes
 
 
 def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: str) -> ReconciliationCheck:

@@ -14,8 +14,9 @@ reversed in the outside world, and the command-line gates built on their verdict
 
 The worker long-polls `POST /api/v1/reconciliation/claim` for checks of the handlers it observes,
 calls the observer with the compensation's kwargs (and its `idempotency_key` when the observer
-accepts one), and answers `POST /api/v1/reconciliation/checks/<id>/report` with the check's
-fencing token: true is `confirmed`, false is `drift`, None (or anything that is not a bool, or an
+accepts one), and answers with each check's fencing token, the answers of one claim together in
+`POST /api/v1/reconciliation/answers` (one `.../checks/<id>/report` each from an older control
+plane): true is `confirmed`, false is `drift`, None (or anything that is not a bool, or an
 exception) is `unverifiable`. Nothing is ever assumed fine: a check no observer answers before its
 deadline is unverifiable too.
 
@@ -52,6 +53,7 @@ logger = logging.getLogger("sagaplane.reconcile")
 
 CLAIM_PATH = "/api/v1/reconciliation/claim"
 REPORT_PATH = "/api/v1/reconciliation/report"
+ANSWERS_PATH = "/api/v1/reconciliation/answers"
 CERTIFICATE_PATH = "/api/v1/audit/certificate"
 KEY_PATH = "/api/v1/audit/key"
 DEFAULT_WAIT_S = 20.0
@@ -123,6 +125,7 @@ class ReconcileWorker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.wait_s = wait_s
         self._stop = threading.Event()
+        self._single = False
         self.observations: list[Observation] = []
 
     def handler_names(self) -> list[str]:
@@ -151,8 +154,10 @@ class ReconcileWorker:
         return [c for c in checks or [] if isinstance(c, dict)]
 
     def run_once(self, wait_s: float | None = None) -> list[Observation]:
-        """Claim what is due (waiting up to `wait_s` for something), answer each check."""
-        done = [self.observe(check) for check in self.claim(wait_s)]
+        """Claim what is due (waiting up to `wait_s` for something), observe each check, and send
+        the answers together (`POST /api/v1/reconciliation/answers`: one transaction)."""
+        answered = [(check, *self._answer(check)) for check in self.claim(wait_s)]
+        done = self._report_all(answered)
         self.observations.extend(done)
         return done
 
@@ -172,6 +177,11 @@ class ReconcileWorker:
         return answered
 
     def observe(self, check: dict[str, Any]) -> Observation:
+        """Observe one check and report its answer on its own."""
+        return self._report(check, *self._answer(check))
+
+    def _answer(self, check: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Run the check's observer: its handler name and the answer's body."""
         handler = str(check.get("handler") or "")
         fn = self._resolve(handler)
         error = False
@@ -198,7 +208,55 @@ class ReconcileWorker:
                 elif result is not None:
                     detail = f"observer returned {type(result).__name__}, not True/False/None"
         body = {"token": check.get("token"), "reversed": answer, "detail": detail, "error": error}
-        return self._report(check, handler, body)
+        return handler, body
+
+    def _report_all(self, answered: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[Observation]:
+        """Send several answers in one request; a control plane without the batch route gets
+        each on its own route. A transport failure is retried for a minute, as one answer is."""
+        if len(answered) < 2 or self._single:
+            return [self._report(check, handler, body) for check, handler, body in answered]
+        items = [{"id": str(check.get("id")), **body} for check, _, body in answered]
+        pause = 0.2
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                response = self.client.post(ANSWERS_PATH, {"answers": items})
+                break
+            except TransportError as exc:
+                if time.monotonic() > deadline:
+                    logger.error("could not report %d checks: %s", len(items), exc)
+                    return [
+                        Observation(str(check.get("id")), handler, body["reversed"], False, "", str(exc))
+                        for check, handler, body in answered
+                    ]
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+        verdicts = response.body.get("answers") if isinstance(response.body, dict) else None
+        if response.status == 404 and verdicts is None:
+            self._single = True  # an older control plane: one answer per request
+            return [self._report(check, handler, body) for check, handler, body in answered]
+        if not response.ok or not isinstance(verdicts, list) or len(verdicts) != len(answered):
+            logger.error("reporting %d checks: HTTP %s %s", len(items), response.status, response.error_code)
+            return [
+                Observation(str(check.get("id")), handler, body["reversed"], False, "", body["detail"])
+                for check, handler, body in answered
+            ]
+        done = []
+        for (check, handler, body), verdict in zip(answered, verdicts, strict=True):
+            verdict = verdict if isinstance(verdict, dict) else {"error": "malformed"}
+            if verdict.get("error"):
+                logger.warning("check %s: %s", check.get("id"), verdict.get("error"))
+            done.append(
+                Observation(
+                    str(check.get("id")),
+                    handler,
+                    body["reversed"],
+                    not verdict.get("error"),
+                    str(verdict.get("status", "")),
+                    body["detail"],
+                )
+            )
+        return done
 
     def _report(self, check: dict[str, Any], handler: str, body: dict[str, Any]) -> Observation:
         path = f"/api/v1/reconciliation/checks/{urllib.parse.quote(str(check.get('id')), safe='')}/report"

@@ -180,6 +180,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
     # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
     "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
+    "api/v1/reconciliation/answers": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
     "api/v1/reconciliation/report": Api({"GET": READ}),
     "api/v1/reconciliation/checks/<str:check_id>/report": Api(
         {"POST": Allowed(keys=frozenset({"recovery"}))}
