@@ -409,13 +409,18 @@ class Report:
             "runs": old.get("runs", []),
         }
 
-    def point(self, records: int, rate: float, mean: float, integrate_leaves_per_s: float | None) -> None:
+    def point(
+        self, records: int, rate: float, mean: float, integrate_leaves_per_s: float | None, peer: float | None
+    ) -> None:
         self.data["curve"] = [p for p in self.data["curve"] if p["records"] != records]
         self.data["curve"].append(
             {
                 "records": records,
                 "ingest_records_per_s": rate,
                 "ingest_records_per_s_mean": mean,
+                # a fresh tenant's first 100 batches, interleaved with these: same load
+                "peer_ingest_records_per_s": peer,
+                "ratio_to_peer": round(rate / peer, 3) if peer else None,
                 "integrate_leaves_per_s": integrate_leaves_per_s,
                 "load_average": _load(),
                 "at": time.strftime("%H:%M:%S", time.gmtime()),
@@ -445,6 +450,13 @@ class Report:
                 "ingest_ratio_last_to_first": {
                     "want": f">= {TARGET_INGEST_RATIO}",
                     "got": curve[-1]["ingest_ratio_to_first"] if curve else None,
+                    "at_records": curve[-1]["records"] if curve else None,
+                },
+                # the same question under the same load: the big tenant's rate over a fresh
+                # tenant's, their batches interleaved
+                "ingest_ratio_last_to_peer": {
+                    "want": f">= {TARGET_INGEST_RATIO}",
+                    "got": curve[-1].get("ratio_to_peer") if curve else None,
                     "at_records": curve[-1]["records"] if curve else None,
                 },
                 "proof_p99_ms": {
@@ -494,14 +506,25 @@ def grow(
     for mark in marks:
         integrated = (grower.integrate_s, grower.integrated)
         grew = grower.total < mark
+        # The peer: a fresh tenant fed a batch after each of the big tenant's last RATE_WINDOW
+        # batches before the mark, so both rates are taken under the same load (the machine is
+        # shared, and its load moves the absolute rates more than the size does).
+        peer: Grower | None = None
+        peer_window: list[float] = []
         while grower.total < mark:
             window = (window + [grower.step()])[-RATE_WINDOW:]
+            if mark - grower.total < RATE_WINDOW * BATCH:
+                if peer is None:
+                    peer = Grower(_tenant(f"peer{mark}"))
+                    window = window[-1:]
+                peer_window.append(peer.step())
         if grew:
             seconds, leaves = grower.integrate_s - integrated[0], grower.integrated - integrated[1]
             # The median batch: one batch slowed by a neighbour (or a checkpoint) does not move it.
             rate = round(BATCH / sorted(window)[len(window) // 2], 1)
             mean = round(len(window) * BATCH / sum(window), 1)
-            report.point(grower.total, rate, mean, round(leaves / seconds) if seconds else None)
+            peer_rate = round(BATCH / sorted(peer_window)[len(peer_window) // 2], 1) if peer_window else None
+            report.point(grower.total, rate, mean, round(leaves / seconds) if seconds else None, peer_rate)
         if disk_guard(grower.total, goal):
             report.data["stopped"] = f"disk: stopped at {grower.total:,} records, see sizes"
             report.write()
