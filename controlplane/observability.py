@@ -81,12 +81,46 @@ def _record_ingest(response: HttpResponse, seconds: float) -> None:
 
 def _record_gate(response: HttpResponse) -> None:
     data = getattr(response, "data", None)
-    data = data if isinstance(data, dict) else {}
-    if 200 <= response.status_code < 300 and data.get("decision") in ("allow", "deny", "pending_approval"):
+    record_gate_answer(response.status_code, data if isinstance(data, dict) else {})
+
+
+def record_gate_answer(status: int, data: dict[str, Any]) -> None:
+    """Count one answer of `POST /api/v1/gate/evaluate` (the lean path counts its own)."""
+    if 200 <= status < 300 and data.get("decision") in ("allow", "deny", "pending_approval"):
         metrics.GATE_DECISIONS.labels(data["decision"], metrics.reason_label(data.get("reason"), "")).inc()
     else:
-        reason = metrics.reason_label(data.get("error"), f"http_{response.status_code}")
+        reason = metrics.reason_label(data.get("error"), f"http_{status}")
         metrics.GATE_DECISIONS.labels("error", reason).inc()
+
+
+def new_request_id(incoming: str) -> str:
+    """A well-formed incoming `X-Request-ID` is kept; otherwise a new one."""
+    return incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
+
+
+def log_request(
+    method: str, path: str, route: str, status: int, seconds: float, *, tenant: str, actor: str
+) -> None:
+    """The request's one log line (the caller has bound its request id)."""
+    metrics.HTTP_RESPONSES.labels(f"{status // 100}xx").inc()
+    if not log.isEnabledFor(logging.INFO):
+        return
+    log.info(
+        "%s %s %s %.1fms",
+        method,
+        path,
+        status,
+        seconds * 1000,
+        extra={
+            "http_method": method,
+            "http_path": path,
+            "http_route": route,
+            "http_status": status,
+            "duration_ms": round(seconds * 1000, 2),
+            "tenant": tenant,
+            "actor": actor,
+        },
+    )
 
 
 def _redacted_path(path: str) -> str:
@@ -101,8 +135,7 @@ class RequestObservabilityMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         started = time.perf_counter()
-        incoming = request.META.get("HTTP_X_REQUEST_ID", "")
-        request_id = incoming if REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        request_id = new_request_id(request.META.get("HTTP_X_REQUEST_ID", ""))
         request.META["HTTP_X_REQUEST_ID"] = request_id
         with structlog.contextvars.bound_contextvars(request_id=request_id):
             response = self.get_response(request)
@@ -116,28 +149,19 @@ class RequestObservabilityMiddleware:
 
     def _observe(self, request: HttpRequest, response: HttpResponse, seconds: float) -> None:
         route = getattr(getattr(request, "resolver_match", None), "url_name", None) or ""
-        metrics.HTTP_RESPONSES.labels(f"{response.status_code // 100}xx").inc()
         if route in INGEST_ROUTES and request.method == "POST":
             _record_ingest(response, seconds)
         elif route in GATE_ROUTES and request.method == "POST":
             _record_gate(response)
         actor, tenant = _actor_and_tenant(response)
-        path = _redacted_path(request.path)
-        log.info(
-            "%s %s %s %.1fms",
-            request.method,
-            path,
+        log_request(
+            request.method or "",
+            _redacted_path(request.path),
+            route,
             response.status_code,
-            seconds * 1000,
-            extra={
-                "http_method": request.method,
-                "http_path": path,
-                "http_route": route,
-                "http_status": response.status_code,
-                "duration_ms": round(seconds * 1000, 2),
-                "tenant": tenant,
-                "actor": actor,
-            },
+            seconds,
+            tenant=tenant,
+            actor=actor,
         )
 
 

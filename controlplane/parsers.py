@@ -22,7 +22,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _storable(value: Any) -> None:
+def check_storable(value: Any) -> None:
     """Every string (keys too) must be encodable as UTF-8: a lone surrogate (`"\\ud800"`) is valid
     JSON text but no database column, log or answer can hold it. Iterative: depth costs no stack."""
     stack = [value]
@@ -42,6 +42,12 @@ def _storable(value: Any) -> None:
             stack.extend(item)
 
 
+def strict_loads(text: str) -> Any:
+    """JSON as every API body is read: NaN, Infinity and a key named twice are ValueError (and a
+    body nested too deeply RecursionError; a lone surrogate passes here: see `JSONParser`)."""
+    return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_object)
+
+
 class JSONParser(parsers.JSONParser):
     """Strict JSON for every API body: NaN and Infinity, a key named twice in one object and a lone
     surrogate are 400 `malformed_json` (each would be stored or answered ambiguously, or not at
@@ -53,10 +59,10 @@ class JSONParser(parsers.JSONParser):
         encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
         try:
             text = stream.read().decode(encoding)
-            data = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_object)
+            data = strict_loads(text)
         except RecursionError:
             raise exceptions.ParseError("JSON parse error - nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
-        _storable(data)
+        check_storable(data)
         return data

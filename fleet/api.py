@@ -102,25 +102,30 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
         responses={200: _ANSWER},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
-        args = data.get("args", {})
-        if not isinstance(args, dict):
-            raise DomainError(400, "invalid", "args: must be a JSON object", field="args")
-        tags = data.get("tags", [])
-        if not isinstance(tags, list) or len(tags) > 50 or not all(isinstance(t, str) and t for t in tags):
-            raise DomainError(400, "invalid", "tags: a list of at most 50 non-empty strings", field="tags")
-        call = GateRequest(
-            saga_id=_text(data, "saga_id", limit=128),
-            step_id=_text(data, "step_id", limit=128),
-            tool=_text(data, "tool"),
-            semantics=_text(data, "semantics", required=False, limit=32),
-            args=args,
-            agent=_text(data, "agent", required=False, limit=100),
-            tags=tuple(tags),
-            api_key_prefix=self.api_key.prefix if self.api_key else "",
-            client_idempotency_key=_text(data, "idempotency_key", required=False),
-        )
+        call = gate_call(_body(request), self.api_key.prefix if self.api_key else "")
         return Response(services.evaluate(self.tenant, call, actor=self.actor))
+
+
+def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:
+    """A gate call's body as the gate's request (DomainError 400 naming the field at fault): the
+    view's and the lean ASGI path's (controlplane/gate_asgi.py) one reading of it."""
+    args = data.get("args", {})
+    if not isinstance(args, dict):
+        raise DomainError(400, "invalid", "args: must be a JSON object", field="args")
+    tags = data.get("tags", [])
+    if not isinstance(tags, list) or len(tags) > 50 or not all(isinstance(t, str) and t for t in tags):
+        raise DomainError(400, "invalid", "tags: a list of at most 50 non-empty strings", field="tags")
+    return GateRequest(
+        saga_id=_text(data, "saga_id", limit=128),
+        step_id=_text(data, "step_id", limit=128),
+        tool=_text(data, "tool"),
+        semantics=_text(data, "semantics", required=False, limit=32),
+        args=args,
+        agent=_text(data, "agent", required=False, limit=100),
+        tags=tuple(tags),
+        api_key_prefix=api_key_prefix,
+        client_idempotency_key=_text(data, "idempotency_key", required=False),
+    )
 
 
 # ------------------------------------------------------------------------------------ fleet status

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from functools import cached_property
 from typing import Any, Literal
 
 from sagaplane.chain import canonical
@@ -41,11 +42,11 @@ class GateRequest:
     api_key_prefix: str = ""
     client_idempotency_key: str = ""
 
-    @property
+    @cached_property  # (a frozen dataclass without slots: the value lands in the instance's dict)
     def args_digest(self) -> str:
         return hashlib.sha256(canonical(dict(self.args))).hexdigest()
 
-    @property
+    @cached_property
     def idempotency_key(self) -> str:
         """The same saga, step, tool and arguments (and client key) are the same call: a retry
         gets the first answer and debits nothing more."""

@@ -11,6 +11,8 @@ read is a refusal.
 
 from __future__ import annotations
 
+import contextvars
+import json
 import logging
 import math
 import threading
@@ -18,25 +20,27 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
-from controlplane.postcommit import after_commit
 from fleet import gate, hooks
 from fleet.gate import Debit, GateRequest, InvalidArgument, LimitSpec
 from fleet.models import BudgetLimit, Decision, GateDecision, Halt, HaltMode, OnCap, Quarantine, RateLimit
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, Outcome, RedisStore, StoreUnavailable
+from tenants import epoch
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
+from tenants.scoping import TENANT_SETTING, NeedsDatabase, scoped_without_database, tenant_context
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +64,17 @@ class FleetError(DomainError):
 
 
 def version_key(tenant_id: int) -> str:
-    return f"fleet:version:{tenant_id}"
+    """The tenant's change counter (`tenants.epoch`): fleet status long-polls wait on it, every
+    process' gate compares its policy snapshot against it."""
+    return epoch.key(tenant_id)
 
 
 def _changed_after_commit(tenant: Tenant) -> None:
     """Wake every long-poll of the tenant's fleet status once the change commits (best effort:
     waiters re-read the state every second anyway), and make every process' gate re-read the
-    tenant's policies (this one at once)."""
+    tenant's policies on its next decision (this one at once)."""
     forget_policies(tenant)
-
-    def bump() -> None:
-        from django.core.cache import cache
-
-        if not cache.add(version_key(tenant.pk), 1, timeout=None):
-            cache.incr(version_key(tenant.pk))
-
-    after_commit("fleet status change signal", bump)
+    epoch.bump_after_commit(tenant.pk, "fleet status change signal")
 
 
 def policies_changed(tenant: Tenant) -> None:
@@ -206,14 +205,14 @@ def _deny(request: GateRequest, reason: str, *, actor_prefix: str, **detail: Any
 
 # ----------------------------------------------------------------------------- policy snapshot
 
-SNAPSHOT_MAX_AGE_S = 1.0
 SNAPSHOTS_KEPT = 1000
 
 
 @dataclass(frozen=True)
 class _Policies:
-    """What the gate needs of a tenant's policies, read once and reused while fresh: its limits,
-    its halts not lifted (each checked against its expiry at use) and its quarantined sagas."""
+    """What the gate needs of a tenant's policies, read once and reused while the tenant's epoch
+    (`tenants.epoch`) reads as it did before they were read: its limits, its halts not lifted (each
+    checked against its expiry at use) and its quarantined sagas."""
 
     specs: list[LimitSpec]
     halts: list[Halt]
@@ -226,16 +225,21 @@ class _Policies:
 # is re-created (SQLite tests reuse them after each rollback), a tenant's creation time does not.
 _snapshots: OrderedDict[str, _Policies] = OrderedDict()
 _snapshots_lock = threading.Lock()
+_UNREAD: Any = object()
+# The epoch the decision running in this context read: the approval step's own snapshot reuses it
+# (one cache read per decision, not one per snapshot).
+_decision_epoch: contextvars.ContextVar[tuple[int, Any] | None] = contextvars.ContextVar(
+    "fleet_decision_epoch", default=None
+)
 
 
 def _current_version(tenant_id: int) -> Any:
-    """The tenant's change counter (None when the cache cannot be read: then nothing is reused)."""
-    from django.core.cache import cache
-
-    try:
-        return cache.get(version_key(tenant_id), 0)
-    except Exception:
-        return None
+    """The tenant's change counter (None when the cache cannot be read: then nothing is reused);
+    inside a decision, the value that decision read."""
+    held = _decision_epoch.get()
+    if held is not None and held[0] == tenant_id:
+        return held[1]
+    return epoch.read(tenant_id)
 
 
 def forget_policies(tenant: Tenant) -> None:
@@ -244,20 +248,21 @@ def forget_policies(tenant: Tenant) -> None:
         _snapshots.pop(gate_tag(tenant), None)
 
 
-def _policies(tenant: Tenant) -> _Policies:
-    """The tenant's policies: reused while the change counter has not moved and for at most a
-    second (another process' change may not reach a per-process cache), else read again."""
-    version = _current_version(tenant.pk)
-    now = time.monotonic()
+def _held_policies(tenant: Tenant, version: Any) -> _Policies | None:
+    """This process' snapshot, when the epoch has not moved since it was read (read before it, so
+    a change committing meanwhile leaves the snapshot behind the epoch: re-read next time) and it
+    is younger than `epoch.MAX_AGE_S` (the bound for a lost bump or a per-process cache)."""
+    if version is None:
+        return None
     with _snapshots_lock:
         held = _snapshots.get(gate_tag(tenant))
-    if (
-        held is not None
-        and version is not None
-        and held.version == version
-        and now - held.read_at < SNAPSHOT_MAX_AGE_S
-    ):
+    if held is not None and held.version == version and time.monotonic() - held.read_at < epoch.MAX_AGE_S:
         return held
+    return None
+
+
+def _read_policies(tenant: Tenant, version: Any) -> _Policies:
+    """Read the tenant's policies (inside its tenant context) and keep them under `version`."""
     fresh = _Policies(
         specs=_limit_specs(),
         halts=list(Halt.objects.filter(lifted_at__isnull=True).order_by("created_at", "pk")),
@@ -265,7 +270,7 @@ def _policies(tenant: Tenant) -> _Policies:
             Quarantine.objects.filter(released_at__isnull=True).values_list("saga_id", flat=True)
         ),
         version=version,
-        read_at=now,
+        read_at=time.monotonic(),
     )
     if version is not None:
         with _snapshots_lock:
@@ -276,145 +281,294 @@ def _policies(tenant: Tenant) -> _Policies:
     return fresh
 
 
+def _policies(tenant: Tenant) -> _Policies:
+    """The tenant's policies, from this process' snapshot while it is current (inside its tenant
+    context: read again otherwise)."""
+    version = _current_version(tenant.pk)
+    return _held_policies(tenant, version) or _read_policies(tenant, version)
+
+
+# ------------------------------------------------------------------------------------------ the gate
+
+
+class _NeedsTransaction(Exception):
+    """The lean path met something it does not do (an approval step that must read or write):
+    the whole decision is taken again inside the tenant's transaction."""
+
+
 def evaluate(
-    tenant: Tenant, request: GateRequest, *, actor: str, store: LimitStore | None = None
+    tenant: Tenant,
+    request: GateRequest,
+    *,
+    actor: str,
+    store: LimitStore | None = None,
+    version: Any = _UNREAD,
 ) -> dict[str, Any]:
-    """The gate's answer for one call (see the module docstring for the order)."""
+    """The gate's answer for one call (see the module docstring for the order).
+
+    `version`: the tenant's epoch when the caller already read it for this call (the lean HTTP
+    path reads it once for its key check and the decision).
+
+    On Redis with Postgres, outside any transaction, the decision takes the lean path: policies
+    from this process' snapshot (re-read when the epoch moved), one EVALSHA, and the ledger row in
+    one statement batch that sets the tenant for row-level security and commits — two round trips
+    in all. Anything else (an approval to consult, an escalation, a drain to check against the
+    ledger) opens the tenant's transaction for that part, or for the whole decision."""
     store = store or get_store()
+    if version is _UNREAD:
+        version = epoch.read(tenant.pk)
+    token = _decision_epoch.set((tenant.pk, version))
+    try:
+        lean = isinstance(store, RedisStore) and connection.vendor == "postgresql"
+        if lean and not connection.in_atomic_block:
+            try:
+                return _decide(tenant, request, actor=actor, store=store, version=version, lean=True)
+            except _NeedsTransaction:
+                pass
+        with tenant_context(tenant):
+            return _decide(tenant, request, actor=actor, store=store, version=version, lean=False)
+    finally:
+        _decision_epoch.reset(token)
+
+
+def _decide(
+    tenant: Tenant, request: GateRequest, *, actor: str, store: LimitStore, version: Any, lean: bool
+) -> dict[str, Any]:
+    """The decision. `lean`: outside any transaction (see `evaluate`): reads that the snapshot
+    cannot answer open the tenant's transaction, refusals and the ledger row are written by
+    `_write_lean`; `_NeedsTransaction` may be raised only before anything is debited or written."""
     key_prefix = request.api_key_prefix
-    with tenant_context(tenant):
-        if not isinstance(store, RedisStore):
-            # Redis answers a retry from its own idempotency key; the database store asks here.
-            earlier = GateDecision.objects.filter(
-                idempotency_key=request.idempotency_key, decision=Decision.ALLOW
-            ).first()
-            if earlier is not None:
-                return earlier.answer()
-        policies = _policies(tenant)
-        now = timezone.now()
-        for halt in policies.halts:
-            if halt.expires_at is not None and halt.expires_at <= now:
-                continue
-            if not gate.halt_matches(halt.scope, request):
-                continue
-            if halt.mode == HaltMode.HALT:
-                return _deny(
-                    request,
-                    "halted",
-                    actor_prefix=key_prefix,
-                    scope=halt.scope,
-                    halt_reason=halt.reason,
-                    retry_after=None,
-                )
-            if not _saga_known_before(request.saga_id, halt.created_at):
-                return _deny(
-                    request,
-                    "draining",
-                    actor_prefix=key_prefix,
-                    scope=halt.scope,
-                    halt_reason=halt.reason,
-                    retry_after=None,
-                )
-        if request.saga_id in policies.quarantined:
-            return _deny(request, "quarantined", actor_prefix=key_prefix, retry_after=None)
-        step = hooks.approval_step()
-        escalating = any(
-            s.kind == "budget" and s.on_cap == OnCap.ESCALATE and gate.tool_matches(s.tool, request.tool)
-            for s in policies.specs
-        )
-        verdict = (
-            step.before_debit(tenant, request, escalating=escalating) if step is not None else hooks.NONE
-        )
-        if verdict.kind == "pending":
-            return verdict.answer
-        if verdict.kind == "refused":
-            return _deny(request, actor_prefix=key_prefix, **verdict.answer)
-        if verdict.kind == "consumed":
-            return _earlier_allow(request) or _deny(
-                request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
-            )
+
+    def database() -> Any:
+        return tenant_context(tenant) if lean else nullcontext()
+
+    def deny(reason: str, **detail: Any) -> dict[str, Any]:
+        if lean:
+            return _write_lean(tenant, request, Decision.DENY, reason=reason, detail=detail)
+        return _deny(request, reason, actor_prefix=key_prefix, **detail)
+
+    if not isinstance(store, RedisStore):
+        # Redis answers a retry from its own idempotency key; the database store asks here.
+        earlier = GateDecision.objects.filter(
+            idempotency_key=request.idempotency_key, decision=Decision.ALLOW
+        ).first()
+        if earlier is not None:
+            return earlier.answer()
+    policies = _held_policies(tenant, version)
+    if policies is None:
+        with database():
+            policies = _read_policies(tenant, version)
+    now = timezone.now()
+    for halt in policies.halts:
+        if halt.expires_at is not None and halt.expires_at <= now:
+            continue
+        if not gate.halt_matches(halt.scope, request):
+            continue
+        if halt.mode == HaltMode.HALT:
+            return deny("halted", scope=halt.scope, halt_reason=halt.reason, retry_after=None)
+        with database():
+            known = _saga_known_before(request.saga_id, halt.created_at)
+        if not known:
+            return deny("draining", scope=halt.scope, halt_reason=halt.reason, retry_after=None)
+    if request.saga_id in policies.quarantined:
+        return deny("quarantined", retry_after=None)
+    step = hooks.approval_step()
+    escalating = any(
+        s.kind == "budget" and s.on_cap == OnCap.ESCALATE and gate.tool_matches(s.tool, request.tool)
+        for s in policies.specs
+    )
+    verdict = hooks.NONE
+    if step is not None and lean:
+        # Usually answered from the approvals' own snapshot; what must read or write (a policy
+        # that applies, an earlier escalation) runs in the tenant's transaction with the decision.
         try:
-            debits = gate.debits_for(policies.specs, request, tenant_tag=gate_tag(tenant))
-        except InvalidArgument as exc:
-            return _deny(
-                request,
-                "invalid_argument",
-                actor_prefix=key_prefix,
-                limit=exc.limit,
-                argument=exc.argument,
-                message=exc.detail,
-                retry_after=None,
+            with scoped_without_database(tenant):
+                verdict = step.before_debit(tenant, request, escalating=escalating)
+        except NeedsDatabase:
+            raise _NeedsTransaction from None
+        if verdict.kind != "none":
+            raise _NeedsTransaction
+    elif step is not None:
+        verdict = step.before_debit(tenant, request, escalating=escalating)
+    if verdict.kind == "pending":
+        return verdict.answer
+    if verdict.kind == "refused":
+        return _deny(request, actor_prefix=key_prefix, **verdict.answer)
+    if verdict.kind == "consumed":
+        return _earlier_allow(request) or _deny(
+            request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
+        )
+    try:
+        debits = gate.debits_for(policies.specs, request, tenant_tag=gate_tag(tenant))
+    except InvalidArgument as exc:
+        return deny(
+            "invalid_argument",
+            limit=exc.limit,
+            argument=exc.argument,
+            message=exc.detail,
+            retry_after=None,
+        )
+    if verdict.uncapped:
+        # An approved escalation: these budgets' caps do not hold for this one call (it is still
+        # debited, so its spend counts against everything after it).
+        debits = [
+            replace(d, cap=UNCAPPED) if d.kind == "budget" and d.limit in verdict.uncapped else d
+            for d in debits
+        ]
+    decision_id = uuid.uuid4()
+    try:
+        outcome = store.check_and_debit(
+            tenant.pk,
+            debits,
+            idempotency_key=request.idempotency_key,
+            decision_id=str(decision_id),
+            tag=gate_tag(tenant),
+        )
+    except StoreUnavailable as exc:
+        log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)
+        return deny("limit_store_unavailable", retry_after=1)
+    # From here on, something may be debited: nothing below raises _NeedsTransaction.
+    if not outcome.allowed:
+        failed = outcome.failed
+        if (
+            step is not None
+            and failed is not None
+            and failed.kind == "budget"
+            and any(
+                s.kind == "budget" and s.name == failed.limit and s.on_cap == OnCap.ESCALATE
+                for s in policies.specs
             )
-        if verdict.uncapped:
-            # An approved escalation: these budgets' caps do not hold for this one call (it is still
-            # debited, so its spend counts against everything after it).
-            debits = [
-                replace(d, cap=UNCAPPED) if d.kind == "budget" and d.limit in verdict.uncapped else d
-                for d in debits
-            ]
-        decision_id = uuid.uuid4()
-        try:
-            outcome = store.check_and_debit(
-                tenant.pk,
-                debits,
-                idempotency_key=request.idempotency_key,
-                decision_id=str(decision_id),
-                tag=gate_tag(tenant),
-            )
-        except StoreUnavailable as exc:
-            log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)
-            return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
-        if not outcome.allowed:
-            failed = outcome.failed
-            if (
-                step is not None
-                and failed is not None
-                and failed.kind == "budget"
-                and any(
-                    s.kind == "budget" and s.name == failed.limit and s.on_cap == OnCap.ESCALATE
-                    for s in policies.specs
-                )
-            ):
+        ):
+            with database():
                 escalated = step.escalate(tenant, request, failed.limit, debits)
                 if escalated.kind == "pending":
                     return escalated.answer
                 if escalated.kind == "refused":
                     return _deny(request, actor_prefix=key_prefix, **escalated.answer)
-            return _refusal(request, outcome, actor_prefix=key_prefix)
-        if outcome.duplicate_of is not None:
-            decision_id = uuid.UUID(outcome.duplicate_of)
+                return _refusal(request, outcome, actor_prefix=key_prefix)
+        return _refusal(request, outcome, deny=deny, actor_prefix=key_prefix)
+    if outcome.duplicate_of is not None:
+        decision_id = uuid.UUID(outcome.duplicate_of)
+        with database():
             existing = GateDecision.objects.filter(pk=decision_id).first()
-            if existing is not None:
-                return existing.answer()
-            # The store debited under this id but its ledger row never committed: record it now
-            # (the debit is already counted, so this allows nothing the counters did not).
-        late = (time.monotonic() - outcome.debited_at) * 1000 > getattr(store, "commit_deadline_ms", math.inf)
-        if outcome.debited_at and late:
-            # Too late to be sure a rebuild fenced us in: refuse (the Redis debit stays, erring
-            # toward refusal).
-            return _deny(request, "limit_store_unavailable", actor_prefix=key_prefix, retry_after=1)
-        try:
-            with transaction.atomic():
-                row = _record_allow(decision_id, request, key_prefix, debits, verdict.requests)
-                if (
-                    verdict.requests
-                    and step is not None
-                    and not step.consume(
-                        tenant, verdict.requests, authorization_id=str(decision_id), actor=actor
-                    )
-                ):
-                    raise _NotConsumable
-        except _NotConsumable:
-            # Used or lapsed since it was read (a racing call took it): this call starts nothing.
-            return _earlier_allow(request) or _deny(
-                request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
-            )
-        except IntegrityError:
-            # The same call allowed meanwhile (a retry racing itself, or one whose Redis key had
-            # expired): the first allow stands; this debit stays counted, erring toward refusal.
+        if existing is not None:
+            return existing.answer()
+        # The store debited under this id but its ledger row never committed: record it now
+        # (the debit is already counted, so this allows nothing the counters did not).
+    late = (time.monotonic() - outcome.debited_at) * 1000 > getattr(store, "commit_deadline_ms", math.inf)
+    if outcome.debited_at and late:
+        # Too late to be sure a rebuild fenced us in: refuse (the Redis debit stays, erring
+        # toward refusal).
+        return deny("limit_store_unavailable", retry_after=1)
+    if lean:  # (no approval to consume: the lean path has none)
+        return _write_lean(tenant, request, Decision.ALLOW, decision_id=decision_id, debits=debits)
+    try:
+        with transaction.atomic():
+            row = _record_allow(decision_id, request, key_prefix, debits, verdict.requests)
+            if (
+                verdict.requests
+                and step is not None
+                and not step.consume(tenant, verdict.requests, authorization_id=str(decision_id), actor=actor)
+            ):
+                raise _NotConsumable
+    except _NotConsumable:
+        # Used or lapsed since it was read (a racing call took it): this call starts nothing.
+        return _earlier_allow(request) or _deny(
+            request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
+        )
+    except IntegrityError:
+        # The same call allowed meanwhile (a retry racing itself, or one whose Redis key had
+        # expired): the first allow stands; this debit stays counted, erring toward refusal.
+        first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
+        return first.answer()
+    return row.answer()
+
+
+_LEDGER = GateDecision._meta.db_table
+_LEDGER_COLUMNS = (
+    "id",
+    "tenant_id",
+    "idempotency_key",
+    "saga_id",
+    "step_id",
+    "tool",
+    "agent",
+    "api_key_prefix",
+    "args_digest",
+    "decision",
+    "reason",
+    "detail",
+    "debits",
+    "decided_at",
+)
+# One batch, one round trip: the tenant for row-level security (SET LOCAL) and the row, in one
+# implicit transaction that has committed -- the row is durable -- when the batch answers. An allow
+# whose idempotency key already has one inserts nothing and returns no id (the first stands).
+# A refusal's row is a dashboard entry, not a ledger entry (it debited nothing; the agent's WAL
+# keeps its own GATE_DENY): its commit does not wait for the WAL flush (synchronous_commit off
+# for that transaction alone), so refusals cost no fsync; an allow's commits as the server is
+# configured (waiting for the flush, and for synchronous standbys where there are).
+_LEDGER_BATCH = (
+    f"SELECT set_config('{TENANT_SETTING}', %s, true), "
+    "set_config('synchronous_commit', coalesce(%s, current_setting('synchronous_commit')), true); "
+    f"INSERT INTO {_LEDGER} ({', '.join(_LEDGER_COLUMNS)}) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s) "
+    "ON CONFLICT (tenant_id, idempotency_key) WHERE decision = 'allow' DO NOTHING RETURNING id"
+)
+
+
+def _write_lean(
+    tenant: Tenant,
+    request: GateRequest,
+    decision: Decision,
+    *,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+    decision_id: uuid.UUID | None = None,
+    debits: Sequence[Debit] = (),
+) -> dict[str, Any]:
+    """Write one decision in one round trip (`_LEDGER_BATCH`) outside any transaction, and answer
+    it. An allow is answered only once its row has committed; a ledger that cannot be written
+    refuses (`limit_store_unavailable`: any debit already made stays, erring toward refusal)."""
+    detail = detail or {}
+    row_id = decision_id or uuid.uuid4()
+    params: list[Any] = [
+        str(tenant.pk),
+        "off" if decision == Decision.DENY else None,  # an allow: as the server is configured
+        row_id,
+        tenant.pk,
+        request.idempotency_key,
+        request.saga_id,
+        request.step_id,
+        request.tool,
+        request.agent,
+        request.api_key_prefix,
+        request.args_digest,
+        decision.value,
+        reason,
+        json.dumps(detail, cls=DjangoJSONEncoder),
+        json.dumps([d.as_ledger() for d in debits]),
+        timezone.now(),
+    ]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_LEDGER_BATCH, params)
+            cursor.nextset()
+            inserted = cursor.fetchone() is not None
+    except DatabaseError as exc:
+        log.warning("gate: ledger unavailable for tenant %s: %s", tenant.pk, exc)
+        if decision == Decision.DENY:
+            return {"decision": "deny", "reason": reason, **detail}
+        return {"decision": "deny", "reason": "limit_store_unavailable", "retry_after": 1}
+    if decision == Decision.DENY:
+        return {"decision": "deny", "reason": reason, **detail}
+    if not inserted:
+        # The same call allowed meanwhile (a retry racing itself): the first allow stands; this
+        # debit stays counted, erring toward refusal.
+        with tenant_context(tenant):
             first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
-            return first.answer()
-        return row.answer()
+        return first.answer()
+    return {"decision": "allow", "authorization_id": str(row_id)}
 
 
 class _NotConsumable(Exception):
@@ -450,24 +604,33 @@ def _record_allow(
     )
 
 
-def _refusal(request: GateRequest, outcome: Outcome, *, actor_prefix: str) -> dict[str, Any]:
+def _refusal(
+    request: GateRequest,
+    outcome: Outcome,
+    *,
+    actor_prefix: str,
+    deny: Callable[..., dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The store's refusal as the gate's answer, written by `deny` (default: an ORM row in the
+    caller's transaction)."""
     failed = outcome.failed
     assert failed is not None
+    if deny is None:
+
+        def deny(reason: str, **detail: Any) -> dict[str, Any]:
+            return _deny(request, reason, actor_prefix=actor_prefix, **detail)
+
     retry = None if outcome.retry_after_ms is None else max(1, math.ceil(outcome.retry_after_ms / 1000))
     if failed.kind == "rate":
-        return _deny(
-            request,
+        return deny(
             "rate_limited",
-            actor_prefix=actor_prefix,
             limit=failed.limit,
             scope=failed.scope,
             remaining=0,
             retry_after=retry,
         )
-    return _deny(
-        request,
+    return deny(
         "budget_exceeded",
-        actor_prefix=actor_prefix,
         limit=failed.limit,
         scope=failed.scope,
         remaining=gate.from_units(max(0, failed.cap - outcome.used)),

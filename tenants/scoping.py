@@ -136,6 +136,27 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
             _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
 
 
+class NeedsDatabase(Exception):
+    """Code run under `scoped_without_database` tried to run an SQL statement."""
+
+
+@contextmanager
+def scoped_without_database(tenant: Tenant) -> Iterator[Tenant]:
+    """The ORM layer's tenant only, and no database: any SQL statement raises `NeedsDatabase`
+    before it is sent. For hot paths that usually answer from per-process copies (the gate) and
+    must redo the work inside `tenant_context` (transaction and RLS) when they cannot."""
+
+    def refuse(*_args: Any) -> Any:
+        raise NeedsDatabase
+
+    token = _current_tenant.set(tenant)
+    try:
+        with connection.execute_wrapper(refuse):
+            yield tenant
+    finally:
+        _current_tenant.reset(token)
+
+
 @contextmanager
 def dangerously_bypass_orm_scope() -> Iterator[None]:
     """Lift the ORM layer: the tenant manager stops filtering. For the SQLite side of the

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
-from tenants import authentication, live
+from tenants import authentication, epoch, live
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 
@@ -159,9 +159,12 @@ def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
         locked.revoked_at = timezone.now()
         locked.save(update_fields=["revoked_at"])
         # This process forgets the key at once and again at commit (a request checking it in
-        # between would remember the row as it was); other processes within the stated bound.
+        # between would remember the row as it was); other processes within the stated bound,
+        # and on their next check against the tenant's epoch (`verify_api_key`), which moves
+        # once this commits.
         authentication.forget(locked.prefix)
         transaction.on_commit(lambda: authentication.forget(locked.prefix))
+        epoch.bump_after_commit(locked.tenant_id, "API key revocation signal")
         append_server_record(
             locked.tenant,
             "ADMIN_API_KEY_REVOKED",

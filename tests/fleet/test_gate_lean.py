@@ -1,0 +1,266 @@
+"""The gate's lean path (Redis store, Postgres, outside any transaction), as agents' calls take it:
+one SQL statement batch per decision that still commits the ledger row before an allow, debits
+once per idempotency key and nothing on a refusal; a policy change or a key revocation reaches
+another process on its very next call; and `POST /api/v1/gate/evaluate` answered in front of
+Django's stack (controlplane/gate_asgi.py) as Django answers it, everything unusual handed on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.core.asgi import get_asgi_application
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from controlplane.gate_asgi import PATH, lean_gate
+from fleet import services
+from fleet.gate import GateRequest
+from fleet.models import Decision, GateDecision
+from fleet.stores import RedisStore, marker_key
+from tenants import epoch
+from tenants import services as tenant_services
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.fleet.test_gate_concurrency import _test_database_url
+from tests.hostile.production import OwnRedis, own_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+ACTOR = "test:lean"
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
+    with own_redis(tmp_path_factory.mktemp("lean-redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def store(private_redis: OwnRedis) -> Iterator[RedisStore]:
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=2, socket_connect_timeout=2)
+    client.flushall()
+    store = RedisStore(client, services.ledger_since)
+    services.set_store(store)
+    yield store
+    services.set_store(None)
+
+
+@pytest.fixture
+def tenant(transactional_db: None, store: RedisStore) -> Tenant:
+    tenant = tenant_services.create_tenant("lean", "Lean", "owner@lean.example", actor="test")
+    # A new tenant has no ledger: its Redis state is ready as it is (no rebuild behind the fence).
+    store.client.set(marker_key(services.gate_tag(tenant)), "1")
+    return tenant
+
+
+_calls = iter(range(10**9))
+
+
+def call(tool: str = "stripe.charge", **args: Any) -> dict[str, Any]:
+    n = next(_calls)
+    return {"saga_id": f"saga-{n}", "step_id": "1", "tool": tool, "args": args, "agent": "bot"}
+
+
+def ask(tenant: Tenant, fields: dict[str, Any]) -> dict[str, Any]:
+    assert not connection.in_atomic_block  # the lean path's condition
+    return services.evaluate(tenant, GateRequest(**fields), actor=ACTOR)
+
+
+def ledger(tenant: Tenant) -> list[GateDecision]:
+    with tenant_context(tenant):
+        return list(GateDecision.objects.order_by("decided_at"))
+
+
+def test_a_decision_is_one_statement_batch_and_its_row_is_committed(
+    tenant: Tenant, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(epoch, "MAX_AGE_S", 3600.0)  # however slow the machine, the copy is reused
+    services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    assert ask(tenant, call(amount=1))["decision"] == "allow"  # policies now held
+    with CaptureQueriesContext(connection) as captured:
+        answer = ask(tenant, call(amount=2))
+    assert answer["decision"] == "allow"
+    assert len(captured.captured_queries) == 1, [str(q["sql"])[:90] for q in captured.captured_queries]
+    assert "set_config" in captured.captured_queries[0]["sql"]
+    rows = [r for r in ledger(tenant) if str(r.pk) == answer["authorization_id"]]
+    assert len(rows) == 1 and rows[0].decision == Decision.ALLOW
+    assert rows[0].debits[0]["amount"] == 2 * 10_000 and rows[0].tenant_id == tenant.pk
+
+
+def test_a_refusal_debits_nothing_and_a_retry_debits_once(tenant: Tenant, store: RedisStore) -> None:
+    services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    first = call(amount=30)
+    allowed = ask(tenant, first)
+    assert allowed["decision"] == "allow"
+    assert ask(tenant, first) == allowed  # Redis' idempotency key
+    for key in store.client.scan_iter(match="*:idem:*"):
+        store.client.delete(key)  # expired after its week, say: the retry is debited again...
+    assert ask(tenant, first) == allowed  # ...but the ledger's unique allow (ON CONFLICT) stands
+    refused = ask(tenant, call(amount=50))  # 60 counted (the second debit stays, erring to refuse)
+    assert refused["reason"] == "budget_exceeded" and refused["remaining"] == "40"
+    assert ask(tenant, call(amount=40))["decision"] == "allow"  # the refusal debited nothing
+    rows = ledger(tenant)
+    assert [r.decision for r in rows].count(Decision.ALLOW) == 2
+    assert [r.reason for r in rows if r.decision == Decision.DENY] == ["budget_exceeded"]
+
+
+def test_an_approval_policy_takes_the_decision_into_the_tenants_transaction(
+    tenant: Tenant, store: RedisStore
+) -> None:
+    from approvals import services as approvals
+
+    approvals.create_policy(
+        tenant,
+        actor=ACTOR,
+        name="large wires",
+        tool="bank.*",
+        predicates=[{"arg": "amount", "op": ">", "value": 50}],
+        required_approvals=1,
+    )
+    assert ask(tenant, call(tool="bank.wire", amount=10))["decision"] == "allow"
+    pending = ask(tenant, call(tool="bank.wire", amount=500))
+    assert pending["decision"] == "pending_approval"
+
+
+@pytest.fixture
+def worker(tenant: Tenant, private_redis: OwnRedis) -> Iterator[subprocess.Popen[str]]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "DATABASE_OWNER_URL", "PYTEST_CURRENT_TEST")
+    }
+    env.update(DATABASE_URL=_test_database_url(), PYTHONPATH=str(ROOT))
+    config = {"tenant": tenant.slug, "redis_url": private_redis.url}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.fleet.lean_worker", json.dumps(config)],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.strip() == "ready", process.stderr.read() if process.stderr else line
+    yield process
+    process.kill()
+    process.communicate(timeout=30)
+
+
+def tell(worker: subprocess.Popen[str], command: str) -> dict[str, Any]:
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write(command + "\n")
+    worker.stdin.flush()
+    line = worker.stdout.readline()
+    assert line, worker.stderr.read() if worker.stderr else "the worker exited"
+    return dict(json.loads(line))
+
+
+def test_a_policy_change_reaches_another_process_on_its_next_call(
+    tenant: Tenant, store: RedisStore, worker: subprocess.Popen[str]
+) -> None:
+    decide = "decide " + json.dumps(call(amount=5))
+    assert tell(worker, decide)["decision"] == "allow"  # the worker now holds the policies
+    halt = services.halt(tenant, actor=ACTOR, scope="tool:stripe.*", reason="incident")
+    assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "halted"
+    services.resume(tenant, halt.pk, actor=ACTOR)
+    assert tell(worker, "decide " + json.dumps(call(amount=5)))["decision"] == "allow"
+    services.create_budget(tenant, actor=ACTOR, name="tiny", tool="stripe.*", max_total=1, window_s=3600)
+    assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "budget_exceeded"
+    services.quarantine(tenant, "held", actor=ACTOR, reason="r")
+    quarantined = {**call(tool="crm.insert"), "saga_id": "held"}
+    assert tell(worker, "decide " + json.dumps(quarantined))["reason"] == "quarantined"
+
+
+def test_a_revoked_key_is_refused_by_another_process_on_its_next_request(
+    tenant: Tenant, worker: subprocess.Popen[str]
+) -> None:
+    api_key, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
+    assert tell(worker, f"verify {raw}") == {"ok": True}  # the worker now holds the key
+    assert tell(worker, f"verify {raw}") == {"ok": True}
+    assert tell(worker, f"verify {raw[:-1]}x")["error"] == "invalid_api_key"  # the secret is checked
+    tenant_services.revoke_api_key(api_key, actor="test")
+    assert tell(worker, f"verify {raw}")["error"] == "revoked_api_key"
+
+
+# ------------------------------------------------------------------------------------- over ASGI
+
+
+class Served:
+    """The lean gate in front of Django's ASGI handler, counting the calls Django answered."""
+
+    def __init__(self) -> None:
+        self.app = lean_gate(get_asgi_application())
+        self.django_calls = 0
+        inner = self.app.app
+
+        async def counting(scope: Any, receive: Any, send: Any) -> None:
+            self.django_calls += 1
+            await inner(scope, receive, send)
+
+        self.app.app = counting
+
+    def post(self, body: Any, key: str, *, raw: bytes | None = None, query: str = "") -> httpx.Response:
+        async def send() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)  # type: ignore[arg-type]
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                return await client.post(
+                    PATH + query,
+                    content=raw if raw is not None else json.dumps(body).encode(),
+                    headers={
+                        "Authorization": f"Bearer {key}",
+                        "Content-Type": "application/json",
+                        "X-Forwarded-Proto": "https",
+                    },
+                )
+
+        return asyncio.run(send())
+
+
+def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
+    tenant: Tenant, store: RedisStore, settings: Any
+) -> None:
+    settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    api_key, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
+    _, reader = tenant_services.create_api_key(tenant, name="reader", scopes=["read"], actor="test")
+    served = Served()
+
+    by_django = served.post(call(amount=10), raw)
+    assert by_django.status_code == 200 and by_django.json()["decision"] == "allow"
+    assert served.django_calls == 1  # the first answer teaches the route's headers
+    lean = served.post(call(amount=20), raw)
+    assert lean.status_code == 200 and lean.json()["decision"] == "allow"
+    assert served.django_calls == 1
+    assert set(lean.headers) == set(by_django.headers)
+    assert lean.headers["x-content-type-options"] == "nosniff" and lean.headers["x-request-id"]
+    refused = served.post(call(amount=80), raw)
+    assert refused.json()["reason"] == "budget_exceeded" and served.django_calls == 1
+    assert [r.decision for r in ledger(tenant)].count(Decision.ALLOW) == 2
+
+    # Anything unusual is Django's to answer, in the API's error shape.
+    for response in (
+        served.post(b"", raw, raw=b"{not json"),
+        served.post({**call(amount=1), "saga_id": ""}, raw),
+        served.post(call(amount=1), reader),
+        served.post(call(amount=1), raw[:-1] + "x"),
+        served.post(call(amount=1), raw, query="?x=1"),
+    ):
+        assert response.status_code in (200, 400, 401, 403), response.text
+        if response.status_code != 200:
+            assert set(response.json()) >= {"error", "detail"}
+    assert served.django_calls == 6
+    tenant_services.revoke_api_key(api_key, actor="test")
+    revoked = served.post(call(amount=1), raw)
+    assert revoked.status_code == 401 and revoked.json()["error"] == "revoked_api_key"
