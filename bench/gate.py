@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import shutil
@@ -332,6 +333,35 @@ def postgres_floor(db_url: str, total: int) -> dict[str, Any]:
     return {"clients": 1, **_summary(latencies, wall)}
 
 
+_COMMIT_FLOOR_TABLE = (
+    "CREATE TABLE IF NOT EXISTS bench_commit_floor (id bigserial PRIMARY KEY, at timestamptz)"
+)
+
+
+def durable_commit_floor(owner_url: str, total: int) -> dict[str, Any]:
+    """One bare one-row `INSERT` that commits (autocommit, `synchronous_commit` as configured) into
+    a logged table of the benchmark's database (1 client): what writing the ledger row durably
+    before an allow costs at least -- the WAL flush (fsync) the commit waits for."""
+    import psycopg
+
+    with psycopg.connect(owner_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute(_COMMIT_FLOOR_TABLE)
+        conn.execute("TRUNCATE bench_commit_floor")
+        sync = conn.execute("SHOW synchronous_commit").fetchone()
+        method = conn.execute("SHOW wal_sync_method").fetchone()
+        latencies, _, wall = _threads(
+            1,
+            total,
+            lambda n, i: conn.execute("INSERT INTO bench_commit_floor (at) VALUES (now())").rowcount == 1,
+        )
+    return {
+        "clients": 1,
+        "synchronous_commit": sync[0] if sync else "",
+        "wal_sync_method": method[0] if method else "",
+        **_summary(latencies, wall),
+    }
+
+
 def agent_saga_peer(redis_url: str, limits: int, clients: int, total: int) -> dict[str, Any]:
     """agent-saga's RedisLimitStore (asyncio, its native API) on the same limits and calls."""
     from agent_saga import limits as as_limits
@@ -512,10 +542,12 @@ def queries_per_decision(store_name: str, limits: int) -> int:
     from fleet.gate import GateRequest
     from fleet.stores import DatabaseStore
 
-    run = Run(limits, 4)
+    run = Run(limits, 8)
     store = services.get_store() if store_name == "redis" else DatabaseStore()
     if store_name == "redis":
         _warm_redis_marker(run.tenant)
+    warm = GateRequest(saga_id="w", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
+    services.evaluate(run.tenant, warm, actor="bench", store=store)  # policies now held, as in a run
     request = GateRequest(saga_id="q", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
     with CaptureQueriesContext(connection) as captured:
         answer = services.evaluate(run.tenant, request, actor="bench", store=store)
@@ -554,16 +586,15 @@ def profile_decision(decisions: int) -> dict[str, Any]:
     profiler.disable()
     steps = {
         ("fleet/services.py", "evaluate"): "evaluate",
-        ("fleet/services.py", "_limit_specs"): "read limits (2 queries)",
-        ("fleet/services.py", "halts_in_force"): "read halts in force",
-        ("fleet/services.py", "is_quarantined"): "read quarantine",
-        ("django/db/models/query.py", "first"): "idempotency lookup (ledger)",
-        ("django/db/models/query.py", "create"): "ledger row INSERT",
-        ("fleet/stores.py", "check_and_debit"): "Redis check-and-debit (EVALSHA)",
+        ("tenants/epoch.py", "read"): "tenant epoch read (one cache GET)",
+        ("fleet/services.py", "_read_policies"): "re-reading policies (epoch moved)",
+        ("fleet/gate.py", "idempotency_key"): "idempotency key (canonical JSON, SHA-256)",
         ("fleet/gate.py", "debits_for"): "debits (scope keys, amounts)",
-        ("django/db/transaction.py", "__exit__"): "COMMIT",
+        ("fleet/stores.py", "check_and_debit"): "Redis check-and-debit (EVALSHA)",
+        ("redis/client.py", "_send_command_parse_response"): "waiting for Redis (GET + EVALSHA)",
+        ("fleet/services.py", "_write_lean"): "ledger row (one batch: SET LOCAL + INSERT, committed)",
+        ("psycopg/connection.py", "wait"): "waiting for Postgres (the batch and its commit)",
         ("django/db/models/sql/compiler.py", "as_sql"): "ORM: compiling SQL (all queries)",
-        ("psycopg/connection.py", "wait"): "waiting for Postgres (all statements)",
     }
     cumulative: dict[str, float] = {}
     for (filename, _line, name), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
@@ -617,6 +648,27 @@ def _server_env(db_url: str, redis_url: str, data_dir: Path, store_name: str) ->
     return env
 
 
+_server_pids: dict[str, int] = {}  # url -> the gunicorn master's pid (for its CPU seconds)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and its live children (gunicorn workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    for one in pids:
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
 @contextmanager
 def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
     """The README's production command on a free loopback port."""
@@ -660,8 +712,10 @@ def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise SystemExit(f"the control plane did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
+        _server_pids[url] = process.pid
         yield url
     finally:
+        _server_pids.pop(url, None)
         process.terminate()
         try:
             process.wait(timeout=30)
@@ -747,14 +801,23 @@ def over_http(url: str, store_name: str, limits: int, clients: int, total: int) 
         [json.dumps({"saga_id": f"w-{n}", "step_id": "1", "tool": "warm.up"}).encode()] * 4 for n in range(4)
     ]
     asyncio.run(_http_load(port, run.gate_key, warm))
+    server_pid = _server_pids.get(url)
+    server_cpu, client_cpu = _tree_cpu_s(server_pid) if server_pid else 0.0, time.process_time()
     latencies, allowed, wall, errors = asyncio.run(_http_load(port, run.gate_key, bodies))
+    server_cpu = (_tree_cpu_s(server_pid) - server_cpu) if server_pid else math.nan
+    client_cpu = time.process_time() - client_cpu
     if errors:
         raise SystemExit(f"{len(errors)} gate call(s) failed, first: {errors[0]}")
+    decisions = per_client * clients
     return {
         "store": store_name,
         "clients": clients,
         "limits": limits,
         **_summary(latencies, wall),
+        # CPU per decision of the server's processes (gunicorn and its workers) and of this load
+        # generator: what 2 idle cores would have to cover, before Postgres' and Redis' own.
+        "server_cpu_ms_per_decision": round(server_cpu * 1000 / decisions, 3),
+        "load_generator_cpu_ms_per_decision": round(client_cpu * 1000 / decisions, 3),
         "budget": _overspend_check(allowed, per_client * clients, run.cap, run.ledger_spent()),
     }
 
@@ -909,6 +972,8 @@ def main(argv: list[str] | None = None) -> int:
                 _show("bare EVALSHA", row)
             pg_floor = postgres_floor(db_url, total)
             _show("bare SELECT 1", pg_floor)
+            commit_floor = durable_commit_floor(owner_url, total)
+            _show("bare INSERT+COMMIT", commit_floor)
             peers, ours_store, inproc = [], [], []
             for limits in LIMIT_COUNTS:
                 for c in CLIENTS:
@@ -956,6 +1021,13 @@ def main(argv: list[str] | None = None) -> int:
         ratios: dict[str, float] = {
             "inproc_redis_5_limits_p99_vs_evalsha_p99": _ratio(ours5["p99_ms"], floor1["p99_ms"]),
             "inproc_redis_5_limits_p50_vs_evalsha_p50": _ratio(ours5["p50_ms"], floor1["p50_ms"]),
+            "inproc_redis_5_limits_p50_vs_round_trip_floor_p50": _ratio(
+                ours5["p50_ms"], 2 * floor1["p50_ms"] + commit_floor["p50_ms"]
+            ),
+            "inproc_redis_5_limits_p99_vs_round_trip_floor_p99": _ratio(
+                ours5["p99_ms"], 2 * floor1["p99_ms"] + commit_floor["p99_ms"]
+            ),
+            "durable_commit_p99_vs_evalsha_p99": _ratio(commit_floor["p99_ms"], floor1["p99_ms"]),
             "store_only_5_limits_p99_vs_evalsha_p99": _ratio(
                 pick(ours_store, limits=5, clients=1)["p99_ms"], floor1["p99_ms"]
             ),
@@ -978,6 +1050,20 @@ def main(argv: list[str] | None = None) -> int:
                     store_row["decisions_per_s"], peer["decisions_per_s"]
                 )
         best_http = max(r["decisions_per_s"] for r in http if r["store"] == "redis")
+        best_row = max((r for r in http if r["store"] == "redis"), key=lambda r: r["decisions_per_s"])
+        http_breakdown = {
+            "best_run": {
+                k: best_row[k] for k in ("clients", "limits", "decisions_per_s", "p50_ms", "p99_ms")
+            },
+            "server_cpu_ms_per_decision": best_row["server_cpu_ms_per_decision"],
+            "load_generator_cpu_ms_per_decision": best_row["load_generator_cpu_ms_per_decision"],
+            # At this CPU per decision, 2,000 decisions/s need this many cores for the server and
+            # the load generator alone (Postgres and Redis come on top; the machine has 2).
+            "cores_for_2000_per_s_server_and_client": round(
+                2 * (best_row["server_cpu_ms_per_decision"] + best_row["load_generator_cpu_ms_per_decision"]),
+                2,
+            ),
+        }
         targets = {
             "inproc_redis_5_limits_p99_under_1ms": ours5["p99_ms"] < TARGET_INPROC_P99_MS,
             "inproc_redis_5_limits_p99_within_3x_evalsha": ratios["inproc_redis_5_limits_p99_vs_evalsha_p99"]
@@ -1010,10 +1096,18 @@ def main(argv: list[str] | None = None) -> int:
             },
             "evalsha_floor": floor,
             "postgres_select_1_floor": pg_floor,
+            "postgres_durable_insert_commit_floor": commit_floor,
             # Where an in-process decision's time goes (1 client, 5 limits, Redis): its SQL statements
             # (each at least one Postgres round-trip) and one check-and-debit on Redis.
             "breakdown_inproc_redis_5_limits_1_client": {
+                "round_trips": "1 Redis GET (tenant epoch) + 1 EVALSHA + 1 Postgres batch "
+                "(SET LOCAL + INSERT, committed: one WAL flush)",
+                "floor_p50_ms": round(2 * floor1["p50_ms"] + commit_floor["p50_ms"], 3),
+                "floor_p99_ms": round(2 * floor1["p99_ms"] + commit_floor["p99_ms"], 3),
+                "durable_commit_p50_ms": commit_floor["p50_ms"],
+                "durable_commit_p99_ms": commit_floor["p99_ms"],
                 "decision_p50_ms": ours5["p50_ms"],
+                "decision_p99_ms": ours5["p99_ms"],
                 "sql_statements": queries["redis_5_limits"],
                 "postgres_round_trip_p50_ms": pg_floor["p50_ms"],
                 "sql_statements_x_round_trip_p50_ms": round(
@@ -1027,6 +1121,7 @@ def main(argv: list[str] | None = None) -> int:
             "ours_in_process": inproc,
             "sql_statements_per_allowed_decision": queries,
             "ours_http": http,
+            "breakdown_http_redis": http_breakdown,
             "halt_reaches_sdk_gate": halt,
             "ratios": ratios,
             "targets": targets,
