@@ -10,7 +10,7 @@ transaction and under the tenant's row-level security.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -85,10 +85,12 @@ class StepState:
 
 
 def load(
-    tenant_id: int, saga_ids: Sequence[str]
+    tenant_id: int, saga_ids: Sequence[str], *, steps_of: Collection[str] | None = None
 ) -> tuple[dict[str, SagaState], dict[str, dict[str, StepState]]]:
     """The current projection of `saga_ids` (the active tenant's; call under the tenant log lock),
-    and their steps by saga in ordinal order."""
+    and their steps by saga in ordinal order: of every saga, or (`steps_of`) of those sagas only,
+    the others' left empty (a fold whose records touch no step of a saga needs none of them:
+    the integrator's seals, a saga's start and end)."""
     sagas: dict[str, SagaState] = {}
     by_pk: dict[int, SagaState] = {}
     steps: dict[str, dict[str, StepState]] = {sid: {} for sid in saga_ids}
@@ -99,7 +101,9 @@ def load(
         sagas[saga.saga_id] = saga
         by_pk[row[0]] = saga
     if by_pk:
-        for row in _select_steps(tenant_id, list(by_pk)):
+        # Asked even when no saga's steps are wanted: one statement per fold, whatever the records.
+        wanted = [pk for pk, saga in by_pk.items() if steps_of is None or saga.saga_id in steps_of]
+        for row in _select_steps(tenant_id, wanted):
             saga = by_pk[row[1]]
             step = StepState(saga, row[2], row[3], row[4], row[-1], pk=row[0])
             for name, value in zip(STEP_FIELDS, row[5:], strict=True):

@@ -192,7 +192,10 @@ def _fold(tenant: Tenant, items: Sequence[Item]) -> _Fold:
     fold = _Fold(items, saga_ids)
     if not saga_ids:
         return fold
-    sagas, steps = bulk.load(tenant.pk, saga_ids)
+    # Steps are read only for the sagas whose records here are step records (what _apply_one
+    # folds into a step); the rest of a saga's records touch only the saga row.
+    stepping = {rec.saga_id for rec, _ in items if rec.saga_id and rec.step_id and rec.event in STEP_EVENTS}
+    sagas, steps = bulk.load(tenant.pk, saga_ids, steps_of=stepping)
     fold.sagas = sagas
     fold.snapshot = {sid: (s.pk, s.last_leaf_index) for sid, s in sagas.items()}
     fold.before = {sid: s.status for sid, s in sagas.items()}

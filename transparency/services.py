@@ -289,21 +289,34 @@ def integrate(tenant: Tenant, *, max_leaves: int | None = None) -> Checkpoint | 
     """Append the tenant's new leaves to its tree and sign a checkpoint; None if nothing grew.
 
     One transaction, holding the TreeState row lock, so two integrators never interleave."""
+    return _integrate_round(tenant, max_leaves)[0]
+
+
+def _integrate_round(tenant: Tenant, max_leaves: int | None) -> tuple[Checkpoint | None, bool]:
+    """`integrate`, and whether the round reached the log's size as it read it (not cut short by
+    the chunk): then another round now would find nothing, or only leaves committed since, whose
+    own ingest hook requests the next pass."""
     with tenant_context(tenant):
         state = _locked_state(tenant)
         _active_key(tenant)
-        target = min(sources.log_size(tenant), state.size + (max_leaves or _chunk_leaves()))
-        return _extend_and_sign(tenant, state, target=target)
+        size = sources.log_size(tenant)
+        target = min(size, state.size + (max_leaves or _chunk_leaves()))
+        return _extend_and_sign(tenant, state, target=target), target == size
 
 
 def integrate_fully(
     tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = _always
 ) -> Checkpoint | None:
-    """Integrate until the tree holds every assigned leaf (a backlog takes several rounds), or
-    until `keep_going()` says stop: it is asked between rounds, each of which has committed."""
+    """Integrate until the tree holds every leaf assigned when the last round read the log (a
+    backlog takes several rounds), or until `keep_going()` says stop: it is asked between rounds,
+    each of which has committed. No empty round to find out it is done: one transaction (and its
+    lock) fewer per call, which under sustained ingest is one per integrator pass."""
     latest = None
-    while keep_going() and (checkpoint := integrate(tenant, max_leaves=max_leaves)) is not None:
-        latest = checkpoint
+    while keep_going():
+        checkpoint, caught_up = _integrate_round(tenant, max_leaves)
+        latest = checkpoint or latest
+        if checkpoint is None or caught_up:
+            break
     return latest
 
 
