@@ -443,15 +443,15 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
         appended = hooks.AppendedRecords(
             tenant, stream_name, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
         )
-    with timing.phase("insert"):
+    with timing.phase("insert_payloads"):
         # No lock needed yet (same transaction): header ids and payloads; subscribers read and fold
         # now too (the saga projection, on Postgres), and re-check under the lock before they write.
         bulk.prepare_records(rows)
-    with timing.phase("projection"):
+    with timing.phase("projection_fold"):
         on_stored = hooks.records_appending(appended)
-    with timing.phase("insert"):
+    with timing.phase("insert_locked"):  # waiting for the tenant log lock included
         base = _append(tenant, stream, now, rows, plan)
-    with timing.phase("projection"):
+    with timing.phase("projection_write"):
         hooks.records_stored(appended, on_stored, base)
     return rows
 
