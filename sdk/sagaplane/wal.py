@@ -15,7 +15,10 @@ Three levels of "written", and which records get which:
   file, so it only ever sees whole records in chain order.
 - **written**: in the file, one write(2) carrying everything queued before it, in order.
   `append()` and the terminal record of a saga write through.
-- **durable**: fsynced. Before a COMPENSABLE or IRREVERSIBLE effect its intent is durable.
+- **durable**: fsynced (`fdatasync(2)` where the platform has it: the WAL only appends, and
+  fdatasync flushes the data and the file size, everything a reader needs; only timestamps
+  are left to the next journal commit). Before a COMPENSABLE or IRREVERSIBLE effect its intent
+  is durable.
   Waiters share fsyncs (group commit): a thread that finds no fsync in flight leads one that
   covers every record written before it began; asyncio waiters hand their futures to the
   WAL's flusher thread, which runs the same rounds, so threads and tasks share fsyncs.
@@ -64,6 +67,8 @@ logger = logging.getLogger("sagaplane.wal")
 
 MAX_TORN_BYTES = 1 << 20
 FLUSH_INTERVAL = 0.005  # a buffered record reaches the file within this (plus scheduling)
+# An append's durability: data and size (fdatasync), not mtime; fsync where there is no fdatasync.
+_sync_data: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 DURABLE_DELAY = 0.02  # sync_soon(): fsynced within this unless a barrier covers it first
 MAX_BUFFERED = 512  # records; more are written through at once (bounded memory)
 MAX_BUFFERED_BYTES = 1 << 20
@@ -443,7 +448,7 @@ class WAL:
         self._lock.release()
         err: OSError | None = None
         try:
-            os.fsync(self._fd)
+            _sync_data(self._fd)
         except OSError as exc:
             err = exc
         finally:

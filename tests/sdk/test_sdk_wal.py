@@ -190,7 +190,7 @@ def test_group_commit_one_fsync_covers_all_waiting_writers(tmp_path: Any, monkey
     wal = sp.WAL(tmp_path / "a.wal")
     leader_in_fsync = threading.Event()
     release = threading.Event()
-    real_fsync = wal_module.os.fsync
+    real_fsync = wal_module._sync_data
     calls: list[int] = []
 
     def slow_fsync(fd: int) -> None:
@@ -202,7 +202,7 @@ def test_group_commit_one_fsync_covers_all_waiting_writers(tmp_path: Any, monkey
 
     followers = 7
     appended = threading.Semaphore(0)
-    monkeypatch.setattr(wal_module.os, "fsync", slow_fsync)
+    monkeypatch.setattr(wal_module, "_sync_data", slow_fsync)
     leader = threading.Thread(target=wal.append, args=("E", {"who": "leader"}), kwargs={"durable": True})
     leader.start()
     assert leader_in_fsync.wait(10)
@@ -221,7 +221,7 @@ def test_group_commit_one_fsync_covers_all_waiting_writers(tmp_path: Any, monkey
     # One fsync for the leader, exactly one more for all seven followers.
     assert len(calls) == 2
     assert wal.fsyncs == 2 and wal.sync_waits == 8
-    monkeypatch.setattr(wal_module.os, "fsync", real_fsync)
+    monkeypatch.setattr(wal_module, "_sync_data", real_fsync)
     wal.close()
     records = read_wal(tmp_path / "a.wal")
     assert len(records) == 8 and verify_chain(records).intact
@@ -432,13 +432,13 @@ def test_compensable_step_needs_one_fsync_its_outcome_rides_the_next_barrier(
     wal = sp.WAL(tmp_path / "a.wal", durable_delay=3600)
     comp = sp.tool(lambda x: x, name="comp", semantics=sp.COMPENSABLE)
     durable_at_effect: list[list[str]] = []
-    real_fsync = wal_module.os.fsync
+    real_fsync = wal_module._sync_data
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
         durable_at_effect.append(_events(tmp_path / "a.wal"))
 
-    monkeypatch.setattr(wal_module.os, "fsync", fsync)
+    monkeypatch.setattr(wal_module, "_sync_data", fsync)
     with sp.saga(name="s", wal=wal):
         comp(1)
         comp(2)
@@ -448,7 +448,7 @@ def test_compensable_step_needs_one_fsync_its_outcome_rides_the_next_barrier(
     # Step 2's barrier covered step 1's commit; the terminal one covered step 3's.
     assert durable_at_effect[1][-2:] == ["STEP_COMMITTED", "STEP_INTENT"]
     assert durable_at_effect[-1][-2:] == ["STEP_COMMITTED", "SAGA_COMPLETE"]
-    monkeypatch.setattr(wal_module.os, "fsync", real_fsync)
+    monkeypatch.setattr(wal_module, "_sync_data", real_fsync)
     wal.close()
 
 
@@ -500,7 +500,7 @@ def test_async_sagas_share_fsyncs_on_the_flusher_thread(tmp_path: Any, monkeypat
         real_ensure()
         quiescent.notify_all()
 
-    real_fsync = wal_module.os.fsync
+    real_fsync = wal_module._sync_data
 
     def fsync(fd: int) -> None:
         nonlocal fsynced_bytes
@@ -514,7 +514,7 @@ def test_async_sagas_share_fsyncs_on_the_flusher_thread(tmp_path: Any, monkeypat
 
     monkeypatch.setattr(wal, "_fsync_round_locked", gated_round)
     monkeypatch.setattr(wal, "_ensure_flusher_locked", queued)
-    monkeypatch.setattr(wal_module.os, "fsync", fsync)
+    monkeypatch.setattr(wal_module, "_sync_data", fsync)
 
     def end_of(event: str, saga_id: str) -> int:
         """Byte offset just past `saga_id`'s `event` record in the file."""
@@ -573,7 +573,7 @@ def test_async_waiter_fails_loudly_when_fsync_fails(tmp_path: Any, monkeypatch: 
     def broken(fd: int) -> None:
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(wal_module.os, "fsync", broken)
+    monkeypatch.setattr(wal_module, "_sync_data", broken)
 
     async def main() -> None:
         async with sp.saga(name="s", wal=wal):
