@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "approvals",
         "quick": args.quick,
+        "database": "postgresql",  # the only store it runs on (it skips without DATABASE_URL)
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_before": load_before},
         "server": "gunicorn controlplane.asgi:application -k uvicorn.workers.UvicornWorker "
         f"--workers {args.workers}",

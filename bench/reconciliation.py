@@ -201,6 +201,7 @@ def main() -> int:
     results = {
         "benchmark": "reconciliation",
         "mode": mode,
+        "database": "postgresql" if mode != "embedded" else "sqlite",
         "sagas": n,
         "records_ingested": seq,
         "load_1min": round(os.getloadavg()[0], 2),

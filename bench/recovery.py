@@ -562,6 +562,7 @@ def main() -> int:
     result = {
         "benchmark": "recovery",
         "quick": args.quick,
+        "database": "postgresql",  # the only store it runs on (it needs DATABASE_URL)
         "sagas": n,
         "steps_per_saga": STEPS,
         "handler_ms": HANDLER_S * 1000,
