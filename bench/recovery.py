@@ -369,7 +369,7 @@ def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_ever
     sweeper = threading.Thread(target=beat, daemon=True)
     sweeper.start()
     try:
-        deadline = time.monotonic() + 60 + total * HANDLER_S * 4
+        deadline = time.monotonic() + 120 + total * 0.2 / k
         while True:
             with tenant_context(tenant):
                 done = Job.objects.filter(state=JobState.COMPENSATED).count()

@@ -48,6 +48,7 @@ DEFAULT_LEASE_S = 30.0
 DEFAULT_WAIT_S = 20.0
 MAX_CLAIM_BATCH = 100  # the control plane's limit on one claim's max_jobs
 MAX_REPORT_BATCH = 500  # ... and on one results request
+IDLE_CLAIM_S = 0.25  # with jobs in hand and none to claim: ask again after this, or sooner
 
 
 @dataclass
@@ -192,14 +193,23 @@ class Worker:
                         break
                     if max_jobs is not None:
                         free = min(free, max_jobs - claimed)
+                    busy = free < self.concurrency
                     try:
-                        jobs = self.claim_many(free)
+                        # With jobs in hand, ask without waiting: what becomes claimable next is
+                        # mostly the older steps of the sagas this worker is compensating, which
+                        # its own results unlock, so it asks again once a batch of them is
+                        # recorded (or after a moment) instead of holding a long-poll open that
+                        # re-runs the claim query on the server ten times a second.
+                        jobs = self.claim_many(free, 0 if busy else None)
                     except TransportError as exc:
                         logger.warning("recovery worker: %s; retrying in %.1fs", exc, pause)
                         self._stop.wait(pause * (0.5 + random.random()))
                         pause = min(pause * 2, 30.0)
                         continue
                     pause = 0.5
+                    if not jobs and busy:
+                        reporter.recorded.wait(IDLE_CLAIM_S)
+                        reporter.recorded.clear()
                     for job in jobs[:free]:
                         with slots:
                             running += 1
@@ -308,6 +318,7 @@ class _Reporter:
         self.worker = worker
         self._queue: queue.Queue[Any] = queue.Queue()
         self._single = False
+        self.recorded = threading.Event()  # set after each batch of results is answered
         self._thread = threading.Thread(target=self._loop, name="sagaplane-results", daemon=True)
 
     def start(self) -> None:
@@ -337,6 +348,7 @@ class _Reporter:
                     self._send(batch)
                 except Exception:  # a bug here must not strand the pool: log and go on
                     logger.exception("recovery worker: reporting %d results failed", len(batch))
+                self.recorded.set()
 
     def _send(self, batch: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> None:
         worker = self.worker
