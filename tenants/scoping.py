@@ -98,32 +98,52 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
     nothing for a BEGIN, a SET or a COMMIT to do. A statement that cannot carry it (not psycopg's
     client-side binding cursor, Django's default; an executemany) gets the setting as a statement
     of its own inside a transaction, and is refused outside one (it would run with no tenant).
-    On SQLite this is `tenant_context`."""
+    Each statement carries the tenant active when it runs, so a `tenant_context` or another
+    `tenant_statements` nested inside runs as its own tenant. On SQLite this is `tenant_context`."""
     if not _is_postgres():
         with tenant_context(tenant):
             yield tenant
         return
     import psycopg
 
-    prefix = f"SELECT set_config('{TENANT_SETTING}', '{int(tenant.pk)}', true); "
+    if any(getattr(wrapper, "carries_tenant", False) for wrapper in connection.execute_wrappers):
+        # Nested in another statement-scoped block on this connection: its wrapper already sends
+        # the tenant active at each statement (a second wrapper would prefix the outer one's
+        # set_config last, and every statement in here would run as the outer tenant).
+        token = _current_tenant.set(tenant)
+        try:
+            yield tenant
+        finally:
+            _current_tenant.reset(token)
+        return
     sent_in_transaction = False
 
     def carry_tenant(
         execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
     ) -> Any:
+        # The tenant active now, not the block's: a `tenant_context` (or a nested block) inside
+        # this one must run its statements as its own tenant; none active runs as no tenant.
         nonlocal sent_in_transaction
+        active = _current_tenant.get()
+        prefix = (
+            f"SELECT set_config('{TENANT_SETTING}', '{int(active.pk) if active is not None else ''}', true); "
+        )
         raw = context["cursor"].cursor
         in_transaction = connection.in_atomic_block
         sent_in_transaction = sent_in_transaction or in_transaction
         if many or not isinstance(raw, psycopg.ClientCursor):
             if not in_transaction:
                 raise TenantScopeError("this statement cannot carry the tenant: run it in a transaction")
-            raw.execute(prefix)
+            # On a plain cursor of the same connection: a named (server-side) cursor would only
+            # DECLARE the set_config, never run it, and the statement would see a stale setting.
+            with raw.connection.cursor() as setter:
+                setter.execute(prefix)
             return execute(sql, params, many, context)
         result = execute(prefix + sql, params, many, context)
         raw.nextset()  # the statement's own result, not set_config's
         return result
 
+    carry_tenant.carries_tenant = True  # type: ignore[attr-defined]
     token = _current_tenant.set(tenant)
     try:
         with connection.execute_wrapper(carry_tenant):
