@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -56,6 +55,7 @@ from audit.models import (
 )
 from controlplane import timing
 from controlplane.errors import DomainError
+from controlplane.numbers import finite_number
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
@@ -165,7 +165,7 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
         if seq < 0 or seq > 2**62:
             raise _bad(index, "seq", "out of range")
         ts = rec.get("ts")
-        if not (type(ts) is int or type(ts) is float) or not math.isfinite(ts):
+        if not finite_number(ts):
             raise _bad(index, "ts", "missing" if ts is None else "must be a finite number")
         if abs(ts) > 2**53:
             raise _bad(index, "ts", "out of range")

@@ -4,13 +4,14 @@ there is work or the wait is over, holding no database connection in between."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import connection
 from django.http import HttpRequest
+
+from controlplane.numbers import finite_number
 
 MAX_WAIT_S = 25.0
 """The longest one call waits: under the ~30 s after which proxies and MCP clients give up."""
@@ -33,7 +34,7 @@ def body_wait(request: HttpRequest) -> float:
         wait = body.get("wait", 0) if isinstance(body, dict) else 0
     except Exception:
         return 0.0
-    if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
+    if not finite_number(wait) or wait < 0:
         return 0.0
     return min(float(wait), MAX_WAIT_S)
 

@@ -10,7 +10,6 @@ Risk staff: `POST /api/v1/reconciliation/checks/<id>/recheck`.
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from rest_framework.views import APIView
 
 from controlplane import longpoll
 from controlplane.errors import DomainError
+from controlplane.numbers import finite_number
 from controlplane.schema import ErrorSerializer
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
@@ -142,7 +142,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
         if type(limit) is not int or not 1 <= limit <= services.MAX_CLAIM:
             raise DomainError(400, "invalid", f"max: an integer from 1 to {services.MAX_CLAIM}", field="max")
         wait = data.get("wait", 0)
-        if type(wait) not in (int, float) or not math.isfinite(wait) or wait < 0:
+        if not finite_number(wait) or wait < 0:
             raise DomainError(400, "invalid", "wait: seconds from 0 (at most 25 are waited)", field="wait")
         handlers = data.get("handlers")
         if isinstance(handlers, list) and any(isinstance(h, str) and "\x00" in h for h in handlers):

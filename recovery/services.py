@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 from audit.hooks import AppendedRecords, OnStored
 from audit.services import append_server_record, append_server_records
 from controlplane.errors import DomainError
+from controlplane.numbers import finite_number
 from controlplane.postcommit import after_commit
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
@@ -99,7 +99,7 @@ class RecoveryError(DomainError):
 
 
 def _ttl(value: Any) -> float | None:
-    if type(value) in (int, float) and math.isfinite(value) and 0 < value <= MAX_LEASE_TTL:
+    if finite_number(value) and 0 < value <= MAX_LEASE_TTL:
         return float(value)
     return None
 
@@ -482,7 +482,7 @@ def _claimable(now: datetime, delivery: str) -> Any:
 def _lease_seconds(value: Any) -> float:
     if value is None:
         return DEFAULT_JOB_LEASE_S
-    if type(value) not in (int, float) or not math.isfinite(value) or not 1 <= value <= MAX_JOB_LEASE_S:
+    if not finite_number(value) or not 1 <= value <= MAX_JOB_LEASE_S:
         raise RecoveryError(
             400, "invalid", f"lease_s: seconds from 1 to {MAX_JOB_LEASE_S:g}", field="lease_s"
         )

@@ -62,7 +62,12 @@ def _when(ts: float) -> datetime | None:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if type(value) in (int, float) else None
+    if type(value) not in (int, float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # a JSON integer of hundreds of digits: no float holds it
+        return None
 
 
 def _set_status(saga: bulk.SagaState, status: str) -> None:

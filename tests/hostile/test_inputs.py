@@ -416,3 +416,132 @@ def test_a_webhook_path_with_non_ascii_or_spaces_is_delivered_percent_encoded(se
         server.server_close()
     assert status == 204
     assert paths == ["/h%C3%A9/%D9%A3?q=%C3%A9&r=%41"]
+
+
+# ---------------------------------------------------------------------- recovery batches
+
+NO_JOB = "00000000-0000-4000-8000-000000000000"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"results": [{"id": NO_JOB, "token": True, "ok": True}]}, "results[0].token"),
+        ({"results": [{"id": NO_JOB, "token": 1.0, "ok": True}]}, "results[0].token"),
+        ({"results": [{"id": NO_JOB, "token": 1, "ok": 1}]}, "results[0]"),
+        ({"results": [{"id": "\x00", "token": 1, "ok": True}]}, "results[0].id"),
+        ({"results": [{"id": "a" * 100_000, "token": 1, "ok": True}]}, "results[0].id"),
+        ({"results": [[NO_JOB, 1, True]]}, "results[0]"),
+        ({"results": {"id": NO_JOB}}, "results"),
+        ({"results": None}, "results"),
+        ({}, "results"),
+    ],
+)
+def test_hostile_recovery_results_are_a_400_naming_the_item(
+    alice: Person, body: dict[str, Any], field: str
+) -> None:
+    response = alice.key_client().post("/api/v1/recovery/results", body, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["field"] == field and response.json()["error"] == "invalid"
+
+
+@pytest.mark.parametrize("token", [2**63, 2**70, -(2**70), -1, 0])
+@pytest.mark.parametrize("ok", [True, False])
+def test_a_token_no_job_can_hold_is_an_item_error_not_a_500(alice: Person, token: int, ok: bool) -> None:
+    item: dict[str, Any] = {"id": NO_JOB, "token": token, "ok": ok}
+    if not ok:
+        item["error"] = "boom"
+    response = alice.key_client().post("/api/v1/recovery/results", {"results": [item]}, format="json")
+    assert response.status_code in (200, 400), response.content[:300]
+    if response.status_code == 200:
+        (answer,) = response.json()["results"]
+        assert answer["id"] == NO_JOB and answer["error"] in ("not_found", "stale_token", "invalid")
+    else:
+        assert response.json()["field"].startswith("results[0]")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"max_jobs": 2**70}, {"max_jobs": -(2**70)}, {"max_jobs": None, "lease_s": 10**400}, {"wait": "1e400"}],
+)
+def test_hostile_claim_parameters_are_a_400_or_served(alice: Person, extra: dict[str, Any]) -> None:
+    body = {"handlers": ["tests.none:h"], **extra}
+    response = alice.key_client().post("/api/v1/recovery/claim", body, format="json")
+    assert response.status_code in (200, 400), response.content[:300]
+    if response.status_code == 400:
+        assert response.json()["field"] in ("max_jobs", "lease_s", "wait")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"answers": [{"id": NO_JOB, "token": True, "reversed": True}]}, "answers[0].token"),
+        ({"answers": [{"id": NO_JOB, "token": 1, "reversed": 1}]}, "answers[0].reversed"),
+        ({"answers": [{"id": NO_JOB, "token": 1, "reversed": None, "error": "yes"}]}, "answers[0].error"),
+        ({"answers": [{"id": NO_JOB, "token": 1, "reversed": None, "detail": 5}]}, "answers[0].detail"),
+        ({"answers": [{"id": "\x00", "token": 1, "reversed": True}]}, "answers[0].id"),
+        ({"answers": [{"id": NO_JOB, "token": 1}]}, "answers[0]"),
+        ({"answers": [{"id": NO_JOB, "token": 1, "reversed": True}] * 501}, "answers"),
+        ({"answers": "x"}, "answers"),
+    ],
+)
+def test_hostile_reconciliation_answers_are_a_400_naming_the_item(
+    alice: Person, body: dict[str, Any], field: str
+) -> None:
+    response = alice.key_client().post("/api/v1/reconciliation/answers", body, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["field"] == field and response.json()["error"] == "invalid"
+
+
+@pytest.mark.parametrize("token", [2**63, 2**70, -(2**70)])
+def test_a_reconciliation_token_no_check_can_hold_is_an_item_error(alice: Person, token: int) -> None:
+    answer = {"id": NO_JOB, "token": token, "reversed": None, "detail": "\u00e9" * 10_000}
+    response = alice.key_client().post("/api/v1/reconciliation/answers", {"answers": [answer]}, format="json")
+    assert response.status_code == 200, response.content[:300]
+    assert response.json()["answers"] == [
+        {"id": NO_JOB, "error": "not_found", "detail": "no such reconciliation check"}
+    ]
+
+
+# ---------------------------------------------------------------------- numbers no float can hold
+
+# JSON integers of a few hundred digits parse to Python ints that math.isfinite() cannot take
+# (OverflowError: int too large to convert to float): a 500 wherever a number was checked so.
+HUGE = 10**400
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        ("/api/v1/recovery/claim", {"handlers": ["x.y"], "lease_s": HUGE}, "lease_s"),
+        ("/api/v1/recovery/claim", {"handlers": ["x.y"], "wait": HUGE}, None),
+        ("/api/v1/recovery/jobs/" + NO_JOB + "/heartbeat", {"token": 1, "lease_s": HUGE}, "lease_s"),
+        ("/api/v1/reconciliation/claim", {"handlers": ["x.y"], "wait": HUGE}, "wait"),
+        ("/api/v1/reconciliation/claim", {"handlers": ["x.y"], "wait": -HUGE}, "wait"),
+    ],
+)
+def test_a_number_no_float_can_hold_is_a_400_or_ignored(
+    alice: Person, url: str, body: dict[str, Any], field: str | None
+) -> None:
+    response = alice.key_client().post(url, body, format="json")
+    if field is None:  # a long-poll's wait: anything unusable is no wait at all
+        assert response.status_code == 200, response.content[:300]
+        return
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["field"] == field
+
+
+@pytest.mark.parametrize(("event_field", "value"), [("ts", HUGE), ("ts", -HUGE), ("lease_ttl", HUGE)])
+def test_an_ingested_number_no_float_can_hold_is_refused_or_kept_not_a_500(
+    alice: Person, tenant_a: Tenant, event_field: str, value: int
+) -> None:
+    from sagaplane.chain import GENESIS, stamp
+
+    record: dict[str, Any] = {"seq": 1, "event": "SAGA_START", "ts": 1_796_000_000.0, "saga_id": "huge"}
+    record["pid"], record["name"], record["lease_ttl"] = 1, "n", 5.0
+    record[event_field] = value
+    stamp(record, GENESIS)
+    response = alice.key_client().post("/api/v1/streams/huge/records", {"records": [record]}, format="json")
+    assert response.status_code in (200, 201, 400), response.content[:300]
+    if response.status_code == 400:
+        assert response.json()["field"].startswith("records[0]")
