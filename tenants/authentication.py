@@ -41,6 +41,9 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 API_KEY_CACHE_SECONDS = 2.0
 _API_KEY_CACHE_MAX = 4096
 _checked: dict[str, tuple[float, str, ApiKey, Tenant]] = {}
+# Moved by every `forget`: a row read before a revocation in this process is not remembered after
+# it (the revocation forgot the key while the read was in flight).
+_forgets = 0
 
 
 def _recently_checked(prefix: str, raw_key: str) -> tuple[ApiKey, Tenant] | None:
@@ -53,7 +56,9 @@ def _recently_checked(prefix: str, raw_key: str) -> tuple[ApiKey, Tenant] | None
     return copy.copy(api_key), tenant  # a request may set attributes on its own key object
 
 
-def _remember(prefix: str, raw_key: str, api_key: ApiKey, tenant: Tenant) -> None:
+def _remember(prefix: str, api_key: ApiKey, tenant: Tenant, *, forgets_before_read: int) -> None:
+    if _forgets != forgets_before_read:
+        return  # a key was forgotten (revoked) while this row was read: it may be that one
     if len(_checked) >= _API_KEY_CACHE_MAX:
         _checked.clear()  # a burst of distinct keys: start over rather than track ages
     until = time.monotonic() + API_KEY_CACHE_SECONDS
@@ -62,6 +67,8 @@ def _remember(prefix: str, raw_key: str, api_key: ApiKey, tenant: Tenant) -> Non
 
 def forget(prefix: str) -> None:
     """Drop a key from this process's memories of checked keys (on revocation)."""
+    global _forgets
+    _forgets += 1
     _checked.pop(prefix, None)
     with _held_lock:
         _held.pop(prefix, None)
@@ -192,10 +199,11 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         # statement on Postgres), and remembered for at most API_KEY_CACHE_SECONDS.
         found = _recently_checked(prefix, raw_key)
         if found is None:
+            forgets = _forgets
             found = api_key_and_tenant(prefix, raw_key)
             if found is None:
                 raise exceptions.AuthenticationFailed("unknown API key", code="invalid_api_key")
-            _remember(prefix, raw_key, *found)
+            _remember(prefix, *found, forgets_before_read=forgets)
         api_key, tenant = found
         _check_usable(api_key, raw_key)
         _note_use(api_key, tenant)
