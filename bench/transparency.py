@@ -69,7 +69,9 @@ def _saga_records(first_seq: int, count: int, stream: str) -> list[dict[str, Any
     return out
 
 
-def _sustained_client(tenant_id: int, n: int, batches: int, size: int, reports: Any, start: Any) -> None:
+def _sustained_client(
+    tenant_id: int, n: int, run: int, batches: int, size: int, reports: Any, start: Any
+) -> None:
     """One agent process: ships `batches` chained batches to its own stream as fast as it can and
     reports (commit time, last leaf index) for each."""
     import django
@@ -88,7 +90,7 @@ def _sustained_client(tenant_id: int, n: int, batches: int, size: int, reports: 
         seq += size
         for record in batch:
             head = stamp(record, head, salt="00" * 16)
-        result = audit_services.ingest(tenant, f"sustained-{n}", batch, actor="bench")
+        result = audit_services.ingest(tenant, f"sustained-{n}-{run}", batch, actor="bench")
         reports.put((time.time(), result.rows[-1].leaf_index))
     reports.put(None)
 
@@ -117,7 +119,10 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
     reports = context.Queue()
     start = context.Barrier(clients + 1)
     procs = [
-        context.Process(target=_sustained_client, args=(tenant.pk, n, batches, size, reports, start))
+        # Streams of this run's own: a reused tenant (--tenant) holds earlier runs' streams.
+        context.Process(
+            target=_sustained_client, args=(tenant.pk, n, int(time.time()), batches, size, reports, start)
+        )
         for n in range(clients)
     ]
     passes = 0
@@ -438,8 +443,10 @@ def main() -> int:
         "mode": "quick" if args.quick else "full",
         "leaves": size,
         "database": "postgresql" if os.environ.get("DATABASE_URL") else "sqlite",
-        "ingest_records_per_s": round(size / ingest_s),
-        "integration_leaves_per_s": round((size - base) / integrate_s),
+        # With --tenant the log may have been built by an earlier run: then these are not measured.
+        "ingest_records_per_s": round(seq / ingest_s) if seq else None,
+        "integration_leaves_per_s": round((size - base) / integrate_s) if size > base else None,
+        "log_built_in_this_run": seq > 0,
         "inclusion_in_process": inclusion_ours,
         "consistency_in_process": consistency_ours,
         "inclusion_api": inclusion_api,

@@ -280,3 +280,54 @@ def test_a_call_finding_the_tenant_claimed_returns_and_leaves_its_request(
         tasks._release(tenant_a, "someone-else")
     assert tasks.integrate_tenant(tenant_a.pk) == _size(tenant_a)
     assert not tasks._requested(tenant_a.pk)
+
+
+def test_integrate_fully_stops_at_the_log_size_without_an_empty_round(
+    tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds: list[tuple[bool, bool]] = []
+    real = services._integrate_round
+
+    def counted(tenant: Tenant, max_leaves: int | None) -> Any:
+        checkpoint, caught_up = real(tenant, max_leaves)
+        rounds.append((checkpoint is not None, caught_up))
+        return checkpoint, caught_up
+
+    monkeypatch.setattr(services, "_integrate_round", counted)
+    writer_a.saga("s1", steps=10)
+    final = services.integrate_fully(tenant_a, max_leaves=7)
+    assert final is not None and final.size == _size(tenant_a)
+    # Rounds of 7 until the last reaches the log's size; no round after it to find nothing.
+    assert rounds[-1] == (True, True) and all(made and not done for made, done in rounds[:-1])
+    rounds.clear()
+    assert services.integrate_fully(tenant_a) is None  # nothing new: one round, which says so
+    assert rounds == [(False, True)]
+
+
+def test_a_seal_batch_reads_no_steps(
+    tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sagas import bulk
+
+    writer_a.saga("done", steps=3)
+    asked: list[list[int]] = []
+    real = bulk._select_steps
+
+    def recorded(tenant_id: int, saga_pks: list[int]) -> Any:
+        asked.append(list(saga_pks))
+        return real(tenant_id, saga_pks)
+
+    monkeypatch.setattr(bulk, "_select_steps", recorded)
+    settle(tenant_a)  # integrates and appends the saga's seal (a record about the saga, no step)
+    assert asked and all(pks == [] for pks in asked)
+    asked.clear()
+    writer_a.ship(
+        ("STEP_COMPENSATED_NOTE", {"saga_id": "done"}),
+        ("COMPENSATED", {"saga_id": "done", "step_id": "done-s0"}),
+    )
+    assert len(asked) == 1 and len(asked[0]) == 1  # a step record of a held saga: its steps are read
+    with tenant_context(tenant_a):
+        from sagas.models import Saga
+
+        saga = Saga.objects.get(saga_id="done")
+        assert saga.status == "completed" and saga.steps.get(step_id="done-s0").status == "compensated"
