@@ -614,6 +614,61 @@ def profile_decision(decisions: int) -> dict[str, Any]:
     }
 
 
+def profile_http_decision(decisions: int) -> dict[str, Any]:
+    """The HTTP route's own work per decision, without the server around it: what
+    `controlplane.gate_asgi` runs on its thread for one `POST /api/v1/gate/evaluate` (key check,
+    body, decision, answer; Redis store, 5 limits). CPU ms per decision unprofiled, then cProfile's
+    shares on the CPU clock (not wall: waiting is not CPU) scaled to it."""
+    import cProfile
+    import pstats
+
+    from controlplane import gate_asgi
+
+    run = Run(5, 2 * decisions + 2, keys=True)
+    _warm_redis_marker(run.tenant)
+    prefix = uuid.uuid4().hex[:8]
+
+    def body(i: int) -> bytes:
+        fields = {"saga_id": f"{prefix}-{i}", "step_id": "1", "tool": "bench.charge", "args": _call_args(0)}
+        return json.dumps({**fields, "agent": "a"}).encode()
+
+    assert gate_asgi._decide(run.gate_key, body(-1), "bench-request") is not None
+    cpu = time.process_time()
+    for i in range(decisions):
+        gate_asgi._decide(run.gate_key, body(i), "bench-request")
+    cpu_ms = (time.process_time() - cpu) * 1000 / decisions
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    for i in range(decisions, 2 * decisions):
+        gate_asgi._decide(run.gate_key, body(i), "bench-request")
+    profiler.disable()
+    steps = {
+        ("controlplane/gate_asgi.py", "_decide"): "total",
+        ("tenants/authentication.py", "verify_api_key"): "API key check (with the epoch GET)",
+        ("tenants/epoch.py", "read"): "tenant epoch GET",
+        ("controlplane/parsers.py", "strict_loads"): "JSON body parse",
+        ("fleet/api.py", "gate_call"): "body to GateRequest",
+        ("fleet/gate.py", "debits_for"): "debits (scope digests)",
+        ("fleet/stores.py", "check_and_debit"): "EVALSHA (redis-py pack, send, parse)",
+        ("fleet/services.py", "_write_lean"): "ledger batch (with taking a pooled connection)",
+        ("django/db/backends/base/base.py", "ensure_connection"): "taking a pooled connection (+ check)",
+        ("fleet/services.py", "evaluate"): "the whole decision",
+    }
+    cumulative: dict[str, float] = {}
+    for (filename, _line, name), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        for (suffix, wanted), label in steps.items():
+            if name == wanted and filename.endswith(suffix):
+                cumulative[label] = cumulative.get(label, 0.0) + row[3]
+    total = cumulative.pop("total", 0.0) or 1.0
+    return {
+        "decisions": decisions,
+        "cpu_ms_per_decision": round(cpu_ms, 3),
+        "cpu_ms_per_step_from_cprofile_shares": {
+            k: round(v / total * cpu_ms, 3) for k, v in sorted(cumulative.items(), key=lambda kv: -kv[1])
+        },
+    }
+
+
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
@@ -993,6 +1048,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"one decision (redis, 5 limits): {profile['wall_ms_per_decision']} ms wall, "
                 f"{profile['cpu_ms_per_decision']} ms CPU; {profile['share_of_evaluate_under_cprofile']}"
             )
+            http_profile = profile_http_decision(100 if quick else 1000)
+            print(
+                "one HTTP route decision (redis, 5 limits, no server): "
+                f"{http_profile['cpu_ms_per_decision']} ms CPU; "
+                f"{http_profile['cpu_ms_per_step_from_cprofile_shares']}"
+            )
             queries = {
                 f"{s}_{n}_limits": queries_per_decision(s, n)
                 for s in ("redis", "database")
@@ -1059,6 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_generator_cpu_ms_per_decision": best_row["load_generator_cpu_ms_per_decision"],
             # At this CPU per decision, 2,000 decisions/s need this many cores for the server and
             # the load generator alone (Postgres and Redis come on top; the machine has 2).
+            "route_thread_cpu_without_server": http_profile,
             "cores_for_2000_per_s_server_and_client": round(
                 2 * (best_row["server_cpu_ms_per_decision"] + best_row["load_generator_cpu_ms_per_decision"]),
                 2,
@@ -1125,6 +1187,20 @@ def main(argv: list[str] | None = None) -> int:
             "halt_reaches_sdk_gate": halt,
             "ratios": ratios,
             "targets": targets,
+            # Where the remaining time goes and what would have to give (docs/DESIGN-NOTES.md, "The
+            # gate's hot path").
+            "why_targets_are_missed": {
+                "inproc_p99": "an allow is answered only after its ledger row has committed, i.e. after "
+                "Postgres' WAL flush (postgres_durable_insert_commit_floor, measured here); answering "
+                "before it (synchronous_commit=off, or Redis as the only record) would lose acted-on "
+                "authorisations in a Postgres crash and undercount every rebuild after a Redis loss: "
+                "overspend",
+                "inproc_round_trips": "besides the flush: the tenant epoch GET, the EVALSHA and the "
+                "connection pool's health check (CONN_HEALTH_CHECKS). The GET could be folded into the "
+                "EVALSHA and the check dropped settings-wide without weakening a guarantee; not done",
+                "http_throughput": "server CPU per decision (breakdown_http_redis) times 2,000/s exceeds "
+                "the 2 shared cores before Postgres', Redis' and the load generator's own CPU",
+            },
             "best_http_redis_decisions_per_s": best_http,
         }
     finally:
