@@ -245,6 +245,10 @@ def _answer(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         call = gate_call(data, api_key.prefix)
     except (APIException, DomainError, ValueError, RecursionError, UnicodeDecodeError):
         return None
+    except Exception:
+        # Nothing is decided yet: the full stack answers the call (and meets the same fault).
+        log.warning("lean gate: handing a call on after an error", exc_info=True)
+        return None
     actor = f"api-key:{api_key.prefix}"
     try:
         answer = services.evaluate(tenant, call, actor=actor, version=version)

@@ -311,9 +311,10 @@ def evaluate(
 
     On Redis with Postgres, outside any transaction, the decision takes the lean path: policies
     from this process' snapshot (re-read when the epoch moved), one EVALSHA, and the ledger row in
-    one statement batch that sets the tenant for row-level security and commits — two round trips
-    in all. Anything else (an approval to consult, an escalation, a drain to check against the
-    ledger) opens the tenant's transaction for that part, or for the whole decision."""
+    one statement batch that sets the tenant for row-level security and commits — with the epoch's
+    GET, three round trips in all. Anything else (an approval to consult, an escalation, a drain to
+    check against the ledger) opens the tenant's transaction for that part, or for the whole
+    decision."""
     store = store or get_store()
     if version is _UNREAD:
         version = epoch.read(tenant.pk)
