@@ -567,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
             "agent_saga": _as_version(),
             "wal_dir": str(folder),
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # The machine is shared: its load moves the fsync floor by 10x (durable_interleaved).
+            "load_average_1m_before": round(os.getloadavg()[0], 2),
         },
     }
     try:
@@ -697,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
     out["meta"]["seconds"] = round(perf() - started, 1)
+    out["meta"]["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(args.out + ".tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
