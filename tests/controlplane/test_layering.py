@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "controlplane.celery",
             "controlplane.tracing",  # imports only OpenTelemetry
             "controlplane.metrics",  # imports only prometheus-client; apps may record and register
+            "controlplane.timing",  # Server-Timing phases; imports only the standard library
+            "controlplane.numbers",  # JSON number checks; imports only the standard library
         ],
     ),
     ("evidence store", ["audit"]),
