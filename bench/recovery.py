@@ -583,6 +583,12 @@ def main() -> int:
             ),
             "p95_takeover_met": all(r["expiry_to_takeover_p95_s"] < TARGET_P95_S for r in rows),
             "p95_start_met": all(r["expiry_to_start_p95_s"] < TARGET_P95_S for r in rows),
+            "p95_start_met_by_workers": {
+                str(r["workers"]): r["expiry_to_start_p95_s"] < TARGET_P95_S for r in rows
+            },
+            "p95_takeover_met_by_workers": {
+                str(r["workers"]): r["expiry_to_takeover_p95_s"] < TARGET_P95_S for r in rows
+            },
             "p95_job_start_met": all(r["expiry_to_job_start_p95_s"] < TARGET_P95_S for r in rows),
             "speedup_4_workers": rows[-1]["speedup_vs_1"],
             "speedup_4_workers_scaling": scaling[-1]["speedup_vs_1"] if scaling else None,
