@@ -234,6 +234,30 @@ def _sizes(records: int) -> dict[str, Any] | None:
     return out
 
 
+def _index_blocks() -> dict[str, tuple[int, int]]:
+    """Blocks each index of the big tables read from outside shared_buffers, and found in them."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexrelname, idx_blks_read, idx_blks_hit FROM pg_statio_user_indexes"
+            " WHERE relname = ANY(%s)",
+            [TABLES],
+        )
+        return {name: (read, hit) for name, read, hit in cursor.fetchall()}
+
+
+def _blocks_per_1000(before: dict[str, tuple[int, int]], records: int) -> dict[str, float]:
+    """Index blocks read from outside shared_buffers per 1,000 records since `before`, the five
+    largest (the random-order index shows up here; indexes that grow in order barely read)."""
+    after = _index_blocks()
+    delta = {name: after[name][0] - before.get(name, (0, 0))[0] for name in after}
+    top = sorted(delta.items(), key=lambda kv: -kv[1])[:5]
+    return {name: round(read * 1000 / records, 1) for name, read in top if records}
+
+
 def _plans(tenant: Any) -> dict[str, list[str]] | None:
     """EXPLAIN ANALYZE of the list's first page by a common and a rare tool, as the API runs it:
     the runtime role, the tenant active (row-level security on)."""
@@ -514,12 +538,15 @@ def grow(
         # shared, and its load moves the absolute rates more than the size does).
         peer: Grower | None = None
         peer_window: list[float] = []
+        blocks: dict[str, tuple[int, int]] = {}
+        blocks_from = 0
         while grower.total < mark:
             window = (window + [grower.step()])[-RATE_WINDOW:]
             if mark - grower.total < RATE_WINDOW * BATCH:
                 if peer is None:
                     peer = Grower(_tenant(f"peer{mark}"))
                     window = window[-1:]
+                    blocks, blocks_from = _index_blocks(), grower.total + peer.total
                 peer_window.append(peer.step())
         if grew:
             seconds, leaves = grower.integrate_s - integrated[0], grower.integrated - integrated[1]
@@ -528,6 +555,11 @@ def grow(
             mean = round(len(window) * BATCH / sum(window), 1)
             peer_rate = round(BATCH / sorted(peer_window)[len(peer_window) // 2], 1) if peer_window else None
             report.point(grower.total, rate, mean, round(leaves / seconds) if seconds else None, peer_rate)
+            if peer is not None and blocks:
+                report.data["curve"][-1]["index_blocks_read_per_1000_records"] = _blocks_per_1000(
+                    blocks, grower.total + peer.total - blocks_from
+                )
+                report.write()
         if disk_guard(grower.total, goal):
             report.data["stopped"] = f"disk: stopped at {grower.total:,} records, see sizes"
             report.write()
