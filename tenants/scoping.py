@@ -58,6 +58,20 @@ def _set_local(name: str, value: str) -> None:
             cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
 
 
+def _transaction_failed() -> bool:
+    """The current transaction can run no statement (an error in it, or Django marked it to roll
+    back). Its rollback -- to a savepoint taken before the SET LOCAL, or whole -- undoes the SET
+    LOCAL by itself; a statement to undo it would only raise, masking the error on its way out."""
+    if connection.needs_rollback:
+        return True
+    raw = connection.connection
+    if not _is_postgres() or raw is None:
+        return False
+    from psycopg.pq import TransactionStatus
+
+    return bool(raw.info.transaction_status == TransactionStatus.INERROR)
+
+
 def activate(tenant: Tenant) -> contextvars.Token:
     """Make `tenant` current for the ORM and, inside the caller's transaction, for Postgres RLS.
     The caller must hold a transaction (SET LOCAL lasts until it ends) and call `deactivate`."""
@@ -71,7 +85,7 @@ def deactivate(token: contextvars.Token, *, transaction_ends: bool = False) -> N
     after (its outermost block), which ends the SET LOCAL by itself: no statement to undo it."""
     _current_tenant.reset(token)
     previous = _current_tenant.get()
-    if connection.in_atomic_block and not transaction_ends:
+    if connection.in_atomic_block and not transaction_ends and not _transaction_failed():
         _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
 
 
@@ -150,7 +164,7 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
             yield tenant
     finally:
         _current_tenant.reset(token)
-        if sent_in_transaction and connection.in_atomic_block:
+        if sent_in_transaction and connection.in_atomic_block and not _transaction_failed():
             # A caller's transaction (a test's) would keep the SET LOCAL after the block.
             previous = _current_tenant.get()
             _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")

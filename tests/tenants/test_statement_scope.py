@@ -6,7 +6,7 @@ row-level security stands between it and another tenant's rows."""
 from __future__ import annotations
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Role, Tenant
@@ -124,3 +124,29 @@ def test_a_failed_statement_leaves_the_next_one_scoped_and_nothing_after(
         assert _visible() == {a.pk}
     assert _visible() == set()
     assert connection.execute_wrappers == []  # nothing of the block is left on the connection
+
+
+def test_a_database_error_inside_a_nested_tenant_context_reaches_the_caller_as_itself(
+    three: tuple[Tenant, Tenant, Tenant],
+) -> None:
+    """The undo of a nested block's SET LOCAL ran in the failed transaction and replaced the error
+    (IntegrityError became TransactionManagementError, DataError became InternalError): a caller
+    catching the error it expects got a 500 instead. The savepoint's rollback undoes the setting."""
+    a, b, _ = three
+    with tenant_context(a):
+        taken = ApiKey.objects.values_list("prefix", flat=True).first()
+        with pytest.raises(IntegrityError), tenant_context(a):
+            ApiKey.objects.create(name="dup", prefix=taken, key_hash="x", scopes=[])
+        assert _visible() == {a.pk}
+        with pytest.raises(DataError), tenant_context(b), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        assert _visible() == {a.pk}
+        with (
+            pytest.raises(DataError),
+            transaction.atomic(),
+            tenant_statements(b),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT 1 / 0")
+        assert _visible() == {a.pk}
+    assert _visible() == set()
