@@ -545,3 +545,18 @@ def test_an_ingested_number_no_float_can_hold_is_refused_or_kept_not_a_500(
     assert response.status_code in (200, 201, 400), response.content[:300]
     if response.status_code == 400:
         assert response.json()["field"].startswith("records[0]")
+
+
+@pytest.mark.parametrize(
+    "url", ["/api/v1/recovery/results", "/api/v1/reconciliation/answers", "/api/v1/recovery/claim"]
+)
+@pytest.mark.parametrize("raw", ["[]", "null", "1", '"x"', "{", '{"results": [1e999]}', "\ud800"])
+def test_a_batch_route_refuses_a_body_that_is_not_an_object_in_the_error_shape(
+    alice: Person, url: str, raw: str
+) -> None:
+    response = alice.key_client().post(
+        url, raw.encode("utf-8", "surrogatepass"), content_type="application/json"
+    )
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()
+    assert body["error"] and body["detail"], body
