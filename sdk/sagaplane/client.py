@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
+import random
 import select
 import socket
 import threading
@@ -42,6 +44,24 @@ class AuthenticationError(SagaplaneError):
 
 class TransportError(SagaplaneError):
     """The control plane could not be reached (connection refused, DNS, timeout)."""
+
+
+class Backoff:
+    """A worker loop's wait after the control plane could not be reached: doubling from 0.5 s up
+    to 30 s, jittered so that a fleet of workers does not come back in step; `reset` after an
+    answer. `wait` returns early when `stop` is set."""
+
+    def __init__(self, stop: threading.Event, logger: logging.Logger, what: str) -> None:
+        self.stop, self.logger, self.what = stop, logger, what
+        self.pause = 0.5
+
+    def wait(self, exc: Exception) -> None:
+        self.logger.warning("%s: %s; retrying in %.1fs", self.what, exc, self.pause)
+        self.stop.wait(self.pause * (0.5 + random.random()))
+        self.pause = min(self.pause * 2, 30.0)
+
+    def reset(self) -> None:
+        self.pause = 0.5
 
 
 @dataclass(frozen=True)

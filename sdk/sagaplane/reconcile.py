@@ -34,7 +34,6 @@ import inspect
 import json
 import logging
 import os
-import random
 import re
 import socket
 import sys
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .client import AuthenticationError, Client, ConfigurationError, Response, TransportError
+from .client import AuthenticationError, Backoff, Client, ConfigurationError, Response, TransportError
 from .semantics import accepts_kwarg, import_handler_modules
 
 logger = logging.getLogger("sagaplane.reconcile")
@@ -164,16 +163,14 @@ class ReconcileWorker:
     def run(self, *, max_checks: int | None = None) -> int:
         """Until `stop()` (or `max_checks` answered): returns how many checks it answered."""
         answered = 0
-        pause = 0.5
+        backoff = Backoff(self._stop, logger, "reconcile worker")
         while not self._stop.is_set() and (max_checks is None or answered < max_checks):
             try:
                 answered += len(self.run_once())
             except TransportError as exc:
-                logger.warning("reconcile worker: %s; retrying in %.1fs", exc, pause)
-                self._stop.wait(pause * (0.5 + random.random()))
-                pause = min(pause * 2, 30.0)
+                backoff.wait(exc)
                 continue
-            pause = 0.5
+            backoff.reset()
         return answered
 
     def observe(self, check: dict[str, Any]) -> Observation:

@@ -27,7 +27,6 @@ import inspect
 import logging
 import os
 import queue
-import random
 import socket
 import threading
 import time
@@ -37,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .client import Client, Response, TransportError
+from .client import Backoff, Client, Response, TransportError
 from .semantics import accepts_kwarg, registered_compensators, resolve_compensator
 
 logger = logging.getLogger("sagaplane.worker")
@@ -144,16 +143,14 @@ class Worker:
         if self.concurrency > 1:
             return self._run_pool(max_jobs)
         done = 0
-        pause = 0.5
+        backoff = Backoff(self._stop, logger, "recovery worker")
         while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
             try:
                 outcome = self.run_once()
             except TransportError as exc:
-                logger.warning("recovery worker: %s; retrying in %.1fs", exc, pause)
-                self._stop.wait(pause * (0.5 + random.random()))
-                pause = min(pause * 2, 30.0)
+                backoff.wait(exc)
                 continue
-            pause = 0.5
+            backoff.reset()
             if outcome is not None:
                 done += 1
         return done
@@ -181,7 +178,7 @@ class Worker:
                 running -= 1
                 slots.notify_all()
 
-        pause = 0.5
+        backoff = Backoff(self._stop, logger, "recovery worker")
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="sagaplane-compensator") as pool:
             try:
                 while not self._stop.is_set() and (max_jobs is None or claimed < max_jobs):
@@ -202,11 +199,9 @@ class Worker:
                         # re-runs the claim query on the server ten times a second.
                         jobs = self.claim_many(free, 0 if busy else None)
                     except TransportError as exc:
-                        logger.warning("recovery worker: %s; retrying in %.1fs", exc, pause)
-                        self._stop.wait(pause * (0.5 + random.random()))
-                        pause = min(pause * 2, 30.0)
+                        backoff.wait(exc)
                         continue
-                    pause = 0.5
+                    backoff.reset()
                     if not jobs and busy:
                         reporter.recorded.wait(IDLE_CLAIM_S)
                         reporter.recorded.clear()
