@@ -319,7 +319,7 @@ def _start_runs(tenant: Tenant, requests: Sequence[_RunRequest], *, actor: str) 
     return runs
 
 
-_JOB_COLUMNS = frozenset(field.column for field in Job._meta.concrete_fields)
+_JOB_COLUMNS: frozenset[str] = frozenset(str(field.column) for field in Job._meta.concrete_fields)
 
 
 def _insert_jobs(rows: list[dict[str, Any]]) -> None:

@@ -139,12 +139,13 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
     """TLS to the vetted address, verifying the certificate for the URL's host name (SNI too)."""
 
     def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._tls = ssl.create_default_context()
+        super().__init__(host, port, timeout=timeout, context=self._tls)
         self._address = address
 
     def connect(self) -> None:
         raw = _connect((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
+        self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)
 
 
 def post(
