@@ -121,18 +121,18 @@ WORKER = textwrap.dedent(
     from transparency import services
 
     queue, fd = sys.argv[1], int(sys.argv[2])
-    first_chunk = services.integrate
+    first_chunk = services._integrate_round  # one round (chunk) of integrate_fully
 
-    def integrate_then_hold(tenant, **kwargs):
-        services.integrate = first_chunk  # one hold only: later chunks run as they are
-        checkpoint = first_chunk(tenant, **kwargs)
+    def integrate_then_hold(tenant, max_leaves):
+        services._integrate_round = first_chunk  # one hold only: later chunks run as they are
+        outcome = first_chunk(tenant, max_leaves)
         os.write(fd, b"B")
         deadline = time.monotonic() + 300  # bounded: the test kills the worker long before
         while keep_going() and time.monotonic() < deadline:
             time.sleep(0.05)  # waits for the shutdown flag that SIGTERM sets in shared memory
-        return checkpoint
+        return outcome
 
-    services.integrate = integrate_then_hold
+    services._integrate_round = integrate_then_hold
     app.worker_main(["worker", "--pool=prefork", "--concurrency=1", "-Q", queue, "-n", queue + "@%h",
                      "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"])
     """
