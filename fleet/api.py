@@ -62,6 +62,22 @@ def _text(data: dict[str, Any], name: str, *, required: bool = True, limit: int 
     return value
 
 
+def _holds_nul(value: Any) -> bool:
+    """A NUL in any string or key of a JSON value (iterative: depth costs no stack)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 # ----------------------------------------------------------------------------------------- the gate
 
 _ANSWER = inline_serializer(
@@ -112,6 +128,10 @@ def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:
     args = data.get("args", {})
     if not isinstance(args, dict):
         raise DomainError(400, "invalid", "args: must be a JSON object", field="args")
+    if _holds_nul(args):
+        # An approval request keeps the call's arguments in a jsonb column, which cannot hold NUL
+        # (a 500 on Postgres), and the request is bound to their exact digest: refused, not altered.
+        raise DomainError(400, "invalid", "args: must not contain NUL (in a key or a string)", field="args")
     tags = data.get("tags", [])
     if not isinstance(tags, list) or len(tags) > 50 or not all(isinstance(t, str) and t for t in tags):
         raise DomainError(400, "invalid", "tags: a list of at most 50 non-empty strings", field="tags")

@@ -560,3 +560,31 @@ def test_a_batch_route_refuses_a_body_that_is_not_an_object_in_the_error_shape(
     assert response.status_code == 400, response.content[:300]
     body = response.json()
     assert body["error"] and body["detail"], body
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"amount": 100, "memo": "a\x00b"},
+        {"amount": 100, "k\x00": 1},
+        {"amount": 100, "nested": [{"deep": ["\x00"]}]},
+    ],
+)
+def test_a_gate_call_with_nul_in_its_arguments_is_a_400(alice: Person, args: dict[str, Any]) -> None:
+    """With an approval policy applying, the arguments went into a jsonb column: a 500 on Postgres."""
+    from approvals import services as approvals
+
+    approvals.create_policy(
+        alice.tenant,
+        actor="test",
+        name="large wires",
+        tool="bank.*",
+        predicates=[{"arg": "amount", "op": ">", "value": 50}],
+        required_approvals=1,
+    )
+    body = {"saga_id": "s", "step_id": "1", "tool": "bank.wire", "args": args}
+    response = alice.key_client().post("/api/v1/gate/evaluate", body, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["field"] == "args" and "NUL" in response.json()["detail"]
+    clean = {**body, "args": {"amount": 100, "memo": "ab"}}
+    assert alice.key_client().post("/api/v1/gate/evaluate", clean, format="json").status_code == 200
