@@ -123,9 +123,10 @@ class SagaKeysetPagination(BasePagination):
             limit = min(max(int(params.get("limit", PAGE_SIZE)), 1), MAX_LIMIT)
         except ValueError:
             limit = PAGE_SIZE
-        if params.get("cursor"):
-            queryset = selectors.after(queryset, *_position(params["cursor"]))
-        rows = list(queryset[: limit + 1])
+        position = _position(params["cursor"]) if params.get("cursor") else None
+        rows = selectors.newest_page(
+            queryset, tool=params.get("tool", ""), position=position, limit=limit + 1
+        )
         self._next = None
         if len(rows) > limit:
             rows = rows[:limit]
@@ -189,11 +190,9 @@ class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
                     400, "invalid", f"status: one of {', '.join(SagaStatus.values)}", field="status"
                 )
             sagas = selectors.with_effective_status(sagas, wanted, self._now)
-        if params.get("tool"):
-            sagas = selectors.with_step_tool(sagas, params["tool"])
         if params.get("since"):
             sagas = sagas.filter(last_activity_at__gte=_since(params["since"]))
-        return selectors.newest_first(sagas)
+        return sagas  # `tool`, the order and the page: SagaKeysetPagination (selectors.newest_page)
 
 
 class SagaDetailView(TenantScopedViewMixin, APIView):

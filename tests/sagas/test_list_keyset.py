@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from audit import services
+from sagas import selectors
 from sagas.models import Saga
 from tenants import services as tenant_services
 from tenants.models import Role
@@ -71,7 +72,14 @@ def _old(person: Person, **filters: str) -> list[str]:
 
 
 @pytest.mark.django_db
-def test_pages_and_filters_equal_the_old_semantics(alice: Person, carol: Person) -> None:
+# The bounded walk fills the page; or the tool's sagas from the index do; or, past IDS_CAP, the
+# planner's own plan.
+@pytest.mark.parametrize(("walk", "ids_cap"), [(5_000, 20_000), (5, 20_000), (1, 20_000), (1, 2)])
+def test_pages_and_filters_equal_the_old_semantics(
+    alice: Person, carol: Person, walk: int, ids_cap: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(selectors, "WALK", walk)
+    monkeypatch.setattr(selectors, "IDS_CAP", ids_cap)
     _seed(alice, "a", 31)
     _seed(carol, "c", 12)
     client = alice.key_client()
