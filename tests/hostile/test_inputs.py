@@ -588,3 +588,13 @@ def test_a_gate_call_with_nul_in_its_arguments_is_a_400(alice: Person, args: dic
     assert response.json()["field"] == "args" and "NUL" in response.json()["detail"]
     clean = {**body, "args": {"amount": 100, "memo": "ab"}}
     assert alice.key_client().post("/api/v1/gate/evaluate", clean, format="json").status_code == 200
+
+
+@pytest.mark.parametrize("tool", ["%s", "%", "%%s", "'; SELECT 1; --", "\u00e9" * 300, "t" * 10_000])
+def test_a_saga_list_tool_filter_with_sql_or_format_characters_is_served(alice: Person, tool: str) -> None:
+    """The tool filter runs through a raw walk (sagas.selectors.newest_page): its text is a
+    parameter, never SQL or a format string."""
+    client = alice.key_client()
+    first = client.get("/api/v1/sagas", {"tool": tool, "limit": 1})
+    assert first.status_code == 200, first.content[:300]
+    assert first.json() == {"next": None, "results": []}
