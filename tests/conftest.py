@@ -68,7 +68,27 @@ def django_db_setup(
     yield
     if not django_db_keepdb:
         with django_db_blocker.unblock(), database_owner():
-            teardown_databases(databases, verbosity=verbosity)
+            _drop_when_released(lambda: teardown_databases(databases, verbosity=verbosity))
+
+
+def _drop_when_released(teardown: Any, patience_s: float = 60.0) -> None:
+    """Drop the test database once the last session on it has closed. A live-server thread or a
+    child process a test started can still be closing its connection when the session ends;
+    Postgres then refuses the DROP ("is being accessed by other users"), which failed a run whose
+    every test had passed. Other errors, or sessions that outlive the patience, still fail it."""
+    import time
+
+    from django.db.utils import OperationalError
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            teardown()
+            return
+        except OperationalError as exc:
+            if "being accessed by other users" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)  # cleanup only: waiting for another process to close its session
 
 
 def _let_the_runtime_role_flush() -> None:
