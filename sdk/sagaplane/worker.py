@@ -258,25 +258,32 @@ class Worker:
     def _report(self, job: dict[str, Any], what: str, body: dict[str, Any]) -> Outcome:
         """Send the result with the job's token, retrying while the control plane is unreachable."""
         body = {**body, "token": job["token"]}
+        response, problem = self._post_answered(self._job_path(job, what), body)
+        if response is None:
+            logger.error("could not report job %s: %s (its lease will run out)", job["id"], problem)
+            return Outcome(str(job["id"]), str(job.get("handler")), what == "complete", False, problem)
+        return self._outcome(job, what, body, response)
+
+    def _post_answered(self, path: str, body: dict[str, Any]) -> tuple[Response | None, str]:
+        """POST a result until the control plane answers it (not 5xx, not 429), or None and the
+        last problem once the deadline (two leases, at least a minute) has passed. Unreachable, or
+        failing (a database restarting): the result is retried with the same token; if the lease
+        runs out meanwhile, the job is run again under the same idempotency key and this result
+        is refused."""
         pause = 0.2
         deadline = time.monotonic() + max(60.0, self.lease_s * 2)
         while True:
             try:
-                response = self.client.post(self._job_path(job, what), body)
+                response = self.client.post(path, body)
                 if response.status < 500 and response.status != 429:
-                    break
+                    return response, ""
                 problem = f"HTTP {response.status} {response.error_code}"
             except TransportError as exc:
                 problem = str(exc)
-            # Unreachable, or failing (a database restarting): the result is retried with the same
-            # token; if the lease runs out meanwhile, the job is run again under the same
-            # idempotency key and this result is refused.
             if time.monotonic() > deadline:
-                logger.error("could not report job %s: %s (its lease will run out)", job["id"], problem)
-                return Outcome(str(job["id"]), str(job.get("handler")), what == "complete", False, problem)
+                return None, problem
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
-        return self._outcome(job, what, body, response)
 
     @staticmethod
     def _outcome(job: dict[str, Any], what: str, body: dict[str, Any], response: Response) -> Outcome:
@@ -355,25 +362,13 @@ class _Reporter:
             {"id": str(job["id"]), "token": job["token"], "ok": what == "complete", **body}
             for job, what, body in batch
         ]
-        pause = 0.2
-        deadline = time.monotonic() + max(60.0, worker.lease_s * 2)
-        while True:
-            try:
-                response = worker.client.post(RESULTS_PATH, {"results": items})
-                if response.status < 500 and response.status != 429:
-                    break
-                problem = f"HTTP {response.status} {response.error_code}"
-            except TransportError as exc:
-                problem = str(exc)
-            if time.monotonic() > deadline:
-                logger.error("could not report %d jobs: %s (their leases will run out)", len(batch), problem)
-                for job, what, _ in batch:
-                    worker._record(
-                        Outcome(str(job["id"]), str(job.get("handler")), what == "complete", False, problem)
-                    )
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 5.0)
+        response, problem = worker._post_answered(RESULTS_PATH, {"results": items})
+        if response is None:
+            logger.error("could not report %d jobs: %s (their leases will run out)", len(batch), problem)
+            for job, what, _ in batch:
+                failed = Outcome(str(job["id"]), str(job.get("handler")), what == "complete", False, problem)
+                worker._record(failed)
+            return
         answers = response.body.get("results") if isinstance(response.body, dict) else None
         if response.status == 404 and answers is None:
             self._single = True  # an older control plane: one result per request
