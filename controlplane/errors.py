@@ -64,6 +64,19 @@ class DomainError(Exception):
         return {"error": self.error, "detail": self.detail, **self.context()}
 
 
+def per_item(
+    items: list[dict[str, Any]], outcomes: list[Any], answer: Callable[[Any], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A batch route's answers, in the order of its items: `{"id", "error", "detail"}` for an
+    item refused with a DomainError (the others were still recorded), else `answer(outcome)`."""
+    return [
+        {"id": item["id"], "error": outcome.error, "detail": outcome.detail}
+        if isinstance(outcome, DomainError)
+        else answer(outcome)
+        for item, outcome in zip(items, outcomes, strict=True)
+    ]
+
+
 def is_api_path(path: str) -> bool:
     return path.startswith(API_PREFIXES)
 

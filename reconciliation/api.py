@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane import longpoll
-from controlplane.errors import DomainError
+from controlplane.errors import DomainError, per_item
 from controlplane.numbers import finite_number
 from controlplane.schema import ErrorSerializer
 from reconciliation import selectors, services
@@ -232,13 +232,15 @@ class AnswersView(TenantScopedViewMixin, APIView):
         data = _body(request)
         answers: Any = data.get("answers")
         outcomes = services.report_many(self.tenant, answers, actor=self.actor)
-        out: list[dict[str, Any]] = []
-        for answer, outcome in zip(answers, outcomes, strict=True):
-            if isinstance(outcome, DomainError):
-                out.append({"id": answer["id"], "error": outcome.error, "detail": outcome.detail})
-            else:
-                out.append({"id": str(outcome.pk), "status": outcome.status, "reason": outcome.reason})
-        return Response({"answers": out})
+        return Response(
+            {
+                "answers": per_item(
+                    answers,
+                    outcomes,
+                    lambda check: {"id": str(check.pk), "status": check.status, "reason": check.reason},
+                )
+            }
+        )
 
 
 class RecheckView(TenantScopedViewMixin, APIView):

@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane import longpoll
-from controlplane.errors import DomainError
+from controlplane.errors import DomainError, per_item
 from controlplane.schema import ErrorSerializer
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
@@ -194,13 +194,9 @@ class ResultsView(TenantScopedViewMixin, APIView):
         data = _body(request)
         results = data.get("results")
         outcomes = services.report_many(self.tenant, results, actor=self.actor)
-        answers: list[dict[str, Any]] = []
-        for item, outcome in zip(results, outcomes, strict=True):
-            if isinstance(outcome, DomainError):
-                answers.append({"id": item["id"], "error": outcome.error, "detail": outcome.detail})
-            else:
-                answers.append({"id": str(outcome.pk), "state": outcome.state})
-        return Response({"results": answers})
+        return Response(
+            {"results": per_item(results, outcomes, lambda job: {"id": str(job.pk), "state": job.state})}
+        )
 
 
 class HeartbeatView(TenantScopedViewMixin, APIView):
