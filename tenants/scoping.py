@@ -158,12 +158,10 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
         return result
 
     carry_tenant.carries_tenant = True  # type: ignore[attr-defined]
-    token = _current_tenant.set(tenant)
     try:
-        with connection.execute_wrapper(carry_tenant):
+        with _tenant_and_wrapper(tenant, carry_tenant):
             yield tenant
     finally:
-        _current_tenant.reset(token)
         if sent_in_transaction and connection.in_atomic_block and not _transaction_failed():
             # A caller's transaction (a test's) would keep the SET LOCAL after the block.
             previous = _current_tenant.get()
@@ -183,10 +181,17 @@ def scoped_without_database(tenant: Tenant) -> Iterator[Tenant]:
     def refuse(*_args: Any) -> Any:
         raise NeedsDatabase
 
+    with _tenant_and_wrapper(tenant, refuse):
+        yield tenant
+
+
+@contextmanager
+def _tenant_and_wrapper(tenant: Tenant, wrapper: Callable[..., Any]) -> Iterator[None]:
+    """The ORM layer's tenant is `tenant` and every statement passes `wrapper`, for the block."""
     token = _current_tenant.set(tenant)
     try:
-        with connection.execute_wrapper(refuse):
-            yield tenant
+        with connection.execute_wrapper(wrapper):
+            yield
     finally:
         _current_tenant.reset(token)
 
