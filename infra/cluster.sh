@@ -221,8 +221,10 @@ in_netns() {  # NAME COMMAND...: as COMMAND, in NAME's namespace with the URLs o
 
 write_nginx_conf() {
   local upstreams=""
+  # Two failures within 2 s take a replica out for 2 s: one lost connection alone does not, or a
+  # healthy replica could be skipped beside a draining one and the balancer would have no one.
   for i in $(seq 1 "$WEB_REPLICAS"); do
-    upstreams+="    server $(web_host "web-$i"):$(web_port "web-$i") max_fails=1 fail_timeout=2s;"$'\n'
+    upstreams+="    server $(web_host "web-$i"):$(web_port "web-$i") max_fails=2 fail_timeout=2s;"$'\n'
   done
   local user=""
   # Started as root (a container, CI), nginx's workers would drop to an account that cannot
@@ -248,6 +250,9 @@ http {
   client_max_body_size 16m;
   upstream sagaplane {
 $upstreams    keepalive 32;
+    # Shorter than the replicas' own keep-alive (75 s, infra/gunicorn.conf.py): nginx, not the
+    # replica, closes an idle connection, so it never reuses one the replica is closing.
+    keepalive_timeout 60s;
   }
   map \$http_upgrade \$connection_upgrade { default upgrade; '' ''; }
   server {

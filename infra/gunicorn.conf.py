@@ -32,6 +32,11 @@ forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 # gunicorn's control socket sits at one fixed path in the home folder: replicas on one machine
 # would take it from each other. Signals (TERM, HUP, TTIN/TTOU) do its work here.
 control_socket_disable = True
+# Idle keep-alive connections from the balancer stay open longer than the balancer keeps them
+# (nginx's upstream keepalive_timeout, 60 s in infra/cluster.sh). gunicorn's default (2 s) let a
+# replica close a connection just as nginx reused it: a reset nginx counts as the replica failing,
+# so a healthy replica was skipped and, with the other one draining, clients saw 502.
+keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", "75"))
 
 
 def on_starting(server: Any) -> None:

@@ -124,7 +124,8 @@ def drains_on_sigterm(
     seen = len(access_log.read_text().splitlines())
     # ... and the balancer answers from web-2 while web-1 finishes the slow request.
     for _ in range(5):
-        assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
+        status = httpx.get(f"{url}/readyz", timeout=10).status_code
+        assert status == 200, (status, nginx_errors(env))
     during = [line for line in access_log.read_text().splitlines()[seen:] if '"GET /readyz ' in line]
     upstreams = [re.search(r'upstream="([^"]*)"', line) for line in during]
     # (a retried request lists both: "web-1's address, web-2's address")
@@ -143,6 +144,11 @@ def drains_on_sigterm(
     assert drained_in_log(Path(env["CLUSTER_DIR"]) / "logs" / "web-1.log")
     cluster(env, "start", "web-1")
     wait_for("web-1 ready again", lambda: answers(f"{replica}/readyz") == 200)
+
+
+def nginx_errors(env: dict[str, str]) -> list[str]:
+    """The balancer's own account of a failure (why it gave up on a replica), for the report."""
+    return (Path(env["CLUSTER_DIR"]) / "logs" / "nginx-error.log").read_text().splitlines()[-20:]
 
 
 def drained_in_log(path: Path) -> bool:
@@ -294,7 +300,7 @@ def test_faults_under_load_lose_and_duplicate_nothing(tmp_path: Path) -> None:
             )
             during = access_log.read_text().splitlines()[seen:]
             statuses = [line.split('"')[2].split()[0] for line in during if line.count('"') >= 2]
-            assert statuses and not [s for s in statuses if s.startswith("5")], statuses
+            assert statuses and not [s for s in statuses if s.startswith("5")], (statuses, nginx_errors(env))
 
             # (e) SIGTERM to web-1 while a slow request is in its hands: answered in full, while
             # the balancer sends the rest to web-2.
