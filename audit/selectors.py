@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from audit.models import Record, RecordPayload, Redaction, RefusedBatch, Stream, TenantLog
+from audit.models import Record, RecordPayload, Redaction, RefusedBatch, Stream, StreamKind, TenantLog
 from audit.services import stored_record
 
 
@@ -35,6 +35,12 @@ def saga_records(saga_id: str) -> list[StoredRecord]:
 def log_size() -> int:
     """How many records the tenant's log holds (its leaves)."""
     return TenantLog.objects.values_list("size", flat=True).first() or 0
+
+
+def agent_stream_ids(limit: int = 200) -> list[str]:
+    """The ids of the tenant's agent streams, sorted (at most `limit`; one index range)."""
+    agents = Stream.objects.filter(kind=StreamKind.AGENT).order_by("stream_id")
+    return list(agents.values_list("stream_id", flat=True)[:limit])
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
+from django.db.models import Exists, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import Resolver404, resolve, reverse
@@ -44,6 +43,10 @@ _SINCE = {
     "30d": timedelta(days=30),
 }
 PAGE_SIZE = 50
+# The status tabs count up to COUNT_CAP sagas each ("1,000+" past it); "needs a human" counts its
+# few sagas exactly up to NEEDS_HUMAN_CAP. Both bound the page's work whatever the tenant's size.
+COUNT_CAP = 1_000
+NEEDS_HUMAN_CAP = 10_000
 
 
 # ------------------------------------------------------------------------------------------ list
@@ -70,92 +73,143 @@ class Filters:
 
     def query(self, **override: str) -> str:
         """The filters as a query string (empty ones left out), with `override` applied; a
-        `page=` override adds the page."""
+        `cursor=` (older) or `before=` (newer) override adds a place in the list."""
         values = {**self.__dict__, **override}
         return urlencode({k: v for k, v in values.items() if v})
 
 
-def _without_status(filters: Filters, now: datetime) -> QuerySet[Saga]:
-    return selectors.filtered(
-        tool=filters.tool,
-        stream_id=filters.stream,
-        active_since=now - _SINCE[filters.since] if filters.since else None,
-    )
+def _since(filters: Filters, now: datetime) -> QuerySet[Saga]:
+    """The sagas active in the filter's window: a bound of every index range the page reads."""
+    sagas = selectors.all_sagas()
+    if filters.since:
+        sagas = sagas.filter(last_activity_at__gte=now - _SINCE[filters.since])
+    return sagas
+
+
+def _probe(filters: Filters) -> Q | Exists | None:
+    """The tool and stream filters as one test of a saga, for the counts: probed saga by saga
+    along a bounded walk of each status (neither has an index the counts could range over)."""
+    probes: list[Q | Exists] = []
+    if filters.tool:
+        probes.append(selectors.uses_tool(filters.tool))
+    if filters.stream:
+        probes.append(Q(stream_id=filters.stream))
+    if not probes:
+        return None
+    return probes[0] if len(probes) == 1 else Q(probes[0]) & Q(probes[1])
 
 
 @dataclass(frozen=True)
 class SagaRow:
-    """A saga as its list row shows it: the saga, its effective status now, whether it needs a human."""
+    """A saga as its list row shows it: the saga, its effective status now, whether it needs a
+    human, how many steps it has."""
 
     saga: Saga
     shown_status: str
     needs_human: bool
+    step_count: int
 
     @classmethod
-    def of(cls, saga: Saga, now: datetime) -> SagaRow:
+    def of(cls, saga: Saga, now: datetime, step_count: int) -> SagaRow:
         status = saga.effective_status(now)
-        return cls(saga, status, status in NEEDS_HUMAN)
+        return cls(saga, status, status in NEEDS_HUMAN, step_count)
+
+
+def _shown(count: selectors.BoundedCount) -> str:
+    """ "1,000+" for a count that stopped at its bound, "12" for an exact one."""
+    return f"{count.n:,}+" if count.more else f"{count.n:,}"
+
+
+def _place(request: HttpRequest) -> tuple[tuple[datetime | None, int] | None, bool]:
+    """Where in the list the reader is: (the keyset of a `cursor` (Older) or `before` (Newer)
+    link, whether it is `before`), or (None, False) for the first page. A cursor the page did not
+    write (or the old `page=` numbers) is the first page, never an error."""
+    for name, newer in (("cursor", False), ("before", True)):
+        if value := request.GET.get(name, ""):
+            try:
+                return selectors.cursor_position(value), newer
+            except selectors.BadCursor:
+                return None, False
+    return None, False
+
+
+def _page(sagas: QuerySet[Saga], request: HttpRequest, tool: str) -> tuple[list[Saga], bool, bool]:
+    """The page of `sagas` the request is at, newest first: (sagas, whether a newer page exists,
+    whether an older one does). One more than a page is read to know whether there is another;
+    a Newer link that reaches the top with less than a page is the first page instead, and so is
+    an Older link past the end."""
+    position, newer = _place(request)
+    if newer and position is not None:
+        rows = selectors.newest_page(sagas, tool=tool, position=position, limit=PAGE_SIZE + 1, newer=True)
+        if len(rows) > PAGE_SIZE:
+            return rows[1:], True, True
+        position = None
+    rows = selectors.newest_page(sagas, tool=tool, position=position, limit=PAGE_SIZE + 1)
+    if not rows and position is not None:  # past the oldest (the sagas there are gone): the top
+        rows = selectors.newest_page(sagas, tool=tool, position=None, limit=PAGE_SIZE + 1)
+        position = None
+    return rows[:PAGE_SIZE], position is not None, len(rows) > PAGE_SIZE
 
 
 def _list_context(request: HttpRequest) -> dict[str, Any]:
     now = timezone.now()
     filters = Filters.from_request(request)
-    base = _without_status(filters, now)
-    counts = selectors.effective_status_counts(base, now)
-    matching = selectors.newest_first_with_step_counts(
-        selectors.with_effective_status(base, filters.status, now)
+    base = _since(filters, now)
+    counts = selectors.bounded_status_counts(base, now, cap=COUNT_CAP, hit=_probe(filters))
+    matching = selectors.with_effective_status(base, filters.status, now)
+    if filters.stream:
+        matching = matching.filter(stream_id=filters.stream)
+    shown, newer, older = _page(matching, request, filters.tool)
+    steps = selectors.step_counts(shown)
+    rows = [SagaRow.of(saga, now, steps.get(saga.pk, 0)) for saga in shown]
+    # "Needs a human" is over every saga whatever the filters, exact up to its own (larger) cap:
+    # those sagas are few, each status its own index range.
+    human = selectors.bounded_status_counts(
+        selectors.all_sagas(), now, cap=NEEDS_HUMAN_CAP, statuses=NEEDS_HUMAN
     )
-    # get_page answers any `page` (missing, not a number, out of range) with a real page.
-    shown = Paginator(matching, PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [SagaRow.of(saga, now) for saga in shown.object_list]
-    all_counts = (
-        selectors.effective_status_counts(selectors.all_sagas(), now)
-        if (filters.tool or filters.stream or filters.since)
-        else counts
-    )
-    # The page is part of the address like the filters, so a refresh (and the live fragment)
-    # stays where the reader is; page 1 is left out of the URL.
-    here = filters.query(page=str(shown.number) if shown.number > 1 else "")
+    needs_human = (human[SagaStatus.ROLLBACK_PARTIAL] + human[SagaStatus.ORPHANED]).capped(NEEDS_HUMAN_CAP)
+    total = sum(counts.values(), selectors.BoundedCount(0)).capped(COUNT_CAP)
+    links = {
+        "first": "?" + filters.query() if newer else "",
+        "previous": "?" + filters.query(before=selectors.cursor_of(shown[0])) if newer else "",
+        "next": "?" + filters.query(cursor=selectors.cursor_of(shown[-1])) if older else "",
+    }
+    # The place is part of the address like the filters, so a refresh (and the live fragment)
+    # stays where the reader is; the first page is left out of the URL.
+    here = filters.query(**_here(request)) if newer else filters.query()
     return {
         "filters": filters,
         "sagas": rows,
-        "page": shown,
-        "page_links": _page_links(filters, shown),
+        "page_links": links,
+        "paged": bool(links["previous"] or links["next"]),
         "status_counts": [
-            {"value": value, "label": label, "n": counts[value], "query": filters.query(status=value)}
+            {"value": value, "label": label, "n": _shown(counts[value]), "query": filters.query(status=value)}
             for value, label in SagaStatus.choices
         ],
-        "total": sum(counts.values()),
-        "any_sagas": selectors.all_sagas().exists(),
-        "needs_human": all_counts[SagaStatus.ROLLBACK_PARTIAL] + all_counts[SagaStatus.ORPHANED],
+        "total": _shown(total),
+        "any_sagas": bool(rows) or selectors.all_sagas().exists(),
+        "needs_human": needs_human.n,
+        "needs_human_shown": _shown(needs_human),
         "fragment_url": reverse("saga-rows") + ("?" + here if here else ""),
     }
 
 
-def _page_links(filters: Filters, shown: Page) -> dict[str, str]:
-    """Query strings (filters kept) of the first, previous, next and last pages; "" where none."""
-
-    def at(number: int) -> str:
-        return "?" + filters.query(page=str(number) if number > 1 else "")
-
-    last = shown.paginator.num_pages
-    return {
-        "first": at(1) if shown.number > 1 else "",
-        "previous": at(shown.previous_page_number()) if shown.has_previous() else "",
-        "next": at(shown.next_page_number()) if shown.has_next() else "",
-        "last": at(last) if shown.number < last else "",
-    }
+def _here(request: HttpRequest) -> dict[str, str]:
+    """The `cursor` or `before` of the request (the one `_place` read)."""
+    for name in ("cursor", "before"):
+        if value := request.GET.get(name, ""):
+            return {name: value}
+    return {}
 
 
 def _stream_choices() -> list[tuple[str, str]]:
-    """(stream id, label) for the filter: the agent's name beside its stream id when it gave one."""
-    agents: dict[str, str] = {}
-    for stream_id, agent in selectors.stream_agents(limit=400):
-        if agent or stream_id not in agents:
-            agents[stream_id] = agent
+    """(stream id, label) for the filter: the agent's name beside its stream id when one of the
+    recently active sagas gave one."""
+    agents = dict(selectors.recent_stream_agents())
     return [
-        (stream_id, f"{agent} · {stream_id}" if agent else stream_id) for stream_id, agent in agents.items()
-    ][:200]
+        (stream_id, f"{agents[stream_id]} · {stream_id}" if agents.get(stream_id) else stream_id)
+        for stream_id in audit_selectors.agent_stream_ids(limit=200)
+    ]
 
 
 @member_page({"GET": READ}, section="sagas")

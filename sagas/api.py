@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -79,31 +77,16 @@ def _since(value: str) -> datetime:
 
 PAGE_SIZE = 50
 MAX_LIMIT = 500  # the bound of the other lists (controlplane.pagination, a layer above this app)
-_BIGINT = 2**63 - 1
-
-
-def _cursor_of(saga: Saga) -> str:
-    moment = saga.last_activity_at.isoformat() if saga.last_activity_at is not None else "-"
-    return base64.urlsafe_b64encode(f"{moment}|{saga.pk}".encode()).decode().rstrip("=")
 
 
 def _position(cursor: str) -> tuple[datetime | None, int]:
     """(last activity, id) of the saga a cursor was made from; anything else is a 400."""
-    bad = DomainError(400, "invalid", "cursor: a `next` link's cursor, unchanged", field="cursor")
     try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        moment, _, pk_text = text.rpartition("|")
-        if not (pk_text.isascii() and pk_text.isdigit()):
-            raise bad  # `_cursor_of` writes ASCII digits; int() would take "٣" or " 7"
-        pk = int(pk_text)
-        when = None if moment == "-" else datetime.fromisoformat(moment)
-        if when is not None and when.tzinfo is not None:
-            when = when.astimezone(UTC)  # a moment past year 1 or 9999 in UTC overflows here, not in SQLite
-    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
-        raise bad from None
-    if not 0 < pk <= _BIGINT or (when is not None and when.tzinfo is None):
-        raise bad
-    return when, pk
+        return selectors.cursor_position(cursor)
+    except selectors.BadCursor:
+        raise DomainError(
+            400, "invalid", "cursor: a `next` link's cursor, unchanged", field="cursor"
+        ) from None
 
 
 class SagaKeysetPagination(BasePagination):
@@ -130,7 +113,7 @@ class SagaKeysetPagination(BasePagination):
         self._next = None
         if len(rows) > limit:
             rows = rows[:limit]
-            self._next = request.build_absolute_uri("?" + _with(params, cursor=_cursor_of(rows[-1])))
+            self._next = request.build_absolute_uri("?" + _with(params, cursor=selectors.cursor_of(rows[-1])))
         return rows
 
     def get_paginated_response(self, data: Any) -> Response:

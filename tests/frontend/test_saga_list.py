@@ -1,5 +1,6 @@
-"""The saga list: paginated (filters kept in every link), and agents shown by the name they give
-themselves beside their stream id, from the SDK through ingest to the page."""
+"""The saga list: paged by cursor, Newer and Older (filters kept in every link), its counts
+bounded, and agents shown by the name they give themselves beside their stream id, from the SDK
+through ingest to the page."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import html
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 import sagaplane as sp
 from agent_saga import integrity
+from django.db.models import F
 from django.test import Client
 from django.urls import reverse
 from sagaplane.chain import verify_chain
@@ -19,9 +21,14 @@ from sagaplane.walfile import read_all
 
 from audit import services as audit_services
 from frontend.saga_views import PAGE_SIZE
+from sagas import selectors
+from sagas.models import Saga, Step
 from sagas.services import agent_label
-from tests.conftest import Person
-from tests.frontend.sagadata import Writer, saga_forward
+from tenants import services as tenant_services
+from tenants.scoping import tenant_context
+from tests.conftest import PASSWORD, Person, make_person
+from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
+from tests.hostile.test_inputs import HOSTILE_CURSORS
 
 
 def read_wal(path: Path) -> list[dict[str, Any]]:
@@ -64,60 +71,202 @@ def many(alice: Person) -> dict[str, list[str]]:
     }
 
 
-def test_the_list_is_paginated_and_every_saga_is_on_exactly_one_page(
+def newest_first(person: Person, **filters: Any) -> list[str]:
+    """The tenant's saga ids in the list's order (most recently active first, then newest id)."""
+    with tenant_context(person.tenant):
+        sagas = Saga.objects.filter(**filters).order_by(F("last_activity_at").desc(nulls_first=True), "-pk")
+        return list(sagas.values_list("saga_id", flat=True))
+
+
+def walk(client: Client, start: str, rel: str) -> tuple[list[list[str]], str]:
+    """Follow `rel` links from `start`: the rows of every page and the last page's URL."""
+    pages: list[list[str]] = []
+    url = start
+    while True:
+        body = client.get(url if url.startswith("/") else reverse("sagas") + url).content.decode()
+        pages.append(rows(body))
+        following = link(body, rel)
+        if not following:
+            return pages, url
+        url = following
+
+
+def test_older_and_newer_page_through_every_saga_exactly_once_in_order(
     alice: Person, many: dict[str, list[str]]
 ) -> None:
     client = browser(alice)
-    pages: list[list[str]] = []
-    url = reverse("sagas")
-    while url:
-        body = client.get(url if url.startswith("/") else reverse("sagas") + url).content.decode()
-        pages.append(rows(body))
-        url = link(body, "next")
-    assert [len(p) for p in pages] == [PAGE_SIZE, PAGE_SIZE, 125 - 2 * PAGE_SIZE]
-    seen = [saga_id for page in pages for saga_id in page]
-    assert sorted(seen) == sorted(many["a"] + many["b"])  # all of them, none twice
-    assert pages[0][0] == many["b"][-1]  # most recently active first
-    assert "Page 1 of 3" in client.get(reverse("sagas")).content.decode()
+    expected = newest_first(alice)
+    assert sorted(expected) == sorted(many["a"] + many["b"])
+    older, last = walk(client, reverse("sagas"), "next")
+    assert [len(p) for p in older] == [PAGE_SIZE, PAGE_SIZE, 125 - 2 * PAGE_SIZE]
+    assert [saga_id for page in older for saga_id in page] == expected  # all, once, in order
+    assert expected[0] == many["b"][-1]  # most recently active first
+    # And back up from the oldest page: the same pages, in reverse.
+    newer, _ = walk(client, last, "prev")
+    assert newer == older[::-1]
+    first = client.get(reverse("sagas")).content.decode()
+    assert link(first, "prev") == "" and link(first, "first") == ""
+    assert not re.search(r"Page \d|of 125", first)  # nothing counts the tenant's sagas
+
+
+def test_newer_from_near_the_top_is_the_first_page(alice: Person, many: dict[str, list[str]]) -> None:
+    """A Newer link that reaches the top with less than a page (new sagas or not) shows the first
+    page whole, with no Newer link of its own."""
+    client = browser(alice)
+    expected = newest_first(alice)
+    cursor = selectors.cursor_of(Saga(pk=0, last_activity_at=None))  # before every saga: none
+    with tenant_context(alice.tenant):
+        third = Saga.objects.get(saga_id=expected[2])
+    for place in (selectors.cursor_of(third), cursor):
+        body = client.get(reverse("sagas"), {"before": place}).content.decode()
+        assert rows(body) == expected[:PAGE_SIZE]
+        assert link(body, "prev") == "" and link(body, "first") == ""
 
 
 def test_filters_live_in_the_url_and_in_every_page_link(alice: Person, many: dict[str, list[str]]) -> None:
     client = browser(alice)
     first = client.get(reverse("sagas"), {"stream": "stream-a", "status": "running"}).content.decode()
-    assert len(rows(first)) == PAGE_SIZE and set(rows(first)) <= set(many["a"])
+    assert rows(first) == newest_first(alice, stream_id="stream-a")[:PAGE_SIZE]
     next_link = link(first, "next")
-    assert parse_qs(urlsplit(next_link).query) == {
-        "stream": ["stream-a"],
-        "status": ["running"],
-        "page": ["2"],
-    }
+    query = parse_qs(urlsplit(next_link).query)
+    assert query.pop("cursor") and query == {"stream": ["stream-a"], "status": ["running"]}
     assert link(first, "prev") == "" and link(first, "first") == ""
     second = client.get(reverse("sagas") + next_link).content.decode()
-    assert set(rows(second)) == set(many["a"]) - set(rows(first))
-    assert parse_qs(urlsplit(link(second, "prev")).query) == {"stream": ["stream-a"], "status": ["running"]}
-    # The live fragment refreshes the same filtered page, not page 1 of everything.
+    assert rows(second) == newest_first(alice, stream_id="stream-a")[PAGE_SIZE:]
+    back = parse_qs(urlsplit(link(second, "prev")).query)
+    assert back.pop("before") and back == {"stream": ["stream-a"], "status": ["running"]}
+    assert rows(client.get(reverse("sagas") + link(second, "prev")).content.decode()) == rows(first)
+    # The live fragment refreshes the same filtered page, not the first page of everything.
     live = html.unescape(re.search(r'data-live-url="([^"]+)"', second).group(1))
     assert urlsplit(live).path == reverse("saga-rows")
-    assert parse_qs(urlsplit(live).query) == {"stream": ["stream-a"], "status": ["running"], "page": ["2"]}
+    assert parse_qs(urlsplit(live).query) == parse_qs(urlsplit(next_link).query)
     assert rows(client.get(live).content.decode()) == rows(second)
     # The filter form shows what the URL says.
     assert re.search(r'<option value="stream-a" selected>', second)
 
 
-@pytest.mark.parametrize("page", ["0", "-1", "abc", "99999999999999999999", "1e20", "2.5", ""])
-def test_any_page_parameter_is_answered_with_a_real_page(
-    alice: Person, many: dict[str, list[str]], page: str
+def test_the_tool_and_since_filters_page_by_cursor_too(alice: Person) -> None:
+    writer = Writer()
+    records: list[dict[str, Any]] = []
+    for n in range(60):  # every third saga goes on to send an invoice
+        saga_id, forward = saga_forward(writer, saga_id=f"t-{n:03d}")
+        records += forward
+        if n % 3 == 0:
+            records.append(
+                writer.record("STEP_INTENT", saga_id=saga_id, step_id=f"{saga_id}-s3", tool="send_invoice")
+            )
+    audit_services.ingest(alice.tenant, "stream-t", records, actor="test")
+    with tenant_context(alice.tenant):
+        invoicing = set(Step.objects.filter(tool="send_invoice").values_list("saga__saga_id", flat=True))
+    expected = [saga_id for saga_id in newest_first(alice) if saga_id in invoicing]
+    assert len(expected) == 20
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("frontend.saga_views.PAGE_SIZE", 7)
+    try:
+        start = reverse("sagas") + "?" + urlencode({"tool": "send_invoice", "since": "24h"})
+        older, last = walk(browser(alice), start, "next")
+        newer, _ = walk(browser(alice), last, "prev")
+    finally:
+        monkey.undo()
+    assert [len(p) for p in older] == [7, 7, 6]
+    assert [saga_id for page in older for saga_id in page] == expected
+    assert newer == older[::-1]
+
+
+HOSTILE_PLACES = [*HOSTILE_CURSORS, "0", "-1", "abc", "99999999999999999999", "1e20", "2.5", ""]
+
+
+@pytest.mark.parametrize("name", ["cursor", "before", "page"])
+@pytest.mark.parametrize("value", HOSTILE_PLACES)
+def test_a_forged_place_in_the_list_is_the_first_page(
+    alice: Person, many: dict[str, list[str]], name: str, value: str
 ) -> None:
-    response = browser(alice).get(reverse("sagas"), {"page": page})
-    assert response.status_code == 200
-    assert len(rows(response.content.decode())) in (PAGE_SIZE, 125 - 2 * PAGE_SIZE)
+    for url in (reverse("sagas"), reverse("saga-rows")):
+        response = browser(alice).get(url, {name: value})
+        assert response.status_code == 200
+        assert rows(response.content.decode()) == newest_first(alice)[:PAGE_SIZE]
 
 
-def test_another_tenant_pages_through_nothing_of_acme(
+def count_of(body: str, status: str) -> str:
+    return re.search(rf'id="count-{status}"[^>]*><span class="n">([^<]*)<', body).group(1)
+
+
+def test_status_counts_stop_at_their_cap(
+    alice: Person, many: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = browser(alice).get(reverse("sagas")).content.decode()
+    assert count_of(body, "running") == "125" and '<span class="n">125</span> all' in body
+    monkeypatch.setattr("frontend.saga_views.COUNT_CAP", 100)
+    body = browser(alice).get(reverse("sagas")).content.decode()
+    assert count_of(body, "running") == "100+" and '<span class="n">100+</span> all' in body
+    assert count_of(body, "completed") == "0"
+    # By stream, exact below the cap; a walk that stopped before the end is a lower bound.
+    by_stream = browser(alice).get(reverse("sagas"), {"stream": "stream-b"}).content.decode()
+    assert count_of(by_stream, "running") == "55"
+    monkeypatch.setattr("sagas.selectors.COUNT_WALK", 60)
+    by_stream = browser(alice).get(reverse("sagas"), {"stream": "stream-b"}).content.decode()
+    assert count_of(by_stream, "running") == "55+"  # the newest 60 running sagas held 55 of b
+    by_stream = browser(alice).get(reverse("sagas"), {"stream": "stream-a"}).content.decode()
+    assert count_of(by_stream, "running") == "5+"
+
+
+def test_needs_a_human_counts_exactly_up_to_its_own_cap(
+    alice: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Writer()
+    records: list[dict[str, Any]] = []
+    for n in range(4):
+        saga_id, forward = saga_forward(writer, saga_id=f"p-{n}")
+        records += forward + saga_rollback(writer, saga_id, fail_last=True)
+    audit_services.ingest(alice.tenant, "stream-p", records, actor="test")
+    monkeypatch.setattr("frontend.saga_views.COUNT_CAP", 2)
+    body = browser(alice).get(reverse("sagas"), {"stream": "elsewhere"}).content.decode()
+    assert "4 sagas need a human" in body  # whatever the filters, past the tabs' cap
+    monkeypatch.setattr("frontend.saga_views.NEEDS_HUMAN_CAP", 3)
+    body = browser(alice).get(reverse("sagas")).content.decode()
+    assert "3+ sagas need a human" in body
+
+
+def test_a_third_tenant_pages_through_nothing_of_the_other_two(
     carol: Person, alice: Person, many: dict[str, list[str]]
 ) -> None:
-    body = browser(carol).get(reverse("sagas"), {"page": "2"}).content.decode()
-    assert rows(body) == [] and "stream-a" not in body and 'id="saga-pages"' not in body
+    ship_sagas(carol, "stream-bravo", 60, prefix="bravo")
+    third = make_person(
+        tenant_services.create_tenant(
+            "charlie", "Charlie Co", "founder@charlie.example", PASSWORD, actor="test"
+        ),
+        "dana",
+        "owner",
+    )
+    client = browser(third)
+    with tenant_context(alice.tenant):
+        cursors = [selectors.cursor_of(saga) for saga in Saga.objects.all()[:5]]
+    with tenant_context(carol.tenant):
+        cursors += [selectors.cursor_of(saga) for saga in Saga.objects.all()[:5]]
+    urls = [reverse("sagas"), reverse("saga-rows")]
+    queries = [{}, {"stream": "stream-a"}, {"stream": "stream-bravo"}, {"status": "running"}, {"since": "1h"}]
+    queries += [{"tool": "charge_card"}, *({"cursor": c} for c in cursors), *({"before": c} for c in cursors)]
+    for url in urls:
+        for query in queries:
+            body = client.get(url, query).content.decode()
+            assert rows(body) == [] and 'id="saga-pages"' not in body, (url, query)
+            assert '<span class="n">0</span> all' in body and "need a human" not in body
+            # A filter's own value comes back in the page's links; nothing of the others does.
+            shown = re.sub(r'(href|data-live-url)="[^"]*"', "", body)
+            for fingerprint in (
+                "stream-a",
+                "stream-b",
+                "stream-bravo",
+                "a-0",
+                "b-0",
+                "bravo-0",
+                "Acme",
+                "Bravo",
+            ):
+                assert fingerprint not in shown, (url, query, fingerprint)
+    # And the two others still see their own, each only its own.
+    assert set(newest_first(carol)) == {f"bravo-{n:03d}" for n in range(60)}
+    assert rows(browser(carol).get(reverse("sagas")).content.decode())[0].startswith("bravo-")
 
 
 def test_agent_label_keeps_what_a_page_and_a_text_column_can_hold() -> None:
