@@ -11,6 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from frontend.saga_views import PAGE_SIZE
 from tests.e2e.conftest import AUDITOR, CAROL, OWNER, VIEWER, LiveServer, screenshot, sign_in
 from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
 
@@ -54,6 +55,34 @@ def test_saga_appears_live_and_rolls_back_live(new_page, control_plane: LiveServ
     expect(row.get_by_text("rolled back", exact=True)).to_be_visible()
     assert page.evaluate("window.__noReload") is True
     screenshot(page, "02-sagas-list")
+
+
+def test_older_and_newer_page_through_the_list_in_the_browser(new_page, control_plane: LiveServer) -> None:
+    writer = Writer()
+    ids: list[str] = []
+    records: list[dict] = []
+    for n in range(PAGE_SIZE + 10):
+        saga_id, forward = saga_forward(writer, saga_id=f"e2e-page-{n:03d}")
+        ids.append(saga_id)
+        records += forward
+    control_plane.ship("e2e-pages", records)
+    newest = ids[::-1]  # shipped oldest first, each active after the one before
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto("/sagas/?stream=e2e-pages")
+    listed = page.locator("#sagas-table tbody tr")
+    expect(listed).to_have_count(PAGE_SIZE)
+    assert listed.evaluate_all("rows => rows.map(r => r.dataset.saga)") == newest[:PAGE_SIZE]
+    expect(page.get_by_role("link", name="‹ Newer")).to_have_count(0)
+    page.get_by_role("link", name="Older ›").click()
+    expect(listed).to_have_count(10)
+    assert listed.evaluate_all("rows => rows.map(r => r.dataset.saga)") == newest[PAGE_SIZE:]
+    expect(page).to_have_url(re.compile(r"stream=e2e-pages.*cursor=|cursor=.*stream=e2e-pages"))
+    expect(page.get_by_role("link", name="Older ›")).to_have_count(0)
+    page.get_by_role("link", name="‹ Newer").click()
+    expect(listed).to_have_count(PAGE_SIZE)
+    assert listed.evaluate_all("rows => rows.map(r => r.dataset.saga)") == newest[:PAGE_SIZE]
+    screenshot(page, "02b-sagas-pages")
 
 
 def test_detail_shows_compensations_in_reverse_and_updates_live(new_page, control_plane: LiveServer) -> None:
