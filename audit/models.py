@@ -133,6 +133,19 @@ class RecordPayload(TenantScopedModel):
         return json.loads(self.fields_json)
 
 
+class PendingServerRecord(TenantScopedModel):
+    """A server-stream record accepted with the change it records (same transaction) but not
+    chained yet: the outbox of `audit.services.queue_server_records`. Whoever next holds the
+    tenant's server stream appends every pending row, oldest first, and deletes them in the same
+    transaction, so each is chained exactly once; until then nothing is lost, only not yet in the
+    chain (the recovery sweep appends any left behind)."""
+
+    id = models.BigAutoField(primary_key=True)  # the order they are chained in
+    event = models.CharField(max_length=64)
+    fields_json = models.TextField(help_text="the business fields with the actor, as chained")
+    ts = models.FloatField(help_text="when it was accepted (the server's clock): the record's ts")
+
+
 class Redaction(TenantScopedModel):
     """An erasure after ingest: who, when, why. The server-stream record of the act is `server_record`."""
 

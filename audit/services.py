@@ -45,6 +45,7 @@ from audit.models import (
     GENESIS,
     SERVER_STREAM_ID,
     EquivocationAttempt,
+    PendingServerRecord,
     Record,
     RecordPayload,
     Redaction,
@@ -56,6 +57,7 @@ from audit.models import (
 from controlplane import timing
 from controlplane.errors import DomainError
 from controlplane.numbers import finite_number
+from controlplane.postcommit import after_commit
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
@@ -608,20 +610,139 @@ def append_server_records(
 ) -> IngestResult:
     """Append several chained records (event, fields) to the tenant's server stream as one batch,
     in the caller's transaction: one stream lock, one walk, one set-based store (the integrator's
-    seal pass writes thousands of seals at once under sustained ingest)."""
+    seal pass writes thousands of seals at once under sustained ingest). Records still pending
+    (`queue_server_records`) are chained first, in the same batch, so the stream keeps the order
+    in which their changes committed. The result names the caller's records only."""
     now = time.time()
     with tenant_context(tenant):
-        stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-        head, seq = stream.head_hash, stream.head_seq or 0
-        batch: list[dict[str, Any]] = []
-        for event, fields in entries:
-            # Normalise through JSON first: what is hashed must be exactly what is stored and re-read.
-            business = json.loads(json.dumps({**fields, "actor": actor}, default=str))
-            seq += 1
-            record: dict[str, Any] = {"seq": seq, "ts": now, "event": event, **business}
-            head = stamp(record, head)
-            batch.append(record)
-        return _ingest_into(tenant, stream, parse_batch(batch), actor=actor)
+        with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
+            stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
+        pending = list(PendingServerRecord.objects.order_by("id"))
+        own = [(event, _business(fields, actor), now) for event, fields in entries]
+        result = _chain_onto(tenant, stream, [_entry(row) for row in pending] + own, actor=actor)
+        if pending:
+            PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
+            result.rows = result.rows[len(pending) :]
+            result.accepted -= len(pending)
+    _recheck_after_commit(tenant)
+    return result
+
+
+def queue_server_records(
+    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: str
+) -> None:
+    """Accept server-stream records with the caller's change (same transaction) without making
+    concurrent callers queue for the stream one whole append and commit each: group commit.
+
+    The records are written as `PendingServerRecord` rows. If nobody holds the server stream, this
+    transaction takes it and chains every pending row at once (its own and any left behind);
+    otherwise it does not wait: whoever holds the stream re-checks for pending rows once its
+    transaction has committed (and so does this caller, after its own commit), and a row committed
+    before a failed try was committed before that holder's re-check. The re-checks are bounded
+    (RECHECK_ROUNDS), so under a steady stream of results the last rows of a round may wait for
+    the next result; if an appender dies, or none comes, the recovery sweep chains them within a
+    second. Either way each is chained exactly once (its row is deleted in the transaction that
+    chains it). A failing append here (a savepoint) leaves the caller's change and its pending
+    records intact."""
+    if not entries:
+        return
+    now = time.time()
+    with tenant_context(tenant):
+        PendingServerRecord.objects.bulk_create(
+            [
+                PendingServerRecord(
+                    tenant=tenant, event=event, fields_json=json.dumps(_business(fields, actor)), ts=now
+                )
+                for event, fields in entries
+            ]
+        )
+        try:
+            with transaction.atomic():
+                _flush_pending(tenant, wait=False)
+        except Exception:  # the records are accepted (pending); the next holder chains them
+            logger.warning("chaining pending server records of tenant %s failed", tenant.pk, exc_info=True)
+    _recheck_after_commit(tenant)
+
+
+FLUSH_BATCH = 2000  # pending rows chained per transaction
+FLUSH_ROUNDS = 10
+# A holder's re-checks after its commit: each chains everything pending so far, and a request must
+# not turn into the tenant's flusher for as long as results keep coming. What arrives after the
+# last one is chained by the next result, or by the sweep within a second.
+RECHECK_ROUNDS = 2
+
+
+def flush_server_records(tenant: Tenant, *, wait: bool = False, rounds: int = FLUSH_ROUNDS) -> int:
+    """Chain the tenant's pending server records, FLUSH_BATCH per transaction, until none is left
+    or (unless `wait`) someone else holds the stream: its own re-check will chain them. Returns
+    how many this call chained."""
+    done = 0
+    for _ in range(rounds):
+        with tenant_context(tenant):
+            chained = _flush_pending(tenant, wait=wait)
+        if not chained:
+            break
+        done += chained
+    return done
+
+
+def pending_server_records(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return PendingServerRecord.objects.count()
+
+
+def _flush_pending(tenant: Tenant, *, wait: bool) -> int:
+    """In the caller's transaction: take the server stream (or, unless `wait`, give up at once if
+    it is held) and chain the oldest pending rows; 0 when there were none or the stream is held."""
+    if not PendingServerRecord.objects.exists():  # read-only: no lock, no commit to flush
+        return 0
+    with timing.phase("stream_lock"):
+        if wait:
+            stream: Stream | None = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
+        else:
+            held = Stream.objects.select_for_update(skip_locked=True)
+            stream = held.filter(stream_id=SERVER_STREAM_ID, kind=StreamKind.SERVER).first()
+            if stream is None and not Stream.objects.filter(stream_id=SERVER_STREAM_ID).exists():
+                stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)  # its first record
+    if stream is None:  # held: the holder re-checks once it commits
+        return 0
+    pending = list(PendingServerRecord.objects.order_by("id")[:FLUSH_BATCH])
+    if not pending:
+        return 0
+    _chain_onto(tenant, stream, [_entry(row) for row in pending], actor="")
+    PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
+    return len(pending)
+
+
+def _recheck_after_commit(tenant: Tenant) -> None:
+    after_commit(
+        f"chain pending server records of tenant {tenant.pk}",
+        lambda: flush_server_records(tenant, rounds=RECHECK_ROUNDS),
+    )
+
+
+def _business(fields: dict[str, Any], actor: str) -> dict[str, Any]:
+    # Normalised through JSON: what is hashed must be exactly what is stored and re-read.
+    business: dict[str, Any] = json.loads(json.dumps({**fields, "actor": actor}, default=str))
+    return business
+
+
+def _entry(row: PendingServerRecord) -> tuple[str, dict[str, Any], float]:
+    return row.event, json.loads(row.fields_json), row.ts
+
+
+def _chain_onto(
+    tenant: Tenant, stream: Stream, entries: Sequence[tuple[str, dict[str, Any], float]], *, actor: str
+) -> IngestResult:
+    """Chain (event, business fields, ts) onto the locked server stream's head and store them."""
+    head, seq = stream.head_hash, stream.head_seq or 0
+    batch: list[dict[str, Any]] = []
+    for event, business, ts in entries:
+        seq += 1
+        record: dict[str, Any] = {"seq": seq, "ts": ts, "event": event, **business}
+        head = stamp(record, head)
+        batch.append(record)
+    return _ingest_into(tenant, stream, parse_batch(batch), actor=actor)
 
 
 # -- erasure ---------------------------------------------------------------------------------------

@@ -373,7 +373,8 @@ def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_ever
         while True:
             with tenant_context(tenant):
                 done = Job.objects.filter(state=JobState.COMPENSATED).count()
-            if done >= total:
+            # ... and every result's evidence chained (a result left pending is the sweep's)
+            if done >= total and not audit_services.pending_server_records(tenant):
                 break
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                 raise SystemExit(f"k={k}: {done}/{total} compensated before the deadline")

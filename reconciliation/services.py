@@ -30,7 +30,7 @@ from sagaplane import certificate as sdk_certificate
 
 from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
-from audit.services import append_server_record, append_server_records
+from audit.services import append_server_record, append_server_records, flush_server_records
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from reconciliation import cross_tenant
@@ -258,6 +258,7 @@ def expire_overdue(tenant: Tenant, *, now: datetime | None = None, limit: int = 
 
 def reconcile_tenant(tenant: Tenant) -> dict[str, int]:
     """One pass over a tenant: new checks from new compensations, then overdue checks expired."""
+    flush_server_records(tenant, wait=True)  # compensations whose records are still pending
     created = scan(tenant)
     expired = expire_overdue(tenant)
     delivered = claim_for_webhook(tenant)
@@ -536,6 +537,7 @@ def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = 
     from transparency import selectors as log_selectors
     from transparency import services as transparency
 
+    flush_server_records(tenant, wait=True)  # every accepted result counts, chained or pending
     now = timezone.now()
     until = min(until or now, now)
     with tenant_context(tenant):

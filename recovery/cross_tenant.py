@@ -1,5 +1,6 @@
 """The sweep's one question across tenants: which tenants have recovery work due now (a live
-lease that expired, a claimed job whose lease ran out, a webhook delivery that is due). Tenant ids
+lease that expired, a claimed job whose lease ran out, a webhook delivery that is due, a result's
+server record left pending by an appender that died). Tenant ids
 only; the sweep then works inside each tenant with `tenant_context`. And /metrics' one question:
 how many jobs wait for a worker, are claimed, or wait for a human (escalated: the human queue),
 all tenants together (counts only). On Postgres SECURITY DEFINER functions owned by the owner role
@@ -11,6 +12,7 @@ from datetime import datetime
 
 from django.db.models import Count, Q
 
+from audit.models import PendingServerRecord
 from recovery.models import Delivery, Job, JobState, Lease, LeaseState
 from tenants import rls
 from tenants.scoping import dangerously_bypass_orm_scope
@@ -27,6 +29,8 @@ _TENANTS_WITH_RECOVERY_DUE = rls.cross_tenant_function(
         f"WHERE (state = '{JobState.CLAIMED.value}' AND lease_expires_at < due_at) "
         f"OR (state = '{JobState.PENDING.value}' AND delivery = '{Delivery.WEBHOOK.value}' "
         "AND available_at <= due_at) "
+        "UNION "
+        f"SELECT tenant_id FROM {PendingServerRecord._meta.db_table} "
         "ORDER BY tenant_id"
     ),
 )
@@ -73,7 +77,8 @@ def tenants_with_recovery_due(now: datetime) -> list[int]:
             Q(state=JobState.CLAIMED, lease_expires_at__lt=now)
             | Q(state=JobState.PENDING, delivery=Delivery.WEBHOOK, available_at__lte=now)
         ).values_list("tenant_id", flat=True)
-        return sorted(set(leases) | set(jobs))
+        pending = PendingServerRecord.objects.values_list("tenant_id", flat=True)
+        return sorted(set(leases) | set(jobs) | set(pending))
 
 
 # Counted through the (state, lease_expires_at) index; the finished states are left out.

@@ -31,7 +31,13 @@ from django.utils import timezone
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 
 from audit.hooks import AppendedRecords, OnStored
-from audit.services import append_server_record, append_server_records
+from audit.services import (
+    append_server_record,
+    append_server_records,
+    flush_server_records,
+    queue_server_records,
+)
+from controlplane import timing
 from controlplane.errors import DomainError
 from controlplane.numbers import finite_number
 from controlplane.postcommit import after_commit
@@ -364,6 +370,8 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
     fixed = now
     now = now or timezone.now()
     taken = 0
+    # Results' evidence their appender left pending (it died between its commit and its append).
+    flush_server_records(tenant, wait=True)
     while taken < limit:
         if fixed is None:
             now = timezone.now()
@@ -657,7 +665,8 @@ def _complete_locked(
     tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
 ) -> list[Job | RecoveryError]:
     ids = [job_id for job_id, _ in items]
-    jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
+    with timing.phase("lock_jobs"):
+        jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
     outcomes: list[Job | RecoveryError] = []
     good: dict[Any, Job] = {}
     for job_id, token in items:
@@ -671,13 +680,17 @@ def _complete_locked(
             outcomes.append(job)
     if not good:
         return outcomes
-    runs = list(
-        Run.objects.select_for_update().filter(pk__in={job.run_id for job in good.values()}).order_by("pk")
-    )
+    with timing.phase("lock_runs"):
+        runs = list(
+            Run.objects.select_for_update()
+            .filter(pk__in={job.run_id for job in good.values()})
+            .order_by("pk")
+        )
     now = timezone.now()
-    Job.objects.filter(pk__in=list(good)).update(
-        state=JobState.COMPENSATED, finished_at=now, lease_expires_at=None
-    )
+    with timing.phase("update_jobs"):
+        Job.objects.filter(pk__in=list(good)).update(
+            state=JobState.COMPENSATED, finished_at=now, lease_expires_at=None
+        )
     records: list[tuple[str, dict[str, Any]]] = []
     for job in good.values():
         job.state = JobState.COMPENSATED
@@ -700,8 +713,10 @@ def _complete_locked(
                 },
             )
         )
-    append_server_records(tenant, records, actor=actor)
-    _advance_runs(tenant, runs, now=now)
+    with timing.phase("advance_runs"):
+        records += _advance_runs(tenant, runs, now=now, defer=True)
+    with timing.phase("evidence"):
+        queue_server_records(tenant, records, actor=actor)
     return outcomes
 
 
@@ -732,32 +747,33 @@ def fail(
         final = reason is not None or not retryable or job.attempts >= job.max_attempts
         job.last_error = message
         job.lease_expires_at = None
-        append_server_record(
-            tenant,
-            "COMPENSATION_FAILED",
-            {
-                "saga_id": job.saga_id,
-                "step_id": job.step_id,
-                "tool": job.tool,
-                "handler": job.handler,
-                "idempotency_key": job.idempotency_key,
-                "error": message,
-                "attempts": job.attempts,
-                "final": final,
-                "job_id": str(job.pk),
-                "token": job.epoch,
-                "worker": job.claimed_by,
-            },
-            actor=actor,
-        )
+        evidence: list[tuple[str, dict[str, Any]]] = [
+            (
+                "COMPENSATION_FAILED",
+                {
+                    "saga_id": job.saga_id,
+                    "step_id": job.step_id,
+                    "tool": job.tool,
+                    "handler": job.handler,
+                    "idempotency_key": job.idempotency_key,
+                    "error": message,
+                    "attempts": job.attempts,
+                    "final": final,
+                    "job_id": str(job.pk),
+                    "token": job.epoch,
+                    "worker": job.claimed_by,
+                },
+            )
+        ]
         if final:
             why = Escalation.NO_HANDLER if reason else Escalation.RETRIES_EXHAUSTED
             job.save(update_fields=["last_error", "lease_expires_at"])
-            _escalate(tenant, job, why, message, actor=actor, run=run)
+            _escalate(tenant, job, why, message, actor=actor, run=run, evidence=evidence)
         else:
             job.state = JobState.PENDING
             job.available_at = timezone.now() + timedelta(seconds=backoff(job.attempts))
             job.save(update_fields=["state", "available_at", "last_error", "lease_expires_at"])
+        queue_server_records(tenant, evidence, actor=actor)
         return job
 
 
@@ -825,7 +841,18 @@ def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | Recov
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def _escalate(tenant: Tenant, job: Job, why: str, detail: str, *, actor: str, run: Run | None = None) -> None:
+def _escalate(
+    tenant: Tenant,
+    job: Job,
+    why: str,
+    detail: str,
+    *,
+    actor: str,
+    run: Run | None = None,
+    evidence: list[tuple[str, dict[str, Any]]] | None = None,
+) -> None:
+    """The job goes to the human queue. Its RECOVERY_ESCALATED record is appended, or added to
+    `evidence` for the caller to record with its own."""
     run = run or Run.objects.select_for_update().get(pk=job.run_id)
     old_state = job.state
     job.state = JobState.ESCALATED
@@ -836,8 +863,7 @@ def _escalate(tenant: Tenant, job: Job, why: str, detail: str, *, actor: str, ru
     if run.state == RunState.ACTIVE:
         run.state = RunState.ESCALATED
         run.save(update_fields=["state"])
-    append_server_record(
-        tenant,
+    record = (
         "RECOVERY_ESCALATED",
         {
             "saga_id": job.saga_id,
@@ -848,24 +874,30 @@ def _escalate(tenant: Tenant, job: Job, why: str, detail: str, *, actor: str, ru
             "old": {"job": str(old_state)},
             "new": {"job": "escalated"},
         },
-        actor=actor,
     )
+    if evidence is None:
+        append_server_records(tenant, [record], actor=actor)
+    else:
+        evidence.append(record)
 
 
 def _maybe_finish(tenant: Tenant, run: Run) -> None:
     _advance_runs(tenant, [run])
 
 
-def _advance_runs(tenant: Tenant, runs: Sequence[Run], *, now: datetime | None = None) -> None:
+def _advance_runs(
+    tenant: Tenant, runs: Sequence[Run], *, now: datetime | None = None, defer: bool = False
+) -> list[tuple[str, dict[str, Any]]]:
     """The runs are locked and some of their jobs changed: move each run's frontier to its newest
     unfinished job (which becomes available now, so the queue stays first come, first served),
     close the runs with every job finished (one batch of ROLLBACK_END records), and reopen
     (escalated → active) those with no job left waiting for a human. Set-based: one read of the
-    runs' jobs and one UPDATE per kind of change."""
+    runs' jobs and one UPDATE per kind of change. With `defer` the ROLLBACK_END records are
+    returned for the caller to record with its own, else appended here."""
     now = now or timezone.now()
     open_runs = [run for run in runs if run.state in UNFINISHED_RUN_STATES]
     if not open_runs:
-        return
+        return []
     rows: dict[int, list[tuple[Any, str, int, Any]]] = {run.pk: [] for run in open_runs}
     for run_id, pk, state, ordinal, claimed in Job.objects.filter(run_id__in=list(rows)).values_list(
         "run_id", "pk", "state", "ordinal", "first_claimed_at"
@@ -927,10 +959,11 @@ def _advance_runs(tenant: Tenant, runs: Sequence[Run], *, now: datetime | None =
         Job.objects.filter(pk__in=arrived, state=JobState.PENDING, available_at__lt=now).update(
             available_at=now
         )
-    if ended:
+    if ended and not defer:
         append_server_records(tenant, ended, actor=SYSTEM_ACTOR)
     for run in reopened:
         _wake_webhooks(tenant, run)
+    return ended if defer else []
 
 
 # --------------------------------------------------------------------------- human decisions

@@ -1,0 +1,135 @@
+"""A result's evidence (COMPENSATED / COMPENSATION_FAILED, ROLLBACK_END) is accepted with the job's
+row and chained into the server stream by whoever holds the stream next (group commit): results
+that arrive together are each chained exactly once, in an intact chain, and a result whose
+appender failed after its commit keeps its evidence pending until a later pass chains it, once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.db import connection
+from sagaplane.chain import verify_chain
+
+from audit import services as audit_services
+from recovery import services
+from recovery.models import Job, JobState
+from sagas.models import Saga, SagaStatus
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from tests.conftest import server_stream
+from tests.recovery.sagas import HANDLER, crashed, sweep_later
+from tests.transparency.conftest import Writer
+
+
+def evidence(tenant: Tenant, event: str) -> Counter[str]:
+    """How many `event` records the server stream holds per step (per saga for ROLLBACK_END)."""
+    records = server_stream(tenant)
+    assert verify_chain(records).intact
+    key = "saga_id" if event == "ROLLBACK_END" else "step_id"
+    return Counter(str(r[key]) for r in records if r["event"] == event)
+
+
+def claimed(tenant: Tenant, n: int) -> list[Job]:
+    jobs = services.claim_many(tenant, worker="w", handlers=[HANDLER], max_jobs=n)
+    assert len(jobs) == n
+    return jobs
+
+
+@pytest.mark.postgres
+def test_concurrent_single_results_each_land_once_with_their_evidence(
+    transactional_db: None, tenant_a: Tenant
+) -> None:
+    sagas = 8
+    writer = Writer(tenant_a, "agent-a-1")
+    for n in range(sagas):
+        crashed(writer, f"c{n}", steps=1)
+    assert sweep_later(tenant_a)["taken_over"] == sagas
+    jobs = claimed(tenant_a, sagas)
+    barrier = threading.Barrier(sagas)
+    errors: list[BaseException] = []
+
+    def report(job: Job) -> None:
+        try:
+            barrier.wait(30)
+            services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
+        except BaseException as exc:  # asserted below: a thread's exception is not a pass
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=report, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors
+    with tenant_context(tenant_a):
+        assert Job.objects.filter(state=JobState.COMPENSATED).count() == sagas
+    # Re-checks are bounded: what a burst leaves pending is the sweep's (it chains all of it).
+    sweep_later(tenant_a)
+    assert audit_services.pending_server_records(tenant_a) == 0
+    assert evidence(tenant_a, "COMPENSATED") == {f"c{n}-s1": 1 for n in range(sagas)}
+    assert evidence(tenant_a, "ROLLBACK_END") == {f"c{n}": 1 for n in range(sagas)}
+    with tenant_context(tenant_a):
+        assert set(Saga.objects.values_list("status", flat=True)) == {SagaStatus.ROLLED_BACK}
+    # Another pass finds nothing left to chain.
+    sweep_later(tenant_a)
+    assert evidence(tenant_a, "COMPENSATED") == {f"c{n}-s1": 1 for n in range(sagas)}
+
+
+@pytest.mark.django_db
+def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chained_once(
+    tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Writer(tenant_a, "agent-a-1")
+    crashed(writer, "s1", steps=2)
+    sweep_later(tenant_a)
+    (newest,) = claimed(tenant_a, 1)
+
+    def crash(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("the appender died")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(audit_services, "_chain_onto", crash)
+        job = services.complete(tenant_a, newest.pk, token=newest.epoch, actor="test")
+        assert job.state == JobState.COMPENSATED
+        # The result is recorded and the saga moves on: its next (older) step is claimable.
+        (older,) = claimed(tenant_a, 1)
+        assert older.step_id == "s1-s1"
+        failed = services.fail(tenant_a, older.pk, token=older.epoch, actor="test", error="card declined")
+        assert failed.state == JobState.PENDING
+    assert audit_services.pending_server_records(tenant_a) == 2
+    assert evidence(tenant_a, "COMPENSATED") == {}
+    assert sweep_later(tenant_a)["taken_over"] == 0  # the later pass: the sweep
+    assert audit_services.pending_server_records(tenant_a) == 0
+    assert evidence(tenant_a, "COMPENSATED") == {"s1-s2": 1}
+    assert evidence(tenant_a, "COMPENSATION_FAILED") == {"s1-s1": 1}
+    records = [r for r in server_stream(tenant_a) if r.get("saga_id") == "s1"]
+    assert [r["event"] for r in records] == ["RECOVERY_STARTED", "COMPENSATED", "COMPENSATION_FAILED"]
+    assert records[1]["token"] == newest.epoch
+    sweep_later(tenant_a)
+    assert evidence(tenant_a, "COMPENSATED") == {"s1-s2": 1}
+
+
+@pytest.mark.django_db
+def test_a_direct_server_append_chains_pending_evidence_first(
+    tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Writer(tenant_a, "agent-a-1")
+    crashed(writer, "s1", steps=1)
+    sweep_later(tenant_a)
+    (job,) = claimed(tenant_a, 1)
+    with monkeypatch.context() as patched:
+        patched.setattr(audit_services, "_chain_onto", lambda *_a, **_k: 1 / 0)
+        services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
+    assert audit_services.pending_server_records(tenant_a) == 2  # COMPENSATED, ROLLBACK_END
+    record = audit_services.append_server_record(tenant_a, "NOTE", {"text": "later"}, actor="test")
+    assert record.event == "NOTE"
+    assert audit_services.pending_server_records(tenant_a) == 0
+    events = [r["event"] for r in server_stream(tenant_a)]
+    assert events[-3:] == ["COMPENSATED", "ROLLBACK_END", "NOTE"]
