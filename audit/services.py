@@ -59,7 +59,7 @@ from controlplane.errors import DomainError
 from controlplane.numbers import finite_number
 from controlplane.postcommit import after_commit
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
+from tenants.scoping import joined_tenant_context, tenant_context
 
 logger = logging.getLogger(__name__)
 
@@ -647,7 +647,7 @@ def queue_server_records(
     if not entries:
         return
     now = time.time()
-    with tenant_context(tenant):
+    with joined_tenant_context(tenant):
         PendingServerRecord.objects.bulk_create(
             [
                 PendingServerRecord(

@@ -60,7 +60,7 @@ from recovery.models import (
 from sagas import selectors as saga_selectors
 from sagas.models import TERMINAL_STATUSES, StepStatus
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
+from tenants.scoping import joined_tenant_context, tenant_context
 from transparency.keys import decrypt_seed, encrypt_seed
 
 log = logging.getLogger(__name__)
@@ -657,7 +657,7 @@ def complete_many(
     of COMPENSATED records (then one of ROLLBACK_END for the runs this finished)."""
     for _, token in items:
         _token(token)
-    with tenant_context(tenant):
+    with joined_tenant_context(tenant):  # refusals are answers, not exceptions: nothing to undo
         return _complete_locked(tenant, items, actor=actor)
 
 
