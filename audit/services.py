@@ -672,14 +672,18 @@ FLUSH_ROUNDS = 10
 RECHECK_ROUNDS = 2
 
 
-def flush_server_records(tenant: Tenant, *, wait: bool = False, rounds: int = FLUSH_ROUNDS) -> int:
+def flush_server_records(
+    tenant: Tenant, *, wait: bool = False, rounds: int = FLUSH_ROUNDS, before: float | None = None
+) -> int:
     """Chain the tenant's pending server records, FLUSH_BATCH per transaction, until none is left
-    or (unless `wait`) someone else holds the stream: its own re-check will chain them. Returns
-    how many this call chained."""
+    or (unless `wait`) someone else holds the stream: its own re-check will chain them. With
+    `before` (a Unix time), only when some row was accepted before it (left behind, not in
+    flight: a periodic pass must not queue for the stream behind every result). Returns how many
+    this call chained."""
     done = 0
     for _ in range(rounds):
         with tenant_context(tenant):
-            chained = _flush_pending(tenant, wait=wait)
+            chained = _flush_pending(tenant, wait=wait, before=before)
         if not chained:
             break
         done += chained
@@ -691,10 +695,14 @@ def pending_server_records(tenant: Tenant) -> int:
         return PendingServerRecord.objects.count()
 
 
-def _flush_pending(tenant: Tenant, *, wait: bool) -> int:
+def _flush_pending(tenant: Tenant, *, wait: bool, before: float | None = None) -> int:
     """In the caller's transaction: take the server stream (or, unless `wait`, give up at once if
-    it is held) and chain the oldest pending rows; 0 when there were none or the stream is held."""
-    if not PendingServerRecord.objects.exists():  # read-only: no lock, no commit to flush
+    it is held) and chain the oldest pending rows; 0 when there were none (none accepted before
+    `before`) or the stream is held."""
+    pending_rows = PendingServerRecord.objects.all()
+    if before is not None:
+        pending_rows = pending_rows.filter(ts__lt=before)
+    if not pending_rows.exists():  # read-only: no lock, no commit to flush
         return 0
     with timing.phase("stream_lock"):
         if wait:

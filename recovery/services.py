@@ -75,6 +75,7 @@ BACKOFF_MAX_S = 60.0
 SWEEP_BATCH = 2000  # sagas taken over per tenant per sweep
 TAKEOVER_BATCH = 250  # sagas per transaction
 TEXT_MAX = 2000
+EVIDENCE_STALE_S = 0.5  # pending that long: left behind, the sweep chains it
 
 LEASE_EVENTS = frozenset({"SAGA_START", "SAGA_LEASE"})
 END_EVENTS = frozenset({"SAGA_COMPLETE", "SAGA_ABORTED"})
@@ -370,8 +371,6 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
     fixed = now
     now = now or timezone.now()
     taken = 0
-    # Results' evidence their appender left pending (it died between its commit and its append).
-    flush_server_records(tenant, wait=True)
     while taken < limit:
         if fixed is None:
             now = timezone.now()
@@ -403,6 +402,9 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
         due_hooks = list(_claimable(now, Delivery.WEBHOOK).values_list("pk", flat=True)[:limit])
     for job_id in due_hooks:
         _enqueue_delivery(tenant.pk, job_id)
+    # Last (takeovers first): results' evidence left pending (its appender died after its commit,
+    # or no result came after it), not what is in flight.
+    flush_server_records(tenant, wait=True, before=now.timestamp() - EVIDENCE_STALE_S)
     return {"taken_over": taken, "escalated": len(exhausted) + unclaimed, "webhooks_woken": len(due_hooks)}
 
 
