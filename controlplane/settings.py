@@ -130,6 +130,9 @@ MIDDLEWARE = [
     # Outside every other layer: refuses NUL in the path or query, and shapes every non-2xx API
     # answer as JSON whoever produced it (controlplane/errors.py).
     "controlplane.errors.ErrorShapeMiddleware",
+    # A plain proof GET by a recently checked key is answered here, without the layers below or
+    # DRF; anything else passes on untouched (transparency/lean.py).
+    "transparency.lean.LeanProofMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -161,6 +161,25 @@ def _note_use(api_key: ApiKey, tenant: Tenant) -> None:
         api_key.last_used_at = now
 
 
+def remembered_key(raw_key: str) -> tuple[ApiKey, Tenant] | None:
+    """The key and its tenant, when this process checked the key within API_KEY_CACHE_SECONDS and
+    it is still usable now (the checks `ApiKeyAuthentication` makes, its last use noted as it
+    notes it); None whenever only the full authentication can answer (not remembered, malformed,
+    revoked, expired). For a lean path that hands every None to the full stack."""
+    prefix = ApiKey.prefix_of(raw_key)
+    found = _recently_checked(prefix, raw_key) if prefix is not None else None
+    if found is None:
+        return None
+    api_key, tenant = found
+    try:
+        _check_usable(api_key, raw_key)
+    except exceptions.AuthenticationFailed:
+        return None
+    _note_use(api_key, tenant)
+    api_key.tenant = tenant
+    return api_key, tenant
+
+
 class ApiKeyPrincipal:
     """The request's user when an agent authenticates with a key: it acts for one tenant only."""
 

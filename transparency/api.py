@@ -7,6 +7,7 @@ a root nobody signed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, overload
 
 from django.http import FileResponse, HttpResponse
@@ -38,11 +39,11 @@ PROOF_SCHEMA = inline_serializer(
 
 
 @overload
-def _int_param(request: Request, name: str, *, required: Literal[True]) -> int: ...
+def _int_param(query: Mapping[str, str], name: str, *, required: Literal[True]) -> int: ...
 @overload
-def _int_param(request: Request, name: str, *, required: Literal[False]) -> int | None: ...
-def _int_param(request: Request, name: str, *, required: bool) -> int | None:
-    raw = request.query_params.get(name)
+def _int_param(query: Mapping[str, str], name: str, *, required: Literal[False]) -> int | None: ...
+def _int_param(query: Mapping[str, str], name: str, *, required: bool) -> int | None:
+    raw = query.get(name)
     if raw is None or raw == "":
         if required:
             raise DomainError(400, "invalid", f"{name}: required", field=name)
@@ -96,18 +97,21 @@ class InclusionProofView(LogView):
         responses=PROOF_SCHEMA,
     )
     def get(self, request: Request) -> Response:
-        index = _int_param(request, "index", required=True)
-        size = _int_param(request, "size", required=False)
+        return Response(self.answer(request.query_params))
+
+    @staticmethod
+    def answer(query: Mapping[str, str]) -> dict[str, Any]:
+        """The proof the query asks for (the view's and the lean path's, transparency.lean)."""
+        index = _int_param(query, "index", required=True)
+        size = _int_param(query, "size", required=False)
         size, path, leaf = proofs.inclusion(index, size)
-        return Response(
-            {
-                "index": index,
-                "size": size,
-                "leaf_hash": b64(leaf),
-                "hash_encoding": "base64",
-                "hashes": [b64(h) for h in path],
-            }
-        )
+        return {
+            "index": index,
+            "size": size,
+            "leaf_hash": b64(leaf),
+            "hash_encoding": "base64",
+            "hashes": [b64(h) for h in path],
+        }
 
 
 class ConsistencyProofView(LogView):
@@ -120,18 +124,21 @@ class ConsistencyProofView(LogView):
         responses=PROOF_SCHEMA,
     )
     def get(self, request: Request) -> Response:
-        first = _int_param(request, "first", required=True)
-        second = _int_param(request, "second", required=False)
+        return Response(self.answer(request.query_params))
+
+    @staticmethod
+    def answer(query: Mapping[str, str]) -> dict[str, Any]:
+        """The proof the query asks for (the view's and the lean path's, transparency.lean)."""
+        first = _int_param(query, "first", required=True)
+        second = _int_param(query, "second", required=False)
         second, path = proofs.consistency(first, second)
-        return Response(
-            {
-                "first": first,
-                "second": second,
-                "size": second,
-                "hash_encoding": "base64",
-                "hashes": [b64(h) for h in path],
-            }
-        )
+        return {
+            "first": first,
+            "second": second,
+            "size": second,
+            "hash_encoding": "base64",
+            "hashes": [b64(h) for h in path],
+        }
 
 
 class TileView(LogView):
@@ -161,7 +168,7 @@ class ProofBundleView(LogView):
         responses={(200, "text/plain"): OpenApiTypes.STR},
     )
     def get(self, request: Request) -> HttpResponse:
-        index = _int_param(request, "index", required=True)
+        index = _int_param(request.query_params, "index", required=True)
         text = proofs.proof_file(index)
         response = HttpResponse(text, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="leaf-{index}.tlog-proof"'
