@@ -13,6 +13,8 @@ and at each rung measures:
 - the saga list through the API (p95): unfiltered, by status, by a common and a rare tool, since
   a moment, tool + status, and pages 2-21 by cursor; with the Postgres plan (EXPLAIN ANALYZE as
   the runtime role, under row-level security) of the tool filters;
+- the dashboard's saga list page (p95, the whole page: capped status counts, filter choices,
+  rows): unfiltered, by status, by tool, since, and Older pages 2-11;
 - a WORM export of the newest 100,000 leaves: build and offline verify rates;
 - table + index bytes per million records; load averages before and after.
 Phase 2 (`--tenants N`) adds N tenants of `--per-tenant` records each (full: 1,000 x 10,000),
@@ -314,6 +316,43 @@ def _listing(client: Any, tenant: Any, queries: int) -> dict[str, float]:
     return {name: _pct(samples, 0.95) for name, samples in listing.items() if samples}
 
 
+def _page_listing(tenant: Any, queries: int) -> dict[str, float]:
+    """The dashboard's saga list page (p95 ms) as the tenant's owner sees it, the whole page:
+    status tabs (capped counts), filter choices, rows; then Older pages 2-11 by cursor."""
+    import html
+    import re
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.get(email=f"owner@{tenant.slug}.example"))
+    listing = {
+        name: _api(client, "/sagas/", params, queries)
+        for name, params in {
+            "all": {},
+            "status=completed": {"status": "completed"},
+            "status=orphaned": {"status": "orphaned"},
+            "tool=tool.1": {"tool": "tool.1"},
+            "tool=tool.rare": {"tool": "tool.rare"},
+            "since=24h": {"since": "24h"},
+        }.items()
+    }
+    older = re.compile(r'<a href="([^"]*)" rel="next">')
+    pages = []
+    for _ in range(max(1, queries // 10)):
+        found = older.search(client.get("/sagas/").content.decode())
+        for _ in range(10):
+            if not found:
+                break
+            start = time.perf_counter()
+            response = client.get("/sagas/" + html.unescape(found.group(1)))
+            pages.append(time.perf_counter() - start)
+            found = older.search(response.content.decode())
+    listing["Older pages 2-11"] = pages
+    return {name: _pct(samples, 0.95) for name, samples in listing.items() if samples}
+
+
 def _proofs(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
     from tenants.scoping import tenant_context
     from transparency.models import Checkpoint
@@ -409,6 +448,7 @@ def measure(grower: Grower, client: Any, queries: int, tmp: str) -> dict[str, An
         "integrate_rest_s": round(integrate_s, 2),
         **proofs,
         "saga_list_p95_ms": _listing(client, grower.tenant, queries),
+        "saga_list_page_p95_ms": _page_listing(grower.tenant, queries),
         "export": _export(grower.tenant, proofs["signed_size"], tmp),
         "sizes": _sizes(grower.total),
         "plans": _plans(grower.tenant),
@@ -663,6 +703,7 @@ def list_only(data_dir: str, queries: int) -> int:
         "benchmark": "scale-list",
         "records": grower.total,
         "saga_list_p95_ms": _listing(_client_for(tenant), tenant, queries),
+        "saga_list_page_p95_ms": _page_listing(tenant, queries),
         "plans": _plans(tenant),
         "load_average": _load(),
         "at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
