@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from sagaplane.chain import (
     ChainBreak,
@@ -53,6 +54,7 @@ from audit.models import (
     Stream,
     StreamKind,
     TenantLog,
+    leaf_blocks,
 )
 from controlplane import timing
 from controlplane.errors import DomainError
@@ -257,31 +259,55 @@ class _Plan:
 
 
 class _Held:
-    """Lazily loaded hashes this stream already holds (most batches just extend the head and
-    never need the lookup)."""
+    """What the stream already holds, read only when a batch does not just extend the head (most
+    never need it): a record by hash (`get`: the index by leaf block, over the stream's own leaves)
+    and hashes by position (`hash_at`: one range of the stream's positions, as many as the batch
+    can cover). Both are in the append order or bounded by the blocks searched; nothing the
+    path that extends a head pays for."""
 
-    def __init__(self, stream: Stream, batch: Sequence[Incoming]) -> None:
+    def __init__(self, stream: Stream) -> None:
         self.stream = stream
-        self.batch = batch
-        self._map: dict[str, tuple[int, int]] | None = None
+        self._found: dict[str, tuple[int, int] | None] = {}
+        self._hashes: dict[int, str] = {}
 
     def get(self, h: str) -> tuple[int, int] | None:
-        if self._map is None:
-            wanted = {r.h for r in self.batch} | {r.ph for r in self.batch}
-            wanted.discard(GENESIS)
-            self._map = {
-                row[0]: (row[1], row[2])
-                for row in Record.objects.filter(stream=self.stream, h__in=list(wanted)).values_list(
-                    "h", "position", "seq"
-                )
-            }
-        return self._map.get(h)
+        """(position, seq) of the held record hashed `h`, or None."""
+        if h not in self._found:
+            rows = held_by_hash(Record.objects.filter(stream=self.stream), h, stream=self.stream)
+            self._found[h] = next(iter(rows.values_list("position", "seq")[:1]), None)
+        return self._found[h]
 
-    def hash_at(self, position: int) -> str:
-        return (
-            Record.objects.filter(stream=self.stream, position=position).values_list("h", flat=True).first()
-            or ""
+    def hash_at(self, position: int, ahead: int = 0) -> str:
+        """The hash of the held record at `position` ("" when none); on a miss the `ahead`
+        positions after it are read too (a re-sent batch walks held positions one by one)."""
+        if position not in self._hashes:
+            reach = range(position, position + 1 + ahead)
+            self._hashes.update(dict.fromkeys(reach, ""))
+            self._hashes.update(
+                Record.objects.filter(
+                    stream=self.stream, position__gte=reach.start, position__lt=reach.stop
+                ).values_list("position", "h")
+            )
+        return self._hashes[position]
+
+
+def held_by_hash(records: QuerySet[Record], h: str, *, stream: Stream | None = None) -> QuerySet[Record]:
+    """`records` narrowed to those hashed `h` among the leaves of `stream` (None: the whole log),
+    through the (leaf block, tenant, h) index: one probe per block of 65,536 leaves searched."""
+    if stream is None:
+        size = TenantLog.objects.values_list("size", flat=True).first() or 0
+        first, last = 0, size - 1
+    elif stream.length:
+        ends = Record.objects.filter(stream=stream, position__in=[1, stream.length]).values_list(
+            "leaf_index", flat=True
         )
+        # A stream's leaves grow with its positions: its first and last record bound them.
+        first, last = min(ends, default=0), max(ends, default=-1)
+    else:
+        first, last = 0, -1
+    if last < first:
+        return records.none()
+    return records.filter(leaf_block__in=leaf_blocks(first, last), h=h)
 
 
 def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
@@ -290,7 +316,7 @@ def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
     the server knows is layered on top: records it already holds (a re-send is counted as
     duplicates; a different record at a held position is equivocation) and attested gaps, which
     may only cover records it never received."""
-    held = _Held(stream, batch)
+    held = _Held(stream)
     attested = attested_ranges(r.raw for r in batch)
     walk = ChainWalk(attested, head=stream.head_hash, head_seq=stream.head_seq, strict=True)
     pos = stream.length  # position of `walk.prev` (0 = before the first record)
@@ -304,7 +330,7 @@ def _plan(stream: Stream, batch: Sequence[Incoming]) -> _Plan:
             own = content_breaks(rec.raw, rec.index)
             if own:
                 raise _refusal(stream, rec, own[0], held, attested)
-            if resent is None and held.get(rec.h) is None:
+            if resent is None and held.hash_at(pos + 1, ahead=len(batch) - i) != rec.h:
                 # prev is a held record inside the stream: the next one must be the held one too.
                 raise _equivocation(stream, rec, pos + 1, held.hash_at(pos + 1))
             duplicates += 1
@@ -579,11 +605,10 @@ def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: str) -> list[Inges
 def _attach(first: Incoming) -> str:
     """Which stream a segment belongs to, by chain linkage."""
     if first.ph == GENESIS:
-        # Already held (a re-push, or the same WAL shipped by the SDK under its own name)?
-        held = (
-            Record.objects.filter(h=first.h, position=1).values_list("stream__stream_id", flat=True).first()
-        )
-        return held if held is not None else compat_stream_name(first.h)
+        # Already held (a re-push, or the same WAL shipped by the SDK under its own name)? A
+        # chain's first record, through the partial index of position 1.
+        held = Record.objects.filter(h=first.h, position=1).values_list("stream__stream_id", flat=True)
+        return next(iter(held[:1]), None) or compat_stream_name(first.h)
     for h in (first.ph, first.h):
         stream_id = (
             Stream.objects.filter(head_hash=h, kind=StreamKind.AGENT)
@@ -592,7 +617,9 @@ def _attach(first: Incoming) -> str:
         )
         if stream_id is not None:
             return stream_id
-        stream_id = Record.objects.filter(h=h).values_list("stream__stream_id", flat=True).first()
+        # An older segment (a re-push after the stream moved on): where it is held, anywhere.
+        held = held_by_hash(Record.objects.all(), h).values_list("stream__stream_id", flat=True)
+        stream_id = next(iter(held[:1]), None)
         if stream_id is not None:
             return stream_id
     # Linked to nothing held: a WAL whose beginning was compacted away before it was shipped.
@@ -775,12 +802,13 @@ def redact(
         if position is not None:
             query = query.filter(position=position)
         elif record_hash_ is not None:
-            query = query.filter(h=record_hash_)
+            stream = Stream.objects.filter(stream_id=stream_id).first()
+            query = query.none() if stream is None else held_by_hash(query, record_hash_, stream=stream)
         else:
             raise IngestRefused(
                 400, "invalid", "position: give the record's position or its hash", field="position"
             )
-        record = query.first()
+        record = next(iter(query[:1]), None)
         if record is None:
             raise IngestRefused(404, "not_found", "no such record in this tenant")
         if record.redacted or Redaction.objects.filter(record=record).exists():
