@@ -34,7 +34,7 @@ def restore_like(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0004_record_verbatim"),
+        ("audit", "0005_pending_server_record"),
         ("tenants", "0002_invitation_use"),
     ]
 
