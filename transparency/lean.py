@@ -9,7 +9,8 @@ shape (controlplane.errors), and answers a plain proof GET itself, with the view
 (`InclusionProofView.answer`, `ConsistencyProofView.answer`) under the views' own tenant scope.
 
 It answers only what it can answer exactly as the full stack would, and hands everything else on,
-untouched, to the full stack, which answers as before: a method other than GET, a query with any
+untouched, to the full stack, which answers as before: a method other than GET, a host not
+allowed, a query with any
 parameter the view does not read (`format` included), an `Accept` that could choose another
 renderer than JSON, a cookie, a body, a key this process has not checked within the API key
 cache's window or that is no longer usable (`tenants.authentication.remembered_key`), a key the
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from django.urls import ResolverMatch, reverse
 from rest_framework.renderers import JSONRenderer
@@ -110,6 +112,10 @@ def _plain_call(request: HttpRequest, route: _Route) -> str | None:
     """The presented API key when the call is one the lean path may answer; else None."""
     meta = request.META
     if meta.get("HTTP_COOKIE") or meta.get("CONTENT_LENGTH") not in (None, "", "0"):
+        return None
+    try:
+        request.get_host()  # a host not allowed: CommonMiddleware's 400, further in
+    except DisallowedHost:
         return None
     if meta.get("HTTP_ACCEPT", "").strip() not in _JSON_ACCEPTS or not set(request.GET) <= route.params:
         return None

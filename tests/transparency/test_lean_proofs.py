@@ -126,6 +126,12 @@ def _scoped_key(tenant: Tenant, scopes: list[str]) -> str:
 def test_every_refusal_is_the_full_stacks_in_its_error_shape(
     alice: Person, log_a: int, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(LeanProofMiddleware, "seen", {})
+    for path, params in (("inclusion", {"index": 0}), ("consistency", {"first": 1})):
+        assert answer(alice.api_key, path, params)[0] == 200  # the full stack's, once per route
+    calls = ViewCalls(monkeypatch)
+    assert answer(alice.api_key, "inclusion", {"index": 0})[0] == 200
+    assert calls.n == 0  # the lean path is answering: what follows is handed on by it
     ingest_only = _scoped_key(tenant_a, ["ingest"])
     asks: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
         (alice.api_key, "inclusion", {}, {}),
@@ -139,6 +145,7 @@ def test_every_refusal_is_the_full_stacks_in_its_error_shape(
         (alice.api_key, "inclusion", {"index": 0, "extra": "1"}, {}),
         (alice.api_key, "inclusion", {"index": 0}, {"HTTP_ACCEPT": "text/html"}),
         (alice.api_key, "inclusion", {"index": 0}, {"HTTP_ACCEPT": "application/xml"}),
+        (alice.api_key, "inclusion", {"index": 0}, {"HTTP_HOST": "evil.example"}),
         (ingest_only, "inclusion", {"index": 0}, {}),
         ("sp_nothere00000_" + "x" * 40, "inclusion", {"index": 0}, {}),
         ("not-a-key", "inclusion", {"index": 0}, {}),
