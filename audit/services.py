@@ -644,14 +644,24 @@ def append_server_records(
     with tenant_context(tenant):
         with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
             stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-        pending = list(PendingServerRecord.objects.order_by("id"))
-        own = [(event, _business(fields, actor), now) for event, fields in entries]
-        result = _chain_onto(tenant, stream, [_entry(row) for row in pending] + own, actor=actor)
-        if pending:
-            PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
-            result.rows = result.rows[len(pending) :]
-            result.accepted -= len(pending)
+        result = _chain_after_pending(
+            tenant, stream, [(event, _business(fields, actor), now) for event, fields in entries]
+        )
     _recheck_after_commit(tenant)
+    return result
+
+
+def _chain_after_pending(
+    tenant: Tenant, stream: Stream, own: list[tuple[str, dict[str, Any], float]]
+) -> IngestResult:
+    """On the locked server stream: every pending row (oldest first, then deleted), then `own`;
+    the result names `own` only."""
+    pending = list(PendingServerRecord.objects.order_by("id"))
+    result = _chain_onto(tenant, stream, [_entry(row) for row in pending] + own, actor="")
+    if pending:
+        PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
+        result.rows = result.rows[len(pending) :]
+        result.accepted -= len(pending)
     return result
 
 
@@ -661,9 +671,9 @@ def queue_server_records(
     """Accept server-stream records with the caller's change (same transaction) without making
     concurrent callers queue for the stream one whole append and commit each: group commit.
 
-    The records are written as `PendingServerRecord` rows. If nobody holds the server stream, this
-    transaction takes it and chains every pending row at once (its own and any left behind);
-    otherwise it does not wait: whoever holds the stream re-checks for pending rows once its
+    If nobody holds the server stream, this transaction takes it and chains every pending row and
+    then its own records at once; otherwise it writes them as `PendingServerRecord` rows and does
+    not wait: whoever holds the stream re-checks for pending rows once its
     transaction has committed (and so does this caller, after its own commit), and a row committed
     before a failed try was committed before that holder's re-check. The re-checks are bounded
     (RECHECK_ROUNDS), so under a steady stream of results the last rows of a round may wait for
@@ -674,20 +684,24 @@ def queue_server_records(
     if not entries:
         return
     now = time.time()
+    own = [(event, _business(fields, actor), now) for event, fields in entries]
     with joined_tenant_context(tenant):
-        PendingServerRecord.objects.bulk_create(
-            [
-                PendingServerRecord(
-                    tenant=tenant, event=event, fields_json=json.dumps(_business(fields, actor)), ts=now
-                )
-                for event, fields in entries
-            ]
-        )
+        chained = False
         try:
             with transaction.atomic():
-                _flush_pending(tenant, wait=False)
-        except Exception:  # the records are accepted (pending); the next holder chains them
-            logger.warning("chaining pending server records of tenant %s failed", tenant.pk, exc_info=True)
+                stream = _try_lock_server_stream(tenant)
+                if stream is not None:
+                    _chain_after_pending(tenant, stream, own)
+                    chained = True
+        except Exception:  # accepted all the same (pending, below); the next holder chains them
+            logger.warning("chaining server records of tenant %s failed", tenant.pk, exc_info=True)
+        if not chained:
+            PendingServerRecord.objects.bulk_create(
+                [
+                    PendingServerRecord(tenant=tenant, event=event, fields_json=json.dumps(business), ts=ts)
+                    for event, business, ts in own
+                ]
+            )
     _recheck_after_commit(tenant)
 
 
@@ -731,14 +745,11 @@ def _flush_pending(tenant: Tenant, *, wait: bool, before: float | None = None) -
         pending_rows = pending_rows.filter(ts__lt=before)
     if not pending_rows.exists():  # read-only: no lock, no commit to flush
         return 0
-    with timing.phase("stream_lock"):
-        if wait:
+    if wait:
+        with timing.phase("stream_lock"):
             stream: Stream | None = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-        else:
-            held = Stream.objects.select_for_update(skip_locked=True)
-            stream = held.filter(stream_id=SERVER_STREAM_ID, kind=StreamKind.SERVER).first()
-            if stream is None and not Stream.objects.filter(stream_id=SERVER_STREAM_ID).exists():
-                stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)  # its first record
+    else:
+        stream = _try_lock_server_stream(tenant)
     if stream is None:  # held: the holder re-checks once it commits
         return 0
     pending = list(PendingServerRecord.objects.order_by("id")[:FLUSH_BATCH])
@@ -747,6 +758,16 @@ def _flush_pending(tenant: Tenant, *, wait: bool, before: float | None = None) -
     _chain_onto(tenant, stream, [_entry(row) for row in pending], actor="")
     PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
     return len(pending)
+
+
+def _try_lock_server_stream(tenant: Tenant) -> Stream | None:
+    """The server stream, locked, or None at once if someone holds it (SKIP LOCKED)."""
+    with timing.phase("stream_lock"):
+        held = Stream.objects.select_for_update(skip_locked=True)
+        stream = held.filter(stream_id=SERVER_STREAM_ID, kind=StreamKind.SERVER).first()
+        if stream is None and not Stream.objects.filter(stream_id=SERVER_STREAM_ID).exists():
+            stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)  # its first record
+    return stream
 
 
 def _recheck_after_commit(tenant: Tenant) -> None:
