@@ -507,6 +507,10 @@ def _append(tenant: Tenant, stream: Stream, now: Any, rows: list[bulk.StoredRow]
 def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:
     with timing.phase("verify"):
         plan = _plan(stream, batch)
+    return _store_planned(tenant, stream, plan)
+
+
+def _store_planned(tenant: Tenant, stream: Stream, plan: _Plan) -> IngestResult:
     stored = _store(tenant, stream, plan) if plan.new else []
     return IngestResult(
         stream.stream_id, len(plan.new), plan.duplicates, stream.head_seq, stream.head_hash, stored
@@ -790,7 +794,11 @@ def _entry(row: PendingServerRecord) -> tuple[str, dict[str, Any], float]:
 def _chain_onto(
     tenant: Tenant, stream: Stream, entries: Sequence[tuple[str, dict[str, Any], float]], *, actor: str
 ) -> IngestResult:
-    """Chain (event, business fields, ts) onto the locked server stream's head and store them."""
+    """Chain (event, business fields, ts) onto the locked server stream's head and store them.
+
+    Type-checked like any batch (`parse_batch`), but not walked: they are chained here onto the
+    head of the stream the caller has locked, which is all the walk would re-verify, record by
+    record (a content digest each; thousands per seal pass under sustained ingest)."""
     head, seq = stream.head_hash, stream.head_seq or 0
     batch: list[dict[str, Any]] = []
     for event, business, ts in entries:
@@ -798,7 +806,8 @@ def _chain_onto(
         record: dict[str, Any] = {"seq": seq, "ts": ts, "event": event, **business}
         head = stamp(record, head)
         batch.append(record)
-    return _ingest_into(tenant, stream, parse_batch(batch), actor=actor)
+    planned = [(rec, stream.length + offset) for offset, rec in enumerate(parse_batch(batch), 1)]
+    return _store_planned(tenant, stream, _Plan(planned, 0))
 
 
 # -- erasure ---------------------------------------------------------------------------------------
