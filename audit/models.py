@@ -77,6 +77,13 @@ class Stream(TenantScopedModel):
 class Record(TenantScopedModel):
     """A record's chained header. Append-only; see the module docstring."""
 
+    # No index on the tenant alone: the indexes below that lead with it serve any lookup by tenant,
+    # and a lone one was a trap: with a fresh tenant's statistics stale (it grew since the last
+    # ANALYZE), the planner read the whole tenant through it instead of a leaf range or a saga's
+    # records, on every pass of the integrator.
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="+", editable=False, db_index=False
+    )
     stream = models.ForeignKey(Stream, on_delete=models.PROTECT, related_name="records")
     position = models.BigIntegerField(help_text="1-based place in the stream's chain (not seq)")
     seq = models.BigIntegerField()
@@ -127,10 +134,10 @@ class Record(TenantScopedModel):
             # A stream's first record by hash, for agent-saga's genesis attach: one entry per stream.
             models.Index(fields=["tenant", "h"], condition=Q(position=1), name="audit_record_first_hash"),
             models.Index(fields=["tenant", "tool"], name="audit_record_tool"),
-            # The plain btree only: `db_index=True` also made Postgres build a `_like`
-            # (varchar_pattern_ops) copy for LIKE, which no query runs. The name is the one
-            # Django gave the index, so existing databases keep it as it is.
-            models.Index(fields=["saga_id"], name="audit_record_saga_id_3fdfa822"),
+            # A saga's records in leaf order (disclosures, the seal pass). Led by the tenant: on
+            # saga_id alone every tenant's "saga-1" shared one index range, and the planner would
+            # rather scan the whole tenant than probe it for a list of saga ids.
+            models.Index(fields=["tenant", "saga_id", "leaf_index"], name="audit_record_saga"),
         ]
 
     @property

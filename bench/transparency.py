@@ -104,6 +104,7 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
 
     from django.core.cache import cache
 
+    from controlplane import timing
     from tenants.scoping import tenant_context
     from transparency import sources, tasks
     from transparency.models import Checkpoint
@@ -126,6 +127,7 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
         for n in range(clients)
     ]
     passes = 0
+    phases: dict[str, float] = {}  # where the integrator's time went (controlplane.timing marks)
     commits: list[tuple[float, int]] = []
     busy = 0.0
     for proc in procs:
@@ -153,9 +155,12 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
                 commits.append(item)
         if behind():
             t0 = time.perf_counter()
-            tasks.integrate_tenant(tenant.pk)
+            with timing.collecting() as marked:
+                tasks.integrate_tenant(tenant.pk)
             busy += time.perf_counter() - t0
             passes += 1
+            for name, seconds in marked.items():
+                phases[name] = phases.get(name, 0.0) + seconds
     ingest_end = max(when for when, _ in commits)
     for proc in procs:
         proc.join()
@@ -195,6 +200,12 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
             "p95": round(_pct(lags, 0.95), 1),
             "max": round(max(lags) * 1000, 1),
         },
+        # Each pass: seal_pass (seal_find, seal_read, seal_compute, seal_append, which holds the
+        # append's own rows/insert_payloads/projection_*/insert_locked), then integrate (per
+        # round: read_leaves, compute_nodes, consistency, write_nodes, sign; the rest is locking
+        # and commit). Nested phases overlap their parents; shares are of the busy time.
+        "integrator_phases_share": {name: round(seconds / busy, 3) for name, seconds in phases.items()},
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "note": "ingest in separate processes, integrator (integrate, seal, sign; coalesced) in one; "
         "lag = batch commit -> first signed checkpoint covering its last leaf",
     }

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -23,6 +23,7 @@ from sagaplane import merkle, note
 
 from audit.jsonvalues import index_text
 from audit.services import append_server_record
+from controlplane import timing
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from tenants.models import Tenant
@@ -37,11 +38,10 @@ from transparency.models import (
     TreeState,
 )
 from transparency.proofs import StoredNodes
-from transparency.sources import LeafRecord
 
 log = logging.getLogger(__name__)
 
-SEAL_EVENT = "SAGA_SEALED"
+SEAL_EVENT = sources.SEAL_EVENT
 # One integration appends at most settings.SAGAPLANE_INTEGRATION_CHUNK_LEAVES leaves, so a
 # backlog is worked off in bounded transactions (each still signs a checkpoint) instead of one
 # lock held for minutes, and a worker asked to stop can stop between two.
@@ -228,53 +228,62 @@ def _extend_and_sign(
     except merkle.MerkleError as exc:
         raise IntegrationRefused(f"stored tree state is malformed: {exc}") from exc
     nodes = StoredNodes()
-    frontier = merkle.perfect_subtrees(0, state.size)
-    nodes.prefetch(frontier)
-    try:
-        stored_frontier = [nodes.subtree_hash(level, index) for level, index in frontier]
-    except merkle.TreeRangeError as exc:
-        raise IntegrationRefused(f"stored tree nodes are incomplete: {exc}") from exc
-    if tuple(stored_frontier) != compact.hashes:
-        raise IntegrationRefused("stored tree state disagrees with the stored tree nodes")
-
-    leaves = sources.leaf_hashes(tenant, state.size, target)
+    with timing.phase("read_leaves"):  # and the stored frontier they extend
+        frontier = merkle.perfect_subtrees(0, state.size)
+        nodes.prefetch(frontier)
+        try:
+            stored_frontier = [nodes.subtree_hash(level, index) for level, index in frontier]
+        except merkle.TreeRangeError as exc:
+            raise IntegrationRefused(f"stored tree nodes are incomplete: {exc}") from exc
+        if tuple(stored_frontier) != compact.hashes:
+            raise IntegrationRefused("stored tree state disagrees with the stored tree nodes")
+        leaves = sources.leaf_hashes(tenant, state.size, target)
     if len(leaves) != target - state.size or any(len(h) != merkle.HASH_SIZE for h in leaves):
         raise IntegrationRefused(f"leaves {state.size}..{target} are not contiguous 32-byte hashes")
-    new_nodes = compact.extend(leaves)
-    nodes.add(new_nodes)
-    root = compact.root()
+    with timing.phase("compute_nodes"):
+        new_nodes = compact.extend(leaves)
+        nodes.add(new_nodes)
+        root = compact.root()
 
     if last is not None:
-        # Trust the note that clients saw, not a column that could have been edited.
-        try:
-            previous = note.open_checkpoint(last.note, verifiers(), origin)
-        except note.NoteError as exc:
-            raise IntegrationRefused(f"the last checkpoint does not verify: {exc}") from exc
-        if previous.size > target:
-            raise IntegrationRefused(f"the last checkpoint has {previous.size} leaves, more than {target}")
-        try:
-            if previous.size == target:
-                if previous.root_hash != root:
-                    raise merkle.ConsistencyProofError("same size, different root")
-            elif previous.size > 0:
-                # The proof's nodes are the new ones (in memory) and old ones, fetched at once.
-                proof = _planned_proof(nodes, merkle.consistency_proof, previous.size, target)
-                merkle.verify_consistency(previous.size, target, proof, previous.root_hash, root)
-        except merkle.MerkleError as exc:
-            raise IntegrationRefused(
-                f"tree of {target} leaves is not consistent with the checkpoint of {previous.size}: {exc}"
-            ) from exc
+        with timing.phase("consistency"):
+            _check_consistent(nodes, last, origin, target, root)
 
-    treestore.insert_nodes(tenant.pk, new_nodes)
-    _active_key(tenant)
-    signers = _signers()
-    signed = note.sign_checkpoint(note.Checkpoint(origin, target, root), signers)
-    checkpoint = Checkpoint.objects.create(tenant=tenant, size=target, root=root, note=signed)
-    state.size = target
-    state.compact_hashes = b"".join(compact.hashes)
-    state.updated_at = timezone.now()
-    state.save(update_fields=["size", "compact_hashes", "updated_at"])
+    with timing.phase("write_nodes"):
+        treestore.insert_nodes(tenant.pk, new_nodes)
+    with timing.phase("sign"):
+        _active_key(tenant)
+        signers = _signers()
+        signed = note.sign_checkpoint(note.Checkpoint(origin, target, root), signers)
+        checkpoint = Checkpoint.objects.create(tenant=tenant, size=target, root=root, note=signed)
+        state.size = target
+        state.compact_hashes = b"".join(compact.hashes)
+        state.updated_at = timezone.now()
+        state.save(update_fields=["size", "compact_hashes", "updated_at"])
     return checkpoint
+
+
+def _check_consistent(nodes: StoredNodes, last: Checkpoint, origin: str, target: int, root: bytes) -> None:
+    """Refuse unless the tree of `target` leaves (root `root`) extends the last signed checkpoint."""
+    # Trust the note that clients saw, not a column that could have been edited.
+    try:
+        previous = note.open_checkpoint(last.note, verifiers(), origin)
+    except note.NoteError as exc:
+        raise IntegrationRefused(f"the last checkpoint does not verify: {exc}") from exc
+    if previous.size > target:
+        raise IntegrationRefused(f"the last checkpoint has {previous.size} leaves, more than {target}")
+    try:
+        if previous.size == target:
+            if previous.root_hash != root:
+                raise merkle.ConsistencyProofError("same size, different root")
+        elif previous.size > 0:
+            # The proof's nodes are the new ones (in memory) and old ones, fetched at once.
+            proof = _planned_proof(nodes, merkle.consistency_proof, previous.size, target)
+            merkle.verify_consistency(previous.size, target, proof, previous.root_hash, root)
+    except merkle.MerkleError as exc:
+        raise IntegrationRefused(
+            f"tree of {target} leaves is not consistent with the checkpoint of {previous.size}: {exc}"
+        ) from exc
 
 
 def _always() -> bool:
@@ -328,7 +337,17 @@ def tenants_to_integrate() -> list[int]:
 # --------------------------------------------------------------------------- saga seal
 
 
-def exact_saga_id(records: list[LeafRecord], saga_id: str) -> str:
+class SagaRecord(Protocol):
+    """A record of a saga at its leaf: a `sources.LeafRecord`, or the lean `sources.SealInput`."""
+
+    @property
+    def leaf_index(self) -> int: ...
+
+    @property
+    def record(self) -> dict[str, Any]: ...
+
+
+def exact_saga_id(records: Sequence[SagaRecord], saga_id: str) -> str:
     """The saga id as its records carry it. `saga_id` is the index copy the projection and the
     URLs use (audit.jsonvalues: a NUL in an id becomes U+FFFD there); seals and disclosures name
     the exact id, which is what a verifier compares with each record's `saga_id`."""
@@ -339,7 +358,7 @@ def exact_saga_id(records: list[LeafRecord], saga_id: str) -> str:
     return saga_id
 
 
-def _seal_fields(records: list[LeafRecord], saga_id: str) -> tuple[dict[str, Any], bool]:
+def _seal_fields(records: Sequence[SagaRecord], saga_id: str) -> tuple[dict[str, Any], bool]:
     """(the seal a saga needs now, whether its latest seal already says exactly that)."""
     own = [r for r in records if r.record.get("event") != SEAL_EVENT]
     seals = [r for r in records if r.record.get("event") == SEAL_EVENT]
@@ -358,6 +377,9 @@ def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | N
     record no longer matches it. Idempotent: None when the latest seal is already current; a
     record about the saga that arrives after its seal gets a fresh seal."""
     with tenant_context(tenant):
+        # Under the tree lock like the seal pass: every seal is computed from a read made while the
+        # seal watermark was below the records it missed (see `sources.terminal_sagas_touched`).
+        _locked_state(tenant)
         records = sources.saga_records(tenant, saga_id)
         if not records:
             raise LookupError(f"saga {saga_id!r} has no records")
@@ -368,24 +390,26 @@ def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | N
         return fields
 
 
-# Sagas whose records one statement reads during a seal pass.
-_SEAL_READ_SAGAS = 500
-
-
 def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
     """Seal every saga that has a record among leaves [start, end) and is in a terminal state.
 
-    In bulk: the records of up to `_SEAL_READ_SAGAS` sagas per statement, and every seal the pass
-    needs appended to the server stream as one batch (one lock, one walk, one set-based store),
-    not one read and one append per saga. What each seal says is `seal_saga`'s rule."""
+    In bulk: the sagas' records read by leaf range (`sources.seal_inputs`), and every seal the
+    pass needs appended to the server stream as one batch (one lock, one set-based store), not
+    one read and one append per saga. What each seal says is `seal_saga`'s rule."""
+    return _seal_stretch(tenant, start, end)[0]
+
+
+def _seal_stretch(tenant: Tenant, start: int, end: int) -> tuple[list[str], int | None]:
+    """`seal_terminal_sagas`, and the leaf index of the first seal appended (None: none was)."""
     with tenant_context(tenant):
-        saga_ids = sources.terminal_sagas_touched(tenant, start, end)
+        with timing.phase("seal_find"):
+            sagas = sources.terminal_sagas_touched(tenant, start, end)
+        with timing.phase("seal_read"):
+            by_saga = sources.seal_inputs(tenant, sagas, start, end) if sagas else {}
         sealed: list[str] = []
         seals: list[tuple[str, dict[str, Any]]] = []
-        for first in range(0, len(saga_ids), _SEAL_READ_SAGAS):
-            chunk = saga_ids[first : first + _SEAL_READ_SAGAS]
-            by_saga = sources.seal_inputs(tenant, chunk, SEAL_EVENT)
-            for saga_id in chunk:
+        with timing.phase("seal_compute"):
+            for saga_id in sagas:
                 records = by_saga.get(saga_id)
                 if not records:
                     continue
@@ -393,9 +417,11 @@ def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
                 if not current:
                     sealed.append(saga_id)
                     seals.append((SEAL_EVENT, fields))
-        if seals:
-            sources.append_server_records(tenant, seals, actor=SEAL_ACTOR)
-        return sealed
+        if not seals:
+            return sealed, None
+        # The append's own phases (rows, insert_payloads, projection_*, insert_locked) nest inside.
+        with timing.phase("seal_append"):
+            return sealed, sources.append_server_records(tenant, seals, actor=SEAL_ACTOR)
 
 
 # One seal pass looks at most this many integrated leaves, so catching up on a long unsealed
@@ -403,32 +429,41 @@ def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
 SEAL_PASS_LEAVES = 50_000
 
 
-def seal_pass(tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES) -> tuple[list[str], bool]:
-    """Seal the sagas finished by integrated leaves past the tenant's seal watermark, then move
-    the watermark: (saga ids sealed, whether the watermark has reached the integrated size).
+def seal_pass(tenant: Tenant, *, max_leaves: int | None = None) -> tuple[list[str], bool]:
+    """Seal the sagas finished by leaves past the tenant's seal watermark, then move the
+    watermark: (saga ids sealed, whether the watermark has reached the log's size).
+
+    The watermark follows the log, not the tree: a pass seals what has been accepted, before it
+    is integrated, so the integrator's next round signs the records and their seals under one
+    checkpoint (it used to sign the records, seal them, then sign again for the seals). When the
+    seals landed right at the watermark (no ingest committed in between) it moves over them too:
+    they are current by construction, and nothing else is left to look at.
 
     Self-healing by construction: the watermark (`TreeState.sealed_size`) moves in the same
-    transaction as the seals it vouches for, so a crash anywhere between signing a checkpoint and
-    committing its seals leaves the watermark behind and the next pass (the 1 s beat) redoes the
-    stretch. Re-running is harmless: `seal_saga` appends nothing when the latest seal is current.
-    Only sagas with a record in the stretch are looked at; a saga can only become finished, or
-    outgrow its seal, through a new record, so nothing before the watermark needs a second look."""
+    transaction as the seals it vouches for, so a crash anywhere before that commit leaves the
+    watermark behind and the next pass (the 1 s beat) redoes the stretch. Re-running is harmless:
+    `seal_saga`'s rule appends nothing when the latest seal is current. Only sagas with a record
+    in the stretch are looked at; a saga can only become finished, or outgrow its seal, through a
+    new record, so nothing before the watermark needs a second look."""
     with tenant_context(tenant):
         # The TreeState lock serialises seal passes (and the integrator) per tenant.
-        state = TreeState.objects.select_for_update().filter(tenant=tenant).first()
-        if state is None or state.sealed_size >= state.size:
+        state = _locked_state(tenant)
+        size = sources.log_size(tenant)
+        if state.sealed_size >= size:
             return [], True
-        start, end = state.sealed_size, min(state.size, state.sealed_size + max_leaves)
-        sealed = seal_terminal_sagas(tenant, start, end)
+        start, end = state.sealed_size, min(size, state.sealed_size + (max_leaves or SEAL_PASS_LEAVES))
+        sealed, first_seal = _seal_stretch(tenant, start, end)
+        if first_seal == end:
+            end += len(sealed)
         TreeState.objects.filter(pk=state.pk).update(sealed_size=end)
-        return sealed, end >= state.size
+        return sealed, end >= size
 
 
 def seal_pending(
-    tenant: Tenant, *, max_leaves: int = SEAL_PASS_LEAVES, keep_going: Callable[[], bool] = _always
+    tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = _always
 ) -> list[str]:
-    """Seal passes until the watermark reaches the integrated size (or `keep_going()`, asked
-    between passes, says stop); the saga ids sealed."""
+    """Seal passes until the watermark reaches the log's size as a pass read it (or
+    `keep_going()`, asked between passes, says stop); the saga ids sealed."""
     sealed: list[str] = []
     done = False
     while not done and keep_going():
@@ -438,7 +473,8 @@ def seal_pending(
 
 
 def tenants_to_seal() -> list[int]:
-    """Ids of tenants with integrated leaves the seal pass has not looked at yet."""
+    """Ids of tenants with integrated leaves the seal pass has not looked at yet (accepted leaves
+    not integrated yet are `tenants_to_integrate`'s, and a call of the integrator seals them too)."""
     return cross_tenant.tenants_to_seal()
 
 

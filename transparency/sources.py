@@ -22,7 +22,7 @@ from django.db.models import Max, Min
 from sagaplane.leaf import leaf_data
 
 from audit import services as audit_services
-from audit.models import SERVER_STREAM_ID, Record, TenantLog
+from audit.models import SERVER_STREAM_ID, Record, RecordPayload, Stream, TenantLog
 from sagas.models import TERMINAL_STATUSES, Saga
 from tenants.models import Tenant
 
@@ -121,34 +121,88 @@ def saga_records(tenant: Tenant, saga_id: str) -> list[LeafRecord]:
     return [_as_leaf(row) for row in _rows().filter(saga_id=saga_id)]
 
 
-def seal_inputs(tenant: Tenant, saga_ids: list[str], seal_event: str) -> dict[str, list[LeafRecord]]:
-    """What a seal pass reads of several sagas, with one statement: {saga id: its records in leaf
-    order}, each `record` holding only what a seal is computed from (`event`, `_h`, and the
-    payload fields of earlier seals, or of every record of a saga whose id's index copy is not
-    exact), not the whole stored record: building 90,000 model instances per pass was most of it.
-    An erased payload reads as absent, as in `stored_record`."""
-    out: dict[str, list[LeafRecord]] = {}
-    rows = (
-        Record.objects.filter(saga_id__in=saga_ids)
-        .order_by("leaf_index")
-        .values_list(
-            "leaf_index",
-            "stream__stream_id",
-            "position",
-            "h",
-            "event",
-            "saga_id",
-            "leaf_hash",
-            "payload__fields_json",
-        )
-    )
-    for leaf_index, stream_id, position, h, event, saga_id, digest, fields_json in rows:
-        record: dict[str, Any] = {}
-        if fields_json is not None and (event == seal_event or "\ufffd" in saga_id):
-            record.update(json.loads(fields_json))
-        record.update(event=event, _h=h)
-        out.setdefault(saga_id, []).append(LeafRecord(leaf_index, stream_id, position, record, bytes(digest)))
+# What the integrator appends to the server stream when a saga ends (transparency.services).
+SEAL_EVENT = "SAGA_SEALED"
+
+
+@dataclass(frozen=True, slots=True)
+class SealInput:
+    """One record of a saga as a seal is computed from it: its leaf, and `record` holding only
+    `event`, `_h` and (for an earlier seal, or any record of a saga whose id's index copy is not
+    exact) the payload fields."""
+
+    leaf_index: int
+    record: dict[str, Any]
+
+
+# A seal pass reads the records of the sagas it seals by one leaf range, over those whose records
+# all lie within this many leaves of its stretch (a saga that started long before it, or reaches
+# far past it, is read by saga id instead).
+SEAL_RANGE_SLACK = 50_000
+# A saga's (first, last) leaf index as the projection holds them (None: not known).
+Span = tuple[int | None, int | None]
+# Sagas whose records one statement reads by saga id.
+_SEAL_READ_SAGAS = 500
+
+
+def seal_inputs(tenant: Tenant, sagas: dict[str, Span], start: int, end: int) -> dict[str, list[SealInput]]:
+    """What a seal pass over leaves [start, end) reads of the sagas it may seal ({saga id: its
+    span}): {saga id: its records in leaf order}. Header columns only, the payload JSON only
+    where a seal needs it (earlier seals, and sagas whose id's index copy is not exact). An
+    erased payload reads as absent.
+
+    Most of a pass's sagas lie within or just around its stretch: their records are read by one
+    scan of the leaf range their spans cover (the (tenant, leaf_index) index, which the planner
+    picks whatever its statistics say; by saga id it preferred scanning the whole tenant while a
+    fresh tenant's statistics were stale, every pass). A saga's span is the projection's,
+    maintained with its records under the tenant log lock, in leaf order: no record of the saga
+    read with it lies outside it (one committed since lies past the seal watermark, and a later
+    pass seals it). Other sagas (and any without a span) are read by saga id."""
+    near: dict[str, tuple[int, int]] = {
+        saga_id: (first, last)
+        for saga_id, (first, last) in sagas.items()
+        if first is not None
+        and last is not None
+        and first >= start - SEAL_RANGE_SLACK
+        and last < end + SEAL_RANGE_SLACK
+    }
+    far = sorted(set(sagas) - set(near))
+    found: dict[str, list[tuple[int, int, str, str]]] = {}  # saga id: (pk, leaf, _h, event)
+    if near:
+        lowest = min(first for first, _ in near.values())
+        highest = max(last for _, last in near.values())
+        in_range = Record.objects.filter(leaf_index__gte=lowest, leaf_index__lte=highest).exclude(saga_id="")
+        _read_headers(in_range, set(near), found)
+    for first in range(0, len(far), _SEAL_READ_SAGAS):
+        chunk = far[first : first + _SEAL_READ_SAGAS]
+        _read_headers(Record.objects.filter(saga_id__in=chunk), set(chunk), found)
+    # Payloads only where a seal is computed from them: every record of a saga whose id's index
+    # copy is not exact (the exact id is in the payload), and a saga's latest seal when no record
+    # of the saga follows it (then it may be current; a seal lists only records before it, so one
+    # followed by a record is stale without reading it). Under sustained ingest, hardly any.
+    wanted: list[int] = []
+    for saga_id, rows in found.items():
+        if "\ufffd" in saga_id:
+            wanted.extend(pk for pk, _, _, _ in rows)
+        elif rows[-1][3] == SEAL_EVENT:
+            wanted.append(rows[-1][0])
+    payloads = dict(RecordPayload.objects.filter(record_id__in=wanted).values_list("record", "fields_json"))
+    out: dict[str, list[SealInput]] = {}
+    for saga_id, rows in found.items():
+        inputs = out[saga_id] = []
+        for pk, leaf_index, h, event in rows:
+            stored = payloads.get(pk)
+            record: dict[str, Any] = json.loads(stored) if stored is not None else {}
+            record.update(event=event, _h=h)
+            inputs.append(SealInput(leaf_index, record))
     return out
+
+
+def _read_headers(records: Any, wanted: set[str], out: dict[str, list[tuple[int, int, str, str]]]) -> None:
+    rows = records.order_by("leaf_index").values_list("saga_id", "pk", "leaf_index", "h", "event")
+    for saga_id, pk, leaf_index, h, event in rows:
+        if saga_id in wanted:
+            out.setdefault(saga_id, []).append((pk, leaf_index, h, event))
 
 
 def leaf_range_for_time(tenant: Tenant, since: datetime | None, until: datetime | None) -> tuple[int, int]:
@@ -164,19 +218,26 @@ def leaf_range_for_time(tenant: Tenant, since: datetime | None, until: datetime 
     return bounds["first"], bounds["last"] + 1
 
 
-def terminal_sagas_touched(tenant: Tenant, start: int, end: int) -> list[str]:
-    """Sagas with a record in leaves [start, end) whose projected status is terminal."""
-    touched = (
-        Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end)
-        .exclude(saga_id="")
-        .values_list("saga_id", flat=True)
-        .distinct()
+def terminal_sagas_touched(tenant: Tenant, start: int, end: int) -> dict[str, Span]:
+    """Sagas with a record in leaves [start, end) whose projected status is terminal, with their
+    spans, in saga id order. The server's own seals do not count as
+    touching their saga: a seal lists the saga's records and is not one of them, so it cannot make
+    a seal stale, and every seal is computed under the tree lock from records read while the seal
+    watermark was below them (so a record a seal missed is past the watermark and brings its saga
+    back by itself). Counting them made every pass re-read every saga the previous pass sealed."""
+    server = Stream.objects.filter(stream_id=SERVER_STREAM_ID).values_list("pk", flat=True).first()
+    touched = Record.objects.filter(leaf_index__gte=start, leaf_index__lt=end).exclude(saga_id="")
+    if server is not None:
+        touched = touched.exclude(event=SEAL_EVENT, stream_id=server)
+    saga_ids = list(touched.values_list("saga_id", flat=True).distinct())
+    # Two statements, not one with a subquery: with a fresh tenant's statistics missing, the
+    # planner once ran that subquery per saga (minutes for one pass).
+    rows = (
+        Saga.objects.filter(saga_id__in=saga_ids, status__in=list(TERMINAL_STATUSES))
+        .order_by("saga_id")
+        .values_list("saga_id", "first_leaf_index", "last_leaf_index")
     )
-    return sorted(
-        Saga.objects.filter(saga_id__in=list(touched), status__in=list(TERMINAL_STATUSES)).values_list(
-            "saga_id", flat=True
-        )
-    )
+    return {saga_id: (first, last) for saga_id, first, last in rows}
 
 
 def server_stream_id() -> str:
@@ -189,6 +250,7 @@ def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, 
     audit_services.append_server_record(tenant, event, fields, actor=actor)
 
 
-def append_server_records(tenant: Tenant, entries: list[tuple[str, dict[str, Any]]], *, actor: str) -> None:
-    """Append several chained records (event, fields) to the server stream as one batch."""
-    audit_services.append_server_records(tenant, entries, actor=actor)
+def append_server_records(tenant: Tenant, entries: list[tuple[str, dict[str, Any]]], *, actor: str) -> int:
+    """Append several chained records (event, fields) to the server stream as one batch; the
+    first one's leaf index (the rest follow it contiguously)."""
+    return audit_services.append_server_records(tenant, entries, actor=actor).rows[0].leaf_index

@@ -9,6 +9,7 @@ import uuid
 from celery import shared_task
 from django.core.cache import cache
 
+from controlplane import timing
 from controlplane.celery import keep_going
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -105,10 +106,10 @@ def _integrated_size(tenant: Tenant) -> int:
 
 @shared_task(name="transparency.integrate_tenant", ignore_result=True)
 def integrate_tenant(tenant_id: int) -> int:
-    """Integrate the tenant's new leaves and sign, then seal the sagas they finished (the seals
-    are leaves too, so integrate and sign them at once). Sealing runs off the tenant's seal
-    watermark, not this call's growth: a crash between signing and sealing is healed by the next
-    call, which the beat makes (`integrate_grown_tenants`). Returns the signed size.
+    """Seal the sagas the tenant's new leaves finished, then integrate the leaves and the seals
+    and sign one checkpoint over both. Sealing runs off the tenant's seal watermark, not this
+    call's growth: a crash between sealing and signing is healed by the next call, which the beat
+    makes (`integrate_grown_tenants`). Returns the signed size.
 
     A worker shutting down stops this between chunks (each committed and signed) and the rest is
     requested again, for the next worker.
@@ -127,8 +128,10 @@ def integrate_tenant(tenant_id: int) -> int:
         try:
             while True:
                 _take_request(tenant_id)
-                _integrate_and_seal(tenant)
-                if not keep_going() or not _requested(tenant_id):
+                backlog = _integrate_and_seal(tenant)
+                # A pass that left work (a backlog past one seal pass) goes again at once, as one
+                # asked for by a request would: not at the next beat.
+                if not keep_going() or not (backlog or _requested(tenant_id)):
                     break
                 _renew(tenant, token)
         finally:
@@ -148,16 +151,19 @@ def integrate_tenant(tenant_id: int) -> int:
     return size
 
 
-def _integrate_and_seal(tenant: Tenant) -> None:
+def _integrate_and_seal(tenant: Tenant) -> bool:
+    """One pass: seal what was accepted past the seal watermark (one bounded seal pass), then
+    integrate everything accepted so far, the seals included, under one checkpoint (a backlog
+    larger than an integration chunk signs one per chunk). Returns whether the seal pass left
+    accepted leaves it has not looked at (a backlog): the caller runs another pass at once."""
     try:
         with hooks.integrator_appending():
-            services.integrate_fully(tenant, keep_going=keep_going)
-            # At most two rounds: the seals' own leaves finish no saga, so the second seal pass
-            # only moves the watermark over them.
-            for _ in range(2):
-                if not keep_going() or not services.seal_pending(tenant, keep_going=keep_going):
-                    break
-                services.integrate_fully(tenant, keep_going=keep_going)
+            with timing.phase("seal_pass"):
+                _, sealed_up = services.seal_pass(tenant)
+            if keep_going():
+                with timing.phase("integrate"):
+                    services.integrate_fully(tenant, keep_going=keep_going)
+            return not sealed_up
     except services.IntegrationRefused:
         # Never sign what cannot be proven; this needs a human, loudly.
         log.critical("transparency log of tenant %s: integration refused", tenant.slug, exc_info=True)

@@ -104,7 +104,7 @@ def test_the_pass_only_reads_leaves_past_the_watermark(
     real = sources.terminal_sagas_touched
     ranges: list[tuple[int, int]] = []
 
-    def spy(tenant: Tenant, start: int, end: int) -> list[str]:
+    def spy(tenant: Tenant, start: int, end: int) -> dict[str, sources.Span]:
         ranges.append((start, end))
         return real(tenant, start, end)
 
