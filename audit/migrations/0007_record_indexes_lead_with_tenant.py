@@ -1,5 +1,5 @@
 # The seal pass reads a saga's records by (tenant, saga_id, leaf_index); no index on the tenant or
-# the saga id alone (issue 16). Also joins the two 0005 migrations.
+# the saga id alone (issue 16).
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -7,8 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0005_pending_server_record"),
-        ("audit", "0005_record_indexes"),
+        ("audit", "0006_record_indexes"),
         ("tenants", "0002_invitation_use"),
     ]
 
