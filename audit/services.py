@@ -648,7 +648,7 @@ def append_server_records(
     with tenant_context(tenant):
         with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
             stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-        result = _chain_after_pending(
+        result, _ = _chain_after_pending(
             tenant, stream, [(event, _business(fields, actor), now) for event, fields in entries]
         )
     _recheck_after_commit(tenant)
@@ -656,17 +656,22 @@ def append_server_records(
 
 
 def _chain_after_pending(
-    tenant: Tenant, stream: Stream, own: list[tuple[str, dict[str, Any], float]]
-) -> IngestResult:
-    """On the locked server stream: every pending row (oldest first, then deleted), then `own`;
-    the result names `own` only."""
-    pending = list(PendingServerRecord.objects.order_by("id"))
+    tenant: Tenant,
+    stream: Stream,
+    own: list[tuple[str, dict[str, Any], float]],
+    *,
+    limit: int | None = None,
+) -> tuple[IngestResult, int]:
+    """On the locked server stream: the pending rows (oldest first, at most `limit`; deleted as
+    they are chained), then `own`. The result names `own` only; beside it, how many pending rows
+    were chained."""
+    pending = list(PendingServerRecord.objects.order_by("id")[:limit])
     result = _chain_onto(tenant, stream, [_entry(row) for row in pending] + own, actor="")
     if pending:
         PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
         result.rows = result.rows[len(pending) :]
         result.accepted -= len(pending)
-    return result
+    return result, len(pending)
 
 
 def queue_server_records(
@@ -756,12 +761,7 @@ def _flush_pending(tenant: Tenant, *, wait: bool, before: float | None = None) -
         stream = _try_lock_server_stream(tenant)
     if stream is None:  # held: the holder re-checks once it commits
         return 0
-    pending = list(PendingServerRecord.objects.order_by("id")[:FLUSH_BATCH])
-    if not pending:
-        return 0
-    _chain_onto(tenant, stream, [_entry(row) for row in pending], actor="")
-    PendingServerRecord.objects.filter(pk__in=[row.pk for row in pending]).delete()
-    return len(pending)
+    return _chain_after_pending(tenant, stream, [], limit=FLUSH_BATCH)[1]
 
 
 def _try_lock_server_stream(tenant: Tenant) -> Stream | None:

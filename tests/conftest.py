@@ -7,7 +7,8 @@ service they skip on a laptop, but under CI=true they fail: CI must never go gre
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -160,6 +161,32 @@ def server_stream(tenant: Tenant) -> list[dict[str, Any]]:
         payloads = {p.record_id: p for p in RecordPayload.objects.filter(record__in=rows)}
         erased = dict(Redaction.objects.values_list("record_id", "reason"))
         return [stored_record(r, payloads.get(r.pk), erased.get(r.pk)) for r in rows]
+
+
+def at_once(call: Callable[[Any], Any], args: Iterable[Any], patience_s: float = 60.0) -> list[Any]:
+    """`call(arg)` for every arg, each in its own thread (and database connection, closed after),
+    all released together: what each returned or raised, in the order of `args`. Fails when a
+    thread is still running after `patience_s` (a deadlock is a failure, not a hang)."""
+    args = list(args)
+    barrier = threading.Barrier(len(args))
+    outcomes: list[Any] = [None] * len(args)
+
+    def run(n: int) -> None:
+        try:
+            barrier.wait(patience_s)
+            outcomes[n] = call(args[n])
+        except BaseException as exc:  # handed to the test: a thread's exception is not a pass
+            outcomes[n] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(args))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(patience_s)
+    assert not any(thread.is_alive() for thread in threads)
+    return outcomes
 
 
 def make_person(tenant: Tenant, name: str, role: str) -> Person:

@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from audit import services
 from audit.models import Record, Stream, TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from tests.audit.chains import chain, saga_records
+from tests.conftest import at_once
 
 pytestmark = [pytest.mark.postgres]
 
 
 def _race(tenant: Tenant, batches: list[list[dict[str, Any]]], stream_id: str) -> list[Any]:
-    barrier = threading.Barrier(len(batches))
-    outcomes: list[Any] = [None] * len(batches)
-
-    def run(n: int) -> None:
-        try:
-            barrier.wait()
-            outcomes[n] = services.ingest(tenant, stream_id, batches[n], actor="test")
-        except services.IngestRefused as exc:
-            outcomes[n] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(batches))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
+    """Each batch sent at once: what each ingest returned or raised (IngestRefused), in order."""
+    return at_once(lambda batch: services.ingest(tenant, stream_id, batch, actor="test"), batches)
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -79,25 +62,10 @@ def test_leaf_indices_stay_contiguous_across_concurrent_streams(
     batches = [chain(saga_records(steps=2)) for _ in range(streams)]
     with tenant_context(tenant_a):
         held = TenantLog.objects.get().size  # the server stream's records of the tenant's creation
-    barrier = threading.Barrier(streams)
-    results: list[Any] = [None] * streams
-    errors: list[BaseException] = []
-
-    def run(n: int) -> None:
-        try:
-            barrier.wait(30)
-            results[n] = services.ingest(tenant_a, f"par-{n}", batches[n], actor="test")
-        except BaseException as exc:  # asserted below: a thread's exception is not a pass
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(streams)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not any(thread.is_alive() for thread in threads)
+    results = at_once(
+        lambda n: services.ingest(tenant_a, f"par-{n}", batches[n], actor="test"), range(streams)
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors
     assert [(r.accepted, r.duplicates) for r in results] == [(len(b), 0) for b in batches]
     total = sum(len(b) for b in batches)

@@ -6,12 +6,10 @@ appender failed after its commit keeps its evidence pending until a later pass c
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from typing import Any
 
 import pytest
-from django.db import connection
 from sagaplane.chain import verify_chain
 
 from audit import services as audit_services
@@ -20,7 +18,7 @@ from recovery.models import Job, JobState
 from sagas.models import Saga, SagaStatus
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import server_stream
+from tests.conftest import at_once, server_stream
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.transparency.conftest import Writer
 
@@ -49,25 +47,8 @@ def test_concurrent_single_results_each_land_once_with_their_evidence(
         crashed(writer, f"c{n}", steps=1)
     assert sweep_later(tenant_a)["taken_over"] == sagas
     jobs = claimed(tenant_a, sagas)
-    barrier = threading.Barrier(sagas)
-    errors: list[BaseException] = []
-
-    def report(job: Job) -> None:
-        try:
-            barrier.wait(30)
-            services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
-        except BaseException as exc:  # asserted below: a thread's exception is not a pass
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=report, args=(job,)) for job in jobs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not any(thread.is_alive() for thread in threads)
-    assert not errors, errors
+    outcomes = at_once(lambda job: services.complete(tenant_a, job.pk, token=job.epoch, actor="test"), jobs)
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
     with tenant_context(tenant_a):
         assert Job.objects.filter(state=JobState.COMPENSATED).count() == sagas
     # Re-checks are bounded: what a burst leaves pending is the sweep's (it chains all of it).
