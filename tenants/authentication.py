@@ -19,7 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -159,6 +159,21 @@ def _note_use(api_key: ApiKey, tenant: Tenant) -> None:
         with tenant_context(tenant):
             ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now
+        _remember_use(api_key.prefix, now)
+
+
+def _remember_use(prefix: str, when: datetime) -> None:
+    """Note the write on this process's remembered rows too. Requests are served from copies of
+    them: had only the copy noted it, every request until the row was next read (the cache window)
+    wrote last_used_at again -- an UPDATE per request for the first seconds of each key, then again
+    for a window each minute (seen: 860 of 1,000 proof requests with a fresh key)."""
+    entry = _checked.get(prefix)
+    if entry is not None:
+        entry[2].last_used_at = when
+    with _held_lock:
+        held = _held.get(prefix)
+    if held is not None:
+        held.api_key.last_used_at = when
 
 
 def remembered_key(raw_key: str) -> tuple[ApiKey, Tenant] | None:

@@ -160,3 +160,15 @@ def test_a_remembered_key_still_needs_its_secret_and_expires_on_time(alice: Pers
     until, digest, remembered, tenant = authentication._checked[prefix or ""]
     remembered.expires_at = timezone.now() - timedelta(seconds=1)  # expiry is checked every time
     assert _status_and_code(client) == (401, "expired_api_key")
+
+
+def test_a_key_notes_its_use_once_a_minute_not_on_every_request(alice: Person) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = alice.key_client()
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(6):  # the first reads the key; the others are served from what it read
+            assert _status_and_code(client)[0] == 200
+    writes = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "tenants_apikey" SET "last_used_at"')]
+    assert len(writes) == 1, writes
