@@ -22,6 +22,7 @@ from controlplane.errors import DomainError, per_item
 from controlplane.schema import ErrorSerializer
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
+from tenants.models import Tenant
 from tenants.permissions import TenantScopedViewMixin
 
 POLL_S = 0.1
@@ -63,9 +64,16 @@ class ClaimView(TenantScopedViewMixin, APIView):
     "lease_s"? (1-300, default 30), "wait"? (0-25 s), "max_jobs"? (1-100)}` → `{"job": {...
     "token"} | null}`, and with `max_jobs` also `"jobs": [...]` (up to that many, each with its
     own token). Waits up to `wait` seconds for one; no transaction or connection is held while
-    waiting."""
+    waiting.
+
+    `"results"?` (the shape of `POST /recovery/results`) reports the worker's finished jobs in the
+    same request: they are recorded first, in their own transaction, once (not again on each pass
+    of the long-poll), and answered as `"results": [...]` beside the claim. A worker that runs one
+    job at a time thus pays one request per job instead of two, and the older step its result
+    unlocks is claimable by the same request."""
 
     access = {"POST": RECOVER}
+    _reported: list[dict[str, Any]] | None = None  # the results' answers, from the first pass
 
     @extend_schema(
         operation_id="recovery_claim",
@@ -77,6 +85,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
                 "lease_s": serializers.FloatField(required=False),
                 "wait": serializers.FloatField(required=False),
                 "max_jobs": serializers.IntegerField(required=False),
+                "results": serializers.ListField(child=serializers.DictField(), required=False),
             },
         ),
         responses={
@@ -85,14 +94,19 @@ class ClaimView(TenantScopedViewMixin, APIView):
                 {
                     "job": serializers.JSONField(allow_null=True),
                     "jobs": serializers.ListField(child=serializers.JSONField(), required=False),
+                    "results": serializers.ListField(child=serializers.DictField(), required=False),
                 },
-            )
+            ),
+            400: ErrorSerializer,
         },
     )
     def post(self, request: Request) -> Response:
         data = _body(request)
         handlers = _handlers(data.get("handlers"))
         worker = _worker_name(data.get("worker")) or self.actor
+        if "results" in data and self._reported is None:
+            services.check_claim_terms(lease_s=data.get("lease_s"), max_jobs=data.get("max_jobs"))
+            self._reported = _report(self.tenant, data["results"], actor=self.actor)
         jobs = services.claim_many(
             self.tenant,
             worker=worker,
@@ -104,6 +118,8 @@ class ClaimView(TenantScopedViewMixin, APIView):
         answer: dict[str, Any] = {"job": shown[0] if shown else None}
         if "max_jobs" in data:
             answer["jobs"] = shown
+        if self._reported is not None:
+            answer["results"] = self._reported
         return Response(answer)
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -192,11 +208,13 @@ class ResultsView(TenantScopedViewMixin, APIView):
     )
     def post(self, request: Request) -> Response:
         data = _body(request)
-        results = data.get("results")
-        outcomes = services.report_many(self.tenant, results, actor=self.actor)
-        return Response(
-            {"results": per_item(results, outcomes, lambda job: {"id": str(job.pk), "state": job.state})}
-        )
+        return Response({"results": _report(self.tenant, data.get("results"), actor=self.actor)})
+
+
+def _report(tenant: Tenant, results: Any, *, actor: str) -> list[dict[str, Any]]:
+    """Record a worker's results (`services.report_many`): each item's answer, in order."""
+    outcomes = services.report_many(tenant, results, actor=actor)
+    return per_item(results, outcomes, lambda job: {"id": str(job.pk), "state": job.state})
 
 
 class HeartbeatView(TenantScopedViewMixin, APIView):

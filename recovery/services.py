@@ -512,6 +512,12 @@ def _claim_batch_size(value: Any) -> int:
     return value
 
 
+def check_claim_terms(*, lease_s: Any, max_jobs: Any) -> None:
+    """Refuse a claim's malformed terms (400) before anything its request carries is recorded."""
+    _lease_seconds(lease_s)
+    _claim_batch_size(max_jobs)
+
+
 def claim(
     tenant: Tenant,
     *,
@@ -675,6 +681,10 @@ def _complete_locked(
         job = jobs.get(job_id)
         if job is None:
             outcomes.append(RecoveryError(404, "not_found", "no such recovery job"))
+        elif job.state == JobState.COMPENSATED and job.epoch == token:
+            # A completion sent again with the token that recorded it (its answer was lost, or a
+            # claim that carried it is retried): the same answer, nothing recorded twice.
+            outcomes.append(job)
         elif job.state != JobState.CLAIMED or job.epoch != token or job.pk in good:
             outcomes.append(_stale(token))
         else:

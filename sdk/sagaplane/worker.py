@@ -50,6 +50,15 @@ MAX_REPORT_BATCH = 500  # ... and on one results request
 IDLE_CLAIM_S = 0.25  # with jobs in hand and none to claim: ask again after this, or sooner
 
 
+_Result = tuple[dict[str, Any], str, dict[str, Any]]
+"""A finished job: the job as claimed, "complete" or "fail", and the body to report."""
+
+
+def _result_item(job: dict[str, Any], what: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One result as the batch routes take it."""
+    return {"id": str(job["id"]), "token": job["token"], "ok": what == "complete", **body}
+
+
 @dataclass
 class Outcome:
     """What became of one claimed job, as the worker saw it."""
@@ -107,6 +116,15 @@ class Worker:
 
     def claim_many(self, max_jobs: int, wait_s: float | None = None) -> list[dict[str, Any]]:
         """Claim up to `max_jobs` jobs in one request (waiting up to `wait_s` for the first)."""
+        jobs, _ = self._claim(max_jobs, wait_s, [])
+        return jobs
+
+    def _claim(
+        self, max_jobs: int, wait_s: float | None, results: list[_Result]
+    ) -> tuple[list[dict[str, Any]], list[Any] | None]:
+        """Claim (as `claim_many`), sending `results` in the same request: the jobs, and the
+        results' answers in order -- None when the control plane did not take them (an older one
+        ignores the field; a refusal), so that they must be sent on their own."""
         names = self.handler_names()
         if not names:
             raise RuntimeError("no compensators registered: import your @sp.compensator module first")
@@ -118,16 +136,22 @@ class Worker:
         }
         if max_jobs > 1:
             body["max_jobs"] = min(max_jobs, MAX_CLAIM_BATCH)
+        if results:
+            body["results"] = [_result_item(*result) for result in results]
         response = self.client.post(CLAIM_PATH, body)
         self.client.check_auth(response)
+        if results and 400 <= response.status < 500 and response.status != 429:
+            return [], None  # not recorded (a 4xx changes nothing): they go on their own route
         if not response.ok:
             raise TransportError(f"claim refused: HTTP {response.status} {response.error_code}")
         data = response.body if isinstance(response.body, dict) else {}
+        answers = data.get("results")
+        taken = answers if isinstance(answers, list) and len(answers) == len(results) else None
         jobs = data.get("jobs")
         if isinstance(jobs, list):
-            return [job for job in jobs if isinstance(job, dict)]
+            return [job for job in jobs if isinstance(job, dict)], taken
         job = data.get("job")
-        return [job] if isinstance(job, dict) else []
+        return ([job] if isinstance(job, dict) else []), taken
 
     def run_once(self, wait_s: float | None = None) -> Outcome | None:
         """Claim one job (waiting up to `wait_s`), run it and report it. None when none came."""
@@ -139,21 +163,48 @@ class Worker:
         return outcome
 
     def run(self, *, max_jobs: int | None = None) -> int:
-        """Until `stop()` (or `max_jobs` done): returns how many jobs it ran."""
+        """Until `stop()` (or `max_jobs` done): returns how many jobs it ran.
+
+        One job at a time, a job's result rides on the claim for the next one (one request per
+        job, not two); the control plane records it before it claims, so the older step it
+        unlocks can come back in the same answer. A claim that fails is sent again with the same
+        result (its token makes a repeat harmless); the last result goes on its own route."""
         if self.concurrency > 1:
             return self._run_pool(max_jobs)
         done = 0
+        pending: list[_Result] = []
         backoff = Backoff(self._stop, logger, "recovery worker")
-        while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
-            try:
-                outcome = self.run_once()
-            except TransportError as exc:
-                backoff.wait(exc)
-                continue
-            backoff.reset()
-            if outcome is not None:
-                done += 1
+        try:
+            while not self._stop.is_set() and (max_jobs is None or done < max_jobs):
+                try:
+                    jobs, answers = self._claim(1, None, pending)
+                except TransportError as exc:
+                    backoff.wait(exc)
+                    continue
+                backoff.reset()
+                if answers is None:
+                    self._report_alone(pending)
+                else:
+                    self._record_answers(pending, answers)
+                pending = []
+                if jobs:
+                    pending = [self._run_job(jobs[0])]
+                    done += 1
+        finally:
+            self._report_alone(pending)
         return done
+
+    def _report_alone(self, results: list[_Result]) -> None:
+        for job, what, body in results:
+            self._record(self._report(job, what, body))
+
+    def _record_answers(self, results: list[_Result], answers: list[Any]) -> None:
+        """Each result's outcome from its answer on a batch route (`{"id", "state"}` or
+        `{"id", "error", "detail"}`)."""
+        for (job, what, body), answer in zip(results, answers, strict=True):
+            code = str(answer.get("error") or "") if isinstance(answer, dict) else "malformed"
+            status = {"": 200, "stale_token": 409, "not_found": 404}.get(code, 400)
+            self._record(self._answered(job, what, body, status, code))
 
     def _run_pool(self, max_jobs: int | None) -> int:
         """Up to `concurrency` handlers at once; results reported in batches by one thread."""
@@ -247,13 +298,17 @@ class Worker:
         return f"/api/v1/recovery/jobs/{urllib.parse.quote(str(job['id']), safe='')}/{what}"
 
     def execute(self, job: dict[str, Any]) -> Outcome:
+        return self._report(*self._run_job(job))
+
+    def _run_job(self, job: dict[str, Any]) -> _Result:
+        """Run one job's handler, its lease renewed meanwhile: what to report."""
         beat = _Heartbeat(self, job)
         beat.start()
         try:
             what, body = self._call(job)
         finally:
             beat.stop()
-        return self._report(job, what, body)
+        return job, what, body
 
     def _report(self, job: dict[str, Any], what: str, body: dict[str, Any]) -> Outcome:
         """Send the result with the job's token, retrying while the control plane is unreachable."""
@@ -352,16 +407,13 @@ class _Reporter:
                     logger.exception("recovery worker: reporting %d results failed", len(batch))
                 self.recorded.set()
 
-    def _send(self, batch: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> None:
+    def _send(self, batch: list[_Result]) -> None:
         worker = self.worker
         if self._single:
             for job, what, body in batch:
                 worker._record(worker._report(job, what, body))
             return
-        items = [
-            {"id": str(job["id"]), "token": job["token"], "ok": what == "complete", **body}
-            for job, what, body in batch
-        ]
+        items = [_result_item(job, what, body) for job, what, body in batch]
         response, problem = worker._post_answered(RESULTS_PATH, {"results": items})
         if response is None:
             logger.error("could not report %d jobs: %s (their leases will run out)", len(batch), problem)
@@ -379,10 +431,7 @@ class _Reporter:
             for job, what, body in batch:
                 worker._record(worker._answered(job, what, body, response.status, response.error_code))
             return
-        for (job, what, body), answer in zip(batch, answers, strict=True):
-            code = str(answer.get("error") or "") if isinstance(answer, dict) else "malformed"
-            status = {"": 200, "stale_token": 409, "not_found": 404}.get(code, 400)
-            worker._record(worker._answered(job, what, body, status, code))
+        worker._record_answers(batch, answers)
 
 
 class _Heartbeats:

@@ -239,3 +239,112 @@ def test_the_sdk_worker_runs_jobs_concurrently_and_reports_them_in_batches(
     with tenant_context(tenant_a):
         assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPENSATED}
         assert set(Job.objects.values_list("claimed_by", flat=True)) == {"pool-1"}
+
+
+@pytest.mark.django_db
+def test_a_claim_carrying_a_result_records_it_and_takes_the_step_it_unlocks(
+    alice: Person, writer_a: Writer
+) -> None:
+    crashed(writer_a, "r1", steps=2)
+    sweep_later(alice.tenant)
+    worker = alice.key_client()
+    (newest,) = claim_many(worker, 1)
+    assert newest["step"] == 2
+    body = {"handlers": [HANDLER], "results": [ok(newest)], "wait": 2}
+    answer = worker.post(CLAIM, body, format="json")
+    assert answer.status_code == 200, answer.content
+    data = answer.json()
+    assert data["results"] == [{"id": newest["id"], "state": "compensated"}]
+    assert data["job"]["saga_id"] == "r1" and data["job"]["step"] == 1  # unlocked by the result
+    # The last result rides on a claim that finds nothing: recorded once, not once per poll.
+    last = worker.post(CLAIM, {**body, "results": [ok(data["job"])], "wait": 0.5}, format="json")
+    assert last.status_code == 200
+    assert last.json() == {"job": None, "results": [{"id": data["job"]["id"], "state": "compensated"}]}
+    stream = server_stream(alice.tenant)
+    assert [r["step_id"] for r in stream if r["event"] == "COMPENSATED"] == ["r1-s2", "r1-s1"]
+    assert [r["saga_id"] for r in stream if r["event"] == "ROLLBACK_END"] == ["r1"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"results": [{"id": NOBODY, "token": "1", "ok": True}]}, "results[0].token"),
+        ({"results": []}, "results"),
+        ({"max_jobs": 0}, "max_jobs"),
+        ({"lease_s": 0.5}, "lease_s"),
+        ({"handlers": []}, "handlers"),
+    ],
+)
+def test_a_refused_claim_records_none_of_its_results(
+    alice: Person, writer_a: Writer, extra: dict[str, Any], field: str
+) -> None:
+    crashed(writer_a, "r2", steps=1)
+    crashed(writer_a, "r3", steps=1)
+    sweep_later(alice.tenant)
+    worker = alice.key_client()
+    (held,) = claim_many(worker, 1)
+    body = {"handlers": [HANDLER], "results": [ok(held)], **extra}
+    answer = worker.post(CLAIM, body, format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["field"] == field and answer.json()["error"] == "invalid"
+    with tenant_context(alice.tenant):
+        states = dict(Job.objects.values_list("saga_id", "state"))
+    assert sorted(states.values()) == ["claimed", "pending"]  # nothing recorded, nothing claimed
+    assert not [r for r in server_stream(alice.tenant) if r["event"] == "COMPENSATED"]
+
+
+def test_a_one_at_a_time_worker_sends_each_result_with_its_next_claim(
+    transactional_db: None, live_server: Any, alice: Person, tenant_a: Tenant
+) -> None:
+    writer = Writer(tenant_a, "agent-a-1")
+    for saga in ("q1", "q2"):
+        crashed(writer, saga, steps=3)
+    sweep_later(tenant_a)
+    calls: list[str] = []
+    client = sp.Client(live_server.url, alice.api_key)
+    paths: list[tuple[str, bool]] = []
+    post = client.post
+
+    def recording_post(path: str, body: Any = None, **kw: Any) -> Any:
+        paths.append((path, isinstance(body, dict) and "results" in body))
+        return post(path, body, **kw)
+
+    client.post = recording_post  # type: ignore[method-assign]
+    worker = sp.Worker(
+        client, handlers={HANDLER: lambda charge_id, idempotency_key=None: calls.append(charge_id)}, wait_s=1
+    )
+    assert worker.run(max_jobs=6) == 6
+    assert len(worker.outcomes) == 6 and all(o.ok and o.recorded for o in worker.outcomes)
+    for saga in ("q1", "q2"):  # each saga newest first
+        assert [c for c in calls if c.startswith(f"ch-{saga}-")] == [f"ch-{saga}-{n}" for n in (3, 2, 1)]
+    claims = [carried for path, carried in paths if path == CLAIM]
+    singles = [path for path, _ in paths if path.endswith("/complete")]
+    assert claims == [False] + [True] * 5  # every result but the last rode on a claim
+    assert len(singles) == 1  # the last went on its own route
+    with tenant_context(tenant_a):
+        assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPENSATED}
+    assert len([r for r in server_stream(tenant_a) if r["event"] == "COMPENSATED"]) == 6
+
+
+def test_a_worker_facing_a_control_plane_that_ignores_results_reports_them_alone(
+    transactional_db: None, live_server: Any, alice: Person, tenant_a: Tenant
+) -> None:
+    writer = Writer(tenant_a, "agent-a-1")
+    crashed(writer, "o1", steps=3)
+    sweep_later(tenant_a)
+    client = sp.Client(live_server.url, alice.api_key)
+    post = client.post
+
+    def older_server(path: str, body: Any = None, **kw: Any) -> Any:
+        if path == CLAIM and isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k != "results"}  # an older claim route
+        return post(path, body, **kw)
+
+    client.post = older_server  # type: ignore[method-assign]
+    worker = sp.Worker(client, handlers={HANDLER: lambda charge_id, idempotency_key=None: None}, wait_s=1)
+    assert worker.run(max_jobs=3) == 3
+    assert all(o.ok and o.recorded for o in worker.outcomes) and len(worker.outcomes) == 3
+    with tenant_context(tenant_a):
+        assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPENSATED}
+    assert len([r for r in server_stream(tenant_a) if r["event"] == "COMPENSATED"]) == 3
