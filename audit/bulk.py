@@ -233,6 +233,15 @@ SELECT base FROM log
 """
 
 
+def wait_for_log(tenant_id: int) -> None:
+    """Postgres: take the tenant log row lock (held until commit) in a statement of its own, so
+    that waiting for it -- behind the other appends of the tenant, each holding it through its
+    insert, projection write and commit -- is measured apart from the append (`log_lock`).
+    `lock_and_append` then takes the lock this transaction already holds."""
+    with server_cursor() as cursor:
+        cursor.execute("SELECT 1 FROM audit_tenantlog WHERE tenant_id = %s FOR UPDATE", [tenant_id])
+
+
 def lock_and_append(tenant_id: int, stream: Any, now: datetime, rows: Sequence[StoredRow]) -> int | None:
     """Postgres, in one statement: take the tenant log row lock (UPDATE, held until commit) and
     advance its size, append the headers at leaf indices base.. in row order, and move the stream

@@ -477,7 +477,10 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
         bulk.prepare_records(rows)
     with timing.phase("projection_fold"):
         on_stored = hooks.records_appending(appended)
-    with timing.phase("insert_locked"):  # waiting for the tenant log lock included
+    if bulk.is_postgres():
+        with timing.phase("log_lock"):  # the tenant's appends serialise here (gapless leaf indices)
+            bulk.wait_for_log(tenant.pk)
+    with timing.phase("insert_locked"):
         base = _append(tenant, stream, now, rows, plan)
     with timing.phase("projection_write"):
         hooks.records_stored(appended, on_stored, base)

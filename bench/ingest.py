@@ -314,8 +314,10 @@ def main() -> None:
         # Mean per batch, from the server's Server-Timing answers: parse (JSON + record checks),
         # verify (the chain walk), rows (leaf hashes, payload JSON), insert_payloads (ids and
         # payloads, before the lock), projection_fold (sagas and steps read and folded, before the
-        # lock), insert_locked (headers, stream head, log size under the tenant log lock, the wait
-        # for it included), projection_write (the fold's upsert, under the lock), commit.
+        # lock), log_lock (waiting for the tenant log lock: each append holds it from here through
+        # its projection write and commit, so a tenant's appends serialise), insert_locked
+        # (headers, stream head, log size), projection_write (the fold's upsert, under the lock),
+        # commit.
         "per_batch_breakdown": breakdown,
         "target_records_per_s": 10_000,
         # This machine is shared: other work running during the benchmark lowers the numbers.

@@ -201,7 +201,7 @@ def _sustained(tenant: Any, clients: int, batches: int, size: int) -> dict[str, 
             "max": round(max(lags) * 1000, 1),
         },
         # Each pass: seal_pass (seal_find, seal_read, seal_compute, seal_append, which holds the
-        # append's own rows/insert_payloads/projection_*/insert_locked), then integrate (per
+        # append's own rows/insert_payloads/projection_*/log_lock/insert_locked), then integrate (per
         # round: read_leaves, compute_nodes, consistency, write_nodes, sign; the rest is locking
         # and commit). Nested phases overlap their parents; shares are of the busy time.
         "integrator_phases_share": {name: round(seconds / busy, 3) for name, seconds in phases.items()},

@@ -1,6 +1,6 @@
 """Where a request's time goes, by phase, answered in a `Server-Timing` header (W3C Server Timing:
 `parse;dur=1.20, verify;dur=3.10, ...`, milliseconds). The ingest path marks its phases (parse,
-verify, rows, insert_payloads, projection_fold, insert_locked, projection_write) and the tenant
+verify, rows, insert_payloads, projection_fold, log_lock, insert_locked, projection_write) and the tenant
 view mixin adds `commit`; bench/ingest.py sums
 them per batch. Costs one perf_counter pair per phase; nothing is kept after the request."""
 

@@ -3,6 +3,8 @@ the API carry no such header."""
 
 from __future__ import annotations
 
+from django.db import connection
+
 from controlplane.timing import parse_header
 from tests.audit.chains import chain, saga_records
 from tests.conftest import Person
@@ -18,6 +20,8 @@ def test_ingest_answer_carries_its_phases(alice: Person) -> None:
     assert response.status_code == 200, response.content
     phases = parse_header(response["Server-Timing"])
     assert set(phases) >= PHASES, phases
+    # Postgres: the wait for the tenant log lock is its own phase (the appends serialise on it).
+    assert ("log_lock" in phases) == (connection.vendor == "postgresql")
     assert all(ms >= 0 for ms in phases.values())
     assert "Server-Timing" not in client.get("/api/v1/tenant")
 
