@@ -465,6 +465,38 @@ def test_sync_soon_fsyncs_an_outcome_without_a_later_barrier(tmp_path: Any) -> N
     wal.close()
 
 
+def test_steps_in_a_row_do_not_wake_the_flusher_each_and_every_outcome_still_becomes_durable(
+    tmp_path: Any,
+) -> None:
+    """A durable step syncs its intent, then asks for its outcome with sync_soon. While steps keep
+    coming, the flusher stays due by itself (every durable_delay) instead of being notified by each
+    sync_soon; the last outcome, with no barrier after it, is still fsynced."""
+    # A delay no loaded machine's step outlasts: the flusher never fsyncs between two steps here
+    # (while it fsyncs, a sync_soon must notify it).
+    wal = sp.WAL(tmp_path / "a.wal", durable_delay=0.5)
+    notified = 0
+    with wal._lock:
+        wal._ensure_flusher_locked()
+    real_notify = wal._flusher_cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        nonlocal notified
+        notified += 1
+        real_notify(n)
+
+    wal._flusher_cond.notify = counting_notify  # type: ignore[method-assign]
+    marks = []
+    for _ in range(50):
+        wal.emit("STEP_INTENT", {})
+        wal.sync()  # the intent's barrier covers the previous outcome
+        marks.append(wal.emit("STEP_COMMITTED", {}))
+        wal.sync_soon(marks[-1])
+    with wal._cond:  # the last outcome: fsynced by the flusher (waited for, no sleeping)
+        assert wal._cond.wait_for(lambda: wal._durable >= marks[-1], 10)
+    assert notified < 10, notified  # 50 before: one per sync_soon
+    wal.close()
+
+
 def test_async_sagas_share_fsyncs_on_the_flusher_thread(tmp_path: Any, monkeypatch: Any) -> None:
     """N concurrent async sagas: fewer fsyncs than durable waits, all on the flusher thread, and
     no intent or terminal record is acknowledged before an fsync covered it.
