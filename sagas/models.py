@@ -40,6 +40,13 @@ class StepStatus(models.TextChoices):
 
 
 class Saga(TenantScopedModel):
+    # No index of its own: `saga_id_per_tenant` (tenant, saga_id) and the list's indexes lead with
+    # it. A lone tenant index is one more write per saga and, with statistics older than the
+    # tenant's growth, the plan Postgres picked for the projection's read by saga ids (scanning
+    # the tenant: 231 ms a batch instead of 13 at 2M records).
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="+", editable=False, db_index=False
+    )
     saga_id = models.CharField(max_length=128)
     name = models.CharField(max_length=200, blank=True, default="")
     stream_id = models.CharField(max_length=200)
@@ -81,7 +88,12 @@ class Saga(TenantScopedModel):
 
 
 class Step(TenantScopedModel):
-    saga = models.ForeignKey(Saga, on_delete=models.CASCADE, related_name="steps")
+    # Neither has an index of its own: `sagas_step_tool_saga` leads with the tenant and
+    # `step_id_per_saga` with the saga (see Saga.tenant).
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="+", editable=False, db_index=False
+    )
+    saga = models.ForeignKey(Saga, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.CharField(max_length=128)
     ordinal = models.IntegerField(help_text="order of first appearance within the saga, from 1")
     tool = models.CharField(max_length=200, blank=True, default="")
