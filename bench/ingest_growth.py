@@ -182,6 +182,8 @@ def window(grower: scale.Grower, wal: Wal, mark: int, batches: int) -> dict[str,
         # median ms per ingest phase (audit.services' timing marks), the big tenant's and the peer's
         "phases_ms": {"big": _medians(big_phases), "peer": _medians(peer_phases)},
         "checkpoints": wal.checkpoints() - checkpoints,
+        # The server's autovacuum setting and the ANALYZEs the growth made in its stead (scale.py).
+        "autovacuum": dict(scale.ANALYZED),
         "load_average": [load, scale._load()],
         "at": time.strftime("%H:%M:%S", time.gmtime()),
     }

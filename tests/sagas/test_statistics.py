@@ -1,0 +1,33 @@
+"""The growing tables are re-analyzed sooner than autovacuum's default (sagas 0006, audit 0008),
+and the projection keeps no lone tenant or saga index a stale plan could scan (sagas 0005)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+
+GROWING = ["audit_record", "audit_recordpayload", "sagas_saga", "sagas_step"]
+
+
+def test_the_growing_tables_are_analyzed_after_two_percent_of_changes() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("Postgres only")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)", [GROWING])
+        options = dict(cursor.fetchall())
+    assert set(options) == set(GROWING)
+    for table in GROWING:
+        assert "autovacuum_analyze_scale_factor=0.02" in (options[table] or []), table
+
+
+def test_the_projection_has_no_single_column_tenant_or_saga_index() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("Postgres only")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename IN ('sagas_saga', 'sagas_step') "
+            "AND (indexdef LIKE '%%(tenant_id)' OR indexdef LIKE '%%(saga_id)')"
+        )
+        assert cursor.fetchall() == []
