@@ -15,10 +15,12 @@ lease ran out): such a worker's result is never recorded, and the handler's idem
 what keeps the effect single when a compensation had to be run twice. While a handler runs, the
 lease is renewed every third of its length.
 
-With `concurrency=N` (`--concurrency N`), `run` keeps up to N handlers running at once in a
-thread pool: each claim asks for as many jobs as there are free slots (`max_jobs`), and the
-results go back in batches (`POST /api/v1/recovery/results`, each with its own token) by one
-reporting thread, so a slow answer from the control plane never holds a handler slot.
+One job at a time, a job's result rides on the claim for the next one. With `concurrency=N`
+(`--concurrency N`), `run` keeps up to N handlers running at once in a thread pool: each claim
+asks for as many jobs as there are free slots (`max_jobs`) and carries the results finished
+since the last one (each with its own token); what no claim carried within a moment one
+reporting thread sends in batches (`POST /api/v1/recovery/results`), so a slow answer from the
+control plane never holds a handler slot.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -48,6 +49,7 @@ DEFAULT_WAIT_S = 20.0
 MAX_CLAIM_BATCH = 100  # the control plane's limit on one claim's max_jobs
 MAX_REPORT_BATCH = 500  # ... and on one results request
 IDLE_CLAIM_S = 0.25  # with jobs in hand and none to claim: ask again after this, or sooner
+PIGGYBACK_S = 0.05  # a pool's result waits this long for a claim to carry it, then goes alone
 
 
 _Result = tuple[dict[str, Any], str, dict[str, Any]]
@@ -242,20 +244,30 @@ class Worker:
                     if max_jobs is not None:
                         free = min(free, max_jobs - claimed)
                     busy = free < self.concurrency
+                    # The results finished so far ride on this claim (recorded before it claims,
+                    # so the older steps they unlock can come back in its answer); the reporter
+                    # sends only what no claim carried within a moment.
+                    results = reporter.take() if reporter.piggyback else []
                     try:
                         # With jobs in hand, ask without waiting: what becomes claimable next is
                         # mostly the older steps of the sagas this worker is compensating, which
-                        # its own results unlock, so it asks again once a batch of them is
-                        # recorded (or after a moment) instead of holding a long-poll open that
+                        # its own results unlock, so it asks again once one of its handlers has
+                        # finished (or after a moment) instead of holding a long-poll open that
                         # re-runs the claim query on the server ten times a second.
-                        jobs = self.claim_many(free, 0 if busy else None)
+                        jobs, answers = self._claim(free, 0 if busy else None, results)
                     except TransportError as exc:
+                        reporter.give_back(results)
                         backoff.wait(exc)
                         continue
                     backoff.reset()
+                    if results and answers is None:  # not taken: the reporter sends them
+                        reporter.piggyback = False
+                        reporter.give_back(results)
+                    elif results:
+                        self._record_answers(results, answers or [])
                     if not jobs and busy:
-                        reporter.recorded.wait(IDLE_CLAIM_S)
-                        reporter.recorded.clear()
+                        reporter.finished.wait(IDLE_CLAIM_S)
+                        reporter.finished.clear()
                     for job in jobs[:free]:
                         with slots:
                             running += 1
@@ -363,49 +375,76 @@ class Worker:
 
 
 class _Reporter:
-    """One thread that sends the pool's results in batches (`POST /api/v1/recovery/results`):
-    whatever finished while the previous request was in flight goes in the next one. A batch the
-    control plane cannot take yet (unreachable, 5xx, 429) is sent again with the same tokens,
-    until twice the lease (at least 60 s); a control plane without the batch route gets each
-    result on its own route."""
-
-    _CLOSE = object()
+    """The pool's results. Each rides on the worker's next claim (`take`), which comes as soon as
+    its handler's slot is free; what no claim carried within PIGGYBACK_S (the pool has nothing to
+    claim, a control plane that does not take results on claims) one thread sends in batches
+    (`POST /api/v1/recovery/results`). A batch the control plane cannot take yet (unreachable,
+    5xx, 429) is sent again with the same tokens, until twice the lease (at least 60 s); a control
+    plane without the batch route gets each result on its own route."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._items: list[_Result] = []
+        self._cond = threading.Condition()
+        self._closing = False
         self._single = False
-        self.recorded = threading.Event()  # set after each batch of results is answered
+        self.piggyback = True  # results ride on claims (off once a claim did not take them)
+        self.finished = threading.Event()  # set whenever a handler's result is put
         self._thread = threading.Thread(target=self._loop, name="sagaplane-results", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def put(self, job: dict[str, Any], what: str, body: dict[str, Any]) -> None:
-        self._queue.put((job, what, body))
+        with self._cond:
+            self._items.append((job, what, body))
+            self._cond.notify_all()
+        self.finished.set()
+
+    def take(self) -> list[_Result]:
+        """The results waiting (at most one request's worth), for a claim to carry."""
+        with self._cond:
+            taken = self._items[:MAX_REPORT_BATCH]
+            del self._items[:MAX_REPORT_BATCH]
+            return taken
+
+    def give_back(self, results: list[_Result]) -> None:
+        """Results a claim carried but could not have recorded: sent again (same tokens)."""
+        if results:
+            with self._cond:
+                self._items[:0] = results
+                self._cond.notify_all()
 
     def close(self) -> None:
-        self._queue.put(self._CLOSE)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         self._thread.join()
 
     def _loop(self) -> None:
-        closing = False
-        while not closing:
-            batch = [self._queue.get()]
-            while len(batch) < MAX_REPORT_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if self._CLOSE in batch:
-                closing = True
-                batch = [item for item in batch if item is not self._CLOSE]
+        while True:
+            with self._cond:
+                while not self._items and not self._closing:
+                    self._cond.wait()
+                if not self._items:
+                    return  # closing, nothing left
+                # A moment for the next claim to carry them (it comes when a slot frees), unless
+                # claims no longer carry results.
+                deadline = time.monotonic() + PIGGYBACK_S
+                while (
+                    self._items
+                    and self.piggyback
+                    and not self._closing
+                    and (left := deadline - time.monotonic()) > 0
+                ):
+                    self._cond.wait(left)
+                batch = self._items[:MAX_REPORT_BATCH]
+                del self._items[:MAX_REPORT_BATCH]
             if batch:
                 try:
                     self._send(batch)
                 except Exception:  # a bug here must not strand the pool: log and go on
                     logger.exception("recovery worker: reporting %d results failed", len(batch))
-                self.recorded.set()
 
     def _send(self, batch: list[_Result]) -> None:
         worker = self.worker

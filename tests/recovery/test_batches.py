@@ -348,3 +348,55 @@ def test_a_worker_facing_a_control_plane_that_ignores_results_reports_them_alone
     with tenant_context(tenant_a):
         assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPENSATED}
     assert len([r for r in server_stream(tenant_a) if r["event"] == "COMPENSATED"]) == 3
+
+
+@pytest.mark.parametrize("older_control_plane", [False, True])
+def test_a_pool_worker_sends_its_results_on_its_claims(
+    transactional_db: None,
+    live_server: Any,
+    alice: Person,
+    tenant_a: Tenant,
+    monkeypatch: Any,
+    older_control_plane: bool,
+) -> None:
+    from sagaplane import worker as worker_module
+
+    # The reporter never sends on its own before the pool closes: every result a claim can carry
+    # rides on one (or, facing a control plane that ignores them, goes on the results route).
+    monkeypatch.setattr(worker_module, "PIGGYBACK_S", 60.0)
+    writer = Writer(tenant_a, "agent-a-1")
+    for saga in ("w1", "w2"):
+        crashed(writer, saga, steps=3)
+    sweep_later(tenant_a)
+    client = sp.Client(live_server.url, alice.api_key)
+    post = client.post
+    carried: list[int] = []
+    alone: list[int] = []
+
+    def recording_post(path: str, body: Any = None, **kw: Any) -> Any:
+        if path == CLAIM and isinstance(body, dict):
+            if older_control_plane:
+                body = {k: v for k, v in body.items() if k != "results"}
+            carried.append(len(body.get("results", [])))
+        elif path == RESULTS:
+            alone.append(len(body["results"]))
+        return post(path, body, **kw)
+
+    client.post = recording_post  # type: ignore[method-assign]
+    worker = sp.Worker(
+        client,
+        handlers={HANDLER: lambda charge_id, idempotency_key=None: None},
+        wait_s=1,
+        concurrency=2,
+    )
+    assert worker.run(max_jobs=6) == 6
+    assert len(worker.outcomes) == 6 and all(o.ok and o.recorded for o in worker.outcomes)
+    if older_control_plane:
+        assert sum(carried) == 0 and sum(alone) == 6
+    else:
+        # Each older step is claimable only once its newer one is recorded: the results that
+        # unlocked the second and third steps rode on claims (the last ones go when it closes).
+        assert sum(carried) >= 4 and sum(carried) + sum(alone) == 6
+    with tenant_context(tenant_a):
+        assert set(Job.objects.values_list("state", flat=True)) == {JobState.COMPENSATED}
+    assert len([r for r in server_stream(tenant_a) if r["event"] == "COMPENSATED"]) == 6
