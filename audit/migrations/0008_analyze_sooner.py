@@ -4,22 +4,10 @@ SQLite."""
 
 from django.db import migrations
 
-TABLES = ("audit_record", "audit_recordpayload")
-
-
-def analyze_sooner(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table in TABLES:
-            schema_editor.execute(f"ALTER TABLE {table} SET (autovacuum_analyze_scale_factor = 0.02)", params=None)
-
-
-def analyze_as_before(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for table in TABLES:
-            schema_editor.execute(f"ALTER TABLE {table} RESET (autovacuum_analyze_scale_factor)", params=None)
+from controlplane.statistics import analyze_sooner
 
 
 class Migration(migrations.Migration):
     dependencies = [("audit", "0007_record_indexes_lead_with_tenant")]
 
-    operations = [migrations.RunPython(analyze_sooner, analyze_as_before)]
+    operations = [analyze_sooner("audit_record", "audit_recordpayload")]

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "controlplane.metrics",  # imports only prometheus-client; apps may record and register
             "controlplane.timing",  # Server-Timing phases; imports only the standard library
             "controlplane.numbers",  # JSON number checks; imports only the standard library
+            "controlplane.statistics",  # a migration operation; imports only django.db
         ],
     ),
     ("evidence store", ["audit"]),
