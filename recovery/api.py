@@ -67,10 +67,10 @@ class ClaimView(TenantScopedViewMixin, APIView):
     waiting.
 
     `"results"?` (the shape of `POST /recovery/results`) reports the worker's finished jobs in the
-    same request: they are recorded first, in their own transaction, once (not again on each pass
-    of the long-poll), and answered as `"results": [...]` beside the claim. A worker that runs one
-    job at a time thus pays one request per job instead of two, and the older step its result
-    unlocks is claimable by the same request."""
+    same request: they are recorded first, once, in the transaction of the long-poll's first pass
+    (not again on each later pass), and answered as `"results": [...]` beside the claim. A worker
+    that runs one job at a time thus pays one request per job instead of two, and the older step
+    its result unlocks is claimable by the same request."""
 
     access = {"POST": RECOVER}
     _reported: list[dict[str, Any]] | None = None  # the results' answers, from the first pass
