@@ -11,12 +11,10 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from django.db.models import F
-
 from audit.models import TenantLog
 from tenants import rls
 from tenants.scoping import dangerously_bypass_orm_scope
-from transparency.models import Export, ExportStatus, TreeState
+from transparency.models import Export, ExportStatus, SealState, TreeState
 
 _UNFINISHED = (ExportStatus.QUEUED.value, ExportStatus.RUNNING.value)
 
@@ -34,7 +32,11 @@ _TENANTS_TO_SEAL = rls.cross_tenant_function(
     "sagaplane_tenants_to_seal",
     arguments="",
     returns="TABLE (tenant_id bigint)",
-    body=f"SELECT tenant_id FROM {TreeState._meta.db_table} WHERE sealed_size < size ORDER BY tenant_id",
+    body=(
+        f"SELECT log.tenant_id FROM {TenantLog._meta.db_table} AS log "
+        f"LEFT JOIN {SealState._meta.db_table} AS seal ON seal.tenant_id = log.tenant_id "
+        "WHERE log.size > coalesce(seal.sealed_size, 0) ORDER BY log.tenant_id"
+    ),
 )
 _STALE_EXPORTS = rls.cross_tenant_function(
     "sagaplane_stale_exports",
@@ -59,11 +61,13 @@ def tenants_to_integrate() -> list[int]:
 
 
 def tenants_to_seal() -> list[int]:
-    """Ids of tenants with integrated leaves the seal pass has not looked at yet."""
+    """Ids of tenants with accepted leaves the seal pass has not looked at yet."""
     if rls.enforces_rls():
         return [tenant_id for (tenant_id,) in _TENANTS_TO_SEAL.rows()]
     with dangerously_bypass_orm_scope():
-        return sorted(TreeState.objects.filter(sealed_size__lt=F("size")).values_list("tenant_id", flat=True))
+        sizes = dict(TenantLog.objects.values_list("tenant_id", "size"))
+        sealed = dict(SealState.objects.values_list("tenant_id", "sealed_size"))
+    return sorted(tenant_id for tenant_id, size in sizes.items() if size > sealed.get(tenant_id, 0))
 
 
 def stale_exports(quiet_since: datetime) -> list[tuple[int, uuid.UUID]]:

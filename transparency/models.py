@@ -11,7 +11,8 @@ to 256 hashes per element; that trade is the one for object storage past one mac
 the tile files are written from these rows with `merkle.tiles_for_growth`.
 
 Perfect nodes never change once complete, so rows are insert-only; `TreeState` is the single
-mutable row per tenant (size + compact range), locked by the integrator.
+mutable row per tenant (size + compact range), locked by the integrator; `SealState` is the
+sealer's (its watermark), so the two never wait for each other's lock.
 """
 
 from __future__ import annotations
@@ -59,13 +60,26 @@ class TreeState(TenantScopedModel):
     size = models.BigIntegerField(default=0)
     compact_hashes = models.BinaryField(default=b"")
     updated_at = models.DateTimeField(default=timezone.now)
-    # Leaves [0, sealed_size) have been through the seal pass (services.seal_pending): every saga
-    # they finished has a current seal. A crash between signing and sealing leaves it behind
-    # `size`, which is how the beat finds the work with one indexed comparison, not a saga scan.
-    sealed_size = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant"], name="one_tree_state_per_tenant")]
+
+
+class SealState(TenantScopedModel):
+    """The seal watermark, a row of its own so that sealing runs beside integration, not inside it:
+    seal passes (and `seal_saga`) serialise on this row's lock, the integrator on TreeState's, and
+    neither waits for the other (they used to share TreeState's lock, and seals, ~14% of the
+    leaves, took ~2/3 of the integrator's time).
+
+    Leaves [0, sealed_size) of the tenant log have been through the seal pass
+    (services.seal_pending): every saga they finished has a current seal. A crash between
+    accepting and sealing leaves it behind the log's size, which is how the beat finds the work
+    with one indexed comparison, not a saga scan."""
+
+    sealed_size = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_seal_state_per_tenant")]
 
 
 class TreeNode(TenantScopedModel):

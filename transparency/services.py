@@ -35,6 +35,7 @@ from transparency.models import (
     ExportStatus,
     KeyStatus,
     LogSigningKey,
+    SealState,
     TreeState,
 )
 from transparency.proofs import StoredNodes
@@ -377,9 +378,9 @@ def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | N
     record no longer matches it. Idempotent: None when the latest seal is already current; a
     record about the saga that arrives after its seal gets a fresh seal."""
     with tenant_context(tenant):
-        # Under the tree lock like the seal pass: every seal is computed from a read made while the
+        # Under the seal lock like the seal pass: every seal is computed from a read made while the
         # seal watermark was below the records it missed (see `sources.terminal_sagas_touched`).
-        _locked_state(tenant)
+        _locked_seal_state(tenant)
         records = sources.saga_records(tenant, saga_id)
         if not records:
             raise LookupError(f"saga {saga_id!r} has no records")
@@ -429,25 +430,44 @@ def _seal_stretch(tenant: Tenant, start: int, end: int) -> tuple[list[str], int 
 SEAL_PASS_LEAVES = 50_000
 
 
+def _locked_seal_state(tenant: Tenant) -> SealState:
+    """The tenant's seal watermark, row-locked: what serialises seal passes and `seal_saga`. Not
+    TreeState's lock, which the integrator holds while it extends and signs: sealing and
+    integration run beside each other. Lock order: this row, then the tenant log (the seals'
+    append); the integrator takes TreeState alone, ingest the tenant log alone, so no cycle."""
+    state = SealState.objects.select_for_update().filter(tenant=tenant).first()
+    if state is None:
+        try:
+            with transaction.atomic():
+                SealState.objects.create(tenant=tenant)
+        except IntegrityError:
+            pass  # another seal pass created it first; lock theirs
+        state = SealState.objects.select_for_update().get(tenant=tenant)
+    return state
+
+
 def seal_pass(tenant: Tenant, *, max_leaves: int | None = None) -> tuple[list[str], bool]:
     """Seal the sagas finished by leaves past the tenant's seal watermark, then move the
     watermark: (saga ids sealed, whether the watermark has reached the log's size).
 
-    The watermark follows the log, not the tree: a pass seals what has been accepted, before it
-    is integrated, so the integrator's next round signs the records and their seals under one
-    checkpoint (it used to sign the records, seal them, then sign again for the seals). When the
+    The watermark follows the log, not the tree: a pass seals what has been accepted, whether or
+    not it is integrated yet, so a seal often lands before its records are signed and one
+    checkpoint covers both. When the
     seals landed right at the watermark (no ingest committed in between) it moves over them too:
     they are current by construction, and nothing else is left to look at.
 
-    Self-healing by construction: the watermark (`TreeState.sealed_size`) moves in the same
+    Self-healing by construction: the watermark (`SealState.sealed_size`) moves in the same
     transaction as the seals it vouches for, so a crash anywhere before that commit leaves the
     watermark behind and the next pass (the 1 s beat) redoes the stretch. Re-running is harmless:
     `seal_saga`'s rule appends nothing when the latest seal is current. Only sagas with a record
     in the stretch are looked at; a saga can only become finished, or outgrow its seal, through a
-    new record, so nothing before the watermark needs a second look."""
+    new record, so nothing before the watermark needs a second look.
+
+    Runs beside the integrator (its own lock, `_locked_seal_state`): the integrator signs the
+    seals in whichever of its rounds first reads the log past them."""
     with tenant_context(tenant):
-        # The TreeState lock serialises seal passes (and the integrator) per tenant.
-        state = _locked_state(tenant)
+        # The SealState lock serialises seal passes (and `seal_saga`) per tenant, nothing else.
+        state = _locked_seal_state(tenant)
         size = sources.log_size(tenant)
         if state.sealed_size >= size:
             return [], True
@@ -455,7 +475,7 @@ def seal_pass(tenant: Tenant, *, max_leaves: int | None = None) -> tuple[list[st
         sealed, first_seal = _seal_stretch(tenant, start, end)
         if first_seal == end:
             end += len(sealed)
-        TreeState.objects.filter(pk=state.pk).update(sealed_size=end)
+        SealState.objects.filter(pk=state.pk).update(sealed_size=end)
         return sealed, end >= size
 
 
@@ -473,8 +493,8 @@ def seal_pending(
 
 
 def tenants_to_seal() -> list[int]:
-    """Ids of tenants with integrated leaves the seal pass has not looked at yet (accepted leaves
-    not integrated yet are `tenants_to_integrate`'s, and a call of the integrator seals them too)."""
+    """Ids of tenants with accepted leaves the seal pass has not looked at yet (or no watermark
+    yet): what the beat seals, whether or not the leaves are integrated."""
     return cross_tenant.tenants_to_seal()
 
 

@@ -1,10 +1,16 @@
-"""The integrator and the export builder, as Celery tasks (embedded mode too:
-`celery -A controlplane worker -B` on the filesystem broker runs both and the 1 s beat)."""
+"""The integrator, the sealer and the export builder, as Celery tasks (embedded mode too:
+`celery -A controlplane worker -B` on the filesystem broker runs them and the 1 s beat).
+
+The integrator (`integrate_tenant`) extends the tenant's tree and signs checkpoints under the
+TreeState lock; the sealer (`seal_tenant`) appends SAGA_SEALED records under the SealState lock.
+They run beside each other (two workers, or one after the other on one): the sealer's seals are
+leaves like any other, which the integrator signs in its next pass."""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 from celery import shared_task
 from django.core.cache import cache
@@ -18,83 +24,98 @@ from transparency.models import TreeState
 
 log = logging.getLogger(__name__)
 
-# How long a queued integration request blocks the next one. The key goes when its task starts,
-# so this matters only when the message is lost (a broker restart): new requests wait at most
-# this long, and the 1 s beat integrates meanwhile.
+# The two per-tenant workers, coalesced the same way (a request key, a claim key) but apart, so
+# sealing runs beside integration instead of inside it: each has its own lock in the database
+# (SealState's row, TreeState's row) and its own claim here.
+INTEGRATE = "integration"
+SEAL = "sealing"
+Kind = str  # INTEGRATE or SEAL
+
+# How long a queued request blocks the next one. The key goes when its task starts, so this
+# matters only when the message is lost (a broker restart): new requests wait at most this long,
+# and the 1 s beat integrates and seals meanwhile.
 INTEGRATION_REQUEST_TTL = 30
 
+# How long a worker's claim on a tenant stands without being renewed (it is renewed every pass).
+# A worker killed mid-run leaves its claim behind for at most this long, during which other calls
+# (the beat's too) find it and return: the checkpoint (or seal) waits that long after such a crash.
+# A claim that lapses under a slow pass costs nothing but coalescing (the row locks serialise).
+INTEGRATOR_CLAIM_TTL = 30
 
-def _request_key(tenant_id: int) -> str:
-    return f"transparency:integration-requested:{tenant_id}"
+
+def _request_key(tenant_id: int, kind: Kind = INTEGRATE) -> str:
+    return f"transparency:{kind}-requested:{tenant_id}"
 
 
-def request_integration(tenant_id: int) -> bool:
-    """Queue an integration of the tenant's log unless one is already waiting: however many
-    batches arrive, at most one integration task per tenant sits in the broker (they used to
-    be one per batch). Returns whether this call queued it.
+def _request(tenant_id: int, kind: Kind) -> bool:
+    """Queue the tenant's `kind` task unless one is already waiting: however many batches arrive,
+    at most one such task per tenant sits in the broker. Returns whether this call queued it.
 
     No batch is missed: a task takes the request off (`_take_request`) before it reads the log,
-    so a batch committed before that point is integrated by it, and one committed after finds no
+    so a batch committed before that point is handled by it, and one committed after finds no
     request and queues the next task."""
-    key = _request_key(tenant_id)
+    key = _request_key(tenant_id, kind)
     if not cache.add(key, "1", timeout=INTEGRATION_REQUEST_TTL):
         return False
     try:
-        integrate_tenant.delay(tenant_id)
+        (integrate_tenant if kind == INTEGRATE else seal_tenant).delay(tenant_id)
     except Exception:
         cache.delete(key)  # so the next batch asks again
         raise
     return True
 
 
-def _take_request(tenant_id: int) -> None:
+def request_integration(tenant_id: int) -> bool:
+    """Queue an integration of the tenant's log (coalesced, see `_request`)."""
+    return _request(tenant_id, INTEGRATE)
+
+
+def request_sealing(tenant_id: int) -> bool:
+    """Queue a seal pass over the tenant's new leaves (coalesced, see `_request`)."""
+    return _request(tenant_id, SEAL)
+
+
+def _take_request(tenant_id: int, kind: Kind = INTEGRATE) -> None:
     try:
-        cache.delete(_request_key(tenant_id))
+        cache.delete(_request_key(tenant_id, kind))
     except Exception:  # the cache is down: the request expires by itself, and this run goes on
-        log.warning("integration of tenant %s: could not clear its request", tenant_id, exc_info=True)
+        log.warning("%s of tenant %s: could not clear its request", kind, tenant_id, exc_info=True)
 
 
-# How long an integrator's claim on a tenant stands without being renewed (it is renewed every
-# pass). A worker killed mid-run leaves its claim behind for at most this long, during which other
-# calls (the beat's too) find it and return: the checkpoint waits that long after such a crash.
-# A claim that lapses under a slow pass costs nothing but coalescing (the row lock serialises).
-INTEGRATOR_CLAIM_TTL = 30
-
-
-def _claim_key(tenant: Tenant) -> str:
+def _claim_key(tenant: Tenant, kind: Kind = INTEGRATE) -> str:
     # Tagged with the tenant's creation time: a database re-created beside a Redis that outlived
     # it (each test run) never finds a previous tenant's claim under a reused id.
-    return f"transparency:integrating:{tenant.pk}:{tenant.created_at.timestamp():.6f}"
+    return f"transparency:{kind}-claimed:{tenant.pk}:{tenant.created_at.timestamp():.6f}"
 
 
-def _claim(tenant: Tenant, token: str) -> bool:
-    """Become the tenant's one running integrator, unless another is. Without the cache, every
-    caller proceeds: the TreeState row lock still serialises them, only the coalescing is lost."""
+def _claim(tenant: Tenant, token: str, kind: Kind = INTEGRATE) -> bool:
+    """Become the tenant's one running `kind` worker, unless another is. Without the cache, every
+    caller proceeds: the row lock still serialises them, only the coalescing is lost."""
     try:
-        return bool(cache.add(_claim_key(tenant), token, timeout=INTEGRATOR_CLAIM_TTL))
+        return bool(cache.add(_claim_key(tenant, kind), token, timeout=INTEGRATOR_CLAIM_TTL))
     except Exception:
-        log.warning("integration of tenant %s: could not claim it", tenant.pk, exc_info=True)
+        log.warning("%s of tenant %s: could not claim it", kind, tenant.pk, exc_info=True)
         return True
 
 
-def _renew(tenant: Tenant, token: str) -> None:
+def _renew(tenant: Tenant, token: str, kind: Kind = INTEGRATE) -> None:
     try:
-        cache.set(_claim_key(tenant), token, timeout=INTEGRATOR_CLAIM_TTL)
+        cache.set(_claim_key(tenant, kind), token, timeout=INTEGRATOR_CLAIM_TTL)
     except Exception:
-        log.warning("integration of tenant %s: could not renew its claim", tenant.pk, exc_info=True)
+        log.warning("%s of tenant %s: could not renew its claim", kind, tenant.pk, exc_info=True)
 
 
-def _release(tenant: Tenant, token: str) -> None:
+def _release(tenant: Tenant, token: str, kind: Kind = INTEGRATE) -> None:
     try:
-        if cache.get(_claim_key(tenant)) == token:  # not a claim that lapsed and was taken over
-            cache.delete(_claim_key(tenant))
+        if cache.get(_claim_key(tenant, kind)) == token:  # not a claim that lapsed and was taken over
+            cache.delete(_claim_key(tenant, kind))
     except Exception:  # it lapses by itself
-        log.warning("integration of tenant %s: could not release its claim", tenant.pk, exc_info=True)
+        log.warning("%s of tenant %s: could not release its claim", kind, tenant.pk, exc_info=True)
 
 
-def _requested(tenant_id: int) -> bool:
+def _requested(tenant_id: int, kind: Kind = INTEGRATE) -> bool:
     try:
-        return bool(cache.get(_request_key(tenant_id)))
+        return bool(cache.get(_request_key(tenant_id, kind)))
     except Exception:
         return False  # the beat finds the grown log
 
@@ -104,81 +125,108 @@ def _integrated_size(tenant: Tenant) -> int:
         return TreeState.objects.values_list("size", flat=True).first() or 0
 
 
-@shared_task(name="transparency.integrate_tenant", ignore_result=True)
-def integrate_tenant(tenant_id: int) -> int:
-    """Seal the sagas the tenant's new leaves finished, then integrate the leaves and the seals
-    and sign one checkpoint over both. Sealing runs off the tenant's seal watermark, not this
-    call's growth: a crash between sealing and signing is healed by the next call, which the beat
-    makes (`integrate_grown_tenants`). Returns the signed size.
+def _coalesced(tenant: Tenant, kind: Kind, one_pass: Callable[[Tenant], bool]) -> bool:
+    """Run `one_pass` as the tenant's one `kind` worker until no backlog or request is left.
+    Returns False when another worker holds the claim (this call did nothing), else True.
 
-    A worker shutting down stops this between chunks (each committed and signed) and the rest is
-    requested again, for the next worker.
-
-    Coalesced: one integrator per tenant runs at a time (a claim in the cache). A call that finds
-    another running returns at once and leaves its request standing; the running one checks for a
-    request after each pass and before it lets go, and runs again if it finds one, so whatever
-    committed meanwhile is integrated by it: under sustained ingest one integrator loops, each pass
-    taking every leaf committed so far (one checkpoint per pass), instead of tasks queueing on the
-    tree lock."""
-    tenant = Tenant.objects.get(pk=tenant_id)
+    A call that finds another running returns at once and leaves its request standing; the
+    running one checks for a request after each pass and before it lets go, and runs again if it
+    finds one, so whatever committed meanwhile is handled by it: under sustained ingest one worker
+    loops, each pass taking everything committed so far, instead of tasks queueing on a row lock.
+    A pass that returns True left a backlog: the next runs at once, not at the next beat."""
     token = uuid.uuid4().hex
     while keep_going():
-        if not _claim(tenant, token):
-            return _integrated_size(tenant)  # the running integrator sees the request
+        if not _claim(tenant, token, kind):
+            return False  # the running worker sees the request
         try:
             while True:
-                _take_request(tenant_id)
-                backlog = _integrate_and_seal(tenant)
-                # A pass that left work (a backlog past one seal pass) goes again at once, as one
-                # asked for by a request would: not at the next beat.
-                if not keep_going() or not (backlog or _requested(tenant_id)):
+                _take_request(tenant.pk, kind)
+                backlog = one_pass(tenant)
+                if not keep_going() or not (backlog or _requested(tenant.pk, kind)):
                     break
-                _renew(tenant, token)
+                _renew(tenant, token, kind)
         finally:
-            _release(tenant, token)
+            _release(tenant, token, kind)
         # A request made after the last check, whose task found the claim still held and left.
-        if not _requested(tenant_id):
+        if not _requested(tenant.pk, kind):
             break
-    size = _integrated_size(tenant)
     if not keep_going():
-        log.warning(
-            "integration of tenant %s stopped at %s leaves: the worker is shutting down", tenant.slug, size
-        )
+        log.warning("%s of tenant %s stopped: the worker is shutting down", kind, tenant.slug)
         try:
-            request_integration(tenant_id)
-        except Exception:  # the beat finds the grown log anyway
-            log.warning("integration of tenant %s: could not request the rest", tenant.slug, exc_info=True)
-    return size
+            _request(tenant.pk, kind)  # for the next worker
+        except Exception:  # the beat finds the unfinished log anyway
+            log.warning("%s of tenant %s: could not request the rest", kind, tenant.slug, exc_info=True)
+    return True
 
 
-def _integrate_and_seal(tenant: Tenant) -> bool:
-    """One pass: seal what was accepted past the seal watermark (one bounded seal pass), then
-    integrate everything accepted so far, the seals included, under one checkpoint (a backlog
-    larger than an integration chunk signs one per chunk). Returns whether the seal pass left
-    accepted leaves it has not looked at (a backlog): the caller runs another pass at once."""
+@shared_task(name="transparency.integrate_tenant", ignore_result=True)
+def integrate_tenant(tenant_id: int) -> int:
+    """Integrate the tenant's accepted leaves (records and seals alike) and sign one checkpoint
+    per pass (a backlog larger than an integration chunk signs one per chunk). Sealing is not
+    this task's: `seal_tenant` runs beside it and requests an integration when it appended seals.
+    Returns the signed size.
+
+    A worker shutting down stops this between chunks (each committed and signed) and the rest is
+    requested again, for the next worker. Coalesced per tenant (`_coalesced`)."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    _coalesced(tenant, INTEGRATE, _integrate_pass)
+    return _integrated_size(tenant)
+
+
+def _integrate_pass(tenant: Tenant) -> bool:
+    """One integrator pass: everything accepted so far, under one checkpoint per chunk. Never
+    leaves a backlog of its own (it rounds until caught up), so returns False."""
     try:
-        with hooks.integrator_appending():
-            with timing.phase("seal_pass"):
-                _, sealed_up = services.seal_pass(tenant)
-            if keep_going():
-                with timing.phase("integrate"):
-                    services.integrate_fully(tenant, keep_going=keep_going)
-            return not sealed_up
+        with timing.phase("integrate"):
+            services.integrate_fully(tenant, keep_going=keep_going)
+        return False
     except services.IntegrationRefused:
         # Never sign what cannot be proven; this needs a human, loudly.
         log.critical("transparency log of tenant %s: integration refused", tenant.slug, exc_info=True)
         raise
 
 
+@shared_task(name="transparency.seal_tenant", ignore_result=True)
+def seal_tenant(tenant_id: int) -> int:
+    """Seal the sagas the tenant's new leaves finished (seal passes off the seal watermark, each
+    one transaction under the SealState lock, beside the integrator). When a pass appended seals
+    it requests an integration: the seals are leaves to sign. Returns how many seals this call
+    appended (0 also when another sealer was running; it takes this call's request).
+
+    A crash between sealing and signing is healed by the beat (`integrate_grown_tenants`), which
+    finds the unintegrated seals like any other leaves; a crash mid-pass rolls back whole and the
+    beat finds the watermark behind the log."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    appended = 0
+
+    def one_pass(tenant: Tenant) -> bool:
+        nonlocal appended
+        with hooks.sealer_appending(), timing.phase("seal_pass"):
+            sealed, sealed_up = services.seal_pass(tenant)
+        if sealed:
+            appended += len(sealed)
+            request_integration(tenant.pk)
+        return not sealed_up
+
+    _coalesced(tenant, SEAL, one_pass)
+    return appended
+
+
 @shared_task(name="transparency.integrate_grown_tenants", ignore_result=True)
 def integrate_grown_tenants() -> list[int]:
-    """Beat, every second: each tenant whose log has unintegrated leaves, or integrated leaves the
-    seal pass has not covered yet (two indexed queries, no scan of sagas)."""
-    tenant_ids = sorted(set(services.tenants_to_integrate()) | set(services.tenants_to_seal()))
+    """Beat, every second: seal each tenant whose log has leaves past its seal watermark, and
+    integrate each whose log has unintegrated leaves (seals just appended included). Two indexed
+    queries, no scan of sagas. Heals a crash anywhere between ingest, seal and sign."""
+    to_seal = set(services.tenants_to_seal())
+    tenant_ids = sorted(to_seal | set(services.tenants_to_integrate()))
     for tenant_id in tenant_ids:
         if not keep_going():
             break  # the next beat, on another worker, picks the rest up
         try:
+            if tenant_id in to_seal:
+                seal_tenant(tenant_id)
+            # Also when only sealing was due: the seals it appended are leaves to sign now, not
+            # at the next beat (its own request may sit behind this beat on a busy worker).
             integrate_tenant(tenant_id)
         except services.IntegrationRefused:
             continue  # logged; the other tenants still get their checkpoints

@@ -158,8 +158,9 @@ def test_memberships_of_are_the_persons_own(
 
 
 def test_the_workers_cross_tenant_questions(tenant_a: Tenant, tenant_b: Tenant) -> None:
-    """Both tenants have a log (their creation records) and no tree: both need integrating, none
-    sealing; once integrated, neither. An export quiet for longer than the window is stale."""
+    """Both tenants have a log (their creation records) and no tree: both need integrating; once
+    integrated, not that, but both still need sealing (the sealer's watermark is its own). An
+    export quiet for longer than the window is stale."""
     from transparency import cross_tenant, services
     from transparency.models import Export
 

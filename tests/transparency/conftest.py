@@ -67,8 +67,10 @@ def writer_b(tenant_b: Tenant) -> Writer:
 
 
 def settle(tenant: Tenant) -> None:
-    """What the integrator task does after ingest: integrate, seal finished sagas, sign the seals."""
-    from transparency.tasks import integrate_tenant
+    """What the two workers do after ingest: the sealer seals finished sagas, the integrator
+    integrates records and seals and signs them."""
+    from transparency.tasks import integrate_tenant, seal_tenant
 
+    seal_tenant(tenant.pk)
     integrate_tenant(tenant.pk)
     assert services.tenants_to_integrate() == [] or tenant.pk not in services.tenants_to_integrate()

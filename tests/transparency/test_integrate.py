@@ -234,10 +234,10 @@ def test_one_integrator_per_tenant_a_batch_committed_during_its_pass_is_integrat
     writer_a.saga("first")
     passes: list[int] = []
     inner_returned: list[int] = []
-    real_pass = tasks._integrate_and_seal
+    real_pass = tasks._integrate_pass
 
-    def pass_while_a_batch_arrives(tenant: Tenant) -> None:
-        real_pass(tenant)
+    def pass_while_a_batch_arrives(tenant: Tenant) -> bool:
+        backlog = real_pass(tenant)
         passes.append(_tree_size(tenant))
         if len(passes) == 1:
             # A batch commits mid-run: its after-commit hook requests an integration, and the task
@@ -245,8 +245,9 @@ def test_one_integrator_per_tenant_a_batch_committed_during_its_pass_is_integrat
             with django_capture_on_commit_callbacks(execute=True):
                 writer_a.saga("second")
             inner_returned.append(_tree_size(tenant))
+        return backlog
 
-    monkeypatch.setattr(tasks, "_integrate_and_seal", pass_while_a_batch_arrives)
+    monkeypatch.setattr(tasks, "_integrate_pass", pass_while_a_batch_arrives)
     previous, app.conf.task_always_eager = app.conf.task_always_eager, True
     try:
         size = tasks.integrate_tenant(tenant_a.pk)

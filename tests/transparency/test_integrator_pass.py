@@ -1,5 +1,6 @@
-"""One integrator pass: seal what was accepted, then integrate records and seals under one signed
-checkpoint that extends the previous one; a pass that leaves a backlog runs again at once."""
+"""The sealer seals what was accepted, then one integrator pass integrates records and seals under
+one signed checkpoint that extends the previous one; a seal pass that leaves a backlog runs again
+at once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from tests.transparency.conftest import Writer, settle
 from transparency import keys, proofs, services, sources, tasks
-from transparency.models import Checkpoint, TreeState
+from transparency.models import Checkpoint, SealState, TreeState
 
 
 def _checkpoints(tenant: Tenant) -> list[Checkpoint]:
@@ -37,6 +38,11 @@ def _state(tenant: Tenant) -> TreeState:
         return TreeState.objects.get()
 
 
+def _sealed_size(tenant: Tenant) -> int:
+    with tenant_context(tenant):
+        return SealState.objects.values_list("sealed_size", flat=True).first() or 0
+
+
 def test_one_checkpoint_covers_a_multi_batch_pass_and_extends_the_previous(
     tenant_a: Tenant, writer_a: Writer
 ) -> None:
@@ -47,7 +53,8 @@ def test_one_checkpoint_covers_a_multi_batch_pass_and_extends_the_previous(
     writer_a.saga("two")
     writer_a.saga("open", end=None)
 
-    assert tasks._integrate_and_seal(tenant_a) is False  # one pass, nothing left behind
+    assert tasks.seal_tenant(tenant_a.pk) == 2  # the sealer: both finished sagas, in one call
+    assert tasks._integrate_pass(tenant_a) is False  # one integrator pass, nothing left behind
 
     new = _checkpoints(tenant_a)[len(before) :]
     assert len(new) == 1  # records and seals alike: one checkpoint, not one per batch or phase
@@ -63,9 +70,8 @@ def test_one_checkpoint_covers_a_multi_batch_pass_and_extends_the_previous(
     assert signed.size == checkpoint.size and last.size < signed.size
     merkle.verify_consistency(last.size, signed.size, proof, last.root_hash, signed.root_hash)
     # The seal watermark moved over the pass's own seals: nothing is left to look at.
-    state = _state(tenant_a)
-    assert state.sealed_size == state.size == checkpoint.size
-    assert services.tenants_to_seal() == [] and services.tenants_to_integrate() == []
+    assert _sealed_size(tenant_a) == _state(tenant_a).size == checkpoint.size
+    assert tenant_a.pk not in services.tenants_to_seal() + services.tenants_to_integrate()
 
 
 def test_a_pass_that_leaves_a_backlog_runs_again_at_once(
@@ -76,25 +82,28 @@ def test_a_pass_that_leaves_a_backlog_runs_again_at_once(
         writer_a.saga(f"s{n}")  # 6 records each
     monkeypatch.setattr(services, "SEAL_PASS_LEAVES", 6)  # a seal pass looks at one saga's worth
     backlogs: list[bool] = []
-    real = tasks._integrate_and_seal
+    real = services.seal_pass
 
-    def counted(tenant: Tenant) -> bool:
-        backlog = real(tenant)
-        backlogs.append(backlog)
-        return backlog
+    def counted(tenant: Tenant, **kwargs: Any) -> tuple[list[str], bool]:
+        sealed, sealed_up = real(tenant, **kwargs)
+        backlogs.append(not sealed_up)
+        return sealed, sealed_up
 
-    monkeypatch.setattr(tasks, "_integrate_and_seal", counted)
-    monkeypatch.setattr(tasks, "_requested", lambda tenant_id: False)  # no request keeps it going
+    monkeypatch.setattr(services, "seal_pass", counted)
+    monkeypatch.setattr(tasks, "_requested", lambda tenant_id, kind=tasks.INTEGRATE: False)
+    integrations: list[int] = []
+    monkeypatch.setattr(tasks, "request_integration", integrations.append)
 
-    size = tasks.integrate_tenant(tenant_a.pk)
+    assert tasks.seal_tenant(tenant_a.pk) == 4
 
     # Each pass but the last left accepted leaves unsealed, and the next one ran in the same call
-    # (not at the next beat).
+    # (not at the next beat); each that sealed asked for the seals to be signed.
     assert len(backlogs) >= 4 and backlogs[-1] is False and all(backlogs[:-1])
     assert sorted(_seals(tenant_a)) == ["s0", "s1", "s2", "s3"]
+    assert integrations and set(integrations) == {tenant_a.pk}
+    assert _sealed_size(tenant_a) == _log_size(tenant_a)
+    size = tasks.integrate_tenant(tenant_a.pk)
     assert size == _log_size(tenant_a) == _checkpoints(tenant_a)[-1].size
-    state = _state(tenant_a)
-    assert state.sealed_size == state.size
 
 
 def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
@@ -102,7 +111,7 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
 ) -> None:
     settle(tenant_a)
     writer_a.saga("done")
-    start = _state(tenant_a).sealed_size
+    start = _sealed_size(tenant_a)
     real_append = sources.append_server_records
 
     def append_after_an_ingest(
@@ -117,11 +126,11 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
     monkeypatch.undo()
     assert sealed == ["done"]
     seal_leaf = _seals(tenant_a)["done"]
-    state = _state(tenant_a)
-    assert start < state.sealed_size < seal_leaf  # the other batch's leaves are still to look at
+    sealed_to = _sealed_size(tenant_a)
+    assert start < sealed_to < seal_leaf  # the other batch's leaves are still to look at
     with tenant_context(tenant_a):
         # The seal's own leaf touches "done" no more; only the open saga's records are there.
-        assert sources.terminal_sagas_touched(tenant_a, state.sealed_size, seal_leaf + 1) == {}
+        assert sources.terminal_sagas_touched(tenant_a, sealed_to, seal_leaf + 1) == {}
     reads: list[list[str]] = []
     real_inputs = sources.seal_inputs
 
