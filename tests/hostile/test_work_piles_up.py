@@ -24,7 +24,7 @@ from tenants.scoping import tenant_context
 from tests.transparency.conftest import Writer
 from transparency import tasks as transparency_tasks
 from transparency.models import Checkpoint, TreeState
-from transparency.tasks import integrate_tenant
+from transparency.tasks import integrate_tenant, seal_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -50,9 +50,9 @@ def _purge(queue: str = DEFAULT_QUEUE) -> None:
 
 
 def _run_like_a_worker(message: dict[str, Any]) -> Any:
-    assert message["headers"]["task"] == "transparency.integrate_tenant"
+    task = {"transparency.integrate_tenant": integrate_tenant, "transparency.seal_tenant": seal_tenant}
     args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-    return integrate_tenant(*args, **kwargs)
+    return task[message["headers"]["task"]](*args, **kwargs)
 
 
 def _catch_up(tenant: Tenant) -> None:
@@ -60,6 +60,7 @@ def _catch_up(tenant: Tenant) -> None:
     worker would, so the test starts with nothing queued or requested. Messages other tests left
     in the queue (for tenants their rollback removed; no worker runs in tests) are dropped."""
     _purge()
+    seal_tenant(tenant.pk)
     integrate_tenant(tenant.pk)
     _purge()
 
@@ -78,16 +79,22 @@ def _tree(tenant: Tenant) -> tuple[int, int, int]:
 @pytest.mark.redis
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_200_batches_queue_one_integration_and_everything_integrates(tenant_a: Tenant) -> None:
+def test_200_batches_queue_one_integration_one_sealing_and_everything_integrates(tenant_a: Tenant) -> None:
     _catch_up(tenant_a)
     try:
         writer = Writer(tenant_a, "agent-burst")
         for n in range(200):
             writer.saga(f"burst-{n}", steps=1)  # committed: its post-commit hook ran
         waiting = _queued()
-        assert len(waiting) == 1, [m["headers"]["task"] for m in waiting[:5]]
+        # One of each worker's tasks, however many batches: the sealer's and the integrator's.
+        tasks = sorted(m["headers"]["task"] for m in waiting)
+        assert tasks == ["transparency.integrate_tenant", "transparency.seal_tenant"], tasks[:5]
 
-        _run_like_a_worker(waiting[0])
+        # The sealer first: its request for the seals' signing finds the integration's standing
+        # (the queue is read, not consumed, here: nothing new joins the two).
+        for message in sorted(waiting, key=lambda m: m["headers"]["task"] != "transparency.seal_tenant"):
+            _run_like_a_worker(message)
+        assert len(_queued()) == 2
         log_size, tree_size, signed = _tree(tenant_a)
         assert log_size >= 200 * 4 + 200  # every record, and a seal for each finished saga
         assert signed == tree_size == log_size
@@ -95,7 +102,7 @@ def test_200_batches_queue_one_integration_and_everything_integrates(tenant_a: T
         # The task took the request: the next batch asks again.
         _purge()
         writer.saga("after", steps=1)
-        assert len(_queued()) == 1
+        assert len(_queued()) == 2
     finally:
         _purge()
 

@@ -209,3 +209,28 @@ def test_a_statement_that_cannot_carry_the_tenant_is_refused_outside_a_transacti
             cursor.execute(f"SELECT count(*) FROM {ApiKey._meta.db_table}")
             assert cursor.fetchone()[0] >= 1
     assert _raw_count(ApiKey._meta.db_table, tenant_a) == 0
+
+
+def test_a_third_tenant_sees_no_seal_watermark_of_the_first_two(
+    tenant_a: Tenant, tenant_b: Tenant, alice: Person, carol: Person
+) -> None:
+    """The sealer's table (transparency.SealState) is scoped like every tenant table: the ORM
+    shows a third tenant none of the first two's rows, and on Postgres raw SQL naming their
+    tenant ids finds none either (row-level security), while each sees its own."""
+    from tenants import services
+    from transparency import services as transparency
+    from transparency.models import SealState
+
+    tenant_c = services.create_tenant(
+        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor="test"
+    )
+    for tenant in (tenant_a, tenant_b, tenant_c):
+        transparency.seal_pending(tenant)  # each has a watermark row (its creation records)
+        with tenant_context(tenant):
+            assert list(SealState.objects.values_list("tenant_id", flat=True)) == [tenant.pk]
+    table = SealState._meta.db_table
+    with tenant_context(tenant_c):
+        assert not SealState.objects.filter(tenant__in=[tenant_a, tenant_b]).exists()
+        if connection.vendor == "postgresql":
+            assert _raw_count(table, tenant_a) == _raw_count(table, tenant_b) == 0
+            assert _raw_count(table, tenant_c) == 1
