@@ -125,7 +125,9 @@ def _integrated_size(tenant: Tenant) -> int:
         return TreeState.objects.values_list("size", flat=True).first() or 0
 
 
-def _coalesced(tenant: Tenant, kind: Kind, one_pass: Callable[[Tenant], bool]) -> bool:
+def _coalesced(
+    tenant: Tenant, kind: Kind, one_pass: Callable[[Tenant], bool], progress: Callable[[Tenant], str]
+) -> bool:
     """Run `one_pass` as the tenant's one `kind` worker until no backlog or request is left.
     Returns False when another worker holds the claim (this call did nothing), else True.
 
@@ -133,7 +135,8 @@ def _coalesced(tenant: Tenant, kind: Kind, one_pass: Callable[[Tenant], bool]) -
     running one checks for a request after each pass and before it lets go, and runs again if it
     finds one, so whatever committed meanwhile is handled by it: under sustained ingest one worker
     loops, each pass taking everything committed so far, instead of tasks queueing on a row lock.
-    A pass that returns True left a backlog: the next runs at once, not at the next beat."""
+    A pass that returns True left a backlog: the next runs at once, not at the next beat. A worker
+    shutting down stops between passes, logs how far it got (`progress`) and requests the rest."""
     token = uuid.uuid4().hex
     while keep_going():
         if not _claim(tenant, token, kind):
@@ -151,7 +154,9 @@ def _coalesced(tenant: Tenant, kind: Kind, one_pass: Callable[[Tenant], bool]) -
         if not _requested(tenant.pk, kind):
             break
     if not keep_going():
-        log.warning("%s of tenant %s stopped: the worker is shutting down", kind, tenant.slug)
+        log.warning(
+            "%s of tenant %s stopped at %s: the worker is shutting down", kind, tenant.slug, progress(tenant)
+        )
         try:
             _request(tenant.pk, kind)  # for the next worker
         except Exception:  # the beat finds the unfinished log anyway
@@ -169,7 +174,7 @@ def integrate_tenant(tenant_id: int) -> int:
     A worker shutting down stops this between chunks (each committed and signed) and the rest is
     requested again, for the next worker. Coalesced per tenant (`_coalesced`)."""
     tenant = Tenant.objects.get(pk=tenant_id)
-    _coalesced(tenant, INTEGRATE, _integrate_pass)
+    _coalesced(tenant, INTEGRATE, _integrate_pass, lambda t: f"{_integrated_size(t)} leaves")
     return _integrated_size(tenant)
 
 
@@ -213,7 +218,7 @@ def seal_tenant(tenant_id: int) -> int:
                 )
         return not sealed_up
 
-    _coalesced(tenant, SEAL, one_pass)
+    _coalesced(tenant, SEAL, one_pass, lambda t: f"{appended} seals appended")
     return appended
 
 
