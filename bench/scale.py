@@ -430,7 +430,14 @@ def _export(tenant: Any, signed: int, tmp: str) -> dict[str, Any]:
     }
 
 
-GROWING_TABLES = ("audit_record", "audit_recordpayload", "sagas_saga", "sagas_step", "transparency_treenode")
+GROWING_TABLES = (
+    "audit_record",
+    "audit_recordpayload",
+    "sagas_saga",
+    "sagas_step",
+    "transparency_treenode",
+    "recovery_lease",
+)
 ANALYZED: dict[str, Any] = {"server_autovacuum": None, "analyzes": 0}
 
 

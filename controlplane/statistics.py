@@ -32,3 +32,23 @@ def analyze_sooner(*tables: str) -> migrations.RunPython:
                 )
 
     return migrations.RunPython(forward, backward)
+
+
+def unindex_tenant(model_name: str, table: str, index: str) -> migrations.SeparateDatabaseAndState:
+    """The operation that takes `index`, a model's lone index on `tenant_id`, away (the model's
+    `tenant` becomes `tenant_field(db_index=False)`): only the index is dropped, on any database
+    (Django names it alike everywhere). Django's own AlterField would drop and re-add the foreign
+    key as well, re-validating every row under lock (minutes at 10M records)."""
+    from tenants.scoping import tenant_field
+
+    return migrations.SeparateDatabaseAndState(
+        database_operations=[
+            migrations.RunSQL(
+                f'DROP INDEX IF EXISTS "{index}"',
+                reverse_sql=f'CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" ("tenant_id")',
+            )
+        ],
+        state_operations=[
+            migrations.AlterField(model_name=model_name, name="tenant", field=tenant_field(db_index=False))
+        ],
+    )

@@ -20,7 +20,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from tenants.scoping import TenantScopedModel, tenant_field
 
 
 class LeaseState(models.TextChoices):
@@ -30,6 +30,9 @@ class LeaseState(models.TextChoices):
 
 
 class Lease(TenantScopedModel):
+    # `one_lease_per_saga` leads with the tenant; a lone tenant index made ingest's lease lookup
+    # read a grown tenant's every lease when statistics lagged (155 ms a batch at 10M records).
+    tenant = tenant_field(db_index=False)
     saga_id = models.CharField(max_length=128)
     lease_ttl = models.FloatField(null=True, blank=True)
     renewed_at = models.DateTimeField(null=True, blank=True)

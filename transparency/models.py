@@ -22,7 +22,7 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from tenants.scoping import TenantScopedModel, tenant_field
 
 
 class KeyStatus(models.TextChoices):
@@ -84,6 +84,8 @@ class SealState(TenantScopedModel):
 
 class TreeNode(TenantScopedModel):
     """Hash of the perfect subtree covering leaves [index·2^level, (index+1)·2^level)."""
+
+    tenant = tenant_field(db_index=False)  # `one_tree_node_per_position` leads with it
 
     level = models.PositiveSmallIntegerField()
     index = models.BigIntegerField()

@@ -6,7 +6,7 @@ drop and re-add each constraint, re-validating every row under lock (minutes at 
 import django.db.models.deletion
 from django.db import migrations, models
 
-INDEXES = ["sagas_saga_tenant_id_11ef2eb9", "sagas_step_saga_id_a0930111", "sagas_step_tenant_id_4fd527ef"]
+from controlplane.statistics import unindex_tenant
 
 
 class Migration(migrations.Migration):
@@ -16,29 +16,16 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        unindex_tenant("saga", "sagas_saga", "sagas_saga_tenant_id_11ef2eb9"),
+        unindex_tenant("step", "sagas_step", "sagas_step_tenant_id_4fd527ef"),
         migrations.SeparateDatabaseAndState(
             database_operations=[
                 migrations.RunSQL(
-                    [f'DROP INDEX IF EXISTS "{name}"' for name in INDEXES],
-                    reverse_sql=[
-                        'CREATE INDEX IF NOT EXISTS "sagas_saga_tenant_id_11ef2eb9" ON "sagas_saga" ("tenant_id")',
-                        'CREATE INDEX IF NOT EXISTS "sagas_step_saga_id_a0930111" ON "sagas_step" ("saga_id")',
-                        'CREATE INDEX IF NOT EXISTS "sagas_step_tenant_id_4fd527ef" ON "sagas_step" ("tenant_id")',
-                    ],
+                    'DROP INDEX IF EXISTS "sagas_step_saga_id_a0930111"',
+                    reverse_sql='CREATE INDEX IF NOT EXISTS "sagas_step_saga_id_a0930111" ON "sagas_step" ("saga_id")',
                 )
             ],
             state_operations=[
-                migrations.AlterField(
-                    model_name="saga",
-                    name="tenant",
-                    field=models.ForeignKey(
-                        db_index=False,
-                        editable=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="+",
-                        to="tenants.tenant",
-                    ),
-                ),
                 migrations.AlterField(
                     model_name="step",
                     name="saga",
@@ -48,18 +35,7 @@ class Migration(migrations.Migration):
                         related_name="steps",
                         to="sagas.saga",
                     ),
-                ),
-                migrations.AlterField(
-                    model_name="step",
-                    name="tenant",
-                    field=models.ForeignKey(
-                        db_index=False,
-                        editable=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="+",
-                        to="tenants.tenant",
-                    ),
-                ),
+                )
             ],
-        )
+        ),
     ]
