@@ -41,6 +41,7 @@ bench/results/scale.json, which it rewrites after every measurement; `--drop` dr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -430,6 +431,19 @@ def _export(tenant: Any, signed: int, tmp: str) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _as_owner() -> Any:
+    """An autocommit connection as the tables' owner (what ANALYZE needs), or None without one."""
+    owner = os.environ.get("DATABASE_OWNER_URL", "")
+    if not owner:
+        yield None
+        return
+    import psycopg
+
+    with psycopg.connect(owner.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+        yield c
+
+
 GROWING_TABLES = (
     "audit_record",
     "audit_recordpayload",
@@ -449,12 +463,9 @@ def autovacuum_stand_in() -> None:
     grown tenant's tables are never analyzed, and the planner's guesses for them (a tenant of
     1.2M steps taken for 748 rows) are not what a production tenant meets. With autovacuum on,
     nothing: the server does it."""
-    owner = os.environ.get("DATABASE_OWNER_URL", "")
-    if not owner:
-        return
-    import psycopg
-
-    with psycopg.connect(owner.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+    with _as_owner() as c:
+        if c is None:
+            return
         settings = dict(
             c.execute(
                 "SELECT name, setting FROM pg_settings WHERE name IN "
@@ -485,13 +496,9 @@ def autovacuum_stand_in() -> None:
 def _analyze() -> None:
     """ANALYZE the saga tables (as their owner), as autovacuum would have by now: growing a table
     by a million rows in minutes outruns it, and stale statistics are not what a tenant meets."""
-    owner = os.environ.get("DATABASE_OWNER_URL", "")
-    if not owner:
-        return
-    import psycopg
-
-    with psycopg.connect(owner.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
-        c.execute("ANALYZE sagas_saga, sagas_step")
+    with _as_owner() as c:
+        if c is not None:
+            c.execute("ANALYZE sagas_saga, sagas_step")
 
 
 def measure(grower: Grower, client: Any, queries: int, tmp: str) -> dict[str, Any]:

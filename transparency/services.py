@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -179,16 +179,26 @@ def _key_ids_by_status() -> dict[str, list[str]]:
 # --------------------------------------------------------------------------- integration
 
 
-def _locked_state(tenant: Tenant) -> TreeState:
-    state = TreeState.objects.select_for_update().filter(tenant=tenant).first()
+StateRow = TypeVar("StateRow", TreeState, SealState)
+
+
+def _locked_row(model: type[StateRow], tenant: Tenant) -> StateRow:
+    """The tenant's one row of `model`, row-locked until the transaction ends (created first if
+    the tenant has none yet)."""
+    state = model.objects.select_for_update().filter(tenant=tenant).first()
     if state is None:
         try:
             with transaction.atomic():
-                TreeState.objects.create(tenant=tenant)
+                model.objects.create(tenant=tenant)
         except IntegrityError:
-            pass  # another integrator created it first; lock theirs
-        state = TreeState.objects.select_for_update().get(tenant=tenant)
+            pass  # another worker created it first; lock theirs
+        state = model.objects.select_for_update().get(tenant=tenant)
     return state
+
+
+def _locked_state(tenant: Tenant) -> TreeState:
+    """The tree state, row-locked: what serialises the integrator's passes."""
+    return _locked_row(TreeState, tenant)
 
 
 def _split(stored: bytes | memoryview) -> list[bytes]:
@@ -435,15 +445,7 @@ def _locked_seal_state(tenant: Tenant) -> SealState:
     TreeState's lock, which the integrator holds while it extends and signs: sealing and
     integration run beside each other. Lock order: this row, then the tenant log (the seals'
     append); the integrator takes TreeState alone, ingest the tenant log alone, so no cycle."""
-    state = SealState.objects.select_for_update().filter(tenant=tenant).first()
-    if state is None:
-        try:
-            with transaction.atomic():
-                SealState.objects.create(tenant=tenant)
-        except IntegrityError:
-            pass  # another seal pass created it first; lock theirs
-        state = SealState.objects.select_for_update().get(tenant=tenant)
-    return state
+    return _locked_row(SealState, tenant)
 
 
 def seal_pass(tenant: Tenant, *, max_leaves: int | None = None) -> tuple[list[str], bool]:

@@ -20,8 +20,6 @@ UNINDEXED = ["sagas_saga", "sagas_step", "recovery_lease", "transparency_treenod
 
 
 def test_the_growing_tables_are_analyzed_after_two_percent_of_changes() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("Postgres only")
     with connection.cursor() as cursor:
         cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)", [GROWING])
         options = dict(cursor.fetchall())
@@ -31,8 +29,6 @@ def test_the_growing_tables_are_analyzed_after_two_percent_of_changes() -> None:
 
 
 def test_the_hot_tables_have_no_single_column_tenant_or_saga_index() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("Postgres only")
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT indexdef FROM pg_indexes WHERE tablename = ANY(%s) "

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from sagaplane import merkle, note
 
-from audit.models import Record, TenantLog
+from audit.models import TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.transparency.conftest import Writer, settle
+from tests.transparency.conftest import Writer, seal_records, seal_watermark, settle
 from transparency import keys, proofs, services, sources, tasks
-from transparency.models import Checkpoint, SealState, TreeState
+from transparency.models import Checkpoint, TreeState
 
 
 def _checkpoints(tenant: Tenant) -> list[Checkpoint]:
@@ -22,10 +22,8 @@ def _checkpoints(tenant: Tenant) -> list[Checkpoint]:
         return list(Checkpoint.objects.order_by("id"))
 
 
-def _seals(tenant: Tenant) -> dict[str, int]:
-    with tenant_context(tenant):
-        rows = Record.objects.filter(event=services.SEAL_EVENT).values_list("saga_id", "leaf_index")
-        return dict(rows)
+def _seal_leaves(tenant: Tenant) -> dict[str, int]:
+    return dict(seal_records(tenant))
 
 
 def _log_size(tenant: Tenant) -> int:
@@ -36,11 +34,6 @@ def _log_size(tenant: Tenant) -> int:
 def _state(tenant: Tenant) -> TreeState:
     with tenant_context(tenant):
         return TreeState.objects.get()
-
-
-def _sealed_size(tenant: Tenant) -> int:
-    with tenant_context(tenant):
-        return SealState.objects.values_list("sealed_size", flat=True).first() or 0
 
 
 def test_one_checkpoint_covers_a_multi_batch_pass_and_extends_the_previous(
@@ -59,7 +52,7 @@ def test_one_checkpoint_covers_a_multi_batch_pass_and_extends_the_previous(
     new = _checkpoints(tenant_a)[len(before) :]
     assert len(new) == 1  # records and seals alike: one checkpoint, not one per batch or phase
     checkpoint, previous = new[0], before[-1]
-    seals = _seals(tenant_a)
+    seals = _seal_leaves(tenant_a)
     assert sorted(seals) == ["one", "two"]
     assert checkpoint.size == _log_size(tenant_a) > max(seals.values())  # the seals are signed too
     origin = keys.log_origin(tenant_a)
@@ -70,7 +63,7 @@ def test_one_checkpoint_covers_a_multi_batch_pass_and_extends_the_previous(
     assert signed.size == checkpoint.size and last.size < signed.size
     merkle.verify_consistency(last.size, signed.size, proof, last.root_hash, signed.root_hash)
     # The seal watermark moved over the pass's own seals: nothing is left to look at.
-    assert _sealed_size(tenant_a) == _state(tenant_a).size == checkpoint.size
+    assert seal_watermark(tenant_a) == _state(tenant_a).size == checkpoint.size
     assert tenant_a.pk not in services.tenants_to_seal() + services.tenants_to_integrate()
 
 
@@ -99,9 +92,9 @@ def test_a_pass_that_leaves_a_backlog_runs_again_at_once(
     # Each pass but the last left accepted leaves unsealed, and the next one ran in the same call
     # (not at the next beat); each that sealed asked for the seals to be signed.
     assert len(backlogs) >= 4 and backlogs[-1] is False and all(backlogs[:-1])
-    assert sorted(_seals(tenant_a)) == ["s0", "s1", "s2", "s3"]
+    assert sorted(_seal_leaves(tenant_a)) == ["s0", "s1", "s2", "s3"]
     assert integrations and set(integrations) == {tenant_a.pk}
-    assert _sealed_size(tenant_a) == _log_size(tenant_a)
+    assert seal_watermark(tenant_a) == _log_size(tenant_a)
     size = tasks.integrate_tenant(tenant_a.pk)
     assert size == _log_size(tenant_a) == _checkpoints(tenant_a)[-1].size
 
@@ -111,7 +104,7 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
 ) -> None:
     settle(tenant_a)
     writer_a.saga("done")
-    start = _sealed_size(tenant_a)
+    start = seal_watermark(tenant_a)
     real_append = sources.append_server_records
 
     def append_after_an_ingest(
@@ -125,8 +118,8 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
     sealed, _ = services.seal_pass(tenant_a)
     monkeypatch.undo()
     assert sealed == ["done"]
-    seal_leaf = _seals(tenant_a)["done"]
-    sealed_to = _sealed_size(tenant_a)
+    seal_leaf = _seal_leaves(tenant_a)["done"]
+    sealed_to = seal_watermark(tenant_a)
     assert start < sealed_to < seal_leaf  # the other batch's leaves are still to look at
     with tenant_context(tenant_a):
         # The seal's own leaf touches "done" no more; only the open saga's records are there.
@@ -141,7 +134,7 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
     monkeypatch.setattr(sources, "seal_inputs", spy)
     assert services.seal_pass(tenant_a) == ([], True)
     assert reads == []  # nothing re-read
-    assert len(_seals(tenant_a)) == 1
+    assert len(_seal_leaves(tenant_a)) == 1
 
 
 def test_reading_by_leaf_range_finds_what_reading_by_saga_id_finds(

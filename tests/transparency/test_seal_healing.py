@@ -11,9 +11,9 @@ from audit import services as audit_services
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from tests.conftest import Person
-from tests.transparency.conftest import Writer
+from tests.transparency.conftest import Writer, seal_records, seal_watermark
 from transparency import services, sources
-from transparency.models import SealState, TreeState
+from transparency.models import TreeState
 from transparency.tasks import integrate_grown_tenants
 
 API = "/api/v1/audit"
@@ -23,25 +23,9 @@ class Crash(BaseException):
     """Stands in for the process dying (not an Exception, so nothing catches it)."""
 
 
-def _seals(tenant: Tenant) -> list[tuple[str, int]]:
-    from audit.models import Record
-
-    with tenant_context(tenant):
-        return list(
-            Record.objects.filter(event=services.SEAL_EVENT)
-            .order_by("leaf_index")
-            .values_list("saga_id", "leaf_index")
-        )
-
-
 def _state(tenant: Tenant) -> TreeState:
     with tenant_context(tenant):
         return TreeState.objects.get()
-
-
-def _sealed_size(tenant: Tenant) -> int:
-    with tenant_context(tenant):
-        return SealState.objects.values_list("sealed_size", flat=True).first() or 0
 
 
 def test_integrated_but_never_sealed_is_sealed_by_the_beat(
@@ -51,22 +35,22 @@ def test_integrated_but_never_sealed_is_sealed_by_the_beat(
     writer_a.saga("open", end=None)
     # The integrator signed, then died before its seal step: this is all that ran.
     services.integrate_fully(tenant_a)
-    assert _seals(tenant_a) == []
+    assert seal_records(tenant_a) == []
     assert tenant_a.pk not in services.tenants_to_integrate()  # nothing left to integrate...
     assert tenant_a.pk in services.tenants_to_seal()  # ...but the seal watermark lags
     assert alice.key_client().get(f"{API}/sagas/done/disclosure").json()["error"] == "not_sealed"
 
     assert tenant_a.pk in integrate_grown_tenants()  # the 1 s beat
 
-    assert [saga for saga, _ in _seals(tenant_a)] == ["done"]  # the open saga is not sealed
-    assert _sealed_size(tenant_a) == _state(tenant_a).size  # the seal itself integrated, signed, looked at
+    assert [saga for saga, _ in seal_records(tenant_a)] == ["done"]  # the open saga is not sealed
+    assert seal_watermark(tenant_a) == _state(tenant_a).size  # the seal itself integrated, signed, looked at
     assert services.tenants_to_seal() == [] and services.tenants_to_integrate() == []
     response = alice.key_client().get(f"{API}/sagas/done/disclosure")
     assert response.status_code == 200, response.content
     assert len(response.json()["records"]) == 6
     # Running the beat again changes nothing: the latest seal is current.
     integrate_grown_tenants()
-    assert len(_seals(tenant_a)) == 1
+    assert len(seal_records(tenant_a)) == 1
 
 
 def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
@@ -75,7 +59,7 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
     writer_a.saga("one")
     writer_a.saga("two")
     services.integrate_fully(tenant_a)
-    before = _sealed_size(tenant_a)
+    before = seal_watermark(tenant_a)
     real_append = sources.append_server_records
     appended: list[str] = []
 
@@ -90,11 +74,11 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
     monkeypatch.undo()
     assert appended == ["one", "two"]  # one batch: the pass appends every seal it needs at once
     # One transaction: neither seal nor the watermark survived the crash.
-    assert _seals(tenant_a) == []
-    assert _sealed_size(tenant_a) == before
+    assert seal_records(tenant_a) == []
+    assert seal_watermark(tenant_a) == before
 
     integrate_grown_tenants()
-    assert sorted(saga for saga, _ in _seals(tenant_a)) == ["one", "two"]
+    assert sorted(saga for saga, _ in seal_records(tenant_a)) == ["one", "two"]
 
 
 def test_the_pass_only_reads_leaves_past_the_watermark(
@@ -102,7 +86,7 @@ def test_the_pass_only_reads_leaves_past_the_watermark(
 ) -> None:
     writer_a.saga("early")
     integrate_grown_tenants()
-    sealed_to = _sealed_size(tenant_a)
+    sealed_to = seal_watermark(tenant_a)
     writer_a.saga("late")
     services.integrate_fully(tenant_a)
     real = sources.terminal_sagas_touched
@@ -123,14 +107,14 @@ def test_the_pass_only_reads_leaves_past_the_watermark(
 def test_a_record_after_the_seal_gets_a_fresh_seal(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("pay")
     integrate_grown_tenants()
-    first = _seals(tenant_a)
+    first = seal_records(tenant_a)
     assert [s for s, _ in first] == ["pay"]
     # A server record about the finished saga (as an approval or recovery note would be).
     audit_services.append_server_record(tenant_a, "SAGA_NOTE", {"saga_id": "pay"}, actor="test")
     services.integrate_fully(tenant_a)  # integrated; sealing "crashed" again
-    assert _seals(tenant_a) == first
+    assert seal_records(tenant_a) == first
     integrate_grown_tenants()
-    seals = _seals(tenant_a)
+    seals = seal_records(tenant_a)
     assert len(seals) == 2 and seals[-1][1] > first[0][1]
 
 
@@ -143,7 +127,7 @@ def test_other_tenants_are_healed_independently(
     services.integrate_fully(tenant_b)
     assert {tenant_a.pk, tenant_b.pk} <= set(services.tenants_to_seal())
     services.seal_pending(tenant_b)
-    assert [s for s, _ in _seals(tenant_b)] == ["b1"]
-    assert _seals(tenant_a) == []  # b's pass touched nothing of a
+    assert [s for s, _ in seal_records(tenant_b)] == ["b1"]
+    assert seal_records(tenant_a) == []  # b's pass touched nothing of a
     integrate_grown_tenants()
-    assert [s for s, _ in _seals(tenant_a)] == ["a1"]
+    assert [s for s, _ in seal_records(tenant_a)] == ["a1"]

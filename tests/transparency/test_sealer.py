@@ -14,29 +14,15 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from audit.models import Record, TenantLog
+from audit.models import TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from tests.conftest import at_once
-from tests.transparency.conftest import Writer, settle
+from tests.transparency.conftest import Writer, seal_records, seal_watermark, settle
 from transparency import services, tasks
-from transparency.models import Checkpoint, SealState
+from transparency.models import Checkpoint
 
 PATIENCE_S = 60.0  # a hang guard only: every wait below is released by the test itself
-
-
-def _seals(tenant: Tenant) -> list[tuple[str, int]]:
-    with tenant_context(tenant):
-        return list(
-            Record.objects.filter(event=services.SEAL_EVENT)
-            .order_by("leaf_index")
-            .values_list("saga_id", "leaf_index")
-        )
-
-
-def _sealed_size(tenant: Tenant) -> int:
-    with tenant_context(tenant):
-        return SealState.objects.values_list("sealed_size", flat=True).first() or 0
 
 
 def _log_size(tenant: Tenant) -> int:
@@ -114,12 +100,12 @@ def test_a_seal_pass_completes_while_the_integrator_holds_its_lock(
         assert _signed_size(tenant_a) == signed_before  # nothing signed meanwhile
 
     # The watermark moved once, over the records and the seals (they landed right at it).
-    assert _sealed_size(tenant_a) == _log_size(tenant_a)
+    assert seal_watermark(tenant_a) == _log_size(tenant_a)
     assert services.seal_pass(tenant_a) == ([], True)
     # The integrator signs the seals later, in its own pass.
     assert tenant_a.pk in services.tenants_to_integrate()
     services.integrate_fully(tenant_a)
-    seals = _seals(tenant_a)
+    seals = seal_records(tenant_a)
     assert sorted(saga for saga, _ in seals) == ["one", "two"]  # each once
     assert _signed_size(tenant_a) == _log_size(tenant_a) > max(leaf for _, leaf in seals)
 
@@ -137,9 +123,9 @@ def test_an_integration_completes_while_a_seal_pass_holds_its_lock(
         with _lock_timeout("20s"):
             checkpoint = services.integrate(tenant_a)  # does not wait for it
         assert checkpoint is not None and checkpoint.size == _log_size(tenant_a)
-    assert _seals(tenant_a) == []  # the records are signed, their seal is the sealer's to do
+    assert seal_records(tenant_a) == []  # the records are signed, their seal is the sealer's to do
     settle(tenant_a)
-    assert [saga for saga, _ in _seals(tenant_a)] == ["one"]
+    assert [saga for saga, _ in seal_records(tenant_a)] == ["one"]
     assert _signed_size(tenant_a) == _log_size(tenant_a)
 
 
@@ -156,8 +142,8 @@ def test_sealing_and_integrating_at_once_seal_every_saga_once_and_sign_everythin
     )
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
     services.integrate_fully(tenant_a)  # whatever the seals added after the integrator's read
-    assert sorted(saga for saga, _ in _seals(tenant_a)) == [f"s{n}" for n in range(5)]
-    assert _sealed_size(tenant_a) == _log_size(tenant_a) == _signed_size(tenant_a)
+    assert sorted(saga for saga, _ in seal_records(tenant_a)) == [f"s{n}" for n in range(5)]
+    assert seal_watermark(tenant_a) == _log_size(tenant_a) == _signed_size(tenant_a)
 
 
 def test_the_seal_task_coalesces_a_call_finding_it_running_leaves_its_request(
@@ -171,7 +157,7 @@ def test_the_seal_task_coalesces_a_call_finding_it_running_leaves_its_request(
     try:
         cache.set(tasks._request_key(tenant_a.pk, tasks.SEAL), "1")
         assert tasks.seal_tenant(tenant_a.pk) == 0  # nothing sealed, nothing blocked
-        assert _seals(tenant_a) == []
+        assert seal_records(tenant_a) == []
         assert tasks._requested(tenant_a.pk, tasks.SEAL)  # the running sealer's to take
         # The integrator's claim is its own: integration is not held up by the sealer.
         assert tasks.integrate_tenant(tenant_a.pk) == _log_size(tenant_a)
@@ -207,7 +193,7 @@ def test_two_seal_calls_one_runs_and_takes_the_others_work(
                     writer_a.saga("second")
 
             contextvars.Context().run(another_client)
-            inner.append(len(_seals(tenant)))
+            inner.append(len(seal_records(tenant)))
         return outcome
 
     monkeypatch.setattr(services, "seal_pass", pass_while_a_batch_arrives)
@@ -234,11 +220,11 @@ def test_a_crash_between_seal_and_sign_is_healed_by_the_beat(
     monkeypatch.setattr(tasks, "request_integration", broker_down)
     assert tasks.seal_tenant(tenant_a.pk) == 1
     monkeypatch.undo()
-    (seal,) = _seals(tenant_a)
+    (seal,) = seal_records(tenant_a)
     assert _signed_size(tenant_a) <= seal[1]  # the seal is not signed
     assert tenant_a.pk in services.tenants_to_integrate()
     assert tenant_a.pk not in services.tenants_to_seal()
 
     assert tenant_a.pk in tasks.integrate_grown_tenants()  # the 1 s beat
     assert _signed_size(tenant_a) == _log_size(tenant_a) > seal[1]
-    assert _seals(tenant_a) == [seal]  # signed, not sealed again
+    assert seal_records(tenant_a) == [seal]  # signed, not sealed again
