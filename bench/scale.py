@@ -109,6 +109,17 @@ def _drop(owner_url: str, name: str) -> None:
     import psycopg
 
     with psycopg.connect(_admin(owner_url), autocommit=True) as c:
+        # The runtime role's sessions may still be closing (a pool closes its connections in the
+        # background), and the owner may not terminate another role's session: WITH (FORCE) then
+        # fails (seen in CI on a loaded machine). Wait for them to go, at most 30 s.
+        deadline = time.monotonic() + 30
+        while (
+            time.monotonic() < deadline
+            and c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename <> current_user", [name]
+            ).fetchone()[0]
+        ):
+            time.sleep(0.1)
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
