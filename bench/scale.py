@@ -28,8 +28,12 @@ Each point's ratio to the first point is reported too, but on a shared machine t
 it more than the size does. Targets also: proofs p99 < 5 ms and saga list p95 < 100 ms.
 Reported, never asserted.
 
-Without DATABASE_URL it runs on a throw-away SQLite file (sizes then omitted). With DATABASE_URL
-and DATABASE_OWNER_URL it works in its own database `<name>_bench_scale`. `--quick` creates it
+By default it runs on a Postgres server of its own, configured as production is (shared_buffers a
+quarter of the memory, autovacuum on; bench/support/pgserver.py), kept in `<data-dir>/postgres`:
+the machine's shared Postgres is a development server (128 MiB of shared_buffers, autovacuum off
+here) that ten million records would fill with 16 GB. `--server shared` uses DATABASE_URL's
+server instead; without it a throw-away SQLite file (sizes then omitted). On Postgres it works in
+its own database `<name>_bench_scale`. `--quick` creates it
 fresh and drops it after. The full run is incremental: it keeps the database (and its data dir,
 `--data-dir`) and, run again, continues growing it from where it stopped, merging into
 bench/results/scale.json, which it rewrites after every measurement; `--drop` drops it at the end.
@@ -382,8 +386,10 @@ def _proofs(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
     _api(client, "/api/v1/audit/proofs/consistency", {"first": 1}, 1)
     for leaf in leaves:
         inclusion += _api(client, "/api/v1/audit/proofs/inclusion", {"index": leaf}, 1)
-    for leaf in leaves:
-        consistency += _api(client, "/api/v1/audit/proofs/consistency", {"first": max(1, leaf)}, 1)
+    # Leaves of their own: the inclusion proofs just read their leaves' neighbourhoods.
+    firsts = [random.randrange(1, signed + 1) for _ in range(queries)]
+    for first in firsts:
+        consistency += _api(client, "/api/v1/audit/proofs/consistency", {"first": first}, 1)
     # The same proofs without the request path (authentication, middleware, DRF, JSON): what the
     # tree's storage costs at this size, beside what the API adds.
     from transparency import proofs
@@ -394,9 +400,9 @@ def _proofs(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
             start = time.perf_counter()
             proofs.inclusion(leaf)
             core_inclusion.append(time.perf_counter() - start)
-        for leaf in leaves:
+        for first in firsts:
             start = time.perf_counter()
-            proofs.consistency(max(1, leaf))
+            proofs.consistency(first)
             core_consistency.append(time.perf_counter() - start)
     return {
         "signed_size": signed,
@@ -807,6 +813,14 @@ def main() -> int:
     parser.add_argument("--data-dir", default="/tmp/sagaplane-bench-scale", help="kept between full runs")
     parser.add_argument("--drop", action="store_true", help="drop the database when done")
     parser.add_argument(
+        "--server",
+        choices=["private", "shared"],
+        default="private" if shutil.which("pg_config") else "shared",
+        help="private (default where Postgres' server binaries are installed): a Postgres of the "
+        "benchmark's own with production settings (bench/support/pgserver.py), in <data-dir>/postgres; "
+        "shared: DATABASE_URL's server",
+    )
+    parser.add_argument(
         "--list-only",
         action="store_true",
         help="measure the saga list on the grown database only (bench/results/scale-list.json)",
@@ -827,11 +841,31 @@ def main() -> int:
     queries = 10 if args.quick else 200
     if args.list_only:
         return list_only(args.data_dir, queries)
+    server = None
+    if args.server == "private":
+        from bench.support.pgserver import private_server
+
+        folder = (
+            Path(args.data_dir) / "postgres" if not args.quick else Path(tempfile.mkdtemp(prefix="sp-pg-"))
+        )
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o755, exist_ok=True)
+        folder.chmod(0o755)
+        server = private_server(folder)
+        server.start()
+        os.environ.update(server.environment())
+        report_server: dict[str, Any] = {"private": True, "settings": server.settings}
+    else:
+        report_server = {"private": False, "url": os.environ.get("DATABASE_URL", "").split("@")[-1]}
     database = _own_database(fresh=args.quick)
     name = "scale-quick.json" if args.quick else "scale.json"
     report = Report(ROOT / "bench" / "results" / name, keep=not args.quick, quick=args.quick)
     report.data["runs"].append(
-        {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "load_average": _load()}
+        {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "load_average": _load(),
+            "postgres": report_server,
+        }
     )
     with tempfile.TemporaryDirectory(prefix="sagaplane-bench-scale-") as tmp:
         data_dir = tmp if args.quick else args.data_dir
@@ -845,14 +879,18 @@ def main() -> int:
             if tenants:
                 tenants_phase(tenants, per, report, queries, grower, client)
         finally:
-            if database and (args.quick or args.drop):
-                from django.db import connections
+            from django.db import connections
 
-                for connection in connections.all():
-                    if hasattr(connection, "close_pool"):
-                        connection.close_pool()  # the runtime role's pooled sessions
-                connections.close_all()
+            for connection in connections.all():
+                if hasattr(connection, "close_pool"):
+                    connection.close_pool()  # the runtime role's pooled sessions
+            connections.close_all()
+            if database and (args.quick or args.drop):
                 _drop(database[1], database[2])
+            if server is not None:
+                server.stop()
+                if args.quick or args.drop:
+                    shutil.rmtree(server.folder, ignore_errors=True)
     report.data["runs"][-1]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     report.write()
     print(f"wrote {report.path.relative_to(ROOT)}")
