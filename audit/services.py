@@ -61,7 +61,7 @@ from controlplane.errors import DomainError
 from controlplane.numbers import finite_number
 from controlplane.postcommit import after_commit
 from tenants.models import Tenant
-from tenants.scoping import joined_tenant_context, tenant_context
+from tenants.scoping import joined_tenant_context, tenant_context, tenant_statements
 
 logger = logging.getLogger(__name__)
 
@@ -680,42 +680,37 @@ def _chain_after_pending(
 def queue_server_records(
     tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: str
 ) -> None:
-    """Accept server-stream records with the caller's change (same transaction) without making
-    concurrent callers queue for the stream one whole append and commit each: group commit.
+    """Accept server-stream records with the caller's change (same transaction) and chain them in
+    batches: group commit by time. They are written as `PendingServerRecord` rows (one INSERT);
+    once the caller's transaction has committed, a pending row older than GROUP_WINDOW_S makes it
+    chain everything pending, in one append for every record of the window. Chaining each
+    record with its own change cost a whole append (nine statements, and a serialised section
+    under the server stream's lock) per record, which is what a recovery worker reporting one
+    result per request paid per job.
 
-    If nobody holds the server stream, this transaction takes it and chains every pending row and
-    then its own records at once; otherwise it writes them as `PendingServerRecord` rows and does
-    not wait: whoever holds the stream re-checks for pending rows once its
-    transaction has committed (and so does this caller, after its own commit), and a row committed
-    before a failed try was committed before that holder's re-check. The re-checks are bounded
-    (RECHECK_ROUNDS), so under a steady stream of results the last rows of a round may wait for
-    the next result; if an appender dies, or none comes, the recovery sweep chains them within a
-    second. Either way each is chained exactly once (its row is deleted in the transaction that
-    chains it). A failing append here (a savepoint) leaves the caller's change and its pending
-    records intact."""
+    What the last records of a burst leave pending is chained by the recovery sweep (every
+    second, rows pending EVIDENCE_STALE_S), and readers that must count every accepted result
+    (reconciliation, the certificate) flush first. Each row is chained exactly once (its row is
+    deleted in the transaction that chains it), oldest first."""
     if not entries:
         return
     now = time.time()
-    own = [(event, _business(fields, actor), now) for event, fields in entries]
     with joined_tenant_context(tenant):
-        chained = False
-        try:
-            with transaction.atomic():
-                stream = _try_lock_server_stream(tenant)
-                if stream is not None:
-                    _chain_after_pending(tenant, stream, own)
-                    chained = True
-        except Exception:  # accepted all the same (pending, below); the next holder chains them
-            logger.warning("chaining server records of tenant %s failed", tenant.pk, exc_info=True)
-        if not chained:
-            PendingServerRecord.objects.bulk_create(
-                [
-                    PendingServerRecord(tenant=tenant, event=event, fields_json=json.dumps(business), ts=ts)
-                    for event, business, ts in own
-                ]
-            )
-    _recheck_after_commit(tenant)
+        PendingServerRecord.objects.bulk_create(
+            [
+                PendingServerRecord(
+                    tenant=tenant, event=event, fields_json=json.dumps(_business(fields, actor)), ts=now
+                )
+                for event, fields in entries
+            ]
+        )
+    after_commit(
+        f"chain pending server records of tenant {tenant.pk}",
+        lambda: flush_server_records(tenant, rounds=RECHECK_ROUNDS, before=time.time() - GROUP_WINDOW_S),
+    )
 
+
+GROUP_WINDOW_S = 0.2  # a pending record this old is chained, with every other pending one
 
 FLUSH_BATCH = 2000  # pending rows chained per transaction
 FLUSH_ROUNDS = 10
@@ -735,6 +730,8 @@ def flush_server_records(
     this call chained."""
     done = 0
     for _ in range(rounds):
+        if not _any_pending(tenant, before):
+            break
         with tenant_context(tenant):
             chained = _flush_pending(tenant, wait=wait, before=before)
         if not chained:
@@ -748,14 +745,23 @@ def pending_server_records(tenant: Tenant) -> int:
         return PendingServerRecord.objects.count()
 
 
+def _pending_rows(before: float | None) -> Any:
+    pending_rows = PendingServerRecord.objects.all()
+    return pending_rows if before is None else pending_rows.filter(ts__lt=before)
+
+
+def _any_pending(tenant: Tenant, before: float | None) -> bool:
+    """Whether any row is pending (accepted before `before`): one statement with no transaction
+    around it on Postgres (every result's re-check after its commit asks, and mostly hears no)."""
+    with tenant_statements(tenant):
+        return bool(_pending_rows(before).exists())
+
+
 def _flush_pending(tenant: Tenant, *, wait: bool, before: float | None = None) -> int:
     """In the caller's transaction: take the server stream (or, unless `wait`, give up at once if
     it is held) and chain the oldest pending rows; 0 when there were none (none accepted before
     `before`) or the stream is held."""
-    pending_rows = PendingServerRecord.objects.all()
-    if before is not None:
-        pending_rows = pending_rows.filter(ts__lt=before)
-    if not pending_rows.exists():  # read-only: no lock, no commit to flush
+    if not _pending_rows(before).exists():  # read-only: no lock, no commit to flush
         return 0
     if wait:
         with timing.phase("stream_lock"):

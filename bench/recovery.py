@@ -174,8 +174,48 @@ def _server_env(db_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
     return env
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stats() -> dict[int, tuple[int, float, str]]:
+    """pid -> (parent pid, CPU seconds so far, command line) of every process we may read."""
+    out: dict[int, tuple[int, float, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, cmdline)
+    return out
+
+
+def cpu_by_role(server_pid: int, worker_pids: list[int], database: str) -> dict[str, float]:
+    """CPU seconds used so far by the control plane (gunicorn and its workers), the recovery
+    workers, and the Postgres backends serving `database` (their process titles name it)."""
+    stats = _proc_stats()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = [], [server_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return {
+        "server": sum(stats[p][1] for p in tree if p in stats),
+        "workers": sum(stats[p][1] for p in worker_pids if p in stats),
+        "postgres": sum(
+            cpu for _, cpu, cmd in stats.values() if cmd.startswith("postgres: ") and f" {database} " in cmd
+        ),
+    }
+
+
 @contextmanager
-def _gunicorn(env: dict[str, str], log: Path) -> Iterator[str]:
+def _gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
     import httpx
 
     port = _free_port()
@@ -213,7 +253,7 @@ def _gunicorn(env: dict[str, str], log: Path) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise SystemExit(f"the control plane did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         try:
@@ -302,7 +342,12 @@ def _ledger(folder: Path) -> list[tuple[str, str, float]]:
 # ------------------------------------------------------------------------------------- ours
 
 
-def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_every: float) -> dict[str, Any]:
+def ours(
+    n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_every: float, server_pid: int
+) -> dict[str, Any]:
+    import resource
+
+    from django.db import connection as db
     from django.db.models import Max, Min
 
     from audit import services as audit_services
@@ -347,6 +392,9 @@ def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_ever
     ]  # fmt: skip
     total = n * STEPS
     stop = threading.Event()
+    database = db.settings_dict["NAME"]
+    cpu_before = cpu_by_role(server_pid, [w.pid for w in workers], database)
+    own_before = resource.getrusage(resource.RUSAGE_SELF)
 
     sweeps: list[float] = []
 
@@ -375,6 +423,8 @@ def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_ever
                 done = Job.objects.filter(state=JobState.COMPENSATED).count()
             # ... and every result's evidence chained (a result left pending is the sweep's)
             if done >= total and not audit_services.pending_server_records(tenant):
+                cpu_after = cpu_by_role(server_pid, [w.pid for w in workers], database)
+                own_after = resource.getrusage(resource.RUSAGE_SELF)
                 break
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                 raise SystemExit(f"k={k}: {done}/{total} compensated before the deadline")
@@ -434,6 +484,16 @@ def ours(n: int, k: int, url: str, folder: Path, *, concurrency: int, sweep_ever
         "expiry_to_job_start_p95_s": round(_pct(job_waits, 95), 3),
         "expiry_to_job_start_max_s": round(max(job_waits), 3),
         "sweep_takeover_pass_max_s": round(max(sweeps), 3) if sweeps else None,
+        # Where a job's CPU goes (2 cores shared by all of them): the whole run over its jobs.
+        "cpu_ms_per_job": {
+            **{role: round((cpu_after[role] - cpu_before[role]) * 1000 / total, 2) for role in cpu_after},
+            "benchmark_process": round(
+                (own_after.ru_utime + own_after.ru_stime - own_before.ru_utime - own_before.ru_stime)
+                * 1000
+                / total,
+                2,
+            ),
+        },
         "duplicate_handler_calls": duplicate_calls,
         "duplicate_compensated_records": duplicate_records,
     }
@@ -539,11 +599,19 @@ def main() -> int:
         series = [(rows, args.concurrency)]
         if args.scaling_concurrency:
             series.append((scaling, args.scaling_concurrency))
-        with _gunicorn(env, folder / "gunicorn.log") as url:
+        with _gunicorn(env, folder / "gunicorn.log") as (url, server_pid):
             for into, concurrency in series:
                 print(f"  -- workers running {concurrency} handler(s) at once")
                 for k in counts:
-                    row = ours(n, k, url, folder, concurrency=concurrency, sweep_every=args.sweep_every)
+                    row = ours(
+                        n,
+                        k,
+                        url,
+                        folder,
+                        concurrency=concurrency,
+                        sweep_every=args.sweep_every,
+                        server_pid=server_pid,
+                    )
                     into.append(row)
                     print(
                         f"  {k} worker(s): drain {row['drain_s']} s ({row['jobs_per_s']} jobs/s, "
@@ -552,7 +620,7 @@ def main() -> int:
                         f"expiry→saga start p50 {row['expiry_to_start_p50_s']} s "
                         f"p95 {row['expiry_to_start_p95_s']} s max {row['expiry_to_start_max_s']} s, "
                         f"expiry→job start p95 {row['expiry_to_job_start_p95_s']} s, "
-                        f"duplicates {row['duplicate_handler_calls']}",
+                        f"duplicates {row['duplicate_handler_calls']}, CPU ms/job {row['cpu_ms_per_job']}",
                         flush=True,
                     )
     for measured in (rows, scaling):

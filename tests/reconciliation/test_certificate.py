@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 from sagaplane.certificate import verify_certificate
 
+from audit.services import flush_server_records
 from reconciliation import services
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
@@ -96,6 +97,7 @@ def test_a_step_compensated_by_a_recovery_worker_is_checked_too(tenant_a: Tenant
     job = recovery.claim(tenant_a, worker="recovery-worker", handlers=["shop.refund"])
     assert job is not None
     recovery.complete(tenant_a, job.pk, token=job.epoch, actor="api-key:recovery")
+    flush_server_records(tenant_a, wait=True)  # the sweep's (results are chained in batches)
     (check,) = services.scan(tenant_a)
     assert (check.saga_id, check.compensated_in, check.handler) == ("died-1", "server", "shop.refund")
     assert check.kwargs == {"charge_id": "ch_died"}

@@ -1,7 +1,9 @@
 """A result's evidence (COMPENSATED / COMPENSATION_FAILED, ROLLBACK_END) is accepted with the job's
-row and chained into the server stream by whoever holds the stream next (group commit): results
-that arrive together are each chained exactly once, in an intact chain, and a result whose
-appender failed after its commit keeps its evidence pending until a later pass chains it, once.
+row, as pending rows, and chained into the server stream in batches (group commit by time): once a
+result's transaction commits, a pending row older than the window makes it chain everything
+pending in one append; the sweep chains what a burst leaves. Results that arrive together are each
+chained exactly once, in an intact chain, and evidence whose chaining failed stays pending until a
+later pass chains it, once.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.transparency.conftest import Writer
 
 
-def evidence(tenant: Tenant, event: str) -> Counter[str]:
+def evidence(tenant: Tenant, event: str, *, flush: bool = True) -> Counter[str]:
     """How many `event` records the server stream holds per step (per saga for ROLLBACK_END)."""
-    records = server_stream(tenant)
+    records = server_stream(tenant, flush=flush)
     assert verify_chain(records).intact
     key = "saga_id" if event == "ROLLBACK_END" else "step_id"
     return Counter(str(r[key]) for r in records if r["event"] == event)
@@ -85,7 +87,12 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
         failed = services.fail(tenant_a, older.pk, token=older.epoch, actor="test", error="card declined")
         assert failed.state == JobState.PENDING
     assert audit_services.pending_server_records(tenant_a) == 2
-    assert evidence(tenant_a, "COMPENSATED") == {}
+    with monkeypatch.context() as patched:  # a pass that fails to chain leaves them pending
+        patched.setattr(audit_services, "_chain_onto", crash)
+        with pytest.raises(RuntimeError):
+            audit_services.flush_server_records(tenant_a, wait=True)
+    assert audit_services.pending_server_records(tenant_a) == 2
+    assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
     assert sweep_later(tenant_a)["taken_over"] == 0  # the later pass: the sweep
     assert audit_services.pending_server_records(tenant_a) == 0
     assert evidence(tenant_a, "COMPENSATED") == {"s1-s2": 1}
@@ -114,3 +121,37 @@ def test_a_direct_server_append_chains_pending_evidence_first(
     assert audit_services.pending_server_records(tenant_a) == 0
     events = [r["event"] for r in server_stream(tenant_a)]
     assert events[-3:] == ["COMPENSATED", "ROLLBACK_END", "NOTE"]
+
+
+@pytest.mark.postgres
+def test_results_are_chained_together_once_the_oldest_pending_one_is_older_than_the_window(
+    transactional_db: None, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Writer(tenant_a, "agent-a-1")
+    for n in range(3):
+        crashed(writer, f"w{n}", steps=1)
+    sweep_later(tenant_a)
+    first, second, third = claimed(tenant_a, 3)
+    monkeypatch.setattr(audit_services, "GROUP_WINDOW_S", 3600.0)
+    for job in (first, second):  # each commits; none pending is older than the window
+        services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
+    assert audit_services.pending_server_records(tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
+    assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
+    monkeypatch.setattr(audit_services, "GROUP_WINDOW_S", 0.0)
+    services.complete(tenant_a, third.pk, token=third.epoch, actor="test")
+    # After its commit the third result found pending rows past the window: all six went, in one
+    # append (consecutive positions in the server stream), oldest first.
+    assert audit_services.pending_server_records(tenant_a) == 0
+    records = server_stream(tenant_a, flush=False)
+    assert verify_chain(records).intact
+    chained = [r for r in records if r["event"] in ("COMPENSATED", "ROLLBACK_END")]
+    assert [(r["event"], r["saga_id"]) for r in chained] == [
+        ("COMPENSATED", first.saga_id),
+        ("ROLLBACK_END", first.saga_id),
+        ("COMPENSATED", second.saga_id),
+        ("ROLLBACK_END", second.saga_id),
+        ("COMPENSATED", third.saga_id),
+        ("ROLLBACK_END", third.saga_id),
+    ]
+    assert [r["seq"] for r in chained] == list(range(chained[0]["seq"], chained[0]["seq"] + 6))
+    assert len({r["ts"] for r in chained[:4]}) == 2  # each kept the time it was accepted
