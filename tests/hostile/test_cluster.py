@@ -131,7 +131,14 @@ def drains_on_sigterm(
     for _ in range(5):
         status = httpx.get(f"{url}/readyz", timeout=60).status_code
         assert status == 200, (status, nginx_errors(env))
-    during = [line for line in access_log.read_text().splitlines()[seen:] if '"GET /readyz ' in line]
+
+    def during_log() -> list[str]:
+        return [line for line in access_log.read_text().splitlines()[seen:] if '"GET /readyz ' in line]
+
+    # nginx logs a request once it is finalised, which may be just after its client has the
+    # answer: wait (bounded) for the five lines rather than read the log at once.
+    wait_for("the balancer to log the five requests", lambda: len(during_log()) >= 5, 30)
+    during = during_log()
     upstreams = [re.search(r'upstream="([^"]*)"', line) for line in during]
     # (a retried request lists both: "web-1's address, web-2's address")
     assert len(upstreams) >= 5 and all(m and m.group(1).endswith(other) for m in upstreams), during
