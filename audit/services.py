@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -682,7 +683,8 @@ def queue_server_records(
 ) -> None:
     """Accept server-stream records with the caller's change (same transaction) and chain them in
     batches: group commit by time. They are written as `PendingServerRecord` rows (one INSERT);
-    once the caller's transaction has committed, a pending row older than GROUP_WINDOW_S makes it
+    once the caller's transaction has committed, a pending row older than
+    `settings.EVIDENCE_GROUP_WINDOW_S` (0.2 s; 0 in embedded mode) makes it
     chain everything pending, in one append for every record of the window. Chaining each
     record with its own change cost a whole append (nine statements, and a serialised section
     under the server stream's lock) per record, which is what a recovery worker reporting one
@@ -706,11 +708,11 @@ def queue_server_records(
         )
     after_commit(
         f"chain pending server records of tenant {tenant.pk}",
-        lambda: flush_server_records(tenant, rounds=RECHECK_ROUNDS, before=time.time() - GROUP_WINDOW_S),
+        lambda: flush_server_records(
+            tenant, rounds=RECHECK_ROUNDS, before=time.time() - settings.EVIDENCE_GROUP_WINDOW_S
+        ),
     )
 
-
-GROUP_WINDOW_S = 0.2  # a pending record this old is chained, with every other pending one
 
 FLUSH_BATCH = 2000  # pending rows chained per transaction
 FLUSH_ROUNDS = 10

@@ -203,6 +203,12 @@ if DATABASE_OWNER_URL:
     DATABASE_OWNER = {"USER": _owner["USER"], "PASSWORD": _owner["PASSWORD"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Recovery results' server records are chained in batches: a pending one this old is chained, with
+# every other, by the next result to commit (audit.services.queue_server_records). Embedded mode
+# (no Redis) chains each at once, in the process that accepted it: its live layer is in memory,
+# per process, and what the beat's process chained would never reach an open timeline.
+EVIDENCE_GROUP_WINDOW_S = 0.2 if REDIS_URL else 0.0
+
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
     CHANNEL_LAYERS = {

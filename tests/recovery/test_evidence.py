@@ -125,19 +125,19 @@ def test_a_direct_server_append_chains_pending_evidence_first(
 
 @pytest.mark.postgres
 def test_results_are_chained_together_once_the_oldest_pending_one_is_older_than_the_window(
-    transactional_db: None, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+    transactional_db: None, tenant_a: Tenant, settings: Any
 ) -> None:
     writer = Writer(tenant_a, "agent-a-1")
     for n in range(3):
         crashed(writer, f"w{n}", steps=1)
     sweep_later(tenant_a)
     first, second, third = claimed(tenant_a, 3)
-    monkeypatch.setattr(audit_services, "GROUP_WINDOW_S", 3600.0)
+    settings.EVIDENCE_GROUP_WINDOW_S = 3600.0
     for job in (first, second):  # each commits; none pending is older than the window
         services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
     assert audit_services.pending_server_records(tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
     assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
-    monkeypatch.setattr(audit_services, "GROUP_WINDOW_S", 0.0)
+    settings.EVIDENCE_GROUP_WINDOW_S = 0.0
     services.complete(tenant_a, third.pk, token=third.epoch, actor="test")
     # After its commit the third result found pending rows past the window: all six went, in one
     # append (consecutive positions in the server stream), oldest first.
