@@ -777,8 +777,9 @@ def tenants_phase(count: int, per: int, report: Report, queries: int, big: Growe
 
 
 def list_only(data_dir: str, queries: int) -> int:
-    """The saga list through the API on the database a full run grew (nothing grown, nothing
-    dropped): for checking a change to the list against the big tenant without a new run."""
+    """Proofs and the saga list through the API on the database a full run grew (nothing grown,
+    nothing dropped): for checking a change against the big tenant without a new run, or
+    measuring it again on a quiet machine."""
     database = _own_database(fresh=False)
     # No migrate: it re-applies the row-level security policies, which waits for a running
     # growth's transactions, and the grown schema is what is being measured.
@@ -786,10 +787,13 @@ def list_only(data_dir: str, queries: int) -> int:
     tenant = _tenant("scale")
     grower = Grower(tenant)
     _analyze()
+    client = _client_for(tenant)
     out = {
         "benchmark": "scale-list",
         "records": grower.total,
-        "saga_list_p95_ms": _listing(_client_for(tenant), tenant, queries),
+        "database_gib": (_sizes(grower.total) or {}).get("database_gib"),
+        "proofs": _proofs(client, tenant, queries),
+        "saga_list_p95_ms": _listing(client, tenant, queries),
         "saga_list_page_p95_ms": _page_listing(tenant, queries),
         "plans": _plans(tenant),
         "load_average": _load(),
@@ -823,7 +827,8 @@ def main() -> int:
     parser.add_argument(
         "--list-only",
         action="store_true",
-        help="measure the saga list on the grown database only (bench/results/scale-list.json)",
+        help="measure proofs and the saga list of the grown tenant only, nothing grown "
+        "(bench/results/scale-list.json)",
     )
     args = parser.parse_args()
     sizes = (
@@ -839,8 +844,6 @@ def main() -> int:
     tenants = args.tenants if args.tenants is not None else (3 if args.quick else 1000)
     per = 1000 if args.quick else args.per_tenant
     queries = 10 if args.quick else 200
-    if args.list_only:
-        return list_only(args.data_dir, queries)
     server = None
     if args.server == "private":
         from bench.support.pgserver import private_server
@@ -857,6 +860,15 @@ def main() -> int:
         report_server: dict[str, Any] = {"private": True, "settings": server.settings}
     else:
         report_server = {"private": False, "url": os.environ.get("DATABASE_URL", "").split("@")[-1]}
+    if args.list_only:
+        try:
+            return list_only(args.data_dir, queries)
+        finally:
+            if server is not None:
+                from django.db import connections
+
+                connections.close_all()
+                server.stop()
     database = _own_database(fresh=args.quick)
     name = "scale-quick.json" if args.quick else "scale.json"
     report = Report(ROOT / "bench" / "results" / name, keep=not args.quick, quick=args.quick)
