@@ -735,7 +735,7 @@ def flush_server_records(
         if not _any_pending(tenant, before):
             break
         with tenant_context(tenant):
-            chained = _flush_pending(tenant, wait=wait, before=before)
+            chained = _flush_pending(tenant, wait=wait)
         if not chained:
             break
         done += chained
@@ -759,12 +759,10 @@ def _any_pending(tenant: Tenant, before: float | None) -> bool:
         return bool(_pending_rows(before).exists())
 
 
-def _flush_pending(tenant: Tenant, *, wait: bool, before: float | None = None) -> int:
+def _flush_pending(tenant: Tenant, *, wait: bool) -> int:
     """In the caller's transaction: take the server stream (or, unless `wait`, give up at once if
-    it is held) and chain the oldest pending rows; 0 when there were none (none accepted before
-    `before`) or the stream is held."""
-    if not _pending_rows(before).exists():  # read-only: no lock, no commit to flush
-        return 0
+    it is held) and chain the oldest pending rows; 0 when the stream is held or none was left
+    (the caller asked `_any_pending` first: no lock is taken for nothing but in a race)."""
     if wait:
         with timing.phase("stream_lock"):
             stream: Stream | None = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)

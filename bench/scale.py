@@ -805,6 +805,16 @@ def list_only(data_dir: str, queries: int) -> int:
     return 0
 
 
+def _close_connections() -> None:
+    """Every session of this process, the runtime role's pooled ones too (before a DROP or a stop)."""
+    from django.db import connections
+
+    for connection in connections.all():
+        if hasattr(connection, "close_pool"):
+            connection.close_pool()
+    connections.close_all()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -864,10 +874,8 @@ def main() -> int:
         try:
             return list_only(args.data_dir, queries)
         finally:
+            _close_connections()
             if server is not None:
-                from django.db import connections
-
-                connections.close_all()
                 server.stop()
     database = _own_database(fresh=args.quick)
     name = "scale-quick.json" if args.quick else "scale.json"
@@ -891,12 +899,7 @@ def main() -> int:
             if tenants:
                 tenants_phase(tenants, per, report, queries, grower, client)
         finally:
-            from django.db import connections
-
-            for connection in connections.all():
-                if hasattr(connection, "close_pool"):
-                    connection.close_pool()  # the runtime role's pooled sessions
-            connections.close_all()
+            _close_connections()
             if database and (args.quick or args.drop):
                 _drop(database[1], database[2])
             if server is not None:

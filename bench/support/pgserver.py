@@ -11,6 +11,7 @@ at its defaults, and the two roles of tenants/rls.py. Stopped when the benchmark
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import shutil
@@ -62,6 +63,7 @@ class PrivateServer:
         return self.folder / "data"
 
     @staticmethod
+    @functools.cache
     def _bindir() -> Path:
         pg_config = shutil.which("pg_config")
         if pg_config is None:

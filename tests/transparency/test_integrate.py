@@ -248,11 +248,8 @@ def test_one_integrator_per_tenant_a_batch_committed_during_its_pass_is_integrat
         return backlog
 
     monkeypatch.setattr(tasks, "_integrate_pass", pass_while_a_batch_arrives)
-    previous, app.conf.task_always_eager = app.conf.task_always_eager, True
-    try:
-        size = tasks.integrate_tenant(tenant_a.pk)
-    finally:
-        app.conf.task_always_eager = previous
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    size = tasks.integrate_tenant(tenant_a.pk)
 
     assert inner_returned == [passes[0]]  # the second call left the work to the running one
     assert len(passes) == 2  # which found the request and ran again

@@ -197,11 +197,8 @@ def test_two_seal_calls_one_runs_and_takes_the_others_work(
         return outcome
 
     monkeypatch.setattr(services, "seal_pass", pass_while_a_batch_arrives)
-    previous, app.conf.task_always_eager = app.conf.task_always_eager, True
-    try:
-        appended = tasks.seal_tenant(tenant_a.pk)
-    finally:
-        app.conf.task_always_eager = previous
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    appended = tasks.seal_tenant(tenant_a.pk)
     assert passes[0] == ["first"] and inner == [1]  # the second call sealed nothing
     assert passes[1] == ["second"] and appended == 2  # the running sealer took its request
     assert not tasks._requested(tenant_a.pk, tasks.SEAL)
