@@ -9,8 +9,9 @@ captured delivery cannot be replayed after the tolerance, and the body is the ex
 A tenant's URL must not turn the control plane into a proxy into its own network: unless
 `SAGAPLANE_WEBHOOK_ALLOW_PRIVATE` is on (development and the embedded demo), a URL whose host
 resolves to any address that is not globally routable (loopback, private, link-local such as the
-169.254.169.254 metadata service, shared, multicast, reserved, unspecified; IPv4-mapped IPv6
-judged by its IPv4 address) is refused when it is configured (`check_url`) and again at each
+169.254.169.254 metadata service, shared, multicast, reserved, unspecified; an IPv6 address
+carrying an IPv4 one judged by that one too, and 6to4, Teredo, local-use NAT64 and IPv4-compatible
+addresses refused outright: `forbidden`) is refused when it is configured (`check_url`) and again at each
 delivery, after resolving the name once more: the connection then goes to exactly the address
 that was vetted (no second lookup a rebinding DNS server could answer differently), and a
 redirect is an answer (a failed attempt), never followed."""
@@ -53,11 +54,48 @@ def allow_private() -> bool:
     return bool(getattr(settings, "SAGAPLANE_WEBHOOK_ALLOW_PRIVATE", False))
 
 
-def _forbidden(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    """Why deliveries may not go to `address` ('' when they may)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    for flag in ("loopback", "link_local", "private", "multicast", "reserved", "unspecified"):
+_IPv4 = ipaddress.IPv4Address
+_IPv6 = ipaddress.IPv6Address
+_NET = ipaddress.ip_network
+# IPv6 ranges that carry an IPv4 address in their low 32 bits: a packet to one reaches (through a
+# translator or the host's own stack) that IPv4 address, which is judged instead.
+_CARRY_LOW_32 = (
+    _NET("::ffff:0:0/96"),  # IPv4-mapped
+    _NET("::ffff:0:0:0/96"),  # IPv4-translated (SIIT, RFC 2765)
+    _NET("64:ff9b::/96"),  # NAT64, the well-known prefix (RFC 6052): how IPv6-only hosts reach IPv4
+)
+# Refused whatever they carry: transition mechanisms no webhook receiver needs, whose relays or
+# translators would carry a delivery to an IPv4 address (or one we cannot locate) of their choosing.
+_REFUSED_RANGES = (
+    (_NET("2002::/16"), "6to4"),  # 2002:AABB:CCDD:: reaches AA.BB.CC.DD through a relay
+    (_NET("2001::/32"), "Teredo"),  # server and (inverted) client IPv4 addresses inside
+    (_NET("64:ff9b:1::/48"), "local-use NAT64"),  # RFC 8215: where the IPv4 sits is the operator's
+    (_NET("::/96"), "IPv4-compatible"),  # deprecated (RFC 4291), ::a.b.c.d (:: and ::1 aside)
+)
+
+
+def forbidden(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """Why deliveries may not go to `address` ('' when they may): the one judgement of every
+    address a webhook would connect to. An IPv6 address that carries an IPv4 one (mapped,
+    translated, NAT64's well-known prefix, an ISATAP interface id) is judged by that IPv4 address
+    as well; 6to4, Teredo, local-use NAT64 and IPv4-compatible addresses are refused outright."""
+    if isinstance(address, _IPv6) and int(address) > 1:  # :: and ::1 are judged below
+        for network, name in _REFUSED_RANGES:
+            if address in network:
+                carried = address.sixtofour or (address.teredo[1] if address.teredo else None)
+                shown = f", carrying {carried}" if carried is not None else ""
+                return f"{name}{shown}"
+        if any(address in network for network in _CARRY_LOW_32):
+            carried = _IPv4(int(address) & 0xFFFFFFFF)
+            why = forbidden(carried)
+            return f"{why}, carried as {carried}" if why else ""
+        interface_id = int(address) & 0xFFFFFFFFFFFFFFFF
+        if interface_id >> 32 in (0x00005EFE, 0x02005EFE):  # ISATAP: the IPv4 tunnel end point
+            carried = _IPv4(interface_id & 0xFFFFFFFF)
+            why = forbidden(carried)
+            if why:
+                return f"{why}, carried as {carried} (ISATAP)"
+    for flag in ("unspecified", "loopback", "link_local", "private", "multicast", "reserved"):
         if getattr(address, f"is_{flag}"):
             return flag.replace("_", "-")
     if not address.is_global:
@@ -102,7 +140,7 @@ def resolve(url: str) -> str:
     if allow_private():
         return addresses[0]
     for text in addresses:
-        why = _forbidden(ipaddress.ip_address(text.split("%", 1)[0]))
+        why = forbidden(ipaddress.ip_address(text.split("%", 1)[0]))
         if why:
             raise UnsafeAddress(
                 f"{host} resolves to {text} ({why}): webhook deliveries go to public addresses only "

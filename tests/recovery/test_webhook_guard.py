@@ -207,3 +207,75 @@ def test_a_redirect_is_an_answer_never_followed(settings: Any) -> None:
         for server in (target, redirector):
             server.shutdown()
             server.server_close()
+
+
+# Every way an IPv6 address can carry an IPv4 one: judged by what it carries, or refused outright
+# (6to4, Teredo, local-use NAT64, IPv4-compatible). (address, what the refusal names; '' = allowed)
+EMBEDDED = [
+    ("2002:7f00:1::", "6to4, carrying 127.0.0.1"),
+    ("2002:a9fe:a9fe::", "6to4, carrying 169.254.169.254"),
+    ("2002:0a00:0001::1", "6to4, carrying 10.0.0.1"),
+    ("2002:c0a8:0101::", "6to4, carrying 192.168.1.1"),
+    ("2002:5db8:d822::1", "6to4, carrying 93.184.216.34"),  # a public one: 6to4 is refused outright
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
+    ("2001:0:a00:1:8000:63bf:80ff:fefe", "Teredo, carrying 127.0.1.1"),
+    ("64:ff9b::7f00:1", "loopback, carried as 127.0.0.1"),
+    ("64:ff9b::a9fe:a9fe", "link-local, carried as 169.254.169.254"),
+    ("64:ff9b::a00:1", "private, carried as 10.0.0.1"),
+    ("64:ff9b::6440:1", "carried as 100.64.0.1"),  # shared address space
+    ("64:ff9b::5db8:d822", ""),  # NAT64 to a public address: how an IPv6-only host reaches IPv4
+    ("64:ff9b:1::a00:1", "local-use NAT64"),
+    ("64:ff9b:1:5db8:d8:2200::", "local-use NAT64"),
+    ("::ffff:127.0.0.1", "loopback, carried as 127.0.0.1"),
+    ("::ffff:10.0.0.1", "private, carried as 10.0.0.1"),
+    ("::ffff:93.184.216.34", ""),
+    ("::ffff:0:7f00:1", "loopback, carried as 127.0.0.1"),  # IPv4-translated (SIIT)
+    ("::7f00:1", "IPv4-compatible"),
+    ("::5db8:d822", "IPv4-compatible"),
+    ("2606:4700:1:2:0:5efe:a00:1", "private, carried as 10.0.0.1 (ISATAP)"),
+    ("2606:4700:1:2:200:5efe:7f00:1", "loopback, carried as 127.0.0.1 (ISATAP)"),
+    ("2606:4700:1:2:0:5efe:5db8:d822", ""),
+    ("2606:4700::1111", ""),
+    ("::1", "loopback"),
+    ("fe80::1", "link-local"),
+    ("fd00::1", "private"),
+    ("::", "unspecified"),
+    ("ff02::1", "multicast"),
+    ("93.184.216.34", ""),
+    ("127.0.0.1", "loopback"),
+]
+
+
+@pytest.mark.parametrize(("address", "why"), EMBEDDED)
+def test_every_embedding_of_an_ipv4_address_is_judged(address: str, why: str) -> None:
+    import ipaddress
+
+    found = webhook.forbidden(ipaddress.ip_address(address))
+    if why:
+        assert why in found, (address, found)
+    else:
+        assert found == "", (address, found)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[2002:7f00:1::]/",
+        "http://[2002:a9fe:a9fe::]/latest/meta-data/",
+        "http://[2002:0a00:0001::1]/hook",
+        "https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/hook",
+        "http://[64:ff9b::7f00:1]/hook",
+        "http://[64:ff9b::a9fe:a9fe]/hook",
+        "http://[64:ff9b:1::a00:1]/hook",
+        "http://[::ffff:0:a00:1]/hook",
+        "http://[::127.0.0.1]/hook",
+    ],
+)
+def test_a_url_carrying_a_forbidden_ipv4_address_is_refused(strict: Any, url: str) -> None:
+    assert "public addresses only" in webhook.check_url(url)
+    with pytest.raises(webhook.UnsafeAddress):
+        webhook.post(url, b"{}", secret="s", idempotency_key="k", agent="test")
+
+
+def test_a_nat64_address_of_a_public_receiver_is_allowed(strict: Any) -> None:
+    assert webhook.check_url(f"http://[64:ff9b::{PUBLIC}]/hook") == ""
