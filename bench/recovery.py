@@ -162,6 +162,8 @@ def _server_env(db_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
             "SECRET_KEY": os.environ["SECRET_KEY"],
             "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
+            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
             "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
             "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
             "SECURE_SSL_REDIRECT": "0",

@@ -10,6 +10,7 @@ Values that may hold credentials (keys, URLs with passwords) are never echoed in
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from email.utils import parseaddr
@@ -21,6 +22,14 @@ from django.core.exceptions import ImproperlyConfigured
 TRUE = ("true", "1", "yes", "on")
 FALSE = ("false", "0", "no", "off")
 _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class ConfigurationError(ImproperlyConfigured):
@@ -234,6 +243,34 @@ class Config:
             )
             return default
         return value
+
+    # -- checks across variables ---------------------------------------------------------------------
+
+    def relying_party(self, rp_id: str, origins: Sequence[str], allowed_hosts: Sequence[str]) -> list[str]:
+        """Why passkeys could not work as production configures them ([] when they can): the RP id
+        must be set and be a host name (never an address), and every origin set, https, on the RP
+        id (the name or under it, as WebAuthn requires) and served by a host ALLOWED_HOSTS lets in
+        (else every ceremony fails, or the RP id names a site this deployment is not)."""
+        from django.http.request import validate_host
+
+        rp, where = "SAGAPLANE_WEBAUTHN_RP_ID", "SAGAPLANE_WEBAUTHN_ORIGINS"
+        if rp not in self.environ:
+            return [f"{rp} is not set (passkeys would be bound to the default, localhost)"]
+        problems = []
+        if _is_address(rp_id):
+            problems.append(f"{rp} is an IP address ({rp_id}); WebAuthn needs a host name")
+        if not origins:
+            problems.append(f"{where} is not set (the https:// origins the dashboard is served from)")
+        for origin in origins:
+            parts = urlsplit(origin)
+            host = parts.hostname or ""
+            if parts.scheme != "https":
+                problems.append(f"{where}: {origin} is not an https:// origin")
+            if host != rp_id and not host.endswith("." + rp_id):
+                problems.append(f"{where}: {origin} is not on the relying party {rp} ({rp_id}) or under it")
+            if not validate_host(host, list(allowed_hosts)):
+                problems.append(f"{where}: {origin}'s host {host} is not one of ALLOWED_HOSTS")
+        return problems
 
     # -- the verdict -------------------------------------------------------------------------------
 

@@ -286,6 +286,8 @@ SAGAPLANE_WEBAUTHN_RP_NAME = config.text(
     "SAGAPLANE_WEBAUTHN_RP_NAME", "Sagaplane", pattern=re.compile(r"\S(?:.{0,98}\S)?"), must="a name"
 )
 SAGAPLANE_WEBAUTHN_ORIGINS = config.origins("SAGAPLANE_WEBAUTHN_ORIGINS", [])
+if PRODUCTION:  # passkeys bound to localhost, or to a site this deployment is not, would never work
+    _insecure += config.relying_party(SAGAPLANE_WEBAUTHN_RP_ID, SAGAPLANE_WEBAUTHN_ORIGINS, ALLOWED_HOSTS)
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 

@@ -52,6 +52,7 @@ def test_production_refuses_insecure_defaults_and_names_them(tmp_path: Path) -> 
         "DATABASE_URL is not set",
         "REDIS_URL is not set",
         "ALLOWED_HOSTS",
+        "SAGAPLANE_WEBAUTHN_RP_ID is not set",
     ):
         assert problem in result.stderr, problem
 
@@ -201,5 +202,93 @@ def test_well_formed_values_pass_check(tmp_path: Path) -> None:
         EMAIL_URL="smtp+tls://mailer:pw@smtp.example.com:587",
         DEFAULT_FROM_EMAIL="Sagaplane <no-reply@example.com>",
         SAGAPLANE_LOG_ORIGIN_PREFIX="sagaplane.example.com/log",
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _production(tmp_path: Path, **env: str | None) -> subprocess.CompletedProcess:
+    """`manage.py check` in production mode, every setting secure but those of `env` (None: unset);
+    no server is needed."""
+    from cryptography.fernet import Fernet
+
+    settings = {
+        "SAGAPLANE_ENV": "production",
+        "SECRET_KEY": "s" * 50,
+        "SAGAPLANE_MASTER_KEY": Fernet.generate_key().decode(),
+        "DATABASE_URL": "postgres://app:pw@db.internal:5432/sagaplane",
+        "REDIS_URL": "redis://cache.internal:6379/0",
+        "ALLOWED_HOSTS": "sagaplane.example.com",
+        "CSRF_TRUSTED_ORIGINS": "https://sagaplane.example.com",
+        "SAGAPLANE_PUBLIC_URL": "https://sagaplane.example.com",
+        "SAGAPLANE_WEBAUTHN_RP_ID": "sagaplane.example.com",
+        "SAGAPLANE_WEBAUTHN_ORIGINS": "https://sagaplane.example.com",
+    }
+    merged = {**settings, **env}
+    return _manage_check(tmp_path, **{name: value for name, value in merged.items() if value is not None})
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize(
+    ("webauthn", "problems"),
+    [
+        (
+            {"SAGAPLANE_WEBAUTHN_RP_ID": None, "SAGAPLANE_WEBAUTHN_ORIGINS": None},
+            ["SAGAPLANE_WEBAUTHN_RP_ID is not set (passkeys would be bound to the default, localhost)"],
+        ),
+        (
+            {"SAGAPLANE_WEBAUTHN_ORIGINS": None},
+            ["SAGAPLANE_WEBAUTHN_ORIGINS is not set (the https:// origins the dashboard is served from)"],
+        ),
+        (
+            {"SAGAPLANE_WEBAUTHN_RP_ID": "localhost", "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost"},
+            ["SAGAPLANE_WEBAUTHN_ORIGINS: https://localhost's host localhost is not one of ALLOWED_HOSTS"],
+        ),
+        (
+            {"SAGAPLANE_WEBAUTHN_RP_ID": "other.example.com"},
+            [
+                "SAGAPLANE_WEBAUTHN_ORIGINS: https://sagaplane.example.com is not on the relying party "
+                "SAGAPLANE_WEBAUTHN_RP_ID (other.example.com) or under it"
+            ],
+        ),
+        (
+            {"SAGAPLANE_WEBAUTHN_ORIGINS": "http://sagaplane.example.com,https://evil.example.net"},
+            [
+                "SAGAPLANE_WEBAUTHN_ORIGINS: http://sagaplane.example.com is not an https:// origin",
+                "SAGAPLANE_WEBAUTHN_ORIGINS: https://evil.example.net is not on the relying party",
+                "SAGAPLANE_WEBAUTHN_ORIGINS: https://evil.example.net's host evil.example.net is not one of "
+                "ALLOWED_HOSTS",
+            ],
+        ),
+        (
+            {"SAGAPLANE_WEBAUTHN_RP_ID": "10.0.0.5", "ALLOWED_HOSTS": "10.0.0.5"},
+            ["SAGAPLANE_WEBAUTHN_RP_ID is an IP address (10.0.0.5); WebAuthn needs a host name"],
+        ),
+    ],
+)
+def test_production_refuses_a_relying_party_that_does_not_match_allowed_hosts(
+    tmp_path: Path, webauthn: dict[str, str | None], problems: list[str]
+) -> None:
+    result = _production(tmp_path, **webauthn)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Refusing to start in production mode with insecure settings" in result.stderr, result.stderr
+    for problem in problems:
+        assert problem in result.stderr, (problem, result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize(
+    ("rp_id", "origins", "hosts"),
+    [
+        ("sagaplane.example.com", "https://sagaplane.example.com", "sagaplane.example.com"),
+        ("example.com", "https://sagaplane.example.com:8443", ".example.com"),
+        ("example.com", "https://a.example.com,https://b.example.com", "a.example.com,b.example.com"),
+    ],
+)
+def test_production_starts_with_a_relying_party_matching_allowed_hosts(
+    tmp_path: Path, rp_id: str, origins: str, hosts: str
+) -> None:
+    result = _production(
+        tmp_path, SAGAPLANE_WEBAUTHN_RP_ID=rp_id, SAGAPLANE_WEBAUTHN_ORIGINS=origins, ALLOWED_HOSTS=hosts
     )
     assert result.returncode == 0, result.stderr

@@ -175,6 +175,8 @@ def production_env(database_url: str, redis_url: str, data_dir: Path, **extra: s
             "SECRET_KEY": "hostile-tests-" + uuid.uuid4().hex + uuid.uuid4().hex,
             "SAGAPLANE_MASTER_KEY": Fernet.generate_key().decode(),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
+            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
             "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
             "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
             "SAGAPLANE_DATA_DIR": str(data_dir),
