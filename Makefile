@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml sdk/pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock -e './sdk[crypto]' -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -r requirements.lock -e './sdk[crypto,mcp,langgraph,openai-agents,otel]' -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed

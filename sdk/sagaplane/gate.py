@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,12 @@ APPROVAL_WAIT_S = 20.0  # per long-poll call (the server waits at most 25)
 MAX_APPROVAL_WAIT_S = 7 * 24 * 3600.0
 FIRST_STATE_WAIT_S = 5.0
 GUARANTEES_VERSION = "2026-12-03"
+
+# Set by an integration around one call (the MCP gateway sends progress notifications from it):
+# called with the pending answer and the seconds left before each long-poll of an approval wait.
+approval_listener: ContextVar[Callable[[dict[str, Any], float], None] | None] = ContextVar(
+    "sagaplane_approval_listener", default=None
+)
 
 
 class GateDenied(SagaplaneError):
@@ -270,12 +277,18 @@ class Gate:
             left = 0.0
         deadline = time.monotonic() + min(max(left, 0.0), MAX_APPROVAL_WAIT_S)
         logger.info("waiting for approval %s (%.0f s left)", approval_id, left)
+        listener = approval_listener.get()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise GateDenied(
                     "approval_expired", {**pending, "message": "no decision before the deadline"}
                 )
+            if listener is not None:
+                try:
+                    listener(pending, remaining)
+                except Exception:  # a listener never changes what the gate decides
+                    logger.debug("approval listener raised", exc_info=True)
             timeout = round(min(self.approval_wait, remaining + 0.5), 3)
             path = f"/api/v1/approvals/{approval_id}/wait?" + urllib.parse.urlencode({"timeout": timeout})
             try:

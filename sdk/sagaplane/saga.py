@@ -102,6 +102,9 @@ class Step:
     captured: Any = None
     error: str | None = None
     attempts: int = 0
+    gate_args: dict[str, Any] | None = None  # what the gate reads, when not the kwargs themselves
+    call_id: str = ""  # the framework's id of this tool call (a model's tool call id), if any
+    decision: str = ""  # the gate's answer, for the step's span: "allow", "deny:<reason>", ""
 
     @property
     def idempotency_key(self) -> str:
@@ -167,6 +170,9 @@ class _Sleep:
 
 
 _current: ContextVar[Saga | None] = ContextVar("sagaplane_current_saga", default=None)
+# Set by an integration around one governed call: the framework's id of the tool call (a model's
+# tool call id), carried by the step's span as gen_ai.tool.call.id.
+tool_call_id: ContextVar[str] = ContextVar("sagaplane_tool_call_id", default="")
 
 
 def current_saga() -> Saga | None:
@@ -391,13 +397,16 @@ class Saga:
     def _new_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
         if self.status != "running":
             raise SagaError(f"saga {self.saga_id} is {self.status}; no new steps")
+        bound = spec.bind(args, kwargs)
         return Step(
             index=len(self.steps) + 1,
             step_id=token_hex(16),
             saga_id=self.saga_id,
             tool=spec.name,
             semantics=spec.semantics,
-            kwargs=spec.bind(args, kwargs),
+            kwargs=bound,
+            gate_args=None if spec.gate_args is None else spec.gate_args(bound),
+            call_id=tool_call_id.get(),
         )
 
     def _confirm_request(self, step: Step) -> ConfirmRequest:
@@ -538,11 +547,12 @@ class Saga:
             step.step_id,
             step.tool,
             step.semantics.value,
-            dict(step.kwargs),
+            dict(step.kwargs) if step.gate_args is None else step.gate_args,
             self.wal.agent or "",
         )
 
     def _gate_answered(self, step: Step, answer: dict[str, Any] | None) -> None:
+        step.decision = "allowed_locally" if answer is None else "allow"
         if answer is not None:
             fields: dict[str, Any] = {
                 "saga_id": self.saga_id,
@@ -556,6 +566,7 @@ class Saga:
 
     def _gate_denied(self, step: Step, denied: GateDenied) -> GateDenied:
         # Logged so the evidence shows the attempt and why it was stopped; the step never ran.
+        step.decision = f"deny:{denied.reason}"
         self.wal.emit(
             "GATE_DENY",
             {
@@ -599,8 +610,25 @@ class Saga:
         arguments (consumed by this authorisation): that replaces the local `confirm=` hook."""
         return bool(answer and answer.get("decision") == "allow" and answer.get("approvals"))
 
+    def _tool_span(self, step: Step) -> tracing.ToolSpan | None:
+        return tracing.tool_span(
+            step.tool, step.call_id or step.step_id, self.saga_id, step.step_id, step.semantics.value
+        )
+
     def run_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
+        span = self._tool_span(step)
+        if span is None:
+            return self._run_step(spec, step, args, kwargs)
+        try:
+            result = self._run_step(spec, step, args, kwargs)
+        except BaseException as exc:
+            span.end(step.decision, step.state.value, exc)
+            raise
+        span.end(step.decision, step.state.value)
+        return result
+
+    def _run_step(self, spec: ToolSpec, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         gate_answer = self._ask_gate(step)
         if step.semantics is IRREVERSIBLE and not self._approved_by_people(gate_answer):
             answer = self._confirm_hook(spec)(self._confirm_request(step))
@@ -645,6 +673,20 @@ class Saga:
 
     async def run_step_async(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         step = self._new_step(spec, args, kwargs)
+        span = self._tool_span(step)
+        if span is None:
+            return await self._run_step_async(spec, step, args, kwargs)
+        try:
+            result = await self._run_step_async(spec, step, args, kwargs)
+        except BaseException as exc:
+            span.end(step.decision, step.state.value, exc)
+            raise
+        span.end(step.decision, step.state.value)
+        return result
+
+    async def _run_step_async(
+        self, spec: ToolSpec, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         gate_answer = await self._ask_gate_async(step)
         if step.semantics is IRREVERSIBLE and not self._approved_by_people(gate_answer):
             answer = self._confirm_hook(spec)(self._confirm_request(step))
@@ -860,6 +902,9 @@ class ToolSpec:
     compensate: CompensateSpec = None
     capture_state: Callable[..., Any] | None = None
     confirm: ConfirmHook | None = None
+    # The gate's arguments from the call's (bound) kwargs, when they are not the kwargs themselves
+    # (a policy's gate_args); raising refuses the call before anything is recorded.
+    gate_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         # The signature is read once per tool, not once per call.

@@ -113,3 +113,54 @@ def saga_span(name: str, saga_id: str) -> Any:
         return span
     except Exception:
         return None
+
+
+class ToolSpan:
+    """One governed tool call as an OpenTelemetry span (GenAI semantic conventions: operation
+    `execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id`), with the saga and step ids and the
+    gate's decision. Made only when the agent's tracer provider records (`tool_span`)."""
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+
+    def end(self, decision: str, state: str, error: BaseException | None = None) -> None:
+        span, self._span = self._span, None
+        if span is None:
+            return
+        try:
+            span.set_attribute("sagaplane.gate.decision", decision or "ungoverned")
+            span.set_attribute("sagaplane.step.state", state)
+            if error is not None:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_attribute("error.type", type(error).__name__)
+                span.set_status(Status(StatusCode.ERROR, str(error)[:500]))
+            span.end()
+        except Exception:  # tracing never fails a step
+            pass
+
+
+def tool_span(tool: str, call_id: str, saga_id: str, step_id: str, semantics: str) -> ToolSpan | None:
+    """The span of one tool call (a child of the current span, e.g. the saga's), or None when
+    OpenTelemetry is absent or the agent configured no tracer provider (nothing is recorded)."""
+    if _trace is None:
+        return None
+    try:
+        span = _trace.get_tracer("sagaplane").start_span(
+            f"execute_tool {tool}",
+            kind=_trace.SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tool,
+                "gen_ai.tool.call.id": call_id,
+                "gen_ai.tool.type": "function",
+                "sagaplane.saga_id": saga_id,
+                "sagaplane.step_id": step_id,
+                "sagaplane.semantics": semantics,
+            },
+        )
+        if not span.is_recording():
+            return None
+        return ToolSpan(span)
+    except Exception:
+        return None

@@ -1,0 +1,466 @@
+"""The tool policy file: what each tool of a tool source does to the world, and how to undo it.
+
+One TOML file, shared by the MCP gateway (`sagaplane mcp-gateway --policy FILE`), the recovery
+worker that finishes a dead gateway's sagas (`sagaplane worker --policy FILE`) and the framework
+adapters (`sagaplane.integrations.langgraph`, `.openai_agents`). Read with `load(path)`; every
+mistake is refused at load as a `PolicyError` naming the file and line (`policy.toml:12: ...`).
+
+    name = "shop"          # this tool source; its compensators are named "shop:<tool>"
+    default = "deny"       # tools not named below: "deny" (refused before the call), or
+                           # "PREVIEW" / "IRREVERSIBLE" (governed as that)
+
+    [tools.search_products]
+    semantics = "PREVIEW"
+
+    [tools.charge_card]
+    semantics = "COMPENSABLE"
+    compensate = { tool = "refund_charge", arguments = { charge_id = "{result.id}" } }
+    gate_args = { amount = "{args.charge.amount}" }   # what budgets and approvals read
+
+    [tools.set_address]
+    semantics = "REVERSIBLE"
+    capture = { tool = "get_address", arguments = { user = "{args.user}" } }
+    compensate = { tool = "set_address", arguments = { user = "{args.user}", address = "{state.address}" } }
+
+    [tools."delete_*"]      # a glob (fnmatch): the exact name wins, then globs in file order
+    semantics = "IRREVERSIBLE"
+
+Per tool: `semantics` (PREVIEW, REVERSIBLE, COMPENSABLE, IRREVERSIBLE; required); `compensate`
+(required for REVERSIBLE and COMPENSABLE, refused for the others): another call of the same tool
+source, its `arguments` templated; `capture` (optional, needs `compensate`): a read-only call
+made before the effect, whose result the compensation reads as `{state.<path>}`; `gate_args`
+(optional): arguments for the gate (budgets, rate limits, approval predicates) added to the
+call's own; `on_error` (optional): what a result the tool itself marks as an error means,
+"unknown" (default: the effect may have happened; it is compensated, idempotently, when the
+compensation can be built without the result) or "not_applied" (nothing happened).
+
+Templates: a string that is exactly one `{args.<path>}`, `{result.<path>}` or `{state.<path>}`
+is replaced by that value with its type (a number stays a number, an object an object); inside
+a longer string each placeholder is replaced by its text (JSON for objects). A path is dotted
+keys, with list indices as numbers (`{result.items.0.id}`); `{args}` alone is the whole
+argument object. `{{` and `}}` are literal braces. `args` is the forward call's arguments,
+`result` its result (for MCP: its `structuredContent`, else the JSON of its first text
+content), `state` the capture's result. A path missing at run time makes the compensation
+unbuildable: the step has no inverse and recovery escalates it to a person.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..semantics import COMPENSABLE, IRREVERSIBLE, PREVIEW, REVERSIBLE, Semantics
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ROOTS = ("args", "result", "state")
+TOP_KEYS = frozenset({"name", "default", "tools"})
+TOOL_KEYS = frozenset({"semantics", "compensate", "capture", "gate_args", "on_error"})
+CALL_KEYS = frozenset({"tool", "arguments"})
+DENY = "deny"
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+_PATH = re.compile(r"^(args|result|state)((?:\.[^.{}\s]+)*)$")
+MAX_POLICY_BYTES = 1 << 20
+
+
+class PolicyError(ValueError):
+    """The policy file is wrong: `file:line: message`."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        super().__init__(f"{path}:{line}: {message}")
+
+
+class TemplateError(LookupError):
+    """A placeholder names a value the call does not have (at run time)."""
+
+
+# -- templates -----------------------------------------------------------------------------------
+
+
+def _lookup(scope: Mapping[str, Any], expression: str) -> Any:
+    root, *parts = expression.split(".")
+    if root not in scope:
+        raise TemplateError(f"{{{expression}}}: no {root} here")
+    value = scope[root]
+    for part in parts:
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise TemplateError(f"{{{expression}}}: {part!r} is not in the {root}")
+    return value
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def render(template: Any, scope: Mapping[str, Any]) -> Any:
+    """The template with its placeholders replaced from `scope` ({"args": ..., "result": ...,
+    "state": ...}). Raises TemplateError for a path the scope lacks."""
+    if isinstance(template, dict):
+        return {key: render(value, scope) for key, value in template.items()}
+    if isinstance(template, list):
+        return [render(value, scope) for value in template]
+    if not isinstance(template, str):
+        return template
+    whole = _PLACEHOLDER.fullmatch(template)
+    if whole is not None and whole.group(1) is not None:
+        return _lookup(scope, whole.group(1).strip())
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group(0)[0]
+        return _text(_lookup(scope, match.group(1).strip()))
+
+    return _PLACEHOLDER.sub(one, template)
+
+
+def _roots(template: Any) -> set[str]:
+    """The roots (args/result/state) a template reads; ValueError for a malformed placeholder."""
+    if isinstance(template, dict):
+        return set().union(*(_roots(v) for v in template.values())) if template else set()
+    if isinstance(template, list):
+        return set().union(*(_roots(v) for v in template)) if template else set()
+    if not isinstance(template, str):
+        return set()
+    found: set[str] = set()
+    for match in _PLACEHOLDER.finditer(template):
+        if match.group(1) is None:
+            continue
+        expression = match.group(1).strip()
+        parsed = _PATH.match(expression)
+        if parsed is None:
+            raise ValueError(
+                f"placeholder {{{expression}}}: use {{args.<path>}}, {{result.<path>}} or {{state.<path>}}"
+            )
+        found.add(parsed.group(1))
+    stray = _PLACEHOLDER.sub("", template)
+    if "{" in stray or "}" in stray:
+        raise ValueError(f"unbalanced brace in {template!r} (write {{{{ or }}}} for a literal one)")
+    return found
+
+
+# -- the policy ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallTemplate:
+    """Another call of the same tool source: `tool` with templated `arguments`."""
+
+    tool: str
+    arguments: dict[str, Any]
+
+    def render(self, scope: Mapping[str, Any]) -> dict[str, Any]:
+        rendered = render(self.arguments, scope)
+        assert isinstance(rendered, dict)
+        return rendered
+
+
+@dataclass(frozen=True)
+class ToolRule:
+    pattern: str  # a tool name or a glob; "*" for the file's default
+    semantics: Semantics
+    compensate: CallTemplate | None = None
+    capture: CallTemplate | None = None
+    gate_args: dict[str, Any] | None = None
+    on_error: str = "unknown"  # or "not_applied"
+    line: int = 0
+
+    @property
+    def is_default(self) -> bool:
+        return self.line == 0
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    default: Semantics | None  # None: tools the file does not name are refused
+    rules: tuple[ToolRule, ...]
+    path: str = "<policy>"
+
+    def rule_for(self, tool: str) -> ToolRule | None:
+        """The rule governing `tool`: its exact entry, else the first glob that matches it, else
+        the default (None when the default is "deny")."""
+        for rule in self.rules:
+            if rule.pattern == tool:
+                return rule
+        for rule in self.rules:
+            if _is_glob(rule.pattern) and fnmatch.fnmatchcase(tool, rule.pattern):
+                return rule
+        if self.default is None:
+            return None
+        return ToolRule("*", self.default)
+
+    def handler_name(self, tool: str) -> str:
+        """The registered compensator that calls `tool` of this source (what recovery claims)."""
+        return f"{self.name}:{tool}"
+
+    def compensation_tools(self) -> list[str]:
+        """Every tool a compensation calls, sorted (the handlers a recovery worker registers)."""
+        return sorted({rule.compensate.tool for rule in self.rules if rule.compensate is not None})
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+class _Lines:
+    """Which line of the file each key path starts on (tomllib gives values, not positions)."""
+
+    def __init__(self, text: str) -> None:
+        self.at: dict[tuple[str, ...], int] = {}
+        table: tuple[str, ...] = ()
+        in_string: str | None = None
+        for number, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            if in_string is not None:
+                if line.count(in_string) % 2 == 1:
+                    in_string = None
+                continue
+            for quote in ('"""', "'''"):
+                if line.count(quote) % 2 == 1:
+                    in_string = quote
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("[") and not line.startswith("[["):
+                path = _key_path(line)
+                if path:
+                    table = path
+                    self.at.setdefault(table, number)
+                continue
+            key, sep, _ = _split_assignment(line)
+            if sep:
+                path = _key_path(key + " = 0")
+                if path:
+                    self.at.setdefault(table + path, number)
+
+    def line(self, path: Iterable[str]) -> int:
+        parts = tuple(path)
+        while parts:
+            if parts in self.at:
+                return self.at[parts]
+            parts = parts[:-1]
+        return 1
+
+
+def _split_assignment(line: str) -> tuple[str, str, str]:
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "=":
+            return line[:i], "=", line[i + 1 :]
+    return line, "", ""
+
+
+def _key_path(fragment: str) -> tuple[str, ...]:
+    try:
+        parsed: Any = tomllib.loads(fragment)
+    except tomllib.TOMLDecodeError:
+        return ()
+    path: list[str] = []
+    while isinstance(parsed, dict) and len(parsed) == 1:
+        key = next(iter(parsed))
+        path.append(key)
+        parsed = parsed[key]
+    return tuple(path)
+
+
+def loads(text: str, path: str = "<policy>") -> Policy:
+    """Parse and validate a policy; PolicyError (file:line) for the first mistake."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise PolicyError(path, int(match.group(1)) if match else 1, f"not TOML: {exc}") from None
+    return _Parser(path, _Lines(text)).policy(data)
+
+
+def load(path: str | Path) -> Policy:
+    target = Path(path)
+    try:
+        raw = target.read_bytes()
+    except OSError as exc:
+        raise PolicyError(str(target), 0, f"cannot read the policy: {exc.strerror or exc}") from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(str(target), 0, f"larger than {MAX_POLICY_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(str(target), 1, "not UTF-8") from None
+    return loads(text, str(target))
+
+
+class _Parser:
+    def __init__(self, path: str, lines: _Lines) -> None:
+        self.path = path
+        self.lines = lines
+
+    def fail(self, where: tuple[str, ...], message: str) -> PolicyError:
+        return PolicyError(self.path, self.lines.line(where), message)
+
+    def policy(self, data: dict[str, Any]) -> Policy:
+        unknown = sorted(set(data) - TOP_KEYS)
+        if unknown:
+            expected = "expected name, default, [tools.<name>]"
+            raise self.fail((unknown[0],), f"unknown key {unknown[0]!r} ({expected})")
+        name = data.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise self.fail(
+                ("name",),
+                'name: required, this tool source\'s name (1-64 of A-Z a-z 0-9 . _ -), e.g. name = "shop"',
+            )
+        default = self.default(data.get("default", DENY))
+        tools = data.get("tools", {})
+        if not isinstance(tools, dict):
+            raise self.fail(("tools",), "tools: a table of [tools.<name>] sections")
+        rules = tuple(self.rule(tool, spec) for tool, spec in tools.items())
+        return Policy(name, default, rules, self.path)
+
+    def default(self, value: Any) -> Semantics | None:
+        if value == DENY:
+            return None
+        if value in (PREVIEW.value, IRREVERSIBLE.value):
+            return Semantics(value)
+        if value in (REVERSIBLE.value, COMPENSABLE.value):
+            raise self.fail(
+                ("default",),
+                f"default = {value!r}: a tool the file does not name has no compensation; "
+                'use "deny", "PREVIEW" or "IRREVERSIBLE"',
+            )
+        raise self.fail(("default",), f'default: "deny", "PREVIEW" or "IRREVERSIBLE", not {value!r}')
+
+    def rule(self, tool: str, spec: Any) -> ToolRule:
+        where = ("tools", tool)
+        if not tool or len(tool) > 200:
+            raise self.fail(where, "a tool name or glob of 1-200 characters")
+        if not isinstance(spec, dict):
+            raise self.fail(where, f"tools.{tool}: a table (semantics = ..., compensate = ...)")
+        unknown = sorted(set(spec) - TOOL_KEYS)
+        if unknown:
+            raise self.fail(
+                (*where, unknown[0]),
+                f"tools.{tool}: unknown key {unknown[0]!r} (expected {', '.join(sorted(TOOL_KEYS))})",
+            )
+        raw = spec.get("semantics")
+        try:
+            semantics = Semantics(raw)
+        except ValueError:
+            raise self.fail(
+                (*where, "semantics"),
+                f"tools.{tool}.semantics: one of PREVIEW, REVERSIBLE, COMPENSABLE, IRREVERSIBLE, not {raw!r}",
+            ) from None
+        compensate = self.call(where, "compensate", spec.get("compensate"))
+        capture = self.call(where, "capture", spec.get("capture"))
+        undoable = semantics in (REVERSIBLE, COMPENSABLE)
+        if undoable and compensate is None:
+            raise self.fail(
+                (*where, "semantics"),
+                f"tools.{tool}: {semantics.value} needs compensate = {{ tool = ..., arguments = {{ ... }} }} "
+                "(a tool that cannot be undone is IRREVERSIBLE)",
+            )
+        if not undoable and compensate is not None:
+            raise self.fail(
+                (*where, "compensate"), f"tools.{tool}: a {semantics.value} tool has no compensation"
+            )
+        if capture is not None and compensate is None:
+            raise self.fail((*where, "capture"), f"tools.{tool}: capture is only read by a compensation")
+        self.roots((*where, "capture"), capture, {"args"})
+        self.roots((*where, "compensate"), compensate, {"args", "result"} | ({"state"} if capture else set()))
+        gate_args = spec.get("gate_args")
+        if gate_args is not None:
+            if not isinstance(gate_args, dict):
+                raise self.fail((*where, "gate_args"), f"tools.{tool}.gate_args: a table of name = template")
+            self.roots((*where, "gate_args"), CallTemplate("", gate_args), {"args"})
+        on_error = spec.get("on_error", "unknown")
+        if on_error not in ("unknown", "not_applied"):
+            raise self.fail((*where, "on_error"), f'tools.{tool}.on_error: "unknown" or "not_applied"')
+        line = self.lines.line(where)
+        return ToolRule(tool, semantics, compensate, capture, gate_args, on_error, max(line, 1))
+
+    def call(self, where: tuple[str, ...], key: str, value: Any) -> CallTemplate | None:
+        if value is None:
+            return None
+        label = f"{where[-1]}.{key}"
+        if not isinstance(value, dict):
+            raise self.fail((*where, key), f'tools.{label}: {{ tool = "...", arguments = {{ ... }} }}')
+        unknown = sorted(set(value) - CALL_KEYS)
+        if unknown:
+            expected = "expected tool, arguments"
+            raise self.fail((*where, key), f"tools.{label}: unknown key {unknown[0]!r} ({expected})")
+        tool = value.get("tool")
+        if not isinstance(tool, str) or not tool or _is_glob(tool):
+            raise self.fail((*where, key), f"tools.{label}.tool: the name of one tool of this source")
+        arguments = value.get("arguments", {})
+        if not isinstance(arguments, dict):
+            raise self.fail((*where, key), f"tools.{label}.arguments: a table of name = value or template")
+        return CallTemplate(tool, arguments)
+
+    def roots(self, where: tuple[str, ...], call: CallTemplate | None, allowed: set[str]) -> None:
+        if call is None:
+            return
+        try:
+            used = _roots(call.arguments)
+        except ValueError as exc:
+            raise self.fail(where, f"tools.{where[1]}.{where[2]}: {exc}") from None
+        extra = sorted(used - allowed)
+        if extra:
+            hint = " (add a capture)" if extra == ["state"] else ""
+            raise self.fail(
+                where,
+                f"tools.{where[1]}.{where[2]}: {{{extra[0]}.…}} is not available here; "
+                f"it may read {', '.join('{' + r + '.…}' for r in sorted(allowed))}{hint}",
+            )
+
+
+# -- observe mode: the skeleton of a policy --------------------------------------------------------
+
+
+def _toml_key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+
+
+def skeleton(name: str, tools: Iterable[tuple[str, str]]) -> str:
+    """A policy naming every tool seen (name, description), each IRREVERSIBLE with a TODO: the file
+    never guesses that something can be undone; people downgrade what is safe."""
+    lines = [
+        "# Sagaplane tool policy, written by `sagaplane mcp-gateway --observe --emit-policy`.",
+        "# Every tool is IRREVERSIBLE until a person says otherwise: mark reads PREVIEW, and give",
+        "# what can be undone its compensation (REVERSIBLE / COMPENSABLE + compensate = {...}).",
+        f"name = {json.dumps(name)}",
+        'default = "deny"',
+    ]
+    for tool, description in sorted(dict(tools).items()):
+        lines.append("")
+        lines.append(f"[tools.{_toml_key(tool)}]")
+        if description:
+            summary = " ".join(description.split())[:200]
+            lines.append(f"# {summary}")
+        lines.append('semantics = "IRREVERSIBLE"  # TODO: PREVIEW? REVERSIBLE / COMPENSABLE with compensate?')
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "CallTemplate",
+    "Policy",
+    "PolicyError",
+    "TemplateError",
+    "ToolRule",
+    "load",
+    "loads",
+    "render",
+    "skeleton",
+]
