@@ -18,10 +18,12 @@ from typing import Any
 from ._version import __version__
 from .reconcile import add_certify, add_reconcile, add_reconcile_worker
 from .shipper import DEFAULT_BATCH
+from .witnesscli import add_witness
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the thing checked is bad, or shipping was refused
 EXIT_USAGE = 2  # bad arguments or configuration (argparse also uses 2)
+EXIT_QUORUM = 3  # the evidence holds, but the policy's quorum of witnesses did not cosign it
 
 
 # -- verify-wal ------------------------------------------------------------------------------
@@ -160,24 +162,25 @@ def cmd_ship(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- verify-disclosure / verify-export -------------------------------------------------------
+# -- verify-disclosure / verify-export / verify-checkpoint / verify-proof ------------------
 
 
-def _add_key_option(p: Any) -> None:
+def _add_key_option(p: Any, *, policy: bool = True) -> None:
     p.add_argument(
         "--key",
         action="append",
-        required=True,
+        default=[],
         metavar="VERIFIER_KEY",
-        help="the tenant's log verifier key (name+id+key); repeat to accept old and new during a rotation",
+        help="the tenant's log verifier key (name+id+key); repeat to accept old and new during a rotation"
+        + (" (default: the policy's log keys)" if policy else ""),
     )
-
-
-def add_verify_disclosure(sub: Any) -> None:
-    p = sub.add_parser("verify-disclosure", help="verify a saga disclosure offline (signature, proofs, seal)")
-    p.add_argument("file")
-    _add_key_option(p)
-    p.set_defaults(func=cmd_verify_disclosure)
+    if policy:
+        p.add_argument(
+            "--policy",
+            metavar="FILE",
+            help="a C2SP tlog-policy file: the log's keys, the witnesses and the quorum that must "
+            f"have cosigned the checkpoint (exit {EXIT_QUORUM} when it did not)",
+        )
 
 
 def _report_verification(
@@ -193,12 +196,60 @@ def _report_verification(
     return EXIT_OK
 
 
-def cmd_verify_disclosure(args: argparse.Namespace) -> int:
-    from .disclosure import VerificationError, verify_disclosure_file
+def _verified(
+    args: argparse.Namespace, target: str, verify: Callable[[list[str]], Any], checkpoint: Callable[[], str]
+) -> int:
+    """Run `verify(keys)` (keys: --key, else the policy's logs), then, with --policy, require the
+    quorum of witnesses on the evidence's checkpoint (`checkpoint()`, its signed note)."""
+    from .disclosure import VerificationError
+    from .policy import PolicyError, QuorumError, load_policy
+    from .tlogproof import ProofFileError
 
-    return _report_verification(
-        args.file, lambda: verify_disclosure_file(args.file, args.key), (VerificationError, ValueError)
-    )
+    policy = None
+    keys: list[str] = list(args.key)
+    if args.policy:
+        try:
+            policy = load_policy(args.policy)
+        except PolicyError as exc:
+            print(f"error: --policy: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        keys = keys or [log.encode() for log in policy.logs]
+    if not keys:
+        print("error: give the log's --key, or a --policy naming the log", file=sys.stderr)
+        return EXIT_USAGE
+    failures = (VerificationError, ProofFileError, ValueError, OSError)
+    code = _report_verification(target, lambda: verify(keys), failures)
+    if code != EXIT_OK or policy is None:
+        return code
+    try:
+        witnessed = policy.check(checkpoint())
+    except QuorumError as exc:
+        print(f"REFUSED: {target}: {exc}")
+        return EXIT_QUORUM
+    except ValueError as exc:  # the policy's logs do not include the key that signed it
+        print(f"FAILED: {target}: the checkpoint does not verify against the policy: {exc}")
+        return EXIT_FAILED
+    print(f"WITNESSED: {target}: {witnessed.summary()}")
+    return EXIT_OK
+
+
+def add_verify_disclosure(sub: Any) -> None:
+    p = sub.add_parser("verify-disclosure", help="verify a saga disclosure offline (signature, proofs, seal)")
+    p.add_argument("file")
+    _add_key_option(p)
+    p.set_defaults(func=cmd_verify_disclosure)
+
+
+def cmd_verify_disclosure(args: argparse.Namespace) -> int:
+    import json
+
+    from .disclosure import verify_disclosure_file
+
+    def checkpoint() -> str:
+        with open(args.file, encoding="utf-8") as fh:
+            return str(json.load(fh).get("checkpoint"))
+
+    return _verified(args, args.file, lambda keys: verify_disclosure_file(args.file, keys), checkpoint)
 
 
 def add_verify_export(sub: Any) -> None:
@@ -209,37 +260,75 @@ def add_verify_export(sub: Any) -> None:
 
 
 def cmd_verify_export(args: argparse.Namespace) -> int:
-    from .disclosure import VerificationError
-    from .export import verify_export
+    from .export import read_bundle, verify_export
 
-    return _report_verification(
-        args.path, lambda: verify_export(args.path, args.key), (VerificationError, ValueError)
+    return _verified(
+        args,
+        args.path,
+        lambda keys: verify_export(args.path, keys),
+        lambda: read_bundle(args.path)["checkpoint"].decode("utf-8", "replace"),
     )
 
 
-# -- verify-proof ----------------------------------------------------------------------------
+def add_verify_checkpoint(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify-checkpoint", help="verify a checkpoint (GET /api/v1/audit/checkpoint) and its cosignatures"
+    )
+    p.add_argument("file", help="the checkpoint note, with any cosignature lines; - reads standard input")
+    _add_key_option(p)
+    p.set_defaults(func=cmd_verify_checkpoint)
+
+
+def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
+    from . import note
+
+    text = sys.stdin.read() if args.file == "-" else None
+
+    def read() -> str:
+        if text is not None:
+            return text
+        with open(args.file, encoding="utf-8") as fh:
+            return fh.read()
+
+    class _Report:
+        def __init__(self, checkpoint: note.Checkpoint) -> None:
+            self.checkpoint = checkpoint
+
+        def summary(self) -> str:
+            return f"{self.checkpoint.origin} at size {self.checkpoint.size}, signed by the log"
+
+    return _verified(args, args.file, lambda keys: _Report(note.open_checkpoint(read(), keys)), read)
 
 
 def add_verify_proof(sub: Any) -> None:
     p = sub.add_parser("verify-proof", help="verify a C2SP tlog-proof file (one leaf's inclusion) offline")
     p.add_argument("file")
     _add_key_option(p)
-    p.add_argument("--leaf-hash", required=True, metavar="HEX", help="the leaf's RFC 6962 hash, in hex")
+    p.add_argument(
+        "--leaf-hash",
+        metavar="HEX",
+        help="the leaf's RFC 6962 hash, in hex (default: computed from the record in the file's extra "
+        "data, which the inclusion proof then authenticates)",
+    )
     p.set_defaults(func=cmd_verify_proof)
 
 
 def cmd_verify_proof(args: argparse.Namespace) -> int:
-    from .tlogproof import ProofFileError, verify_proof_file
+    from .tlogproof import parse_proof_file, verify_proof_file
 
-    try:
-        leaf_hash = bytes.fromhex(args.leaf_hash)
-    except ValueError:
-        print(f"error: --leaf-hash is not hex: {args.leaf_hash!r}", file=sys.stderr)
-        return EXIT_USAGE
-    return _report_verification(
+    if args.leaf_hash is not None:
+        try:
+            leaf_hash = bytes.fromhex(args.leaf_hash)
+        except ValueError:
+            print(f"error: --leaf-hash is not hex: {args.leaf_hash!r}", file=sys.stderr)
+            return EXIT_USAGE
+    return _verified(
+        args,
         args.file,
-        lambda: verify_proof_file(args.file, args.key, leaf_hash=leaf_hash),
-        (ProofFileError, OSError),
+        lambda keys: verify_proof_file(
+            args.file, keys, leaf_hash=leaf_hash if args.leaf_hash is not None else None
+        ),
+        lambda: parse_proof_file(args.file).checkpoint,
     )
 
 
@@ -351,11 +440,13 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_verify_disclosure,
     add_verify_export,
     add_verify_proof,
+    add_verify_checkpoint,
     add_worker,
     add_reconcile,
     add_reconcile_worker,
     add_certify,
     add_verify_approval,
+    add_witness,
 ]
 
 

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from . import merkle, note
 
@@ -37,6 +39,7 @@ __all__ = [
     "VerifiedProof",
     "format_proof",
     "parse_proof",
+    "parse_proof_file",
     "verify_proof",
     "verify_proof_file",
 ]
@@ -64,6 +67,7 @@ class TlogProof:
 class VerifiedProof:
     index: int
     checkpoint: note.Checkpoint
+    record: dict[str, Any] | None = None  # the record from the extra data, once proven included
 
     def summary(self) -> str:
         return (
@@ -150,15 +154,19 @@ def verify_proof(
     """Check that the entry (its RFC 6962 `leaf_hash`, or its `leaf_data` to hash) is at the
     file's index in the tree of the checkpoint, and that the checkpoint is signed by one of
     `verifier_keys` (and, if given, has `origin`). Raises ProofFileError naming what fails.
-    The `extra` line is never used: it is not authenticated."""
-    if (leaf_hash is None) == (leaf_data is None):
-        raise ProofFileError("give exactly one of leaf_hash and leaf_data")
+    With neither, the leaf hash is computed from the record in the `extra` line (Sagaplane's
+    bundles carry `{"stream", "position", "record"}` there): the extra data is not trusted as
+    such, the inclusion proof is what then authenticates the record (`VerifiedProof.record`)."""
+    if leaf_hash is not None and leaf_data is not None:
+        raise ProofFileError("give at most one of leaf_hash and leaf_data")
+    proof = parse_proof(text)
+    record = None
     if leaf_data is not None:
         leaf_hash = merkle.leaf_hash(leaf_data)
-    assert leaf_hash is not None
+    elif leaf_hash is None:
+        leaf_hash, record = _leaf_from_extra(proof.extra)
     if len(leaf_hash) != merkle.HASH_SIZE:
         raise ProofFileError(f"leaf hash is {len(leaf_hash)} bytes, not {merkle.HASH_SIZE}")
-    proof = parse_proof(text)
     try:
         checkpoint = note.open_checkpoint(proof.checkpoint, verifier_keys, origin)
     except note.NoteError as exc:
@@ -169,7 +177,26 @@ def verify_proof(
         merkle.verify_inclusion(leaf_hash, proof.index, checkpoint.size, proof.hashes, checkpoint.root_hash)
     except merkle.MerkleError as exc:
         raise ProofFileError(f"inclusion proof of leaf {proof.index}: {exc}") from exc
-    return VerifiedProof(proof.index, checkpoint)
+    return VerifiedProof(proof.index, checkpoint, record)
+
+
+def _leaf_from_extra(extra: bytes | None) -> tuple[bytes, dict[str, Any]]:
+    """The leaf hash of the record a Sagaplane bundle carries as extra data, and the record."""
+    from .disclosure import VerificationError, check_record, record_leaf_hash
+
+    if extra is None:
+        raise ProofFileError("the file carries no record (extra data): give the leaf hash")
+    try:
+        carried = json.loads(extra)
+        record = check_record(carried["record"])
+        return record_leaf_hash(carried["stream"], carried["position"], record), record
+    except (ValueError, TypeError, KeyError, VerificationError) as exc:
+        raise ProofFileError(f"the extra data is not a Sagaplane record: {exc}") from exc
+
+
+def parse_proof_file(path: str) -> TlogProof:
+    with open(path, "rb") as fh:
+        return parse_proof(fh.read())
 
 
 def verify_proof_file(
