@@ -57,7 +57,7 @@ def delivery_body(check: ReconciliationCheck) -> bytes:
 )
 def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
     """POST one claimed check to the tenant's webhook, signed as recovery's deliveries are
-    (`Sagaplane-Signature`, the same secret), and record its answer `{"reversed": true | false |
+    (Standard Webhooks headers, the same secret), and record its answer `{"reversed": true | false |
     null}` with the token the claim took. A failed delivery records nothing: the claim lapses and
     the next pass offers the check again, until its deadline makes it unverifiable."""
     from recovery import selectors as recovery_selectors

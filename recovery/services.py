@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -1229,7 +1228,7 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
         raise RecoveryError(
             400, "invalid", "url: an http(s) URL of at most 500 characters", field="url"
         ) from None
-    from recovery.webhook import check_url
+    from recovery.webhook import check_url, new_secret
 
     unsafe = check_url(url)
     if unsafe:
@@ -1241,7 +1240,7 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
         or not all(isinstance(h, str) and 0 < len(h) <= 200 and "\x00" not in h for h in handlers)
     ):
         raise RecoveryError(400, "invalid", "handlers: a list of up to 100 handler names", field="handlers")
-    secret = "whsec_" + secrets.token_urlsafe(32)
+    secret = new_secret()
     with tenant_context(tenant):
         existing = Webhook.objects.select_for_update().first()
         old = None if existing is None else {"url": existing.url, "handlers": existing.handlers}

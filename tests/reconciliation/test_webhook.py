@@ -1,7 +1,8 @@
 """The tenant's webhook as an observer: checks of the handlers it serves are claimed for it by the
-pass and POSTed signed (recovery's `Sagaplane-Signature`, the same secret) to a real HTTP server;
-its `{"reversed": ...}` becomes the verdict. A failed delivery records nothing and is retried
-under a new token once the claim lapses; an answer without a verdict is unverifiable."""
+pass and POSTed signed (recovery's Standard Webhooks signature, the same secret, verified here with
+the standard's own library) to a real HTTP server; its `{"reversed": ...}` becomes the verdict. A
+failed delivery records nothing and is retried under a new token once the claim lapses; an answer
+without a verdict is unverifiable."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
@@ -29,8 +31,14 @@ from tests.transparency.conftest import Writer
 pytestmark = pytest.mark.usefixtures("no_delay")
 
 
-def verify_signature(secret: str, body: bytes, header: str) -> bool:
-    """The receiver's check of `Sagaplane-Signature: t=<unix s>,v1=<hex HMAC-SHA256 of "<t>." + body>`."""
+def verify_signature(secret: str, body: bytes, headers: dict[str, str]) -> bool:
+    """The receiver's check: Standard Webhooks' library, and the deprecated `Sagaplane-Signature:
+    t=<unix s>,v1=<hex HMAC-SHA256 of "<t>." + body>` still sent beside it."""
+    try:
+        Webhook(secret).verify(body, headers)
+    except WebhookVerificationError:
+        return False
+    header = headers.get("Sagaplane-Signature", "")
     fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
     timestamp, given = fields.get("t", ""), fields.get("v1", "")
     if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > 300:
@@ -49,8 +57,8 @@ class Receiver:
         self.without_verdict = False
         self.seen: list[dict[str, Any]] = []
 
-    def answer(self, body: bytes, signature: str, key: str) -> tuple[int, bytes]:
-        if not verify_signature(self.secret, body, signature):
+    def answer(self, body: bytes, headers: dict[str, str], key: str) -> tuple[int, bytes]:
+        if not verify_signature(self.secret, body, headers):
             return 401, b"{}"
         delivery = json.loads(body)
         self.seen.append({**delivery, "idempotency_key": key})
@@ -71,7 +79,7 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             body = self.rfile.read(int(self.headers["Content-Length"]))
             status, out = state.answer(
-                body, self.headers.get("Sagaplane-Signature", ""), self.headers.get("Idempotency-Key", "")
+                body, dict(self.headers.items()), self.headers.get("Idempotency-Key", "")
             )
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from recovery.webhook import sign
+from recovery.webhook import signed_headers
 from tests.recovery.live import Deployment, deployment, stop
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -200,7 +200,7 @@ def documented_verifier() -> Callable[[str, bytes, str], bool]:
     code = after.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, Any] = {}
     exec(compile(code, str(DOCS), "exec"), namespace)  # noqa: S102 (our own documentation)
-    verify: Callable[[str, bytes, str], bool] = namespace["verify_signature"]
+    verify: Callable[[str, bytes, Any], bool] = namespace["verify_signature"]
     return verify
 
 
@@ -221,12 +221,11 @@ class _ReceiverHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        header = self.headers.get("Sagaplane-Signature", "")
         delivery = {
             "body": body,
-            "signature": header,
+            "headers": dict(self.headers.items()),
             "idempotency_key": self.headers.get("Idempotency-Key", ""),
-            "verified": self.server.verify(self.server.secret[0], body, header),
+            "verified": self.server.verify(self.server.secret[0], body, self.headers),
         }
         self.server.deliveries.append(delivery)
         if not delivery["verified"]:
@@ -276,14 +275,20 @@ def test_a_webhook_answering_500_then_200_refunds_once(live: Deployment) -> None
         (failed,) = records(live, "hooked", "COMPENSATION_FAILED")
         assert failed["error"] == "webhook answered HTTP 500" and failed["final"] is False
         assert "hooked-ch1" not in live.refunds()  # no SDK worker ran it
+        # Both attempts carry the same webhook-id (the standard's idempotency key).
+        assert len({d["headers"]["webhook-id"] for d in receiver.deliveries}) == 1
         # Forgeries fail the documented check: another secret, another body, an old signature.
         verify, good = receiver.verify, receiver.deliveries[-1]
-        assert verify(secret[0], good["body"], good["signature"])
-        assert not verify("whsec_forged", good["body"], good["signature"])
-        assert not verify(secret[0], good["body"].replace(b"hooked", b"hacked"), good["signature"])
-        stale = sign(secret[0], good["body"], timestamp=int(time.time()) - 3600)
+        headers = {name.lower(): value for name, value in good["headers"].items()}
+        assert verify(secret[0], good["body"], headers)
+        assert not verify("whsec_Zm9yZ2Vk", good["body"], headers)
+        assert not verify(secret[0], good["body"].replace(b"hooked", b"hacked"), headers)
+        key = good["idempotency_key"]
+        stale = signed_headers(
+            secret[0], good["body"], idempotency_key=key, timestamp=int(time.time()) - 3600
+        )
         assert not verify(secret[0], good["body"], stale)
-        assert not verify(secret[0], good["body"], "t=abc,v1=00")
+        assert not verify(secret[0], good["body"], {**headers, "webhook-timestamp": "abc"})
     finally:
         receiver.shutdown()
         with live.client() as client:
