@@ -52,6 +52,11 @@ GUARANTEES_VERSION = "2026-12-03"
 approval_listener: ContextVar[Callable[[dict[str, Any], float], None] | None] = ContextVar(
     "sagaplane_approval_listener", default=None
 )
+# Set to False by an integration whose framework pauses for humans itself (LangGraph's interrupt,
+# the OpenAI Agents SDK's tool approvals): a pending approval raises ApprovalPending instead of
+# being waited for here; the same call asked again later (same saga, step and arguments) finds the
+# same request and, once it is approved, consumes it.
+wait_for_approvals: ContextVar[bool] = ContextVar("sagaplane_wait_for_approvals", default=True)
 
 
 class GateDenied(SagaplaneError):
@@ -64,6 +69,15 @@ class GateDenied(SagaplaneError):
             self.answer.get("halt_reason") or self.answer.get("message") or self.answer.get("limit") or ""
         )
         super().__init__(f"gate denied: {reason}" + (f" ({detail})" if detail else ""))
+
+
+class ApprovalPending(SagaplaneError):
+    """The call waits for people (`wait_for_approvals` is off): nothing was done. `answer` is the gate's
+    pending answer (approval_id, expires_in, policy, required, ...)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = dict(answer)
+        super().__init__(f"approval {self.answer.get('approval_id')} pending")
 
 
 @dataclass(frozen=True)
@@ -243,6 +257,8 @@ class Gate:
         }
         answer = self._evaluate(body)
         if answer.get("decision") == "pending_approval":
+            if not wait_for_approvals.get():
+                raise ApprovalPending(answer)
             self._await_approval(answer)
             # Approved: ask again. This answer consumes the approval with the authorisation (a
             # retry of the same call gets the same authorisation back; anything else is refused).
@@ -250,6 +266,22 @@ class Gate:
         if answer.get("decision") == "allow":
             return answer
         raise GateDenied(str(answer.get("reason") or answer.get("decision") or "denied"), answer)
+
+    def approval_status(self, approval_id: str, wait: float = 0.0) -> dict[str, Any]:
+        """An approval request's state (`status`: pending, approved, denied, expired, consumed...),
+        waiting at most `wait` seconds for a decision. Raises GateDenied when it cannot be read."""
+        if not approval_id.isalnum() or len(approval_id) > 64:
+            raise GateDenied("approval_unknown", {"approval_id": approval_id})
+        timeout = round(min(max(wait, 0.0), self.approval_wait), 3)
+        path = f"/api/v1/approvals/{approval_id}/wait?" + urllib.parse.urlencode({"timeout": timeout})
+        try:
+            response = self._wait.get(path)
+        except TransportError as exc:
+            raise GateDenied("control_plane_unreachable", {"message": str(exc)}) from None
+        state = response.body if isinstance(response.body, dict) else {}
+        if not response.ok:
+            raise GateDenied(str(state.get("error") or f"http_{response.status}"), state)
+        return state
 
     def _evaluate(self, body: dict[str, Any]) -> dict[str, Any]:
         try:

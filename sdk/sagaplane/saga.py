@@ -173,6 +173,10 @@ _current: ContextVar[Saga | None] = ContextVar("sagaplane_current_saga", default
 # Set by an integration around one governed call: the framework's id of the tool call (a model's
 # tool call id), carried by the step's span as gen_ai.tool.call.id.
 tool_call_id: ContextVar[str] = ContextVar("sagaplane_tool_call_id", default="")
+# Set by an integration whose framework re-runs a paused call (LangGraph's interrupt/resume): the
+# next step's id, derived from the tool call, so the re-run is the same step to the gate (and finds
+# the approval request the first run opened). Empty: a random id.
+next_step_id: ContextVar[str] = ContextVar("sagaplane_next_step_id", default="")
 
 
 def current_saga() -> Saga | None:
@@ -334,6 +338,70 @@ class Saga:
             buffered=True,
         )
 
+    # -- pausing for a person (LangGraph's interrupt, a run resumed later or elsewhere) --------
+
+    def suspend(self, lease_ttl: float) -> list[dict[str, Any]]:
+        """Pause a running saga without a terminal record, for a framework that pauses for people:
+        this process stops renewing its lease and a SAGA_START names the time a decision may take
+        (`lease_ttl`, after which recovery takes the saga over as it does a dead agent's). Returns
+        the journal (`journal()`) that `Saga.resume` continues it from, here or in another
+        process."""
+        if self.status != "running":
+            raise SagaError(f"saga {self.saga_id} is {self.status}; only a running saga is suspended")
+        self.wal.release_lease(self.saga_id)
+        fields: dict[str, Any] = {"saga_id": self.saga_id, "pid": os.getpid(), "lease_ttl": lease_ttl}
+        fields["suspended"] = True
+        if self.name:
+            fields["name"] = self.name
+        if self.wal.agent:
+            fields["agent"] = self.wal.agent
+        mark = self.wal.emit("SAGA_START", fields)
+        if self._durable:
+            self.wal.sync(mark)
+        self._leave()
+        self.status = "suspended"
+        return self.journal()
+
+    def journal(self) -> list[dict[str, Any]]:
+        """The steps as JSON: what a rollback of this saga needs in another process."""
+        return [
+            {
+                "step_id": s.step_id,
+                "tool": s.tool,
+                "semantics": s.semantics.value,
+                "state": s.state.value,
+                "compensation": None
+                if s.compensation is None or not s.compensation.handler
+                else {"handler": s.compensation.handler, "kwargs": s.compensation.kwargs},
+            }
+            for s in self.steps
+        ]
+
+    @classmethod
+    def resume(cls, saga_id: str, journal: list[dict[str, Any]], **options: Any) -> Saga:
+        """A Saga continuing a suspended one (`suspend`): same id, its steps restored (compensated
+        through their registered handlers on rollback). Enter it as any saga."""
+        saga = cls(saga_id=saga_id, **options)
+        for entry in journal:
+            comp = entry.get("compensation")
+            saga.steps.append(
+                Step(
+                    index=len(saga.steps) + 1,
+                    step_id=str(entry["step_id"]),
+                    saga_id=saga_id,
+                    tool=str(entry["tool"]),
+                    semantics=Semantics(entry["semantics"]),
+                    kwargs={},
+                    state=StepState(entry["state"]),
+                    compensation=None
+                    if not comp
+                    else Compensation(handler=str(comp["handler"]), kwargs=dict(comp.get("kwargs") or {})),
+                )
+            )
+            if saga.steps[-1].semantics in (COMPENSABLE, IRREVERSIBLE):
+                saga._durable = True
+        return saga
+
     def __enter__(self) -> Saga:
         self._begin()
         return self
@@ -400,7 +468,7 @@ class Saga:
         bound = spec.bind(args, kwargs)
         return Step(
             index=len(self.steps) + 1,
-            step_id=token_hex(16),
+            step_id=next_step_id.get() or token_hex(16),
             saga_id=self.saga_id,
             tool=spec.name,
             semantics=spec.semantics,

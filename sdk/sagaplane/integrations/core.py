@@ -28,6 +28,8 @@ API (for adapters):
                                       on_pending=notify)            # async (info) -> None while
         except core.Refused as refused:                             #   an approval is pending
             refused.reason, refused.message, refused.payload()
+        except core.Pending as pending:                             # only with wait=False:
+            pending.approval_id, pending.payload()                  #   the framework pauses
         # governor.call_sync(...) is the same for sync code (perform and capture sync).
 
 `run_tool(tool, arguments, idempotency_key)` runs a compensation: the policy's `compensate.tool`
@@ -46,6 +48,11 @@ What `call` does:
   step recorded failed (outcome unknown, or not applied when the rule says `on_error =
   "not_applied"`); an exception from the callable is re-raised after the step is recorded
   unknown (a timeout or a crash of the tool source: the effect may have happened).
+- `wait=False` (a framework that pauses for people itself: LangGraph's interrupt, the OpenAI
+  Agents SDK's tool approvals): a pending approval raises `Pending` instead of being waited for;
+  nothing ran. Asking again with the same `step_id` (`step_id_for(saga_id, call_id)`: a
+  re-run of the same tool call) and arguments finds the same request: approved, the call runs
+  once (the approval is consumed); denied or expired, `Refused`; still pending, `Pending` again.
 - IRREVERSIBLE tools run once the gate allows them: the policy file is the operator's
   confirmation (pass `confirm=` to Governor to ask something else).
 """
@@ -53,13 +60,14 @@ What `call` does:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Any
 
 from ..chain import token_hex
-from ..gate import GateDenied, approval_listener
+from ..gate import ApprovalPending, GateDenied, approval_listener, wait_for_approvals
 from ..saga import (
     ConfirmHook,
     ConfirmRequest,
@@ -68,6 +76,8 @@ from ..saga import (
     Saga,
     Step,
     ToolSpec,
+    get_default_gate,
+    next_step_id,
     tool_call_id,
 )
 from ..semantics import IRREVERSIBLE, Compensation, compensator
@@ -123,6 +133,37 @@ class Refused(Exception):
             if self.detail.get(key) is not None:
                 out[key] = self.detail[key]
         return out
+
+
+class Pending(Exception):
+    """An approval is pending for this exact call (only with `wait=False`): nothing was done."""
+
+    def __init__(self, tool: str, arguments: dict[str, Any], answer: dict[str, Any], step: Step) -> None:
+        self.tool = tool
+        self.arguments = dict(arguments)
+        self.answer = dict(answer)
+        self.approval_id = str(answer.get("approval_id") or "")
+        self.saga_id = step.saga_id
+        self.step_id = step.step_id
+        super().__init__(f"approval {self.approval_id} pending for {tool}")
+
+    def payload(self) -> dict[str, Any]:
+        """What a person is asked to decide, as data (an interrupt's value)."""
+        out: dict[str, Any] = {
+            "approval_id": self.approval_id,
+            "action": {"tool": self.tool, "arguments": self.arguments},
+            "saga_id": self.saga_id,
+            "step_id": self.step_id,
+        }
+        for key in ("policy", "required", "approvals", "expires_at", "expires_in"):
+            if self.answer.get(key) is not None:
+                out[key] = self.answer[key]
+        return out
+
+
+def step_id_for(saga_id: str, call_id: str) -> str:
+    """The step id of a framework's tool call in a saga: the same on every re-run of the call."""
+    return hashlib.sha256(f"{saga_id}\x00{call_id}".encode()).hexdigest()[:32]
 
 
 class ToolFailed(Exception):
@@ -292,6 +333,30 @@ class Governor:
         saga._gate_denied(step, GateDenied("not_in_policy", {"message": message}))
         return Refused("not_in_policy", tool, {"saga_id": saga.saga_id, "step_id": step.step_id})
 
+    async def preflight(
+        self, saga: Saga, tool: str, arguments: dict[str, Any], *, step_id: str
+    ) -> Pending | None:
+        """Would this call (this step id and arguments) wait for people? Asks the gate as the call
+        will, without waiting and without recording anything: `Pending` when an approval is pending
+        (the framework pauses for it), None otherwise (the call itself is then asked again; the
+        gate answers the same call with the same authorisation, debiting once)."""
+        spec = self.spec(tool, is_async=True)
+        gate = get_default_gate()
+        if spec is None or gate is None:
+            return None
+        tokens = (next_step_id.set(step_id), wait_for_approvals.set(False))
+        try:
+            step = saga._new_step(spec, (), dict(arguments))
+            await asyncio.to_thread(gate.check, saga._gate_call(step))
+        except ApprovalPending as pending:
+            return _pending(saga, tool, arguments, pending, step_id)
+        except (GateDenied, TemplateError):
+            return None  # refused: the call itself records the refusal and answers with it
+        finally:
+            wait_for_approvals.reset(tokens[1])
+            next_step_id.reset(tokens[0])
+        return None
+
     async def call(
         self,
         saga: Saga,
@@ -301,6 +366,8 @@ class Governor:
         *,
         call_id: str = "",
         on_pending: OnPending | None = None,
+        step_id: str = "",
+        wait: bool = True,
     ) -> Any:
         """One governed call (see the module docstring). Raises Refused when it did not run."""
         spec = self.spec(tool, is_async=True)
@@ -309,17 +376,17 @@ class Governor:
         listener = None
         if on_pending is not None:
             listener = _threadsafe_listener(tool, on_pending, asyncio.get_running_loop())
-        tokens = (_perform.set(perform), tool_call_id.set(call_id), approval_listener.set(listener))
+        scope = _CallScope(perform, call_id, listener, step_id, wait)
         try:
             return await saga.run_step_async(spec, (), dict(arguments))
         except ToolFailed as failed:
             return failed.result
+        except ApprovalPending as pending:
+            raise _pending(saga, tool, arguments, pending, step_id) from None
         except (GateDenied, IrreversibleRefused, TemplateError, CaptureFailed) as exc:
             raise _refusal(tool, exc) from None
         finally:
-            approval_listener.reset(tokens[2])
-            tool_call_id.reset(tokens[1])
-            _perform.reset(tokens[0])
+            scope.reset()
 
     def call_sync(
         self,
@@ -330,6 +397,8 @@ class Governor:
         *,
         call_id: str = "",
         on_pending: Callable[[dict[str, Any]], None] | None = None,
+        step_id: str = "",
+        wait: bool = True,
     ) -> Any:
         """`call` for synchronous code: `perform` (and the policy's captures) are synchronous."""
         spec = self.spec(tool, is_async=False)
@@ -342,17 +411,49 @@ class Governor:
             def listener(pending: dict[str, Any], left: float) -> None:
                 pending_cb(_pending_info(tool, pending, left))
 
-        tokens = (_perform.set(perform), tool_call_id.set(call_id), approval_listener.set(listener))
+        scope = _CallScope(perform, call_id, listener, step_id, wait)
         try:
             return saga.run_step(spec, (), dict(arguments))
         except ToolFailed as failed:
             return failed.result
+        except ApprovalPending as pending:
+            raise _pending(saga, tool, arguments, pending, step_id) from None
         except (GateDenied, IrreversibleRefused, TemplateError, CaptureFailed) as exc:
             raise _refusal(tool, exc) from None
         finally:
-            approval_listener.reset(tokens[2])
-            tool_call_id.reset(tokens[1])
-            _perform.reset(tokens[0])
+            scope.reset()
+
+
+class _CallScope:
+    """The context variables one governed call sets for the step machinery (and resets after)."""
+
+    def __init__(
+        self,
+        perform: Perform,
+        call_id: str,
+        listener: Callable[[dict[str, Any], float], None] | None,
+        step_id: str,
+        wait: bool,
+    ) -> None:
+        self.tokens = (
+            _perform.set(perform),
+            tool_call_id.set(call_id),
+            approval_listener.set(listener),
+            next_step_id.set(step_id),
+            wait_for_approvals.set(wait),
+        )
+
+    def reset(self) -> None:
+        wait_for_approvals.reset(self.tokens[4])
+        next_step_id.reset(self.tokens[3])
+        approval_listener.reset(self.tokens[2])
+        tool_call_id.reset(self.tokens[1])
+        _perform.reset(self.tokens[0])
+
+
+def _pending(saga: Saga, tool: str, arguments: dict[str, Any], exc: ApprovalPending, step_id: str) -> Pending:
+    step = Step(0, step_id, saga.saga_id, tool, IRREVERSIBLE, dict(arguments))
+    return Pending(tool, arguments, exc.answer, step)
 
 
 class _GovernedSpec(ToolSpec):
@@ -420,4 +521,4 @@ def _handler(tool: str, run: RunTool) -> Callable[..., Any]:
     return handler
 
 
-__all__ = ["Governor", "Refused", "ToolFailed", "register_compensators"]
+__all__ = ["Governor", "Pending", "Refused", "ToolFailed", "register_compensators", "step_id_for"]

@@ -1,0 +1,32 @@
+"""tests/sdk fixtures for the framework adapters' tests (LangGraph, OpenAI Agents SDK): an agent's API
+key with every scope (created by alice, the requester of what it asks) and an approval policy on
+`wire`, ann the approver; limits and approvals kept in the database the live server shares."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fleet import services as fleet
+from fleet.stores import DatabaseStore
+from tenants import services as tenants
+from tenants.models import Role, Tenant
+from tests.approvals.conftest import Agent, wire_policy
+from tests.conftest import ALL_SCOPES, Person, make_person
+
+
+@pytest.fixture
+def key(alice: Person) -> Iterator[Agent]:
+    fleet.set_store(DatabaseStore())
+    made, raw = tenants.create_api_key(
+        alice.tenant, name="adapter-bot", scopes=ALL_SCOPES, created_by=alice.user, actor="test"
+    )
+    wire_policy(alice.tenant, tool="wire", eligible_roles=["approver"])
+    yield Agent(alice.tenant, made.prefix, raw)
+    fleet.set_store(None)
+
+
+@pytest.fixture
+def approver(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ann", Role.APPROVER)
