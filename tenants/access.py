@@ -44,6 +44,8 @@ INGEST = Access(key_scope=Scope.INGEST, capability=None)
 """Evidence comes from agents' keys, never from a browser session."""
 AUDIT = Access(key_scope=Scope.AUDIT, capability="audit")
 """WORM exports (start, list, watch, download): every payload of the tenant in one file."""
+WITNESSES_CHANGE = Access(key_scope=None, capability="manage_keys")
+"""The log's witnesses and quorum (who vouches for it to auditors): owners and admins, never a key."""
 ERASE = Access(key_scope=None, capability="audit")
 """Erasing a record's payload is a person's decision, never an agent's."""
 MANAGE_MEMBERS = Access(key_scope=None, capability="manage_members")

@@ -24,7 +24,7 @@ from controlplane.errors import DomainError
 from controlplane.schema import ErrorSerializer
 from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
-from transparency import bundles, proofs, services
+from transparency import bundles, proofs, services, witnesses
 from transparency.models import Export, ExportStatus
 from transparency.storage import get_storage, publish_full_tile
 
@@ -67,7 +67,8 @@ class CheckpointView(LogView):
         checkpoint = proofs.latest_checkpoint()
         if checkpoint is None:
             raise DomainError(404, "no_checkpoint", "the log has no signed checkpoint yet")
-        response = HttpResponse(checkpoint.note, content_type="text/plain; charset=utf-8")
+        # The log's signature, then every witness cosignature gathered for this checkpoint.
+        response = HttpResponse(witnesses.cosigned_note(checkpoint), content_type="text/plain; charset=utf-8")
         response["Cache-Control"] = "no-cache"
         return response
 
@@ -161,7 +162,8 @@ class TileView(LogView):
 
 class ProofBundleView(LogView):
     """Offline proof file (C2SP tlog-proof v1, text/plain) for leaf `index` against the latest
-    signed checkpoint; verify with `sagaplane verify-proof FILE --key VKEY --leaf-hash HEX`."""
+    signed checkpoint the witnesses' quorum cosigned, the record as extra data; verify with
+    `sagaplane verify-proof FILE --policy POLICY` (the policy: `GET witnesses/policy`)."""
 
     @extend_schema(
         parameters=[OpenApiParameter("index", int, required=True)],
@@ -169,7 +171,7 @@ class ProofBundleView(LogView):
     )
     def get(self, request: Request) -> HttpResponse:
         index = _int_param(request.query_params, "index", required=True)
-        text = proofs.proof_file(index)
+        text = proofs.proof_file(self.tenant, index)
         response = HttpResponse(text, content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="leaf-{index}.tlog-proof"'
         response["Cache-Control"] = "no-cache"  # it names the latest checkpoint, which moves

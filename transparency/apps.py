@@ -17,3 +17,41 @@ class TransparencyConfig(AppConfig):
         )
 
         audit_hooks.after_records_committed(hooks.records_committed)
+        _register_witness_metrics()
+
+
+_REFUSAL_CODES = {
+    0: "unreachable",
+    200: "bad_cosignature",
+    400: "400",
+    403: "403",
+    404: "404",
+    409: "409",
+    422: "422",
+}
+
+
+def _register_witness_metrics() -> None:
+    from controlplane import metrics
+    from transparency import cross_tenant
+
+    metrics.register_gauge(
+        "witness_lag_seconds",
+        "Age of the oldest signed checkpoint some witness has not cosigned yet, all tenants (0: none)",
+        lambda: [({}, cross_tenant.witness_lag_seconds())],
+    )
+
+    def refusals() -> list[tuple[dict[str, str], float]]:
+        counts: dict[str, float] = {}
+        for status, count in cross_tenant.witness_refusals().items():
+            code = _REFUSAL_CODES.get(status, "other")
+            counts[code] = counts.get(code, 0.0) + count
+        return [({"code": code}, value) for code, value in sorted(counts.items())]
+
+    metrics.register_gauge(
+        "witness_refusals",
+        "Witness answers that were not a cosignature, kept, all tenants, by code (HTTP status; "
+        "unreachable; bad_cosignature: a 200 without a valid one; 422: an inconsistent checkpoint)",
+        refusals,
+        labels=("code",),
+    )

@@ -23,7 +23,7 @@ from sagaplane.chain import canonical
 from audit.jsonvalues import served
 from controlplane.errors import DomainError
 from tenants.models import Tenant
-from transparency import keys, proofs, sources
+from transparency import keys, proofs, sources, witnesses
 from transparency.models import Checkpoint, Export, ExportStatus
 from transparency.services import SEAL_EVENT, exact_saga_id, verifiers
 from transparency.sources import LeafRecord
@@ -57,7 +57,7 @@ def disclosure(tenant: Tenant, saga_id: str) -> dict[str, Any]:
             409, "not_sealed", "the saga has no seal yet: it is sealed when it reaches a terminal state"
         )
     seal = seals[-1]
-    checkpoint = proofs.latest_checkpoint()
+    checkpoint = witnesses.proving_checkpoint(seal.leaf_index + 1)
     if checkpoint is None or seal.leaf_index >= checkpoint.size:
         raise BundleUnavailable(
             409, "not_integrated", "the saga's seal is not in a signed checkpoint yet; retry in a second"
@@ -71,7 +71,7 @@ def disclosure(tenant: Tenant, saga_id: str) -> dict[str, Any]:
         "origin": keys.log_origin(tenant),
         "saga_id": exact_saga_id(shown, saga_id),
         "hash_encoding": "base64",
-        "checkpoint": checkpoint.note,
+        "checkpoint": witnesses.cosigned_note(checkpoint),
         "server_stream": sources.server_stream_id(),
         "records": [_entry(r, paths[r.leaf_index]) for r in shown],
         "seal": _entry(seal, paths[seal.leaf_index]),
@@ -111,7 +111,7 @@ def manifest_for(
         "first": first,
         "end": end,
         "record_count": end - first,
-        "checkpoint": checkpoint.note,
+        "checkpoint": witnesses.cosigned_note(checkpoint),
         "checkpoint_size": checkpoint.size,
         "prefix_frontier": [sdk_disclosure.b64(h) for h in proofs.prefix_frontier(first)],
         "end_consistency": (

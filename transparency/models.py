@@ -153,3 +153,72 @@ class Export(TenantScopedModel):
         if self.status == ExportStatus.DONE:
             return 1.0
         return self.records_done / self.records_total if self.records_total else 0.0
+
+
+class WitnessQuorum(TenantScopedModel):
+    """How many of the tenant's witnesses must cosign a checkpoint before it is served as
+    witnessed (disclosures, proof bundles, the policy file): 0 until an admin sets it."""
+
+    quorum = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_witness_quorum_per_tenant")]
+
+
+class Witness(TenantScopedModel):
+    """A C2SP tlog-witness the tenant's checkpoints are sent to (`transparency.cosigning`).
+
+    `cosigned_size` is the size of the latest checkpoint it cosigned for us (the `old` of the next
+    request); the cosigning task moves it, and the attempt fields, after each answer."""
+
+    name = models.CharField(max_length=64)  # the policy file's name for it
+    url = models.CharField(max_length=500)  # its submission prefix
+    vkey = models.TextField()  # C2SP cosigner vkey: Ed25519 (0x04) or ML-DSA-44 (0x06)
+    created_at = models.DateTimeField(default=timezone.now)
+    cosigned_size = models.BigIntegerField(null=True, blank=True)
+    cosigned_checkpoint = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cosigned_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.PositiveSmallIntegerField(null=True, blank=True)  # 0: unreachable
+    last_error = models.TextField(blank=True)
+    failures = models.PositiveIntegerField(default=0)  # in a row; backs off the next attempt
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="witness_name_unique_per_tenant")
+        ]
+
+
+class Cosignature(TenantScopedModel):
+    """One witness's cosignature line on one checkpoint, verified against its vkey when stored."""
+
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="cosignatures")
+    witness = models.ForeignKey(Witness, null=True, on_delete=models.SET_NULL, related_name="+")
+    witness_name = models.CharField(max_length=64)
+    line = models.TextField()  # "— <key name> <base64>\n", as the witness answered
+    timestamp = models.BigIntegerField()  # the cosignature's own (signed) time
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["checkpoint", "witness"], name="one_cosignature_per_witness")
+        ]
+
+
+class WitnessRefusal(TenantScopedModel):
+    """A witness's answer that was not a cosignature: its HTTP status (0: unreachable, or its
+    address refused by the outbound guard) and what it said. A 422 from a witness that cosigned
+    before means it saw a checkpoint inconsistent with one it cosigned: a split view."""
+
+    witness = models.ForeignKey(Witness, null=True, on_delete=models.SET_NULL, related_name="+")
+    witness_name = models.CharField(max_length=64)
+    checkpoint = models.ForeignKey(Checkpoint, null=True, on_delete=models.SET_NULL, related_name="+")
+    size = models.BigIntegerField()
+    status = models.PositiveSmallIntegerField()
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-id"], name="witness_refusal_latest")]

@@ -288,15 +288,27 @@ def entry_bundle(tenant: Tenant, index: int, width: int) -> bytes:
     return bytes(out)
 
 
-def proof_file(index: int) -> str:
-    """A C2SP tlog-proof file for leaf `index` against the latest signed checkpoint."""
+def proof_file(tenant: Tenant, index: int) -> str:
+    """A C2SP tlog-proof file for leaf `index`: against the newest checkpoint the tenant's quorum
+    of witnesses cosigned (the latest when it does not cover the leaf, or no quorum is set), with
+    every cosignature gathered for it, and the record as extra data (`{"stream", "position",
+    "record"}`, canonical JSON), from which a verifier computes the leaf hash it proves."""
+    import json
+
     from sagaplane.tlogproof import format_proof
 
-    latest = latest_checkpoint()
-    if latest is None:
+    from transparency import sources, witnesses
+
+    checkpoint = witnesses.proving_checkpoint(index + 1)
+    if checkpoint is None:
         raise ProofRequestError("index", "the log has no signed checkpoint yet", "no_checkpoint")
-    _, path, _ = inclusion(index, latest.size)
-    return format_proof(index, path, latest.note)
+    _, path, _ = inclusion(index, checkpoint.size)
+    record = next(iter(sources.records(tenant, index, index + 1)), None)
+    extra = None
+    if record is not None:
+        carried = {"position": record.position, "record": record.record, "stream": record.stream_id}
+        extra = json.dumps(carried, sort_keys=True, separators=(",", ":")).encode()
+    return format_proof(index, path, witnesses.cosigned_note(checkpoint), extra)
 
 
 def inclusions(indices: list[int], size: int) -> dict[int, list[bytes]]:

@@ -28,7 +28,7 @@ from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import cross_tenant, keys, sources, treestore
+from transparency import cross_tenant, keys, sources, treestore, witnesses
 from transparency.models import (
     Checkpoint,
     Export,
@@ -616,7 +616,8 @@ def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
             checkpoint, previous = export.checkpoint, export.previous
             first, end = export.first, export.end
         else:
-            latest = Checkpoint.objects.order_by("-id").first()
+            # The newest the quorum of witnesses cosigned, so the export verifies under the policy.
+            latest = witnesses.proving_checkpoint(0)
             if latest is None:
                 raise IntegrationRefused("the log has no signed checkpoint yet")
             checkpoint = latest
@@ -705,7 +706,7 @@ def build_export(tenant: Tenant, export_id: Any) -> None:
                         tenant, claim.export, claim.checkpoint, claim.previous, claim.first, claim.end
                     )
                 manifest.update(records_sha256=sha, stream_heads=heads)
-                with pack_export(records_file, manifest, claim.checkpoint.note) as archive:
+                with pack_export(records_file, manifest, manifest["checkpoint"]) as archive:
                     try:
                         storage.create(name, archive)
                     except FileExistsError:

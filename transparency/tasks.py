@@ -19,8 +19,8 @@ from controlplane import timing
 from controlplane.celery import keep_going
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import hooks, services
-from transparency.models import TreeState
+from transparency import cosigning, cross_tenant, hooks, services
+from transparency.models import TreeState, Witness
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 # (SealState's row, TreeState's row) and its own claim here.
 INTEGRATE = "integration"
 SEAL = "sealing"
-Kind = str  # INTEGRATE or SEAL
+COSIGN = "cosigning"
+Kind = str  # INTEGRATE, SEAL or COSIGN
 
 # How long a queued request blocks the next one. The key goes when its task starts, so this
 # matters only when the message is lost (a broker restart): new requests wait at most this long,
@@ -58,7 +59,7 @@ def _request(tenant_id: int, kind: Kind) -> bool:
     if not cache.add(key, "1", timeout=INTEGRATION_REQUEST_TTL):
         return False
     try:
-        (integrate_tenant if kind == INTEGRATE else seal_tenant).delay(tenant_id)
+        {INTEGRATE: integrate_tenant, SEAL: seal_tenant, COSIGN: cosign_tenant}[kind].delay(tenant_id)
     except Exception:
         cache.delete(key)  # so the next batch asks again
         raise
@@ -73,6 +74,11 @@ def request_integration(tenant_id: int) -> bool:
 def request_sealing(tenant_id: int) -> bool:
     """Queue a seal pass over the tenant's new leaves (coalesced, see `_request`)."""
     return _request(tenant_id, SEAL)
+
+
+def request_cosigning(tenant_id: int) -> bool:
+    """Queue a cosigning pass: the latest checkpoint to the tenant's witnesses (coalesced)."""
+    return _request(tenant_id, COSIGN)
 
 
 def _take_request(tenant_id: int, kind: Kind = INTEGRATE) -> None:
@@ -183,12 +189,41 @@ def _integrate_pass(tenant: Tenant) -> bool:
     leaves a backlog of its own (it rounds until caught up), so returns False."""
     try:
         with timing.phase("integrate"):
-            services.integrate_fully(tenant, keep_going=keep_going)
-        return False
+            signed = services.integrate_fully(tenant, keep_going=keep_going)
     except services.IntegrationRefused:
         # Never sign what cannot be proven; this needs a human, loudly.
         log.critical("transparency log of tenant %s: integration refused", tenant.slug, exc_info=True)
         raise
+    if signed is not None and _has_witnesses(tenant):
+        try:
+            request_cosigning(tenant.pk)  # after the commit: the witnesses never hold up signing
+        except Exception:  # the beat finds the witnesses behind
+            log.warning("tenant %s: could not request cosigning", tenant.slug, exc_info=True)
+    return False
+
+
+def _has_witnesses(tenant: Tenant) -> bool:
+    with tenant_context(tenant):
+        return Witness.objects.exists()
+
+
+@shared_task(name="transparency.cosign_tenant", ignore_result=True)
+def cosign_tenant(tenant_id: int) -> int:
+    """Send the latest checkpoint to every witness that has not cosigned it and keep the answers
+    (`transparency.cosigning`). Coalesced per tenant like the integrator: a pass requested while
+    one runs is taken by it, so however many checkpoints were signed meanwhile, the next pass sends
+    only the latest (with a proof from each witness's size). Returns how many cosigned."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    cosigned = 0
+
+    def one_pass(tenant: Tenant) -> bool:
+        nonlocal cosigned
+        with timing.phase("cosign"):
+            cosigned += sum(1 for o in cosigning.cosign_pass(tenant) if o.status == 200 and o.line)
+        return False
+
+    _coalesced(tenant, COSIGN, one_pass, lambda t: f"{cosigned} cosignatures")
+    return cosigned
 
 
 @shared_task(name="transparency.seal_tenant", ignore_result=True)
@@ -240,7 +275,18 @@ def integrate_grown_tenants() -> list[int]:
             integrate_tenant(tenant_id)
         except services.IntegrationRefused:
             continue  # logged; the other tenants still get their checkpoints
+    _request_cosigning_behind()
     return tenant_ids
+
+
+def _request_cosigning_behind() -> None:
+    """Queue a cosigning pass for each tenant with a witness due and behind the latest checkpoint
+    (a lost request, a witness back after its backoff): coalesced, so at most one waits per tenant."""
+    try:
+        for tenant_id in cross_tenant.tenants_to_cosign():
+            request_cosigning(tenant_id)
+    except Exception:  # the next tick asks again
+        log.warning("could not request cosigning passes", exc_info=True)
 
 
 @shared_task(name="transparency.sweep_stale_exports", ignore_result=True)

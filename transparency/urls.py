@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from transparency import api
+from transparency import api, witness_api
 
 urlpatterns = [
     path("checkpoint", api.CheckpointView.as_view(), name="audit-checkpoint"),
@@ -13,6 +13,15 @@ urlpatterns = [
     path("tile/entries/<path:bundle>", api.EntryBundleView.as_view(), name="audit-entry-bundle"),
     path("tile/<int:level>/<path:tile>", api.TileView.as_view(), name="audit-tile"),
     path("sagas/<str:saga_id>/disclosure", api.DisclosureView.as_view(), name="audit-saga-disclosure"),
+    path("witnesses", witness_api.WitnessListView.as_view(), name="audit-witnesses"),
+    path("witnesses/quorum", witness_api.WitnessQuorumView.as_view(), name="audit-witness-quorum"),
+    path(
+        "witnesses/checkpoints",
+        witness_api.WitnessCheckpointsView.as_view(),
+        name="audit-witness-checkpoints",
+    ),
+    path("witnesses/policy", witness_api.WitnessPolicyView.as_view(), name="audit-witness-policy"),
+    path("witnesses/<int:witness_id>", witness_api.WitnessDetailView.as_view(), name="audit-witness"),
     path("exports", api.ExportListView.as_view(), name="audit-exports"),
     path("exports/<uuid:export_id>", api.ExportDetailView.as_view(), name="audit-export"),
     path("exports/<uuid:export_id>/download", api.ExportDownloadView.as_view(), name="audit-export-download"),

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "controlplane.timing",  # Server-Timing phases; imports only the standard library
             "controlplane.numbers",  # JSON number checks; imports only the standard library
             "controlplane.statistics",  # a migration operation; imports only django.db
+            "controlplane.outbound",  # the outbound-address guard; imports only django.conf
         ],
     ),
     ("evidence store", ["audit"]),

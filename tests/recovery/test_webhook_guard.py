@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from controlplane import outbound
 from recovery import services, webhook
 from recovery.models import Delivery, Job, JobState, Webhook
 from recovery.tasks import deliver_webhook
@@ -167,8 +168,8 @@ def test_the_connection_goes_to_the_vetted_address(strict: Any, monkeypatch: pyt
         connected.append(address)
         raise ConnectionRefusedError("test: no network")
 
-    monkeypatch.setattr(webhook, "_lookup", lookup)
-    monkeypatch.setattr(webhook, "_connect", connect)
+    monkeypatch.setattr(outbound, "_lookup", lookup)
+    monkeypatch.setattr(outbound, "_connect", connect)
     args = {"secret": "s", "idempotency_key": "k", "agent": "test"}
     with pytest.raises(ConnectionRefusedError):
         webhook.post("http://rebind.example/hook", b"{}", **args)
@@ -185,7 +186,7 @@ def test_a_name_with_any_private_address_is_refused(strict: Any, monkeypatch: py
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port)),
         ]
 
-    monkeypatch.setattr(webhook, "_lookup", lookup)
+    monkeypatch.setattr(outbound, "_lookup", lookup)
     assert "10.0.0.7" in webhook.check_url("https://mixed.example/hook")
     with pytest.raises(webhook.UnsafeAddress):
         webhook.post("https://mixed.example/hook", b"{}", secret="s", idempotency_key="k", agent="test")

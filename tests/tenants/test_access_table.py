@@ -46,7 +46,7 @@ from tenants.models import Role, Tenant
 from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.transparency.conftest import Writer, settle
-from transparency import proofs
+from transparency import proofs, witnesses
 from transparency import services as transparency
 
 KEY_SCOPES = ("ingest", "read", "audit", "gate", "control", "recovery")
@@ -162,6 +162,12 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/audit/exports": Api({"GET": AUDIT, "POST": AUDIT}),
     "api/v1/audit/exports/<uuid:export_id>": Api({"GET": AUDIT}),
     "api/v1/audit/exports/<uuid:export_id>/download": Api({"GET": AUDIT}),
+    # witnesses: anyone who reads the log sees who cosigns it; owners and admins (people) change them
+    "api/v1/audit/witnesses": Api({"GET": READ, "POST": Allowed(roles=ADMINS)}),
+    "api/v1/audit/witnesses/quorum": Api({"PUT": Allowed(roles=ADMINS)}),
+    "api/v1/audit/witnesses/checkpoints": Api({"GET": READ}),
+    "api/v1/audit/witnesses/policy": Api({"GET": READ}),
+    "api/v1/audit/witnesses/<int:witness_id>": Api({"DELETE": Allowed(roles=ADMINS)}),
     # evidence in, evidence out
     "api/v1/streams/<str:stream_id>/records": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
     "api/v1/streams/<str:stream_id>": Api({"GET": READ}),
@@ -393,6 +399,9 @@ def world(
         compensated_saga(writer, "acme-refunded")
         (check,) = reconciliation.scan(acme)
         recovery_job = _recovery_job(acme)
+        witness = witnesses.add_witness(
+            acme, name="w1", url="http://127.0.0.1:9/", vkey=_witness_vkey(), actor="test"
+        )
         by_route = {
             "integrations/slack/link/<str:token>": {"token": slack.link_token(acme, "T0ACME", "U0LINK")}
         }
@@ -410,6 +419,7 @@ def world(
             "check_id": check.pk,
             "job_id": str(recovery_job.pk),
             "export_id": export.pk,
+            "witness_id": witness.pk,
             "level": 0,
             "tile": f"000.p/{size}",
             "bundle": f"000.p/{size}",
@@ -422,6 +432,12 @@ def world(
         }
         yield World(clients, values, by_route)
         transaction.set_rollback(True)
+
+
+def _witness_vkey() -> str:
+    from sagaplane import cosignature
+
+    return cosignature.generate_cosigner("witness.test/w1").verifier.encode()
 
 
 def _recovery_job(tenant: Tenant) -> Any:

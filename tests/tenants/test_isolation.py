@@ -122,6 +122,15 @@ def _acme_reconciliation_check(tenant: Tenant) -> Any:
     return check.pk
 
 
+def _acme_witness(tenant: Tenant) -> int:
+    from sagaplane import cosignature
+
+    from transparency import witnesses
+
+    vkey = cosignature.generate_cosigner("witness.test/acme").verifier.encode()
+    return witnesses.add_witness(tenant, name="acme-w", url="http://127.0.0.1:9", vkey=vkey, actor="test").pk
+
+
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
     # transparency: acme's first hash tile, and an acme export
@@ -141,6 +150,7 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     # recovery and reconciliation: acme's own escalated job and verdict check
     "job_id": lambda tenant, alice: _acme_recovery_job(tenant),
     "check_id": lambda tenant, alice: _acme_reconciliation_check(tenant),
+    "witness_id": lambda tenant, alice: _acme_witness(tenant),
 }
 
 

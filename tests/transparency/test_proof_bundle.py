@@ -1,5 +1,6 @@
 """Offline proof files (C2SP tlog-proof v1): served per leaf against the latest signed
-checkpoint, verified offline by the SDK and `sagaplane verify-proof`, tampered copies refused."""
+checkpoint (no witnesses here), the record as extra data, verified offline by the SDK and
+`sagaplane verify-proof`, tampered copies refused."""
 
 from __future__ import annotations
 
@@ -45,13 +46,16 @@ def test_every_leaf_has_a_verifying_proof_file(log_a: tuple[str, list[bytes]], a
         text = _bundle(alice, index)
         head, _, rest = text.partition("\n\n")
         lines = head.split("\n")
-        assert lines[0] == HEADER == "c2sp.org/tlog-proof@v1" and lines[1] == f"index {index}"
+        assert lines[0] == HEADER == "c2sp.org/tlog-proof@v1" and lines[2] == f"index {index}"
+        assert lines[1].startswith("extra ")  # the record, from which the leaf hash is computed
         assert rest == checkpoint  # the signed note, verbatim
-        assert [base64.b64decode(h) for h in lines[2:]] == merkle.MemoryTree(leaves).inclusion_proof(
+        assert [base64.b64decode(h) for h in lines[3:]] == merkle.MemoryTree(leaves).inclusion_proof(
             index, len(leaves)
         )
         report = verify_proof(text, vkey, leaf_hash=leaf, origin="sagaplane.local/acme")
         assert (report.index, report.checkpoint.size) == (index, len(leaves))
+        carried = verify_proof(text, vkey)  # the leaf hash from the record it carries
+        assert carried.record is not None and carried.index == index
         with pytest.raises(ProofFileError, match="inclusion proof"):
             verify_proof(text, vkey, leaf_hash=leaves[index - 1] if index else leaves[1])
 
@@ -71,9 +75,9 @@ def test_the_cli_verifies_and_refuses(
 
 def _tamper_hash(text: str) -> str:
     lines = text.split("\n")
-    digest = bytearray(base64.b64decode(lines[2]))
+    digest = bytearray(base64.b64decode(lines[3]))  # after the header, the extra and the index
     digest[0] ^= 1
-    lines[2] = base64.b64encode(bytes(digest)).decode()
+    lines[3] = base64.b64encode(bytes(digest)).decode()
     return "\n".join(lines)
 
 
@@ -98,7 +102,7 @@ def test_tampered_proof_files_are_refused(
     tampered = {
         "proof hash flipped": _tamper_hash,
         "index changed": lambda t: t.replace("\nindex 5\n", "\nindex 4\n"),
-        "proof hash dropped": lambda t: "\n".join(t.split("\n")[:2] + t.split("\n")[3:]),
+        "proof hash dropped": lambda t: "\n".join(t.split("\n")[:3] + t.split("\n")[4:]),
         "header changed": lambda t: t.replace(HEADER, "c2sp.org/tlog-proof@v2"),
         "checkpoint size edited": lambda t: t.replace(f"\n{size}\n", f"\n{size + 1}\n"),
         "index past the checkpoint": lambda t: t.replace("\nindex 5\n", f"\nindex {size}\n"),

@@ -1,0 +1,185 @@
+"""A tenant's witnesses and quorum (state changes, each audited in its own transaction), and what
+the log serves with their cosignatures: the cosigned checkpoint note, the newest checkpoint the
+quorum cosigned, and the tenant's C2SP tlog-policy file.
+
+Witnesses are C2SP tlog-witnesses (`sagaplane witness serve` or any other); `cosigning` talks
+to them. Their URLs pass the outbound-address guard when configured and again at each request."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+from django.db import IntegrityError, transaction
+from sagaplane import cosignature, note, policy
+
+from audit.services import append_server_record
+from controlplane import outbound
+from controlplane.errors import DomainError
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from transparency import keys
+from transparency.models import Checkpoint, Cosignature, Witness, WitnessQuorum
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+MAX_WITNESSES = 32  # tlog-policy implementations must support at least 32 witnesses
+
+
+def _invalid(field: str, detail: str, code: str = "invalid") -> DomainError:
+    return DomainError(400, code, f"{field}: {detail}", field=field)
+
+
+def _witness_values(witness: Witness) -> dict[str, Any]:
+    return {"name": witness.name, "url": witness.url, "vkey": witness.vkey}
+
+
+def _check(name: Any, url: Any, vkey: Any) -> tuple[str, str, str]:
+    if not isinstance(name, str) or not NAME.match(name) or name in ("none", "witnesses"):
+        raise _invalid("name", "1-64 letters, digits, '.', '_' or '-' (not 'none' or 'witnesses')")
+    if not isinstance(url, str) or len(url) > 500:
+        raise _invalid("url", "the witness's submission prefix, an http(s) URL of at most 500 characters")
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise _invalid("url", "the witness's submission prefix, an http(s) URL") from None
+    unsafe = outbound.check_url(url)
+    if unsafe:
+        raise _invalid("url", unsafe, "unsafe_url")
+    if not isinstance(vkey, str) or len(vkey) > 4000:
+        raise _invalid("vkey", "a C2SP cosigner verifier key (name+keyid+base64)")
+    try:
+        cosignature.parse_cosigner_vkey(vkey.strip())
+    except note.NoteError as exc:
+        raise _invalid("vkey", f"not a cosigner vkey (Ed25519 0x04 or ML-DSA-44 0x06): {exc}") from None
+    return name, url.rstrip("/"), vkey.strip()
+
+
+def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: str) -> Witness:
+    """Send the tenant's checkpoints to this witness from now on (its first request starts at 0)."""
+    name, url, vkey = _check(name, url, vkey)
+    with tenant_context(tenant), transaction.atomic():
+        if Witness.objects.count() >= MAX_WITNESSES:
+            raise DomainError(409, "too_many_witnesses", f"a tenant has at most {MAX_WITNESSES} witnesses")
+        if Witness.objects.filter(vkey=vkey).exists():
+            raise DomainError(409, "duplicate_witness", "vkey: this key is already one of the witnesses")
+        try:
+            with transaction.atomic():
+                witness = Witness.objects.create(tenant=tenant, name=name, url=url, vkey=vkey)
+        except IntegrityError:
+            raise DomainError(409, "duplicate_witness", f"name: a witness is already named {name}") from None
+        append_server_record(
+            tenant, "ADMIN_WITNESS_ADDED", {"old": None, "new": _witness_values(witness)}, actor=actor
+        )
+    return witness
+
+
+def remove_witness(tenant: Tenant, witness_id: int, *, actor: str) -> None:
+    """Stop asking this witness; its past cosignatures stay on the checkpoints they signed. The
+    quorum is lowered to the witnesses left, if it was above (recorded with the removal)."""
+    with tenant_context(tenant), transaction.atomic():
+        witness = Witness.objects.select_for_update().filter(pk=witness_id).first()
+        if witness is None:
+            raise DomainError(404, "not_found", "no such witness in this tenant")
+        old = {"witness": _witness_values(witness), "quorum": _quorum_row(tenant).quorum}
+        witness.delete()
+        row = _quorum_row(tenant)
+        row.quorum = min(row.quorum, Witness.objects.count())
+        row.save(update_fields=["quorum"])
+        append_server_record(
+            tenant,
+            "ADMIN_WITNESS_REMOVED",
+            {"old": old, "new": {"witness": None, "quorum": row.quorum}},
+            actor=actor,
+        )
+
+
+def _quorum_row(tenant: Tenant) -> WitnessQuorum:
+    row = WitnessQuorum.objects.select_for_update().filter(tenant=tenant).first()
+    return row if row is not None else WitnessQuorum.objects.create(tenant=tenant)
+
+
+def set_quorum(tenant: Tenant, *, quorum: Any, actor: str) -> int:
+    """How many witnesses must cosign (0: none required); at most the number of witnesses."""
+    if not isinstance(quorum, int) or isinstance(quorum, bool) or quorum < 0:
+        raise _invalid("quorum", "a whole number from 0 to the number of witnesses")
+    with tenant_context(tenant), transaction.atomic():
+        count = Witness.objects.count()
+        if quorum > count:
+            raise _invalid("quorum", f"at most the number of witnesses ({count})")
+        row = _quorum_row(tenant)
+        old = row.quorum
+        if old != quorum:
+            row.quorum = quorum
+            row.save(update_fields=["quorum"])
+            append_server_record(
+                tenant,
+                "ADMIN_WITNESS_QUORUM_SET",
+                {"old": {"quorum": old}, "new": {"quorum": quorum}},
+                actor=actor,
+            )
+    return quorum
+
+
+# ----------------------------------------------------------------------------- reads
+
+
+def quorum() -> int:
+    """The active tenant's quorum (0 when never set)."""
+    return WitnessQuorum.objects.values_list("quorum", flat=True).first() or 0
+
+
+def witnesses() -> list[Witness]:
+    return list(Witness.objects.order_by("name"))
+
+
+def cosigned_note(checkpoint: Checkpoint) -> str:
+    """The checkpoint's signed note followed by every cosignature gathered for it (a note with
+    more signature lines: verifiers ignore those of keys they do not know)."""
+    lines = (
+        Cosignature.objects.filter(checkpoint=checkpoint)
+        .order_by("witness_name")
+        .values_list("line", flat=True)
+    )
+    return checkpoint.note + "".join(lines)
+
+
+def witnessed_checkpoint() -> Checkpoint | None:
+    """The newest checkpoint cosigned by the quorum (the latest one when the quorum is 0): what
+    disclosures and proof bundles are proven against, so they verify under the tenant's policy."""
+    needed = quorum()
+    latest = Checkpoint.objects.order_by("-id").first()
+    if needed == 0 or latest is None:
+        return latest
+    current = set(Witness.objects.values_list("pk", flat=True))
+    # Newest first; each witness's cosignatures are on a few recent checkpoints, so this reads little.
+    counts: dict[int, int] = {}
+    for checkpoint_id in (
+        Cosignature.objects.filter(witness_id__in=current)
+        .order_by("-checkpoint_id")
+        .values_list("checkpoint_id", flat=True)[: 64 * max(len(current), 1)]
+    ):
+        counts[checkpoint_id] = counts.get(checkpoint_id, 0) + 1
+        if counts[checkpoint_id] >= needed:
+            return Checkpoint.objects.get(pk=checkpoint_id)
+    return None
+
+
+def proving_checkpoint(leaves: int) -> Checkpoint | None:
+    """The checkpoint to prove `leaves` leaves against: the newest the quorum cosigned when it
+    covers them, else the latest (whose cosignatures a policy check may then find short)."""
+    witnessed = witnessed_checkpoint()
+    if witnessed is not None and witnessed.size >= leaves:
+        return witnessed
+    return Checkpoint.objects.order_by("-id").first()
+
+
+def policy_text(tenant: Tenant) -> str:
+    """The tenant's C2SP tlog-policy: its log keys (retired ones too, to verify old checkpoints),
+    its witnesses with their URLs, and the quorum."""
+    from transparency import services
+
+    logs = services.current_verifier_keys(include_retired=True)
+    rows = [(w.name, w.vkey, w.url) for w in witnesses()]
+    return f"# Sagaplane tenant log {keys.log_origin(tenant)}\n" + policy.format_policy(logs, rows, quorum())
