@@ -3,7 +3,9 @@ backing service this deployment is configured to use and names the ones that fai
 
 Both are unauthenticated and answer plain http in production too (SECURE_REDIRECT_EXEMPT), since
 in-cluster probes do not speak TLS. So /readyz says only which component failed: the backend's
-own error text (host names, ports, driver messages) goes to the log, never to the caller."""
+own error text (host names, ports, driver messages) goes to the log, never to the caller.
+`detail.recovery_sweep` says whether the recovery sweep is running (`ok`, `lagging` past
+`recovery.sweeper.LAG_WARN_S`, `never_ran`) and its lag in seconds; it never fails readiness."""
 
 from __future__ import annotations
 
@@ -67,4 +69,17 @@ def readyz(request: HttpRequest) -> JsonResponse:
             failing.append(name)
     if failing:
         return JsonResponse({"status": "unavailable", "failing": failing, "checks": results}, status=503)
-    return JsonResponse({"status": "ok", "checks": results})
+    return JsonResponse({"status": "ok", "checks": results, "detail": {"recovery_sweep": _sweep()}})
+
+
+def _sweep() -> dict[str, object]:
+    """The recovery sweep's lag, as detail: it does not make this replica unready (the replica
+    serves as well as ever; the beat process is what lags, and every replica would go unready at
+    once), but a probe and a person see it."""
+    from recovery import sweeper
+
+    try:
+        return sweeper.status()
+    except Exception:
+        log.warning("readiness: the recovery sweep's lag could not be read", exc_info=True)
+        return {"status": "error", "lag_s": None}

@@ -251,9 +251,9 @@ CELERY_BEAT_SCHEDULE: dict = {
         "task": "transparency.sweep_stale_exports",
         "schedule": config.seconds("SAGAPLANE_EXPORT_SWEEP_SECONDS", 60.0, maximum=24 * 3600),
     },
-    # Recovery: sagas whose lease expired are taken over, stuck jobs escalated, webhooks woken
-    # (ARCHITECTURE §2.4). Every second; a tick that waited behind busy workers is dropped.
-    "recovery-sweep": {"task": "recovery.sweep", "schedule": 1.0, "options": {"expires": 2.0}},
+    # Recovery's sweep (expired leases taken over, stuck jobs escalated, webhooks woken) is not
+    # here: a tick queued behind busy workers expired unrun. It is a thread of the beat process
+    # (recovery/sweeper.py, started on beat_init by recovery/apps.py), and workers' claims take over too.
     # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
     "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
     # Approval deadlines (expiry denies; the gate and the long-poll already treat a request past its

@@ -20,13 +20,14 @@ from django.urls import reverse
 
 from controlplane.errors import DomainError
 from frontend.views import MemberRequest, actor_of, member_page, page
-from recovery import selectors, services
+from recovery import selectors, services, sweeper
 from recovery.models import Escalation, JobState
 from sagas.models import Saga, StepStatus
 from tenants.access import RECOVERY_DECIDE, RECOVERY_VIEW, decide
 from tenants.models import Membership
 
 SHOWN = 200
+NEEDS_HUMAN_CAP = 10_000  # as the Sagas banner counts
 # Why a step waits for a human, in words (Escalation values → explanation).
 WHY = {
     Escalation.NO_HANDLER: (
@@ -50,6 +51,10 @@ def recovery(request: MemberRequest) -> HttpResponse:
     queue = list(selectors.human_queue()[:SHOWN])
     context = {
         "queue": [{"job": job, "why": WHY.get(Escalation(job.escalation), job.escalation)} for job in queue],
+        # The Sagas banner's count, from the same selector: the two pages cannot disagree.
+        "needs_human": selectors.needs_human_count(NEEDS_HUMAN_CAP),
+        "partial": selectors.partial_rollbacks(SHOWN),
+        "sweep": sweeper.status(),
         "in_flight": list(selectors.jobs(state=JobState.CLAIMED)[:SHOWN])
         + list(selectors.jobs(state=JobState.PENDING)[:SHOWN]),
         "finished": [

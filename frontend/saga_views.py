@@ -23,12 +23,12 @@ from audit import selectors as audit_selectors
 from audit.models import Record
 from frontend import recovery_views
 from frontend.views import MemberRequest, member_page, page
+from recovery import selectors as recovery_selectors
 from sagas import selectors
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from sagas.services import mask_credentials
 from tenants.access import READ
 
-NEEDS_HUMAN = (SagaStatus.ROLLBACK_PARTIAL, SagaStatus.ORPHANED)
 SINCE_CHOICES = [
     ("", "Any time"),
     ("1h", "Last hour"),
@@ -110,9 +110,8 @@ class SagaRow:
     step_count: int
 
     @classmethod
-    def of(cls, saga: Saga, now: datetime, step_count: int) -> SagaRow:
-        status = saga.effective_status(now)
-        return cls(saga, status, status in NEEDS_HUMAN, step_count)
+    def of(cls, saga: Saga, now: datetime, step_count: int, needing: set[str]) -> SagaRow:
+        return cls(saga, saga.effective_status(now), saga.saga_id in needing, step_count)
 
 
 def _shown(count: selectors.BoundedCount) -> str:
@@ -161,13 +160,11 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
         matching = matching.filter(stream_id=filters.stream)
     shown, newer, older = _page(matching, request, filters.tool)
     steps = selectors.step_counts(shown)
-    rows = [SagaRow.of(saga, now, steps.get(saga.pk, 0)) for saga in shown]
-    # "Needs a human" is over every saga whatever the filters, exact up to its own (larger) cap:
-    # those sagas are few, each status its own index range.
-    human = selectors.bounded_status_counts(
-        selectors.all_sagas(), now, cap=NEEDS_HUMAN_CAP, statuses=NEEDS_HUMAN
-    )
-    needs_human = (human[SagaStatus.ROLLBACK_PARTIAL] + human[SagaStatus.ORPHANED]).capped(NEEDS_HUMAN_CAP)
+    needing = recovery_selectors.needing_human(shown)
+    rows = [SagaRow.of(saga, now, steps.get(saga.pk, 0), needing) for saga in shown]
+    # "Needs a human" is over every saga whatever the filters, exact up to its own (larger) cap,
+    # and is the Recovery page's own count (recovery.selectors: one answer for both pages).
+    needs_human = recovery_selectors.needs_human_count(NEEDS_HUMAN_CAP)
     total = sum(counts.values(), selectors.BoundedCount(0)).capped(COUNT_CAP)
     links = {
         "first": "?" + filters.query() if newer else "",
@@ -387,6 +384,7 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
             elif view.event == "SAGA_ABORT_CAUSE":
                 abort_cause = view
     shown_status = saga.effective_status(now)
+    orphaned = recovery_selectors.orphaned(saga, now)
     disclosure = f"/api/v1/audit/sagas/{saga.saga_id}/disclosure"
     forward_items = [forward[s.step_id] for s in steps]
     membership = getattr(request, "membership", None)
@@ -395,7 +393,11 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
         **recovery,
         "saga": saga,
         "shown_status": shown_status,
-        "needs_human": shown_status in NEEDS_HUMAN,
+        "needs_human": bool(recovery_selectors.needing_human([saga])),
+        "orphaned": orphaned,
+        # When the page is to be fetched again although no record arrives: at the lease's expiry
+        # (time passing is not a record), and while recovery is only starting, until it started.
+        "stale_at": _stale_at(saga, shown_status, orphaned, now),
         "forward": forward_items,
         "backward": backward,
         "saga_events": saga_events,
@@ -408,6 +410,16 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
         "fragment_url": reverse("saga-timeline", args=[saga.saga_id]),
         "outcomes": StepStatus.choices,
     }
+
+
+def _stale_at(
+    saga: Saga, status: str, orphaned: recovery_selectors.Orphaned | None, now: datetime
+) -> datetime | None:
+    if status == SagaStatus.RUNNING and saga.lease_expires_at is not None:
+        return saga.lease_expires_at
+    if orphaned is not None and orphaned.phase == "starting":
+        return now + timedelta(seconds=2)
+    return None
 
 
 @member_page({"GET": READ}, section="sagas")

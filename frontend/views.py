@@ -96,9 +96,21 @@ def page(
         "nav": nav,
         "caps": ROLE_CAPABILITIES[membership.role] if membership else frozenset(),
         "section": section,
+        "sweep_lagging": _sweep_lagging() if membership is not None else None,
         **(context or {}),
     }
     return render(request, template, full, status=status)
+
+
+def _sweep_lagging() -> dict[str, object] | None:
+    """The recovery sweep's status when it lags (every member page's banner), else None."""
+    from recovery import sweeper
+
+    try:
+        found = sweeper.status()
+    except Exception:  # the page still renders; /readyz and /metrics say what failed
+        return None
+    return found if found["status"] == "lagging" else None
 
 
 def forbidden(request: HttpRequest, capability: str, section: str = "") -> HttpResponse:

@@ -10,11 +10,14 @@ class RecoveryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from celery import signals
+
         from audit import hooks
         from controlplane import metrics
         from recovery import (
             cross_tenant,  # declares the sweep's and /metrics' cross-tenant functions (tenants/rls.py)
             services,
+            sweeper,
         )
 
         # Registered after the saga projection's (INSTALLED_APPS order): the lease is written in
@@ -22,3 +25,11 @@ class RecoveryConfig(AppConfig):
         hooks.on_records_appended(services.watch_appended)
         # On-call's first question about recovery: how much waits for workers and for humans.
         metrics.register_queues("recovery", cross_tenant.queue_depths)
+        # The sweep is a thread of the beat process (the one process every deployment runs once,
+        # and which runs no tasks), not a queued message a busy worker could starve.
+        signals.beat_init.connect(sweeper.on_beat_init, weak=False)
+        metrics.register_gauge(
+            "recovery_sweep_lag_seconds",
+            "Seconds since the recovery sweep last finished a pass over every tenant (+Inf: never)",
+            sweeper.lag_series,
+        )

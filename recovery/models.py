@@ -158,3 +158,17 @@ class Webhook(TenantScopedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant"], name="one_recovery_webhook_per_tenant")]
+
+
+class SweepPass(models.Model):
+    """When the sweep last finished a pass over every tenant (one row, all tenants together: no
+    tenant data). `/metrics`, `/readyz` and the dashboard read its age as the sweep's lag."""
+
+    id = models.SmallIntegerField(primary_key=True, default=1, editable=False)
+    finished_at = models.DateTimeField()
+    took_s = models.FloatField(default=0.0)
+    tenants = models.IntegerField(default=0, help_text="tenants with recovery work due in the pass")
+    failures = models.IntegerField(default=0, help_text="tenants whose sweep raised in the pass")
+
+    def __str__(self) -> str:
+        return f"sweep pass finished {self.finished_at.isoformat()}"

@@ -3,11 +3,16 @@ asks `compensations` which steps recovery compensated). Every query runs under t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
-from recovery.models import Job, JobState, Run, RunState, Webhook
+from recovery.models import Job, JobState, Lease, LeaseState, Run, RunKind, RunState, Webhook
+from sagas import selectors as saga_selectors
+from sagas.models import Saga, SagaStatus
 
 
 def job_for_worker(job: Any) -> dict[str, Any]:
@@ -111,3 +116,69 @@ def compensations(saga_ids: list[str] | None = None) -> dict[tuple[str, str], di
 
 def webhook() -> Webhook | None:
     return Webhook.objects.first()
+
+
+# ----------------------------------------------------------- what people are shown (one answer)
+# The Sagas list (banner, rows), a saga's page and the Recovery page ask these, never their own
+# variants, so they cannot disagree: a saga needs a human when its rollback ended partial or a
+# step of its recovery waits for a decision (an escalated run); a saga whose lease expired is
+# orphaned with recovery starting (not yet taken over) or started (its crash run), never running
+# and never "needs a human" on that account alone.
+
+
+def escalated_saga_ids(limit: int) -> set[str]:
+    """Sagas with a recovery run waiting for a human (at most `limit`)."""
+    return set(
+        Run.objects.filter(state=RunState.ESCALATED).values_list("saga_id", flat=True).distinct()[:limit]
+    )
+
+
+def needs_human_count(cap: int) -> saga_selectors.BoundedCount:
+    """How many sagas need a human (exact up to `cap`): partial rollbacks and escalated runs."""
+    partial = saga_selectors.bounded_status_counts(
+        saga_selectors.all_sagas(), timezone.now(), cap=cap, statuses=[SagaStatus.ROLLBACK_PARTIAL]
+    )[SagaStatus.ROLLBACK_PARTIAL]
+    escalated = escalated_saga_ids(cap + 1)
+    both = Saga.objects.filter(saga_id__in=escalated, status=SagaStatus.ROLLBACK_PARTIAL).count()
+    return (partial + saga_selectors.BoundedCount(len(escalated) - both)).capped(cap)
+
+
+def needing_human(sagas: list[Saga]) -> set[str]:
+    """Which of `sagas` need a human (their ids)."""
+    ids = [saga.saga_id for saga in sagas]
+    escalated = set(
+        Run.objects.filter(saga_id__in=ids, state=RunState.ESCALATED).values_list("saga_id", flat=True)
+    )
+    return {saga.saga_id for saga in sagas if saga.status == SagaStatus.ROLLBACK_PARTIAL} | escalated
+
+
+def partial_rollbacks(limit: int) -> list[Saga]:
+    """Sagas whose rollback ended partial with no recovery run waiting (those are in the human
+    queue by their steps), most recent first."""
+    escalated = escalated_saga_ids(limit)
+    return list(
+        saga_selectors.newest_first(
+            Saga.objects.filter(status=SagaStatus.ROLLBACK_PARTIAL).exclude(saga_id__in=escalated)
+        )[:limit]
+    )
+
+
+@dataclass(frozen=True)
+class Orphaned:
+    """A saga whose agent's lease expired: recovery `starting` (not taken over yet; `at` the
+    lease's expiry) or `started` (taken over at `at`)."""
+
+    phase: str
+    at: datetime
+
+
+def orphaned(saga: Saga, now: datetime) -> Orphaned | None:
+    lease = Lease.objects.filter(saga_id=saga.saga_id).first()
+    if saga.effective_status(now) == SagaStatus.ORPHANED:
+        expired = lease.expires_at if lease is not None and lease.expires_at else saga.lease_expires_at
+        return Orphaned("starting", expired or now)
+    if lease is not None and lease.state == LeaseState.SWEPT and saga.status == SagaStatus.RECOVERING:
+        run = Run.objects.filter(saga_id=saga.saga_id, kind=RunKind.CRASH).order_by("-created_at").first()
+        if run is not None:
+            return Orphaned("started", lease.swept_at or run.created_at)
+    return None

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -363,26 +364,10 @@ def _quarantined_out(queryset: Any) -> Any:
 def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BATCH) -> dict[str, int]:
     """One pass for one tenant: take over sagas whose lease expired with no terminal record
     (quarantined ones are skipped), escalate jobs whose workers kept dying, and wake webhook
-    deliveries that are due. Sagas are taken over TAKEOVER_BATCH at a time, each batch in its own
-    transaction, so workers start on the first batch while the next is queued; each batch takes
-    the leases expired by the time it starts (a long pass also takes those that expired during
-    it). `now` (tests) fixes the clock for the whole pass."""
-    fixed = now
+    deliveries that are due (`take_over_expired` does the first part, as workers' claims do).
+    `now` (tests) fixes the clock for the whole pass."""
+    taken = take_over_expired(tenant, now=now, limit=limit)
     now = now or timezone.now()
-    taken = 0
-    while taken < limit:
-        if fixed is None:
-            now = timezone.now()
-        with tenant_context(tenant):
-            leases = list(
-                _quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=now))
-                .order_by("expires_at")
-                .select_for_update(skip_locked=True)[: min(TAKEOVER_BATCH, limit - taken)]
-            )
-            if not leases:
-                break
-            _take_over(tenant, leases, now)
-        taken += len(leases)
     with tenant_context(tenant):
         exhausted = list(
             Job.objects.filter(
@@ -405,6 +390,77 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BAT
     # or no result came after it), not what is in flight.
     flush_server_records(tenant, wait=True, before=now.timestamp() - EVIDENCE_STALE_S)
     return {"taken_over": taken, "escalated": len(exhausted) + unclaimed, "webhooks_woken": len(due_hooks)}
+
+
+def take_over_expired(
+    tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BATCH, exclusive: bool = False
+) -> int:
+    """Take over the tenant's sagas whose lease expired (quarantined ones are left alone),
+    TAKEOVER_BATCH at a time, each batch in its own transaction (a savepoint inside a caller's),
+    so workers start on the first batch while the next is queued; each batch takes the leases
+    expired by the time it starts. The leases are locked `SKIP LOCKED` (on SQLite every write
+    transaction is IMMEDIATE, so takers run one after another), so two takers never take one
+    saga. `exclusive` (a worker's claim): only while no one else is taking this tenant's leases
+    over (`_takeover_turn`), never waiting for them. `now` (tests) fixes the clock."""
+    taken = 0
+    while taken < limit:
+        moment = now or timezone.now()
+        with tenant_context(tenant):
+            if exclusive and not _takeover_turn(tenant):
+                break
+            leases = list(
+                _quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=moment))
+                .order_by("expires_at")
+                .select_for_update(skip_locked=True)[: min(TAKEOVER_BATCH, limit - taken)]
+            )
+            if not leases:
+                break
+            _take_over(tenant, leases, moment)
+        taken += len(leases)
+    return taken
+
+
+# pg_try_advisory_xact_lock's first key: "recovery takeover"; the second is the tenant.
+_TAKEOVER_LOCK_CLASS = 0x5245_4356
+
+
+def _takeover_turn(tenant: Tenant) -> bool:
+    """Inside a transaction: whether this transaction may take the tenant's expired leases over
+    now. Postgres: a transaction-scoped advisory lock per tenant, tried, never waited for (the
+    other taker is doing it). SQLite: always (write transactions already run one at a time)."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_TAKEOVER_LOCK_CLASS, tenant.pk % 2**31])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+# A claim looks for expired leases at most this often per tenant and process (one indexed
+# EXISTS), and takes over at most CLAIM_TAKEOVER_BATCH sagas (the sweep takes the rest).
+CLAIM_TAKEOVER_EVERY_S = 0.5
+CLAIM_TAKEOVER_BATCH = 50
+_takeover_looked: dict[int, float] = {}
+
+
+def take_over_on_claim(tenant: Tenant) -> int:
+    """A worker's claim takes over its tenant's expired leases itself, before it picks a job, so
+    the jobs it creates are claimable by the same claim: takeover needs neither the sweep nor a
+    Celery worker, only a claimer (the sweep still runs for tenants with none: webhooks, sagas
+    with no handler). Failure only logs: the claim goes on, the sweep will take them."""
+    clock = time.monotonic()
+    if clock - _takeover_looked.get(tenant.pk, -CLAIM_TAKEOVER_EVERY_S) < CLAIM_TAKEOVER_EVERY_S:
+        return 0
+    _takeover_looked[tenant.pk] = clock
+    try:
+        with tenant_context(tenant):
+            due = Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=timezone.now()).exists()
+        if not due:
+            return 0
+        return take_over_expired(tenant, limit=CLAIM_TAKEOVER_BATCH, exclusive=True)
+    except DatabaseError:
+        log.exception("a claim's takeover for tenant %s failed; the sweep takes them over", tenant.pk)
+        return 0
 
 
 def unclaimed_after() -> timedelta:
@@ -551,6 +607,8 @@ def claim_many(
     its frontier, so a batch never holds two jobs of one saga: newest first still holds."""
     seconds = _lease_seconds(lease_s)
     limit = _claim_batch_size(max_jobs)
+    if job_id is None:
+        take_over_on_claim(tenant)
     with joined_tenant_context(tenant):  # its one write is its last statement
         now = timezone.now()
         expires = now + timedelta(seconds=seconds)

@@ -1,4 +1,5 @@
-"""Celery: the lease sweep (beat, every second) and webhook deliveries. Celery only wakes the
+"""Celery: the lease sweep (run every second by the beat process's own thread, recovery/sweeper.py)
+and webhook deliveries. Celery only wakes the
 work: the job row's lease and fencing token decide who may record a result, so a lost, repeated
 or late message never runs a compensation twice in the books (the receiver gets the same
 `Idempotency-Key` on every attempt)."""
@@ -7,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from celery import shared_task
 from django.utils import timezone
 
-from recovery import services, webhook
+from recovery import services, sweeper, webhook
 from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
 from recovery.models import Delivery, Webhook
 from tenants.models import Tenant
@@ -24,9 +26,13 @@ WEBHOOK_LEASE_S = 30.0  # longer than the request may take
 
 @shared_task(name="recovery.sweep", ignore_result=True)
 def sweep_all() -> int:
-    """Every tenant with recovery work due: take over expired sagas, escalate, wake webhooks."""
+    """Every tenant with recovery work due: take over expired sagas, escalate, wake webhooks; then
+    record the pass (its age is the sweep's lag). Run every second by the beat process's own
+    thread (recovery/sweeper.py), never by a message a busy queue could starve; still a task, so
+    an operator can run one pass by hand."""
+    began = time.monotonic()
     now = timezone.now()
-    done = 0
+    done = failures = 0
     due = set(tenants_with_recovery_due(now))
     due |= set(tenants_with_unclaimed_jobs(now - services.unclaimed_after()))
     for tenant_id in sorted(due):
@@ -37,7 +43,9 @@ def sweep_all() -> int:
             services.sweep(tenant, now=now)
             done += 1
         except Exception:
-            log.exception("recovery sweep of tenant %s failed; the next tick retries", tenant_id)
+            failures += 1
+            log.exception("recovery sweep of tenant %s failed; the next pass retries", tenant_id)
+    sweeper.record_pass(started=began, tenants=len(due), failures=failures)
     return done
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import shutil
 import signal
 import sqlite3
@@ -136,7 +135,7 @@ def _roles() -> tuple[str, str]:
 
 @dataclass
 class Deployment:
-    cluster: Cluster
+    cluster: Cluster | None  # None: embedded (SQLite)
     server: ControlPlane
     env: dict[str, str]
     key: str  # ingest, read, recovery, control
@@ -157,6 +156,12 @@ class Deployment:
         with self.client() as client:
             response = client.get(f"/api/v1/sagas/{saga_id}")
         return response.json() if response.status_code == 200 else None
+
+    def swept(self) -> bool:
+        """Whether the recovery sweep has finished a pass lately (/readyz's detail)."""
+        response = httpx.get(f"{self.server.url}/readyz", headers=PROXY_HEADERS, timeout=10)
+        detail = response.json().get("detail", {}) if response.status_code == 200 else {}
+        return detail.get("recovery_sweep", {}).get("status") == "ok"
 
     def jobs(self, saga_id: str) -> list[dict[str, Any]]:
         with self.client() as client:
@@ -234,7 +239,8 @@ class Deployment:
         ]
         return (
             "\n".join(parts)
-            + f"\n--- server\n{self.server.log_tail()}\n--- postgres\n{self.cluster.log_tail()}"
+            + f"\n--- server\n{self.server.log_tail()}"
+            + (f"\n--- postgres\n{self.cluster.log_tail()}" if self.cluster else "")
         )
 
     def until(self, condition: Callable[[], Any], what: str, deadline: float = DEADLINE) -> Any:
@@ -289,8 +295,45 @@ def stop(process: subprocess.Popen[Any]) -> None:
     process.wait(timeout=30)
 
 
+def _with_celery(live: Deployment, name: str) -> Iterator[Deployment]:
+    """Start the README's Celery worker with its beat (`worker -B --concurrency=2`, as `make run`
+    does), wait until the beat's sweeper has run a pass, yield; then kill every process started."""
+    data = Path(live.env["SAGAPLANE_DATA_DIR"])
+    celery = subprocess.Popen(
+        [
+            str(VENV_BIN / "celery"), "-A", "controlplane", "worker", "-B", "--concurrency=2",
+            "--loglevel=INFO", "-n", f"{name}@%h", "-s", str(data / "beat-schedule"),
+        ],
+        cwd=ROOT, env=live.env, stdout=(live.folder / "celery.log").open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    live.processes.append(celery)
+    try:
+        # The beat's start-up checks come first: begin once its sweeper has run a pass.
+        live.until(live.swept, "the beat's first sweep")
+        yield live
+    finally:
+        for process in reversed(live.processes):
+            stop(process)
+
+
+def _recovery_key(env: dict[str, str]) -> str:
+    out = manage(
+        env,
+        "create_api_key",
+        "--tenant",
+        "shop",
+        "--name",
+        "recovery",
+        "--scopes",
+        "ingest,read,recovery,control",
+    )
+    return out.strip().splitlines()[-1]
+
+
 @contextmanager
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """Production-configured: a private Postgres, its own Redis, gunicorn (2 workers)."""
     runtime, owner = _roles()
     with private_cluster() as cluster, own_redis(tmp_path) as redis:
         cluster.execute(f"CREATE ROLE \"{runtime}\" LOGIN PASSWORD 'x' NOSUPERUSER NOBYPASSRLS")
@@ -309,34 +352,47 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             SAGAPLANE_WEBHOOK_ALLOW_PRIVATE="true",  # the test webhook receivers listen on loopback
         )
         with control_plane(env, workers=2, tenant="shop") as server:
-            out = manage(
-                env,
-                "create_api_key",
-                "--tenant",
-                "shop",
-                "--name",
-                "recovery",
-                "--scopes",
-                "ingest,read,recovery,control",
-            )
-            key = out.strip().splitlines()[-1]
             folder = tmp_path / "run"
             folder.mkdir()
-            live = Deployment(cluster, server, env, key, folder, folder / "ledger.sqlite3")
-            celery = subprocess.Popen(
-                [
-                    str(VENV_BIN / "celery"), "-A", "controlplane", "worker", "-B", "--concurrency=2",
-                    "--loglevel=INFO", "-n", f"recovery-{cluster.port}@%h", "-s", str(data / "beat-schedule"),
-                ],
-                cwd=ROOT, env=env, stdout=(folder / "celery.log").open("w"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-            live.processes.append(celery)
-            try:
-                # The beat's first tick can wait on its start-up checks: begin once sweeps run.
-                swept = re.compile(r"recovery\.sweep\[[^\]]+\] succeeded")
-                live.until(lambda: swept.search(live.log("celery.log")), "the beat's first sweep")
-                yield live
-            finally:
-                for process in reversed(live.processes):
-                    stop(process)
+            live = Deployment(cluster, server, env, _recovery_key(env), folder, folder / "ledger.sqlite3")
+            yield from _with_celery(live, f"recovery-{cluster.port}")
+
+
+@contextmanager
+def embedded_deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """`make run`'s shape (infra/run-embedded.sh): SQLite, the filesystem broker, the in-memory
+    channel layer, `manage.py runserver` and `celery worker -B --concurrency=2`."""
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_"))
+        and k not in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL")
+    }
+    env.update({"SAGAPLANE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO"})
+    manage(env, "migrate", "--noinput", "-v0")
+    manage(
+        env, "create_tenant", "shop", "--name", "Shop", "--owner-email", "owner@shop.example",
+        "--owner-password", "embedded-owner-password",
+    )  # fmt: skip
+    key = _recovery_key(env)
+    port = free_port()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    log = folder / "runserver.log"
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    server = ControlPlane(f"http://127.0.0.1:{port}", key, process, log)
+    live = Deployment(None, server, env, key, folder, folder / "ledger.sqlite3", [process])
+
+    def serving() -> bool:
+        try:
+            return httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    live.until(serving, "runserver to answer")
+    yield from _with_celery(live, f"embedded-{port}")

@@ -96,10 +96,23 @@
         region.innerHTML = html;
         region.querySelectorAll("details[id]").forEach(function (d) { if (open[d.id]) d.open = true; });
         refreshTimes(region);
+        whenStale(region);
         region.dispatchEvent(new CustomEvent("live:updated", { bubbles: true }));
         return true;
       })
       .catch(function () { return false; /* next event or reconnect tries again */ });
+  }
+
+  // ---- a live region whose fragment holds <span data-stale-at="ISO"> is fetched again a moment
+  // after that time although no record arrives (a lease expiring: time passing is not a record).
+  function whenStale(region) {
+    var marker = region.querySelector("[data-stale-at]");
+    if (region._staleTimer) { clearTimeout(region._staleTimer); region._staleTimer = null; }
+    if (!marker) return;
+    var at = new Date(marker.getAttribute("data-stale-at")).getTime();
+    if (isNaN(at)) return;
+    var wait = Math.min(Math.max(at - Date.now(), 0) + 1000, 3600000);
+    region._staleTimer = setTimeout(function () { region._staleTimer = null; fetchInto(region); }, wait);
   }
 
   // ---- refreshed regions: <div data-refresh-url="..." data-refresh-seconds="3"> (the fleet's
@@ -175,6 +188,7 @@
     refreshTimes();
     setInterval(refreshTimes, 30000);
     liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-url]"));
+    liveRegions.forEach(whenStale);
     if (liveRegions.length && "WebSocket" in window) connect(0);
     document.querySelectorAll("[data-poll-url]").forEach(poll);
     document.querySelectorAll("[data-refresh-url]").forEach(refreshEvery);
