@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._version import __version__
+from .integrations.mcp_cli import add_mcp_gateway, add_upstream_options
 from .reconcile import add_certify, add_reconcile, add_reconcile_worker
 from .shipper import DEFAULT_BATCH
 from .witnesscli import add_witness
@@ -366,8 +367,14 @@ def add_worker(sub: Any) -> None:
     p = sub.add_parser("worker", help="run recovery jobs: compensations of sagas whose agent died")
     p.add_argument(
         "--handlers",
-        required=True,
+        default=None,
         help="comma-separated modules to import; their @sagaplane.compensator functions are run",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="a tool policy file: run its compensations through the upstream MCP server given as "
+        "-- UPSTREAM_COMMAND [ARGS...] or --upstream-url (what a killed mcp-gateway left)",
     )
     p.add_argument("--name", default=None, help="this worker's name in the evidence (default host:pid)")
     p.add_argument("--lease", type=float, default=30.0, help="seconds a claimed job is held (default 30)")
@@ -380,6 +387,7 @@ def add_worker(sub: Any) -> None:
         help="handlers run at once in a thread pool (default 1); jobs are claimed and their results "
         "reported in batches",
     )
+    add_upstream_options(p)
     p.set_defaults(func=cmd_worker)
 
 
@@ -391,9 +399,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .semantics import import_handler_modules
     from .worker import Worker
 
+    if not args.handlers and not args.policy:
+        print("error: give --handlers MODULES and/or --policy FILE -- UPSTREAM", file=sys.stderr)
+        return EXIT_USAGE
+    upstream = None
     try:
-        import_handler_modules(args.handlers)
-    except ImportError as exc:
+        if args.handlers:
+            import_handler_modules(args.handlers)
+        if args.policy:
+            from .integrations.mcp_cli import register_policy_compensators
+
+            upstream = register_policy_compensators(args)
+    except (ImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -430,6 +447,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         if observer is not None:
             observer.stop()
+        if upstream is not None:
+            upstream.close()
     print(f"ran {ran} job(s)", flush=True)
     return EXIT_OK
 
@@ -447,6 +466,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_certify,
     add_verify_approval,
     add_witness,
+    add_mcp_gateway,
 ]
 
 

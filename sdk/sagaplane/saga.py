@@ -680,7 +680,12 @@ class Saga:
 
     def _tool_span(self, step: Step) -> tracing.ToolSpan | None:
         return tracing.tool_span(
-            step.tool, step.call_id or step.step_id, self.saga_id, step.step_id, step.semantics.value
+            step.tool,
+            step.call_id or step.step_id,
+            self.saga_id,
+            step.step_id,
+            step.semantics.value,
+            self._span,
         )
 
     def run_step(self, spec: ToolSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

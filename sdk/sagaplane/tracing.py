@@ -15,6 +15,7 @@ Nothing here is needed for shipping to work: any failure in tracing leaves the b
 
 from __future__ import annotations
 
+import contextvars
 import re
 import secrets
 from collections.abc import Iterable
@@ -102,15 +103,45 @@ def start_batch(stream_id: str, lines: list[bytes]) -> BatchSpan:
     return BatchSpan(None, {"traceparent": new_traceparent()})
 
 
-def saga_span(name: str, saga_id: str) -> Any:
+class SagaSpan:
+    """A saga's span, current in the context that began the saga. A saga left from another
+    context (an MCP gateway's saga spans several requests, each a task of its own) ends its span
+    without detaching a context that is not this one's."""
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+        self._token: Any = None
+        self._marker = object()
+        self._mark_token: Any = None
+
+    def __enter__(self) -> SagaSpan:
+        from opentelemetry import context
+
+        self._token = context.attach(_trace.set_span_in_context(self.span))
+        self._mark_token = _saga_context.set(self._marker)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from opentelemetry import context
+
+        if _saga_context.get() is self._marker:
+            _saga_context.reset(self._mark_token)
+            context.detach(self._token)
+        self.span.end()
+
+
+_saga_context: contextvars.ContextVar[object] = contextvars.ContextVar("sagaplane_saga_span", default=None)
+
+
+def saga_span(name: str, saga_id: str) -> SagaSpan | None:
     """A span for a saga run in the agent (a context manager), or None without OpenTelemetry."""
     if _trace is None:
         return None
     try:
-        span = _trace.get_tracer("sagaplane").start_as_current_span(
+        span = _trace.get_tracer("sagaplane").start_span(
             f"saga {name}", attributes={"sagaplane.saga_id": saga_id, "sagaplane.saga_name": name}
         )
-        return span
+        return SagaSpan(span)
     except Exception:
         return None
 
@@ -140,14 +171,18 @@ class ToolSpan:
             pass
 
 
-def tool_span(tool: str, call_id: str, saga_id: str, step_id: str, semantics: str) -> ToolSpan | None:
-    """The span of one tool call (a child of the current span, e.g. the saga's), or None when
-    OpenTelemetry is absent or the agent configured no tracer provider (nothing is recorded)."""
+def tool_span(
+    tool: str, call_id: str, saga_id: str, step_id: str, semantics: str, parent: SagaSpan | None = None
+) -> ToolSpan | None:
+    """The span of one tool call (a child of its saga's span, else of the current one), or None
+    when OpenTelemetry is absent or the agent configured no tracer provider (nothing recorded)."""
     if _trace is None:
         return None
     try:
+        context = _trace.set_span_in_context(parent.span) if parent is not None else None
         span = _trace.get_tracer("sagaplane").start_span(
             f"execute_tool {tool}",
+            context=context,
             kind=_trace.SpanKind.INTERNAL,
             attributes={
                 "gen_ai.operation.name": "execute_tool",

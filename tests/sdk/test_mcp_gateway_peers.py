@@ -1,0 +1,134 @@
+"""The MCP gateway with broken or hostile peers, and observe mode, without a control plane (a
+local WAL only): an upstream that never answers, one that dies mid-call and one that answers too
+much leave the step unknown and the client with an error result, never a hang; JSON-RPC garbage
+from the client is answered and the session goes on; observe mode forwards everything and writes
+a policy skeleton in which every tool is IRREVERSIBLE."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+from sagaplane.integrations import policy
+from sagaplane.integrations.mcp_upstream import UpstreamSpec, bounded_stdio
+from sagaplane_testkit import read_wal
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOP = ROOT / "sdk" / "examples" / "mcp_shop_server.py"
+POLICY = ROOT / "sdk" / "examples" / "mcp_shop_policy.toml"
+SAGAPLANE = Path(sys.executable).parent / "sagaplane"
+DEADLINE = 60.0
+
+
+def gateway(tmp_path: Path, *options: str) -> UpstreamSpec:
+    env = {"SAGAPLANE_WAL_DIR": str(tmp_path / "wal"), "SHOP_LEDGER": str(tmp_path / "ledger.jsonl")}
+    command = [str(SAGAPLANE), "mcp-gateway", *options, "--", sys.executable, str(SHOP)]
+    return UpstreamSpec(command=command, env=env, stderr=(tmp_path / "gateway.log").open("a"))
+
+
+def run(spec: UpstreamSpec, scenario: Any) -> Any:
+    async def main() -> Any:
+        async with bounded_stdio(spec) as (read, write), ClientSession(read, write) as client:
+            with anyio.fail_after(DEADLINE):
+                await client.initialize()
+                return await scenario(client)
+
+    return anyio.run(main)
+
+
+def wal_records(tmp_path: Path) -> list[dict[str, Any]]:
+    (wal,) = (tmp_path / "wal").glob("*.wal")
+    return read_wal(wal)
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "options"),
+    [
+        ("wait_forever", {}, ("--call-timeout", "2")),
+        ("crash", {}, ()),
+        ("huge", {"megabytes": 1}, ("--max-message-bytes", "65536")),
+    ],
+)
+def test_an_upstream_that_hangs_dies_or_floods_leaves_the_outcome_unknown(
+    tmp_path: Path, tool: str, arguments: dict[str, Any], options: tuple[str, ...]
+) -> None:
+    async def scenario(client: ClientSession) -> Any:
+        return await client.call_tool(tool, arguments)
+
+    result = run(gateway(tmp_path, "--policy", str(POLICY), *options), scenario)
+    assert result.is_error and result.structured_content["reason"] == "outcome_unknown", result
+    assert "unknown" in result.content[0].text
+    events = [r["event"] for r in wal_records(tmp_path) if r.get("tool") == tool]
+    assert events[:1] == ["STEP_INTENT"] and "STEP_UNKNOWN" in events, events
+
+
+def test_garbage_from_the_client_is_answered_and_the_session_goes_on(tmp_path: Path) -> None:
+    spec = gateway(tmp_path, "--policy", str(POLICY))
+    process = subprocess.Popen(
+        spec.command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=spec.stderr,
+        env={**spec.env, "PATH": "/usr/bin:/bin"},
+        text=True,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    try:
+        for line in ("{not json", '{"jsonrpc": "2.0", "id": 7, "method": 12}', "[]", json.dumps(initialize)):
+            process.stdin.write(line + "\n")
+        process.stdin.flush()
+        answers = []
+        while not any(a.get("id") == 1 for a in answers):
+            line = process.stdout.readline()
+            assert line, "the gateway closed its output"
+            answers.append(json.loads(line))
+        (ok,) = [a for a in answers if a.get("id") == 1]
+        assert ok["result"]["serverInfo"]["name"].startswith("sagaplane-gateway")
+        assert ok["result"]["capabilities"]["tools"] is not None
+    finally:
+        process.stdin.close()
+        process.wait(timeout=DEADLINE)
+    assert process.returncode == 0
+
+
+def test_observe_mode_forwards_everything_and_writes_a_skeleton_policy(tmp_path: Path) -> None:
+    emitted = tmp_path / "observed.toml"
+
+    async def scenario(client: ClientSession) -> Any:
+        listed = await client.list_tools()
+        searched = await client.call_tool("search_products", {"query": "tea"})
+        invoiced = await client.call_tool("send_invoice", {"customer": "ann"})
+        return listed, searched, invoiced
+
+    listed, searched, invoiced = run(
+        gateway(tmp_path, "--observe", "--name", "shop", "--emit-policy", str(emitted)), scenario
+    )
+    assert not searched.is_error and not invoiced.is_error
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [e["tool"] for e in ledger] == ["search_products", "send_invoice"]
+    skeleton = policy.load(emitted)
+    assert skeleton.name == "shop" and skeleton.default is None
+    assert sorted(r.pattern for r in skeleton.rules) == sorted(t.name for t in listed.tools)
+    assert {r.semantics.value for r in skeleton.rules} == {"IRREVERSIBLE"}
+    # Observe mode still records each call as a step (IRREVERSIBLE: nothing claimed undoable).
+    intents = [r for r in wal_records(tmp_path) if r["event"] == "STEP_INTENT"]
+    assert [(r["tool"], r["semantics"]) for r in intents] == [
+        ("search_products", "IRREVERSIBLE"),
+        ("send_invoice", "IRREVERSIBLE"),
+    ]
