@@ -15,12 +15,14 @@ from django.urls import reverse
 
 from audit import selectors as audit_selectors
 from frontend.views import MemberRequest, actor_of, member_page, page
-from tenants.access import AUDIT
+from tenants.access import AUDIT, WITNESSES_CHANGE
 from transparency import selectors as log_selectors
 from transparency import services as transparency
+from transparency import witnesses
 from transparency.models import Export, ExportStatus
 
 EXPORTS_SHOWN = 20
+REFUSALS_SHOWN = 20
 
 
 def _export_view(export: Export) -> dict[str, Any]:
@@ -49,6 +51,10 @@ def evidence(request: MemberRequest) -> HttpResponse:
         "unsigned": log_size - (checkpoint.size if checkpoint else 0),
         "streams": audit_selectors.stream_statuses(streams=200, refusals=500, refusals_each=5),
         "exports": [_export_view(e) for e in log_selectors.recent_exports(EXPORTS_SHOWN)],
+        "witnesses": witnesses.witnesses(),
+        "quorum": witnesses.quorum(),
+        "refusals": witnesses.recent_refusals(REFUSALS_SHOWN),
+        "manage_witnesses": request.membership.can(WITNESSES_CHANGE.capability or ""),
     }
     return page(request, "frontend/evidence.html", context, section="evidence")
 

@@ -12,6 +12,7 @@ from frontend import (
     saga_views,
     slack_views,
     views,
+    witness_views,
 )
 
 urlpatterns = [
@@ -82,6 +83,9 @@ urlpatterns = [
     path("evidence/", evidence_views.evidence, name="evidence"),
     path("evidence/exports", evidence_views.start_export, name="export-start"),
     path("evidence/exports/<uuid:export_id>", evidence_views.export_status, name="export-status"),
+    path("evidence/witnesses", witness_views.witness_add, name="witness-add"),
+    path("evidence/witnesses/quorum", witness_views.witness_quorum, name="witness-quorum"),
+    path("evidence/witnesses/<int:witness_id>/remove", witness_views.witness_remove, name="witness-remove"),
     path("administration/members/", admin_views.members, name="members"),
     path("administration/members/invite", admin_views.invite, name="member-invite"),
     path("administration/members/<int:membership_id>/role", admin_views.change_role, name="member-role"),

@@ -21,7 +21,7 @@ from controlplane.errors import DomainError
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import keys
-from transparency.models import Checkpoint, Cosignature, Witness, WitnessQuorum
+from transparency.models import Checkpoint, Cosignature, Witness, WitnessQuorum, WitnessRefusal
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MAX_WITNESSES = 32  # tlog-policy implementations must support at least 32 witnesses
@@ -132,6 +132,11 @@ def quorum() -> int:
 
 def witnesses() -> list[Witness]:
     return list(Witness.objects.order_by("name"))
+
+
+def recent_refusals(limit: int) -> list[WitnessRefusal]:
+    """The latest witness refusals, newest first (a 422 from a witness is a split view caught)."""
+    return list(WitnessRefusal.objects.order_by("-id")[:limit])
 
 
 def cosigned_note(checkpoint: Checkpoint) -> str:

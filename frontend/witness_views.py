@@ -1,0 +1,62 @@
+"""The Evidence page's witnesses: add one, remove one, set the quorum (owners and admins, the
+same rule as the API, `tenants.access.WITNESSES_CHANGE`); each through `transparency.witnesses`,
+audited there."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+
+from controlplane.errors import DomainError
+from frontend.views import MemberRequest, actor_of, member_page
+from tenants.access import WITNESSES_CHANGE
+from transparency import witnesses
+
+
+def _back() -> HttpResponse:
+    return redirect(reverse("evidence") + "#witnesses-card")
+
+
+@member_page({"POST": WITNESSES_CHANGE}, section="evidence")
+def witness_add(request: MemberRequest) -> HttpResponse:
+    post = request.POST
+    try:
+        witness = witnesses.add_witness(
+            request.tenant,
+            name=post.get("name", "").strip(),
+            url=post.get("url", "").strip(),
+            vkey=post.get("vkey", "").strip(),
+            actor=actor_of(request),
+        )
+    except DomainError as refused:
+        messages.error(request, f"Witness not added: {refused.detail}")
+        return _back()
+    messages.success(request, f"Witness {witness.name} added: it is sent the next checkpoint.")
+    return _back()
+
+
+@member_page({"POST": WITNESSES_CHANGE}, section="evidence")
+def witness_remove(request: MemberRequest, witness_id: int) -> HttpResponse:
+    try:
+        witnesses.remove_witness(request.tenant, witness_id, actor=actor_of(request))
+    except DomainError as refused:
+        messages.error(request, f"Witness not removed: {refused.detail}")
+        return _back()
+    messages.success(request, "Witness removed; its cosignatures stay on the checkpoints they signed.")
+    return _back()
+
+
+@member_page({"POST": WITNESSES_CHANGE}, section="evidence")
+def witness_quorum(request: MemberRequest) -> HttpResponse:
+    raw = request.POST.get("quorum", "").strip()
+    try:
+        quorum = witnesses.set_quorum(
+            request.tenant, quorum=int(raw) if raw.isdigit() else raw, actor=actor_of(request)
+        )
+    except DomainError as refused:
+        messages.error(request, f"Quorum not set: {refused.detail}")
+        return _back()
+    messages.success(request, f"Quorum set: {quorum} witness(es) must cosign a checkpoint.")
+    return _back()
