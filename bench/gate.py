@@ -586,7 +586,7 @@ def profile_decision(decisions: int) -> dict[str, Any]:
     profiler.disable()
     steps = {
         ("fleet/services.py", "evaluate"): "evaluate",
-        ("tenants/epoch.py", "read"): "tenant epoch read (one cache GET)",
+        ("tenants/epoch.py", "read"): "tenant epoch read (one cache MGET: counter and hold)",
         ("fleet/services.py", "_read_policies"): "re-reading policies (epoch moved)",
         ("fleet/gate.py", "idempotency_key"): "idempotency key (canonical JSON, SHA-256)",
         ("fleet/gate.py", "debits_for"): "debits (scope keys, amounts)",
@@ -644,8 +644,8 @@ def profile_http_decision(decisions: int) -> dict[str, Any]:
     profiler.disable()
     steps = {
         ("controlplane/gate_asgi.py", "_decide"): "total",
-        ("tenants/authentication.py", "verify_api_key"): "API key check (with the epoch GET)",
-        ("tenants/epoch.py", "read"): "tenant epoch GET",
+        ("tenants/authentication.py", "verify_api_key"): "API key check (with the epoch MGET)",
+        ("tenants/epoch.py", "read"): "tenant epoch MGET",
         ("controlplane/parsers.py", "strict_loads"): "JSON body parse",
         ("fleet/api.py", "gate_call"): "body to GateRequest",
         ("fleet/gate.py", "debits_for"): "debits (scope digests)",
@@ -1164,7 +1164,7 @@ def main(argv: list[str] | None = None) -> int:
             # Where an in-process decision's time goes (1 client, 5 limits, Redis): its SQL statements
             # (each at least one Postgres round-trip) and one check-and-debit on Redis.
             "breakdown_inproc_redis_5_limits_1_client": {
-                "round_trips": "1 Redis GET (tenant epoch) + 1 EVALSHA + 1 Postgres batch "
+                "round_trips": "1 Redis MGET (tenant epoch and hold) + 1 EVALSHA + 1 Postgres batch "
                 "(SET LOCAL + INSERT, committed: one WAL flush)",
                 "floor_p50_ms": round(2 * floor1["p50_ms"] + commit_floor["p50_ms"], 3),
                 "floor_p99_ms": round(2 * floor1["p99_ms"] + commit_floor["p99_ms"], 3),
@@ -1197,7 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
                 "before it (synchronous_commit=off, or Redis as the only record) would lose acted-on "
                 "authorisations in a Postgres crash and undercount every rebuild after a Redis loss: "
                 "overspend",
-                "inproc_round_trips": "besides the flush: the tenant epoch GET, the EVALSHA and the "
+                "inproc_round_trips": "besides the flush: the tenant epoch MGET, the EVALSHA and the "
                 "connection pool's health check (CONN_HEALTH_CHECKS). The GET could be folded into the "
                 "EVALSHA and the check dropped settings-wide without weakening a guarantee; not done",
                 "http_throughput": "server CPU per decision (breakdown_http_redis) times 2,000/s exceeds "

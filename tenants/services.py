@@ -3,6 +3,7 @@ its audit record (appended to the tenant's server stream) commits or rolls back 
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +14,8 @@ from django.utils import timezone
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
-from tenants import authentication, epoch, live
+from controlplane.postcommit import after_commit
+from tenants import epoch, live
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 
@@ -158,13 +160,11 @@ def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
             return locked
         locked.revoked_at = timezone.now()
         locked.save(update_fields=["revoked_at"])
-        # This process forgets the key at once and again at commit (a request checking it in
-        # between would remember the row as it was); other processes within the stated bound,
-        # and on their next check against the tenant's epoch (`verify_api_key`), which moves
-        # once this commits.
-        authentication.forget(locked.prefix)
-        transaction.on_commit(lambda: authentication.forget(locked.prefix))
-        epoch.bump_after_commit(locked.tenant_id, "API key revocation signal")
+        # Immediate in every process: the tenant's hold, before this commits, stops every
+        # process reusing its copy of any of the tenant's keys (tenants/epoch.py); should it fail,
+        # the answer waits until every copy made before the commit has aged out.
+        if not epoch.hold(locked.tenant_id):
+            after_commit("outwait copies of a revoked API key", lambda: time.sleep(epoch.MAX_AGE_S))
         append_server_record(
             locked.tenant,
             "ADMIN_API_KEY_REVOKED",

@@ -128,7 +128,8 @@ def _no_remembered_api_keys() -> None:
     previous test made are gone with its transaction."""
     from tenants import authentication
 
-    authentication._checked.clear()
+    with authentication._held_lock:
+        authentication._held.clear()
 
 
 @dataclass

@@ -12,9 +12,9 @@ It answers only what it can answer exactly as the full stack would, and hands ev
 untouched, to the full stack, which answers as before: a method other than GET, a host not
 allowed, a query with any
 parameter the view does not read (`format` included), an `Accept` that could choose another
-renderer than JSON, a cookie, a body, a key this process has not checked within the API key
-cache's window or that is no longer usable (`tenants.authentication.remembered_key`), a key the
-route's rule refuses, and any refusal or error of the proof itself (the full stack words it in the
+renderer than JSON, a cookie, a body, a key that does not verify (`tenants.authentication.verify_api_key`,
+the one check every path makes: malformed, unknown, wrong, revoked or expired), a key the route's
+rule refuses, and any refusal or error of the proof itself (the full stack words it in the
 error shape). The answer's bytes are DRF's JSON renderer's; its headers are those the full stack
 gave the route's last successful answer (until one was seen, every call goes through it).
 """
@@ -29,10 +29,11 @@ from typing import Any, ClassVar
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 from django.urls import ResolverMatch, reverse
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.renderers import JSONRenderer
 
 from tenants import access as policy
-from tenants.authentication import remembered_key
+from tenants.authentication import verify_api_key
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import tenant_context, tenant_statements
 from transparency.api import ConsistencyProofView, InclusionProofView
@@ -126,10 +127,10 @@ def _plain_call(request: HttpRequest, route: _Route) -> str | None:
 def _answer(
     query: Mapping[str, str], route: _Route, raw_key: str
 ) -> tuple[dict[str, Any], ApiKey, Tenant] | None:
-    found = remembered_key(raw_key)
-    if found is None:
-        return None
-    api_key, tenant = found
+    try:
+        api_key, tenant, _version = verify_api_key(raw_key)
+    except AuthenticationFailed:
+        return None  # the full stack refuses it, in its words
     rule = policy.rule_for(route.view.access, "GET")
     if rule is None or policy.decide(rule, api_key=api_key) is not None:
         return None

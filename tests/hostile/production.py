@@ -11,6 +11,7 @@ with `X-Forwarded-Proto: https`, as a TLS-terminating proxy in front of the repl
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 STARTUP_DEADLINE = 90.0
 PROXY_HEADERS = {"X-Forwarded-Proto": "https"}
+OWNER_PASSWORD = "hostile-owner-password"  # control_plane creates the tenant's owner with it
 
 
 def free_port() -> int:
@@ -231,7 +234,7 @@ def control_plane(
         "--owner-email",
         f"owner@{tenant}.example",
         "--owner-password",
-        "hostile-owner-password",
+        OWNER_PASSWORD,
     )
     out = manage(env, "create_api_key", "--tenant", tenant, "--name", "hostile", "--scopes", "ingest,read")
     api_key = out.strip().splitlines()[-1]
@@ -282,6 +285,39 @@ def control_plane(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+
+
+def _cookies(response: httpx.Response) -> dict[str, str]:
+    # Read from Set-Cookie directly: the cookies are Secure, so a client speaking plain http to
+    # the replica (behind the TLS proxy that X-Forwarded-Proto stands for) would not keep them.
+    jar: SimpleCookie = SimpleCookie()
+    for header in response.headers.get_list("set-cookie"):
+        jar.load(header)
+    return {name: morsel.value for name, morsel in jar.items()}
+
+
+def sign_in(server: ControlPlane, email: str, password: str, tenant: str = "hostile") -> dict[str, str]:
+    """Sign in through the sign-in page; the headers a browser would send afterwards (session and
+    CSRF cookies, the CSRF header, a same-origin Referer, the tenant)."""
+    page = httpx.get(f"{server.url}/login/", headers=PROXY_HEADERS, timeout=30)
+    assert page.status_code == 200, page.text
+    csrf = _cookies(page)["csrftoken"]
+    form_token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert form_token is not None, page.text
+    signed_in = httpx.post(
+        f"{server.url}/login/",
+        data={"username": email, "password": password, "csrfmiddlewaretoken": form_token[1]},
+        headers={**PROXY_HEADERS, "Referer": "https://127.0.0.1/login/", "Cookie": f"csrftoken={csrf}"},
+        timeout=30,
+    )
+    assert signed_in.status_code == 302, signed_in.text
+    cookies = {"csrftoken": csrf, **_cookies(signed_in)}
+    return {
+        "Cookie": f"sessionid={cookies['sessionid']}; csrftoken={cookies['csrftoken']}",
+        "X-CSRFToken": cookies["csrftoken"],
+        "Referer": "https://127.0.0.1/",
+        "X-Sagaplane-Tenant": tenant,
+    }
 
 
 # ------------------------------------------------------------------------------- the agent

@@ -12,13 +12,13 @@ import os
 import re
 import subprocess
 import sys
-from http.cookies import SimpleCookie
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.hostile.production import (
+    OWNER_PASSWORD,
     PROXY_HEADERS,
     ControlPlane,
     control_plane,
@@ -26,6 +26,7 @@ from tests.hostile.production import (
     own_database,
     own_redis,
     production_env,
+    sign_in,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
@@ -34,7 +35,6 @@ MAX_EXAMPLES = 20
 SEED = os.environ.get("SCHEMATHESIS_SEED", "20261203")
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance"
 RUN_TIMEOUT_S = 900
-OWNER_PASSWORD = "hostile-owner-password"  # production.control_plane creates the owner with it
 
 
 def _schemathesis(
@@ -86,40 +86,9 @@ def _every_scope_key(env: dict[str, str]) -> str:
     return out.strip().splitlines()[-1]
 
 
-def _cookies(response: httpx.Response) -> dict[str, str]:
-    # Read from Set-Cookie directly: the cookies are Secure, so a client speaking plain http to
-    # the replica (behind the TLS proxy that X-Forwarded-Proto stands for) would not keep them.
-    jar = SimpleCookie()
-    for header in response.headers.get_list("set-cookie"):
-        jar.load(header)
-    return {name: morsel.value for name, morsel in jar.items()}
-
-
 def _owner_session(server: ControlPlane) -> dict[str, str]:
     """Sign in as the tenant's owner through the sign-in page; the headers a browser would send."""
-    page = httpx.get(f"{server.url}/login/", headers=PROXY_HEADERS, timeout=30)
-    assert page.status_code == 200, page.text
-    csrf = _cookies(page)["csrftoken"]
-    form_token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-    assert form_token is not None, page.text
-    signed_in = httpx.post(
-        f"{server.url}/login/",
-        data={
-            "username": "owner@hostile.example",
-            "password": OWNER_PASSWORD,
-            "csrfmiddlewaretoken": form_token[1],
-        },
-        headers={**PROXY_HEADERS, "Referer": "https://127.0.0.1/login/", "Cookie": f"csrftoken={csrf}"},
-        timeout=30,
-    )
-    assert signed_in.status_code == 302, signed_in.text
-    cookies = {"csrftoken": csrf, **_cookies(signed_in)}
-    return {
-        "Cookie": f"sessionid={cookies['sessionid']}; csrftoken={cookies['csrftoken']}",
-        "X-CSRFToken": cookies["csrftoken"],
-        "Referer": "https://127.0.0.1/",
-        "X-Sagaplane-Tenant": "hostile",
-    }
+    return sign_in(server, "owner@hostile.example", OWNER_PASSWORD)
 
 
 def _assert_clean(run: subprocess.CompletedProcess[str], who: str) -> None:

@@ -1,4 +1,5 @@
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -134,15 +135,60 @@ def test_revoked_key_is_refused_at_once_even_just_after_use(alice: Person, tenan
 def test_a_key_revoked_by_another_process_is_refused_within_the_bound(
     alice: Person, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tenants import authentication
+    from tenants import authentication, epoch
 
     now = [1000.0]
     monkeypatch.setattr(authentication.time, "monotonic", lambda: now[0])
     client = alice.key_client()
     assert _status_and_code(client)[0] == 200
-    with tenant_context(tenant_a):  # what another process's revocation looks like from here
+    with tenant_context(tenant_a):  # a change that skipped the hold (revoke_api_key's), from here
         ApiKey.objects.filter(prefix=ApiKey.prefix_of(alice.api_key)).update(revoked_at=timezone.now())
-    now[0] += authentication.API_KEY_CACHE_SECONDS
+    now[0] += epoch.MAX_AGE_S
+    assert _status_and_code(client) == (401, "revoked_api_key")
+
+
+def test_a_key_revoked_in_another_process_is_refused_on_the_next_request_there(
+    alice: Person, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenants import authentication
+
+    monkeypatch.setattr(authentication.time, "monotonic", lambda: 1000.0)  # no copy ever ages out
+    client = alice.key_client()
+    assert _status_and_code(client)[0] == 200
+    assert _status_and_code(client)[0] == 200  # from this process' copy of the row
+    prefix = ApiKey.prefix_of(alice.api_key) or ""
+    assert prefix in authentication._held
+    with tenant_context(tenant_a):
+        key = ApiKey.objects.get(prefix=prefix)
+    services.revoke_api_key(key, actor="test")  # touches no process' memory: the tenant's hold
+    assert prefix in authentication._held
+    assert _status_and_code(client) == (401, "revoked_api_key")
+
+
+def test_a_revocation_whose_hold_fails_answers_once_every_copy_has_aged_out(
+    alice: Person, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    import time
+
+    from django.core.cache import cache
+
+    from tenants import epoch
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    client = alice.key_client()
+    assert _status_and_code(client)[0] == 200  # a copy, made at 1000.0
+
+    def unreachable(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the cache is unreachable")
+
+    monkeypatch.setattr(cache, "set", unreachable)
+    with tenant_context(tenant_a):
+        key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.revoke_api_key(key, actor="test")
+    assert now[0] >= 1000.0 + epoch.MAX_AGE_S  # the answer waited the copies out
     assert _status_and_code(client) == (401, "revoked_api_key")
 
 
@@ -157,7 +203,7 @@ def test_a_remembered_key_still_needs_its_secret_and_expires_on_time(alice: Pers
     assert _status_and_code(wrong) == (401, "invalid_api_key")
     from tenants import authentication
 
-    until, digest, remembered, tenant = authentication._checked[prefix or ""]
+    remembered = authentication._held[prefix or ""].api_key
     remembered.expires_at = timezone.now() - timedelta(seconds=1)  # expiry is checked every time
     assert _status_and_code(client) == (401, "expired_api_key")
 
