@@ -5,7 +5,7 @@ audited there."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
@@ -13,6 +13,7 @@ from controlplane.errors import DomainError
 from frontend.views import MemberRequest, actor_of, member_page
 from tenants.access import WITNESSES_CHANGE
 from transparency import witnesses
+from transparency.models import Witness
 
 
 def _back() -> HttpResponse:
@@ -39,6 +40,8 @@ def witness_add(request: MemberRequest) -> HttpResponse:
 
 @member_page({"POST": WITNESSES_CHANGE}, section="evidence")
 def witness_remove(request: MemberRequest, witness_id: int) -> HttpResponse:
+    if not Witness.objects.filter(pk=witness_id).exists():  # another tenant's id: not found
+        raise Http404("no such witness")
     try:
         witnesses.remove_witness(request.tenant, witness_id, actor=actor_of(request))
     except DomainError as refused:
