@@ -48,7 +48,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from langgraph.types import interrupt
-from pydantic import ConfigDict
+from pydantic import ConfigDict, PrivateAttr
 
 from ..runtime import configure, get_runtime
 from ..saga import Saga, _run_coro
@@ -279,6 +279,7 @@ class GovernedTool(BaseTool):
 
     inner: BaseTool
     governor: Any = None
+    _visible: Any = PrivateAttr(default=False)  # the argument names the model sees (None: any)
 
     @classmethod
     def wrap(cls, inner: BaseTool, governor: core.Governor) -> GovernedTool:
@@ -300,12 +301,14 @@ class GovernedTool(BaseTool):
 
     def _arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """What the model chose: injected arguments (graph state, store, runtime) left out."""
-        visible = (
-            set(self.tool_call_schema.model_fields)
-            if hasattr(self.tool_call_schema, "model_fields")
-            else None
-        )
-        return arguments if visible is None else {k: v for k, v in arguments.items() if k in visible}
+        visible = self._visible
+        if visible is False:  # read once per tool: the schema is built on every access
+            schema = self.tool_call_schema
+            visible = frozenset(schema.model_fields) if hasattr(schema, "model_fields") else None
+            self._visible = visible
+        if visible is None or visible.issuperset(arguments):
+            return arguments
+        return {k: v for k, v in arguments.items() if k in visible}
 
     def _refused(self, input: Any, call_id: str, refused: core.Refused) -> Any:
         if not call_id:
@@ -327,10 +330,9 @@ class GovernedTool(BaseTool):
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         arguments, call_id = _call_of(input)
         arguments = self._arguments(arguments)
-        config = ensure_config(config)
+        thread = _thread_of(config if config is not None else ensure_config())
         governor: core.Governor = self.governor
-        with _lock:
-            run = _runs.get(_thread_of(config))
+        run = _runs.get(thread)  # one dict read: atomic
 
         def perform() -> Any:
             return self.inner.invoke(input, config, **kwargs)
@@ -361,10 +363,9 @@ class GovernedTool(BaseTool):
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         arguments, call_id = _call_of(input)
         arguments = self._arguments(arguments)
-        config = ensure_config(config)
+        thread = _thread_of(config if config is not None else ensure_config())
         governor: core.Governor = self.governor
-        with _lock:
-            run = _runs.get(_thread_of(config))
+        run = _runs.get(thread)  # one dict read: atomic
 
         def perform() -> Any:
             return self.inner.ainvoke(input, config, **kwargs)
