@@ -132,3 +132,80 @@ def test_observe_mode_forwards_everything_and_writes_a_skeleton_policy(tmp_path:
         ("search_products", "IRREVERSIBLE"),
         ("send_invoice", "IRREVERSIBLE"),
     ]
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_streamable_http_both_ways_and_a_session_end_completes_its_saga(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from mcp.client.streamable_http import streamable_http_client
+
+    upstream_port, gateway_port = _port(), _port()
+    env = {
+        **os.environ,
+        "SAGAPLANE_WAL_DIR": str(tmp_path / "wal"),
+        "SHOP_LEDGER": str(tmp_path / "ledger.jsonl"),
+    }
+    for key in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY"):
+        env.pop(key, None)
+    log = (tmp_path / "gateway.log").open("a")
+    shop = subprocess.Popen(
+        [sys.executable, str(SHOP), "--http", f"127.0.0.1:{upstream_port}"], env=env, stderr=log
+    )
+    command = [
+        str(SAGAPLANE),
+        "mcp-gateway",
+        "--policy",
+        str(POLICY),
+        "--listen",
+        f"127.0.0.1:{gateway_port}",
+    ]
+    command += ["--upstream-url", f"http://127.0.0.1:{upstream_port}/mcp"]
+    gateway_process = subprocess.Popen(command, env=env, stderr=log)
+
+    async def main() -> Any:
+        with anyio.fail_after(DEADLINE):
+            while not _listening(gateway_port):
+                await anyio.sleep(0.1)
+            url = f"http://127.0.0.1:{gateway_port}/mcp"
+            async with streamable_http_client(url) as (r, w), ClientSession(r, w) as client:
+                await client.initialize()
+                return await client.call_tool("charge_card", {"customer": "ann", "amount": 3})
+
+    try:
+        charged = anyio.run(main)
+        assert not charged.is_error, charged
+        saga_id = (charged.meta or {})["sagaplane/saga_id"]
+        deadline = time.monotonic() + DEADLINE
+        while not any(
+            r["event"] == "SAGA_COMPLETE" and r["saga_id"] == saga_id for r in wal_records(tmp_path)
+        ):
+            assert time.monotonic() < deadline, "the session's end did not complete its saga"
+            time.sleep(0.1)  # polling a condition with a deadline
+        assert gateway_process.poll() is None  # the gateway serves on; the session's saga is done
+        gateway_process.send_signal(signal.SIGTERM)
+        assert gateway_process.wait(timeout=DEADLINE) == 0
+    finally:
+        for process in (gateway_process, shop):
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=DEADLINE)

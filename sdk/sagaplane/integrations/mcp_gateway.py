@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -125,22 +125,23 @@ SAGA_TOOLS = [
 
 
 class _Sagas:
-    """The open sagas of the gateway's connection: the default one and any a client named."""
+    """The open sagas: each client session's own (stdio has one session; over HTTP, each
+    `Mcp-Session-Id`), and any saga a client named in `_meta`."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.open: dict[str, Saga] = {}
         self.closed: set[str] = set()
-        self.default: str | None = None
+        self.default: dict[str, str] = {}  # client session -> its saga id
         self._lock = anyio.Lock()
 
     def _new(self, saga_id: str | None) -> Saga:
         config = self.gateway.config
         return Saga(config.saga_name, wal=self.gateway.wal, saga_id=saga_id, lease_ttl=config.lease_ttl)
 
-    async def get(self, saga_id: str | None) -> Saga:
+    async def get(self, saga_id: str | None, session: str = "") -> Saga:
         async with self._lock:
-            key = saga_id or (None if self.gateway.config.boundary == "none" else self.default)
+            key = saga_id or (None if self.gateway.config.boundary == "none" else self.default.get(session))
             if key is not None and key in self.open:
                 return self.open[key]
             if saga_id is not None and saga_id in self.closed:
@@ -149,21 +150,28 @@ class _Sagas:
             await saga.__aenter__()
             self.open[saga.saga_id] = saga
             if saga_id is None and self.gateway.config.boundary != "none":
-                self.default = saga.saga_id
+                self.default[session] = saga.saga_id
             return saga
 
-    async def finish(self, saga_id: str | None, *, rollback: bool) -> tuple[str, RollbackReport | None]:
+    async def finish(
+        self, saga_id: str | None, *, rollback: bool, session: str = ""
+    ) -> tuple[str, RollbackReport | None]:
         async with self._lock:
-            key = saga_id or self.default
+            key = saga_id or self.default.get(session)
             saga = self.open.pop(key, None) if key else None
-            if key == self.default:
-                self.default = None
+            if key is not None and self.default.get(session) == key:
+                del self.default[session]
         if saga is None:
             return "", None
         self.closed.add(saga.saga_id)
         report = await saga.rollback_async() if rollback else None
         await saga.__aexit__(None, None, None)
         return saga.saga_id, report
+
+    async def end_session(self, session: str) -> None:
+        """The client ended its session: its saga is complete."""
+        if session in self.default:
+            await self.finish(None, rollback=False, session=session)
 
     async def close_all(self) -> None:
         for saga_id in list(self.open):
@@ -312,14 +320,15 @@ class Gateway:
         meta = dict(params.meta or {})
         requested = meta.get(SAGA_META)
         saga_id = requested if isinstance(requested, str) and 0 < len(requested) <= 128 else None
+        client = _session_key(ctx)
         if self.config.boundary == "explicit" and name in (COMMIT, ROLLBACK):
-            return await self._boundary_tool(name, saga_id)
+            return await self._boundary_tool(name, saga_id, client)
         if self.config.observe:
             self._observed(name, self.seen.get(name, ""))
         progress = _Progress(ctx, meta)
         saga: Saga | None = None
         try:
-            saga = await self.sagas.get(saga_id)
+            saga = await self.sagas.get(saga_id, client)
             try:
                 result = await self._governed(saga, name, arguments, meta, progress, ctx)
             finally:
@@ -374,8 +383,8 @@ class Gateway:
         )
         return error_result(message, {"reason": "outcome_unknown", "tool": tool, "saga_id": saga_id})
 
-    async def _boundary_tool(self, name: str, saga_id: str | None) -> types.CallToolResult:
-        finished, report = await self.sagas.finish(saga_id, rollback=name == ROLLBACK)
+    async def _boundary_tool(self, name: str, saga_id: str | None, client: str) -> types.CallToolResult:
+        finished, report = await self.sagas.finish(saga_id, rollback=name == ROLLBACK, session=client)
         if not finished:
             data: dict[str, Any] = {"saga_id": None, "outcome": "nothing to finish"}
             return types.CallToolResult(
@@ -432,32 +441,65 @@ class _Progress:
         )
 
 
-async def serve(
-    gateway: Gateway, listen: tuple[str, int] | None, ready: Callable[[], Awaitable[None]] | None = None
-) -> None:
+def _session_key(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The client session a request belongs to: its Mcp-Session-Id over HTTP, "" on stdio."""
+    headers = getattr(ctx.request, "headers", None)
+    return str(headers.get("mcp-session-id") or "") if headers is not None else ""
+
+
+async def serve(gateway: Gateway, listen: tuple[str, int] | None) -> None:
     """Connect to the upstream and serve the client (stdio, or streamable HTTP on `listen`) until
-    the client ends the session; then complete the open sagas."""
+    the client ends the session or the gateway is asked to stop (SIGTERM, SIGINT); then complete
+    the open sagas. Only a gateway that dies without that (SIGKILL) leaves them to recovery."""
     async with connect(gateway.config.upstream, **gateway.session_kwargs()) as upstream:
         gateway.upstream = upstream
         core.register_compensators(gateway.config.policy, gateway.run_tool)
         server = gateway.server()
         try:
-            if listen is None:
-                from mcp.server.stdio import stdio_server
+            async with anyio.create_task_group() as tg:
+                if listen is None:
+                    tg.start_soon(_stop_on_signal, tg.cancel_scope.cancel)
+                    from mcp.server.stdio import stdio_server
 
-                async with stdio_server() as (read, write):
-                    await server.run(read, write, server.create_initialization_options())
-            else:
-                await _serve_http(server, listen)
+                    async with stdio_server() as (read, write):
+                        await server.run(read, write, server.create_initialization_options())
+                else:
+                    http = _http_server(gateway, server, listen)
+                    tg.start_soon(_stop_on_signal, lambda: setattr(http, "should_exit", True))
+                    await http.serve()
+                tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await gateway.sagas.close_all()
 
 
-async def _serve_http(server: Server[Any], listen: tuple[str, int]) -> None:
+async def _stop_on_signal(stop: Callable[[], Any]) -> None:
+    import signal
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            stop()
+            return
+
+
+def _http_server(gateway: Gateway, server: Server[Any], listen: tuple[str, int]) -> Any:
+    """uvicorn serving the streamable HTTP app; a DELETE of a session completes its saga."""
     import uvicorn
 
     host, port = listen
     app = server.streamable_http_app(host=host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    await uvicorn.Server(config).serve()
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        await app(scope, receive, send)
+        if scope.get("type") == "http" and scope.get("method") == "DELETE":
+            headers = dict(scope.get("headers") or [])
+            session = headers.get(b"mcp-session-id", b"").decode("latin-1")
+            if session:
+                await gateway.sagas.end_session(session)
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:  # the gateway handles SIGTERM / SIGINT itself
+            yield
+
+    return _Server(uvicorn.Config(asgi, host=host, port=port, log_level="warning", lifespan="on"))
