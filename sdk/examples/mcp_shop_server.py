@@ -27,6 +27,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 
 LEDGER = Path(os.environ.get("SHOP_LEDGER", "shop-ledger.jsonl"))
+KEEP_LEDGER = os.environ.get("SHOP_LEDGER") != ""  # SHOP_LEDGER= (empty): keep none (benchmarks)
 IDEMPOTENCY_META = "sagaplane/idempotency_key"
 
 
@@ -60,12 +61,14 @@ TOOLS = [
 
 
 def ledger() -> list[dict[str, Any]]:
-    if not LEDGER.exists():
+    if not KEEP_LEDGER or not LEDGER.exists():
         return []
     return [json.loads(line) for line in LEDGER.read_text().splitlines() if line.strip()]
 
 
 def record(entry: dict[str, Any]) -> None:
+    if not KEEP_LEDGER:
+        return
     with LEDGER.open("a") as fh:
         fh.write(json.dumps(entry) + "\n")
         fh.flush()
