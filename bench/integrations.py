@@ -183,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             "load_before": load_before,
             "load_after": load_after,
         },
-        "setup": "mcp ClientSession -> (sagaplane mcp-gateway, stdio, --boundary session, no control plane) -> "
-        "sdk/examples/mcp_shop_server.py over stdio; peer: the same client straight to the same server",
+        "setup": "mcp ClientSession -> (sagaplane mcp-gateway, stdio, --boundary session, no control "
+        "plane) -> sdk/examples/mcp_shop_server.py over stdio; peer: the same client straight to the "
+        "same server",
         "calls_per_kind": n,
         "latency": report,
         "fdatasync": fsync,

@@ -38,6 +38,13 @@ if [ -f sdk/examples/demo_agent.py ]; then
     SAGAPLANE_WAL_DIR="$SAGAPLANE_DATA_DIR/demo-agent" \
     $BIN/python sdk/examples/demo_agent.py --forever >"$SAGAPLANE_DATA_DIR/demo-agent.log" 2>&1 &
 fi
+# A second agent, an MCP client whose tool calls go through `sagaplane mcp-gateway` (its sagas are
+# the "mcp-shop-agent" ones in the dashboard).
+if [ -f sdk/examples/mcp_demo_agent.py ]; then
+  SAGAPLANE_URL="$URL" SAGAPLANE_API_KEY="$(cat "$SAGAPLANE_DATA_DIR/demo_api_key")" \
+    SAGAPLANE_WAL_DIR="$SAGAPLANE_DATA_DIR/mcp-demo-agent" \
+    $BIN/python sdk/examples/mcp_demo_agent.py --forever >"$SAGAPLANE_DATA_DIR/mcp-demo-agent.log" 2>&1 &
+fi
 echo
 echo "Sagaplane is running at ${URL}/"
 echo "Sign in as owner@demo.sagaplane.local with password sagaplane-demo (Ctrl-C to stop)"

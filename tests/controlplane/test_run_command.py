@@ -81,6 +81,16 @@ def test_make_run_serves_the_demo_and_the_login_works(tmp_path: Path) -> None:
             assert home.status_code == 200
             assert "Demo Co" in home.text and "owner" in home.text
             assert "Content-Security-Policy" in home.headers
+        # The second demo agent works through the MCP gateway: its sagas reach the control plane.
+        key = (tmp_path / "data" / "demo_api_key").read_text().strip()
+        headers = {"Authorization": f"Bearer {key}"}
+        deadline = time.monotonic() + 180
+        agents: set[str] = set()
+        while "mcp-shop-agent" not in agents:
+            assert time.monotonic() < deadline, f"no saga of the MCP demo agent; agents seen: {agents}"
+            time.sleep(0.5)  # polling a condition with a deadline
+            listing = httpx.get(url + "api/v1/sagas?limit=200", headers=headers, timeout=20).json()
+            agents = {s.get("agent") for s in listing["results"]}
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:

@@ -143,7 +143,7 @@ def cmd_mcp_gateway(args: argparse.Namespace) -> int:
             emit_policy=Path(args.emit_policy) if args.emit_policy else None,
             call_timeout=args.call_timeout,
             lease_ttl=args.lease_ttl,
-            saga_name=f"mcp {policy.name}",
+            saga_name=f"mcp-{policy.name}",
         )
         listen = _listen(args.listen)
         if args.emit_policy and not args.observe:
