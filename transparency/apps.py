@@ -18,6 +18,13 @@ class TransparencyConfig(AppConfig):
 
         audit_hooks.after_records_committed(hooks.records_committed)
         _register_witness_metrics()
+        # Cosigning's liveness: a thread of the beat process, not a queued message busy workers
+        # could starve (transparency/cosigner.py).
+        from celery import signals
+
+        from transparency import cosigner
+
+        signals.beat_init.connect(cosigner.on_beat_init, weak=False)
 
 
 _REFUSAL_CODES = {

@@ -19,7 +19,7 @@ from controlplane import timing
 from controlplane.celery import keep_going
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import cosigning, cross_tenant, hooks, services
+from transparency import cosigning, hooks, services
 from transparency.models import TreeState, Witness
 
 log = logging.getLogger(__name__)
@@ -275,18 +275,7 @@ def integrate_grown_tenants() -> list[int]:
             integrate_tenant(tenant_id)
         except services.IntegrationRefused:
             continue  # logged; the other tenants still get their checkpoints
-    _request_cosigning_behind()
     return tenant_ids
-
-
-def _request_cosigning_behind() -> None:
-    """Queue a cosigning pass for each tenant with a witness due and behind the latest checkpoint
-    (a lost request, a witness back after its backoff): coalesced, so at most one waits per tenant."""
-    try:
-        for tenant_id in cross_tenant.tenants_to_cosign():
-            request_cosigning(tenant_id)
-    except Exception:  # the next tick asks again
-        log.warning("could not request cosigning passes", exc_info=True)
 
 
 @shared_task(name="transparency.sweep_stale_exports", ignore_result=True)

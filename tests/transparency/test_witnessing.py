@@ -84,7 +84,9 @@ def test_two_witnesses_cosign_and_the_policy_holds(
     # A saga's disclosure and a record's proof bundle verify under the policy (quorum 2).
     disclosure = client.get(f"{API}/sagas/s2/disclosure").content
     assert cli.main(["verify-disclosure", _save(tmp_path, "d.json", disclosure), "--policy", policy]) == 0
-    bundle = client.get(f"{API}/proofs/bundle", {"index": first_size}).content
+    timeline = alice.session_client().get("/sagas/s2/timeline").content.decode()
+    assert f'href="{API}/proofs/bundle?index=' in timeline  # offered per record
+    bundle = alice.session_client().get(f"{API}/proofs/bundle", {"index": first_size}).content
     assert cli.main(["verify-proof", _save(tmp_path, "p.tlog-proof", bundle), "--policy", policy]) == 0
 
     # Changes were audited with old and new values.
@@ -192,3 +194,26 @@ def test_witness_urls_pass_the_outbound_guard(tenant_a: Tenant, alice: Person, s
         f"{API}/witnesses", {"name": "x", "url": "http://169.254.169.254/", "vkey": vkey}, format="json"
     )
     assert answer.status_code == 400 and answer.json()["error"] == "unsafe_url"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_beat_threads_pass_cosigns_with_no_worker_running(
+    tenant_a: Tenant, alice: Person, writer_a: Writer, witnessed: list[RunningWitness]
+) -> None:
+    """Liveness: the integrator's queued request sits in the broker (no worker runs here, as when
+    every worker is busy); the beat process's own loop finds the witnesses behind and cosigns, in
+    threads of its own (their own database connections)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transparency import cosigner, cross_tenant
+
+    writer_a.saga("s2")
+    settle(tenant_a)
+    assert cross_tenant.tenants_to_cosign() == [tenant_a.pk]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert cosigner.pass_once(pool) == 1
+    assert cross_tenant.tenants_to_cosign() == []
+    with tenant_context(tenant_a):
+        latest = Checkpoint.objects.order_by("-id").first()
+        assert latest is not None
+        assert set(Witness.objects.values_list("cosigned_checkpoint_id", flat=True)) == {latest.pk}
