@@ -407,6 +407,8 @@ class Saga:
         return self
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
+        if exc is None and self.status == "suspended":
+            return False  # paused (`suspend`): whoever resumes it writes its end
         try:
             if exc is None:
                 self._finish()
@@ -427,6 +429,8 @@ class Saga:
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> Literal[False]:
+        if exc is None and self.status == "suspended":
+            return False
         try:
             if exc is None:
                 await self._finish_async()

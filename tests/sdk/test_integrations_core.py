@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sagaplane import tracing
-from sagaplane.gate import Call, GateDenied, approval_listener
+from sagaplane.gate import ApprovalPending, Call, GateDenied, approval_listener, wait_for_approvals
 from sagaplane.integrations import core, policy
 from sagaplane.saga import set_default_gate
 from sagaplane_testkit import read_wal
@@ -56,6 +56,8 @@ class FakeGate:
 
     def check(self, call: Call) -> dict[str, Any] | None:
         self.calls.append(call)
+        if call.tool in self.pending_for and not wait_for_approvals.get():
+            raise ApprovalPending({"decision": "pending_approval", "approval_id": "ap1", "expires_in": 60})
         if call.tool in self.pending_for:
             listener = approval_listener.get()
             assert listener is not None
@@ -251,3 +253,80 @@ def test_each_governed_call_is_an_execute_tool_span_only_with_a_tracer_provider(
     wire = spans["execute_tool wire"]
     assert (wire.attributes or {})["sagaplane.gate.decision"] == "deny:budget_exceeded"
     assert wire.status.status_code.name == "ERROR"
+
+
+def test_without_waiting_a_pending_approval_is_pending_and_the_same_step_is_asked_again(
+    tmp_path: Path, gate: FakeGate, governor: core.Governor
+) -> None:
+    """For frameworks that pause themselves: nothing runs or is recorded while the approval is
+    pending; the re-run of the same tool call is the same step to the gate (its id from the call)."""
+    gate.pending_for.add("wire")
+    wal = sp.WAL(tmp_path / "g.wal")
+    ran: list[str] = []
+
+    async def run() -> tuple[Any, Any, Any]:
+        async with sp.saga(name="unit", wal=wal) as saga:
+            step_id = core.step_id_for(saga.saga_id, "call_9")
+            asked = await governor.preflight(saga, "wire", {"to": "x"}, step_id=step_id)
+            with pytest.raises(core.Pending) as held:
+                await governor.call(
+                    saga,
+                    "wire",
+                    {"to": "x"},
+                    lambda: ran.append("wire"),
+                    call_id="call_9",
+                    step_id=step_id,
+                    wait=False,
+                )
+            gate.pending_for.clear()  # a person approved it
+            done = await governor.call(
+                saga,
+                "wire",
+                {"to": "x"},
+                lambda: ran.append("wire") or "sent",
+                call_id="call_9",
+                step_id=step_id,
+                wait=False,
+            )
+            return asked, held.value, done
+
+    asked, held, done = asyncio.run(run())
+    wal.close()
+    assert isinstance(asked, core.Pending) and asked.approval_id == "ap1"
+    assert (
+        held.payload()["action"] == {"tool": "wire", "arguments": {"to": "x"}}
+        and held.step_id == asked.step_id
+    )
+    assert done == "sent" and ran == ["wire"]
+    assert len({c.step_id for c in gate.calls}) == 1 and len(gate.calls) == 3
+    assert (
+        core.step_id_for("s", "call_9") == core.step_id_for("s", "call_9") != core.step_id_for("s", "call_8")
+    )
+    records = read_wal(wal.path)
+    assert [r["step_id"] for r in records if r["event"] == "STEP_INTENT"] == [held.step_id]
+    assert not any(r["event"] == "GATE_DENY" for r in records)
+
+
+def test_a_suspended_saga_is_resumed_from_its_journal_and_rolls_back_its_steps(
+    tmp_path: Path, gate: FakeGate, governor: core.Governor, world: dict[str, Any]
+) -> None:
+    wal = sp.WAL(tmp_path / "h.wal")
+    saga = sp.Saga(name="paused", wal=wal)
+    with saga:
+        governor.call_sync(saga, "charge", {"amount": 2, "order": {"total": 2}}, lambda: {"id": "ch_2"})
+        journal = saga.suspend(600.0)
+    assert saga.status == "suspended"  # leaving the block wrote no end: whoever resumes it does
+    with (
+        pytest.raises(sp.SagaAborted) as aborted,
+        sp.Saga.resume(saga.saga_id, journal, name="paused", wal=wal),
+    ):
+        raise RuntimeError("changed its mind after the approval")
+    wal.close()
+    assert aborted.value.report.clean and [s.tool for s in aborted.value.report.compensated] == ["charge"]
+    assert world["calls"][-1][:2] == ("refund", {"charge_id": "ch_2", "amount": 2})
+    starts = [r for r in read_wal(wal.path) if r["event"] == "SAGA_START"]
+    assert [(r["saga_id"], r.get("suspended"), r["lease_ttl"]) for r in starts] == [
+        (saga.saga_id, None, 30.0),
+        (saga.saga_id, True, 600.0),
+        (saga.saga_id, None, 30.0),
+    ]

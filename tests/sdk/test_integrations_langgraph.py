@@ -7,6 +7,7 @@ approved it; a denial reaches the model as the tool's answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -129,16 +130,24 @@ def test_an_exception_rolls_the_saga_back_through_the_policy_compensation(
     ]
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_denied_approval_reaches_the_model_as_the_tools_answer(
-    key: Agent, approver: Person, runtime: sp.Runtime
+    key: Agent, approver: Person, runtime: sp.Runtime, flavour: str
 ) -> None:
     graph = _graph()
     config: Any = {"configurable": {"thread_id": "t-deny"}}
-    out = _run(graph, "t-deny", [[["wire", {"amount": 900, "to": "acme"}]]])
+
+    def invoke(given: Any) -> Any:  # the graph run through splg.invoke, or splg.ainvoke (ToolNode awaits)
+        if flavour == "sync":
+            return splg.invoke(graph, given, config)
+        return asyncio.run(splg.ainvoke(graph, given, config))
+
+    turns = [[["wire", {"amount": 900, "to": "acme"}]]]
+    out = invoke({"messages": [HumanMessage(content=json.dumps(turns))]})
     (pending,) = out["__interrupt__"]
     assert pending.value["action"] == {"tool": "wire", "arguments": {"amount": 900, "to": "acme"}}
     vote(approver, pending.value["approval_id"], "deny", note="not this supplier")
-    out = splg.invoke(graph, Command(resume=True), config)
+    out = invoke(Command(resume=True))
     answer = out["messages"][-2]
     assert isinstance(answer, ToolMessage) and answer.status == "error"
     assert "refused" in answer.content and "not this supplier" in answer.content
