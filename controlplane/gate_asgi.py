@@ -16,6 +16,11 @@ last successful answer (security headers included): until one was seen, every ca
 Django. Once `evaluate` has started, nothing is handed on (a decision is taken once); an error
 after it is a 500 in the API's error shape. The request id, the request's log line and the
 gate metrics are kept as the observability middleware keeps them.
+
+While the database or Redis cannot be reached, every call is answered here, 503
+`control_plane_unavailable`, within a second (`controlplane.availability`): at once while the
+store is known to be down, else once the call meets the outage (its wait for a pooled connection
+bounded); handing such a call on would only make the full stack meet it again, slowly.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ class LeanGate:
                     *self.headers,
                     (b"content-length", str(len(payload)).encode()),
                     (b"x-request-id", request_id.encode()),
+                    *([(b"retry-after", b"1")] if status == 503 else []),
                 ],
             }
         )
@@ -225,8 +231,20 @@ def _decide(raw_key: str, body: bytes, request_id: str) -> tuple[int, bytes, str
 
 
 def _answer(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
+    from controlplane import availability
+
+    try:
+        availability.guard()  # a store known to be down: refused at once, nothing read
+        with availability.connection_wait():
+            return _decided(raw_key, body)
+    except availability.Unavailable as refused:
+        return _unavailable(refused)
+
+
+def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
     from rest_framework.exceptions import APIException
 
+    from controlplane import availability
     from controlplane.errors import DomainError
     from controlplane.parsers import check_storable, strict_loads
     from fleet import services
@@ -245,7 +263,10 @@ def _answer(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         call = gate_call(data, api_key.prefix)
     except (APIException, DomainError, ValueError, RecursionError, UnicodeDecodeError):
         return None
-    except Exception:
+    except Exception as exc:
+        refused = availability.failed(exc)
+        if refused is not None:
+            raise refused from exc
         # Nothing is decided yet: the full stack answers the call (and meets the same fault).
         log.warning("lean gate: handing a call on after an error", exc_info=True)
         return None
@@ -254,10 +275,23 @@ def _answer(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         answer = services.evaluate(tenant, call, actor=actor, version=version)
         payload = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         return 200, payload, tenant.slug, actor
-    except Exception:
+    except availability.Unavailable as refusal:
+        return (*_unavailable(refusal)[:2], tenant.slug, actor)
+    except Exception as exc:
+        outage = availability.failed(exc)
+        if outage is not None:
+            return (*_unavailable(outage)[:2], tenant.slug, actor)
         log.exception("unhandled error on POST %s", PATH)
         error = {"error": "server_error", "detail": "an internal error occurred; it has been logged"}
         return 500, json.dumps(error, separators=(",", ":")).encode(), tenant.slug, actor
+
+
+def _unavailable(refused: Exception) -> tuple[int, bytes, str, str]:
+    """503 `control_plane_unavailable` in the error shape (`controlplane.availability`)."""
+    from controlplane.errors import DomainError
+
+    assert isinstance(refused, DomainError)
+    return refused.status, json.dumps(refused.body(), separators=(",", ":")).encode(), "", ""
 
 
 def _observe(status: int, payload: bytes, seconds: float, tenant: str, actor: str, request_id: str) -> None:

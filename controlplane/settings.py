@@ -186,13 +186,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # savepoints. A file gives each thread its own connection, as in production.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-sagaplane.sqlite3")}
 else:
+    # Django's backend, plus a bound a call may set on its wait for a pooled connection (the gate
+    # answers within a second, refusing, when the database is unreachable: controlplane/availability.py).
+    DATABASES["default"]["ENGINE"] = "controlplane.postgres"
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # with the pool, "close" returns it to the pool
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # A server that does not answer (a dropped route, not a refused port) fails a connection attempt
+    # after this long, not the operating system's minutes.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
     if DB_POOL:
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        DATABASES["default"]["OPTIONS"]["pool"] = {
             "min_size": 1,
             "max_size": DB_POOL_MAX_SIZE,
             "timeout": DB_POOL_TIMEOUT,
+            # A failed reconnection is given up after this long and retried when a request asks,
+            # rather than retried with backoff for five minutes (psycopg's default): after an outage
+            # the first request then connects at once instead of waiting for the next retry.
+            "reconnect_timeout": 0.5,
         }
 # The role the owner grants table access to after each migrate (tenants.rls.install).
 DATABASE_RUNTIME_ROLE: str = DATABASES["default"].get("USER", "")

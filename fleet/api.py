@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane import availability
 from controlplane.errors import DomainError
 from controlplane.longpoll import release_connection
 from fleet import services
@@ -120,6 +121,25 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
     def post(self, request: Request) -> Response:
         call = gate_call(_body(request), self.api_key.prefix if self.api_key else "")
         return Response(services.evaluate(self.tenant, call, actor=self.actor))
+
+    # Fail closed, fast (controlplane/availability.py): while a store is known to be down the call
+    # is refused before authentication reads anything; a call's wait for a pooled connection is
+    # bounded; an outage met on the way (authentication included) is the same 503 refusal.
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        with availability.connection_wait():
+            return super().dispatch(request, *args, **kwargs)
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        availability.guard()
+        super().initial(request, *args, **kwargs)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        refused = availability.failed(exc) if not isinstance(exc, availability.Unavailable) else exc
+        response = super().handle_exception(refused or exc)
+        if refused is not None:
+            response["Retry-After"] = "1"
+        return response
 
 
 def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:

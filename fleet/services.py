@@ -33,6 +33,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import append_server_record
+from controlplane import availability
 from controlplane.errors import DomainError
 from fleet import gate, hooks
 from fleet.gate import Debit, GateRequest, InvalidArgument, LimitSpec
@@ -315,6 +316,7 @@ def evaluate(
     GET, three round trips in all. Anything else (an approval to consult, an escalation, a drain to
     check against the ledger) opens the tenant's transaction for that part, or for the whole
     decision."""
+    availability.guard()  # a store known to be down: refused before anything is read
     store = store or get_store()
     if version is _UNREAD:
         version = epoch.read(tenant.pk)
@@ -426,6 +428,9 @@ def _decide(
             tag=gate_tag(tenant),
         )
     except StoreUnavailable as exc:
+        outage = availability.failed(exc, probe=_redis_probe(store))
+        if outage is not None:  # Redis unreachable: every call refused, fast, until it answers
+            raise outage from exc
         log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)
         return deny("limit_store_unavailable", retry_after=1)
     # From here on, something may be debited: nothing below raises _NeedsTransaction.
@@ -483,6 +488,21 @@ def _decide(
         first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
         return first.answer()
     return row.answer()
+
+
+def _redis_probe(store: LimitStore) -> Callable[[], None] | None:
+    """What tells that the gate's Redis is back (controlplane.availability probes it while the
+    gate refuses): it answers and the counters of every tenant this process served recently are
+    ready, so the first calls after it do not wait out a rebuild's fence (`RedisStore.make_ready`)."""
+    if not isinstance(store, RedisStore):
+        return None
+
+    def probe() -> None:
+        with _snapshots_lock:
+            tags = list(_snapshots)
+        store.make_ready([(int(tag[1:].partition(".")[0]), tag) for tag in tags])  # gate_tag's form
+
+    return probe
 
 
 _LEDGER = GateDecision._meta.db_table
@@ -557,6 +577,9 @@ def _write_lean(
             cursor.nextset()
             inserted = cursor.fetchone() is not None
     except DatabaseError as exc:
+        outage = availability.failed(exc)
+        if outage is not None:  # any debit already made stays: erring toward refusal
+            raise outage from exc
         log.warning("gate: ledger unavailable for tenant %s: %s", tenant.pk, exc)
         if decision == Decision.DENY:
             return {"decision": "deny", "reason": reason, **detail}

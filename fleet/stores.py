@@ -228,7 +228,7 @@ class RedisStore:
             status = _text(reply[0])
             if status == "cold":
                 if not self.rebuild(tenant_id, tag=tag):
-                    self._await_rebuild(tag)
+                    self.await_rebuild(tag)
                 continue
             if status == "dup":
                 return Outcome(allowed=True, duplicate_of=_text(reply[1]))
@@ -249,7 +249,17 @@ class RedisStore:
             )
         raise StoreUnavailable("redis: the limit state is being rebuilt")
 
-    def _await_rebuild(self, tag: str) -> None:
+    def make_ready(self, tenants: Sequence[tuple[int, str]]) -> None:
+        """Raise unless Redis answers; then have the counters of `tenants` (id, tag) ready: rebuilt
+        from the ledger where Redis came back empty, behind one fence for all of them, or waited
+        for where another process is at it. (`controlplane.availability` probes an unreachable
+        store with this, refusing every call meanwhile.)"""
+        self.client.ping()
+        for (_, tag), ready in zip(tenants, self.rebuild_many(tenants), strict=True):
+            if not ready:
+                self.await_rebuild(tag)
+
+    def await_rebuild(self, tag: str) -> None:
         """Another process is rebuilding: wait (bounded) for its marker rather than refuse at once."""
         deadline = time.monotonic() + 2 * self.fence_ms / 1000 + 1
         while time.monotonic() < deadline:
@@ -264,33 +274,47 @@ class RedisStore:
         """Rebuild the tenant's counters from the ledger; False when another process is at it.
         `force` rebuilds a store that looks ready (an operator's `rebuild_limits`): removing the
         marker first makes every concurrent call wait for the rebuilt state (they refuse)."""
+        return self.rebuild_many([(tenant_id, tag or tenant_tag(tenant_id))], force=force)[0]
+
+    def rebuild_many(self, tenants: Sequence[tuple[int, str]], *, force: bool = False) -> list[bool]:
+        """`rebuild` for each (tenant id, tag), behind one fence for all of them (a Redis that came
+        back empty is rebuilt for every tenant a process served in one fence's time, not one per
+        tenant). True for a tenant whose store is ready (already, or rebuilt here)."""
         fence_ms = self.fence_ms
-        tag = tag or tenant_tag(tenant_id)
+        done: list[bool] = []
+        claims: list[tuple[int, int, str, str]] = []  # (index, tenant id, tag, token)
         try:
-            if force:
-                self.client.delete(marker_key(tag))
-            claim = self._begin(keys=[marker_key(tag), fence_key(tag)], args=[fence_ms * 10])
-            if _text(claim[0]) != "claimed":
-                return _text(claim[0]) == "ready"
-            token = _text(claim[1])
-            started_ms = int(token)
+            for index, (tenant_id, tag) in enumerate(tenants):
+                if force:
+                    self.client.delete(marker_key(tag))
+                claim = self._begin(keys=[marker_key(tag), fence_key(tag)], args=[fence_ms * 10])
+                done.append(_text(claim[0]) == "ready")
+                if _text(claim[0]) == "claimed":
+                    claims.append((index, tenant_id, tag, _text(claim[1])))
+            if not claims:
+                return done
             # Let every call that debited the lost state finish writing its ledger row first.
             time.sleep(fence_ms / 1000)
-            hashes, strings = _rebuilt_state(tenant_id, tag, self.ledger, started_ms + fence_ms)
-            keys = [marker_key(tag), fence_key(tag), *hashes, *strings]
-            args: list[Any] = [token, len(hashes)]
-            for fields, ttl in hashes.values():
-                args += [len(fields), ttl]
-                for field, units in fields.items():
-                    args += [field, units]
-            args.append(len(strings))
-            for text, ttl in strings.values():
-                args += [text, ttl]
-            return _text(self._finish(keys=keys, args=args)) == "ok"
+            for index, tenant_id, tag, token in claims:
+                done[index] = self._finish_rebuild(tenant_id, tag, token)
+            return done
         except StoreUnavailable:
             raise
         except Exception as exc:
             raise StoreUnavailable(f"redis rebuild: {type(exc).__name__}") from exc
+
+    def _finish_rebuild(self, tenant_id: int, tag: str, token: str) -> bool:
+        hashes, strings = _rebuilt_state(tenant_id, tag, self.ledger, int(token) + self.fence_ms)
+        keys = [marker_key(tag), fence_key(tag), *hashes, *strings]
+        args: list[Any] = [token, len(hashes)]
+        for fields, ttl in hashes.values():
+            args += [len(fields), ttl]
+            for field, units in fields.items():
+                args += [field, units]
+        args.append(len(strings))
+        for text, ttl in strings.values():
+            args += [text, ttl]
+        return _text(self._finish(keys=keys, args=args)) == "ok"
 
 
 def _text(value: Any) -> str:

@@ -123,6 +123,15 @@ def _require_services(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _stores_reachable() -> None:
+    """Each test starts with no store marked unreachable (controlplane.availability): a test that
+    killed its own Redis or Postgres leaves no refusal behind."""
+    from controlplane import availability
+
+    availability.reset()
+
+
+@pytest.fixture(autouse=True)
 def _no_remembered_api_keys() -> None:
     """Each test starts with no API key remembered as checked (tenants.authentication): rows a
     previous test made are gone with its transaction."""

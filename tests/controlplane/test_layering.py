@@ -36,6 +36,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "controlplane.numbers",  # JSON number checks; imports only the standard library
             "controlplane.statistics",  # a migration operation; imports only django.db
             "controlplane.outbound",  # the outbound-address guard; imports only django.conf
+            # The gate's refusal while a store is down; imports controlplane.errors, the backend's
+            # wait bound and, lazily, django.db and the drivers.
+            "controlplane.availability",
+            "controlplane.postgres",  # Django's PostgreSQL backend with a bounded pool wait
         ],
     ),
     ("evidence store", ["audit"]),

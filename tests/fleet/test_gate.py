@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from controlplane import availability
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision, LimitCounter
@@ -264,8 +265,12 @@ def test_redis_unreachable_refuses_every_call(tenant_a: Tenant, tmp_path: Path) 
         assert ask(tenant_a, store, call(amount=1))["decision"] == "allow"
         server.kill()
         for request in [call(amount=1), call(tool="crm.insert", amount=1), call(amount=10**6)]:
-            answer = ask(tenant_a, store, request)
-            assert answer["decision"] == "deny" and answer["reason"] == "limit_store_unavailable"
+            with pytest.raises(availability.Unavailable) as refused:
+                ask(tenant_a, store, request)
+            body = refused.value.body()
+            assert refused.value.status == 503 and body["error"] == "control_plane_unavailable"
+            assert body["decision"] == "deny" and body["reason"] == "control_plane_unavailable"
+        assert availability.is_down(availability.REDIS)
     assert allowed_total(tenant_a) == 1 * 10_000
 
 
