@@ -102,6 +102,37 @@ async def _throughput(spec: UpstreamSpec, n: int, concurrency: int) -> float:
         return per_task * concurrency / (time.perf_counter() - started)
 
 
+async def _step_costs(folder: Path, n: int) -> dict[str, dict[str, float]]:
+    """The governed call alone, in process (no MCP hop): what the gateway's step costs."""
+    import sagaplane as sp
+    from sagaplane.integrations import core, policy
+
+    rules = policy.load(POLICY)
+
+    async def run_tool(tool: str, arguments: dict[str, Any], key: str | None = None) -> Any:
+        return {"ok": True}
+
+    core.register_compensators(rules, run_tool)
+    governor = core.Governor(rules)
+    wal = sp.WAL(folder / "steps.wal")
+    out: dict[str, dict[str, float]] = {}
+    async with sp.Saga("bench", wal=wal) as saga:
+        for label, (tool, arguments) in CALLS.items():
+
+            async def perform() -> dict[str, Any]:
+                return {"id": "ch_1", "amount": 1}
+
+            samples = []
+            for i in range(n + max(5, n // 10)):
+                started = time.perf_counter()
+                await governor.call(saga, tool, arguments, perform)
+                if i >= max(5, n // 10):
+                    samples.append(time.perf_counter() - started)
+            out[label] = _summary(samples)
+    wal.close()
+    return out
+
+
 def _fsync_cost(folder: Path, n: int) -> dict[str, float]:
     path = folder / "fsync-probe"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -151,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = anyio.run(_latencies, gateway, direct, n)
         mine, peer = measured["gateway"], measured["direct"]
         fsync = _fsync_cost(folder, max(50, n // 4))
+        steps = anyio.run(_step_costs, folder, n)
         through_gateway = anyio.run(_throughput, gateway, n, args.concurrency)
         through_direct = anyio.run(_throughput, direct, n, args.concurrency)
     load_after = os.getloadavg()[0]
@@ -170,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             f"added p50 {report[label]['added_p50_ms']:+.3f} ms p99 {report[label]['added_p99_ms']:+.3f} ms"
         )
     print(f"fdatasync p50 {fsync['p50_ms']:.3f} ms p99 {fsync['p99_ms']:.3f} ms")
+    for label, cost in steps.items():
+        print(
+            f"the governed step alone (in process), {label}: "
+            f"p50 {cost['p50_ms']:.3f} ms p99 {cost['p99_ms']:.3f} ms"
+        )
     print(
         f"calls/s, COMPENSABLE, {args.concurrency} in flight: gateway {through_gateway:.0f}, "
         f"direct {through_direct:.0f} ({through_gateway / through_direct:.2f}x)"
@@ -189,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "calls_per_kind": n,
         "latency": report,
         "fdatasync": fsync,
+        "governed_step_in_process": steps,
         "targets": {
             "PREVIEW_added_p50_ms": 1.0,
             "COMPENSABLE_added_p50_ms_max": round(fsync["p50_ms"], 3),
