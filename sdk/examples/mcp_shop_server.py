@@ -8,8 +8,8 @@ package's low-level server. Every call it receives is appended to a JSON-lines l
 Tools: search_products (a read), charge_card / refund_charge (an effect and its compensation,
 refunds applied once per idempotency key), get_email / set_email (state a compensation
 restores), send_invoice (nothing undoes it), a resource and a prompt (passed through the gateway
-untouched), and for tests: wait_forever (never answers), huge (a very large answer) and crash (the
-server exits mid-call).
+untouched), and for tests: wait_forever (never answers), huge (a very large answer), crash (the
+server exits mid-call), ask_model (sampling through the client) and environment.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ TOOLS = [
     types.Tool(name="wait_forever", description="Never answers", input_schema=_schema()),
     types.Tool(name="huge", description="A very large answer", input_schema=_schema(megabytes="number")),
     types.Tool(name="crash", description="The server dies mid-call", input_schema=_schema()),
+    types.Tool(
+        name="ask_model", description="Asks the client's model (sampling)", input_schema=_schema(q="string")
+    ),
+    types.Tool(name="environment", description="Which SAGAPLANE_* variables it sees", input_schema=_schema()),
 ]
 
 
@@ -102,6 +106,12 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     if name == "crash":
         record({"tool": name, "arguments": args, "at": time.time()})
         os._exit(3)
+    if name == "ask_model":
+        message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text=args["q"]))
+        reply = await ctx.session.create_message([message], max_tokens=50, related_request_id=ctx.request_id)
+        return answer({"answer": getattr(reply.content, "text", "")})
+    if name == "environment":
+        return answer({"sagaplane": sorted(k for k in os.environ if k.startswith("SAGAPLANE_"))})
     if name == "huge":
         return answer({"blob": "x" * int(float(args.get("megabytes", 1)) * (1 << 20))})
     if name == "refund_charge" and key and any(e.get("key") == key for e in ledger() if e["tool"] == name):

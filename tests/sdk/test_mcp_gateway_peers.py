@@ -209,3 +209,40 @@ def test_streamable_http_both_ways_and_a_session_end_completes_its_saga(tmp_path
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=DEADLINE)
+
+
+def test_sampling_passes_through_both_ways_and_the_upstream_sees_no_sagaplane_credentials(
+    tmp_path: Path,
+) -> None:
+    import mcp_types as types
+
+    asked: list[str] = []
+
+    async def sampling(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="forty-two"), model="fake"
+        )
+
+    spec = gateway(tmp_path, "--policy", str(POLICY))
+    spec.env["SAGAPLANE_API_KEY"] = "sp_aaaaaaaaaaaa_the-gateways-own-secret"
+
+    async def main() -> Any:
+        async with (
+            bounded_stdio(spec) as (read, write),
+            ClientSession(read, write, sampling_callback=sampling) as client,
+        ):
+            with anyio.fail_after(DEADLINE):
+                await client.initialize()
+                chosen = await client.call_tool(
+                    "ask_model", {"q": "the answer?"}, meta={"sagaplane/saga_id": "chosen-by-the-client"}
+                )
+                seen = await client.call_tool("environment", {})
+                return chosen, seen
+
+    chosen, seen = anyio.run(main)
+    assert asked == ["the answer?"] and chosen.structured_content == {"answer": "forty-two"}
+    assert (chosen.meta or {})["sagaplane/saga_id"] == "chosen-by-the-client"  # the client's saga id
+    assert seen.structured_content == {"sagaplane": []}  # nothing of Sagaplane's reaches the server
+    starts = [r["saga_id"] for r in wal_records(tmp_path) if r["event"] == "SAGA_START"]
+    assert "chosen-by-the-client" in starts
