@@ -48,7 +48,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from langgraph.types import interrupt
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict
 
 from ..runtime import configure, get_runtime
 from ..saga import Saga, _run_coro
@@ -279,10 +279,11 @@ class GovernedTool(BaseTool):
 
     inner: BaseTool
     governor: Any = None
-    _visible: Any = PrivateAttr(default=False)  # the argument names the model sees (None: any)
+    visible: frozenset[str] | None = None  # the argument names the model sees (None: any)
 
     @classmethod
     def wrap(cls, inner: BaseTool, governor: core.Governor) -> GovernedTool:
+        schema = inner.tool_call_schema  # built on every access: read once per tool
         return cls(
             name=inner.name,
             description=inner.description,
@@ -294,6 +295,7 @@ class GovernedTool(BaseTool):
             extras=inner.extras,
             inner=inner,
             governor=governor,
+            visible=frozenset(schema.model_fields) if hasattr(schema, "model_fields") else None,
         )
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:  # every call goes through invoke
@@ -301,11 +303,7 @@ class GovernedTool(BaseTool):
 
     def _arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """What the model chose: injected arguments (graph state, store, runtime) left out."""
-        visible = self._visible
-        if visible is False:  # read once per tool: the schema is built on every access
-            schema = self.tool_call_schema
-            visible = frozenset(schema.model_fields) if hasattr(schema, "model_fields") else None
-            self._visible = visible
+        visible = self.visible
         if visible is None or visible.issuperset(arguments):
             return arguments
         return {k: v for k, v in arguments.items() if k in visible}
