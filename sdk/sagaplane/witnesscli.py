@@ -30,6 +30,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the spec recommends
+    # Headers and body are two writes: without TCP_NODELAY a kept-alive client waits out its
+    # delayed ACK (~40 ms) on every answer.
+    disable_nagle_algorithm = True
     server_version = "sagaplane-witness"
     witness: Witness  # set on the subclass made by `make_server`
 
