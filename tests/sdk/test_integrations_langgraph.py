@@ -21,6 +21,7 @@ import pytest
 import sagaplane as sp
 from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import create_react_agent
 from langgraph.types import Command
 from sagaplane.integrations import langgraph as splg
 from sagaplane.integrations.policy import loads
@@ -219,3 +220,25 @@ def test_a_pending_approval_interrupts_and_the_run_resumes_in_a_fresh_process(
         ("charge", "committed"),
         ("wire", "committed"),
     ]
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # langchain.agents is not installed
+def test_a_prebuilt_react_agent_pauses_for_an_approval_and_runs_the_call_once_approved(
+    key: Agent, approver: Person, runtime: sp.Runtime
+) -> None:
+    tools = splg.govern(lg_agent.TOOLS, policy=loads(lg_agent.POLICY))
+    graph = create_react_agent(lg_agent.ScriptedModel(), tools, checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t-prebuilt"}}
+    turns = [[["charge", {"amount": 4}]], [["wire", {"amount": 700, "to": "acme"}]]]
+    out = splg.invoke(graph, {"messages": [HumanMessage(content=json.dumps(turns))]}, config)
+    (pending,) = out["__interrupt__"]
+    assert pending.value["action"]["tool"] == "wire" and [e["tool"] for e in lg_agent.effects()] == ["charge"]
+    vote(approver, pending.value["approval_id"])
+    out = splg.invoke(graph, Command(resume=True), config)
+    assert out["messages"][-1].content == "final: sent 700 to acme"
+    assert [e["tool"] for e in lg_agent.effects()] == ["charge", "wire"]  # the charge did not run again
+    with tenant_context(key.tenant):
+        assert ApprovalRequest.objects.get(pk=pending.value["approval_id"]).status == Status.CONSUMED
+    records = read_wal(runtime.wal.path)
+    assert [r["tool"] for r in records if r["event"] == "STEP_COMMITTED"] == ["charge", "wire"]
+    assert len({r["saga_id"] for r in records if r.get("saga_id")}) == 1
