@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,49 @@ def test_an_unreachable_control_plane_is_trusted_for_the_grace_then_refused(
         gate.check(call)
     assert denied.value.reason == "control_plane_unreachable"
     assert gate.status() == {"ready": False, "state": "unknown", "halts": [], "state_age_s": 31.0}
+
+
+def test_a_control_plane_whose_store_is_down_is_a_denial_with_its_reason_in_the_wal(
+    transactional_db: None, gated: str, alice: Any, tmp_path: Path
+) -> None:
+    """The server's 503 `control_plane_unavailable` (its database unreachable: here marked so,
+    its probe failing until the test lets it answer) is the agent's `GateDenied` with that
+    reason, recorded as GATE_DENY; the step never ran. Once the store answers, the call is allowed."""
+    from controlplane import availability
+
+    services.create_budget(
+        alice.tenant, actor="test", name="daily", tool="stripe.*", max_total=100, window_s=86400
+    )
+    answering = threading.Event()
+
+    def probe() -> None:
+        if not answering.is_set():
+            raise ConnectionRefusedError("the database is down (test)")
+
+    runtime = sp.configure(tmp_path / "u.wal", ship=False, agent="billing-bot")
+    try:
+        assert runtime.gate is not None
+        runtime.gate.refresh()
+        charge = sp.tool(lambda amount: {"id": amount}, name="stripe.charge", semantics=sp.COMPENSABLE)
+        availability.mark(availability.DATABASE, probe=probe)
+        with sp.saga(name="store down"), pytest.raises(sp.GateDenied) as denied:
+            charge(5)
+        assert denied.value.reason == "control_plane_unavailable"
+        assert denied.value.answer["decision"] == "deny" and denied.value.answer["retry_after"] == 1
+        answering.set()
+        deadline = time.monotonic() + 30
+        while availability.is_down(availability.DATABASE):
+            assert time.monotonic() < deadline, "the probe never marked the database up"
+            time.sleep(0.01)  # polling the mark; the condition decides
+        with sp.saga(name="store back"):
+            charge(5)
+    finally:
+        sp.shutdown()
+    records = read_records(tmp_path / "u.wal")
+    (deny,) = [r for r in records if r["event"] == "GATE_DENY"]
+    assert deny["reason"] == "control_plane_unavailable" and deny["kwargs"] == {"amount": 5}
+    assert len([r for r in records if r["event"] == "GATE_ALLOW"]) == 1
+    assert len([r for r in records if r["event"] == "STEP_INTENT"]) == 1  # only the allowed one ran
 
 
 def test_a_state_never_read_refuses(alice: Any) -> None:
