@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from approvals import services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.errors import DomainError
-from controlplane.longpoll import release_connection
+from controlplane.longpoll import abandoned, release_connection
 from controlplane.schema import ErrorSerializer
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
@@ -306,7 +306,7 @@ class WaitView(TenantScopedViewMixin, APIView):
             response = super().dispatch(request, *args, **kwargs)
             data = getattr(response, "data", None)
             pending = isinstance(data, dict) and data.get("status") == Status.PENDING
-            if response.status_code != 200 or not pending or time.monotonic() >= deadline:
+            if response.status_code != 200 or not pending or time.monotonic() >= deadline or abandoned():
                 return response
             expires_in = data.get("expires_in") if isinstance(data, dict) else None
             until = (

@@ -18,6 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
+from controlplane.longpoll import pause
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "sagaplane:approvals:wake"
@@ -108,6 +110,5 @@ def wait(key: str, seen: Any, heard_before: int, until: float) -> None:
             )
         return
     while time.monotonic() < until:
-        time.sleep(POLL_S)
-        if cache.get(key) != seen:
+        if pause(POLL_S) or cache.get(key) != seen:
             return

@@ -15,12 +15,14 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from controlplane.gate_asgi import lean_gate  # noqa: E402
+from controlplane.longpoll import abandon_when_done  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # The gate's calls in front of Django's stack (controlplane/gate_asgi.py); all else through it.
-        "http": lean_gate(django_asgi_app),
+        # The gate's calls in front of Django's stack (controlplane/gate_asgi.py); all else through
+        # it, where a long-poll ends as soon as its request is over for the server (longpoll.py).
+        "http": lean_gate(abandon_when_done(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

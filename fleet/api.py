@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from controlplane import availability
 from controlplane.errors import DomainError
-from controlplane.longpoll import release_connection
+from controlplane.longpoll import abandoned, pause, release_connection
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, Halt, RateLimit
@@ -222,7 +222,7 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
             response = super().dispatch(request, *args, **kwargs)
             data = getattr(response, "data", None)
             changed = not isinstance(data, dict) or data.get("version") != since
-            if response.status_code != 200 or changed or time.monotonic() >= deadline:
+            if response.status_code != 200 or changed or time.monotonic() >= deadline or abandoned():
                 return response
             release_connection()
             self._wait_for_change(
@@ -244,8 +244,7 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
         key = services.version_key(tenant.pk) if tenant is not None else ""
         until = min(deadline, time.monotonic() + 1.0)
         while time.monotonic() < until:
-            time.sleep(0.05)
-            if key and cache.get(key) != seen:
+            if pause(0.05) or (key and cache.get(key) != seen):
                 return
 
 
