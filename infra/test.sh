@@ -3,11 +3,16 @@
 # and REDIS_URL set), the full suite runs on them; then every test not marked `postgres` or `redis`
 # runs again on embedded SQLite, where the ORM layer is the only tenant scoping (no row-level
 # security), so a leak in that layer shows. Under CI=true a missing Postgres or Redis is a failure,
-# never a skip.
+# never a skip. The system packages the suite needs (Chromium, nginx) are installed first when the
+# run may (root with apt-get), otherwise it stops at once naming them (infra/prerequisites.sh).
+# Every phase runs even when one before it failed; the command fails at the end if any did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
+BIN="${BIN:-.venv/bin}"
 mkdir -p test-artifacts
+
+source infra/prerequisites.sh
+ensure_prerequisites || exit 1
 
 # Finds Postgres and Redis (sets DATABASE_URL / REDIS_URL) and defines pg_up / redis_up.
 source infra/services.sh
@@ -16,13 +21,26 @@ if [ "${CI:-}" = "true" ]; then
   [ -n "${DATABASE_OWNER_URL:-}" ] && pg_up "$DATABASE_OWNER_URL" || { echo "CI: the owner role (DATABASE_OWNER_URL) is required and unreachable" >&2; exit 1; }
   [ -n "${REDIS_URL:-}" ] && redis_up "$REDIS_URL" || { echo "CI: Redis is required and unreachable" >&2; exit 1; }
 fi
+failed=()
+phase() {  # phase NAME COMMAND...: run it, remember a failure, go on
+  local name="$1"
+  shift
+  "$@" || { echo "== $name FAILED" >&2; failed+=("$name"); }
+}
+lint() {
+  $BIN/ruff check . && $BIN/ruff format --check . && $BIN/mypy # [tool.mypy] in pyproject.toml: the apps and the SDK
+}
 echo "== lint"
-$BIN/ruff check .
-$BIN/ruff format --check .
-$BIN/mypy  # [tool.mypy] in pyproject.toml: the apps and the SDK, with the Django and DRF plugins
+phase lint lint
 echo "== full suite on $(describe_services)"
 export SAGAPLANE_DATA_DIR="${SAGAPLANE_TEST_DATA_DIR:-$PWD/test-artifacts/data}"
-$BIN/python -m pytest "$@"
+phase "full suite on $(describe_services)" $BIN/python -m pytest "$@"
 echo "== every test not marked postgres or redis, on embedded SQLite"
-env -u DATABASE_URL -u DATABASE_OWNER_URL -u REDIS_URL SAGAPLANE_DATA_DIR="$PWD/test-artifacts/data-embedded" \
+phase "embedded SQLite" env -u DATABASE_URL -u DATABASE_OWNER_URL -u REDIS_URL \
+  SAGAPLANE_DATA_DIR="$PWD/test-artifacts/data-embedded" \
   $BIN/python -m pytest -m "not postgres and not redis" -q -p no:cacheprovider
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '== failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "== all passed"

@@ -28,7 +28,7 @@ from tests.hostile.production import as_owner
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")  # Debian's, as infra/prerequisites.sh
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-background-networking",
