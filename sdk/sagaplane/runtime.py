@@ -41,6 +41,7 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_shut_down = False  # `shutdown()` closed a runtime and no `configure()` came after it
 
 
 def configure(
@@ -67,9 +68,10 @@ def configure(
     (the API key needs the `gate` scope); `gate=False` turns it off. With the gate on, a control
     plane unreachable for longer than `gate_grace` seconds refuses every step (fail closed).
     """
-    global _runtime
+    global _runtime, _shut_down
     if _runtime is not None:
         _runtime.close()
+    _shut_down = False
     path = wal_path or os.environ.get("SAGAPLANE_WAL", "sagaplane.wal")
     url = url or os.environ.get(ENV_URL)
     api_key = api_key or os.environ.get(ENV_API_KEY)
@@ -94,8 +96,12 @@ def configure(
 
 
 def status() -> dict[str, object]:
-    """May this agent act now? `{"ready": bool, "state": "ready" | "halted" | "unknown" | "ungated", ...}`.
-    Unknown (the control plane not read within the grace period) is not ready."""
+    """May this agent act now? `{"ready": bool, "state": "ready" | "halted" | "unknown" | "ungated"
+    | "shut_down", ...}`. Unknown (the control plane not read within the grace period) is not
+    ready; nor is a process after `shutdown()` (no WAL, no gate: nothing may run) until it
+    configures again."""
+    if _shut_down:
+        return {"ready": False, "state": "shut_down", "halts": [], "state_age_s": None}
     gate = get_default_gate()
     if gate is None:
         return {"ready": True, "state": "ungated", "halts": [], "state_age_s": None}
@@ -107,8 +113,9 @@ def get_runtime() -> Runtime | None:
 
 
 def shutdown(timeout: float | None = 10.0) -> None:
-    global _runtime
+    global _runtime, _shut_down
     if _runtime is not None:
+        _shut_down = True
         _runtime.close(timeout)
         _runtime = None
         set_default_wal(None)

@@ -225,3 +225,21 @@ def test_guarantees_say_what_is_and_is_not_enforced() -> None:
     assert statement["version"] and statement["grace_s_default"] == 30
     assert any("outside a saga" in line for line in statement["not_claimed"])
     assert json.loads(json.dumps(statement)) == statement
+
+
+def test_status_after_shutdown_is_not_ready_until_configured_again(tmp_path: Path) -> None:
+    """No live server here: a gate's long-poll still open at the server when the test's database
+    is flushed can deadlock the flush. The state after shutdown does not depend on the gate."""
+    sp.configure(tmp_path / "s.wal", ship=False, gate=False)
+    try:
+        assert sp.status()["ready"] is True and sp.status()["state"] == "ungated"
+    finally:
+        sp.shutdown()
+    # Said `ready` / `ungated` before: the WAL, the shipper and the gate are closed.
+    assert sp.status() == {"ready": False, "state": "shut_down", "halts": [], "state_age_s": None}
+    sp.configure(tmp_path / "s.wal", ship=False, gate=False)
+    try:
+        assert sp.status()["state"] == "ungated"  # configured again
+    finally:
+        sp.shutdown()
+    assert sp.status()["state"] == "shut_down"
