@@ -152,7 +152,9 @@ def _listening(port: int) -> bool:
     return True
 
 
-def test_streamable_http_both_ways_and_a_session_end_completes_its_saga(tmp_path: Path) -> None:
+def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_completes_its_saga(
+    tmp_path: Path,
+) -> None:
     import os
     import signal
     import time
@@ -167,10 +169,15 @@ def test_streamable_http_both_ways_and_a_session_end_completes_its_saga(tmp_path
     }
     for key in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY"):
         env.pop(key, None)
+    env["SAGAPLANE_GATEWAY_TOKEN"] = "gateway-client-token"
     log = (tmp_path / "gateway.log").open("a")
     shop = subprocess.Popen(
         [sys.executable, str(SHOP), "--http", f"127.0.0.1:{upstream_port}"], env=env, stderr=log
     )
+    started = time.monotonic()
+    while not _listening(upstream_port):
+        assert time.monotonic() - started < DEADLINE and shop.poll() is None, "the shop never listened"
+        time.sleep(0.1)  # polling a condition with a deadline
     command = [
         str(SAGAPLANE),
         "mcp-gateway",
@@ -187,7 +194,18 @@ def test_streamable_http_both_ways_and_a_session_end_completes_its_saga(tmp_path
             while not _listening(gateway_port):
                 await anyio.sleep(0.1)
             url = f"http://127.0.0.1:{gateway_port}/mcp"
-            async with streamable_http_client(url) as (r, w), ClientSession(r, w) as client:
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            anonymous = create_mcp_http_client()
+            async with anonymous:
+                refused = await anonymous.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+                assert refused.status_code == 401
+            http = create_mcp_http_client(headers={"Authorization": "Bearer gateway-client-token"})
+            async with (
+                http,
+                streamable_http_client(url, http_client=http) as (r, w),
+                ClientSession(r, w) as client,
+            ):
                 await client.initialize()
                 return await client.call_tool("charge_card", {"customer": "ann", "amount": 3})
 

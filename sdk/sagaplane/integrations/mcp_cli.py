@@ -81,6 +81,13 @@ def add_mcp_gateway(sub: Any) -> None:
     p.add_argument("--emit-policy", default=None, metavar="FILE", help="with --observe: write a policy")
     p.add_argument("--name", default=None, help="the tool source's name in observe mode without a policy")
     p.add_argument("--wal", default=None, help="WAL file (default $SAGAPLANE_WAL_DIR/mcp-gateway-<name>.wal)")
+    p.add_argument(
+        "--listen-token-env",
+        default="SAGAPLANE_GATEWAY_TOKEN",
+        metavar="VAR",
+        help="with --listen: the environment variable holding the bearer token clients must send "
+        "(required when listening beyond loopback)",
+    )
     p.add_argument("--lease-ttl", type=float, default=30.0, help="seconds until recovery takes over")
     add_upstream_options(p)
     p.set_defaults(func=cmd_mcp_gateway)
@@ -146,6 +153,12 @@ def cmd_mcp_gateway(args: argparse.Namespace) -> int:
             saga_name=f"mcp-{policy.name}",
         )
         listen = _listen(args.listen)
+        config.listen_token = os.environ.get(args.listen_token_env, "") if listen else ""
+        if listen and not config.listen_token and listen[0] not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(
+                f"--listen {args.listen}: beyond loopback the gateway needs a client token "
+                f"(set ${args.listen_token_env}); it would otherwise lend its credentials to anyone"
+            )
         if args.emit_policy and not args.observe:
             raise ValueError("--emit-policy needs --observe")
         runtime = _open_runtime(args, policy.name)

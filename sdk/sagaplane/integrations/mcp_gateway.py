@@ -36,6 +36,7 @@ ways (resources, prompts, completion, sampling, elicitation, logging, list chang
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import os
 from collections.abc import Callable
@@ -70,6 +71,7 @@ from .policy import Policy, skeleton
 logger = logging.getLogger("sagaplane.mcp")
 
 SAGA_META = "sagaplane/saga_id"
+CONNECT_DEADLINE_S = 30.0
 SEMANTICS_META = "sagaplane/semantics"
 COMMIT, ROLLBACK = "saga_commit", "saga_rollback"
 BOUNDARIES = ("session", "explicit", "none")
@@ -90,6 +92,7 @@ class GatewayConfig:
     call_timeout: float = 120.0
     lease_ttl: float = 30.0
     saga_name: str = "mcp"
+    listen_token: str = ""  # over HTTP: clients must send `Authorization: Bearer <it>` (when set)
 
 
 def error_result(message: str, data: dict[str, Any]) -> types.CallToolResult:
@@ -451,7 +454,8 @@ async def serve(gateway: Gateway, listen: tuple[str, int] | None) -> None:
     """Connect to the upstream and serve the client (stdio, or streamable HTTP on `listen`) until
     the client ends the session or the gateway is asked to stop (SIGTERM, SIGINT); then complete
     the open sagas. Only a gateway that dies without that (SIGKILL) leaves them to recovery."""
-    async with connect(gateway.config.upstream, **gateway.session_kwargs()) as upstream:
+    async with contextlib.AsyncExitStack() as stack:
+        upstream = await _connect(stack, gateway)
         gateway.upstream = upstream
         core.register_compensators(gateway.config.policy, gateway.run_tool)
         server = gateway.server()
@@ -473,6 +477,21 @@ async def serve(gateway: Gateway, listen: tuple[str, int] | None) -> None:
                 await gateway.sagas.close_all()
 
 
+async def _connect(stack: contextlib.AsyncExitStack, gateway: Gateway) -> ClientSession:
+    """The upstream session; an upstream URL still starting is tried again for CONNECT_DEADLINE_S."""
+    deadline = anyio.current_time() + CONNECT_DEADLINE_S
+    while True:
+        try:
+            return await stack.enter_async_context(
+                connect(gateway.config.upstream, **gateway.session_kwargs())
+            )
+        except Exception as exc:
+            if not gateway.config.upstream.url or anyio.current_time() > deadline:
+                raise  # a command that fails to start fails at once
+            logger.warning("upstream %s not reachable yet: %r", gateway.config.upstream.describe(), exc)
+            await anyio.sleep(1.0)
+
+
 async def _stop_on_signal(stop: Callable[[], Any]) -> None:
     import signal
 
@@ -489,7 +508,22 @@ def _http_server(gateway: Gateway, server: Server[Any], listen: tuple[str, int])
     host, port = listen
     app = server.streamable_http_app(host=host)
 
+    token = gateway.config.listen_token.encode()
+
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if token and scope.get("type") == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, b"Bearer " + token):
+                body = b'{"error": "unauthorized", "detail": "Authorization: Bearer <the gateway token>"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
         await app(scope, receive, send)
         if scope.get("type") == "http" and scope.get("method") == "DELETE":
             headers = dict(scope.get("headers") or [])
