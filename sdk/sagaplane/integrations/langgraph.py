@@ -337,11 +337,11 @@ class GovernedTool(BaseTool):
 
         if run is None or not call_id:  # a saga of its own; an approval is waited for
             _ensure_runtime()
-            try:
-                with Saga(name=f"langgraph:{self.name}") as saga:
+            with Saga(name=f"langgraph:{self.name}") as saga:
+                try:
                     return governor.call_sync(saga, self.name, arguments, perform, call_id=call_id)
-            except core.Refused as refused:
-                return self._refused(input, call_id, refused)
+                except core.Refused as refused:  # nothing ran: the saga ends complete
+                    return self._refused(input, call_id, refused)
         step_id = core.step_id_for(run.saga.saga_id, call_id)
         if step_id in run.outputs:  # ran before the run paused (a sibling of the interrupted call)
             return _replay(run.outputs[step_id], call_id, self.name)
@@ -370,11 +370,11 @@ class GovernedTool(BaseTool):
 
         if run is None or not call_id:
             _ensure_runtime()
-            try:
-                async with Saga(name=f"langgraph:{self.name}") as saga:
+            async with Saga(name=f"langgraph:{self.name}") as saga:
+                try:
                     return await governor.call(saga, self.name, arguments, perform, call_id=call_id)
-            except core.Refused as refused:
-                return self._refused(input, call_id, refused)
+                except core.Refused as refused:
+                    return self._refused(input, call_id, refused)
         step_id = core.step_id_for(run.saga.saga_id, call_id)
         if step_id in run.outputs:
             return _replay(run.outputs[step_id], call_id, self.name)

@@ -133,11 +133,14 @@ def _governed(tool: FunctionTool, governor: core.Governor) -> FunctionTool:
             return inner_invoke(context, arguments_json)
 
         run = _current.get()
-        try:
-            if run is None:  # a saga of its own; an approval is waited for
-                _ensure_runtime()
-                async with Saga(name=f"openai-agents:{name}") as saga:
+        if run is None:  # a saga of its own; an approval is waited for
+            _ensure_runtime()
+            async with Saga(name=f"openai-agents:{name}") as saga:
+                try:
                     return await governor.call(saga, name, arguments, perform, call_id=call_id)
+                except core.Refused as refused:  # nothing ran: the saga ends complete
+                    return refused.message
+        try:
             step_id = core.step_id_for(run.saga.saga_id, call_id)
             return await governor.call(
                 run.saga, name, arguments, perform, call_id=call_id, step_id=step_id, wait=False
