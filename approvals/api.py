@@ -82,12 +82,6 @@ def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _pk(value: str) -> int:
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
-        raise DomainError(404, "not_found", "no such approval policy")
-    return int(value)
-
-
 def _policy_body(request: Request) -> dict[str, Any]:
     """The body's policy fields; any other key is a 400 naming it (never a keyword the service
     takes for itself, such as `actor`)."""
@@ -139,8 +133,8 @@ class PolicyDetailView(TenantScopedViewMixin, APIView):
     }
 
     @extend_schema(operation_id="approval_policies_retrieve", responses={200: serializers.DictField()})
-    def get(self, request: Request, policy_id: str) -> Response:
-        policy = ApprovalPolicy.objects.filter(pk=_pk(policy_id)).first()
+    def get(self, request: Request, policy_id: int) -> Response:
+        policy = ApprovalPolicy.objects.filter(pk=policy_id).first()
         if policy is None:
             raise DomainError(404, "not_found", "no such approval policy")
         return Response(_policy_json(policy))
@@ -150,14 +144,14 @@ class PolicyDetailView(TenantScopedViewMixin, APIView):
         request=_POLICY_BODY,
         responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
-    def patch(self, request: Request, policy_id: str) -> Response:
+    def patch(self, request: Request, policy_id: int) -> Response:
         data = _policy_body(request)
-        policy = services.update_policy(self.tenant, _pk(policy_id), actor=self.actor, **data)
+        policy = services.update_policy(self.tenant, policy_id, actor=self.actor, **data)
         return Response(_policy_json(policy))
 
     @extend_schema(operation_id="approval_policies_destroy", responses={204: None})
-    def delete(self, request: Request, policy_id: str) -> Response:
-        services.delete_policy(self.tenant, _pk(policy_id), actor=self.actor)
+    def delete(self, request: Request, policy_id: int) -> Response:
+        services.delete_policy(self.tenant, policy_id, actor=self.actor)
         return Response(status=204)
 
 

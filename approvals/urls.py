@@ -5,7 +5,7 @@ from approvals import api
 urlpatterns = [
     path("approvals", api.RequestListView.as_view(), name="approvals"),
     path("approvals/policies", api.PolicyListView.as_view(), name="approval-policies"),
-    path("approvals/policies/<str:policy_id>", api.PolicyDetailView.as_view(), name="approval-policy"),
+    path("approvals/policies/<id:policy_id>", api.PolicyDetailView.as_view(), name="approval-policy"),
     path("approvals/break-glass", api.BreakGlassListView.as_view(), name="approvals-break-glass"),
     path("approvals/<str:approval_id>", api.RequestDetailView.as_view(), name="approval"),
     path("approvals/<str:approval_id>/votes", api.VoteView.as_view(), name="approval-votes"),

@@ -17,6 +17,7 @@ from audit import services
 from audit.models import Record, Redaction, Stream
 from controlplane import timing
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from tenants.access import ERASE, INGEST, READ
 from tenants.permissions import TenantScopedViewMixin
 
@@ -27,9 +28,8 @@ def read_json_body(request: Request) -> Any:
     limit = settings.SAGAPLANE_MAX_BODY_BYTES
     declared = request.META.get("CONTENT_LENGTH") or ""
     if declared:
-        try:
-            size = int(declared)
-        except ValueError:
+        size = ascii_int(declared)
+        if size is None:
             raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
         if size > limit:
             raise DomainError(

@@ -38,6 +38,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.http.request import split_domain_port, validate_host
 
+from controlplane.numbers import ascii_int
+
 log = logging.getLogger(__name__)
 
 PATH = "/api/v1/gate/evaluate"
@@ -71,11 +73,11 @@ class LeanGate:
         started = time.perf_counter()
         try:
             headers = _headers(scope)
-            raw_key = self._eligible(scope, headers)
+            raw_key, declared = self._eligible(scope, headers)
         except _HandOn:
             await self.app(scope, receive, send)
             return
-        body, chunks, complete = await _read_body(receive, int(headers[b"content-length"]))
+        body, chunks, complete = await _read_body(receive, declared)
         if not complete:
             await self.app(scope, _replay(chunks, receive), send)
             return
@@ -102,8 +104,8 @@ class LeanGate:
         await send({"type": "http.response.body", "body": payload})
         _observe(status, payload, time.perf_counter() - started, tenant, actor, request_id)
 
-    def _eligible(self, scope: Scope, headers: dict[bytes, bytes]) -> str:
-        """The API key of a call this path may answer (else _HandOn)."""
+    def _eligible(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[str, int]:
+        """The API key and declared body length of a call this path may answer (else _HandOn)."""
         from tenants.rls import RuntimeRoleGuardMiddleware
 
         if self.headers is None:
@@ -114,15 +116,15 @@ class LeanGate:
             raise _HandOn
         if settings.SECURE_SSL_REDIRECT and not _secure(scope, headers):
             raise _HandOn
-        declared = headers.get(b"content-length", b"")
-        if not declared.isdigit() or int(declared) > settings.SAGAPLANE_MAX_BODY_BYTES:
+        declared = ascii_int(headers.get(b"content-length", b"").decode("latin-1"))
+        if declared is None or declared > settings.SAGAPLANE_MAX_BODY_BYTES:
             raise _HandOn
         if headers.get(b"content-type", b"").split(b";")[0].strip() != b"application/json":
             raise _HandOn
         scheme, _, raw_key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         if scheme != "Bearer" or not raw_key.strip():
             raise _HandOn
-        return raw_key.strip()
+        return raw_key.strip(), declared
 
     def learn(self, app: ASGIApp) -> ASGIApp:
         """`app` (the full stack), noting the headers of this route's successful answers."""

@@ -1,9 +1,13 @@
 from csp.decorators import csp_update
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from controlplane import health, observability
+from controlplane.numbers import IdConverter
+
+# Before any app's URLconf is included: their routes name it (`<id:...>`).
+register_converter(IdConverter, "id")
 
 docs_csp = csp_update({"style-src": ["'unsafe-inline'"], "worker-src": ["blob:"]})
 

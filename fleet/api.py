@@ -268,12 +268,6 @@ def _halt_json(halt: Halt) -> dict[str, Any]:
     }
 
 
-def _pk(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
-        raise DomainError(404, "not_found", "no such object")
-    return int(value)
-
-
 class BudgetListView(TenantScopedViewMixin, APIView):
     """Budgets: at most `max_total` of the argument over any `window_s`, per scope."""
 
@@ -315,15 +309,15 @@ class BudgetDetailView(TenantScopedViewMixin, APIView):
     access = {"GET": FLEET_VIEW, "DELETE": FLEET_CONTROL}
 
     @extend_schema(operation_id="fleet_budgets_retrieve", responses={200: serializers.DictField()})
-    def get(self, request: Request, budget_id: str) -> Response:
-        limit = BudgetLimit.objects.filter(pk=_pk(budget_id)).first()
+    def get(self, request: Request, budget_id: int) -> Response:
+        limit = BudgetLimit.objects.filter(pk=budget_id).first()
         if limit is None:
             raise DomainError(404, "not_found", "no such budget")
         return Response(_budget_json(limit))
 
     @extend_schema(operation_id="fleet_budgets_destroy", responses={204: None})
-    def delete(self, request: Request, budget_id: str) -> Response:
-        services.delete_budget(self.tenant, _pk(budget_id), actor=self.actor)
+    def delete(self, request: Request, budget_id: int) -> Response:
+        services.delete_budget(self.tenant, budget_id, actor=self.actor)
         return Response(status=204)
 
 
@@ -362,8 +356,8 @@ class RateLimitDetailView(TenantScopedViewMixin, APIView):
     access = {"DELETE": FLEET_CONTROL}
 
     @extend_schema(operation_id="fleet_rate_limits_destroy", responses={204: None})
-    def delete(self, request: Request, rate_limit_id: str) -> Response:
-        services.delete_rate_limit(self.tenant, _pk(rate_limit_id), actor=self.actor)
+    def delete(self, request: Request, rate_limit_id: int) -> Response:
+        services.delete_rate_limit(self.tenant, rate_limit_id, actor=self.actor)
         return Response(status=204)
 
 
@@ -402,8 +396,8 @@ class HaltDetailView(TenantScopedViewMixin, APIView):
     access = {"DELETE": FLEET_HALT}
 
     @extend_schema(operation_id="fleet_halts_destroy", responses={204: None})
-    def delete(self, request: Request, halt_id: str) -> Response:
-        services.resume(self.tenant, _pk(halt_id), actor=self.actor)
+    def delete(self, request: Request, halt_id: int) -> Response:
+        services.resume(self.tenant, halt_id, actor=self.actor)
         return Response(status=204)
 
 

@@ -6,10 +6,10 @@ urlpatterns = [
     path("gate/evaluate", api.GateEvaluateView.as_view(), name="gate-evaluate"),
     path("fleet/status", api.FleetStatusView.as_view(), name="fleet-status"),
     path("fleet/budgets", api.BudgetListView.as_view(), name="fleet-budgets"),
-    path("fleet/budgets/<str:budget_id>", api.BudgetDetailView.as_view(), name="fleet-budget"),
+    path("fleet/budgets/<id:budget_id>", api.BudgetDetailView.as_view(), name="fleet-budget"),
     path("fleet/rate-limits", api.RateLimitListView.as_view(), name="fleet-rate-limits"),
-    path("fleet/rate-limits/<str:rate_limit_id>", api.RateLimitDetailView.as_view(), name="fleet-rate-limit"),
+    path("fleet/rate-limits/<id:rate_limit_id>", api.RateLimitDetailView.as_view(), name="fleet-rate-limit"),
     path("fleet/halts", api.HaltListView.as_view(), name="fleet-halts"),
-    path("fleet/halts/<str:halt_id>", api.HaltDetailView.as_view(), name="fleet-halt"),
+    path("fleet/halts/<id:halt_id>", api.HaltDetailView.as_view(), name="fleet-halt"),
     path("sagas/<str:saga_id>/quarantine", api.QuarantineView.as_view(), name="saga-quarantine"),
 ]

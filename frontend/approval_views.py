@@ -33,6 +33,7 @@ from django.utils import timezone
 from approvals import services as approvals
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from approvals.services import ApprovalError
+from controlplane.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services as passkeys
 from passkeys.services import PasskeyRefused
@@ -220,9 +221,10 @@ def _minutes(form: Any, field: str, default: int) -> int:
     raw = str(form.get(field, "") or "").strip()
     if not raw:
         return default * 60
-    if len(raw) > MINUTES_MAX_CHARS or not (raw.isascii() and raw.isdigit()):
+    minutes = ascii_int(raw, max_digits=MINUTES_MAX_CHARS)
+    if minutes is None:
         raise ApprovalError("invalid", f"{field}: a whole number of minutes", field=field)
-    return int(raw) * 60
+    return minutes * 60
 
 
 def _json_list(form: Any, field: str) -> list[Any]:
@@ -238,8 +240,8 @@ def _json_list(form: Any, field: str) -> list[Any]:
 
 def _policy_form(form: Any) -> dict[str, Any]:
     """The create form as `approvals.services.create_policy` fields (it checks them all)."""
-    required = str(form.get("required_approvals", "1") or "1").strip()
-    if len(required) > 3 or not (required.isascii() and required.isdigit()):
+    required = ascii_int(str(form.get("required_approvals", "1") or "1").strip(), max_digits=3)
+    if required is None:
         raise ApprovalError("invalid", "required_approvals: a whole number", field="required_approvals")
     members = [m.strip() for m in str(form.get("eligible_members", "") or "").split(",") if m.strip()]
     return {
@@ -247,7 +249,7 @@ def _policy_form(form: Any) -> dict[str, Any]:
         "tool": str(form.get("tool", "") or "*").strip(),
         "semantics": [s for s in form.getlist("semantics") if isinstance(s, str)],
         "predicates": _json_list(form, "predicates"),
-        "required_approvals": int(required),
+        "required_approvals": required,
         "eligible_roles": [r for r in form.getlist("eligible_roles") if isinstance(r, str)],
         "eligible_members": members,
         "passkey_only": form.get("passkey_only") == "on",

@@ -23,6 +23,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
+from controlplane.numbers import ascii_int
 from fleet import services
 from fleet.gate import from_units, to_units
 from fleet.models import BudgetLimit, GateDecision, Halt, HaltMode, OnCap, RateLimit
@@ -200,10 +201,10 @@ def fleet_controls(request: MemberRequest) -> HttpResponse:
 
 
 def _whole(value: str, field_name: str, code: str, what: str) -> int:
-    text = value.strip()
-    if len(text) > NUMBER_MAX_CHARS or not text.isdecimal():
+    number = ascii_int(value.strip(), max_digits=NUMBER_MAX_CHARS)
+    if number is None:
         raise FleetError(code, field_name, f"{what} must be a whole number")
-    return int(text)
+    return number
 
 
 def _duration(post: Any, prefix: str, field_name: str, code: str, *, required: bool) -> int | None:

@@ -24,6 +24,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from controlplane.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services
 from passkeys.services import PasskeyRefused
@@ -72,7 +73,7 @@ def register(request: MemberRequest) -> HttpResponse:
 
 def _passkey_id(request: MemberRequest) -> int | None:
     raw = request.POST.get("passkey", "")
-    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 19 else None
+    return ascii_int(raw)
 
 
 @member_page({"POST": OWN_PASSKEYS})

@@ -19,6 +19,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from recovery import selectors, services, sweeper
 from recovery.models import Escalation, JobState
@@ -129,7 +130,8 @@ def saga_rollback(request: MemberRequest, saga_id: str) -> HttpResponse:
         raise Http404("no such saga")
     detail = reverse("saga-detail", args=[saga_id])
     raw = request.POST.get("to_step", "")
-    to_step = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 9 else -1
+    parsed = ascii_int(raw, max_digits=8)
+    to_step = -1 if parsed is None else parsed
     try:
         run = services.rollback_to(request.tenant, saga_id, to_step, actor=actor_of(request))
     except services.RecoveryError as refused:

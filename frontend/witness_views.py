@@ -10,6 +10,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page
 from tenants.access import WITNESSES_CHANGE
 from transparency import witnesses
@@ -54,9 +55,10 @@ def witness_remove(request: MemberRequest, witness_id: int) -> HttpResponse:
 @member_page({"POST": WITNESSES_CHANGE}, section="evidence")
 def witness_quorum(request: MemberRequest) -> HttpResponse:
     raw = request.POST.get("quorum", "").strip()
+    number = ascii_int(raw, max_digits=9)
     try:
         quorum = witnesses.set_quorum(
-            request.tenant, quorum=int(raw) if raw.isdigit() else raw, actor=actor_of(request)
+            request.tenant, quorum=raw if number is None else number, actor=actor_of(request)
         )
     except DomainError as refused:
         messages.error(request, f"Quorum not set: {refused.detail}")

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from audit import selectors as audit_selectors
 from audit.jsonvalues import served
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from sagas.services import mask_credentials
@@ -102,10 +103,8 @@ class SagaKeysetPagination(BasePagination):
             raise DomainError(
                 400, "invalid", "offset: the saga list pages by `cursor` (follow `next`)", field="offset"
             )
-        try:
-            limit = min(max(int(params.get("limit", PAGE_SIZE)), 1), MAX_LIMIT)
-        except ValueError:
-            limit = PAGE_SIZE
+        asked = ascii_int(str(params.get("limit", PAGE_SIZE)), max_digits=9)
+        limit = PAGE_SIZE if asked is None else min(max(asked, 1), MAX_LIMIT)
         position = _position(params["cursor"]) if params.get("cursor") else None
         rows = selectors.newest_page(
             queryset, tool=params.get("tool", ""), position=position, limit=limit + 1

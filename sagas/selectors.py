@@ -18,6 +18,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
 
+from controlplane.numbers import ascii_int
 from sagas.models import Saga, SagaStatus, Step
 from tenants.scoping import current_tenant
 
@@ -259,9 +260,9 @@ def cursor_position(cursor: str) -> tuple[datetime | None, int]:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         moment, _, pk_text = text.rpartition("|")
-        if not (pk_text.isascii() and pk_text.isdigit()):
-            raise BadCursor(cursor)  # `cursor_of` writes ASCII digits; int() would take "٣" or " 7"
-        pk = int(pk_text)
+        pk = ascii_int(pk_text, max_digits=19)  # `cursor_of` writes ASCII digits
+        if pk is None:
+            raise BadCursor(cursor)
         when = None if moment == "-" else datetime.fromisoformat(moment)
         if when is not None and when.tzinfo is not None:
             when = when.astimezone(UTC)  # a moment past year 1 or 9999 in UTC overflows here, not in SQLite

@@ -34,6 +34,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from slackapp import crypto, selectors
 from slackapp.models import Installation, OAuthState, RequestMessage, SeenSignature, UserLink
 from tenants.models import Membership, Tenant
@@ -593,7 +594,7 @@ def verify_request(body: bytes, headers: Any) -> None:
     signature = headers.get("X-Slack-Signature")
     if not timestamp or not signature:
         raise RequestRefused("unsigned", "the request carries no Slack signature")
-    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12 or len(signature) > 80:
+    if ascii_int(timestamp, max_digits=12) is None or len(signature) > 80:
         raise RequestRefused("bad_signature", "the Slack signature is malformed")
     try:
         body.decode("utf-8")  # Slack signs text; anything else is not its request

@@ -27,6 +27,7 @@ from rest_framework.response import Response
 
 from controlplane import timing
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from tenants import access as policy
 from tenants.authentication import ApiKeyPrincipal
 from tenants.models import ApiKey, Membership, Tenant
@@ -46,9 +47,10 @@ def read_body_first(request: HttpRequest) -> None:
     limit = settings.SAGAPLANE_MAX_BODY_BYTES
     declared = request.META.get("CONTENT_LENGTH") or ""
     if declared:
-        if not (declared.isascii() and declared.isdigit()):
+        size = ascii_int(declared)
+        if size is None:
             raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
-        if int(declared) > limit:
+        if size > limit:
             raise DomainError(
                 413, "too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes", limit=limit
             )

@@ -5,6 +5,6 @@ from tenants import api
 urlpatterns = [
     path("tenant", api.CurrentTenantView.as_view(), name="current-tenant"),
     path("keys", api.ApiKeyListView.as_view(), name="api-key-list"),
-    path("keys/<int:pk>", api.ApiKeyDetailView.as_view(), name="api-key-detail"),
+    path("keys/<id:pk>", api.ApiKeyDetailView.as_view(), name="api-key-detail"),
     path("members", api.MembershipListView.as_view(), name="member-list"),
 ]

@@ -21,6 +21,7 @@ from sagaplane import merkle
 from sagaplane.disclosure import b64
 
 from controlplane.errors import DomainError
+from controlplane.numbers import ascii_int
 from controlplane.schema import ErrorSerializer
 from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
@@ -48,9 +49,10 @@ def _int_param(query: Mapping[str, str], name: str, *, required: bool) -> int | 
         if required:
             raise DomainError(400, "invalid", f"{name}: required", field=name)
         return None
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
+    number = ascii_int(raw, max_digits=20)
+    if number is None:
         raise DomainError(400, "invalid", f"{name}: must be a non-negative integer", field=name)
-    return int(raw)
+    return number
 
 
 class LogView(TenantScopedViewMixin, APIView):

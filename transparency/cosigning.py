@@ -24,6 +24,7 @@ from django.utils import timezone
 from sagaplane import cosignature, note
 
 from controlplane import outbound
+from controlplane.numbers import ascii_int
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import proofs
@@ -132,9 +133,9 @@ def ask(job: Job) -> Outcome:
         except (note.NoteError, ValueError) as exc:
             return Outcome(job, 200, detail=f"answered 200 without a valid cosignature: {exc}")
         return Outcome(job, 200, line, timestamp)
-    told = text.strip()
-    if status == 409 and content_type.startswith(SIZE_CONTENT_TYPE) and told.isdigit() and len(told) < 20:
-        return Outcome(job, 409, detail=text[:500], told=int(told))
+    told = ascii_int(text.strip(), max_digits=19)
+    if status == 409 and content_type.startswith(SIZE_CONTENT_TYPE) and told is not None:
+        return Outcome(job, 409, detail=text[:500], told=told)
     return Outcome(job, status, detail=text[:500])
 
 

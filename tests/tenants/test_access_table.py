@@ -147,7 +147,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     # the tenant's own endpoints
     "api/v1/tenant": Api({"GET": READ}),
     "api/v1/keys": Api({"GET": Allowed(roles=ADMINS), "POST": Allowed(roles=ADMINS)}),
-    "api/v1/keys/<int:pk>": Api({"GET": Allowed(roles=ADMINS), "DELETE": Allowed(roles=ADMINS)}),
+    "api/v1/keys/<id:pk>": Api({"GET": Allowed(roles=ADMINS), "DELETE": Allowed(roles=ADMINS)}),
     "api/v1/members": Api({"GET": Allowed(roles=ADMINS)}),  # every member's e-mail: no key reads it
     # the transparency log: readers
     "api/v1/audit/checkpoint": Api({"GET": READ}),
@@ -156,7 +156,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/audit/proofs/consistency": Api({"GET": READ}),
     "api/v1/audit/proofs/bundle": Api({"GET": READ}),
     "api/v1/audit/tile/entries/<path:bundle>": Api({"GET": READ}),
-    "api/v1/audit/tile/<int:level>/<path:tile>": Api({"GET": READ}),
+    "api/v1/audit/tile/<id:level>/<path:tile>": Api({"GET": READ}),
     "api/v1/audit/sagas/<str:saga_id>/disclosure": Api({"GET": READ}),
     # WORM exports hold every payload of the tenant: the audit scope, the audit capability
     "api/v1/audit/exports": Api({"GET": AUDIT, "POST": AUDIT}),
@@ -167,7 +167,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/audit/witnesses/quorum": Api({"PUT": Allowed(roles=ADMINS)}),
     "api/v1/audit/witnesses/checkpoints": Api({"GET": READ}),
     "api/v1/audit/witnesses/policy": Api({"GET": READ}),
-    "api/v1/audit/witnesses/<int:witness_id>": Api({"DELETE": Allowed(roles=ADMINS)}),
+    "api/v1/audit/witnesses/<id:witness_id>": Api({"DELETE": Allowed(roles=ADMINS)}),
     # evidence in, evidence out
     "api/v1/streams/<str:stream_id>/records": Api({"POST": Allowed(keys=frozenset({"ingest"}))}),
     "api/v1/streams/<str:stream_id>": Api({"GET": READ}),
@@ -178,11 +178,11 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/gate/evaluate": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/fleet/status": Api({"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}),
     "api/v1/fleet/budgets": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/fleet/budgets/<str:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/budgets/<id:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
     "api/v1/fleet/rate-limits": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/fleet/rate-limits/<str:rate_limit_id>": Api({"DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/rate-limits/<id:rate_limit_id>": Api({"DELETE": FLEET_CHANGE}),
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
-    "api/v1/fleet/halts/<str:halt_id>": Api({"DELETE": HALTERS}),
+    "api/v1/fleet/halts/<id:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
     # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
     "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
@@ -207,7 +207,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     # approvals: policies like the fleet's; the queue for readers; votes by people who may approve
     "api/v1/approvals": Api({"GET": READ}),
     "api/v1/approvals/policies": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/approvals/policies/<str:policy_id>": Api(
+    "api/v1/approvals/policies/<id:policy_id>": Api(
         {"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}
     ),
     "api/v1/approvals/break-glass": Api({"GET": READ}),
@@ -237,11 +237,11 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/": Page({"GET": EVERY_ROLE}),
     "fleet/controls": Page({"GET": EVERY_ROLE}),
     "fleet/budgets": Page({"POST": ADMINS}),
-    "fleet/budgets/<int:budget_id>/delete": Page({"POST": ADMINS}),
+    "fleet/budgets/<id:budget_id>/delete": Page({"POST": ADMINS}),
     "fleet/rate-limits": Page({"POST": ADMINS}),
-    "fleet/rate-limits/<int:rate_limit_id>/delete": Page({"POST": ADMINS}),
+    "fleet/rate-limits/<id:rate_limit_id>/delete": Page({"POST": ADMINS}),
     "fleet/halts": Page({"POST": RISK_STAFF}),
-    "fleet/halts/<int:halt_id>/resume": Page({"POST": RISK_STAFF}),
+    "fleet/halts/<id:halt_id>/resume": Page({"POST": RISK_STAFF}),
     "recovery/": Page({"GET": EVERY_ROLE}),
     "recovery/jobs/<str:job_id>/retry": Page({"POST": RISK_STAFF}),
     "recovery/jobs/<str:job_id>/resolve": Page({"POST": RISK_STAFF}),
@@ -254,8 +254,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "approvals/history": Page({"GET": EVERY_ROLE}),
     "approvals/policies/": Page({"GET": EVERY_ROLE}),
     "approvals/policies/create": Page({"POST": ADMINS}),
-    "approvals/policies/<int:policy_id>/toggle": Page({"POST": ADMINS}),
-    "approvals/policies/<int:policy_id>/delete": Page({"POST": ADMINS}),
+    "approvals/policies/<id:policy_id>/toggle": Page({"POST": ADMINS}),
+    "approvals/policies/<id:policy_id>/delete": Page({"POST": ADMINS}),
     "approvals/<str:approval_id>/": Page({"GET": EVERY_ROLE}),
     "approvals/<str:approval_id>/state": Page({"GET": EVERY_ROLE}),
     "approvals/<str:approval_id>/challenge": Page({"POST": RISK_STAFF}),  # a passkey vote's challenge
@@ -265,11 +265,11 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "evidence/exports/<uuid:export_id>": Page({"GET": AUDITORS}),
     "evidence/witnesses": Page({"POST": ADMINS}),
     "evidence/witnesses/quorum": Page({"POST": ADMINS}),
-    "evidence/witnesses/<int:witness_id>/remove": Page({"POST": ADMINS}),
+    "evidence/witnesses/<id:witness_id>/remove": Page({"POST": ADMINS}),
     "administration/members/": Page({"GET": ADMINS}),
     "administration/members/invite": Page({"POST": ADMINS}),
-    "administration/members/<int:membership_id>/role": Page({"POST": ADMINS}),
-    "administration/members/<int:membership_id>/remove": Page({"POST": ADMINS}),
+    "administration/members/<id:membership_id>/role": Page({"POST": ADMINS}),
+    "administration/members/<id:membership_id>/remove": Page({"POST": ADMINS}),
     "account/passkeys/": Page({"GET": EVERY_ROLE}),  # a person's own passkeys
     "account/passkeys/options": Page({"POST": EVERY_ROLE}),
     "account/passkeys/register": Page({"POST": EVERY_ROLE}),
@@ -277,7 +277,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "account/passkeys/revoke": Page({"POST": EVERY_ROLE}),
     "administration/keys/": Page({"GET": ADMINS}),
     "administration/keys/create": Page({"POST": ADMINS}),
-    "administration/keys/<int:key_id>/revoke": Page({"POST": ADMINS}),
+    "administration/keys/<id:key_id>/revoke": Page({"POST": ADMINS}),
     # Slack: its requests are signed by Slack; owners install it; any member links their Slack user
     "slack/interactions": Signed(frozenset({"POST"})),
     "slack/commands": Signed(frozenset({"POST"})),
