@@ -8,7 +8,6 @@ them stays exact. A fraction finer than 1/10,000 is rounded *up*: rounding may o
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +17,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from sagaplane.chain import canonical
+from sagaplane.names import glob_matches, name_key, same_name
 
 SCALE = 10_000
 MAX_WHOLE_UNITS = 10**11
@@ -134,8 +134,8 @@ def from_units(units: int | float) -> str:
 
 
 def tool_matches(pattern: str, tool: str) -> bool:
-    # fnmatchcase: a glob means the same thing on every platform (fnmatch folds case on Windows).
-    return fnmatch.fnmatchcase(tool, pattern)
+    """Case-insensitive after NFKC, as the SDK matches (sagaplane.names): a caller picks the name."""
+    return glob_matches(pattern, tool)
 
 
 def valid_per(per: Iterable[Any]) -> bool:
@@ -169,7 +169,9 @@ def debit_for(limit: LimitSpec, request: GateRequest, *, tenant_tag: str) -> Deb
     """The counter `limit` keeps for this call (raises InvalidArgument when it cannot count it)."""
     values = _scope_values(limit, request)
     scope = " · ".join(f"{p}={v}" for p, v in zip(limit.per, values, strict=True)) or "fleet"
-    digest = hashlib.sha256(canonical(values)).hexdigest()[:24]
+    # One counter per agent or tool however the caller spells it (the label keeps the spelling).
+    counted = [name_key(v) if p in ("agent", "tool") else v for p, v in zip(limit.per, values, strict=True)]
+    digest = hashlib.sha256(canonical(counted)).hexdigest()[:24]
     key = f"sp:{{{tenant_tag}}}:{limit.kind[0]}:{limit.id}:{limit.window_s}:{digest}"
     if limit.kind == "rate":
         return Debit(key, "rate", limit.name, scope, 1, limit.cap_units, limit.window_s * 1000)
@@ -199,9 +201,9 @@ def halt_matches(scope: str, request: GateRequest) -> bool:
     if kind == "tool":
         return tool_matches(value, request.tool)
     if kind == "tag":
-        return value in request.tags
+        return any(same_name(value, tag) for tag in request.tags)
     if kind == "agent":
-        return value == request.agent
+        return same_name(value, request.agent)
     return False
 
 

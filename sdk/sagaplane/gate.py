@@ -25,7 +25,6 @@ Every answer the server gave is recorded in the WAL (`GATE_ALLOW` with the autho
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import threading
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import Client, SagaplaneError, TransportError
+from .names import glob_matches, same_name
 
 logger = logging.getLogger("sagaplane.gate")
 
@@ -103,12 +103,12 @@ def _halt_matches(scope: str, call: Call) -> bool:
     kind, _, value = scope.partition(":")
     if scope == "*":
         return True
-    if kind == "tool":
-        return fnmatch.fnmatchcase(call.tool, value)
+    if kind == "tool":  # matched as the control plane matches (sagaplane.names)
+        return glob_matches(value, call.tool)
     if kind == "tag":
-        return value in call.tags
+        return any(same_name(value, tag) for tag in call.tags)
     if kind == "agent":
-        return value == call.agent
+        return same_name(value, call.agent)
     return False
 
 
@@ -243,7 +243,7 @@ class Gate:
                 draining = True
                 continue
             raise GateDenied("halted", {"scope": halt.get("scope"), "halt_reason": halt.get("reason")})
-        governed = any(fnmatch.fnmatchcase(call.tool, glob) for glob in state.governed_tools)
+        governed = any(glob_matches(glob, call.tool) for glob in state.governed_tools)
         if not governed and not draining:
             return None
         body = {
