@@ -1,7 +1,8 @@
 """agent-saga compatibility: its approval requests join the queue, and its client pulls decisions.
 
 - An `APPROVAL_REQUESTED` record in a WAL an agent-saga agent ships (`POST /v1/wal/ingest`) opens
-  a request bound to agent-saga's own request id (`external_id`), once the ingest has committed
+  a request bound to agent-saga's own request id (`external_id`) and to its action, requested by
+  the shipping key's creator (approvals/external.py), once the ingest has committed
   (`audit.hooks.after_records_committed`; a failure here never refuses evidence). agent-saga does
   not put the saga id in that record: it is the saga the stream last started before it.
 - `GET /v1/approvals?status=` (`SagaCloudClient.pull_approvals`) lists requests in agent-saga's
@@ -23,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals import services
+from approvals import external, services
 from approvals.models import ApprovalRequest, Status
 from audit.hooks import AppendedRecords
 from audit.models import SERVER_STREAM_ID, Record
@@ -80,6 +81,8 @@ def requests_from_wal(appended: AppendedRecords) -> None:
         for row, fields in appended.items
         if row.event == "APPROVAL_REQUESTED" and isinstance(fields.get("request_id"), str)
     ]
+    # The key that shipped them: its creator is the requester (approvals/external.py).
+    shipper = appended.actor.removeprefix("api-key:") if appended.actor.startswith("api-key:") else ""
     for row, fields in wanted:
         external_id = fields["request_id"][:128]
         raw = fields.get("context")
@@ -87,7 +90,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
         tool = str(fields.get("tool") or "unknown")[:200]
         rule = str(fields.get("rule") or "")[:80]
         try:
-            services.open_external(
+            external.open_external(
                 appended.tenant,
                 external_id=external_id,
                 saga_id=_saga_of_in_tenant(appended, row),
@@ -97,6 +100,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
                 rule=rule,
                 reason=str(fields.get("reason") or "")[:500],
                 expires_at=_deadline(fields.get("expires_at")),
+                api_key_prefix=shipper,
                 actor=f"agent-saga:{appended.stream_id}",
             )
         except Exception:

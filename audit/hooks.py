@@ -42,6 +42,7 @@ class AppendedRecords:
     tenant: Tenant
     stream_id: str
     items: Sequence[tuple[StoredRow, dict[str, Any]]]
+    actor: str = ""  # who shipped them ("api-key:<prefix>"), as the ingest's audit records name it
 
 
 OnStored = Callable[[int], None]  # called with the first appended record's leaf index

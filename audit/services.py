@@ -435,7 +435,7 @@ def _verbatim(rec: Incoming) -> str:
     return json.dumps({name: value for name, value in sent.items() if value})
 
 
-def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
+def _store(tenant: Tenant, stream: Stream, plan: _Plan, *, actor: str) -> list[bulk.StoredRow]:
     """Append the planned records: leaf indices under the tenant log lock, headers then payloads,
     the stream head, and what the subscribers of `audit.hooks` do with them (the saga projection
     in the transaction; the live event and the integration request after commit).
@@ -470,7 +470,10 @@ def _store(tenant: Tenant, stream: Stream, plan: _Plan) -> list[bulk.StoredRow]:
             for rec, position in plan.new
         ]
         appended = hooks.AppendedRecords(
-            tenant, stream_name, [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)]
+            tenant,
+            stream_name,
+            [(row, rec.business) for row, (rec, _) in zip(rows, plan.new, strict=True)],
+            actor,
         )
     with timing.phase("insert_payloads"):
         # No lock needed yet (same transaction): header ids and payloads; subscribers read and fold
@@ -511,11 +514,11 @@ def _append(tenant: Tenant, stream: Stream, now: Any, rows: list[bulk.StoredRow]
 def _ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:
     with timing.phase("verify"):
         plan = _plan(stream, batch)
-    return _store_planned(tenant, stream, plan)
+    return _store_planned(tenant, stream, plan, actor=actor)
 
 
-def _store_planned(tenant: Tenant, stream: Stream, plan: _Plan) -> IngestResult:
-    stored = _store(tenant, stream, plan) if plan.new else []
+def _store_planned(tenant: Tenant, stream: Stream, plan: _Plan, *, actor: str) -> IngestResult:
+    stored = _store(tenant, stream, plan, actor=actor) if plan.new else []
     return IngestResult(
         stream.stream_id, len(plan.new), plan.duplicates, stream.head_seq, stream.head_hash, stored
     )
@@ -816,7 +819,7 @@ def _chain_onto(
         head = stamp(record, head)
         batch.append(record)
     planned = [(rec, stream.length + offset) for offset, rec in enumerate(parse_batch(batch), 1)]
-    return _store_planned(tenant, stream, _Plan(planned, 0))
+    return _store_planned(tenant, stream, _Plan(planned, 0), actor=actor)
 
 
 # -- erasure ---------------------------------------------------------------------------------------
