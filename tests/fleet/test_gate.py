@@ -4,6 +4,7 @@ nothing, bad arguments refused, halts and quarantines, tenants apart, and Redis 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -272,6 +273,31 @@ def test_redis_unreachable_refuses_every_call(tenant_a: Tenant, tmp_path: Path) 
             assert body["decision"] == "deny" and body["reason"] == "control_plane_unavailable"
         assert availability.is_down(availability.REDIS)
     assert allowed_total(tenant_a) == 1 * 10_000
+
+
+def test_a_redis_back_empty_is_made_ready_for_every_tenant_behind_one_fence(
+    tenant_a: Tenant, tenant_b: Tenant, private_redis: OwnRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the availability probe runs before it lets calls through again (RedisStore.make_ready):
+    every tenant's counters rebuilt from the ledger, and the fence waited once, not per tenant."""
+    store = _redis_store(private_redis)
+    for tenant in (tenant_a, tenant_b):
+        services.create_budget(tenant, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+        assert ask(tenant, store, call(amount=60))["decision"] == "allow"
+    store.client.flushall()  # back empty, as after a crash
+    import fleet.stores
+
+    fences: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(fleet.stores.time, "sleep", lambda s: (fences.append(s), real_sleep(s)))
+    tenants = [(tenant.pk, services.gate_tag(tenant)) for tenant in (tenant_a, tenant_b)]
+    store.make_ready(tenants)
+    assert fences == [store.fence_ms / 1000]
+    monkeypatch.undo()
+    for tenant in (tenant_a, tenant_b):
+        assert store.client.exists(marker_key(services.gate_tag(tenant)))
+        assert ask(tenant, store, call(amount=41))["reason"] == "budget_exceeded"  # 60 counted
+        assert ask(tenant, store, call(amount=40))["decision"] == "allow"
 
 
 def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window(
