@@ -1,5 +1,6 @@
-"""Every state change of recovery: the lease watch (in the ingest transaction), the sweep, claims
-and results of recovery jobs, the human queue's decisions, and "rollback to here".
+"""Every state change of recovery: the lease watch (in the ingest transaction), takeover (by the
+sweep, and by workers' claims: `take_over_expired`), claims and results of recovery jobs, the
+human queue's decisions, and "rollback to here".
 
 The database row of a job is the truth: a claim is a conditional UPDATE (the candidate picked with
 `FOR UPDATE SKIP LOCKED` on Postgres) that raises the job's `epoch`, its fencing token; a result

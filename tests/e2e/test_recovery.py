@@ -4,6 +4,8 @@ The worker here is the HTTP API a `sagaplane worker` speaks (claim, complete wit
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from playwright.sync_api import expect
@@ -77,3 +79,27 @@ def test_rollback_to_here_runs_live_on_the_timeline(new_page, control_plane: Liv
     )
     screenshot(page, "recovery-rollback-to-here")
     assert _work_one(control_plane) is None  # step 1 was kept: nothing else to do
+
+
+def test_an_open_saga_page_turns_orphaned_when_its_lease_lapses(new_page, control_plane: LiveServer) -> None:
+    """Time passing is no record: the page fetches itself again at the lease's expiry, so a dead
+    agent's saga is never left showing `running` (issue 23)."""
+    writer = Writer()
+    saga_id = "lapsing-lease"
+    step = {"saga_id": saga_id, "step_id": f"{saga_id}-s1", "tool": "charge_card", "semantics": "COMPENSABLE"}
+    control_plane.ship(
+        "e2e-lapsing",
+        [
+            writer.record("SAGA_START", saga_id=saga_id, name="lapsing", lease_ttl=20),
+            writer.record("STEP_INTENT", **step),
+            writer.record("STEP_COMMITTED", **step),
+        ],
+    )
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto(f"/sagas/{saga_id}/")
+    expect(page.locator("#saga-status")).to_have_attribute("data-status", "running")
+    note = page.locator("#orphan-note")
+    expect(note).to_have_attribute("data-phase", re.compile("starting|started"), timeout=45_000)
+    expect(note).to_contain_text("orphaned — recovery")
+    expect(page.locator("#saga-status")).not_to_have_attribute("data-status", "running")

@@ -103,6 +103,16 @@ def in_flight(sock: socket.socket, server_port: int, netns: str | None) -> bool:
     return bool(fields) and fields[0] == "0"
 
 
+def sweep_lag(url: str) -> float | None:
+    """The recovery sweep's lag by /readyz, when it is below two seconds (a pass just ran)."""
+    try:
+        detail = httpx.get(f"{url}/readyz", timeout=30).json().get("detail", {}).get("recovery_sweep", {})
+    except (httpx.HTTPError, ValueError):
+        return None
+    lag = detail.get("lag_s")
+    return lag if detail.get("status") == "ok" and lag is not None and lag < 2 else None
+
+
 def drains_on_sigterm(
     env: dict[str, str], url: str, api_key: str, access_log: Path, netns: str | None = None
 ) -> None:
@@ -296,8 +306,10 @@ def test_faults_under_load_lose_and_duplicate_nothing(tmp_path: Path) -> None:
             )
             cluster(env, "start", "worker-1")
 
-            # (c) beat restarts: exactly one runs, before and after.
+            # (c) beat restarts: exactly one runs, before and after; its recovery sweeper thread
+            # (the sweep is no queued message) runs passes in the new beat process.
             cluster(env, "restart", "beat")
+            wait_for("the restarted beat's recovery sweep", lambda: sweep_lag(url) is not None)
 
             # (d) a graceful restart of web-2 under load (SIGTERM: it drains in-flight requests):
             # no client of the balancer sees an error while it goes and comes back.
