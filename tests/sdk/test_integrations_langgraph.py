@@ -204,7 +204,10 @@ def test_a_pending_approval_interrupts_and_the_run_resumes_in_a_fresh_process(
     with tenant_context(key.tenant):
         row = ApprovalRequest.objects.get(pk=value["approval_id"])
     assert row.status == Status.PENDING and row.saga_id == value["saga_id"] and row.tool == "wire"
-    vote(approver, row.pk)
+    voted = approver.session_client().post(
+        f"/api/v1/approvals/{row.pk}/votes", {"choice": "approve"}, format="json"
+    )  # a person approves through the API
+    assert voted.status_code in (200, 201), voted.content
 
     second = _agent_process(live_server, key, tmp_path, "resume")
     assert second == {"final": "final: sent 5000 to acme"}
