@@ -5,12 +5,20 @@ Everything goes through `slackapp.services` (actor `user:<name>`), which records
 tenant's server stream. The install's OAuth `state` is issued to the signed-in owner in the
 tenant they act for, and consumed once by the callback; a refusal is shown on the settings page
 and changes nothing else.
+
+"Add to Slack" is a link to Slack's consent page, with a state issued when the settings page is
+rendered (as Slack's own button is), not a form: a form that posts here and is redirected to
+Slack is a form submission to another origin, which the pages' CSP (`form-action 'self'`) blocks
+in every browser that enforces it, redirects included (Slack's consent flow may move on to a
+workspace's own subdomain, so allowing "the consent origin" would not be enough either). The link
+needs no CSRF token: the state is the binding. Nobody but this owner's page learns it, and the
+callback accepts it only from the same owner in the same tenant, once, within ten minutes.
 """
 
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpResponse, HttpResponseRedirect
+from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
@@ -43,6 +51,9 @@ def settings_page(request: MemberRequest) -> HttpResponse:
         links = [
             {"link": link, "member": email or "(no longer a member)"} for link, email in selectors.links()
         ]
+    consent_url = ""
+    if row is None and services.configured():
+        consent_url = services.start_install(request.tenant, request.user)
     return page(
         request,
         "frontend/slack.html",
@@ -52,18 +63,10 @@ def settings_page(request: MemberRequest) -> HttpResponse:
             "channels": channels,
             "channel_error": channel_error,
             "links": links,
+            "consent_url": consent_url,
         },
         section="slack-settings",
     )
-
-
-@member_page({"POST": INTEGRATIONS}, section="slack-settings")
-def install(request: MemberRequest) -> HttpResponse:
-    try:
-        url = services.start_install(request.tenant, request.user)
-    except SlackError as exc:
-        return _back(request, exc)
-    return HttpResponseRedirect(url)
 
 
 @member_page({"GET": INTEGRATIONS}, section="slack-settings")

@@ -99,7 +99,6 @@ urlpatterns = [
     path("administration/keys/create", admin_views.create_key, name="key-create"),
     path("administration/keys/<id:key_id>/revoke", admin_views.revoke_key, name="key-revoke"),
     path("integrations/slack/", slack_views.settings_page, name="slack-settings"),
-    path("integrations/slack/install", slack_views.install, name="slack-install"),
     path("integrations/slack/oauth/callback", slack_views.oauth_callback, name="slack-oauth-callback"),
     path("integrations/slack/channel", slack_views.channel, name="slack-channel"),
     path("integrations/slack/email-matching", slack_views.email_matching, name="slack-email-matching"),

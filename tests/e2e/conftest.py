@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import unavailable
 from tests.hostile.production import as_owner
+from tests.slackapp.slack_server import FakeSlack, start
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -98,7 +99,18 @@ def _pg_execute(admin_url: str, sql: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def fake_slack() -> Iterator[FakeSlack]:
+    """The local Slack stand-in (Web API and consent page) on an origin of its own."""
+    slack, server = start(FakeSlack())
+    try:
+        yield slack
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory, fake_slack: FakeSlack) -> Iterator[LiveServer]:
     if not Path(CHROMIUM).exists():
         unavailable(f"{CHROMIUM} is not installed (apt-get install chromium)")
     data_dir = tmp_path_factory.mktemp("e2e-data")
@@ -109,6 +121,11 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
             "SAGAPLANE_DATA_DIR": str(data_dir),
             "DJANGO_SETTINGS_MODULE": "controlplane.settings",
             "PYTHONUNBUFFERED": "1",
+            # Slack is the local stand-in, on another origin than the server's.
+            "SLACK_CLIENT_ID": fake_slack.client_id,
+            "SLACK_CLIENT_SECRET": fake_slack.client_secret,
+            "SLACK_SIGNING_SECRET": fake_slack.signing_secret,
+            "SLACK_API_URL": fake_slack.url + "/api/",
         }
     )
     if os.environ.get("REDIS_URL"):
@@ -151,6 +168,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
         api_key = key_out.strip().splitlines()[-1]
 
         port = _free_port()
+        env["SAGAPLANE_PUBLIC_URL"] = f"http://127.0.0.1:{port}"  # where Slack sends the owner back
         log = data_dir / "server.log"
         with log.open("w") as log_file:
             process = subprocess.Popen(

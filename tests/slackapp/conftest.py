@@ -4,7 +4,9 @@ and helpers that play Slack's side (signed requests) and the owner's browser (th
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,13 +49,26 @@ def browser(user: Any) -> Client:
     return client
 
 
+def _link(page: str, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}" href="([^"]+)"', page)
+    assert found, page[:2000]
+    return html.unescape(found.group(1))
+
+
+def consent_url(client: Client) -> str:
+    """The href of the settings page's "Add to Slack" link (its state issued for this page)."""
+    settings_page = client.get("/integrations/slack/")
+    assert settings_page.status_code == 200, settings_page.content[:500]
+    return _link(settings_page.content.decode(), "slack-add")
+
+
 def install(client: Client, slack: FakeSlack, channel: str | None = "C0RISK") -> Any:
-    """The owner's browser through the whole OAuth v2 round trip: our install button, Slack's
-    consent page (the local server's, which redirects back as Slack does once "Allow" is
-    clicked), our callback; then the channel. Returns the callback's response."""
-    started = client.post("/integrations/slack/install")
-    assert started.status_code == 302, started.content[:500]
-    consent = httpx.get(started["Location"], follow_redirects=False)
+    """The owner's browser through the whole OAuth v2 round trip: our "Add to Slack" link, Slack's
+    consent page (the local server's), its "Allow", which redirects back as Slack does, our
+    callback; then the channel. Returns the callback's response."""
+    consent_page = httpx.get(consent_url(client), follow_redirects=False)
+    assert consent_page.status_code == 200, consent_page.text
+    consent = httpx.get(slack.url + _link(consent_page.text, "allow"), follow_redirects=False)
     assert consent.status_code == 302, consent.text
     back = urlsplit(consent.headers["Location"])
     assert back.netloc == "testserver" and back.path == "/integrations/slack/oauth/callback"

@@ -4,8 +4,9 @@ The control plane talks to it exactly as to Slack (`WebClient(base_url=SLACK_API
 method is `POST /api/<method>` with a form, JSON or query parameters and `Authorization: Bearer`
 (or Basic client credentials for `oauth.v2.access`), answered `{"ok": true, ...}` or
 `{"ok": false, "error": ...}` with HTTP 200, as Slack does. It also plays the consent page
-(`GET /oauth/v2/authorize` redirects back with a one-time code, as Slack does once a person
-clicks Allow) and response URLs (`POST /hooks/...`). Every call is recorded, in order.
+(`GET /oauth/v2/authorize`: a page naming the app and the workspace, with "Allow", which
+redirects back with a one-time code as Slack does, and "Cancel", which redirects back with
+`error=access_denied`) and response URLs (`POST /hooks/...`). Every call is recorded, in order.
 
 It also signs requests the way Slack signs what it sends to the app (`sign`), so tests can play
 Slack's side of `/slack/...`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import html
 import itertools
 import json
 import secrets
@@ -216,17 +218,27 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         slack = self.server.slack
         if parts.path == "/oauth/v2/authorize":
-            # The person clicks "Allow": back to the app with a one-time code and the state as sent.
             with slack.lock:
                 slack.calls.append(Call("oauth/v2/authorize", query, None))
             if query.get("client_id") != slack.client_id or not query.get("redirect_uri"):
-                self._reply(400, b"bad request")
+                self._reply(400, b"bad request", "text/plain")
                 return
-            code = secrets.token_hex(8)
-            with slack.lock:
-                slack.codes[code] = query["redirect_uri"]
-            target = query["redirect_uri"] + "?" + urlencode({"code": code, "state": query.get("state", "")})
-            self._reply(302, b"", "text/plain", Location=target)
+            self._reply(200, _consent_page(slack, parts.query), "text/html; charset=utf-8")
+            return
+        if parts.path in ("/oauth/v2/authorize/allow", "/oauth/v2/authorize/cancel"):
+            if query.get("client_id") != slack.client_id or not query.get("redirect_uri"):
+                self._reply(400, b"bad request", "text/plain")
+                return
+            back = {"state": query.get("state", "")}
+            if parts.path.endswith("/allow"):
+                # The person clicked "Allow": back to the app with a one-time code and the state.
+                code = secrets.token_hex(8)
+                with slack.lock:
+                    slack.codes[code] = query["redirect_uri"]
+                back = {"code": code, **back}
+            else:
+                back = {"error": "access_denied", **back}
+            self._reply(302, b"", "text/plain", Location=query["redirect_uri"] + "?" + urlencode(back))
             return
         if parts.path.startswith("/api/"):
             self._api(parts.path[5:], query)
@@ -263,6 +275,17 @@ class _Handler(BaseHTTPRequestHandler):
             basic = (user, password)
         answer = self.server.slack._answer(method, params, token, basic)
         self._reply(200, json.dumps(answer).encode())
+
+
+def _consent_page(slack: FakeSlack, query: str) -> bytes:
+    """Slack's consent page, reduced to what a person sees and clicks."""
+    same = html.escape(query, quote=True)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Slack: allow the app</title></head>
+<body><h1 id="consent">Sagaplane is requesting permission to access the {html.escape(slack.team_name)} Slack
+workspace</h1>
+<p><a id="allow" href="/oauth/v2/authorize/allow?{same}">Allow</a>
+<a id="cancel" href="/oauth/v2/authorize/cancel?{same}">Cancel</a></p></body></html>""".encode()
 
 
 class _Server(ThreadingHTTPServer):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.db import connection
@@ -16,7 +17,7 @@ from slackapp import crypto, selectors, services
 from slackapp.models import Installation, OAuthState, UserLink
 from tenants.scoping import tenant_context
 from tests.conftest import Person, server_stream
-from tests.slackapp.conftest import browser, install, signed_post
+from tests.slackapp.conftest import browser, consent_url, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 
 
@@ -68,7 +69,7 @@ def test_a_reused_state_installs_nothing(slack: FakeSlack, alice: Person) -> Non
 
 def test_a_forged_state_installs_nothing(slack: FakeSlack, alice: Person) -> None:
     client = browser(alice.user)
-    client.post("/integrations/slack/install")  # a real state exists, but the callback names another
+    consent_url(client)  # a real state exists, but the callback names another
     answer = client.get("/integrations/slack/oauth/callback?code=anything&state=forged-state")
     assert answer.status_code == 302
     assert "unknown, used or expired" in client.get("/integrations/slack/").content.decode()
@@ -93,9 +94,32 @@ def test_a_state_is_bound_to_its_owner_and_tenant(slack: FakeSlack, alice: Perso
 
 
 def test_only_owners_install(slack: FakeSlack, alice: Person, bob: Person) -> None:
-    assert browser(bob.user).post("/integrations/slack/install").status_code == 403
+    assert browser(bob.user).get("/integrations/slack/").status_code == 403
     with tenant_context(alice.tenant):
         assert not OAuthState.objects.exists()
+
+
+def test_add_to_slack_is_a_link_to_the_consent_page_with_a_state_of_this_owner(
+    slack: FakeSlack, alice: Person, carol: Person
+) -> None:
+    """A link, not a form: a form posted here and redirected to Slack's origin is blocked by the
+    pages' CSP (`form-action 'self'`) in a real browser (tests/e2e/test_slack.py clicks it)."""
+    client = browser(alice.user)
+    page = client.get("/integrations/slack/")
+    assert "form-action 'self'" in page["Content-Security-Policy"]
+    assert 'action="/integrations/slack/install"' not in page.content.decode()
+    url = urlsplit(consent_url(client))
+    assert f"{url.scheme}://{url.netloc}" == slack.url and url.path == "/oauth/v2/authorize"
+    state = parse_qs(url.query)["state"][0]
+    assert services.StateStore(carol.tenant, carol.user).consume(state) is False
+    assert services.StateStore(alice.tenant, alice.user).consume(state) is True
+    # Once installed, the page offers no install link (and issues no state).
+    install(client, slack)
+    with tenant_context(alice.tenant):
+        before = OAuthState.objects.count()
+    assert 'id="slack-add"' not in client.get("/integrations/slack/").content.decode()
+    with tenant_context(alice.tenant):
+        assert OAuthState.objects.count() == before
 
 
 def test_the_owner_chooses_the_channel_among_the_workspaces(slack: FakeSlack, alice: Person) -> None:

@@ -283,7 +283,6 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "slack/commands": Signed(frozenset({"POST"})),
     "slack/events": Signed(frozenset({"POST"})),
     "integrations/slack/": Page({"GET": OWNERS}),
-    "integrations/slack/install": Page({"POST": OWNERS}),
     "integrations/slack/oauth/callback": Page({"GET": OWNERS}),
     "integrations/slack/channel": Page({"POST": OWNERS}),
     "integrations/slack/email-matching": Page({"POST": OWNERS}),

@@ -1,0 +1,78 @@
+"""Slack's install in a real browser, where the pages' CSP is enforced: "Add to Slack" leads to
+the consent page of the local Slack stand-in, on another origin (a form posted to the server and
+redirected there was blocked by `form-action 'self'`: the button did nothing in Chromium); "Allow"
+brings the owner back, installed; the channel is chosen, e-mail matching turned on, and Slack
+uninstalled, all on the page. "Cancel" on Slack's page installs nothing."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
+from tests.slackapp.slack_server import FakeSlack
+
+pytestmark = pytest.mark.e2e
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def test_add_to_slack_reaches_the_consent_page_on_another_origin_and_installs(
+    new_page, control_plane: LiveServer, fake_slack: FakeSlack
+) -> None:
+    assert _origin(fake_slack.url) != control_plane.url  # the consent page is cross-origin
+    page = new_page()
+    blocked: list[str] = []
+    page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
+    sign_in(page, OWNER)
+    page.goto("/integrations/slack/")
+    response = page.request.get(control_plane.url + "/integrations/slack/")
+    assert "form-action 'self'" in response.headers["content-security-policy"]
+
+    # The control: a form to the consent page (what the install was) is refused by the CSP here.
+    consent = page.get_by_role("link", name="Add to Slack").get_attribute("href")
+    assert consent is not None and _origin(consent) == fake_slack.url
+    with page.expect_console_message(lambda m: "form-action" in m.text):
+        page.evaluate(
+            """url => { const f = document.createElement("form"); f.method = "get"; f.action = url;
+                        document.body.appendChild(f); f.submit(); }""",
+            consent,
+        )
+    assert page.url == control_plane.url + "/integrations/slack/"
+    assert fake_slack.called("oauth/v2/authorize") == []
+    page.goto("/integrations/slack/")  # a fresh page (the refused submission leaves one pending)
+
+    # Cancel first: back on the settings page, nothing installed.
+    page.get_by_role("link", name="Add to Slack").click()
+    expect(page.locator("#consent")).to_contain_text(fake_slack.team_name)
+    assert _origin(page.url) == fake_slack.url
+    page.get_by_role("link", name="Cancel").click()
+    expect(page.get_by_text("Slack install cancelled.")).to_be_visible()
+    expect(page.get_by_role("link", name="Add to Slack")).to_be_visible()
+
+    page.get_by_role("link", name="Add to Slack").click()
+    expect(page.locator("#consent")).to_be_visible()
+    screenshot(page, "slack-consent")
+    page.get_by_role("link", name="Allow").click()
+    expect(page).to_have_url(control_plane.url + "/integrations/slack/")
+    expect(page.get_by_text(f"Slack installed in {fake_slack.team_name}")).to_be_visible()
+    expect(page.locator("#slack-team")).to_contain_text(fake_slack.team_id)
+
+    page.get_by_label("Channel for approval requests").select_option("C0RISK")
+    page.get_by_role("button", name="Use this channel").click()
+    expect(page.get_by_text("Approval requests go to #risk-approvals.")).to_be_visible()
+    expect(page.locator("#slack-channel")).to_have_text("#risk-approvals")
+    page.get_by_label("Match Slack users to members by their e-mail address").check()
+    page.get_by_role("button", name="Save").click()
+    expect(page.get_by_text("E-mail matching is on.")).to_be_visible()
+    screenshot(page, "slack-installed")
+
+    page.get_by_role("button", name="Uninstall").click()
+    expect(page.get_by_text("Slack uninstalled")).to_be_visible()
+    expect(page.get_by_role("link", name="Add to Slack")).to_be_visible()
+    assert len(blocked) == 1 and "form-action" in blocked[0]  # the control's, nothing else
