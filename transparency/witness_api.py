@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
+from controlplane.schema import ErrorSerializer
 from tenants.access import READ, WITNESSES_CHANGE
 from tenants.permissions import TenantScopedViewMixin
 from transparency import witnesses
@@ -67,7 +68,7 @@ class WitnessListView(TenantScopedViewMixin, APIView):
             }
         )
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request) -> Response:
         body = request.data if isinstance(request.data, dict) else {}
         witness = witnesses.add_witness(
