@@ -264,3 +264,60 @@ def test_sampling_passes_through_both_ways_and_the_upstream_sees_no_sagaplane_cr
     assert seen.structured_content == {"sagaplane": []}  # nothing of Sagaplane's reaches the server
     starts = [r["saga_id"] for r in wal_records(tmp_path) if r["event"] == "SAGA_START"]
     assert "chosen-by-the-client" in starts
+
+
+def test_an_http_session_that_goes_silent_leaves_its_saga_to_recovery(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from mcp.client.streamable_http import streamable_http_client
+
+    upstream_port, gateway_port = _port(), _port()
+    env = {k: v for k, v in os.environ.items() if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY")}
+    env.update(SAGAPLANE_WAL_DIR=str(tmp_path / "wal"), SHOP_LEDGER=str(tmp_path / "ledger.jsonl"))
+    log_path = tmp_path / "gateway.log"
+    log = log_path.open("a")
+    shop = subprocess.Popen(
+        [sys.executable, str(SHOP), "--http", f"127.0.0.1:{upstream_port}"], env=env, stderr=log
+    )
+    command = [str(SAGAPLANE), "mcp-gateway", "--policy", str(POLICY), "--session-idle", "1"]
+    command += [
+        "--listen",
+        f"127.0.0.1:{gateway_port}",
+        "--upstream-url",
+        f"http://127.0.0.1:{upstream_port}/mcp",
+    ]
+    gateway_process = subprocess.Popen(command, env=env, stderr=log)
+
+    async def main() -> Any:
+        with anyio.fail_after(DEADLINE):
+            while not _listening(gateway_port):
+                await anyio.sleep(0.1)
+            url = f"http://127.0.0.1:{gateway_port}/mcp"
+            # The client vanishes without ending its session (no DELETE).
+            async with (
+                streamable_http_client(url, terminate_on_close=False) as (r, w),
+                ClientSession(r, w) as client,
+            ):
+                await client.initialize()
+                return await client.call_tool("charge_card", {"customer": "ann", "amount": 4})
+
+    try:
+        charged = anyio.run(main)
+        saga_id = (charged.meta or {})["sagaplane/saga_id"]
+        deadline = time.monotonic() + DEADLINE
+        while f"saga {saga_id}: its HTTP session went silent" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.1)  # polling a condition with a deadline
+        gateway_process.send_signal(signal.SIGTERM)
+        assert gateway_process.wait(timeout=DEADLINE) == 0
+    finally:
+        for process in (gateway_process, shop):
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=DEADLINE)
+    records = [r for r in wal_records(tmp_path) if r.get("saga_id") == saga_id]
+    events = [r["event"] for r in records]
+    # No terminal record: the control plane's lease runs out and recovery compensates the charge.
+    assert "STEP_COMMITTED" in events and not {"SAGA_COMPLETE", "SAGA_ABORTED"} & set(events), events

@@ -88,6 +88,13 @@ def add_mcp_gateway(sub: Any) -> None:
         help="with --listen: the environment variable holding the bearer token clients must send "
         "(required when listening beyond loopback)",
     )
+    p.add_argument(
+        "--session-idle",
+        type=float,
+        default=1800.0,
+        help="with --listen: seconds without a call after which a session counts as dropped and its "
+        "saga is left to recovery (default 1800, the mcp package's own idle timeout)",
+    )
     p.add_argument("--lease-ttl", type=float, default=30.0, help="seconds until recovery takes over")
     add_upstream_options(p)
     p.set_defaults(func=cmd_mcp_gateway)
@@ -150,6 +157,7 @@ def cmd_mcp_gateway(args: argparse.Namespace) -> int:
             emit_policy=Path(args.emit_policy) if args.emit_policy else None,
             call_timeout=args.call_timeout,
             lease_ttl=args.lease_ttl,
+            session_idle=args.session_idle,
             saga_name=f"mcp-{policy.name}",
         )
         listen = _listen(args.listen)

@@ -93,6 +93,7 @@ class GatewayConfig:
     lease_ttl: float = 30.0
     saga_name: str = "mcp"
     listen_token: str = ""  # over HTTP: clients must send `Authorization: Bearer <it>` (when set)
+    session_idle: float = 1800.0  # over HTTP: a session silent this long was dropped (a crash)
 
 
 def error_result(message: str, data: dict[str, Any]) -> types.CallToolResult:
@@ -136,6 +137,7 @@ class _Sagas:
         self.open: dict[str, Saga] = {}
         self.closed: set[str] = set()
         self.default: dict[str, str] = {}  # client session -> its saga id
+        self.seen: dict[str, float] = {}  # client session -> when it last called a tool
         self._lock = anyio.Lock()
 
     def _new(self, saga_id: str | None) -> Saga:
@@ -171,8 +173,26 @@ class _Sagas:
         await saga.__aexit__(None, None, None)
         return saga.saga_id, report
 
+    async def drop_idle(self, idle: float) -> list[str]:
+        """HTTP sessions silent for `idle` seconds were dropped, not ended: their sagas are left
+        to recovery (the lease is no longer renewed; no terminal record is written)."""
+        now = anyio.current_time()
+        dropped = []
+        async with self._lock:
+            for session, seen in list(self.seen.items()):
+                if now - seen < idle:
+                    continue
+                del self.seen[session]
+                saga = self.open.pop(self.default.pop(session, ""), None)
+                if saga is not None:
+                    saga.wal.release_lease(saga.saga_id)
+                    self.closed.add(saga.saga_id)
+                    dropped.append(saga.saga_id)
+        return dropped
+
     async def end_session(self, session: str) -> None:
         """The client ended its session: its saga is complete."""
+        self.seen.pop(session, None)
         if session in self.default:
             await self.finish(None, rollback=False, session=session)
 
@@ -324,6 +344,7 @@ class Gateway:
         requested = meta.get(SAGA_META)
         saga_id = requested if isinstance(requested, str) and 0 < len(requested) <= 128 else None
         client = _session_key(ctx)
+        self.sagas.seen[client] = anyio.current_time()
         if self.config.boundary == "explicit" and name in (COMMIT, ROLLBACK):
             return await self._boundary_tool(name, saga_id, client)
         if self.config.observe:
@@ -470,6 +491,7 @@ async def serve(gateway: Gateway, listen: tuple[str, int] | None) -> None:
                 else:
                     http = _http_server(gateway, server, listen)
                     tg.start_soon(_stop_on_signal, lambda: setattr(http, "should_exit", True))
+                    tg.start_soon(_drop_idle_sessions, gateway)
                     await http.serve()
                 tg.cancel_scope.cancel()
         finally:
@@ -490,6 +512,14 @@ async def _connect(stack: contextlib.AsyncExitStack, gateway: Gateway) -> Client
                 raise  # a command that fails to start fails at once
             logger.warning("upstream %s not reachable yet: %r", gateway.config.upstream.describe(), exc)
             await anyio.sleep(1.0)
+
+
+async def _drop_idle_sessions(gateway: Gateway) -> None:
+    idle = gateway.config.session_idle
+    while True:
+        await anyio.sleep(max(0.2, min(idle / 4, 30.0)))
+        for saga_id in await gateway.sagas.drop_idle(idle):
+            logger.warning("saga %s: its HTTP session went silent; left to recovery", saga_id)
 
 
 async def _stop_on_signal(stop: Callable[[], Any]) -> None:
