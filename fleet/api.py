@@ -408,10 +408,23 @@ class QuarantineView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="sagas_quarantine",
-        request=inline_serializer("QuarantineCreate", {"reason": serializers.CharField()}),
+        request=inline_serializer(
+            "QuarantineCreate",
+            {"reason": serializers.CharField(), "preemptive": serializers.BooleanField(required=False)},
+        ),
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request, saga_id: str) -> Response:
+        """A saga no record has named yet is 404 `saga_not_found`, unless `preemptive: true`."""
         data = _body(request)
-        row = services.quarantine(self.tenant, saga_id, actor=self.actor, reason=data.get("reason"))
-        return Response({"saga_id": row.saga_id, "reason": row.reason, "actor": row.actor}, status=201)
+        row = services.quarantine(
+            self.tenant,
+            saga_id,
+            actor=self.actor,
+            reason=data.get("reason"),
+            preemptive=data.get("preemptive", False),
+        )
+        return Response(
+            {"saga_id": row.saga_id, "reason": row.reason, "actor": row.actor, "preemptive": row.preemptive},
+            status=201,
+        )

@@ -96,6 +96,8 @@ class Quarantine(TenantScopedModel):
     actor = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)
     released_at = models.DateTimeField(null=True, blank=True)
+    # Set aside before any record of the saga arrived (asked for explicitly: `preemptive: true`).
+    preemptive = models.BooleanField(default=False)
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "saga_id"], name="fleet_quarantine_saga")]

@@ -32,3 +32,8 @@ def not_quarantined_sql(saga_column: str) -> tuple[str, list[Any]]:
 
 def is_quarantined(saga_id: str) -> bool:
     return quarantined_saga_ids().filter(saga_id=saga_id).exists()
+
+
+def quarantine_of(saga_id: str) -> Quarantine | None:
+    """The quarantine in force for this saga of the active tenant, if any."""
+    return Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()

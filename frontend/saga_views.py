@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from audit import selectors as audit_selectors
 from audit.models import Record
+from fleet import selectors as fleet_selectors
 from frontend import recovery_views
 from frontend.views import MemberRequest, member_page, page
 from recovery import selectors as recovery_selectors
@@ -394,6 +395,7 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
         "saga": saga,
         "shown_status": shown_status,
         "needs_human": bool(recovery_selectors.needing_human([saga])),
+        "quarantine": fleet_selectors.quarantine_of(saga.saga_id),
         "orphaned": orphaned,
         # When the page is to be fetched again although no record arrives: at the lease's expiry
         # (time passing is not a record), and while recovery is only starting, until it started.

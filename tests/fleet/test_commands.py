@@ -50,14 +50,14 @@ def test_refusals_name_what_is_wrong(tenant_a: Tenant) -> None:
     with pytest.raises(CommandError, match="tenant: no tenant with slug 'nope'"):
         run("halt", "--tenant", "nope", "--scope", "*", "--reason", "r")
     with pytest.raises(CommandError, match="reason:"):
-        run("quarantine", "--tenant", "acme", "saga-1", "--reason", " ")
+        run("quarantine", "--tenant", "acme", "saga-1", "--reason", " ", "--preemptive")
     with tenant_context(tenant_a):
         assert services.halts_in_force() == []
 
 
 def test_quarantine_refuses_the_sagas_steps(tenant_a: Tenant) -> None:
-    assert "saga-9 of acme is quarantined" in run(
-        "quarantine", "--tenant", "acme", "saga-9", "--reason", "loops"
+    assert "saga-9 of acme is quarantined (preemptively" in run(
+        "quarantine", "--tenant", "acme", "saga-9", "--reason", "loops", "--preemptive"
     )
     assert ask(tenant_a, "crm.insert", saga="saga-9")["reason"] == "quarantined"
     assert server_stream(tenant_a)[-1]["event"] == "SAGA_QUARANTINED"

@@ -178,7 +178,7 @@ def test_a_policy_change_reaches_another_process_on_its_next_call(
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["decision"] == "allow"
     services.create_budget(tenant, actor=ACTOR, name="tiny", tool="stripe.*", max_total=1, window_s=3600)
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "budget_exceeded"
-    services.quarantine(tenant, "held", actor=ACTOR, reason="r")
+    services.quarantine(tenant, "held", actor=ACTOR, reason="r", preemptive=True)
     quarantined = {**call(tool="crm.insert"), "saga_id": "held"}
     assert tell(worker, "decide " + json.dumps(quarantined))["reason"] == "quarantined"
 

@@ -79,12 +79,9 @@ class Allowed:
 
 @dataclass(frozen=True)
 class Api:
-    """A tenant API route: keys by scope, members (session) by role. `own_names`: its path names
-    something the caller may name in their own tenant (a saga to set aside), not an acme object,
-    so the outsider is answered in their own tenant instead of 404."""
+    """A tenant API route: keys by scope, members (session) by role."""
 
     methods: dict[str, Allowed]
-    own_names: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,7 +180,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/fleet/rate-limits/<id:rate_limit_id>": Api({"DELETE": FLEET_CHANGE}),
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
     "api/v1/fleet/halts/<id:halt_id>": Api({"DELETE": HALTERS}),
-    "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}, own_names=True),
+    "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}),
     # reconciliation: observers (recovery keys) claim and answer; readers see; auditors certify
     "api/v1/reconciliation/claim": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
     "api/v1/reconciliation/answers": Api({"POST": Allowed(keys=frozenset({"recovery"}))}),
@@ -502,7 +499,7 @@ def expected(
     if role not in allowed.roles:
         return 403
     # The outsider acts in their own tenant: acme's objects do not exist there.
-    return 404 if kind == "outsider" and params and not spec.own_names else OK
+    return 404 if kind == "outsider" and params else OK
 
 
 # ------------------------------------------------------------------------------------ answering

@@ -14,11 +14,23 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", required=True, help="the tenant's slug")
         parser.add_argument("saga_id")
         parser.add_argument("--reason", required=True)
+        parser.add_argument(
+            "--preemptive",
+            action="store_true",
+            help="set aside a saga no record has named yet (refused without this flag)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = tenant_by_slug(options["tenant"])
         try:
-            row = services.quarantine(tenant, options["saga_id"], actor=cli_actor(), reason=options["reason"])
+            row = services.quarantine(
+                tenant,
+                options["saga_id"],
+                actor=cli_actor(),
+                reason=options["reason"],
+                preemptive=options["preemptive"],
+            )
         except services.FleetError as exc:
             raise refused(exc) from None
-        self.stdout.write(f"saga {row.saga_id} of {tenant.slug} is quarantined")
+        preemptive = " (preemptively: no record of it yet)" if row.preemptive else ""
+        self.stdout.write(f"saga {row.saga_id} of {tenant.slug} is quarantined{preemptive}")
