@@ -18,7 +18,9 @@ from tenants.scoping import tenant_context
 from tests.conftest import Person, server_stream
 from tests.sdk.witnesskit import RunningWitness, start_witness
 from tests.transparency.conftest import Writer, settle
-from transparency.models import Checkpoint, Witness, WitnessRefusal
+from transparency import services as transparency_services
+from transparency.models import Checkpoint, Export, Witness, WitnessRefusal
+from transparency.storage import get_storage
 from transparency.tasks import cosign_tenant
 
 API = "/api/v1/audit"
@@ -57,7 +59,12 @@ def _save(tmp_path: Path, name: str, content: bytes) -> str:
 
 
 def test_two_witnesses_cosign_and_the_policy_holds(
-    tenant_a: Tenant, alice: Person, writer_a: Writer, witnessed: list[RunningWitness], tmp_path: Path
+    tenant_a: Tenant,
+    alice: Person,
+    writer_a: Writer,
+    witnessed: list[RunningWitness],
+    tmp_path: Path,
+    settings: Any,
 ) -> None:
     assert cosign_tenant(tenant_a.pk) == 2
     client = alice.key_client()
@@ -88,6 +95,19 @@ def test_two_witnesses_cosign_and_the_policy_holds(
     assert f'href="{API}/proofs/bundle?index=' in timeline  # offered per record
     bundle = alice.session_client().get(f"{API}/proofs/bundle", {"index": first_size}).content
     assert cli.main(["verify-proof", _save(tmp_path, "p.tlog-proof", bundle), "--policy", policy]) == 0
+
+    # A WORM export is proven against the witnessed checkpoint and verifies under the policy too.
+    settings.SAGAPLANE_EXPORT_STORAGE = {
+        "BACKEND": "transparency.storage.WriteOnceFileStorage",
+        "OPTIONS": {"location": str(tmp_path / "exports")},
+    }
+    export = transparency_services.request_export(tenant_a, actor="test")
+    transparency_services.build_export(tenant_a, export.pk)
+    with tenant_context(tenant_a):
+        stored = Export.objects.get(pk=export.pk)
+    with get_storage().open(stored.storage_name) as src:
+        archive = _save(tmp_path, "export.tar.gz", src.read())
+    assert cli.main(["verify-export", archive, "--policy", policy]) == 0
 
     # Changes were audited with old and new values.
     events = {r.get("event"): r for r in server_stream(tenant_a)}
