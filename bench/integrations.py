@@ -148,6 +148,25 @@ def _fsync_cost(folder: Path, n: int) -> dict[str, float]:
     return _summary(samples)
 
 
+def _latency_report(mine: dict[str, list[float]], peer: dict[str, list[float]]) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    for label in CALLS:
+        ours, theirs = _summary(mine[label]), _summary(peer[label])
+        report[label] = {
+            "gateway": ours,
+            "direct": theirs,
+            "added_p50_ms": round(ours["p50_ms"] - theirs["p50_ms"], 3),
+            "added_p99_ms": round(ours["p99_ms"] - theirs["p99_ms"], 3),
+            "ratio_p50": round(ours["p50_ms"] / theirs["p50_ms"], 3),
+        }
+        print(
+            f"{label:12s} direct p50 {theirs['p50_ms']:7.3f} ms p99 {theirs['p99_ms']:7.3f} ms | "
+            f"gateway p50 {ours['p50_ms']:7.3f} ms p99 {ours['p99_ms']:7.3f} ms | "
+            f"added p50 {report[label]['added_p50_ms']:+.3f} ms p99 {report[label]['added_p99_ms']:+.3f} ms"
+        )
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -186,21 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         through_gateway = anyio.run(_throughput, gateway, n, args.concurrency)
         through_direct = anyio.run(_throughput, direct, n, args.concurrency)
     load_after = os.getloadavg()[0]
-    report: dict[str, Any] = {}
-    for label in CALLS:
-        ours, theirs = _summary(mine[label]), _summary(peer[label])
-        report[label] = {
-            "gateway": ours,
-            "direct": theirs,
-            "added_p50_ms": round(ours["p50_ms"] - theirs["p50_ms"], 3),
-            "added_p99_ms": round(ours["p99_ms"] - theirs["p99_ms"], 3),
-            "ratio_p50": round(ours["p50_ms"] / theirs["p50_ms"], 3),
-        }
-        print(
-            f"{label:12s} direct p50 {theirs['p50_ms']:7.3f} ms p99 {theirs['p99_ms']:7.3f} ms | "
-            f"gateway p50 {ours['p50_ms']:7.3f} ms p99 {ours['p99_ms']:7.3f} ms | "
-            f"added p50 {report[label]['added_p50_ms']:+.3f} ms p99 {report[label]['added_p99_ms']:+.3f} ms"
-        )
+    report = _latency_report(mine, peer)
     print(f"fdatasync p50 {fsync['p50_ms']:.3f} ms p99 {fsync['p99_ms']:.3f} ms")
     for label, cost in steps.items():
         print(
