@@ -4,7 +4,7 @@ redirect shows up here, never in Django's test client). Membership: an invitatio
 new person, who joins a second tenant, switches to it and signs out; the owner changes their role
 and removes them. Fleet: a rate limit and a budget set and deleted. Approval policies: disabled,
 enabled and deleted. Passkeys: registered, renamed and revoked. Recovery: a job that waits for a
-human retried, resolved, its saga quarantined."""
+human retried, resolved, its saga quarantined. Approvals: a request denied, shown in the history."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import AUDITOR, CAROL, OWNER, PASSWORD, LiveServer, screenshot, sign_in
-from tests.e2e.test_approvals_passkeys import passkey_browser, register_passkey
+from tests.e2e.test_approvals_passkeys import RISK, passkey_browser, register_passkey
 from tests.frontend.sagadata import Writer, saga_forward
 
 pytestmark = pytest.mark.e2e
@@ -226,3 +226,46 @@ def test_the_recovery_page_retries_resolves_and_quarantines(new_page, control_pl
     row.get_by_role("button", name="Quarantine saga").click()
     expect(page.get_by_text(f"Quarantined {other}")).to_be_visible()
     screenshot(page, "flows-recovery")
+
+
+def test_an_approver_denies_a_request_and_history_shows_it(new_page, control_plane: LiveServer) -> None:
+    owner = new_page(height=1400)
+    sign_in(owner, OWNER)
+    owner.goto("/approvals/policies/")
+    form = owner.locator("#policy-form")
+    form.get_by_label("Name", exact=True).fill("e2e payouts")
+    form.get_by_label("Tools (glob)").fill("e2e.payout.*")
+    form.get_by_role("button", name="Create policy").click()
+    expect(owner.get_by_text("Approval policy 'e2e payouts' created.")).to_be_visible()
+    # An agent asks the gate: the call waits for a human.
+    asked = httpx.post(
+        f"{control_plane.url}/api/v1/gate/evaluate",
+        json={
+            "saga_id": f"e2e-deny-{uuid.uuid4().hex[:8]}",
+            "step_id": "1",
+            "tool": "e2e.payout.send",
+            "args": {"amount": 900, "to": "mallory"},
+            "agent": "payout-bot",
+        },
+        headers={"Authorization": f"Bearer {control_plane.api_key}"},
+        timeout=20,
+    )
+    assert asked.status_code == 200, asked.text
+    assert asked.json()["decision"] == "pending_approval"
+    approval_id = asked.json()["approval_id"]
+
+    risk = new_page()
+    sign_in(risk, RISK)
+    risk.goto(f"/approvals/{approval_id}/")
+    expect(risk.locator("#approval-action")).to_contain_text("mallory")
+    risk.locator("#vote-form").get_by_label("Note (optional)").fill("not a customer of ours")
+    risk.locator("#vote-form").get_by_role("button", name="Deny").click()
+    expect(risk.locator("#approval-action")).to_have_attribute("data-status", "denied")
+    risk.goto("/approvals/history")
+    expect(risk.locator(f'#approval-history-table tr[data-approval="{approval_id}"]')).to_have_attribute(
+        "data-status", "denied"
+    )
+    screenshot(risk, "flows-approval-denied")
+    owner.once("dialog", lambda dialog: dialog.accept())
+    owner.get_by_role("button", name="Delete e2e payouts").click()
+    expect(owner.locator('#policies-table tr[data-policy="e2e payouts"]')).to_have_count(0)
