@@ -53,6 +53,20 @@ def test_a_valid_policy_matches_exact_names_first_then_globs_in_file_order(tmp_p
     assert loaded.compensation_tools() == ["refund", "set_address"]
 
 
+FULLWIDTH_CHARGE = "\uff23\uff28\uff21\uff32\uff27\uff25_card"
+
+
+@pytest.mark.parametrize("spelling", ["CHARGE_CARD", "Charge_Card", FULLWIDTH_CHARGE])
+def test_a_name_cannot_dodge_its_rule_by_case_or_look_alikes(spelling: str) -> None:
+    # Matched as the gate matches (sagaplane.names): a default PREVIEW must not govern a spelling
+    # of an IRREVERSIBLE or COMPENSABLE tool.
+    loaded = policy.loads(GOOD.replace('default = "deny"', 'default = "PREVIEW"'))
+    charge = loaded.rule_for(spelling)
+    assert charge is not None and charge.pattern == "charge_card", charge
+    deleting = loaded.rule_for("DELETE_accounts")
+    assert deleting is not None and deleting.semantics.value == "IRREVERSIBLE", deleting
+
+
 def test_a_default_semantics_governs_unnamed_tools() -> None:
     loaded = policy.loads('name = "x"\ndefault = "PREVIEW"\n')
     rule = loaded.rule_for("anything")

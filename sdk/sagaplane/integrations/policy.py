@@ -22,7 +22,8 @@ mistake is refused at load as a `PolicyError` naming the file and line (`policy.
     capture = { tool = "get_address", arguments = { user = "{args.user}" } }
     compensate = { tool = "set_address", arguments = { user = "{args.user}", address = "{state.address}" } }
 
-    [tools."delete_*"]      # a glob (fnmatch): the exact name wins, then globs in file order
+    [tools."delete_*"]      # a glob (fnmatch): the exact name wins, then globs in file order; names
+                            # compare as the gate compares them (case-insensitively after NFKC)
     semantics = "IRREVERSIBLE"
 
 Per tool: `semantics` (PREVIEW, REVERSIBLE, COMPENSABLE, IRREVERSIBLE; required); `compensate`
@@ -46,7 +47,6 @@ unbuildable: the step has no inverse and recovery escalates it to a person.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import tomllib
@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import names
 from ..semantics import COMPENSABLE, IRREVERSIBLE, PREVIEW, REVERSIBLE, Semantics
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -190,12 +191,13 @@ class Policy:
 
     def rule_for(self, tool: str) -> ToolRule | None:
         """The rule governing `tool`: its exact entry, else the first glob that matches it, else
-        the default (None when the default is "deny")."""
+        the default (None when the default is "deny"). Names compare as the gate compares them
+        (`sagaplane.names`: case-insensitively after NFKC), so `WIRE` cannot dodge `wire`'s rule."""
         for rule in self.rules:
-            if rule.pattern == tool:
+            if names.same_name(rule.pattern, tool):
                 return rule
         for rule in self.rules:
-            if _is_glob(rule.pattern) and fnmatch.fnmatchcase(tool, rule.pattern):
+            if _is_glob(rule.pattern) and names.glob_matches(rule.pattern, tool):
                 return rule
         if self.default is None:
             return None
