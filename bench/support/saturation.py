@@ -61,10 +61,9 @@ def celery_with_beat(env: dict[str, str], folder: Path) -> Iterator[subprocess.P
 def saturated(url: str, key: str, folder: Path, *, threads: int = 4, batch: int = 20) -> Iterator[None]:
     """CPU hogs (two per core) and `threads` agents flooding ingest with `batch` sagas a request."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}"}
-    load = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        for _ in range(2 * (os.cpu_count() or 2))
-    ]
+    from tests.support.load import cpu_hogs
+
+    load = cpu_hogs()
     load.append(
         subprocess.Popen(
             [sys.executable, str(FLOOD), url, key, str(threads), str(batch)],

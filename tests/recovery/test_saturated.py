@@ -21,6 +21,7 @@ import pytest
 
 from tests.recovery.live import Deployment, deployment, embedded_deployment, stop
 from tests.recovery.test_crash import committed, records
+from tests.support.load import cpu_hogs
 
 LEASE_TTL = 3.0
 AGENTS = 3
@@ -55,10 +56,7 @@ def saturated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deploy
 
 def _saturate(live: Deployment, threads: str, batch: str) -> list[subprocess.Popen[bytes]]:
     """CPU hogs (two per core) and a flood of ingest; returns once the flood is being stored."""
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        for _ in range(2 * (os.cpu_count() or 2))
-    ]
+    hogs = cpu_hogs()
     flood = live.start([sys.executable, str(FLOOD), live.server.url, live.key, threads, batch], "flood.log")
     with live.client() as client:
 
