@@ -37,9 +37,11 @@ from tests.hostile.production import (
     own_redis,
     production_env,
 )
+from tests.support.load import cpu_hogs
 
 DEADLINE = 60.0
 AGENT = Path(__file__).with_name("agent.py")
+FLOOD = Path(__file__).with_name("flood.py")
 
 
 def _pg_bin() -> Path:
@@ -293,6 +295,22 @@ def stop(process: subprocess.Popen[Any]) -> None:
         except ProcessLookupError:
             pass
     process.wait(timeout=30)
+
+
+def saturate(live: Deployment, threads: str, batch: str) -> list[subprocess.Popen[bytes]]:
+    """CPU hogs (two per core) and a flood of ingest (`flood.py`: `threads` agents shipping batches
+    of `batch` sagas) into the deployment's tenant; returns once the flood is being stored, with
+    the processes to stop."""
+    hogs = cpu_hogs()
+    flood = live.start([sys.executable, str(FLOOD), live.server.url, live.key, threads, batch], "flood.log")
+    with live.client() as client:
+
+        def stored() -> bool:
+            answer = client.get("/api/v1/sagas", params={"limit": 1})
+            return answer.status_code == 200 and bool(answer.json().get("results"))
+
+        live.until(stored, "the flood's first sagas")
+    return [*hogs, flood]
 
 
 def _with_celery(live: Deployment, name: str) -> Iterator[Deployment]:

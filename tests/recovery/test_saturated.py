@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.recovery.live import Deployment, deployment, embedded_deployment, stop
+from tests.recovery.live import Deployment, deployment, embedded_deployment, saturate, stop
 from tests.recovery.test_crash import committed, records
-from tests.support.load import cpu_hogs
 
 LEASE_TTL = 3.0
 AGENTS = 3
 CHARGES = 2
-FLOOD = Path(__file__).with_name("flood.py")
 # Taking over must not wait for the flood to end; the deadline only bounds a failing run.
 TAKEOVER_DEADLINE = 60.0
 
@@ -46,26 +42,12 @@ def saturated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deploy
         shape = embedded_deployment(tmp_path)
     with shape as live:
         # SQLite takes one writer at a time: a lighter flood saturates it (and its two workers).
-        load = _saturate(live, *(("4", "20") if request.param == "postgres" else ("2", "5")))
+        load = saturate(live, *(("4", "20") if request.param == "postgres" else ("2", "5")))
         try:
             yield live
         finally:
             for process in load:
                 stop(process)
-
-
-def _saturate(live: Deployment, threads: str, batch: str) -> list[subprocess.Popen[bytes]]:
-    """CPU hogs (two per core) and a flood of ingest; returns once the flood is being stored."""
-    hogs = cpu_hogs()
-    flood = live.start([sys.executable, str(FLOOD), live.server.url, live.key, threads, batch], "flood.log")
-    with live.client() as client:
-
-        def stored() -> bool:
-            answer = client.get("/api/v1/sagas", params={"limit": 1})
-            return answer.status_code == 200 and bool(answer.json().get("results"))
-
-        live.until(stored, "the flood's first sagas")
-    return [*hogs, flood]
 
 
 def test_killed_agents_are_taken_over_while_the_workers_are_saturated(saturated: Deployment) -> None:
