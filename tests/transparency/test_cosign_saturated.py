@@ -4,12 +4,14 @@ checkpoint is still cosigned by its quorum of two real witnesses within a bounde
 
 The cosigning pass queued after each signed checkpoint waits behind the busy workers; the beat
 process's own cosigner thread (transparency/cosigner.py) must find the witnesses behind and ask
-them itself. Production's shape (private Postgres and Redis, gunicorn, `worker -B
---concurrency=2`); the witnesses are `sagaplane witness serve` processes on loopback, added and
-given their quorum by the tenant's owner through the API, as a person would."""
+them itself. Both deployment shapes, each with `worker -B --concurrency=2`: production's
+(private Postgres and Redis, gunicorn) and `make run`'s (SQLite, the filesystem broker,
+`runserver`). The witnesses are `sagaplane witness serve` processes on loopback, added and given
+their quorum by the tenant's owner through the API, as a person would."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,20 +20,30 @@ import pytest
 from sagaplane import cosignature, note
 
 from tests.hostile.production import OWNER_PASSWORD, sign_in
-from tests.recovery.live import Deployment, deployment, saturate, stop
+from tests.recovery.live import Deployment, deployment, embedded_deployment, saturate, stop
 from tests.sdk.witnesskit import RunningWitness, start_witness
 
 API = "/api/v1/audit"
 # Cosigning must not wait for the flood to end; the deadline only bounds a failing run.
 COSIGN_DEADLINE = 90.0
+EMBEDDED_OWNER_PASSWORD = "embedded-owner-password"  # embedded_deployment's tenant owner
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def saturated(tmp_path: Path) -> Iterator[Deployment]:
-    with deployment(tmp_path) as live:
-        load = saturate(live, "4", "20")
+@pytest.fixture(
+    params=["embedded", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.redis])]
+)
+def saturated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+    if request.param == "postgres":
+        shape = deployment(tmp_path)
+    else:
+        if os.environ.get("DATABASE_URL", "").startswith("postgres"):
+            pytest.skip("the embedded shape runs in the SQLite phase (make test's second run)")
+        shape = embedded_deployment(tmp_path)
+    with shape as live:
+        # SQLite takes one writer at a time: a lighter flood saturates it (and its two workers).
+        load = saturate(live, *(("4", "20") if request.param == "postgres" else ("2", "5")))
         try:
             yield live
         finally:
@@ -57,7 +69,8 @@ def _witnesses(live: Deployment, folder: Path) -> list[RunningWitness]:
     try:
         for i in (1, 2):
             running.append(start_witness(folder / f"w{i}", f"witness.test/w{i}", [(origin, vkey)]))
-        owner = sign_in(live.server, "owner@shop.example", OWNER_PASSWORD, tenant="shop")
+        password = OWNER_PASSWORD if live.cluster else EMBEDDED_OWNER_PASSWORD
+        owner = sign_in(live.server, "owner@shop.example", password, tenant="shop")
         with httpx.Client(base_url=live.server.url, headers=owner, timeout=30) as session:
             for i, w in enumerate(running, start=1):
                 body = {"name": f"w{i}", "url": w.url, "vkey": w.vkey}
