@@ -297,20 +297,44 @@ def stop(process: subprocess.Popen[Any]) -> None:
     process.wait(timeout=30)
 
 
-def saturate(live: Deployment, threads: str, batch: str) -> list[subprocess.Popen[bytes]]:
-    """CPU hogs (two per core) and a flood of ingest (`flood.py`: `threads` agents shipping batches
-    of `batch` sagas) into the deployment's tenant; returns once the flood is being stored, with
-    the processes to stop."""
-    hogs = cpu_hogs()
-    flood = live.start([sys.executable, str(FLOOD), live.server.url, live.key, threads, batch], "flood.log")
-    with live.client() as client:
+# The two deployment shapes a saturation test runs in, as fixture params: production's (private
+# Postgres and Redis, gunicorn) in the Postgres phase, `make run`'s (SQLite) in the SQLite phase.
+SATURATED_SHAPES = [
+    "embedded",
+    pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.redis]),
+]
 
-        def stored() -> bool:
-            answer = client.get("/api/v1/sagas", params={"limit": 1})
-            return answer.status_code == 200 and bool(answer.json().get("results"))
 
-        live.until(stored, "the flood's first sagas")
-    return [*hogs, flood]
+@contextmanager
+def saturated_deployment(shape: str, tmp_path: Path) -> Iterator[Deployment]:
+    """A deployment of `shape` (one of SATURATED_SHAPES) with CPU hogs (two per core) and a flood
+    of ingest (`flood.py`) into its tenant, yielded once the flood is being stored; every process
+    is stopped after."""
+    if shape == "postgres":
+        chosen = deployment(tmp_path)
+    else:
+        if os.environ.get("DATABASE_URL", "").startswith("postgres"):
+            pytest.skip("the embedded shape runs in the SQLite phase (make test's second run)")
+        chosen = embedded_deployment(tmp_path)
+    # SQLite takes one writer at a time: a lighter flood saturates it (and its two workers).
+    threads, batch = ("4", "20") if shape == "postgres" else ("2", "5")
+    with chosen as live:
+        load = cpu_hogs()
+        load.append(
+            live.start([sys.executable, str(FLOOD), live.server.url, live.key, threads, batch], "flood.log")
+        )
+        try:
+            with live.client() as client:
+
+                def stored() -> bool:
+                    answer = client.get("/api/v1/sagas", params={"limit": 1})
+                    return answer.status_code == 200 and bool(answer.json().get("results"))
+
+                live.until(stored, "the flood's first sagas")
+            yield live
+        finally:
+            for process in load:
+                stop(process)
 
 
 def _with_celery(live: Deployment, name: str) -> Iterator[Deployment]:

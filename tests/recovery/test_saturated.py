@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.recovery.live import Deployment, deployment, embedded_deployment, saturate, stop
+from tests.recovery.live import SATURATED_SHAPES, Deployment, saturated_deployment, stop
 from tests.recovery.test_crash import committed, records
 
 LEASE_TTL = 3.0
@@ -30,24 +30,10 @@ TAKEOVER_DEADLINE = 60.0
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(
-    params=["embedded", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.redis])]
-)
+@pytest.fixture(params=SATURATED_SHAPES)
 def saturated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
-    if request.param == "postgres":
-        shape = deployment(tmp_path)
-    else:
-        if os.environ.get("DATABASE_URL", "").startswith("postgres"):
-            pytest.skip("the embedded shape runs in the SQLite phase (make test's second run)")
-        shape = embedded_deployment(tmp_path)
-    with shape as live:
-        # SQLite takes one writer at a time: a lighter flood saturates it (and its two workers).
-        load = saturate(live, *(("4", "20") if request.param == "postgres" else ("2", "5")))
-        try:
-            yield live
-        finally:
-            for process in load:
-                stop(process)
+    with saturated_deployment(request.param, tmp_path) as live:
+        yield live
 
 
 def test_killed_agents_are_taken_over_while_the_workers_are_saturated(saturated: Deployment) -> None:

@@ -12,7 +12,6 @@ their quorum by the tenant's owner through the API, as a person would."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from sagaplane import cosignature, note
 
 from tests.hostile.production import OWNER_PASSWORD, sign_in
-from tests.recovery.live import Deployment, deployment, embedded_deployment, saturate, stop
+from tests.recovery.live import SATURATED_SHAPES, Deployment, saturated_deployment
 from tests.sdk.witnesskit import RunningWitness, start_witness
 
 API = "/api/v1/audit"
@@ -32,24 +31,10 @@ EMBEDDED_OWNER_PASSWORD = "embedded-owner-password"  # embedded_deployment's ten
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(
-    params=["embedded", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.redis])]
-)
+@pytest.fixture(params=SATURATED_SHAPES)
 def saturated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
-    if request.param == "postgres":
-        shape = deployment(tmp_path)
-    else:
-        if os.environ.get("DATABASE_URL", "").startswith("postgres"):
-            pytest.skip("the embedded shape runs in the SQLite phase (make test's second run)")
-        shape = embedded_deployment(tmp_path)
-    with shape as live:
-        # SQLite takes one writer at a time: a lighter flood saturates it (and its two workers).
-        load = saturate(live, *(("4", "20") if request.param == "postgres" else ("2", "5")))
-        try:
-            yield live
-        finally:
-            for process in load:
-                stop(process)
+    with saturated_deployment(request.param, tmp_path) as live:
+        yield live
 
 
 def _text(live: Deployment, path: str) -> str:
