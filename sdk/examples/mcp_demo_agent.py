@@ -19,7 +19,6 @@ import random
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 from mcp.client.session import ClientSession
@@ -58,23 +57,29 @@ async def one_round(client: ClientSession, rng: random.Random, n: int) -> str:
 
 async def run(rounds: int, forever: bool, pause: float, seed: int, ledger: str) -> None:
     rng = random.Random(seed)
-    stop = anyio.Event()
-
-    def on_term(*_: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
     async with (
         stdio_client(gateway_parameters(ledger)) as (read, write),
         ClientSession(read, write) as client,
     ):
         await client.initialize()
-        n = 0
-        while (forever or n < rounds) and not stop.is_set():
-            n += 1
-            print(await one_round(client, rng, n), flush=True)
-            with anyio.move_on_after(pause):
-                await stop.wait()
+        async with anyio.create_task_group() as tasks:
+
+            async def stop_on_sigterm() -> None:
+                # A stop ends the round in flight too (a round waits on the gate and the shop,
+                # which a busy machine makes slow): closing the session below is a clean end,
+                # and the gateway completes or rolls back what is open.
+                with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        tasks.cancel_scope.cancel()
+                        return
+
+            tasks.start_soon(stop_on_sigterm)
+            n = 0
+            while forever or n < rounds:
+                n += 1
+                print(await one_round(client, rng, n), flush=True)
+                await anyio.sleep(pause)
+            tasks.cancel_scope.cancel()
     print("session closed", flush=True)  # the gateway completes what is open and exits
 
 
