@@ -122,6 +122,12 @@ class Collector:
         self.server.server_close()
 
 
+def scrape_warnings(log: Path) -> list[str]:
+    """The web's own word on a scrape source that failed (logged with its traceback)."""
+    lines = log.read_text(errors="replace").splitlines()
+    return [line for line in lines if "metrics:" in line or "Error" in line][-20:]
+
+
 @contextmanager
 def celery_worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[Any]]:
     with log.open("w") as out:
@@ -316,7 +322,7 @@ def test_one_trace_metrics_across_workers_json_logs_and_no_secret_logged(tmp_pat
                         failed = [
                             s.labels for s in samples if s.name == "sagaplane_scrape_errors" and s.value
                         ]
-                        assert failed == [], failed
+                        assert failed == [], (failed, scrape_warnings(server.log))
                         queues = {s.labels["queue"] for s in samples if s.name == "sagaplane_queue_depth"}
                         wanted = {"approvals_pending", "recovery_escalated", "reconciliation_checks_open"}
                         assert wanted <= queues, queues
