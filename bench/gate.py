@@ -585,14 +585,17 @@ def profile_decision(decisions: int) -> dict[str, Any]:
         decide(i)
     profiler.disable()
     steps = {
-        ("fleet/services.py", "evaluate"): "evaluate",
+        ("fleet/actions/decision.py", "evaluate"): "evaluate",
         ("tenants/epoch.py", "read"): "tenant epoch read (one cache MGET: counter and hold)",
-        ("fleet/services.py", "_read_policies"): "re-reading policies (epoch moved)",
+        ("fleet/actions/snapshot.py", "read_policies"): "re-reading policies (epoch moved)",
         ("fleet/gate.py", "idempotency_key"): "idempotency key (canonical JSON, SHA-256)",
         ("fleet/gate.py", "debits_for"): "debits (scope keys, amounts)",
         ("fleet/stores.py", "check_and_debit"): "Redis check-and-debit (EVALSHA)",
         ("redis/client.py", "_send_command_parse_response"): "waiting for Redis (GET + EVALSHA)",
-        ("fleet/services.py", "_write_lean"): "ledger row (one batch: SET LOCAL + INSERT, committed)",
+        (
+            "fleet/actions/lean_ledger.py",
+            "write_lean",
+        ): "ledger row (one batch: SET LOCAL + INSERT, committed)",
         ("psycopg/connection.py", "wait"): "waiting for Postgres (the batch and its commit)",
         ("django/db/models/sql/compiler.py", "as_sql"): "ORM: compiling SQL (all queries)",
     }
@@ -650,9 +653,9 @@ def profile_http_decision(decisions: int) -> dict[str, Any]:
         ("fleet/api.py", "gate_call"): "body to GateRequest",
         ("fleet/gate.py", "debits_for"): "debits (scope digests)",
         ("fleet/stores.py", "check_and_debit"): "EVALSHA (redis-py pack, send, parse)",
-        ("fleet/services.py", "_write_lean"): "ledger batch (with taking a pooled connection)",
+        ("fleet/actions/lean_ledger.py", "write_lean"): "ledger batch (with taking a pooled connection)",
         ("django/db/backends/base/base.py", "ensure_connection"): "taking a pooled connection (+ check)",
-        ("fleet/services.py", "evaluate"): "the whole decision",
+        ("fleet/actions/decision.py", "evaluate"): "the whole decision",
     }
     cumulative: dict[str, float] = {}
     for (filename, _line, name), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]

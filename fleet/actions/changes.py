@@ -1,0 +1,116 @@
+"""What every policy change of the fleet shares: its error, the checks of a limit's common fields,
+the create and delete of a limit with its record, and the change signal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import IntegrityError, transaction
+
+from audit.services import append_server_record
+from controlplane.errors import DomainError
+from fleet import gate
+from fleet.actions.snapshot import forget_policies
+from fleet.models import BudgetLimit, RateLimit
+from tenants import epoch
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+NAME_MAX = 100
+MAX_WINDOW_S = 366 * 24 * 3600
+
+
+class FleetError(DomainError):
+    """A refused policy change, with a machine-readable code and the field at fault."""
+
+    def __init__(self, code: str, field: str, detail: str, status: int = 400) -> None:
+        super().__init__(status, code, detail, field=field)
+        self.field = field
+
+
+# ------------------------------------------------------------------------------------- change signal
+
+
+def version_key(tenant_id: int) -> str:
+    """The tenant's change counter (`tenants.epoch`): fleet status long-polls wait on it, every
+    process' gate compares its policy snapshot against it."""
+    return epoch.key(tenant_id)
+
+
+def changed_after_commit(tenant: Tenant) -> None:
+    """Wake every long-poll of the tenant's fleet status once the change commits (best effort:
+    waiters re-read the state every second anyway), and make every process' gate re-read the
+    tenant's policies on its next decision (this one at once)."""
+    forget_policies(tenant)
+    epoch.bump_after_commit(tenant.pk, "fleet status change signal")
+
+
+def policies_changed(tenant: Tenant) -> None:
+    """Another app's policy that the gate or the fleet status reads changed (approval policies
+    add governed tools): the same signal as a change here, once the change commits."""
+    changed_after_commit(tenant)
+
+
+def check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX or "\x00" in name:
+        raise FleetError("invalid_name", "name", f"name must be 1 to {NAME_MAX} characters")
+    if not isinstance(tool, str) or not tool or len(tool) > 200 or "\x00" in tool:
+        raise FleetError("invalid_tool", "tool", "tool must be a glob of 1 to 200 characters")
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or not 1 <= window_s <= MAX_WINDOW_S:
+        raise FleetError(
+            "invalid_window", "window_s", f"window_s must be a whole number from 1 to {MAX_WINDOW_S}"
+        )
+    if not isinstance(per, list) or len(per) > 4 or not gate.valid_per(per) or len(set(per)) != len(per):
+        raise FleetError(
+            "invalid_per", "per", 'per must be a list of distinct "agent", "api_key", "tool" or "arg:<name>"'
+        )
+
+
+Policy = TypeVar("Policy", BudgetLimit, RateLimit)
+
+
+def create_policy(
+    tenant: Tenant,
+    model: type[Policy],
+    fields: dict[str, Any],
+    *,
+    actor: str,
+    event: str,
+    subject: str,
+    values: Callable[[Policy], dict[str, Any]],
+) -> Policy:
+    """Create one budget or rate limit and record it (one transaction). The unique name is the
+    database's to check: a name taken, even by a creation racing this one, is a 409."""
+    with tenant_context(tenant):
+        try:
+            with transaction.atomic():  # a savepoint: the refused INSERT must not spoil the rest
+                limit = model.objects.create(**fields)
+        except IntegrityError:
+            taken = f"a {subject.replace('_', ' ')} named '{fields['name']}' exists"
+            raise FleetError("name_taken", "name", taken, status=409) from None
+        record = {subject: limit.pk, "old": None, "new": values(limit)}
+        append_server_record(tenant, event, record, actor=actor)
+        changed_after_commit(tenant)
+    return limit
+
+
+def delete_policy(
+    tenant: Tenant,
+    model: type[BudgetLimit] | type[RateLimit],
+    pk: int,
+    *,
+    actor: str,
+    event: str,
+    subject: str,
+    values: Callable[[Any], dict[str, Any]],
+) -> None:
+    """Delete one budget or rate limit, recording what it was (one transaction)."""
+    with tenant_context(tenant):
+        limit = model.objects.select_for_update().filter(pk=pk).first()
+        if limit is None:
+            raise FleetError("not_found", "id", f"no such {subject.replace('_', ' ')}", status=404)
+        old = values(limit)
+        limit.delete()
+        append_server_record(tenant, event, {subject: pk, "old": old, "new": None}, actor=actor)
+        changed_after_commit(tenant)

@@ -1,0 +1,92 @@
+"""Reading and pruning the gate's ledger of decisions (`GateDecision`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from fleet import gate
+from fleet.models import BudgetLimit, Decision, GateDecision, RateLimit
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+
+def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Spend per scope of one budget over its window, read from the ledger (the durable truth)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=limit.window_s)
+    totals: dict[str, int] = {}
+    rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+        "debits", flat=True
+    )
+    for debits in rows.iterator():
+        for debit in debits:
+            if debit.get("kind") == "budget" and debit.get("limit") == limit.name:
+                totals[debit["scope"]] = totals.get(debit["scope"], 0) + int(debit["amount"])
+    cap = gate.to_units(limit.max_total)
+    return [
+        {
+            "scope": scope,
+            "used": gate.from_units(used),
+            "cap": gate.from_units(cap),
+            "ratio": used / cap if cap else 1,
+        }
+        for scope, used in sorted(totals.items())
+    ]
+
+
+def rate_usage(limit: RateLimit, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Calls allowed per scope of one rate limit over its window, read from the ledger (GCRA
+    spreads them smoothly, so a scope can be refused below `max_calls` after a burst)."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=limit.window_s)
+    counts: dict[str, int] = {}
+    rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+        "debits", flat=True
+    )
+    for debits in rows.iterator():
+        for debit in debits:
+            if debit.get("kind") == "rate" and debit.get("limit") == limit.name:
+                counts[debit["scope"]] = counts.get(debit["scope"], 0) + 1
+    return [
+        {"scope": scope, "used": used, "cap": limit.max_calls, "ratio": used / limit.max_calls}
+        for scope, used in sorted(counts.items())
+    ]
+
+
+def spend_since(since: datetime) -> tuple[int, int]:
+    """The fleet's spend as agent-saga's `get_fleet_budget` reports it, from the ledger: (units of
+    budgeted arguments that allowed calls since `since` spent, each call counted once — its largest
+    budget debit when several budgets matched it —, and how many distinct agents were allowed)."""
+    units = 0
+    agents: set[str] = set()
+    rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+        "agent", "api_key_prefix", "debits"
+    )
+    for agent, key_prefix, debits in rows.iterator():
+        agents.add(agent or f"key:{key_prefix}")
+        units += max((int(d["amount"]) for d in debits if d.get("kind") == "budget"), default=0)
+    return units, len(agents)
+
+
+# -------------------------------------------------------------------------------------- the policies
+
+
+def recent_denials(limit: int = 50) -> Sequence[GateDecision]:
+    return list(GateDecision.objects.filter(decision=Decision.DENY).order_by("-decided_at")[:limit])
+
+
+DENIALS_KEPT_FOR = timedelta(days=30)
+
+
+def prune_denials(tenant: Tenant, *, now: datetime | None = None) -> int:
+    """Forget refusals older than DENIALS_KEPT_FOR (they debited nothing and are only shown as
+    recent denials; the agent's WAL keeps its own GATE_DENY records). Allows are never pruned:
+    they are the budget ledger."""
+    cutoff = (now or timezone.now()) - DENIALS_KEPT_FOR
+    with tenant_context(tenant):
+        deleted, _ = GateDecision.objects.filter(decision=Decision.DENY, decided_at__lt=cutoff).delete()
+    return deleted

@@ -1,0 +1,51 @@
+"""Setting one saga aside (the gate refuses its steps; recovery skips it), recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from audit.services import append_server_record
+from fleet.actions.changes import FleetError, changed_after_commit
+from fleet.models import Quarantine
+from sagas import selectors as saga_selectors
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+
+def quarantine(
+    tenant: Tenant, saga_id: Any, *, actor: str, reason: Any, preemptive: Any = False
+) -> Quarantine:
+    """Set one saga aside (the gate refuses its steps; recovery will skip it). A saga no record
+    has named yet is refused (404 `saga_not_found`) unless `preemptive` asks for exactly that: the
+    quarantine then stands for the saga when it arrives, and says it was preemptive."""
+    if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128 or "\x00" in saga_id:
+        raise FleetError("invalid_saga_id", "saga_id", "saga_id must be 1 to 128 characters")
+    if not isinstance(preemptive, bool):
+        raise FleetError("invalid_preemptive", "preemptive", "preemptive must be true or false")
+    with tenant_context(tenant):
+        unknown = saga_selectors.saga(saga_id) is None
+        if unknown and not preemptive:  # the path names no saga here: 404 before the body is judged
+            raise FleetError(
+                "saga_not_found",
+                "saga_id",
+                "no record names this saga yet; send preemptive: true to set it aside before it starts",
+                status=404,
+            )
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > 500 or "\x00" in reason:
+            raise FleetError("invalid_reason", "reason", "a reason of 1 to 500 characters is required")
+        existing = Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
+        if existing is not None:
+            return existing
+        row = Quarantine.objects.create(saga_id=saga_id, reason=reason, actor=actor, preemptive=unknown)
+        append_server_record(
+            tenant,
+            "SAGA_QUARANTINED",
+            {
+                "saga_id": saga_id,
+                "old": None,
+                "new": {"quarantined": True, "reason": reason, "preemptive": unknown},
+            },
+            actor=actor,
+        )
+        changed_after_commit(tenant)
+    return row

@@ -1,0 +1,63 @@
+"""The gate's limit store (one per process) and the tenant's hash tag in it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+from fleet.models import Decision, GateDecision
+from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, RedisStore
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+# ----------------------------------------------------------------------------------------- the store
+
+_store: LimitStore | None = None
+
+
+def get_store() -> LimitStore:
+    """Redis when configured (SAGAPLANE_GATE_STORE=redis, the default with REDIS_URL), else the
+    database. One per process; `set_store` swaps it (tests, benchmarks)."""
+    global _store
+    if _store is None:
+        _store = _configured_store()
+    return _store
+
+
+def set_store(store: LimitStore | None) -> None:
+    global _store
+    _store = store
+
+
+def _configured_store() -> LimitStore:
+    if settings.SAGAPLANE_GATE_STORE == "redis":
+        import redis
+
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0, health_check_interval=30
+        )
+        return RedisStore(client, ledger_since)
+    return DatabaseStore()
+
+
+def gate_tag(tenant: Tenant) -> str:
+    """The hash tag of every Redis key of the tenant's gate: its id and creation time, so a
+    database re-created beside a Redis that outlived it (ids counting from 1 again, as every test
+    run does) never inherits another tenant's counters."""
+    return f"t{tenant.pk}.{int(tenant.created_at.timestamp() * 1_000_000)}"
+
+
+def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
+    """The tenant's allowed decisions since `since_ms` (what a Redis rebuild replays)."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    since = datetime.fromtimestamp(since_ms / 1000, tz=timezone.get_current_timezone())
+    with tenant_context(tenant):
+        rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
+            "id", "idempotency_key", "decided_at", "debits"
+        )
+        return [
+            LedgerEntry(str(pk), key, int(decided_at.timestamp() * 1000), debits)
+            for pk, key, decided_at, debits in rows.iterator()
+        ]
