@@ -29,8 +29,6 @@ POLL_S = 0.1
 MAX_HANDLERS = 500
 NAME_MAX = 200
 
-_JOB = {"type": "object", "additionalProperties": True}
-
 
 def _body(request: Request) -> dict[str, Any]:
     data = request.data

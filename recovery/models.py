@@ -1,6 +1,6 @@
 """Recovery: leases judged by the server's clock, recovery runs, and their jobs.
 
-Invariants (kept by `recovery.services`, the only writer):
+Invariants (kept by `recovery.actions`, the only writer):
 - a `Lease`'s `expires_at` is the server's receive time of the saga's last SAGA_START or
   SAGA_LEASE plus its `lease_ttl` (never the agent's clock);
 - at most one unfinished `Run` per saga (active or escalated);

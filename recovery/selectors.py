@@ -76,10 +76,6 @@ def human_queue() -> QuerySet[Job]:
     return Job.objects.filter(state=JobState.ESCALATED).order_by("escalated_at", "saga_id", "-ordinal")
 
 
-def runs_of(saga_id: str) -> list[Run]:
-    return list(Run.objects.filter(saga_id=saga_id).order_by("-created_at"))
-
-
 def unfinished_run(saga_id: str) -> Run | None:
     return Run.objects.filter(saga_id=saga_id, state__in=[RunState.ACTIVE, RunState.ESCALATED]).first()
 

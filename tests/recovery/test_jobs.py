@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from audit.services import flush_server_records
 from fleet import services as fleet
 from recovery import selectors, services
+from recovery.actions import results
 from recovery.models import Job, JobState, Lease, LeaseState, Run, RunState
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
@@ -129,7 +130,7 @@ def test_an_ended_or_quarantined_saga_is_left_alone(alice: Person, writer_a: Wri
 def test_a_failing_compensation_is_retried_then_escalated(
     alice: Person, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(services, "BACKOFF_BASE_S", 0.0)
+    monkeypatch.setattr(results, "BACKOFF_BASE_S", 0.0)
     tenant = alice.tenant
     crashed(writer_a, "s1", steps=2)
     sweep_later(tenant)

@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from recovery import services, sweeper
+from recovery.actions import takeover
 from recovery.models import Job, Lease, LeaseState, Run, SweepPass
 from recovery.tasks import sweep_all
 from sagas.models import Saga
@@ -34,10 +35,10 @@ def expire(tenant: Tenant, saga_id: str, ago: float = 60.0) -> None:
 
 def test_a_claim_takes_over_expired_leases_itself_without_a_sweep(tenant_a: Tenant, writer_a: Writer) -> None:
     crashed(writer_a, "no-sweep", steps=2, lease_ttl=600)
-    services._takeover_looked.clear()
+    takeover._takeover_looked.clear()
     assert services.claim(tenant_a, worker="w", handlers=[HANDLER]) is None  # the agent holds it
     expire(tenant_a, "no-sweep")
-    services._takeover_looked.clear()  # the claim looks at most every CLAIM_TAKEOVER_EVERY_S
+    takeover._takeover_looked.clear()  # the claim looks at most every CLAIM_TAKEOVER_EVERY_S
     job = services.claim(tenant_a, worker="w", handlers=[HANDLER])
     assert job is not None and job.saga_id == "no-sweep" and job.ordinal == 2  # newest first
     with tenant_context(tenant_a):
@@ -48,7 +49,7 @@ def test_a_claim_takes_over_expired_leases_itself_without_a_sweep(tenant_a: Tena
     started = [r for r in server_stream(tenant_a) if r["event"] == "RECOVERY_STARTED"]
     assert [r["saga_id"] for r in started] == ["no-sweep"]
     # Taken over once: neither a later claim nor the sweep starts a second run.
-    services._takeover_looked.clear()
+    takeover._takeover_looked.clear()
     assert services.claim(tenant_a, worker="w2", handlers=[HANDLER]) is None  # step 1 waits for 2
     sweep_all()
     with tenant_context(tenant_a):
@@ -58,12 +59,12 @@ def test_a_claim_takes_over_expired_leases_itself_without_a_sweep(tenant_a: Tena
 def test_a_claim_looks_for_expired_leases_at_most_every_half_second(
     tenant_a: Tenant, writer_a: Writer
 ) -> None:
-    services._takeover_looked.clear()
+    takeover._takeover_looked.clear()
     assert services.claim(tenant_a, worker="w", handlers=[HANDLER]) is None  # looked: nothing due
     crashed(writer_a, "later", steps=1, lease_ttl=600)
     expire(tenant_a, "later")
     assert services.take_over_on_claim(tenant_a) == 0  # within the interval: not looked again
-    services._takeover_looked.clear()
+    takeover._takeover_looked.clear()
     assert services.take_over_on_claim(tenant_a) == 1
 
 

@@ -1,0 +1,70 @@
+"""What every recovery action shares: its limits, its error, the checks of free text, and
+which jobs a claimer may take now."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Q
+
+from controlplane.errors import DomainError
+from fleet import selectors as fleet_selectors
+from recovery.models import (
+    Job,
+    JobState,
+    RunState,
+)
+
+SYSTEM_ACTOR = "system:recovery"
+DEFAULT_JOB_LEASE_S = 30.0
+MAX_JOB_LEASE_S = 300.0
+MAX_ATTEMPTS = 5
+TEXT_MAX = 2000
+
+
+class RecoveryError(DomainError):
+    """A refused recovery request, with a machine-readable code and the field at fault."""
+
+    def __init__(self, status: int, code: str, detail: str, *, field: str = "") -> None:
+        if field:
+            super().__init__(status, code, detail, field=field)
+        else:
+            super().__init__(status, code, detail)
+
+
+def text_field(value: Any, name: str, *, required: bool = False) -> str:
+    if value is None and not required:
+        return ""
+    if (
+        not isinstance(value, str)
+        or (required and not value.strip())
+        or len(value) > TEXT_MAX
+        or "\x00" in value
+    ):
+        need = "a non-empty string" if required else "a string"
+        raise RecoveryError(400, "invalid", f"{name}: {need} of at most {TEXT_MAX} characters", field=name)
+    return value
+
+
+def quarantined_out(queryset: Any) -> Any:
+    return queryset.exclude(saga_id__in=fleet_selectors.quarantined_saga_ids())
+
+
+def claimable(now: datetime, delivery: str) -> Any:
+    """Jobs a claimer may take now (written out for Postgres' claim in `_claim_in_one_statement`:
+    change both): ready (pending and due, or claimed with its lease run out and
+    attempts left), of an active run, of a saga not quarantined, and at its run's frontier (the
+    newest unfinished step: every later one is finished, so strictly newest first)."""
+    ready = Q(state=JobState.PENDING, available_at__lte=now) | Q(
+        state=JobState.CLAIMED, lease_expires_at__lt=now
+    )
+    return quarantined_out(
+        Job.objects.filter(
+            ready,
+            run__state=RunState.ACTIVE,
+            ordinal=F("run__frontier"),
+            delivery=delivery,
+            attempts__lt=F("max_attempts"),
+        )
+    )

@@ -1,0 +1,175 @@
+"""People's decisions: retry or resolve an escalated job, quarantine a saga, "rollback to here"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.services import (
+    append_server_record,
+)
+from fleet import selectors as fleet_selectors
+from fleet import services as fleet_services
+from recovery.actions.common import RecoveryError, text_field
+from recovery.actions.runs import RunRequest, maybe_finish, start_runs
+from recovery.models import (
+    UNFINISHED_RUN_STATES,
+    Job,
+    JobState,
+    Lease,
+    LeaseState,
+    Run,
+    RunKind,
+    RunState,
+)
+from sagas import selectors as saga_selectors
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+
+def _job_for_decision(job_id: Any) -> tuple[Job, Run]:
+    job = Job.objects.select_for_update().filter(pk=job_id).first()
+    if job is None:
+        raise RecoveryError(404, "not_found", "no such recovery job")
+    run = Run.objects.select_for_update().get(pk=job.run_id)
+    return job, run
+
+
+def retry(tenant: Tenant, job_id: Any, *, actor: str) -> Job:
+    """An escalated job goes back to the workers with a fresh set of attempts."""
+    with tenant_context(tenant):
+        job, run = _job_for_decision(job_id)
+        if job.state != JobState.ESCALATED:
+            raise RecoveryError(409, "not_escalated", f"this job is {job.state}, not waiting for a human")
+        if not job.handler:
+            raise RecoveryError(
+                409, "no_handler", "this step has no named compensation to run: resolve it by hand instead"
+            )
+        old = {"state": job.state, "escalation": job.escalation, "attempts": job.attempts}
+        job.state = JobState.PENDING
+        job.attempts = 0
+        job.available_at = timezone.now()
+        job.escalation = ""
+        job.save(update_fields=["state", "attempts", "available_at", "escalation"])
+        append_server_record(
+            tenant,
+            "RECOVERY_RETRY",
+            {
+                "saga_id": job.saga_id,
+                "step_id": job.step_id,
+                "job_id": str(job.pk),
+                "old": old,
+                "new": {"state": job.state},
+            },
+            actor=actor,
+        )
+        maybe_finish(tenant, run)
+        return job
+
+
+def resolve(tenant: Tenant, job_id: Any, *, actor: str, note: Any) -> Job:
+    """A human says this step is dealt with (refunded by hand, confirmed harmless, ...), with a note."""
+    with tenant_context(tenant):
+        job, run = _job_for_decision(job_id)
+        text = text_field(note, "note", required=True)
+        if job.state not in (JobState.ESCALATED, JobState.PENDING):
+            raise RecoveryError(409, "not_open", f"this job is {job.state}: nothing to resolve")
+        old = {"state": job.state, "escalation": job.escalation}
+        job.state = JobState.RESOLVED
+        job.note = text
+        job.resolved_by = actor
+        job.finished_at = timezone.now()
+        job.save(update_fields=["state", "note", "resolved_by", "finished_at"])
+        append_server_record(
+            tenant,
+            "RECOVERY_RESOLVED",
+            {
+                "saga_id": job.saga_id,
+                "step_id": job.step_id,
+                "job_id": str(job.pk),
+                "note": text,
+                "old": old,
+                "new": {"state": job.state},
+            },
+            actor=actor,
+        )
+        maybe_finish(tenant, run)
+        return job
+
+
+def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> None:
+    """Set the saga aside (fleet's quarantine: the gate refuses its steps) and cancel what recovery
+    had queued for it. A job a worker holds now may still report its result."""
+    fleet_services.quarantine(tenant, saga_id, actor=actor, reason=reason)
+    with tenant_context(tenant):
+        for run in Run.objects.select_for_update().filter(saga_id=saga_id, state__in=UNFINISHED_RUN_STATES):
+            cancelled = list(
+                run.jobs.filter(state__in=[JobState.PENDING, JobState.ESCALATED]).values_list(
+                    "step_id", flat=True
+                )
+            )
+            run.jobs.filter(state__in=[JobState.PENDING, JobState.ESCALATED]).update(
+                state=JobState.CANCELLED, finished_at=timezone.now()
+            )
+            old_state = run.state
+            run.state = RunState.CANCELLED
+            run.finished_at = timezone.now()
+            run.save(update_fields=["state", "finished_at"])
+            append_server_record(
+                tenant,
+                "RECOVERY_CANCELLED",
+                {
+                    "saga_id": saga_id,
+                    "run_id": run.pk,
+                    "cancelled_steps": cancelled,
+                    "reason": "quarantined",
+                    "old": {"state": old_state},
+                    "new": {"state": run.state},
+                },
+                actor=actor,
+            )
+
+
+def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: str) -> Run:
+    """ "Rollback to here": compensate every step after ordinal `to_step` (0: all), newest first,
+    by the same workers. Refused while the agent holds its lease or another run is unfinished."""
+    if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128:
+        raise RecoveryError(400, "invalid", "saga_id must be 1 to 128 characters", field="saga_id")
+    with tenant_context(tenant):
+        saga = saga_selectors.saga(saga_id)
+        if saga is None:
+            raise RecoveryError(404, "not_found", "no such saga")
+        if type(to_step) is not int or to_step < 0:
+            raise RecoveryError(400, "invalid", "to_step: a step number from 0", field="to_step")
+        if fleet_selectors.is_quarantined(saga_id):
+            raise RecoveryError(409, "quarantined", "this saga is quarantined: recovery leaves it alone")
+        now = timezone.now()
+        lease = Lease.objects.select_for_update().filter(saga_id=saga_id).first()
+        if (
+            lease is not None
+            and lease.state == LeaseState.LIVE
+            and lease.expires_at
+            and lease.expires_at > now
+        ):
+            raise RecoveryError(
+                409, "agent_running", "the agent still holds this saga's lease: it rolls back itself"
+            )
+        if Run.objects.filter(saga_id=saga_id, state__in=UNFINISHED_RUN_STATES).exists():
+            raise RecoveryError(409, "run_unfinished", "this saga is already being rolled back")
+        if lease is not None and lease.state == LeaseState.LIVE:
+            lease.state = LeaseState.SWEPT  # the sweep must not start a second run for it
+            lease.swept_at = now
+            lease.save(update_fields=["state", "swept_at"])
+        request = RunRequest(saga, saga_selectors.steps_of(saga), RunKind.ROLLBACK_TO, to_step, None)
+        try:
+            with transaction.atomic():
+                runs = start_runs(tenant, [request], actor=actor)
+        except IntegrityError:  # a run started meanwhile (the partial unique index)
+            raise RecoveryError(409, "run_unfinished", "this saga is already being rolled back") from None
+        if not runs:
+            raise RecoveryError(
+                409, "nothing_to_undo", "no step after this one has an effect to undo", field="to_step"
+            )
+        return runs[0]

@@ -1,0 +1,236 @@
+"""Workers' results: completions and failures recorded by the holder of a job's current
+fencing token, alone or several in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from audit.services import (
+    queue_server_records,
+)
+from controlplane import timing
+from recovery.actions.claims import held, stale, token_of
+from recovery.actions.common import RecoveryError, text_field
+from recovery.actions.runs import advance_runs, escalate
+from recovery.models import (
+    Escalation,
+    Job,
+    JobState,
+    Run,
+)
+from tenants.models import Tenant
+from tenants.scoping import joined_tenant_context, tenant_context
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 60.0
+
+
+def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: str) -> Job:
+    """Record a compensation as done, if `token` still holds the job (409 otherwise)."""
+    (outcome,) = complete_many(tenant, [(job_id, token)], actor=actor)
+    if isinstance(outcome, RecoveryError):
+        raise outcome
+    return outcome
+
+
+def complete_many(
+    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
+) -> list[Job | RecoveryError]:
+    """Record several compensations as done in one transaction: each (job id, token) whose token
+    still holds its job is compensated, the others answer their error (404, 409 `stale_token`)
+    and record nothing. One UPDATE for the jobs, one for their runs, and one server-stream batch
+    of COMPENSATED records (then one of ROLLBACK_END for the runs this finished)."""
+    for _, token in items:
+        token_of(token)
+    with joined_tenant_context(tenant):  # refusals are answers, not exceptions: nothing to undo
+        return complete_locked(tenant, items, actor=actor)
+
+
+def complete_locked(
+    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
+) -> list[Job | RecoveryError]:
+    ids = [job_id for job_id, _ in items]
+    with timing.phase("lock_jobs"):
+        jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
+    outcomes: list[Job | RecoveryError] = []
+    good: dict[Any, Job] = {}
+    for job_id, token in items:
+        job = jobs.get(job_id)
+        if job is None:
+            outcomes.append(RecoveryError(404, "not_found", "no such recovery job"))
+        elif job.state == JobState.COMPENSATED and job.epoch == token:
+            # A completion sent again with the token that recorded it (its answer was lost, or a
+            # claim that carried it is retried): the same answer, nothing recorded twice.
+            outcomes.append(job)
+        elif job.state != JobState.CLAIMED or job.epoch != token or job.pk in good:
+            outcomes.append(stale(token))
+        else:
+            good[job.pk] = job
+            outcomes.append(job)
+    if not good:
+        return outcomes
+    with timing.phase("lock_runs"):
+        runs = list(
+            Run.objects.select_for_update()
+            .filter(pk__in={job.run_id for job in good.values()})
+            .order_by("pk")
+        )
+    now = timezone.now()
+    with timing.phase("update_jobs"):
+        Job.objects.filter(pk__in=list(good)).update(
+            state=JobState.COMPENSATED, finished_at=now, lease_expires_at=None
+        )
+    records: list[tuple[str, dict[str, Any]]] = []
+    for job in good.values():
+        job.state = JobState.COMPENSATED
+        job.finished_at = now
+        job.lease_expires_at = None
+        records.append(
+            (
+                "COMPENSATED",
+                {
+                    "saga_id": job.saga_id,
+                    "step_id": job.step_id,
+                    "tool": job.tool,
+                    "handler": job.handler,
+                    "idempotency_key": job.idempotency_key,
+                    "attempts": job.attempts,
+                    "job_id": str(job.pk),
+                    "token": job.epoch,
+                    "worker": job.claimed_by,
+                    "delivery": job.delivery,
+                },
+            )
+        )
+    with timing.phase("advance_runs"):
+        records += advance_runs(tenant, runs, now=now, defer=True)
+    with timing.phase("evidence"):
+        queue_server_records(tenant, records, actor=actor)
+    return outcomes
+
+
+def backoff(attempts: int) -> float:
+    return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, attempts - 1)))
+
+
+def fail(
+    tenant: Tenant,
+    job_id: Any,
+    *,
+    token: Any,
+    actor: str,
+    error: Any,
+    retryable: Any = True,
+    reason: Any = None,
+) -> Job:
+    """Record a failed attempt: retried after a backoff while attempts remain, else escalated.
+    `reason="no_handler"` (the worker cannot run this handler) escalates at once."""
+    message = text_field(error, "error")
+    if type(retryable) is not bool:
+        raise RecoveryError(400, "invalid", "retryable: true or false", field="retryable")
+    if reason not in (None, Escalation.NO_HANDLER.value):
+        raise RecoveryError(400, "invalid", "reason: omit it, or 'no_handler'", field="reason")
+    with tenant_context(tenant):
+        job = held(job_id, token)
+        run = Run.objects.select_for_update().get(pk=job.run_id)
+        final = reason is not None or not retryable or job.attempts >= job.max_attempts
+        job.last_error = message
+        job.lease_expires_at = None
+        evidence: list[tuple[str, dict[str, Any]]] = [
+            (
+                "COMPENSATION_FAILED",
+                {
+                    "saga_id": job.saga_id,
+                    "step_id": job.step_id,
+                    "tool": job.tool,
+                    "handler": job.handler,
+                    "idempotency_key": job.idempotency_key,
+                    "error": message,
+                    "attempts": job.attempts,
+                    "final": final,
+                    "job_id": str(job.pk),
+                    "token": job.epoch,
+                    "worker": job.claimed_by,
+                },
+            )
+        ]
+        if final:
+            why = Escalation.NO_HANDLER if reason else Escalation.RETRIES_EXHAUSTED
+            job.save(update_fields=["last_error", "lease_expires_at"])
+            escalate(tenant, job, why, message, actor=actor, run=run, evidence=evidence)
+        else:
+            job.state = JobState.PENDING
+            job.available_at = timezone.now() + timedelta(seconds=backoff(job.attempts))
+            job.save(update_fields=["state", "available_at", "last_error", "lease_expires_at"])
+        queue_server_records(tenant, evidence, actor=actor)
+        return job
+
+
+MAX_RESULTS = 500
+
+
+def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | RecoveryError]:
+    """Several results in one request and one transaction: `[{"id", "token", "ok": true} |
+    {"id", "token", "ok": false, "error", "retryable"?, "reason"?}]`. Completions are recorded
+    together (`complete_many`); each failure as `fail` records it. An item whose token no longer
+    holds its job answers its error and records nothing; a malformed item refuses the whole
+    request (400, naming it)."""
+    if not isinstance(results, list) or not 0 < len(results) <= MAX_RESULTS:
+        raise RecoveryError(400, "invalid", f"results: a list of 1 to {MAX_RESULTS} results", field="results")
+    done: list[tuple[int, Any, int]] = []
+    failed: list[tuple[int, Any, dict[str, Any]]] = []
+    for i, item in enumerate(results):
+        where = f"results[{i}]"
+        if not isinstance(item, dict) or type(item.get("ok")) is not bool:
+            raise RecoveryError(400, "invalid", f"{where}: an object with id, token and ok", field=where)
+        try:
+            job_id = uuid.UUID(item.get("id")) if isinstance(item.get("id"), str) else None
+        except ValueError:
+            job_id = None
+        if job_id is None:
+            raise RecoveryError(
+                400, "invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id"
+            )
+        if type(item.get("token")) is not int:
+            raise RecoveryError(
+                400, "invalid", f"{where}.token: the integer the claim returned", field=f"{where}.token"
+            )
+        if item["ok"]:
+            done.append((i, job_id, item["token"]))
+        else:
+            text_field(item.get("error"), f"{where}.error")
+            if type(item.get("retryable", True)) is not bool:
+                raise RecoveryError(
+                    400, "invalid", f"{where}.retryable: true or false", field=f"{where}.retryable"
+                )
+            if item.get("reason") not in (None, Escalation.NO_HANDLER.value):
+                raise RecoveryError(
+                    400, "invalid", f"{where}.reason: omit it, or 'no_handler'", field=f"{where}.reason"
+                )
+            failed.append((i, job_id, item))
+    outcomes: list[Job | RecoveryError | None] = [None] * len(results)
+    # Joined: nothing written above; each failure keeps a savepoint of its own (`fail`).
+    with joined_tenant_context(tenant):
+        if done:
+            completed = complete_locked(tenant, [(job_id, token) for _, job_id, token in done], actor=actor)
+            for (i, _, _), outcome in zip(done, completed, strict=True):
+                outcomes[i] = outcome
+        for i, job_id, item in failed:
+            try:
+                outcomes[i] = fail(
+                    tenant,
+                    job_id,
+                    token=item["token"],
+                    actor=actor,
+                    error=item.get("error"),
+                    retryable=item.get("retryable", True),
+                    reason=item.get("reason"),
+                )
+            except RecoveryError as exc:
+                outcomes[i] = exc
+    return [outcome for outcome in outcomes if outcome is not None]

@@ -1,0 +1,102 @@
+"""The tenant's webhook: set, deleted, its secret, and waking its deliveries after commit."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.utils import timezone
+
+from audit.services import (
+    append_server_record,
+)
+from controlplane.postcommit import after_commit
+from recovery.actions.common import RecoveryError, claimable
+from recovery.models import (
+    Delivery,
+    Run,
+    Webhook,
+)
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from transparency.keys import decrypt_seed, encrypt_seed
+
+
+def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -> tuple[Webhook, str]:
+    """Deliver compensations (of `handlers`, or all) to `url`. Returns the webhook and its new
+    signing secret, shown this once."""
+    from django.core.exceptions import ValidationError
+    from django.core.validators import URLValidator
+
+    if not isinstance(url, str) or len(url) > 500:
+        raise RecoveryError(400, "invalid", "url: an http(s) URL of at most 500 characters", field="url")
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise RecoveryError(
+            400, "invalid", "url: an http(s) URL of at most 500 characters", field="url"
+        ) from None
+    from recovery.webhook import check_url, new_secret
+
+    unsafe = check_url(url)
+    if unsafe:
+        raise RecoveryError(400, "unsafe_url", f"url: {unsafe}", field="url")
+    handlers = [] if handlers is None else handlers
+    if (
+        not isinstance(handlers, list)
+        or len(handlers) > 100
+        or not all(isinstance(h, str) and 0 < len(h) <= 200 and "\x00" not in h for h in handlers)
+    ):
+        raise RecoveryError(400, "invalid", "handlers: a list of up to 100 handler names", field="handlers")
+    secret = new_secret()
+    with tenant_context(tenant):
+        existing = Webhook.objects.select_for_update().first()
+        old = None if existing is None else {"url": existing.url, "handlers": existing.handlers}
+        if existing is not None:
+            existing.delete()
+        hook = Webhook.objects.create(
+            url=url, handlers=handlers, encrypted_secret=encrypt_seed(secret.encode()), actor=actor
+        )
+        append_server_record(
+            tenant,
+            "RECOVERY_WEBHOOK_SET",
+            {"old": old, "new": {"url": url, "handlers": handlers, "secret": "rotated"}},
+            actor=actor,
+        )
+    return hook, secret
+
+
+def delete_webhook(tenant: Tenant, *, actor: str) -> None:
+    with tenant_context(tenant):
+        existing = Webhook.objects.select_for_update().first()
+        if existing is None:
+            return
+        old = {"url": existing.url, "handlers": existing.handlers}
+        existing.delete()
+        append_server_record(tenant, "RECOVERY_WEBHOOK_DELETED", {"old": old, "new": None}, actor=actor)
+
+
+def webhook_secret(hook: Webhook) -> str:
+    return decrypt_seed(hook.encrypted_secret).decode()
+
+
+def wake_webhooks(tenant: Tenant, run: Run) -> None:
+    if not run.jobs.filter(delivery=Delivery.WEBHOOK).exists():
+        return
+    tenant_id = tenant.pk
+
+    def wake() -> None:
+        with tenant_context(tenant):
+            due = list(
+                claimable(timezone.now(), Delivery.WEBHOOK).filter(run=run).values_list("pk", flat=True)
+            )
+        for job_id in due:
+            enqueue_delivery(tenant_id, job_id)
+
+    after_commit(f"wake webhook deliveries of run {run.pk}", wake)
+
+
+def enqueue_delivery(tenant_id: int, job_id: uuid.UUID) -> None:
+    from recovery.tasks import deliver_webhook
+
+    deliver_webhook.delay(tenant_id, str(job_id))
