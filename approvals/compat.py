@@ -30,6 +30,7 @@ from audit.hooks import AppendedRecords
 from audit.models import SERVER_STREAM_ID, Record
 from controlplane.errors import DomainError
 from tenants.access import READ
+from tenants.actors import agent_saga_actor, api_key_prefix_of, shown_name
 from tenants.permissions import TenantScopedViewMixin
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
         if row.event == "APPROVAL_REQUESTED" and isinstance(fields.get("request_id"), str)
     ]
     # The key that shipped them: its creator is the requester (approvals/external.py).
-    shipper = appended.actor.removeprefix("api-key:") if appended.actor.startswith("api-key:") else ""
+    shipper = api_key_prefix_of(appended.actor)
     for row, fields in wanted:
         external_id = fields["request_id"][:128]
         raw = fields.get("context")
@@ -101,7 +102,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
                 reason=str(fields.get("reason") or "")[:500],
                 expires_at=_deadline(fields.get("expires_at")),
                 api_key_prefix=shipper,
-                actor=f"agent-saga:{appended.stream_id}",
+                actor=agent_saga_actor(appended.stream_id),
             )
         except Exception:
             log.warning("agent-saga approval %s could not join the queue", external_id, exc_info=True)
@@ -117,7 +118,7 @@ def _saga_of_in_tenant(appended: AppendedRecords, row: Any) -> str:
 
 
 def as_agent_saga(row: ApprovalRequest) -> dict[str, Any]:
-    approver = row.decided_by.removeprefix("user:") if row.decided_by not in ("deadline", "") else ""
+    approver = shown_name(row.decided_by) if row.decided_by not in ("deadline", "") else ""
     return {
         "id": row.external_id or row.pk,
         "status": AS_STATUS.get(row.status, "PENDING"),

@@ -30,10 +30,11 @@ from sagaplane.chain import canonical
 from approvals.models import ApprovalRequest, Source, Status
 from approvals.services import BUDGET_RULES, _announce, _decide, _record, _requester, action_of
 from fleet import services as fleet
+from tenants.actors import system_actor, user_actor
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
-CONFLICT_ACTOR = "system:conflict"
+CONFLICT_ACTOR = system_actor("conflict")
 
 
 def open_external(
@@ -125,7 +126,7 @@ def _username(user_id: int | None) -> str | None:
     if user_id is None:
         return None
     name = get_user_model().objects.filter(pk=user_id).values_list("username", flat=True).first()
-    return f"user:{name}"
+    return user_actor(str(name))
 
 
 def _refuse_conflict(

@@ -41,6 +41,7 @@ from controlplane.postcommit import after_commit
 from fleet import hooks as gate_hooks
 from fleet import services as fleet
 from fleet.gate import Debit, GateRequest, from_units, tool_matches
+from tenants.actors import user_actor
 from tenants.models import ApiKey, Membership, Role, Tenant
 from tenants.scoping import tenant_context
 
@@ -665,7 +666,7 @@ class GateStep:
 
 
 def _voter(member: Membership) -> str:
-    return f"user:{member.user.get_username()}"
+    return user_actor(member.user.get_username())
 
 
 def eligible(row: ApprovalRequest, member: Membership) -> bool:

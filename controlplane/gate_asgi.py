@@ -39,6 +39,7 @@ from django.db import close_old_connections, connection
 from django.http.request import split_domain_port, validate_host
 
 from controlplane.numbers import ascii_int
+from tenants.actors import api_key_actor
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         # Nothing is decided yet: the full stack answers the call (and meets the same fault).
         log.warning("lean gate: handing a call on after an error", exc_info=True)
         return None
-    actor = f"api-key:{api_key.prefix}"
+    actor = api_key_actor(api_key.prefix)
     try:
         answer = services.evaluate(tenant, call, actor=actor, version=version)
         payload = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

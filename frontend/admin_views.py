@@ -22,6 +22,7 @@ from frontend import invitations
 from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants import selectors, services
 from tenants.access import MANAGE_KEYS, MANAGE_MEMBERS
+from tenants.actors import user_actor
 from tenants.models import ApiKey, Membership, Role, Scope
 from tenants.permissions import SESSION_TENANT_KEY
 
@@ -221,7 +222,7 @@ def revoke_key(request: MemberRequest, key_id: int) -> HttpResponse:
 
 
 def _invited_by(invitation: invitations.Invitation) -> str:
-    return f"user:{invitation.inviter.get_username()} (invitation)"
+    return f"{user_actor(invitation.inviter.get_username())} (invitation)"
 
 
 def _invitation_refused(request: HttpRequest, exc: services.TenantError) -> HttpResponse:

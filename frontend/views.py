@@ -23,6 +23,7 @@ from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from tenants.access import AccessMap, allowed_methods, decide, rule_for
+from tenants.actors import user_actor
 from tenants.models import ROLE_CAPABILITIES, Membership, Tenant
 from tenants.permissions import SESSION_TENANT_KEY
 from tenants.scoping import tenant_context
@@ -150,7 +151,7 @@ def member_page(access: AccessMap, section: str = "") -> Callable[[PageView], Pa
 
 def actor_of(request: HttpRequest) -> str:
     """Who is acting, as written into audit records (same form as the API mixin's)."""
-    return f"user:{request.user.get_username()}"
+    return user_actor(request.user.get_username())
 
 
 # Method first, then sign-in: a method a route does not answer is a 405 for everyone.

@@ -21,6 +21,7 @@ from approvals.models import ApprovalRequest, Status, Vote, VoteChoice
 from fleet import services as fleet
 from slackapp import blocks, selectors, services
 from slackapp.models import Installation, RequestMessage, UserLink
+from tenants.actors import shown_name
 from tenants.models import Membership, Tenant
 from tenants.scoping import tenant_context
 
@@ -108,10 +109,10 @@ def _request(tenant: Tenant, request_id: str) -> tuple[dict[str, Any], list[str]
                 )
             )
             for v in votes:
-                name = blocks.esc(v.voter.removeprefix("user:"))
+                name = blocks.esc(shown_name(v.voter))
                 deciders.append(f"<@{links[v.user_id]}> ({name})" if v.user_id in links else name)
             if not deciders and row.decided_by:
-                deciders.append(blocks.esc(row.decided_by.removeprefix("user:")))
+                deciders.append(blocks.esc(shown_name(row.decided_by)))
     return values, deciders
 
 

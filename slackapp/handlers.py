@@ -20,6 +20,7 @@ from controlplane.errors import DomainError
 from fleet import services as fleet
 from slackapp import blocks, crypto, decisions, selectors, services
 from slackapp.blocks import obj
+from tenants.actors import user_actor
 from tenants.models import Membership, Tenant
 from tenants.scoping import tenant_context
 
@@ -40,7 +41,7 @@ def _s(value: Any, limit: int = 64) -> str:
 def actor_of(membership: Membership) -> str:
     """The actor written into audit records for a member acting from Slack: the same as the
     dashboard's, so one person has one name in the evidence."""
-    return f"user:{membership.user.get_username()}"
+    return user_actor(membership.user.get_username())
 
 
 def _ephemeral(tenant: Tenant, channel: str, user: str, text: str) -> None:

@@ -37,6 +37,7 @@ from controlplane.errors import DomainError
 from controlplane.numbers import ascii_int
 from slackapp import crypto, selectors
 from slackapp.models import Installation, OAuthState, RequestMessage, SeenSignature, UserLink
+from tenants.actors import system_actor
 from tenants.models import Membership, Tenant
 from tenants.scoping import tenant_context
 
@@ -362,7 +363,7 @@ def forget_team(team_id: str, *, why: str) -> bool:
     tenant = selectors.tenant_of_team(team_id)
     if tenant is None:
         return False
-    DjangoInstallationStore(tenant, actor=f"system:slack-{why}").delete_all(
+    DjangoInstallationStore(tenant, actor=system_actor(f"slack-{why}")).delete_all(
         enterprise_id=None, team_id=team_id
     )
     return True
@@ -568,7 +569,7 @@ def member_for(tenant: Tenant, team_id: str, slack_user_id: str) -> Membership |
                     team_id=team_id,
                     slack_user_id=slack_user_id,
                     how="email",
-                    actor=f"system:slack-email-match:{slack_user_id}",
+                    actor=system_actor(f"slack-email-match:{slack_user_id}"),
                 )
         except SlackError:
             return None  # the member is linked to someone else already: the explicit link wins

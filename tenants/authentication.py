@@ -27,6 +27,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from tenants import epoch
+from tenants.actors import api_key_actor
 from tenants.models import ApiKey, Tenant, hash_api_key
 from tenants.scoping import tenant_context
 from tenants.selectors import api_key_and_tenant
@@ -155,7 +156,7 @@ class ApiKeyPrincipal:
         self.api_key = api_key
         self.tenant = tenant
         self.pk = None
-        self.username = f"api-key:{api_key.prefix}"
+        self.username = api_key_actor(api_key.prefix)
 
     def __str__(self) -> str:
         return self.username

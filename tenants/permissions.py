@@ -29,6 +29,7 @@ from controlplane import timing
 from controlplane.errors import DomainError
 from controlplane.numbers import ascii_int
 from tenants import access as policy
+from tenants.actors import api_key_actor, user_actor
 from tenants.authentication import ApiKeyPrincipal
 from tenants.models import ApiKey, Membership, Tenant
 from tenants.scoping import tenant_context, tenant_statements
@@ -163,5 +164,5 @@ class TenantScopedViewMixin(_ViewBase):
     def actor(self) -> str:
         """Who is acting, as written into audit records."""
         if self.api_key is not None:
-            return f"api-key:{self.api_key.prefix}"
-        return f"user:{self.request.user.get_username()}"
+            return api_key_actor(self.api_key.prefix)
+        return user_actor(self.request.user.get_username())

@@ -33,6 +33,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.renderers import JSONRenderer
 
 from tenants import access as policy
+from tenants.actors import api_key_actor
 from tenants.authentication import verify_api_key
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import tenant_context, tenant_statements
@@ -105,7 +106,7 @@ class LeanProofMiddleware:
             response[name] = value
         response["Content-Length"] = str(len(body))
         request.resolver_match = match
-        response.renderer_context = {"view": _Answered(tenant, f"api-key:{api_key.prefix}")}  # type: ignore[attr-defined]
+        response.renderer_context = {"view": _Answered(tenant, api_key_actor(api_key.prefix))}  # type: ignore[attr-defined]
         return response
 
 
