@@ -193,9 +193,9 @@ class ReconcileWorker:
             try:
                 result = fn(**kwargs)
                 if inspect.isawaitable(result):
-                    from .saga import _run_coro
+                    from .context import run_coro
 
-                    result = _run_coro(result)
+                    result = run_coro(result)
             except Exception as exc:
                 error, detail = True, f"observer raised {exc!r}"[:500]
                 logger.warning("reconciler %s for step %s failed: %r", handler, check.get("step_id"), exc)

@@ -8,9 +8,10 @@ import os
 from dataclasses import dataclass
 
 from .client import ENV_API_KEY, ENV_URL, Client, ConfigurationError
+from .context import get_default_gate, set_default_confirm, set_default_gate, set_default_wal
 from .gate import DEFAULT_GRACE_S, Gate
-from .saga import ConfirmHook, get_default_gate, set_default_confirm, set_default_gate, set_default_wal
 from .shipper import Shipper
+from .steps import ConfirmHook
 from .wal import ENV_AGENT, WAL
 
 logger = logging.getLogger("sagaplane")

@@ -294,9 +294,9 @@ class Worker:
         try:
             result = fn(**kwargs)
             if inspect.isawaitable(result):
-                from .saga import _run_coro
+                from .context import run_coro
 
-                _run_coro(result)
+                run_coro(result)
         except Exception as exc:
             logger.warning("compensation %s for step %s failed: %r", handler, job.get("step_id"), exc)
             return "fail", {"error": repr(exc)[:2000]}

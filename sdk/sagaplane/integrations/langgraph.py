@@ -50,8 +50,9 @@ from langchain_core.tools import BaseTool
 from langgraph.types import interrupt
 from pydantic import ConfigDict
 
+from ..context import run_coro
 from ..runtime import configure, get_runtime
-from ..saga import Saga, _run_coro
+from ..saga import Saga
 from . import core
 from .policy import Policy, load
 
@@ -84,7 +85,7 @@ def _invoke_plain(target: BaseTool, arguments: dict[str, Any]) -> Any:
     try:
         return target.invoke(arguments)
     except NotImplementedError:  # an async-only tool
-        return _run_coro(target.ainvoke(arguments))
+        return run_coro(target.ainvoke(arguments))
 
 
 # -- results as the policy's templates read them ------------------------------------------------

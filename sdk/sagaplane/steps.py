@@ -1,0 +1,242 @@
+"""Steps and the tools that make them: a step's state and record of what ran, the errors a step
+raises, the confirmation an irreversible step needs, and `tool()`, which turns a function into
+steps of whichever saga is running when it is called."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .context import active_saga
+from .semantics import COMPENSABLE, IRREVERSIBLE, Compensation, Semantics, accepts_kwarg, idempotency_key
+
+logger = logging.getLogger("sagaplane")
+
+
+class StepState(str, enum.Enum):  # noqa: UP042 (str() must stay the value on 3.10)
+    INTENT = "INTENT"  # intent logged, effect not (yet) known to have run
+    COMMITTED = "COMMITTED"
+    UNKNOWN = "UNKNOWN"  # forward call raised: the effect may or may not have landed
+    NOT_APPLIED = "NOT_APPLIED"  # the tool said, via EffectNotApplied, that nothing happened
+    COMPENSATED = "COMPENSATED"
+    COMPENSATION_FAILED = "COMPENSATION_FAILED"
+    ORPHANED = "ORPHANED"  # ran (or may have) and has no inverse
+    UNRESOLVED = "UNRESOLVED"  # rollback halted before reaching it
+
+
+class SagaError(Exception):
+    pass
+
+
+class EffectNotApplied(Exception):
+    """Raise from a tool to say the effect certainly did not happen (validation, a decline).
+
+    Any other exception leaves the step UNKNOWN: a timed-out charge may have landed,
+    so it is still compensated (idempotently) or reported as orphaned.
+    """
+
+
+class IrreversibleRefused(SagaError):
+    """An IRREVERSIBLE step was not confirmed. Raised before its intent or effect."""
+
+    def __init__(self, request: ConfirmRequest, reason: str = "not confirmed") -> None:
+        self.request = request
+        self.reason = reason
+        super().__init__(f"irreversible step {request.tool!r} refused: {reason}")
+
+
+@dataclass(frozen=True)
+class ConfirmRequest:
+    saga_id: str
+    step_id: str
+    tool: str
+    semantics: Semantics
+    kwargs: dict[str, Any]
+
+
+ConfirmHook = Callable[[ConfirmRequest], bool | Awaitable[bool]]
+
+
+def refuse_irreversible(request: ConfirmRequest) -> bool:
+    """The default confirmation hook: an irreversible effect needs someone to say yes."""
+    return False
+
+
+@dataclass(eq=False)
+class Step:
+    index: int  # 1-based position in the saga; what rollback(to_step=N) refers to
+    step_id: str
+    saga_id: str
+    tool: str
+    semantics: Semantics
+    kwargs: dict[str, Any]
+    state: StepState = StepState.INTENT
+    compensation: Compensation | None = None
+    captured: Any = None
+    error: str | None = None
+    attempts: int = 0
+    gate_args: dict[str, Any] | None = None  # what the gate reads, when not the kwargs themselves
+    call_id: str = ""  # the framework's id of this tool call (a model's tool call id), if any
+    decision: str = ""  # the gate's answer, for the step's span: "allow", "deny:<reason>", ""
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.saga_id, self.step_id, "compensate")
+
+    @property
+    def needs_fsync(self) -> bool:
+        """Its intent is on disk before the effect runs (the effect cannot simply be undone)."""
+        return self.semantics in (COMPENSABLE, IRREVERSIBLE)
+
+    def confirm_request(self) -> ConfirmRequest:
+        return ConfirmRequest(self.saga_id, self.step_id, self.tool, self.semantics, dict(self.kwargs))
+
+    def __repr__(self) -> str:
+        return f"Step(#{self.index} {self.tool} {self.semantics.value} {self.state.value})"
+
+
+CompensateSpec = Compensation | Callable[..., Any] | None
+
+
+@dataclass
+class ToolSpec:
+    fn: Callable[..., Any]
+    name: str
+    semantics: Semantics
+    compensate: CompensateSpec = None
+    capture_state: Callable[..., Any] | None = None
+    confirm: ConfirmHook | None = None
+    # The gate's arguments from the call's (bound) kwargs, when they are not the kwargs themselves
+    # (a policy's gate_args); raising refuses the call before anything is recorded.
+    gate_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        # The signature is read once per tool, not once per call.
+        self._sig: inspect.Signature | None = None
+        self._positional: tuple[str, ...] | None = None  # set when the fast bind applies
+        self._names: frozenset[str] = frozenset()
+        try:
+            self._sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return
+        params = self._sig.parameters.values()
+        kinds = {p.kind for p in params}
+        if kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}:
+            self._positional = tuple(
+                p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            )
+            self._names = frozenset(p.name for p in params)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, for the STEP_INTENT record."""
+        positional = self._positional
+        if (
+            positional is not None
+            and len(args) <= len(positional)
+            and (
+                not kwargs
+                or (self._names.issuperset(kwargs) and kwargs.keys().isdisjoint(positional[: len(args)]))
+            )
+        ):
+            # What Signature.bind_partial gives for a signature without */**/positional-only.
+            out = dict(zip(positional, args, strict=False))
+            if kwargs:
+                out.update(kwargs)
+            return out
+        try:
+            if self._sig is None:
+                raise TypeError("no signature")
+            return dict(self._sig.bind_partial(*args, **kwargs).arguments)
+        except (TypeError, ValueError):
+            out = {f"arg{i}": a for i, a in enumerate(args)}
+            out.update(kwargs)
+            return out
+
+    def derive_compensation(self, step: Step, result: Any, *, failed: bool) -> None:
+        """Set `step.compensation` from `compensate` and the forward call's result (None when the
+        call raised): a fixed Compensation, or what the factory returns for this call."""
+        comp = self.compensate
+        if comp is None:
+            return
+        try:
+            if isinstance(comp, Compensation):
+                derived: Any = comp
+            else:
+                extra: dict[str, Any] = {}
+                if accepts_kwarg(comp, "state"):
+                    extra["state"] = step.captured
+                if accepts_kwarg(comp, "kwargs"):
+                    extra["kwargs"] = dict(step.kwargs)
+                derived = comp(result, **extra)
+        except Exception as exc:
+            # A factory that cannot cope with a failed call (result None) is normal; one
+            # that breaks on a real result is a bug worth shouting about.
+            (logger.debug if failed else logger.error)(
+                "compensation factory for %r raised: %r", step.tool, exc
+            )
+            return
+        if derived is None or isinstance(derived, Compensation):
+            step.compensation = derived
+        elif callable(derived):
+            step.compensation = Compensation(fn=derived)
+        else:
+            logger.error(
+                "compensation factory for %r returned %r; treating as no inverse", step.tool, derived
+            )
+        if step.compensation is not None and step.needs_fsync and not step.compensation.recoverable:
+            logger.warning(
+                "step %r has an in-process-only compensation (no registered handler or non-JSON kwargs); "
+                "it is unrecoverable if this process dies",
+                step.tool,
+            )
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    semantics: Semantics | str,
+    compensate: CompensateSpec = None,
+    name: str | None = None,
+    capture_state: Callable[..., Any] | None = None,
+    confirm: ConfirmHook | None = None,
+) -> Any:
+    """Wrap a tool so each call inside a saga becomes a logged, compensable step.
+
+    `compensate` is a factory over the forward result: `lambda result: sp.undo("x.refund", id=result["id"])`
+    (it may also accept `state=` for the captured snapshot and `kwargs=` for the call's arguments),
+    a fixed `Compensation`, or None for "no inverse". Outside a saga the tool runs untouched.
+    """
+    sem = Semantics(semantics)
+
+    def decorate(target: Callable[..., Any]) -> Callable[..., Any]:
+        spec = ToolSpec(
+            target, name or str(getattr(target, "__name__", "tool")), sem, compensate, capture_state, confirm
+        )
+        if inspect.iscoroutinefunction(target):
+
+            @functools.wraps(target)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                active = active_saga.get()
+                if active is None:
+                    return await target(*args, **kwargs)
+                return await active.run_step_async(spec, args, kwargs)
+
+            awrapper.__sagaplane_tool__ = spec  # type: ignore[attr-defined]
+            return awrapper
+
+        @functools.wraps(target)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            active = active_saga.get()
+            if active is None:
+                return target(*args, **kwargs)
+            return active.run_step(spec, args, kwargs)
+
+        wrapper.__sagaplane_tool__ = spec  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate(fn) if fn is not None else decorate
