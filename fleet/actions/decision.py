@@ -10,26 +10,34 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from controlplane import availability
 from fleet import gate, hooks
 from fleet.actions import snapshot
-from fleet.actions.lean_ledger import write_lean
-from fleet.actions.snapshot import _decision_epoch, held_policies, read_policies
+from fleet.actions.snapshot import Policies, _decision_epoch, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
+from fleet.actions.writers import (
+    Answer,
+    LeanWriter,
+    Retake,
+    TransactionalWriter,
+    Writer,
+    deny_row,
+    earlier_allow,
+)
 from fleet.gate import Debit, GateRequest, InvalidArgument
 from fleet.models import Decision, GateDecision, HaltMode, OnCap
 from fleet.stores import LimitStore, Outcome, RedisStore, StoreUnavailable
 from tenants import epoch
 from tenants.models import Tenant
-from tenants.scoping import NeedsDatabase, scoped_without_database, tenant_context
+from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 
@@ -39,38 +47,7 @@ log = logging.getLogger(__name__)
 UNCAPPED = 2**52
 
 
-def _saga_known_before(saga_id: str, moment: datetime) -> bool:
-    """Was this saga already running when a drain began? (it asked the gate before then)"""
-    return GateDecision.objects.filter(
-        saga_id=saga_id, decision=Decision.ALLOW, decided_at__lt=moment
-    ).exists()
-
-
-def _deny(request: GateRequest, reason: str, *, actor_prefix: str, **detail: Any) -> dict[str, Any]:
-    row = GateDecision.objects.create(
-        idempotency_key=request.idempotency_key,
-        saga_id=request.saga_id,
-        step_id=request.step_id,
-        tool=request.tool,
-        agent=request.agent,
-        api_key_prefix=actor_prefix,
-        args_digest=request.args_digest,
-        decision=Decision.DENY,
-        reason=reason,
-        detail=detail,
-    )
-    return row.answer()
-
-
-# ------------------------------------------------------------------------------------------ the gate
-
-
 _UNREAD: Any = object()
-
-
-class _NeedsTransaction(Exception):
-    """The lean path met something it does not do (an approval step that must read or write):
-    the whole decision is taken again inside the tenant's transaction."""
 
 
 def evaluate(
@@ -80,190 +57,235 @@ def evaluate(
     actor: str,
     store: LimitStore | None = None,
     version: Any = _UNREAD,
-) -> dict[str, Any]:
+) -> Answer:
     """The gate's answer for one call (see the module docstring for the order).
 
     `version`: the tenant's epoch when the caller already read it for this call (the lean HTTP
     path reads it once for its key check and the decision).
 
-    On Redis with Postgres, outside any transaction, the decision takes the lean path: policies
-    from this process' snapshot (re-read when the epoch moved), one EVALSHA, and the ledger row in
-    one statement batch that sets the tenant for row-level security and commits — with the epoch's
-    GET, three round trips in all. Anything else (an approval to consult, an escalation, a drain to
-    check against the ledger) opens the tenant's transaction for that part, or for the whole
-    decision."""
+    On Redis with Postgres, outside any transaction, the decision takes the lean path
+    (`LeanWriter`): policies from this process' snapshot (re-read when the epoch moved), one
+    EVALSHA, and the ledger row in one statement batch that sets the tenant for row-level security
+    and commits — with the epoch's GET, three round trips in all. A read the snapshot cannot answer
+    (a drain checked against the ledger, an escalation) opens the tenant's transaction for that
+    read; an approval to consult takes the whole decision again in the tenant's transaction
+    (`TransactionalWriter`), as every decision on the other paths is taken."""
     availability.guard()  # a store known to be down: refused before anything is read
     store = store or get_store()
     if version is _UNREAD:
         version = epoch.read(tenant.pk)
     token = _decision_epoch.set((tenant.pk, version))
     try:
-        lean = isinstance(store, RedisStore) and connection.vendor == "postgresql"
-        if lean and not connection.in_atomic_block:
-            try:
-                return _decide(tenant, request, actor=actor, store=store, version=version, lean=True)
-            except _NeedsTransaction:
-                pass
+        if (
+            isinstance(store, RedisStore)
+            and connection.vendor == "postgresql"
+            and not connection.in_atomic_block
+        ):
+            answer = _decide(_Call(tenant, request, store, version, LeanWriter(tenant)))
+            if not isinstance(answer, Retake):
+                return answer
         with tenant_context(tenant):
-            return _decide(tenant, request, actor=actor, store=store, version=version, lean=False)
+            answer = _decide(_Call(tenant, request, store, version, TransactionalWriter(tenant, actor=actor)))
+        assert not isinstance(answer, Retake)  # only the lean writer retakes
+        return answer
     finally:
         _decision_epoch.reset(token)
 
 
-def _decide(
-    tenant: Tenant, request: GateRequest, *, actor: str, store: LimitStore, version: Any, lean: bool
-) -> dict[str, Any]:
-    """The decision. `lean`: outside any transaction (see `evaluate`): reads that the snapshot
-    cannot answer open the tenant's transaction, refusals and the ledger row are written by
-    `write_lean`; `_NeedsTransaction` may be raised only before anything is debited or written."""
-    key_prefix = request.api_key_prefix
+@dataclass
+class _Call:
+    """One decision in progress: what its steps read and what they leave for the next ones."""
 
-    def database() -> Any:
-        return tenant_context(tenant) if lean else nullcontext()
+    tenant: Tenant
+    request: GateRequest
+    store: LimitStore
+    version: Any
+    writer: Writer
+    step: hooks.ApprovalStep | None = field(default_factory=hooks.approval_step)
+    verdict: hooks.Verdict = hooks.NONE  # the approval step's, before the debit
 
-    def deny(reason: str, **detail: Any) -> dict[str, Any]:
-        if lean:
-            return write_lean(tenant, request, Decision.DENY, reason=reason, detail=detail)
-        return _deny(request, reason, actor_prefix=key_prefix, **detail)
+    @cached_property
+    def policies(self) -> Policies:
+        held = held_policies(self.tenant, self.version)
+        if held is not None:
+            return held
+        with self.writer.reading():
+            return read_policies(self.tenant, self.version)
 
-    if not isinstance(store, RedisStore):
-        # Redis answers a retry from its own idempotency key; the database store asks here.
-        earlier = GateDecision.objects.filter(
-            idempotency_key=request.idempotency_key, decision=Decision.ALLOW
-        ).first()
-        if earlier is not None:
-            return earlier.answer()
-    policies = held_policies(tenant, version)
-    if policies is None:
-        with database():
-            policies = read_policies(tenant, version)
+
+def _decide(call: _Call) -> Answer | Retake:
+    """Each step answers (the first answer wins), asks for a retake (lean path only, before
+    anything is debited or written) or passes the call on (None). The last step always answers."""
+    for step in _STEPS:
+        result = step(call)
+        if result is not None:
+            return result
+    raise AssertionError("the gate's last step answers every call")
+
+
+def _retried_allow(call: _Call) -> Answer | None:
+    """The database store's answer to a retry of an allowed call (Redis answers a retry from its
+    own idempotency key)."""
+    if isinstance(call.store, RedisStore):
+        return None
+    return earlier_allow(call.request)
+
+
+def _halted(call: _Call) -> Answer | None:
+    """A kill switch in force that matches the call (`drain`: only sagas that were not already
+    running when it began)."""
     now = timezone.now()
-    for halt in policies.halts:
+    for halt in call.policies.halts:
         if halt.expires_at is not None and halt.expires_at <= now:
             continue
-        if not gate.halt_matches(halt.scope, request):
+        if not gate.halt_matches(halt.scope, call.request):
             continue
+        detail = {"scope": halt.scope, "halt_reason": halt.reason, "retry_after": None}
         if halt.mode == HaltMode.HALT:
-            return deny("halted", scope=halt.scope, halt_reason=halt.reason, retry_after=None)
-        with database():
-            known = _saga_known_before(request.saga_id, halt.created_at)
+            return call.writer.deny(call.request, "halted", **detail)
+        with call.writer.reading():
+            known = _saga_known_before(call.request.saga_id, halt.created_at)
         if not known:
-            return deny("draining", scope=halt.scope, halt_reason=halt.reason, retry_after=None)
-    if request.saga_id in policies.quarantined:
-        return deny("quarantined", retry_after=None)
-    step = hooks.approval_step()
+            return call.writer.deny(call.request, "draining", **detail)
+    return None
+
+
+def _saga_known_before(saga_id: str, moment: datetime) -> bool:
+    """Was this saga already running when a drain began? (it asked the gate before then)"""
+    return GateDecision.objects.filter(
+        saga_id=saga_id, decision=Decision.ALLOW, decided_at__lt=moment
+    ).exists()
+
+
+def _quarantined(call: _Call) -> Answer | None:
+    if call.request.saga_id in call.policies.quarantined:
+        return call.writer.deny(call.request, "quarantined", retry_after=None)
+    return None
+
+
+def _approval(call: _Call) -> Answer | Retake | None:
+    """The approval step before anything is debited: a request pending or refused answers; an
+    approved one goes on, to be consumed with the authorisation."""
+    if call.step is None:
+        return None
     escalating = any(
-        s.kind == "budget" and s.on_cap == OnCap.ESCALATE and gate.tool_matches(s.tool, request.tool)
-        for s in policies.specs
+        s.kind == "budget" and s.on_cap == OnCap.ESCALATE and gate.tool_matches(s.tool, call.request.tool)
+        for s in call.policies.specs
     )
-    verdict = hooks.NONE
-    if step is not None and lean:
-        # Usually answered from the approvals' own snapshot; what must read or write (a policy
-        # that applies, an earlier escalation) runs in the tenant's transaction with the decision.
-        try:
-            with scoped_without_database(tenant):
-                verdict = step.before_debit(tenant, request, escalating=escalating)
-        except NeedsDatabase:
-            raise _NeedsTransaction from None
-        if verdict.kind != "none":
-            raise _NeedsTransaction
-    elif step is not None:
-        verdict = step.before_debit(tenant, request, escalating=escalating)
+    verdict = call.writer.approval_verdict(call.step, call.request, escalating=escalating)
+    if isinstance(verdict, Retake):
+        return verdict
+    call.verdict = verdict
     if verdict.kind == "pending":
         return verdict.answer
     if verdict.kind == "refused":
-        return _deny(request, actor_prefix=key_prefix, **verdict.answer)
+        return deny_row(call.request, **verdict.answer)
     if verdict.kind == "consumed":
-        return _earlier_allow(request) or _deny(
-            request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
-        )
+        return earlier_allow(call.request) or deny_row(call.request, "approval_consumed", retry_after=None)
+    return None
+
+
+def _debit_and_record(call: _Call) -> Answer:
+    """One atomic check-and-debit of every limit the call meets, then the allow's ledger row (with
+    the approvals it consumes). From here on something may be debited: no retake."""
+    request, writer = call.request, call.writer
     try:
-        debits = gate.debits_for(policies.specs, request, tenant_tag=gate_tag(tenant))
+        debits = gate.debits_for(call.policies.specs, request, tenant_tag=gate_tag(call.tenant))
     except InvalidArgument as exc:
-        return deny(
-            "invalid_argument",
-            limit=exc.limit,
-            argument=exc.argument,
-            message=exc.detail,
-            retry_after=None,
-        )
-    if verdict.uncapped:
+        detail = {"limit": exc.limit, "argument": exc.argument, "message": exc.detail, "retry_after": None}
+        return writer.deny(request, "invalid_argument", **detail)
+    if call.verdict.uncapped:
         # An approved escalation: these budgets' caps do not hold for this one call (it is still
         # debited, so its spend counts against everything after it).
         debits = [
-            replace(d, cap=UNCAPPED) if d.kind == "budget" and d.limit in verdict.uncapped else d
+            replace(d, cap=UNCAPPED) if d.kind == "budget" and d.limit in call.verdict.uncapped else d
             for d in debits
         ]
     decision_id = uuid.uuid4()
     try:
-        outcome = store.check_and_debit(
-            tenant.pk,
+        outcome = call.store.check_and_debit(
+            call.tenant.pk,
             debits,
             idempotency_key=request.idempotency_key,
             decision_id=str(decision_id),
-            tag=gate_tag(tenant),
+            tag=gate_tag(call.tenant),
         )
     except StoreUnavailable as exc:
-        outage = availability.failed(exc, probe=_redis_probe(store))
+        outage = availability.failed(exc, probe=_redis_probe(call.store))
         if outage is not None:  # Redis unreachable: every call refused, fast, until it answers
             raise outage from exc
-        log.warning("gate: limit store unavailable for tenant %s: %s", tenant.pk, exc)
-        return deny("limit_store_unavailable", retry_after=1)
-    # From here on, something may be debited: nothing below raises _NeedsTransaction.
+        log.warning("gate: limit store unavailable for tenant %s: %s", call.tenant.pk, exc)
+        return writer.deny(request, "limit_store_unavailable", retry_after=1)
     if not outcome.allowed:
-        failed = outcome.failed
-        if (
-            step is not None
-            and failed is not None
-            and failed.kind == "budget"
-            and any(
-                s.kind == "budget" and s.name == failed.limit and s.on_cap == OnCap.ESCALATE
-                for s in policies.specs
-            )
-        ):
-            with database():
-                escalated = step.escalate(tenant, request, failed.limit, debits)
-                if escalated.kind == "pending":
-                    return escalated.answer
-                if escalated.kind == "refused":
-                    return _deny(request, actor_prefix=key_prefix, **escalated.answer)
-                return _refusal(request, outcome, actor_prefix=key_prefix)
-        return _refusal(request, outcome, deny=deny, actor_prefix=key_prefix)
+        return _refused_by_store(call, outcome, debits)
     if outcome.duplicate_of is not None:
         decision_id = uuid.UUID(outcome.duplicate_of)
-        with database():
+        with writer.reading():
             existing = GateDecision.objects.filter(pk=decision_id).first()
         if existing is not None:
             return existing.answer()
         # The store debited under this id but its ledger row never committed: record it now
         # (the debit is already counted, so this allows nothing the counters did not).
-    late = (time.monotonic() - outcome.debited_at) * 1000 > getattr(store, "commit_deadline_ms", math.inf)
+    late = (time.monotonic() - outcome.debited_at) * 1000 > getattr(
+        call.store, "commit_deadline_ms", math.inf
+    )
     if outcome.debited_at and late:
         # Too late to be sure a rebuild fenced us in: refuse (the Redis debit stays, erring
         # toward refusal).
-        return deny("limit_store_unavailable", retry_after=1)
-    if lean:  # (no approval to consume: the lean path has none)
-        return write_lean(tenant, request, Decision.ALLOW, decision_id=decision_id, debits=debits)
-    try:
-        with transaction.atomic():
-            row = _record_allow(decision_id, request, key_prefix, debits, verdict.requests)
-            if (
-                verdict.requests
-                and step is not None
-                and not step.consume(tenant, verdict.requests, authorization_id=str(decision_id), actor=actor)
-            ):
-                raise _NotConsumable
-    except _NotConsumable:
-        # Used or lapsed since it was read (a racing call took it): this call starts nothing.
-        return _earlier_allow(request) or _deny(
-            request, "approval_consumed", actor_prefix=key_prefix, retry_after=None
-        )
-    except IntegrityError:
-        # The same call allowed meanwhile (a retry racing itself, or one whose Redis key had
-        # expired): the first allow stands; this debit stays counted, erring toward refusal.
-        first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
-        return first.answer()
-    return row.answer()
+        return writer.deny(request, "limit_store_unavailable", retry_after=1)
+    return writer.allow(request, decision_id, debits, call.verdict.requests, call.step)
+
+
+def _refused_by_store(call: _Call, outcome: Outcome, debits: Sequence[Debit]) -> Answer:
+    """The store refused: a budget with `on_cap=escalate` opens (or finds) an approval request,
+    any other refusal is recorded as the gate's answer."""
+    failed = outcome.failed
+    assert failed is not None
+    escalates = any(
+        s.kind == "budget" and s.name == failed.limit and s.on_cap == OnCap.ESCALATE
+        for s in call.policies.specs
+    )
+    if call.step is None or failed.kind != "budget" or not escalates:
+        reason, detail = _store_refusal(outcome)
+        return call.writer.deny(call.request, reason, **detail)
+    with call.writer.reading():
+        escalated = call.step.escalate(call.tenant, call.request, failed.limit, debits)
+        if escalated.kind == "pending":
+            return escalated.answer
+        if escalated.kind == "refused":
+            return deny_row(call.request, **escalated.answer)
+        reason, detail = _store_refusal(outcome)
+        return deny_row(call.request, reason, **detail)
+
+
+def _store_refusal(outcome: Outcome) -> tuple[str, dict[str, Any]]:
+    """The store's refusal as the gate's reason and detail."""
+    failed = outcome.failed
+    assert failed is not None
+    retry = None if outcome.retry_after_ms is None else max(1, math.ceil(outcome.retry_after_ms / 1000))
+    if failed.kind == "rate":
+        return "rate_limited", {
+            "limit": failed.limit,
+            "scope": failed.scope,
+            "remaining": 0,
+            "retry_after": retry,
+        }
+    return "budget_exceeded", {
+        "limit": failed.limit,
+        "scope": failed.scope,
+        "remaining": gate.from_units(max(0, failed.cap - outcome.used)),
+        "requested": gate.from_units(failed.amount),
+        "retry_after": retry,
+    }
+
+
+_STEPS: tuple[Callable[[_Call], Answer | Retake | None], ...] = (
+    _retried_allow,
+    _halted,
+    _quarantined,
+    _approval,
+    _debit_and_record,
+)
 
 
 def _redis_probe(store: LimitStore) -> Callable[[], None] | None:
@@ -278,71 +300,3 @@ def _redis_probe(store: LimitStore) -> Callable[[], None] | None:
         store.make_ready([(int(tag[1:].partition(".")[0]), tag) for tag in tags])  # gate_tag's form
 
     return probe
-
-
-class _NotConsumable(Exception):
-    """An approval read as usable was used or lapsed before this authorisation could take it."""
-
-
-def _earlier_allow(request: GateRequest) -> dict[str, Any] | None:
-    earlier = GateDecision.objects.filter(
-        idempotency_key=request.idempotency_key, decision=Decision.ALLOW
-    ).first()
-    return None if earlier is None else earlier.answer()
-
-
-def _record_allow(
-    decision_id: uuid.UUID,
-    request: GateRequest,
-    key_prefix: str,
-    debits: list[Debit],
-    approvals: Sequence[str] = (),
-) -> GateDecision:
-    return GateDecision.objects.create(
-        id=decision_id,
-        idempotency_key=request.idempotency_key,
-        saga_id=request.saga_id,
-        step_id=request.step_id,
-        tool=request.tool,
-        agent=request.agent,
-        api_key_prefix=key_prefix,
-        args_digest=request.args_digest,
-        decision=Decision.ALLOW,
-        debits=[d.as_ledger() for d in debits],
-        detail={"approvals": list(approvals)} if approvals else {},
-    )
-
-
-def _refusal(
-    request: GateRequest,
-    outcome: Outcome,
-    *,
-    actor_prefix: str,
-    deny: Callable[..., dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The store's refusal as the gate's answer, written by `deny` (default: an ORM row in the
-    caller's transaction)."""
-    failed = outcome.failed
-    assert failed is not None
-    if deny is None:
-
-        def deny(reason: str, **detail: Any) -> dict[str, Any]:
-            return _deny(request, reason, actor_prefix=actor_prefix, **detail)
-
-    retry = None if outcome.retry_after_ms is None else max(1, math.ceil(outcome.retry_after_ms / 1000))
-    if failed.kind == "rate":
-        return deny(
-            "rate_limited",
-            limit=failed.limit,
-            scope=failed.scope,
-            remaining=0,
-            retry_after=retry,
-        )
-    return deny(
-        "budget_exceeded",
-        limit=failed.limit,
-        scope=failed.scope,
-        remaining=gate.from_units(max(0, failed.cap - outcome.used)),
-        requested=gate.from_units(failed.amount),
-        retry_after=retry,
-    )
