@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .disclosure import FORMAT, VerificationError, check_record, verify_disclosure
+from .events import Event
 
-VOTE_EVENTS = ("APPROVAL_VOTE", "APPROVAL_BREAK_GLASS")
+VOTE_EVENTS = (Event.APPROVAL_VOTE, Event.APPROVAL_BREAK_GLASS)
 FLAG_UP, FLAG_UV = 0x01, 0x04
 MAX_CBOR_DEPTH = 4
 
@@ -215,7 +216,7 @@ def verify_vote_record(record: dict[str, Any], leaf_index: int | None = None) ->
         action_digest=digest.hex(),
         algorithm=algorithm,
         credential_id=str(assertion.get("credential_id", "")),
-        break_glass=record.get("event") == "APPROVAL_BREAK_GLASS",
+        break_glass=record.get("event") == Event.APPROVAL_BREAK_GLASS,
     )
 
 
@@ -266,14 +267,14 @@ def verify_approvals(bundle: Any, keys: Iterable[str] | None = None) -> Approval
         if not isinstance(record, dict) or record.get("_redacted"):
             continue
         event = record.get("event")
-        if event not in VOTE_EVENTS and event != "APPROVAL_REQUESTED":
+        if event not in VOTE_EVENTS and event != Event.APPROVAL_REQUESTED:
             continue
         index = entry.get("leaf_index")
         try:
             record = check_record(record)
         except VerificationError as exc:
             raise VerificationError(f"record #{i} (leaf {index}): {exc}") from None
-        if event == "APPROVAL_REQUESTED":
+        if event == Event.APPROVAL_REQUESTED:
             requested[str(record.get("approval_id"))] = str(record.get("action_digest"))
             continue
         if not isinstance(record.get("assertion"), dict):

@@ -16,13 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .events import Event
+
 GENESIS = "0" * 64
 HASH_FIELD = "_h"
 PREV_FIELD = "_ph"
 DIGEST_FIELD = "_cd"
 SALT_FIELD = "_s"
 REDACTED_FIELD = "_redacted"
-GAP_EVENT = "WAL_CHAIN_GAP"
+GAP_EVENT = Event.WAL_CHAIN_GAP
 HEADER_FIELDS = ("seq", "ts", "event")
 META_FIELDS = frozenset({HASH_FIELD, PREV_FIELD, DIGEST_FIELD, SALT_FIELD, REDACTED_FIELD})
 SALT_BYTES = 16

@@ -31,10 +31,11 @@ from .chain import (
     content_digest,
     record_hash,
 )
+from .events import Event
 from .leaf import leaf_data
 
 FORMAT = "sagaplane-disclosure/1"
-SEAL_EVENT = "SAGA_SEALED"
+SEAL_EVENT = Event.SAGA_SEALED
 
 RULE = (
     "Verify the checkpoint note with the tenant's verifier key (C2SP signed-note, Ed25519; its origin "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from .events import Event
 from .semantics import PREVIEW, REVERSIBLE
 from .steps import StepState
 
@@ -27,12 +28,12 @@ def saga_start(wal: WAL, saga_id: str, name: str | None, lease_ttl: float, *, su
         fields["name"] = name
     if wal.agent:
         fields["agent"] = wal.agent
-    return wal.emit("SAGA_START", fields, buffered=not suspended)
+    return wal.emit(Event.SAGA_START, fields, buffered=not suspended)
 
 
 def saga_end(wal: WAL, saga_id: str, *, aborted: bool, clean: bool, buffered: bool) -> int:
     return wal.emit(
-        "SAGA_ABORTED" if aborted else "SAGA_COMPLETE",
+        Event.SAGA_ABORTED if aborted else Event.SAGA_COMPLETE,
         {"saga_id": saga_id, "clean": clean},
         buffered=buffered,
     )
@@ -41,7 +42,7 @@ def saga_end(wal: WAL, saga_id: str, *, aborted: bool, clean: bool, buffered: bo
 def abort_cause(wal: WAL, saga_id: str, exc: BaseException) -> None:
     message = str(exc)
     wal.emit(
-        "SAGA_ABORT_CAUSE",
+        Event.SAGA_ABORT_CAUSE,
         {"saga_id": saga_id, "cause_type": type(exc).__name__, "cause": message[:2000]},
         buffered=True,
     )
@@ -57,7 +58,9 @@ def _step_fields(step: Step) -> dict[str, Any]:
 
 
 def refused(wal: WAL, step: Step, reason: str) -> None:
-    wal.emit("STEP_REFUSED", {**_step_fields(step), "kwargs": step.kwargs, "reason": reason}, buffered=True)
+    wal.emit(
+        Event.STEP_REFUSED, {**_step_fields(step), "kwargs": step.kwargs, "reason": reason}, buffered=True
+    )
 
 
 def intent(wal: WAL, step: Step) -> int:
@@ -69,7 +72,7 @@ def intent(wal: WAL, step: Step) -> int:
     # flush_interval, or now with write_through_intents). PREVIEW has no effect at all.
     sem = step.semantics
     buffered = sem is PREVIEW or (sem is REVERSIBLE and not wal.write_through_intents)
-    return wal.emit("STEP_INTENT", fields, buffered=buffered)
+    return wal.emit(Event.STEP_INTENT, fields, buffered=buffered)
 
 
 def _descriptor(step: Step) -> dict[str, Any] | None:
@@ -78,7 +81,7 @@ def _descriptor(step: Step) -> dict[str, Any] | None:
 
 def committed(wal: WAL, step: Step) -> int:
     return wal.emit(
-        "STEP_COMMITTED", {**_step_fields(step), "compensation": _descriptor(step)}, buffered=True
+        Event.STEP_COMMITTED, {**_step_fields(step), "compensation": _descriptor(step)}, buffered=True
     )
 
 
@@ -86,9 +89,9 @@ def failed(wal: WAL, step: Step) -> int:
     """STEP_FAILED (the tool said nothing happened) or STEP_UNKNOWN (it may have)."""
     fields = {**_step_fields(step), "error": step.error}
     if step.state is StepState.NOT_APPLIED:
-        return wal.emit("STEP_FAILED", fields, buffered=True)
+        return wal.emit(Event.STEP_FAILED, fields, buffered=True)
     fields["compensation"] = _descriptor(step)
-    return wal.emit("STEP_UNKNOWN", fields, buffered=True)
+    return wal.emit(Event.STEP_UNKNOWN, fields, buffered=True)
 
 
 def gate_allow(wal: WAL, step: Step, answer: dict[str, Any]) -> None:
@@ -100,23 +103,23 @@ def gate_allow(wal: WAL, step: Step, answer: dict[str, Any]) -> None:
     }
     if answer.get("approvals"):
         fields["approvals"] = answer["approvals"]  # the approvals this authorisation used
-    wal.emit("GATE_ALLOW", fields, buffered=True)
+    wal.emit(Event.GATE_ALLOW, fields, buffered=True)
 
 
 def gate_deny(wal: WAL, step: Step, denied: GateDenied) -> None:
     fields = {**_step_fields(step), "kwargs": step.kwargs, "reason": denied.reason, "answer": denied.answer}
-    wal.emit("GATE_DENY", fields, buffered=True)
+    wal.emit(Event.GATE_DENY, fields, buffered=True)
 
 
 def rollback_start(wal: WAL, saga_id: str, steps: int, to_step: int) -> None:
     start: dict[str, Any] = {"saga_id": saga_id, "steps": steps}
     if to_step:
         start["to_step"] = to_step
-    wal.emit("ROLLBACK_START", start, buffered=True)
+    wal.emit(Event.ROLLBACK_START, start, buffered=True)
 
 
 def orphaned(wal: WAL, step: Step) -> None:
-    wal.emit("STEP_ORPHANED", _step_fields(step), buffered=True)
+    wal.emit(Event.STEP_ORPHANED, _step_fields(step), buffered=True)
 
 
 def compensated(wal: WAL, step: Step, attempts: int) -> None:
@@ -127,7 +130,7 @@ def compensated(wal: WAL, step: Step, attempts: int) -> None:
         "idempotency_key": step.idempotency_key,
         "attempts": attempts,
     }
-    wal.emit("COMPENSATED", fields, buffered=True)
+    wal.emit(Event.COMPENSATED, fields, buffered=True)
 
 
 def compensation_failed(wal: WAL, step: Step, error: BaseException | None, attempts: int) -> None:
@@ -139,7 +142,7 @@ def compensation_failed(wal: WAL, step: Step, error: BaseException | None, attem
         "attempts": attempts,
         "idempotency_key": step.idempotency_key,
     }
-    wal.emit("COMPENSATION_FAILED", fields, buffered=True)
+    wal.emit(Event.COMPENSATION_FAILED, fields, buffered=True)
 
 
 def rollback_end(wal: WAL, saga_id: str, report: RollbackReport) -> None:
@@ -154,4 +157,4 @@ def rollback_end(wal: WAL, saga_id: str, report: RollbackReport) -> None:
     }
     if report.to_step:
         end["to_step"] = report.to_step
-    wal.emit("ROLLBACK_END", end, buffered=True)
+    wal.emit(Event.ROLLBACK_END, end, buffered=True)
