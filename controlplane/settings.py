@@ -300,6 +300,8 @@ if PRODUCTION:  # passkeys bound to localhost, or to a site this deployment is n
     _insecure += config.relying_party(SAGAPLANE_WEBAUTHN_RP_ID, SAGAPLANE_WEBAUTHN_ORIGINS, ALLOWED_HOSTS)
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
+# Signing out lands on the sign-in page (Django's default is the admin's "Logged out" page).
+LOGOUT_REDIRECT_URL = "login"
 
 # Sign-in throttling (django-axes, attempts stored in the database). Failures are counted per
 # account (from any address) and per client address (across accounts), each on its own: either

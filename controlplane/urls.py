@@ -1,6 +1,8 @@
 from csp.decorators import csp_update
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path, register_converter
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from controlplane import health, observability
@@ -15,6 +17,14 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", observability.metrics_view, name="metrics"),
+    # Pages name their icon; a browser that asks the conventional place anyway is sent to it.
+    path(
+        "favicon.ico",
+        RedirectView.as_view(
+            url=static("frontend/favicon.svg"), permanent=True, http_method_names=["get", "head"]
+        ),
+        name="favicon",
+    ),
     path("admin/", admin.site.urls),
     path("api/schema", SpectacularAPIView.as_view(), name="schema"),
     # The API reference pages' bundles inject their own styles (never scripts): relax style-src there only.

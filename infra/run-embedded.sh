@@ -8,6 +8,8 @@ export SAGAPLANE_DATA_DIR="${SAGAPLANE_DATA_DIR:-$PWD/.sagaplane-data}"
 unset DATABASE_URL DATABASE_OWNER_URL REDIS_URL
 PORT="${PORT:-8000}"
 URL="http://127.0.0.1:${PORT}"
+# What a person opens: a host name, since passkeys (WebAuthn) refuse an IP address as relying party.
+SHOWN_URL="http://localhost:${PORT}"
 
 $BIN/python manage.py migrate --noinput -v0
 $BIN/python manage.py seed_demo
@@ -79,6 +81,6 @@ if [ -f sdk/examples/mcp_demo_agent.py ]; then
   agents="$agents $!"
 fi
 echo
-echo "Sagaplane is running at ${URL}/"
+echo "Sagaplane is running at ${SHOWN_URL}/"
 echo "Sign in as owner@demo.sagaplane.local with password sagaplane-demo (Ctrl-C to stop)"
 wait "$server"

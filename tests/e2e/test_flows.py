@@ -261,7 +261,7 @@ def test_an_approver_denies_a_request_and_history_shows_it(new_page, control_pla
     risk.locator("#vote-form").get_by_label("Note (optional)").fill("not a customer of ours")
     risk.locator("#vote-form").get_by_role("button", name="Deny").click()
     expect(risk.locator("#approval-action")).to_have_attribute("data-status", "denied")
-    risk.goto("/approvals/history")
+    risk.goto("/approvals/history/")
     expect(risk.locator(f'#approval-history-table tr[data-approval="{approval_id}"]')).to_have_attribute(
         "data-status", "denied"
     )

@@ -256,7 +256,7 @@ def test_an_owner_breaks_glass_on_a_pending_request(new_page, control_plane: Liv
         stored = _api(control_plane, "GET", f"approvals/{approval_id}")
         assert stored.status_code == 200, stored.text
         assert stored.json()["status"] == "approved", stored.json()
-        page.goto("/approvals/history")
+        page.goto("/approvals/history/")
         expect(page.locator("#break-glass-list")).to_contain_text("patient transfer cannot wait")
     finally:
         page.goto("/approvals/policies/")

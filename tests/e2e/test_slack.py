@@ -68,7 +68,14 @@ def test_add_to_slack_reaches_the_consent_page_on_another_origin_and_installs(
     page.get_by_role("button", name="Use this channel").click()
     expect(page.get_by_text("Approval requests go to #risk-approvals.")).to_be_visible()
     expect(page.locator("#slack-channel")).to_have_text("#risk-approvals")
-    page.get_by_label("Match Slack users to members by their e-mail address").check()
+    matching = page.get_by_label("Match Slack users to members by their e-mail address")
+    matching.check()
+    # The box sits beside its words (it was a full-width input, a line away from them).
+    box_at = matching.bounding_box()
+    label_at = page.locator("label", has=matching).bounding_box()
+    assert box_at is not None and label_at is not None
+    assert box_at["width"] < 40, box_at
+    assert label_at["y"] <= box_at["y"] <= label_at["y"] + label_at["height"], (box_at, label_at)
     page.get_by_role("button", name="Save").click()
     expect(page.get_by_text("E-mail matching is on.")).to_be_visible()
     screenshot(page, "slack-installed")

@@ -131,7 +131,7 @@ def test_two_approvers_approve_with_passkeys_and_the_votes_verify_offline(
         verified = verify_vote_record(record)
         assert verified.approval_id == approval_id and verified.algorithm == "ES256"
     assert approval_id not in anns.client.get("/approvals/rows").content.decode()
-    history = anns.client.get("/approvals/history").content.decode()
+    history = anns.client.get("/approvals/history/").content.decode()
     assert f'data-approval="{approval_id}"' in history
 
 
@@ -232,7 +232,7 @@ def test_break_glass_is_an_owners_with_a_reason_and_listed_for_review(
     assert state(agent.tenant, approval_id)[0] == Status.APPROVED
     records = [r for r in server_stream(agent.tenant) if r["event"] == "APPROVAL_BREAK_GLASS"]
     assert len(records) == 1 and records[0]["note"] == "payroll deadline, CFO on phone"
-    history = owner.get("/approvals/history").content.decode()
+    history = owner.get("/approvals/history/").content.decode()
     assert 'id="break-glass-list"' in history and "payroll deadline, CFO on phone" in history
 
 

@@ -137,7 +137,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     # probes and documentation
     "healthz": Public({"GET": 200}),
     "readyz": Public({"GET": 200}),
-    "metrics": Public({"GET": 200}),  # development: open; production: a token or 404
+    "metrics": Public({"GET": 200}),
+    "favicon.ico": Public({"GET": 301}),  # development: open; production: a token or 404
     "api/schema": Public({"GET": 200}),
     "api/docs": Public({"GET": 200}),
     "api/redoc": Public({"GET": 200}),
@@ -222,7 +223,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     # pages
     "": SignedIn(frozenset({"GET"})),
     "login/": Public({"GET": 200, "POST": 200}),  # an empty form: shown again with its errors
-    "logout/": Public({"POST": 200}),  # signed out (or already), the page says so
+    "logout/": Public({"POST": 302}),  # signed out (or already), sent to the sign-in page
     "login/passkey/options": Public({"POST": 200}),  # a challenge for any browser
     "login/passkey": Public({"POST": 400}),  # no credential: refused in the error shape
     "tenant/switch": SignedIn(frozenset({"POST"})),
@@ -248,7 +249,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "reconciliation/checks/<str:check_id>/recheck": Page({"POST": RISK_STAFF}),
     "approvals/": Page({"GET": EVERY_ROLE}),  # the queue, live
     "approvals/rows": Page({"GET": EVERY_ROLE}),
-    "approvals/history": Page({"GET": EVERY_ROLE}),
+    "approvals/history/": Page({"GET": EVERY_ROLE}),
     "approvals/policies/": Page({"GET": EVERY_ROLE}),
     "approvals/policies/create": Page({"POST": ADMINS}),
     "approvals/policies/<id:policy_id>/toggle": Page({"POST": ADMINS}),
