@@ -650,7 +650,7 @@ def profile_http_decision(decisions: int) -> dict[str, Any]:
         ("tenants/authentication.py", "verify_api_key"): "API key check (with the epoch MGET)",
         ("tenants/epoch.py", "read"): "tenant epoch MGET",
         ("controlplane/parsers.py", "strict_loads"): "JSON body parse",
-        ("fleet/api.py", "gate_call"): "body to GateRequest",
+        ("fleet/calls.py", "gate_call"): "body to GateRequest",
         ("fleet/gate.py", "debits_for"): "debits (scope digests)",
         ("fleet/stores.py", "check_and_debit"): "EVALSHA (redis-py pack, send, parse)",
         ("fleet/actions/lean_ledger.py", "write_lean"): "ledger batch (with taking a pooled connection)",

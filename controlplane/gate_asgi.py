@@ -3,8 +3,9 @@
 Every agent asks the gate before every governed effect, so this one route is answered in front of
 Django's ASGI handler, middleware and DRF (most of a request's CPU time): the body is read, the
 API key verified (`tenants.authentication.verify_api_key`: a per-process copy checked against the
-tenant's epoch), the body parsed strictly and read by the view's own `fleet.api.gate_call`, and
-`fleet.services.evaluate` decides — with the epoch the key check read, so one cache GET serves both.
+tenant's epoch), the body parsed strictly and read by `fleet.calls.gate_call` (the view's own
+reading), and `fleet.services.evaluate` decides — with the epoch the key check read, so one cache
+GET serves both.
 
 Only a call with nothing unusual about it is answered here; anything else is handed, untouched
 (its body replayed), to the full stack, which answers it exactly as before: a host not allowed, a
@@ -251,7 +252,7 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
     from controlplane.errors import DomainError
     from controlplane.parsers import check_storable, strict_loads
     from fleet import services
-    from fleet.api import gate_call
+    from fleet.calls import gate_call
     from tenants import access
     from tenants.authentication import verify_api_key
 
