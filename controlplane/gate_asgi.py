@@ -1,22 +1,25 @@
 """`POST /api/v1/gate/evaluate` without Django's request stack, for the calls that need none of it.
 
 Every agent asks the gate before every governed effect, so this one route is answered in front of
-Django's ASGI handler, middleware and DRF (most of a request's CPU time): the body is read, the
-API key verified (`tenants.authentication.verify_api_key`: a per-process copy checked against the
-tenant's epoch), the body parsed strictly and read by `fleet.calls.gate_call` (the view's own
-reading), and `fleet.services.evaluate` decides — with the epoch the key check read, so one cache
-GET serves both.
+Django's ASGI handler, middleware and DRF (most of a request's CPU time). It is a fast route
+(core/fastroute.py, shared with the proofs' transparency/lean.py): whether the call is plain
+(Django's own host and https checks), the key (`verify_api_key`, the DRF authentication class's
+check: a per-process copy checked against the tenant's epoch) and the access rule the route table
+declares for the route (`GateEvaluateView.access`) are decided there; here the body is read, parsed
+strictly and read by `fleet.calls.gate_call` (the view's own reading), and `fleet.services.evaluate`
+decides, with the epoch the key check read, so one cache GET serves both.
 
 Only a call with nothing unusual about it is answered here; anything else is handed, untouched
 (its body replayed), to the full stack, which answers it exactly as before: a host not allowed, a
-plain-http request where https is required, a query string, a body that is not a JSON object of
-at most SAGAPLANE_MAX_BODY_BYTES with a declared length, a key that fails verification or lacks
-the `gate` scope, a field the view would refuse, a process whose database role is not yet verified
-(tenants.rls.RuntimeRoleGuardMiddleware). The answer's headers are those Django gave this route's
-last successful answer (security headers included): until one was seen, every call goes through
-Django. Once `evaluate` has started, nothing is handed on (a decision is taken once); an error
-after it is a 500 in the API's error shape. The request id, the request's log line and the
-gate metrics are kept as the observability middleware keeps them.
+plain-http request where https is required, a query parameter, a repeated header, a body that is
+not a JSON object of at most SAGAPLANE_MAX_BODY_BYTES with a declared length, a key that fails
+verification or that the route's rule refuses, a field the view would refuse, a process whose
+database role is not yet verified (tenants.rls.RuntimeRoleGuardMiddleware). The answer's headers
+are those Django gave this route's last successful answer to a call of the same class, https or
+not (`core.fastroute.HEADERS`, security headers included): until one was seen, every call of that
+class goes through Django. Once `evaluate` has started, nothing is handed on (a decision is taken
+once); an error after it is a 500 in the API's error shape. The request id, the request's log line
+and the gate metrics are kept as the observability middleware keeps them.
 
 While the database or Redis cannot be reached, every call is answered here, 503
 `control_plane_unavailable`, within a second (`controlplane.availability`): at once while the
@@ -37,32 +40,54 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.http.request import split_domain_port, validate_host
+from django.http import HttpRequest, QueryDict
 
 from controlplane.numbers import ascii_int
+from core import fastroute
 from tenants.actors import api_key_actor
 
 log = logging.getLogger(__name__)
 
-PATH = "/api/v1/gate/evaluate"
-ROUTE = "gate-evaluate"
+PATH = "/api/v1/gate/evaluate"  # the route table's `gate-evaluate` (tests check they agree)
+ROUTE = fastroute.FastRoute("gate-evaluate", "POST")
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
-# Headers of Django's answer that are not the route's own (set per answer, or never reused).
-_PER_ANSWER = {b"content-length", b"x-request-id", b"date", b"server", b"set-cookie"}
+_NO_QUERY = QueryDict()
 
 
 class _HandOn(Exception):
     """This call is the full stack's to answer."""
 
 
+class _ScopeRequest(HttpRequest):
+    """The call's scope as Django reads a request's method, path, query, host and scheme: what
+    `core.fastroute` asks of it, answered by Django's own code (`get_host`, `is_secure`). Only
+    those are set (HttpRequest's own __init__, its empty body and cookies, would cost more than
+    the checks)."""
+
+    def __init__(self, scope: Scope, headers: dict[bytes, bytes]) -> None:  # not HttpRequest.__init__
+        self.method = scope.get("method")
+        self.path = self.path_info = scope.get("path", "")
+        query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        server = scope.get("server") or ("", "")
+        self.META = {
+            "HTTP_" + name.decode("latin-1").upper().replace("-", "_"): value.decode("latin-1")
+            for name, value in headers.items()
+        }
+        self.META.update(QUERY_STRING=query, SERVER_NAME=str(server[0]), SERVER_PORT=str(server[1]))
+        self.GET = QueryDict(query) if query else _NO_QUERY
+        self._scheme = str(scope.get("scheme") or "http")
+
+    def _get_scheme(self) -> str:
+        return self._scheme
+
+
 class LeanGate:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.headers: list[tuple[bytes, bytes]] | None = None
         # As many threads as a process has pooled database connections: no call waits for one.
         self.executor = ThreadPoolExecutor(
             max_workers=getattr(settings, "DB_POOL_MAX_SIZE", 4), thread_name_prefix="lean-gate"
@@ -75,7 +100,7 @@ class LeanGate:
         started = time.perf_counter()
         try:
             headers = _headers(scope)
-            raw_key, declared = self._eligible(scope, headers)
+            raw_key, declared, learned = _eligible(scope, headers)
         except _HandOn:
             await self.app(scope, receive, send)
             return
@@ -90,13 +115,12 @@ class LeanGate:
             await self.app(scope, _replay(chunks, receive), send)
             return
         status, payload, tenant, actor = answer
-        assert self.headers is not None
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
                 "headers": [
-                    *self.headers,
+                    *learned.raw,
                     (b"content-length", str(len(payload)).encode()),
                     (b"x-request-id", request_id.encode()),
                     *([(b"retry-after", b"1")] if status == 503 else []),
@@ -106,55 +130,56 @@ class LeanGate:
         await send({"type": "http.response.body", "body": payload})
         _observe(status, payload, time.perf_counter() - started, tenant, actor, request_id)
 
-    def _eligible(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[str, int]:
-        """The API key and declared body length of a call this path may answer (else _HandOn)."""
-        from tenants.rls import RuntimeRoleGuardMiddleware
 
-        if self.headers is None:
-            raise _HandOn  # not yet seen: the next answer teaches the headers (see `learn`)
-        if not RuntimeRoleGuardMiddleware.verified or scope.get("query_string"):
-            raise _HandOn
-        if not _host_allowed(headers.get(b"host", b"").decode("latin-1")):
-            raise _HandOn
-        if settings.SECURE_SSL_REDIRECT and not _secure(scope, headers):
-            raise _HandOn
-        declared = ascii_int(headers.get(b"content-length", b"").decode("latin-1"))
-        if declared is None or declared > settings.SAGAPLANE_MAX_BODY_BYTES:
-            raise _HandOn
-        if headers.get(b"content-type", b"").split(b";")[0].strip() != b"application/json":
-            raise _HandOn
-        scheme, _, raw_key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme != "Bearer" or not raw_key.strip():
-            raise _HandOn
-        return raw_key.strip(), declared
+def _eligible(scope: Scope, headers: dict[bytes, bytes]) -> tuple[str, int, fastroute.Learned]:
+    """The API key, declared body length and learned headers of a call this path may answer
+    (else _HandOn)."""
+    request = _ScopeRequest(scope, headers)
+    raw_key = fastroute.plain_key(request, ROUTE)
+    learned = fastroute.HEADERS.get(ROUTE, request.is_secure())
+    if raw_key is None or learned is None:
+        raise _HandOn  # not plain, or not yet seen: the next answer teaches the headers (`learning`)
+    if scope.get("query_string"):
+        raise _HandOn  # not even an empty parameter (the route's declared parameters: none)
+    declared = ascii_int(headers.get(b"content-length", b"").decode("latin-1"))
+    if declared is None or declared > settings.SAGAPLANE_MAX_BODY_BYTES:
+        raise _HandOn
+    if headers.get(b"content-type", b"").split(b";")[0].strip() != b"application/json":
+        raise _HandOn
+    return raw_key, declared, learned
 
-    def learn(self, app: ASGIApp) -> ASGIApp:
-        """`app` (the full stack), noting the headers of this route's successful answers."""
 
-        async def learning(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope.get("path") != PATH or self.headers is not None:
-                await app(scope, receive, send)
-                return
+def learning(app: ASGIApp) -> ASGIApp:
+    """`app` (the full stack), noting the headers of this route's successful answers, per request
+    class (`core.fastroute.HEADERS`)."""
 
-            async def noting(message: Message) -> None:
-                if message["type"] == "http.response.start" and message.get("status") == 200:
-                    self.headers = [
-                        (bytes(name).lower(), bytes(value))
-                        for name, value in message.get("headers", [])
-                        if bytes(name).lower() not in _PER_ANSWER
-                    ]
-                await send(message)
+    async def noting_answers(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != PATH or scope.get("method") != "POST":
+            await app(scope, receive, send)
+            return
+        try:
+            secure = _ScopeRequest(scope, _headers(scope)).is_secure()
+        except _HandOn:
+            await app(scope, receive, send)  # a repeated header: not a call this path answers
+            return
 
-            await app(scope, receive, noting)
+        async def noting(message: Message) -> None:
+            if message["type"] == "http.response.start" and message.get("status") == 200:
+                headers = [
+                    (bytes(name).decode("latin-1"), bytes(value).decode("latin-1"))
+                    for name, value in message.get("headers", [])
+                ]
+                fastroute.HEADERS.learn(ROUTE, secure, headers)
+            await send(message)
 
-        return learning
+        await app(scope, receive, noting)
+
+    return noting_answers
 
 
 def lean_gate(app: ASGIApp) -> LeanGate:
     """The ASGI application: this route's lean path in front of `app` (Django's)."""
-    gate = LeanGate(app)
-    gate.app = gate.learn(app)
-    return gate
+    return LeanGate(learning(app))
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -165,27 +190,6 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
             raise _HandOn  # a repeated header: the full stack's rules decide which counts
         found[name] = bytes(value)
     return found
-
-
-def _host_allowed(host: str) -> bool:
-    if settings.USE_X_FORWARDED_HOST:
-        return False  # the full stack reads the forwarded host
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]
-    domain, _port = split_domain_port(host)
-    return bool(domain) and validate_host(domain, allowed)
-
-
-def _secure(scope: Scope, headers: dict[bytes, bytes]) -> bool:
-    if scope.get("scheme") == "https":
-        return True
-    proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
-    if not proxy:
-        return False
-    name, value = proxy
-    header = name.removeprefix("HTTP_").replace("_", "-").lower().encode()
-    return headers.get(header, b"").decode("latin-1").split(",")[0].strip() == value
 
 
 def _request_id(headers: dict[bytes, bytes]) -> str:
@@ -253,13 +257,12 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
     from controlplane.parsers import check_storable, strict_loads
     from fleet import services
     from fleet.calls import gate_call
-    from tenants import access
-    from tenants.authentication import verify_api_key
 
     try:
-        api_key, tenant, version = verify_api_key(raw_key)
-        if access.decide(access.GATE, api_key=api_key) is not None:
+        caller = fastroute.admitted(raw_key, ROUTE)
+        if caller is None:
             return None
+        api_key, tenant, version = caller
         data = strict_loads(body.decode("utf-8"))
         check_storable(data)
         if not isinstance(data, dict):
@@ -305,6 +308,6 @@ def _observe(status: int, payload: bytes, seconds: float, tenant: str, actor: st
         data = json.loads(payload)
         record_gate_answer(status, data if isinstance(data, dict) else {})
         with structlog.contextvars.bound_contextvars(request_id=request_id):
-            log_request("POST", PATH, ROUTE, status, seconds, tenant=tenant, actor=actor)
+            log_request("POST", PATH, ROUTE.url_name, status, seconds, tenant=tenant, actor=actor)
     except Exception:  # observing must never change an answer (it has been sent)
         log.exception("observing the request failed")

@@ -1,8 +1,8 @@
 """API-key authentication for agents: `Authorization: Bearer sp_<prefix>_<secret>`.
 
-One per-process memory of checked keys, used by every path that authenticates a key (DRF's
-`ApiKeyAuthentication`, the gate's lean path controlplane/gate_asgi.py, the proofs' lean path
-transparency/lean.py), all through `verify_api_key`: a copy of the key's row is reused only while
+One reading of the header (`bearer_key`) and one per-process memory of checked keys, used by every
+path that authenticates a key (DRF's `ApiKeyAuthentication`, and the fast routes of the gate and the
+proofs through core/fastroute.py), all through `verify_api_key`: a copy of the key's row is reused only while
 the tenant's epoch (`tenants.epoch`, one cache round trip that the gate's decision reuses) reads as
 it did before the row was read, no tenant hold is on, and the copy is younger than
 `epoch.MAX_AGE_S`; the presented secret's hash and the key's expiry are checked on every request.
@@ -143,6 +143,13 @@ def _remember_use(prefix: str, when: datetime) -> None:
         held.api_key.last_used_at = when
 
 
+def bearer_key(authorization: str) -> str | None:
+    """The key an `Authorization` header presents (`Bearer <key>`, blanks around the key ignored;
+    possibly empty, which `verify_api_key` refuses as malformed); None when it presents none."""
+    scheme, _, raw_key = authorization.partition(" ")
+    return raw_key.strip() if scheme == ApiKeyAuthentication.keyword else None
+
+
 class ApiKeyPrincipal:
     """The request's user when an agent authenticates with a key: it acts for one tenant only."""
 
@@ -166,13 +173,10 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[ApiKeyPrincipal, ApiKey] | None:
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
+        raw_key = bearer_key(authentication.get_authorization_header(request).decode("latin-1"))
+        if raw_key is None:
             return None
-        scheme, _, raw_key = header.partition(" ")
-        if scheme != self.keyword:
-            return None
-        api_key, tenant, _version = verify_api_key(raw_key.strip())
+        api_key, tenant, _version = verify_api_key(raw_key)
         return ApiKeyPrincipal(api_key, tenant), api_key
 
     def authenticate_header(self, request: Request) -> str:

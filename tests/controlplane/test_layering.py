@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             # wait bound and, lazily, django.db and the drivers.
             "controlplane.availability",
             "controlplane.postgres",  # Django's PostgreSQL backend with a bounded pool wait
+            # Mechanisms every app stands on; core.fastroute stands on tenants' key check and rules.
+            "core",
         ],
     ),
     ("evidence store", ["audit"]),

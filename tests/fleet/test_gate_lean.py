@@ -23,6 +23,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from controlplane.gate_asgi import PATH, lean_gate
+from core import fastroute
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
@@ -211,10 +212,21 @@ class Served:
 
         self.app.app = counting
 
-    def post(self, body: Any, key: str, *, raw: bytes | None = None, query: str = "") -> httpx.Response:
+    def post(
+        self,
+        body: Any,
+        key: str,
+        *,
+        raw: bytes | None = None,
+        query: str = "",
+        scheme: str = "http",
+        full: bool = False,
+    ) -> httpx.Response:
+        """The call through the lean path (`full`: straight to Django's stack)."""
+
         async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)  # type: ignore[arg-type]
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            transport = httpx.ASGITransport(app=self.app.app if full else self.app)  # type: ignore[arg-type]
+            async with httpx.AsyncClient(transport=transport, base_url=f"{scheme}://127.0.0.1") as client:
                 return await client.post(
                     PATH + query,
                     content=raw if raw is not None else json.dumps(body).encode(),
@@ -229,9 +241,10 @@ class Served:
 
 
 def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
-    tenant: Tenant, store: RedisStore, settings: Any
+    tenant: Tenant, store: RedisStore, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
     services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
     api_key, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
     _, reader = tenant_services.create_api_key(tenant, name="reader", scopes=["read"], actor="test")
@@ -264,3 +277,39 @@ def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
     tenant_services.revoke_api_key(api_key, actor="test")
     revoked = served.post(call(amount=1), raw)
     assert revoked.status_code == 401 and revoked.json()["error"] == "revoked_api_key"
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_the_gate_route_has_djangos_headers_for_its_request_class(
+    tenant: Tenant, store: RedisStore, settings: Any, monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    """The fast route answers with the header names and security headers Django's stack gives a call
+    of the same class: over https HSTS is among them, over http it is not, whichever class the
+    route learnt first."""
+    settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    settings.SECURE_HSTS_SECONDS = 3600  # SecurityMiddleware sends HSTS over https only
+    settings.SECURE_PROXY_SSL_HEADER = None  # the class is the scheme of the call itself
+    monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
+    _, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
+    served = Served()
+    assert served.post(call(amount=1), raw, scheme="https" if scheme == "http" else "http").status_code == 200
+    assert served.django_calls == 1  # the other class is learnt first
+
+    def names_and_security(response: httpx.Response) -> tuple[set[str], dict[str, str]]:
+        names = set(response.headers) - {"x-request-id"}
+        security = {
+            k: v
+            for k, v in response.headers.items()
+            if k.startswith(("x-frame", "x-content", "strict-", "referrer", "cross-"))
+        }
+        return names, security
+
+    for _ in range(2):  # the first call of this class is Django's; the second, the fast route's
+        fast = served.post(call(amount=1), raw, scheme=scheme)
+        normal = served.post(call(amount=1), raw, scheme=scheme, full=True)
+        assert fast.status_code == normal.status_code == 200
+        assert names_and_security(fast) == names_and_security(normal)
+        assert ("strict-transport-security" in fast.headers) is (scheme == "https")
+        assert {"x-content-type-options", "x-frame-options", "referrer-policy"} <= set(fast.headers)
+    assert served.django_calls == 1 + 1 + 2  # the other class, this class' first call, the two direct ones
+    assert fastroute.FastRoute("gate-evaluate", "POST").path == PATH  # the route table's path

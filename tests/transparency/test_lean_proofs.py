@@ -14,13 +14,13 @@ from django.conf import settings
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from core import fastroute
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import tenant_context
 from tests.conftest import Person
 from tests.transparency.conftest import Writer, settle
 from transparency import api
-from transparency.lean import LeanProofMiddleware
 
 API = "/api/v1/audit/proofs"
 LEAN = "transparency.lean.LeanProofMiddleware"
@@ -78,7 +78,7 @@ def answer(
 def test_a_plain_proof_call_is_answered_lean_exactly_as_the_full_stack_answers_it(
     alice: Person, log_a: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(LeanProofMiddleware, "seen", {})  # as in a new process
+    monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
     calls = ViewCalls(monkeypatch)
     asks = [
         ("inclusion", {"index": 0}),
@@ -126,7 +126,7 @@ def _scoped_key(tenant: Tenant, scopes: list[str]) -> str:
 def test_every_refusal_is_the_full_stacks_in_its_error_shape(
     alice: Person, log_a: int, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(LeanProofMiddleware, "seen", {})
+    monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())
     for path, params in (("inclusion", {"index": 0}), ("consistency", {"first": 1})):
         assert answer(alice.api_key, path, params)[0] == 200  # the full stack's, once per route
     calls = ViewCalls(monkeypatch)
@@ -208,3 +208,35 @@ def test_the_lean_answer_has_its_log_line(
     assert line.http_route == "audit-proof-inclusion" and line.http_status == 200  # type: ignore[attr-defined]
     assert line.tenant == "acme"  # type: ignore[attr-defined]
     assert line.actor == f"api-key:{ApiKey.prefix_of(alice.api_key)}"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["http", "https"])
+def test_the_lean_answer_has_the_full_stacks_headers_for_its_request_class(
+    alice: Person, log_a: int, monkeypatch: pytest.MonkeyPatch, settings: Any, secure: bool
+) -> None:
+    """The fast route answers with the header names (and security headers) the normal stack gives
+    a call of the same class: over https HSTS is among them, over http it is not, whichever class
+    the route learnt first."""
+    settings.SECURE_HSTS_SECONDS = 3600  # SecurityMiddleware sends HSTS over https only
+    monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
+    calls = ViewCalls(monkeypatch)
+
+    def names_and_security(response: Any) -> tuple[set[str], dict[str, str]]:
+        headers = {k.lower(): v for k, v in response.items() if k not in _OWN}
+        security = {k: v for k, v in headers.items() if k.startswith(("x-", "strict-", "referrer", "cross-"))}
+        return set(headers), security
+
+    def get(*, secure: bool) -> Any:
+        response = client_of(alice.api_key).get(f"{API}/inclusion", {"index": 0}, secure=secure)
+        assert response.status_code == 200
+        return response
+
+    get(secure=not secure)  # the other class is learnt first
+    for _ in range(2):  # the first call of this class is the full stack's; the second, the fast route's
+        fast = names_and_security(get(secure=secure))
+        with full_stack():
+            normal = names_and_security(get(secure=secure))
+        assert fast == normal
+        assert ("strict-transport-security" in fast[0]) is secure
+        assert {"x-content-type-options", "x-frame-options", "referrer-policy"} <= fast[0]
+    assert calls.n == 1 + 1 + 2  # the other class, this class' first call, and the two normal-stack calls
