@@ -12,6 +12,10 @@ Measured in one run, on one disk, against peers measured in the same run:
   `<name>_benchsdk`, created if missing -- and always embedded (SQLite); `shipper.<mode>` in the
   JSON. `make bench` finds a local Postgres and Redis like `make test` (infra/services.sh).
 
+WAL life (issue 27, `bench/sdk_wal.py`): WAL open time against the history shipped (flat), and a
+REVERSIBLE step with segments against the SDK before segments (p50 within 5%), in the same run.
+The shipper's throughput is `bench/sdk_shipper.py`.
+
 Issue 5 targets: fast path no slower than agent-saga's; durable step within 30% of the fsync
 floor (a durable step has one fsync on its critical path -- its intent; the commit is made durable
 by the next barrier or within the WAL's durable_delay -- so the floor is 1 x fsync; the 2 x ratio
@@ -29,15 +33,11 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,65 +52,11 @@ from agent_saga import saga_scope  # noqa: E402
 from agent_saga import tool as as_tool  # noqa: E402
 from agent_saga.semantics import ActionSemantics, Compensation  # noqa: E402
 from agent_saga.wal import FileWAL  # noqa: E402
+from sdk_floor import fsync_floor, noop_baseline, summary  # noqa: E402
+from sdk_shipper import shipper_modes, shipper_throughput  # noqa: E402
+from sdk_wal import wal_life  # noqa: E402
 
 perf = time.perf_counter
-
-
-def pct(samples: list[float], p: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
-
-
-def summary(samples_s: list[float]) -> dict[str, float]:
-    us = [x * 1e6 for x in samples_s]
-    return {
-        "n": len(us),
-        "p50_us": round(pct(us, 50), 2),
-        "p99_us": round(pct(us, 99), 2),
-        "mean_us": round(statistics.fmean(us), 2),
-    }
-
-
-# -- floors ------------------------------------------------------------------------------------------
-
-
-def fsync_floor(folder: Path, n: int) -> dict[str, float]:
-    line = (json.dumps({"seq": 1, "event": "STEP_INTENT", "pad": "x" * 300}) + "\n").encode()
-    fd = os.open(folder / "floor.bin", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    samples = []
-    try:
-        for _ in range(n):
-            t = perf()
-            os.write(fd, line)
-            os.fsync(fd)
-            samples.append(perf() - t)
-    finally:
-        os.close(fd)
-    return summary(samples)
-
-
-def noop_baseline(n: int) -> dict[str, dict[str, float]]:
-    def noop(x: int) -> int:
-        return x
-
-    async def anoop(x: int) -> int:
-        return x
-
-    sync = []
-    for i in range(n):
-        t = perf()
-        noop(i)
-        sync.append(perf() - t)
-
-    async def run() -> list[float]:
-        out = []
-        for i in range(n):
-            t = perf()
-            await anoop(i)
-            out.append(perf() - t)
-        return out
-
-    return {"sync": summary(sync), "async": summary(asyncio.run(run()))}
 
 
 # -- the tools -------------------------------------------------------------------------------------------
@@ -404,165 +350,6 @@ def as_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, floa
     }
 
 
-# -- shipper -------------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _manage(env: dict[str, str], *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stderr}")
-    return out.stdout
-
-
-def _bench_database_urls(url: str, owner_url: str) -> tuple[str, str]:
-    """(DATABASE_URL, DATABASE_OWNER_URL) of the database `<name>_bench_sdk`, created by the owner
-    role if missing (tenants/rls.py: the owner migrates and owns it, the runtime role serves): the
-    benchmark's tenants and records stay out of the database the URLs name."""
-    import psycopg
-
-    def beside(base: str) -> str:
-        parsed = urllib.parse.urlsplit(base)
-        return urllib.parse.urlunsplit(parsed._replace(path=f"/{name}"))
-
-    if not owner_url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit(
-            "set DATABASE_OWNER_URL (the owner role) beside DATABASE_URL, as infra/services.sh does"
-        )
-    name = f"{urllib.parse.urlsplit(url).path.lstrip('/') or 'sagaplane'}_bench_sdk"
-    admin = urllib.parse.urlsplit(owner_url.replace("postgres://", "postgresql://", 1))
-    with psycopg.connect(urllib.parse.urlunsplit(admin._replace(path="/postgres")), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    return beside(url), beside(owner_url)
-
-
-def shipper_modes() -> list[tuple[str, dict[str, str]]]:
-    """The control planes to ship to: production-like (uvicorn workers on Postgres, with Redis when
-    REDIS_URL is set) when DATABASE_URL is set, and always the embedded one (SQLite, no Redis)."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SAGAPLANE_URL", "SAGAPLANE_API_KEY", "DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL")
-    }
-    base.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings", "DEBUG": "0", "LOG_LEVEL": "WARNING"})
-    modes = []
-    if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
-        runtime_url, owner_url = _bench_database_urls(
-            os.environ["DATABASE_URL"], os.environ.get("DATABASE_OWNER_URL", "")
-        )
-        env = {**base, "DATABASE_URL": runtime_url, "DATABASE_OWNER_URL": owner_url}
-        if os.environ.get("REDIS_URL"):
-            env["REDIS_URL"] = os.environ["REDIS_URL"]
-        modes.append(("postgres+redis" if "REDIS_URL" in env else "postgres", env))
-    modes.append(("embedded", base))
-    return modes
-
-
-def shipper_throughput(
-    folder: Path, n_records: int, mode: str, env: dict[str, str], workers: int = 2
-) -> dict[str, Any]:
-    folder = folder / f"ship-{mode}"
-    folder.mkdir()
-    env = {**env, "SAGAPLANE_DATA_DIR": str(folder / "cp-data")}
-    slug = f"bench-{os.getpid()}-{int(time.time())}"
-    t = perf()
-    _manage(env, "migrate", "--noinput", "-v0")
-    _manage(env, "create_tenant", slug, "--name", "Bench", "--owner-email", f"owner@{slug}.example")
-    key = _manage(env, "create_api_key", "--tenant", slug, "--name", "bench", "--scopes", "ingest,read")
-    key = key.strip().splitlines()[-1]
-    setup_s = perf() - t
-
-    # A realistic WAL: sagas of REVERSIBLE steps (written without fsync: we time shipping, not writing).
-    wal = sp.WAL(folder / "ship.wal", fsync=False)
-    try:
-        while wal.seq < n_records:
-            with sp.saga(name="ship", wal=wal):
-                for i in range(STEPS_PER_SAGA):
-                    SP_REV(i)
-        records = wal.seq
-        head = wal.head
-        stream_id = wal.stream_id
-    finally:
-        wal.close()
-    size = (folder / "ship.wal").stat().st_size
-
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--lifespan",
-            "off",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # start-up poll (a benchmark's readiness wait, bounded)
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=2).read()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("control plane did not start") from None
-                time.sleep(0.1)
-        shipper = sp.Shipper(folder / "ship.wal", url=url, api_key=key)  # the SDK's defaults
-        t = perf()
-        shipped = shipper.run_until_caught_up(max_retries=5)
-        elapsed = perf() - t
-        connections = shipper.client.connections_opened
-        stream = sp.Client(url, key).stream(stream_id).body
-        assert shipped == records and stream["length"] == records and stream["head"]["hash"] == head, stream
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
-    backend = {"embedded": "sqlite (embedded)", "postgres": "postgres", "postgres+redis": "postgres + redis"}[
-        mode
-    ]
-    return {
-        "mode": mode,
-        "backend": backend,
-        "uvicorn_workers": workers,
-        "records": records,
-        "bytes": size,
-        "batch_size": shipper.batch_size,
-        "max_batch_bytes": shipper.max_batch_bytes,
-        "http_connections": connections,
-        "seconds": round(elapsed, 3),
-        "records_per_s": round(records / elapsed, 1),
-        "mb_per_s": round(size / elapsed / 1e6, 2),
-        "setup_seconds": round(setup_s, 1),
-        "verified_on_server": True,
-    }
-
-
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -683,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         out["group_commit"] = group
+        out["wal_life"] = wal_life(folder, q)  # issue 27: open time vs history, step cost vs before
 
         if not args.skip_shipper:
             out["shipper"] = {}
@@ -742,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for mode, r in out.get("shipper", {}).items():
             targets[f"shipper_{mode}_at_least_5000_records_per_s"] = r["records_per_s"] >= 5000
+        targets["wal_open_time_flat_in_history"] = out["wal_life"]["open_flat"]
+        if "step" in out["wal_life"]:
+            targets["step_with_segments_within_5pct"] = out["wal_life"]["step"]["ratio_p50"] <= 1.05
         out["targets"] = targets
         print("ratios (< 1 means Sagaplane is faster / closer to the floor):")
         for k, v in ratios.items():

@@ -12,7 +12,7 @@ from .context import get_default_gate, set_default_confirm, set_default_gate, se
 from .gate import DEFAULT_GRACE_S, Gate
 from .shipper import Shipper
 from .steps import ConfirmHook
-from .wal import ENV_AGENT, WAL
+from .wal import ENV_AGENT, SEGMENT_AGE_S, SEGMENT_BYTES, WAL
 
 logger = logging.getLogger("sagaplane")
 
@@ -57,6 +57,8 @@ def configure(
     agent: str | None = None,
     gate: bool | None = None,
     gate_grace: float = DEFAULT_GRACE_S,
+    segment_bytes: int = SEGMENT_BYTES,
+    segment_age_s: float = SEGMENT_AGE_S,
 ) -> Runtime:
     """Open the process WAL and, when a control plane is configured, start shipping it.
 
@@ -68,6 +70,10 @@ def configure(
     `gate=None` asks the control plane's pre-flight gate before every step whenever a URL is known
     (the API key needs the `gate` scope); `gate=False` turns it off. With the gate on, a control
     plane unreachable for longer than `gate_grace` seconds refuses every step (fail closed).
+
+    The WAL rolls over to a new segment past `segment_bytes` or `segment_age_s`; a sealed segment
+    the control plane has acknowledged and no open saga needs is removed (ARCHITECTURE §3, "The
+    WAL's life"). Without shipping nothing is ever removed.
     """
     global _runtime, _shut_down
     if _runtime is not None:
@@ -79,11 +85,20 @@ def configure(
     if ship is None:
         ship = bool(url)
     client = Client(url, api_key) if ship else None  # raises ConfigurationError before any file is opened
-    wal = WAL(path, stream_id=stream_id, fsync=fsync, agent=agent or os.environ.get(ENV_AGENT) or None)
+    wal = WAL(
+        path,
+        stream_id=stream_id,
+        fsync=fsync,
+        agent=agent or os.environ.get(ENV_AGENT) or None,
+        segment_bytes=segment_bytes,
+        segment_age_s=segment_age_s,
+    )
     shipper = None
     if client is not None:
-        shipper = Shipper(wal.path, stream_id=wal.stream_id, client=client).start()
+        shipper = Shipper(wal.path, stream_id=wal.stream_id, client=client)
+        shipper.on_acknowledged(wal.acknowledge)
         wal.subscribe(shipper.notify)
+        shipper.start()
     gate_client = None
     if gate is None:
         gate = bool(url)

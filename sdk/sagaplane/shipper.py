@@ -24,149 +24,55 @@ or rewritten -- a human has to look.
 
 from __future__ import annotations
 
-import enum
-import hashlib
 import json
 import logging
 import os
-import random
-import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import tracing
 from ._files import atomic_write_json, cursor_path, read_json
 from .chain import GENESIS, HASH_FIELD
-from .client import AuthenticationError, Client, PendingRequest, Response, TransportError
-from .walfile import BadLine, stream_id_for
+from .client import Client, PendingRequest, Response, TransportError
+from .segments import LogReader, complete_end, load_manifest
+from .shiptypes import (
+    _HEX64,
+    _OFF_HEAD,
+    DEFAULT_BATCH,
+    DEFAULT_BATCH_BYTES,
+    Backoff,
+    Batch,
+    Cursor,
+    RetryLater,
+    ShipAuthFailed,
+    ShipFailed,
+    ShipperState,
+    _retry_after,
+    destination_id,
+    key_identity,
+    read_batch,
+)
+from .walfile import stream_id_for
 
 logger = logging.getLogger("sagaplane.shipper")
 
-# The control plane's default limits (SAGAPLANE_MAX_BATCH_RECORDS, SAGAPLANE_MAX_BODY_BYTES). A server
-# configured lower answers 413 with its limit, and the shipper adopts it.
-DEFAULT_BATCH = 5000
-DEFAULT_BATCH_BYTES = 8 << 20  # of request body
-_OPEN, _CLOSE = b'{"records":[', b"]}"
-_READ_CHUNK = 1 << 20
-
-
-@dataclass
-class Batch:
-    """Complete WAL lines from byte `start` to `end`, as the request body that carries them."""
-
-    start: int
-    end: int = 0  # just past the last line taken: the cursor once the batch is acknowledged
-    lines: list[bytes] = field(default_factory=list)  # each a JSON object, exactly as on disk
-    last: dict[str, Any] | None = None  # the last record, parsed (the cursor keeps its hash and seq)
-    bad: BadLine | None = None  # the first line is not a JSON object: shipping cannot go past it
-
-    @property
-    def count(self) -> int:
-        return len(self.lines)
-
-    @property
-    def body(self) -> bytes:
-        # The lines are JSON objects already: no need to decode and re-encode a single record.
-        return _OPEN + b",".join(self.lines) + _CLOSE
-
-    @property
-    def body_size(self) -> int:
-        return len(_OPEN) + sum(map(len, self.lines)) + max(0, self.count - 1) + len(_CLOSE)
-
-
-class ShipperState(str, enum.Enum):  # noqa: UP042
-    IDLE = "idle"  # caught up, waiting for new records
-    SHIPPING = "shipping"
-    BACKOFF = "backoff"  # the control plane is unreachable or unhappy; retrying
-    FAILED = "failed"  # stopped: the server refused the records or the key
-    CLOSED = "closed"
-
-
-class ShipFailed(Exception):
-    """Shipping stopped and will not resume by itself."""
-
-    def __init__(self, reason: str, status: int | None = None, body: Any = None) -> None:
-        self.reason = reason
-        self.status = status
-        self.body = body
-        super().__init__(reason)
-
-
-class ShipAuthFailed(ShipFailed, AuthenticationError):
-    """Shipping stopped because the control plane refused the API key (401) or its scope (403).
-
-    Both a ShipFailed (the shipper stopped) and the SDK's AuthenticationError (what to fix)."""
-
-    status: int  # always an HTTP status here (a ShipFailed in general may have none)
-
-    def __init__(self, status: int, code: str, detail: str = "", body: Any = None) -> None:
-        self.status = status
-        self.code = code
-        self.body = body
-        what = "rejected" if status == 401 else "not allowed to ship records (scope)"
-        self.reason = f"API key refused by the control plane: {what}, HTTP {status} {code}" + (
-            f": {detail}" if detail else ""
-        )
-        Exception.__init__(self, self.reason)
-
-
-class RetryLater(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None, *, immediate: bool = False) -> None:
-        self.reason = reason
-        self.retry_after = retry_after
-        self.immediate = immediate  # e.g. after shrinking a batch that got 413: no reason to wait
-        super().__init__(reason)
-
-
-@dataclass
-class Backoff:
-    """Exponential backoff with full jitter (delay uniform in [0, min(cap, base * 2**n)])."""
-
-    base: float = 0.5
-    cap: float = 60.0
-    rng: Callable[[], float] = field(default=random.random)
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        ceiling = min(self.cap, self.base * (2 ** min(attempt, 30)))
-        d = self.rng() * ceiling
-        if retry_after is not None:
-            d = max(d, min(retry_after, self.cap))
-        return d
-
-
-@dataclass
-class Cursor:
-    stream: str
-    offset: int = 0
-    hash: str | None = None
-    seq: Any = None
-    shipped: int = 0  # records acknowledged through this cursor (accepted + duplicates)
-
-
-_SAGAPLANE_KEY = re.compile(r"(sp_[a-z0-9]{12})_")
-_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-# Refusals of a batch's first record that mean "this is not where the stream ends".
-_OFF_HEAD = frozenset({"broken_link", "seq_gap", "seq_regression"})
-
-
-def key_identity(api_key: str) -> str:
-    """Which API key (and so which tenant) a cursor belongs to, never the secret: the public
-    `sp_<prefix>` of a Sagaplane key (what the dashboard lists), else a truncated SHA-256
-    fingerprint of the key."""
-    match = _SAGAPLANE_KEY.match(api_key)
-    if match is not None:
-        return match.group(1)
-    return "sha256:" + hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:16]
-
-
-def destination_id(url: str, api_key: str, stream_id: str) -> str:
-    """A short, filename-safe name for (control plane URL, key identity, stream)."""
-    text = "\n".join((url.rstrip("/"), key_identity(api_key), stream_id))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+__all__ = [
+    "DEFAULT_BATCH",
+    "DEFAULT_BATCH_BYTES",
+    "Backoff",
+    "Batch",
+    "Cursor",
+    "RetryLater",
+    "ShipAuthFailed",
+    "ShipFailed",
+    "Shipper",
+    "ShipperState",
+    "destination_id",
+    "key_identity",
+]
 
 
 class Shipper:
@@ -218,6 +124,12 @@ class Shipper:
         self.last_response: Response | None = None
         self.last_traceparent = ""  # the W3C trace context the last batch was sent with
         self.cursor = self._load_cursor()
+        self._ack_listeners: list[Callable[[int], object]] = []
+
+    def on_acknowledged(self, listener: Callable[[int], object]) -> None:
+        """Call `listener(offset)` once the control plane has acknowledged every record before the
+        logical `offset` (its verified cursor). `WAL.attach` subscribes the WAL's compaction."""
+        self._ack_listeners.append(listener)
 
     # -- cursor ------------------------------------------------------------------------
 
@@ -242,13 +154,16 @@ class Shipper:
         if cursor.hash != head or cursor.offset <= 0:
             return False
         try:
-            with open(self.path, "rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                if cursor.offset > size:
+            with LogReader(self.path, max(0, cursor.offset - (1 << 20))) as fh:
+                start = fh.tell()
+                if start >= cursor.offset:
                     return False
-                start = max(0, cursor.offset - (1 << 20))
-                fh.seek(start)
-                chunk = fh.read(cursor.offset - start)
+                chunk = b""
+                while len(chunk) < cursor.offset - start:
+                    more = fh.read(cursor.offset - start - len(chunk))
+                    if not more:
+                        return False  # the WAL ends before the cursor
+                    chunk += more
         except FileNotFoundError:
             return False
         if not chunk.endswith(b"\n"):
@@ -264,10 +179,13 @@ class Shipper:
         """(byte offset just past the WAL record hashed `head`, its seq), scanning the file one
         line at a time (memory bounded by the longest line)."""
         needle = head.encode("ascii")
-        offset = 0
+        trimmed = _trimmed(self.path)
+        if trimmed is not None and trimmed.get("hash") == head:
+            return trimmed["end"], trimmed.get("seq")  # the last record removal took
         try:
-            with open(self.path, "rb") as fh:
-                for line in fh:
+            with LogReader(self.path) as fh:
+                offset = fh.tell()
+                for line in iter(fh.readline, b""):
                     offset += len(line)
                     if needle not in line or not line.endswith(b"\n"):
                         continue
@@ -390,55 +308,7 @@ class Shipper:
     # -- one batch ---------------------------------------------------------------------
 
     def _read_batch(self, start: int) -> Batch:
-        """The complete lines from byte `start`: at most `batch_size` records in a body of at most
-        `max_batch_bytes` (a single larger record goes alone; the server says if it is too big).
-        Each line is checked to be a JSON object and sent as it is on disk. A line that is not ends
-        the batch before it; if it is the first, `bad` says so (it is never skipped)."""
-        batch = Batch(start, start)
-        budget = self.max_batch_bytes - len(_OPEN) - len(_CLOSE)
-        size = 0  # body bytes of the lines taken, commas included
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            return batch
-        with fh:
-            fh.seek(start)
-            offset = start  # file offset of buf[0]
-            buf = b""
-            while True:
-                chunk = fh.read(_READ_CHUNK)
-                if not chunk:
-                    return batch
-                buf += chunk
-                pos = 0
-                while True:
-                    nl = buf.find(b"\n", pos)
-                    if nl < 0:
-                        break
-                    line = buf[pos:nl].strip()
-                    line_start, pos = offset + pos, nl + 1
-                    if not line:  # a blank line is no record (and passed with the records around it)
-                        continue
-                    cost = len(line) + (1 if batch.count else 0)
-                    if batch.count and (batch.count >= self.batch_size or size + cost > budget):
-                        return batch
-                    try:
-                        record = json.loads(line.decode("utf-8"))
-                    except (ValueError, UnicodeDecodeError):
-                        record = None
-                    if not isinstance(record, dict):
-                        if not batch.count:
-                            text = line.decode("utf-8", "replace")
-                            batch.bad = BadLine(line_start, offset + pos, text)
-                        return batch
-                    batch.lines.append(line)
-                    batch.last = record
-                    batch.end = offset + pos
-                    size += cost
-                buf = buf[pos:]
-                offset += pos
-                if batch.count and (batch.count >= self.batch_size or size + len(buf) > budget):
-                    return batch  # the next line cannot fit (or the batch is full): stop reading
+        return read_batch(self.path, start, self.batch_size, self.max_batch_bytes)
 
     def _next_batch(self) -> Batch:
         pre, self._next = self._next, None
@@ -497,6 +367,11 @@ class Shipper:
                 self.cursor.shipped += batch.count
                 self._save_cursor()
                 self._cond.notify_all()
+            for listener in list(self._ack_listeners):
+                try:  # e.g. WAL.acknowledge: what the control plane holds may leave
+                    listener(batch.end)
+                except Exception:  # housekeeping never stops shipping
+                    logger.exception("sagaplane shipper: an acknowledgement listener failed")
             if self.on_batch is not None:
                 self.on_batch(batch.count, response)
             return batch.count
@@ -698,32 +573,11 @@ class Shipper:
         self.close()
 
 
-def _retry_after(response: Response) -> float | None:
-    for key, value in response.headers.items():
-        if key.lower() == "retry-after":
-            try:
-                return max(0.0, float(value))
-            except ValueError:
-                return None
-    return None
-
-
 def _complete_size(path: Path) -> int:
-    """File size up to the last newline: a partial last line is not a record yet."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return 0
-    if size == 0:
-        return 0
-    with open(path, "rb") as fh:
-        pos = size
-        while pos > 0:
-            n = min(65536, pos)
-            pos -= n
-            fh.seek(pos)
-            chunk = fh.read(n)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                return pos + i + 1
-    return 0
+    """The logical end of the WAL's complete lines: a partial last line is not a record yet."""
+    return complete_end(path)
+
+
+def _trimmed(path: Path) -> dict[str, Any] | None:
+    manifest = load_manifest(path)
+    return None if manifest is None else manifest.trimmed

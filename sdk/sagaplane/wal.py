@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import errno
 import json
 import logging
 import os
@@ -44,28 +43,21 @@ from typing import Any
 from ._files import fsync_dir, write_all
 from .chain import (
     DIGEST_FIELD,
-    GENESIS,
     HASH_FIELD,
-    META_FIELDS,
     PREV_FIELD,
     SALT_FIELD,
     canonical,
-    canonical_strict,
     record_hash_fast,
     token_hex,
 )
-from .limits import MAX_NESTING, nesting_depth
-from .semantics import json_safe
+from .events import Event
+from .segments import lock_file, recover
 from .walfile import stream_id_for
-
-try:  # POSIX only; on other platforms the exclusive-writer check is skipped.
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from .wallife import SegmentedLog
+from .walrecord import ENV_AGENT, WALError, WALLocked, check_agent_name, encode_business
 
 logger = logging.getLogger("sagaplane.wal")
 
-MAX_TORN_BYTES = 1 << 20
 FLUSH_INTERVAL = 0.005  # a buffered record reaches the file within this (plus scheduling)
 # An append's durability: data and size (fdatasync), not mtime; fsync where there is no fdatasync.
 _sync_data: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
@@ -75,38 +67,17 @@ DURABLE_DELAY = 0.02  # sync_soon(): fsynced within this unless a barrier covers
 LINGER_S = 1.0
 MAX_BUFFERED = 512  # records; more are written through at once (bounded memory)
 MAX_BUFFERED_BYTES = 1 << 20
-_RESERVED = frozenset({"seq", "event", "ts"}) | META_FIELDS
+# Roll-over (ARCHITECTURE §3, "The WAL's life"): the live segment is sealed past this size or age.
+SEGMENT_BYTES = 4 << 20
+SEGMENT_AGE_S = 3600.0
 _ENCODED_EVENTS: dict[str, str] = {}
 
 # A record queued by `emit(buffered=True)`, not yet chained: (event, ts, canonical business fields).
 Pending = tuple[str, float, bytes]
 _sha256 = __import__("hashlib").sha256
+_encode_business = encode_business
 
-
-AGENT_NAME_MAX = 100
-ENV_AGENT = "SAGAPLANE_AGENT"
-
-
-def check_agent_name(agent: str | None) -> str | None:
-    """The agent's own name (e.g. "billing-bot"), written into each SAGA_START as `agent` so the
-    dashboard can show it beside the stream id. None: unnamed. Refused (ValueError) unless it is
-    1-100 printable characters, since the control plane shows it as it is."""
-    if agent is None:
-        return None
-    if not isinstance(agent, str):
-        raise ValueError("agent: must be a string")
-    name = agent.strip()
-    if not name or len(name) > AGENT_NAME_MAX or not name.isprintable():
-        raise ValueError(f"agent: must be 1-{AGENT_NAME_MAX} printable characters, got {agent!r}")
-    return name
-
-
-class WALError(RuntimeError):
-    """The WAL could not record something. Raised before the effect it was guarding."""
-
-
-class WALLocked(WALError):
-    """Another live process is writing this WAL; two writers would fork the chain."""
+__all__ = ["ENV_AGENT", "SEGMENT_AGE_S", "SEGMENT_BYTES", "WAL", "WALError", "WALLocked", "check_agent_name"]
 
 
 _open_wals: weakref.WeakSet[WAL] = weakref.WeakSet()
@@ -124,7 +95,7 @@ def _flush_at_exit() -> None:
             logger.exception("%s: could not flush the WAL at exit", wal.path)
 
 
-class WAL:
+class WAL(SegmentedLog):
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -136,9 +107,14 @@ class WAL:
         durable_delay: float = DURABLE_DELAY,
         write_through_intents: bool = True,
         agent: str | None = None,
+        segment_bytes: int = SEGMENT_BYTES,
+        segment_age_s: float = SEGMENT_AGE_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         # Checked before the file is opened: a bad name must not leave a WAL half set up.
         self.agent = check_agent_name(agent)
+        if segment_bytes < 1 or segment_age_s <= 0:
+            raise ValueError("segment_bytes and segment_age_s must be positive")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync_enabled = fsync
@@ -147,24 +123,26 @@ class WAL:
         # True: a REVERSIBLE step's intent is also in the file before its effect (one write(2)
         # per step), so even a SIGKILL cannot lose it. COMPENSABLE/IRREVERSIBLE always are.
         self.write_through_intents = write_through_intents
+        self.segment_bytes = segment_bytes
+        self.segment_age_s = segment_age_s
+        self._clock = clock  # records' ts, segment age and lease lapse (tests drive it)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # threads waiting for an fsync round
         self._flusher_cond = threading.Condition(self._lock)  # the flusher thread
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        if lock and fcntl is not None:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(self._fd)
-                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise WALLocked(f"{self.path} is already open for writing by another process") from exc
-                raise
-        fsync_dir(self.path.parent)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            if lock:
+                lock_file(fd, self.path)
+            fsync_dir(self.path.parent)
             self.stream_id = stream_id_for(self.path, stream_id)
-            self._head, self._seq, self._size = self._recover_tail()
+            fd, manifest = recover(self.path, fd)
+            self._fd = fd
+            self._open_segments(manifest)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise WALLocked(str(exc)) from exc
         except BaseException:
-            os.close(self._fd)
+            os.close(fd)
             raise
         self._pid = os.getpid()
         # Marks count records chained by this process: appended >= flushed >= durable.
@@ -189,61 +167,8 @@ class WAL:
         self._leases: dict[str, tuple[float, float]] = {}  # saga_id -> (ttl, last renewal)
         self._lease_thread: threading.Thread | None = None
         self._lease_wake = threading.Event()
+        self._init_life()
         _open_wals.add(self)
-
-    # -- opening -----------------------------------------------------------------------
-
-    def _recover_tail(self) -> tuple[str, int, int]:
-        """Find the last intact record; cut off a torn tail so the chain resumes from it.
-
-        A crash mid-write leaves a partial last line. Appending after it would glue the
-        next record onto the garbage and lose it (agent-saga does exactly that), so the
-        partial bytes are moved to `<wal>.torn` and the file is truncated.
-        """
-        size = os.fstat(self._fd).st_size
-        if size == 0:
-            return GENESIS, 0, 0
-        keep = size
-        found: dict[str, Any] | None = None
-        with open(self.path, "rb") as fh:
-            for start, line in _reverse_lines(fh, size):
-                if size - keep > MAX_TORN_BYTES:
-                    break
-                if not line.strip():
-                    continue
-                obj: Any = None
-                if line.endswith(b"\n"):
-                    try:
-                        obj = json.loads(line)
-                    except (ValueError, UnicodeDecodeError):
-                        obj = None
-                if isinstance(obj, dict):
-                    found = obj
-                    break
-                keep = start
-        torn = size - keep
-        if torn:
-            if torn > MAX_TORN_BYTES:
-                raise WALError(f"{self.path}: {torn} unparseable bytes at the end; refusing to truncate")
-            with open(self.path, "rb") as fh:
-                fh.seek(keep)
-                garbage = fh.read()
-            with open(f"{self.path}.torn", "ab") as out:
-                out.write(garbage if garbage.endswith(b"\n") else garbage + b"\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.ftruncate(self._fd, keep)
-            os.fsync(self._fd)
-            logger.warning(
-                "%s: truncated a torn tail of %d byte(s) (saved to %s.torn)", self.path, torn, self.path
-            )
-        if found is None:
-            return GENESIS, 0, keep
-        head = found.get(HASH_FIELD)
-        if not isinstance(head, str):
-            raise WALError(f"{self.path}: last record carries no hash; cannot continue its chain")
-        seq = found.get("seq")
-        return head, seq if isinstance(seq, int) else 0, keep
 
     # -- writing -----------------------------------------------------------------------
 
@@ -278,7 +203,10 @@ class WAL:
         with self._lock:
             if self._closed:
                 raise WALError(f"{self.path} is closed")
-            line = self._write_out_locked((event, time.time(), business))
+            ts = self._clock()
+            if fields and "saga_id" in fields:  # noted at the segment it is written to, before a roll-over
+                self._sagas.note(event, fields["saga_id"], self._base, ts, fields.get("lease_ttl"))
+            line = self._write_out_locked((event, ts, business))
             mark = self._appended
         self._notify()
         return json.loads(line), mark
@@ -294,7 +222,11 @@ class WAL:
         with self._lock:
             if self._closed:
                 raise WALError(f"{self.path} is closed")
-            item = (event, time.time(), business)
+            ts = self._clock()
+            item = (event, ts, business)
+            saga_id = fields.get("saga_id")
+            if saga_id is not None:  # what compaction must keep (walcompact.OpenSagas)
+                self._sagas.note(event, saga_id, self._base, ts, fields.get("lease_ttl"))
             if buffered and len(self._buf) < MAX_BUFFERED and self._buf_bytes < MAX_BUFFERED_BYTES:
                 if not self._buf:
                     self._buf_since = time.monotonic()
@@ -361,6 +293,8 @@ class WAL:
             except OSError:
                 pass
             raise WALError(f"could not write to {self.path}: {exc}") from exc
+        if not self._size:
+            self._live_since = self._clock()
         self._size += len(data)
         self.writes += 1
         self._buf = []
@@ -368,6 +302,8 @@ class WAL:
         if extra is not None:
             self._appended += 1
         self._flushed = self._appended
+        if self._size >= self.segment_bytes or self._clock() - self._live_since >= self.segment_age_s:  # type: ignore[operator]
+            self._roll_locked()
         return lines[-1]
 
     def _notify(self) -> None:
@@ -451,15 +387,19 @@ class WAL:
         """One fsync covering everything in the file now; the lock is released while it runs."""
         self._syncing = True
         covered = self._flushed
+        fd = self._fd  # a roll-over meanwhile retires this fd rather than closing it under us
         self._lock.release()
         err: OSError | None = None
         try:
-            _sync_data(self._fd)
+            _sync_data(fd)
         except OSError as exc:
             err = exc
         finally:
             self._lock.acquire()
             self._syncing = False
+            for old in self._retired:
+                os.close(old)
+            self._retired = []
         failure = None
         if err is None:
             self.fsyncs += 1
@@ -589,7 +529,9 @@ class WAL:
                         # Written through: a heartbeat is a liveness signal for the control plane.
                         try:
                             business = _encode_business({"saga_id": sid, "pid": os.getpid()})
-                            self._write_out_locked(("SAGA_LEASE", time.time(), business))
+                            ts = self._clock()
+                            self._sagas.note(Event.SAGA_LEASE, sid, self._base, ts)
+                            self._write_out_locked((Event.SAGA_LEASE, ts, business))
                         except WALError:
                             return
                         self._leases[sid] = (ttl, now)
@@ -626,6 +568,8 @@ class WAL:
                 except RuntimeError:  # its loop is gone
                     pass
             _open_wals.discard(self)
+            for old in self._retired:
+                os.close(old)
             os.close(self._fd)  # also releases the flock
 
     def __enter__(self) -> WAL:
@@ -638,31 +582,6 @@ class WAL:
         return f"WAL({str(self.path)!r}, stream_id={self.stream_id!r}, seq={self._seq})"
 
 
-def _encode_business(fields: dict[str, Any]) -> bytes:
-    """The canonical bytes of a record's business fields (reserved names dropped).
-
-    Refuses (WALError, before anything is written) what the control plane would refuse: values
-    nested deeper than `limits.MAX_NESTING` (the record itself is level 1, and its business
-    fields sit on that level) and text that is not UTF-8 (a lone surrogate such as "\\ud800"),
-    which no chain can hash."""
-    if not fields.keys().isdisjoint(_RESERVED):
-        fields = {k: v for k, v in fields.items() if k not in _RESERVED}
-    try:
-        encoded = canonical_strict(fields)
-    except RecursionError:
-        raise WALError(f"record refused: its values nest deeper than {MAX_NESTING} levels") from None
-    except (TypeError, ValueError):
-        # Not plain JSON (NaN, sets, objects...): the logging projection, which caps its own depth.
-        try:
-            return canonical(json_safe(fields))
-        except UnicodeEncodeError as exc:
-            raise WALError(f"record refused: its text is not encodable as UTF-8 ({exc.reason})") from None
-    # Each level opens a bracket, so a record with few brackets needs no walk.
-    if encoded.count(b"{") + encoded.count(b"[") > MAX_NESTING and nesting_depth(fields) > MAX_NESTING:
-        raise WALError(f"record refused: its values nest deeper than {MAX_NESTING} levels")
-    return encoded
-
-
 def _settle(futs: list[asyncio.Future[None]], failure: BaseException | None) -> None:
     for fut in futs:
         if not fut.done():
@@ -670,32 +589,3 @@ def _settle(futs: list[asyncio.Future[None]], failure: BaseException | None) -> 
                 fut.set_result(None)
             else:
                 fut.set_exception(failure)
-
-
-def _reverse_lines(fh: Any, size: int, block: int = 65536) -> Any:
-    """Yield (offset, line) from the end of the file backwards, reading one block at a time."""
-    pos = size
-    carry = b""
-    while pos > 0:
-        n = min(block, pos)
-        pos -= n
-        fh.seek(pos)
-        buf = fh.read(n) + carry
-        if pos > 0:
-            first = buf.find(b"\n")
-            if first < 0:
-                carry = buf
-                continue
-            carry, region, base = buf[: first + 1], buf[first + 1 :], pos + first + 1
-        else:
-            carry, region, base = b"", buf, 0
-        lines = region.splitlines(keepends=True)
-        offsets = []
-        off = base
-        for line in lines:
-            offsets.append(off)
-            off += len(line)
-        for off, line in zip(reversed(offsets), reversed(lines), strict=True):
-            yield off, line
-    if carry:
-        yield 0, carry

@@ -1,4 +1,5 @@
-"""Reading WAL files (ours and agent-saga's): JSON lines, possibly with a torn tail."""
+"""Reading WAL files (ours and agent-saga's): JSON lines, possibly with a torn tail, possibly in
+segments (`segments.LogReader`: offsets are logical, a segmented WAL reads as one file)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._files import atomic_write_json, meta_path, read_json
+from .segments import LogReader, end_offsets
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,8 @@ def iter_entries(
     progress (or torn by a crash) and is never yielded: it is not a record yet."""
     count = 0
     consumed = 0
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        offset = start
+    with LogReader(path, start) as fh:
+        offset = fh.tell()  # past `start` when removal took the bytes there
         while limit is None or count < limit:
             line = fh.readline()
             if not line or not line.endswith(b"\n"):
@@ -66,16 +67,11 @@ def iter_entries(
 
 def read_all(path: str | os.PathLike[str]) -> tuple[list[Entry], int]:
     """Every complete line plus the number of trailing bytes that form a torn last line."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
     entries = list(iter_entries(path))
-    size = os.path.getsize(path)
-    consumed = entries[-1].end if entries else 0
-    if entries:
-        torn = size - consumed
-    else:
-        with open(path, "rb") as fh:
-            data = fh.read()
-        torn = len(data) - (data.rfind(b"\n") + 1)
-    return entries, max(0, torn)
+    complete, end = end_offsets(path)
+    return entries, end - complete
 
 
 def stream_id_for(
