@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -38,6 +36,7 @@ from approvals.models import (
 from audit.services import append_server_record
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
+from core.snapshots import SnapshotCache
 from fleet import hooks as gate_hooks
 from fleet import services as fleet
 from fleet.gate import Debit, GateRequest, from_units, tool_matches
@@ -558,39 +557,18 @@ def _verdict(rows: Sequence[ApprovalRequest]) -> gate_hooks.Verdict:
     return gate_hooks.Verdict("approved", requests=tuple(row.pk for row in rows), uncapped=uncapped)
 
 
-# The enabled policies of a tenant, read once and reused while the fleet's change counter stands
-# (a policy change bumps it) and for at most a second, as the gate's own policy snapshot: every
-# gate call asks, and most tenants' policies rarely change.
-_SNAPSHOT_MAX_AGE_S = 1.0
-_snapshots: dict[str, tuple[Any, float, list[ApprovalPolicy]]] = {}
-_snapshots_lock = threading.Lock()
+# The enabled policies of a tenant, read once and reused while its epoch stands (a policy change
+# bumps it; `core.snapshots`, as the gate's own policy snapshot): every gate call asks, and most
+# tenants' policies rarely change. Inside a gate decision the epoch is the one it read.
+_SNAPSHOTS: SnapshotCache[list[ApprovalPolicy]] = SnapshotCache()
 
 
 def _enabled_policies(tenant: Tenant) -> list[ApprovalPolicy]:
-    version = fleet._current_version(tenant.pk)
-    tag = fleet.gate_tag(tenant)
-    now = time.monotonic()
-    with _snapshots_lock:
-        held = _snapshots.get(tag)
-    if (
-        held is not None
-        and version is not None
-        and held[0] == version
-        and now - held[1] < _SNAPSHOT_MAX_AGE_S
-    ):
-        return held[2]
-    policies = list(ApprovalPolicy.objects.filter(enabled=True).order_by("pk"))
-    if version is not None:
-        with _snapshots_lock:
-            if len(_snapshots) > 1000:
-                _snapshots.clear()
-            _snapshots[tag] = (version, now, policies)
-    return policies
+    return _SNAPSHOTS.get(tenant, lambda: list(ApprovalPolicy.objects.filter(enabled=True).order_by("pk")))
 
 
 def forget_policies(tenant: Tenant) -> None:
-    with _snapshots_lock:
-        _snapshots.pop(fleet.gate_tag(tenant), None)
+    _SNAPSHOTS.forget(tenant)
 
 
 class GateStep:

@@ -21,7 +21,6 @@ from fleet.actions.ledger import (
 )
 from fleet.actions.quarantine import quarantine
 from fleet.actions.rate_limits import create_rate_limit, delete_rate_limit, rate_limit_values
-from fleet.actions.snapshot import current_version as _current_version
 from fleet.actions.snapshot import forget_policies, governed_tools, halts_in_force
 from fleet.actions.store import gate_tag, get_store, ledger_since, set_store
 from fleet.stores import DatabaseStore
@@ -33,7 +32,6 @@ __all__ = [
     "NAME_MAX",
     "DatabaseStore",
     "FleetError",
-    "_current_version",
     "budget_usage",
     "budget_values",
     "create_budget",

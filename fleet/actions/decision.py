@@ -19,9 +19,10 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane import availability
+from core import snapshots
 from fleet import gate, hooks
 from fleet.actions import snapshot
-from fleet.actions.snapshot import Policies, _decision_epoch, held_policies, read_policies
+from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.actions.writers import (
     Answer,
@@ -74,8 +75,8 @@ def evaluate(
     store = store or get_store()
     if version is _UNREAD:
         version = epoch.read(tenant.pk)
-    token = _decision_epoch.set((tenant.pk, version))
-    try:
+    # The epoch read once for the whole decision: the approval step's snapshot reuses it.
+    with snapshots.pinned_epoch(tenant.pk, version):
         if (
             isinstance(store, RedisStore)
             and connection.vendor == "postgresql"
@@ -88,8 +89,6 @@ def evaluate(
             answer = _decide(_Call(tenant, request, store, version, TransactionalWriter(tenant, actor=actor)))
         assert not isinstance(answer, Retake)  # only the lean writer retakes
         return answer
-    finally:
-        _decision_epoch.reset(token)
 
 
 @dataclass

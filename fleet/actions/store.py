@@ -7,6 +7,7 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
+from core import snapshots
 from fleet.models import Decision, GateDecision
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, RedisStore
 from tenants.models import Tenant
@@ -46,7 +47,7 @@ def gate_tag(tenant: Tenant) -> str:
     """The hash tag of every Redis key of the tenant's gate: its id and creation time, so a
     database re-created beside a Redis that outlived it (ids counting from 1 again, as every test
     run does) never inherits another tenant's counters."""
-    return f"t{tenant.pk}.{int(tenant.created_at.timestamp() * 1_000_000)}"
+    return snapshots.tenant_key(tenant)
 
 
 def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
