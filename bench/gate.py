@@ -653,7 +653,7 @@ def profile_http_decision(decisions: int) -> dict[str, Any]:
         ("fleet/calls.py", "gate_call"): "body to GateRequest",
         ("fleet/gate.py", "debits_for"): "debits (scope digests)",
         ("fleet/stores.py", "check_and_debit"): "EVALSHA (redis-py pack, send, parse)",
-        ("fleet/actions/lean_ledger.py", "write_lean"): "ledger batch (with taking a pooled connection)",
+        ("fleet/actions/writers.py", "write_lean"): "ledger batch (with taking a pooled connection)",
         ("django/db/backends/base/base.py", "ensure_connection"): "taking a pooled connection (+ check)",
         ("fleet/actions/decision.py", "evaluate"): "the whole decision",
     }

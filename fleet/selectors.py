@@ -3,31 +3,17 @@ query runs under the active tenant."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.db import connection
 from django.db.models import QuerySet
 
 from fleet.models import Quarantine
-from tenants.scoping import current_tenant
+from fleet.queries import quarantined_saga_ids_sql
 
 
 def quarantined_saga_ids() -> QuerySet[Quarantine, str]:
     """Ids of the active tenant's sagas under a quarantine in force, as a query (usable as a
-    subquery: `exclude(saga_id__in=quarantined_saga_ids())`)."""
+    subquery: `exclude(saga_id__in=quarantined_saga_ids())`; in a raw statement,
+    `quarantined_saga_ids_sql()`)."""
     return Quarantine.objects.filter(released_at__isnull=True).values_list("saga_id", flat=True)
-
-
-def not_quarantined_sql(saga_column: str) -> tuple[str, list[Any]]:
-    """The same question as a SQL condition on `saga_column` of another app's set-based
-    statement (recovery's claim, one raw statement on Postgres): true when that saga is under no
-    quarantine in force in the active tenant. (SQL text and its parameters.)"""
-    table = connection.ops.quote_name(Quarantine._meta.db_table)
-    return (
-        f"NOT EXISTS (SELECT 1 FROM {table} q WHERE q.tenant_id = %s AND q.saga_id = {saga_column} "
-        "AND q.released_at IS NULL)",
-        [current_tenant().pk],
-    )
 
 
 def is_quarantined(saga_id: str) -> bool:
@@ -37,3 +23,6 @@ def is_quarantined(saga_id: str) -> bool:
 def quarantine_of(saga_id: str) -> Quarantine | None:
     """The quarantine in force for this saga of the active tenant, if any."""
     return Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
+
+
+__all__ = ["is_quarantined", "quarantine_of", "quarantined_saga_ids", "quarantined_saga_ids_sql"]

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from controlplane import availability
 from core import snapshots
-from fleet import gate, hooks
+from fleet import gate, hooks, queries
 from fleet.actions import snapshot
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
@@ -79,7 +79,7 @@ def evaluate(
     with snapshots.pinned_epoch(tenant.pk, version):
         if (
             isinstance(store, RedisStore)
-            and connection.vendor == "postgresql"
+            and queries.one_statement_ledger()
             and not connection.in_atomic_block
         ):
             answer = _decide(_Call(tenant, request, store, version, LeanWriter(tenant)))

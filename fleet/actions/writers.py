@@ -10,19 +10,25 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final, Protocol
 
-from django.db import IntegrityError, transaction
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError, IntegrityError, transaction
+from django.utils import timezone
 
-from fleet import hooks
-from fleet.actions.lean_ledger import write_lean
+from controlplane import availability
+from fleet import hooks, queries
 from fleet.gate import Debit, GateRequest
 from fleet.models import Decision, GateDecision
 from tenants.models import Tenant
 from tenants.scoping import NeedsDatabase, scoped_without_database, tenant_context
+
+log = logging.getLogger(__name__)
 
 Answer = dict[str, Any]
 
@@ -180,3 +186,49 @@ class LeanWriter:
     ) -> Answer:
         assert not approvals  # an approval to consume retakes the decision transactionally
         return write_lean(self.tenant, request, Decision.ALLOW, decision_id=decision_id, debits=debits)
+
+
+def write_lean(
+    tenant: Tenant,
+    request: GateRequest,
+    decision: Decision,
+    *,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+    decision_id: uuid.UUID | None = None,
+    debits: Sequence[Debit] = (),
+) -> Answer:
+    """Write one decision in one round trip (`fleet.queries.insert_decision`) outside any
+    transaction, and answer it. An allow is answered only once its row has committed; a ledger
+    that cannot be written refuses (`limit_store_unavailable`: any debit already made stays,
+    erring toward refusal)."""
+    detail = detail or {}
+    row_id = decision_id or uuid.uuid4()
+    try:
+        inserted = queries.insert_decision(
+            tenant.pk,
+            request,
+            decision,
+            row_id=row_id,
+            reason=reason,
+            detail_json=json.dumps(detail, cls=DjangoJSONEncoder),
+            debits_json=json.dumps([d.as_ledger() for d in debits]),
+            decided_at=timezone.now(),
+        )
+    except DatabaseError as exc:
+        outage = availability.failed(exc)
+        if outage is not None:  # any debit already made stays: erring toward refusal
+            raise outage from exc
+        log.warning("gate: ledger unavailable for tenant %s: %s", tenant.pk, exc)
+        if decision == Decision.DENY:
+            return {"decision": "deny", "reason": reason, **detail}
+        return {"decision": "deny", "reason": "limit_store_unavailable", "retry_after": 1}
+    if decision == Decision.DENY:
+        return {"decision": "deny", "reason": reason, **detail}
+    if not inserted:
+        # The same call allowed meanwhile (a retry racing itself): the first allow stands; this
+        # debit stays counted, erring toward refusal.
+        with tenant_context(tenant):
+            first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
+        return first.answer()
+    return {"decision": "allow", "authorization_id": str(row_id)}

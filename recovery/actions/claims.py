@@ -167,7 +167,7 @@ def _claim_in_one_statement(
     (the tests run both on both databases); the UPDATE's guard is the one the other databases
     use (each row's epoch as picked, a state a claim may leave)."""
     quote = connection.ops.quote_name
-    not_quarantined, quarantine_params = fleet_selectors.not_quarantined_sql("j.saga_id")
+    quarantined, quarantine_params = fleet_selectors.quarantined_saga_ids_sql()
     conditions = [
         "j.tenant_id = %s",
         "((j.state = %s AND j.available_at <= %s) OR (j.state = %s AND j.lease_expires_at < %s))",
@@ -175,7 +175,7 @@ def _claim_in_one_statement(
         "j.ordinal = r.frontier",
         "j.delivery = %s",
         "j.attempts < j.max_attempts",
-        not_quarantined,
+        f"j.saga_id NOT IN ({quarantined})",
     ]
     params: list[Any] = [
         tenant.pk,

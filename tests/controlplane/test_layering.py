@@ -24,7 +24,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             # Tenant, TenantScopedModel, tenant_context, members and keys, who may do what.
             "tenants",
-            "core",  # shared mechanisms every app stands on (per-tenant snapshots)
             "controlplane.postcommit",
             "controlplane.errors",
             "controlplane.schema",  # the error shape as documented (imports only DRF)

@@ -1,0 +1,119 @@
+"""The fleet's SQL written for a database rather than through the ORM, in one place: where the ORM
+costs the hot path more than the statement itself. Each query answers the same on Postgres and
+SQLite (tests/fleet/test_queries.py runs each on both), and each takes the tenant as its first
+argument: its rows are the tenant's, and on Postgres its row-level security setting is set by the
+same statement (`_ON_POSTGRES`), so no caller adds a tenant filter by hand.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from fleet.gate import GateRequest
+from fleet.models import Decision, GateDecision
+from tenants.scoping import TENANT_SETTING, current_tenant
+
+_LEDGER = GateDecision._meta.db_table
+_LEDGER_COLUMNS = (
+    "id",
+    "tenant_id",
+    "idempotency_key",
+    "saga_id",
+    "step_id",
+    "tool",
+    "agent",
+    "api_key_prefix",
+    "args_digest",
+    "decision",
+    "reason",
+    "detail",
+    "debits",
+    "decided_at",
+)
+_INSERT = f"INSERT INTO {_LEDGER} ({', '.join(_LEDGER_COLUMNS)}) VALUES ({{values}}) "
+# An allow whose idempotency key already has one inserts nothing and returns no id (the first stands).
+_ONCE = "ON CONFLICT (tenant_id, idempotency_key) WHERE decision = 'allow' DO NOTHING RETURNING id"
+# One batch, one round trip: the tenant for row-level security (SET LOCAL) and the row, in one
+# implicit transaction that has committed -- the row is durable -- when the batch answers.
+# A refusal's row is a dashboard entry, not a ledger entry (it debited nothing; the agent's WAL
+# keeps its own GATE_DENY): its commit does not wait for the WAL flush (synchronous_commit off
+# for that transaction alone), so refusals cost no fsync; an allow's commits as the server is
+# configured (waiting for the flush, and for synchronous standbys where there are).
+_ON_POSTGRES = (
+    f"SELECT set_config('{TENANT_SETTING}', %s, true), "
+    "set_config('synchronous_commit', coalesce(%s, current_setting('synchronous_commit')), true); "
+    + _INSERT.format(values="%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s")
+    + _ONCE
+)
+_ON_SQLITE = _INSERT.format(values=", ".join(["%s"] * len(_LEDGER_COLUMNS))) + _ONCE
+
+
+def one_statement_ledger() -> bool:
+    """Whether `insert_decision` saves a round trip over the ORM's transaction (Postgres: the
+    tenant's setting, the row and its commit in one batch). The lean gate path runs only there."""
+    return connection.vendor == "postgresql"
+
+
+def insert_decision(
+    tenant_id: int,
+    request: GateRequest,
+    decision: Decision,
+    *,
+    row_id: uuid.UUID,
+    reason: str,
+    detail_json: str,
+    debits_json: str,
+    decided_at: datetime,
+) -> bool:
+    """Insert one decision of the tenant's ledger, outside any transaction (committed when this
+    answers). False when the row is an allow and one under its idempotency key exists (nothing
+    inserted: the first stands)."""
+    values: list[Any] = [
+        row_id,
+        tenant_id,
+        request.idempotency_key,
+        request.saga_id,
+        request.step_id,
+        request.tool,
+        request.agent,
+        request.api_key_prefix,
+        request.args_digest,
+        decision.value,
+        reason,
+        detail_json,
+        debits_json,
+        decided_at,
+    ]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            durable = None if decision == Decision.ALLOW else "off"  # an allow: as configured
+            cursor.execute(_ON_POSTGRES, [str(tenant_id), durable, *values])
+            cursor.nextset()
+        else:
+            values[0] = row_id.hex  # how Django stores a UUID there
+            values[-1] = connection.ops.adapt_datetimefield_value(decided_at)
+            cursor.execute(_ON_SQLITE, values)
+        return cursor.fetchone() is not None
+
+
+_compiled: dict[str, str] = {}
+
+
+def quarantined_saga_ids_sql() -> tuple[str, list[Any]]:
+    """`fleet.selectors.quarantined_saga_ids()` as a whole SQL statement and its parameters, for
+    another app's raw statement (recovery's one-statement claim: `saga_id NOT IN (<this>)`). Compiled
+    from the selector, so its tenant filter is the tenant manager's, once per process and database
+    (compiling it costs more than the claim it serves); only the active tenant changes per call."""
+    from fleet import selectors  # (selectors re-exports this function)
+
+    tenant_id = current_tenant().pk
+    sql = _compiled.get(connection.vendor)
+    if sql is None:
+        sql, params = selectors.quarantined_saga_ids().query.sql_with_params()
+        assert list(params) == [tenant_id], params  # the active tenant is its one parameter
+        _compiled[connection.vendor] = sql
+    return sql, [tenant_id]

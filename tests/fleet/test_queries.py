@@ -1,0 +1,81 @@
+"""Each query of `fleet/queries.py` gives the same answer on Postgres and SQLite: this module is
+marked for neither, so it runs in both phases of the suite (Postgres with DATABASE_URL, embedded
+SQLite without), and asserts the same answers in each."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from fleet import queries, selectors
+from fleet.gate import GateRequest
+from fleet.models import Decision, GateDecision, Quarantine
+from tenants import services as tenant_services
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+
+
+@pytest.fixture
+def tenants(transactional_db: None) -> tuple[Tenant, Tenant]:
+    return (
+        tenant_services.create_tenant("parity", "Parity", "owner@parity.example", actor="test"),
+        tenant_services.create_tenant("other", "Other", "owner@other.example", actor="test"),
+    )
+
+
+def insert(
+    tenant: Tenant, request: GateRequest, decision: Decision, reason: str = ""
+) -> tuple[bool, uuid.UUID]:
+    row_id = uuid.uuid4()
+    inserted = queries.insert_decision(
+        tenant.pk,
+        request,
+        decision,
+        row_id=row_id,
+        reason=reason,
+        detail_json=json.dumps({"retry_after": None} if reason else {}),
+        debits_json=json.dumps([{"kind": "budget", "limit": "daily", "scope": "fleet", "amount": 5}]),
+        decided_at=timezone.now(),
+    )
+    return inserted, row_id
+
+
+def test_insert_decision_keeps_one_allow_per_call_and_every_refusal(tenants: tuple[Tenant, Tenant]) -> None:
+    tenant, other = tenants
+    call = GateRequest(saga_id="s1", step_id="charge", tool="stripe.charge", args={"amount": 5}, agent="a")
+    first_allow, first_id = insert(tenant, call, Decision.ALLOW)
+    second_allow, _ = insert(tenant, call, Decision.ALLOW)
+    refusal, refusal_id = insert(tenant, call, Decision.DENY, reason="halted")
+    elsewhere, elsewhere_id = insert(other, call, Decision.ALLOW)  # the same call, another tenant
+    assert (first_allow, second_allow, refusal, elsewhere) == (True, False, True, True)
+    with tenant_context(tenant):
+        rows = {row.pk: row for row in GateDecision.objects.all()}
+        assert set(rows) == {first_id, refusal_id}
+        assert rows[first_id].answer() == {"decision": "allow", "authorization_id": str(first_id)}
+        assert rows[first_id].debits == [{"kind": "budget", "limit": "daily", "scope": "fleet", "amount": 5}]
+        assert rows[refusal_id].answer() == {"decision": "deny", "reason": "halted", "retry_after": None}
+        assert rows[refusal_id].idempotency_key == call.idempotency_key
+    with tenant_context(other):
+        assert [row.pk for row in GateDecision.objects.all()] == [elsewhere_id]
+
+
+def test_quarantined_saga_ids_sql_names_the_active_tenants_quarantines_in_force(
+    tenants: tuple[Tenant, Tenant],
+) -> None:
+    tenant, other = tenants
+    with tenant_context(tenant):
+        Quarantine.objects.create(saga_id="held", reason="r", actor="test")
+        Quarantine.objects.create(saga_id="released", reason="r", actor="test", released_at=timezone.now())
+    with tenant_context(other):
+        Quarantine.objects.create(saga_id="other's", reason="r", actor="test")
+    for active, expected in ((tenant, ["held"]), (other, ["other's"])):
+        with tenant_context(active):
+            sql, params = selectors.quarantined_saga_ids_sql()
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                found = sorted(row[0] for row in cursor.fetchall())
+            assert found == expected == sorted(selectors.quarantined_saga_ids())
