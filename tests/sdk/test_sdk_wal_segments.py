@@ -1,7 +1,7 @@
 """WAL segments: roll-over by size and age, the chain across segments, removal of what the control
 plane acknowledged and no open saga needs (with a chained attestation), the upgrade of a single-file
-WAL, 24 simulated hours of a busy agent within the documented bound, and SIGKILL of a real process
-at every step of a roll-over and of a removal."""
+WAL, 24 simulated hours of a busy agent within the documented bound, SIGKILL of a real process
+at every step of a roll-over and of a removal, and `sagaplane ship` / `verify-wal` on such a WAL."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from sagaplane.cli import main as cli_main
 from sagaplane.client import Response
 from sagaplane.segments import LogReader, complete_end, disk_usage, load_manifest, segment_dir
 from sagaplane.walcompact import as_runs
+from sagaplane_testkit import API_KEY, FakeControlPlane
 
 
 class Clock:
@@ -351,3 +352,38 @@ def test_sigkill_during_roll_over_or_removal_loses_nothing(tmp_path: Path, stage
         assert len(gaps) == 1 and seqs[0] == gaps[0]["ranges"][-1][1] + 1
         assert not any(s in attested for s in seqs)  # what was attested left the disk
     assert cli_main(["verify-wal", str(path)]) == 0
+
+
+def test_the_command_line_ships_and_verifies_a_segmented_compacted_wal(tmp_path: Path) -> None:
+    path = tmp_path / "agent.wal"
+    server = FakeControlPlane()
+    env = {**os.environ, "SAGAPLANE_URL": server.url, "SAGAPLANE_API_KEY": API_KEY}
+    run = [sys.executable, "-m", "sagaplane"]
+
+    def ship() -> str:
+        out = subprocess.run([*run, "ship", str(path)], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    try:
+        with sp.WAL(path, segment_bytes=1024, fsync=False) as wal:
+            for i in range(12):
+                saga(wal, i)
+        assert len(load_manifest(path).segments) >= 4  # type: ignore[union-attr]
+        everything = records_of(path)
+        assert f"shipped {len(everything)} record(s)" in ship()  # across the segments, in order
+        stream = next(iter(server.streams))
+        assert server.records(stream) == everything
+        with sp.WAL(path, segment_bytes=1024, fsync=False) as wal:
+            assert wal.acknowledge(load_manifest(path).segments[1].end) == 2  # type: ignore[union-attr]
+            for i in range(12, 16):
+                saga(wal, i)
+        after = records_of(path)
+        assert after[0]["seq"] > 1
+        fresh = [r for r in after if r["seq"] > everything[-1]["seq"]]
+        assert f"shipped {len(fresh)} record(s)" in ship()  # the cursor's logical offset still holds
+        assert server.records(stream) == everything + fresh
+        verified = subprocess.run([*run, "verify-wal", str(path)], capture_output=True, text=True, timeout=60)
+        assert verified.returncode == 0 and "1 attested gap(s)" in verified.stdout, verified.stdout
+    finally:
+        server.close()
