@@ -41,6 +41,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -60,6 +61,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
+
+from tests.support.probes import healthy, redis_answers  # noqa: E402
+from tests.support.processes import stop_group  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 perf = time.perf_counter
 AMOUNT = 999
@@ -136,7 +141,6 @@ def _free_port() -> int:
 @contextmanager
 def _private_redis(folder: Path) -> Iterator[str]:
     """A redis-server of the benchmark's own (no persistence), killed at the end."""
-    import redis
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -152,15 +156,9 @@ def _private_redis(folder: Path) -> Iterator[str]:
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 30
-        while True:  # start-up poll (bounded), not synchronisation
-            try:
-                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-                break
-            except redis.RedisError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"redis-server on port {port} did not start") from None
-                time.sleep(0.05)
+        wait_until(
+            lambda: redis_answers(url), f"redis-server on port {port} to start", deadline=30, alive=process
+        )
         yield url
     finally:
         process.kill()
@@ -732,7 +730,6 @@ def _tree_cpu_s(pid: int) -> float:
 @contextmanager
 def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
     """The README's production command on a free loopback port."""
-    import httpx
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -757,31 +754,18 @@ def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 120
-        while True:  # start-up poll (bounded), not synchronisation
-            if process.poll() is not None:
-                raise SystemExit(f"gunicorn exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if (
-                    httpx.get(f"{url}/healthz", headers={"X-Forwarded-Proto": "https"}, timeout=2).status_code
-                    == 200
-                ):
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the control plane did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_until(
+            lambda: healthy(url, {"X-Forwarded-Proto": "https"}),
+            "the control plane to start",
+            deadline=120,
+            alive=process,
+            context=lambda: log.read_text()[-3000:],
+        )
         _server_pids[url] = process.pid
         yield url
     finally:
         _server_pids.pop(url, None)
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait(timeout=30)
+        stop_group(process, first=signal.SIGTERM)
 
 
 async def _http_load(

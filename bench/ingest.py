@@ -30,6 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.probes import healthy  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -100,22 +103,6 @@ def _setup_tenant() -> str:
     )
     _, key = services.create_api_key(tenant, name="bench", scopes=["ingest", "read"], actor="system:bench")
     return key
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)  # polling a starting server for readiness, not synchronising a test
-    raise SystemExit("server did not become ready")
 
 
 def _copy_one(url: str, n: int, rows: list[dict[str, Any]], start: Any) -> tuple[float, float]:
@@ -244,7 +231,7 @@ def main() -> None:
     errors: list[str] = []
     lock = threading.Lock()
     try:
-        _wait_ready(url, server)
+        wait_until(lambda: healthy(url), "the server to become ready", alive=server)
 
         # Bodies are serialised before the clock starts: agents build their batches on their own
         # machines, so the client's JSON encoding is not part of what the server is measured on.

@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +55,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
+
+from tests.support.probes import healthy, redis_answers  # noqa: E402
+from tests.support.processes import stop_group  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 STEPS = 3
 HANDLER_S = 0.020
@@ -116,7 +121,6 @@ def _bench_database_urls() -> tuple[str, str]:
 
 @contextmanager
 def _private_redis(folder: Path) -> Iterator[str]:
-    import redis
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -132,15 +136,9 @@ def _private_redis(folder: Path) -> Iterator[str]:
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 30
-        while True:  # start-up poll (bounded)
-            try:
-                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-                break
-            except redis.RedisError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"redis-server on port {port} did not start") from None
-                time.sleep(0.05)
+        wait_until(
+            lambda: redis_answers(url), f"redis-server on port {port} to start", deadline=30, alive=process
+        )
         yield url
     finally:
         process.kill()
@@ -218,7 +216,6 @@ def cpu_by_role(server_pid: int, worker_pids: list[int], database: str) -> dict[
 
 @contextmanager
 def _gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
-    import httpx
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -243,26 +240,16 @@ def _gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 120
-        while True:  # start-up poll (bounded)
-            if process.poll() is not None:
-                raise SystemExit(f"gunicorn exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the control plane did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_until(
+            lambda: healthy(url),
+            "the control plane to start",
+            deadline=120,
+            alive=process,
+            context=lambda: log.read_text()[-3000:],
+        )
         yield url, process.pid
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_group(process, first=signal.SIGTERM, grace=20)
 
 
 def _setup_django(db_url: str, owner_url: str, redis_url: str, data_dir: Path) -> None:

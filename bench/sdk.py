@@ -44,6 +44,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "sdk"))
+sys.path.insert(0, str(REPO))  # tests.support: the one wait-until and readiness probe
 os.environ.pop("AGENT_SAGA_WAL_KEY", None)  # agent-saga's line encryption would skew its numbers
 
 import sagaplane as sp  # noqa: E402

@@ -17,6 +17,9 @@ from typing import Any
 import sagaplane as sp
 from sagaplane.segments import disk_usage
 
+from tests.support.probes import healthy
+from tests.support.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 perf = time.perf_counter
 STEPS_PER_SAGA = 10
@@ -139,15 +142,7 @@ def shipper_throughput(
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 120
-        while True:  # start-up poll (a benchmark's readiness wait, bounded)
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=2).read()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("control plane did not start") from None
-                time.sleep(0.1)
+        wait_until(lambda: healthy(url), "the control plane to start", deadline=120, alive=server)
         shipper = sp.Shipper(folder / "ship.wal", url=url, api_key=key)  # the SDK's defaults
         t = perf()
         shipped = shipper.run_until_caught_up(max_retries=5)

@@ -7,21 +7,16 @@ service they skip on a laptop, but under CI=true they fail: CI must never go gre
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import pytest
 from django.conf import settings
 from django.db import connection
-from rest_framework.test import APIClient
 
 from tenants import services
 from tenants.models import Role, Tenant
-
-ALL_SCOPES = ["ingest", "gate", "read", "recovery", "audit", "control"]
-PASSWORD = "correct-horse-battery"
+from tests.support.factories import PASSWORD, Person, make_person
 
 
 def _in_ci() -> bool:
@@ -139,74 +134,6 @@ def _no_remembered_api_keys() -> None:
 
     with authentication._held_lock:
         authentication._held.clear()
-
-
-@dataclass
-class Person:
-    user: Any
-    tenant: Tenant
-    role: str
-    api_key: str
-
-    def session_client(self) -> APIClient:
-        client = APIClient()
-        client.force_login(self.user)
-        client.credentials(HTTP_X_SAGAPLANE_TENANT=self.tenant.slug)
-        return client
-
-    def key_client(self) -> APIClient:
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.api_key}")
-        return client
-
-
-def server_stream(tenant: Tenant, *, flush: bool = True) -> list[dict[str, Any]]:
-    """The tenant's server stream (admin actions, approvals, seals) as stored, oldest first; with
-    `flush`, once the records still pending (recovery results, chained in batches) are chained,
-    as the recovery sweep chains them within a second."""
-    from audit.models import Record, RecordPayload, Redaction
-    from audit.services import flush_server_records, stored_record
-    from tenants.scoping import tenant_context
-
-    if flush:
-        flush_server_records(tenant, wait=True)
-    with tenant_context(tenant):
-        rows = list(Record.objects.filter(stream__stream_id="server").order_by("position"))
-        payloads = {p.record_id: p for p in RecordPayload.objects.filter(record__in=rows)}
-        erased = dict(Redaction.objects.values_list("record_id", "reason"))
-        return [stored_record(r, payloads.get(r.pk), erased.get(r.pk)) for r in rows]
-
-
-def at_once(call: Callable[[Any], Any], args: Iterable[Any], patience_s: float = 60.0) -> list[Any]:
-    """`call(arg)` for every arg, each in its own thread (and database connection, closed after),
-    all released together: what each returned or raised, in the order of `args`. Fails when a
-    thread is still running after `patience_s` (a deadlock is a failure, not a hang)."""
-    args = list(args)
-    barrier = threading.Barrier(len(args))
-    outcomes: list[Any] = [None] * len(args)
-
-    def run(n: int) -> None:
-        try:
-            barrier.wait(patience_s)
-            outcomes[n] = call(args[n])
-        except BaseException as exc:  # handed to the test: a thread's exception is not a pass
-            outcomes[n] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(args))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(patience_s)
-    assert not any(thread.is_alive() for thread in threads)
-    return outcomes
-
-
-def make_person(tenant: Tenant, name: str, role: str) -> Person:
-    membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor="test")
-    _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES, actor="test")
-    return Person(membership.user, tenant, role, raw_key)
 
 
 @pytest.fixture

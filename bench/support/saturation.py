@@ -8,25 +8,17 @@ Started and stopped by their process ids only."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 FLOOD = ROOT / "tests" / "recovery" / "flood.py"
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=30)
 
 
 @contextmanager
@@ -45,16 +37,17 @@ def celery_with_beat(env: dict[str, str], folder: Path) -> Iterator[subprocess.P
         start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while sweeper.status()["status"] != "ok":  # start-up poll (bounded)
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(
-                    f"the beat's sweeper never ran:\n{(folder / 'celery.log').read_text()[-3000:]}"
-                )
-            time.sleep(0.5)
+        wait_until(
+            lambda: sweeper.status()["status"] == "ok",
+            "the beat's sweeper to run",
+            deadline=180,
+            every=0.5,
+            alive=process,
+            context=lambda: (folder / "celery.log").read_text()[-3000:],
+        )
         yield process
     finally:
-        _kill(process)
+        stop_group(process)
 
 
 @contextmanager
@@ -78,4 +71,4 @@ def saturated(url: str, key: str, folder: Path, *, threads: int = 4, batch: int 
         yield
     finally:
         for process in load:
-            _kill(process)
+            stop_group(process)

@@ -16,7 +16,7 @@ from fleet.stores import DatabaseStore
 from tenants import services as tenants
 from tenants.models import Membership, Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import ALL_SCOPES, Person, make_person
+from tests.support.factories import ALL_SCOPES, Person, make_person
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,8 @@ from agent_saga.wal import FileWAL
 
 from approvals.models import ApprovalRequest, Source, Status
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

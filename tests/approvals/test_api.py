@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.approvals.conftest import Agent, wire_policy
-from tests.conftest import Person
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
 

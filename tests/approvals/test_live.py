@@ -11,8 +11,8 @@ from channels.db import database_sync_to_async
 
 from tenants import services as tenants
 from tests.approvals.conftest import Agent, vote, wire_policy
-from tests.conftest import ALL_SCOPES, Person
-from tests.sagas.test_live_events import _communicator, _cookie
+from tests.support.factories import ALL_SCOPES, Person
+from tests.support.live_events import events_socket, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,10 +38,10 @@ def test_a_request_opened_and_decided_is_heard_by_its_tenant_only(
     wire_policy(carol.tenant)
     key, raw = tenants.create_api_key(carol.tenant, name="bravo-bot", scopes=ALL_SCOPES, actor="test")
     bravo = Agent(carol.tenant, key.prefix, raw)
-    cookies = _cookie(alice), _cookie(carol)
+    cookies = session_cookie(alice), session_cookie(carol)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        acme, other = _communicator(cookies[0]), _communicator(cookies[1])
+        acme, other = events_socket(cookies[0]), events_socket(cookies[1])
         assert (await acme.connect())[0] and (await other.connect())[0]
         pending = await database_sync_to_async(agent.ask)(amount=100, saga="live")
         await database_sync_to_async(vote)(ann, pending["approval_id"])

@@ -18,7 +18,8 @@ from approvals.models import ApprovalRequest, Status
 from fleet.models import Decision, GateDecision
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote, wire_policy
-from tests.conftest import Person, server_stream
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 120

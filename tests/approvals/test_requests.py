@@ -19,7 +19,8 @@ from approvals.models import ApprovalRequest, Status
 from fleet import services as fleet
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, member, vote, wire_policy
-from tests.conftest import Person, server_stream
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 from transparency import sources
 
 pytestmark = pytest.mark.django_db
@@ -143,7 +144,7 @@ def test_m_of_n_one_vote_each_and_an_eligible_deny_denies(
 def test_break_glass_is_for_owners_with_a_reason_and_is_listed(
     agent: Agent, alice: Person, adam: Person, tenant_a: Any
 ) -> None:
-    from tests.conftest import make_person
+    from tests.support.factories import make_person
 
     olga = make_person(tenant_a, "olga", "owner")
     wire_policy(agent.tenant, required_approvals=3)

@@ -23,8 +23,9 @@ from approvals.models import ApprovalRequest, Status
 from fleet.models import Decision, GateDecision
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote, wire_policy
-from tests.conftest import Person
 from tests.sdk.sagaplane_testkit import read_wal
+from tests.support.factories import Person
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Postgres: the agent's long-poll and the test's vote run at once, which SQLite's in-memory test
@@ -86,14 +87,11 @@ def _start(
 
 
 def _pending(agent: Agent, deadline_s: float = 60) -> ApprovalRequest:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    def pending() -> ApprovalRequest | None:
         with tenant_context(agent.tenant):
-            row = ApprovalRequest.objects.filter(status=Status.PENDING).first()
-        if row is not None:
-            return row
-        time.sleep(0.05)  # polling a condition with a deadline
-    raise AssertionError("the agent never asked for an approval")
+            return ApprovalRequest.objects.filter(status=Status.PENDING).first()
+
+    return wait_until(pending, "the agent to ask for an approval", deadline=deadline_s)
 
 
 def _line(lines: queue.Queue[str], process: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:

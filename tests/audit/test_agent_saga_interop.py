@@ -22,7 +22,7 @@ from agent_saga.wal import FileWAL
 from audit.models import Record, Stream
 from sagas.models import Saga, SagaStatus
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from audit import services
 from audit.models import Record
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
+from tests.support.chains import chain, saga_records
 
 pytestmark = [pytest.mark.postgres]
 

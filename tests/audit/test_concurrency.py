@@ -10,8 +10,8 @@ from audit import services
 from audit.models import Record, Stream, TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
-from tests.conftest import at_once
+from tests.support.chains import chain, saga_records
+from tests.support.concurrency import at_once
 
 pytestmark = [pytest.mark.postgres]
 

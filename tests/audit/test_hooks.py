@@ -12,8 +12,8 @@ from audit import hooks, services
 from audit.models import Record
 from sagas import services as sagas_services
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records, snapshot
-from tests.conftest import Person
+from tests.support.chains import chain, saga_records, snapshot
+from tests.support.factories import Person
 from transparency import hooks as transparency_hooks
 
 marker: contextvars.ContextVar[str] = contextvars.ContextVar("test_hooks_marker", default="unset")

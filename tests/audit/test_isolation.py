@@ -5,8 +5,8 @@ from __future__ import annotations
 from audit import services
 from audit.models import Stream
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
-from tests.conftest import Person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import Person
 
 
 def test_carol_sees_nothing_of_acmes_evidence(alice: Person, carol: Person) -> None:

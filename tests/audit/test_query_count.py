@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import Record, RecordPayload, Stream
 from sagas.models import Saga, Step
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
-from tests.conftest import Person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import Person
 
 URL = "/api/v1/streams/{}/records"
 # Auth, tenant settings and savepoints, stream and log locks, ids+payloads, headers, stream head,

@@ -12,8 +12,8 @@ from audit.models import Record, RecordPayload, Redaction
 from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
-from tests.conftest import Person, make_person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import Person, make_person
 
 URL = "/api/v1/audit/redactions"
 

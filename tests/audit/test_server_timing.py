@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db import connection
 
 from controlplane.timing import parse_header
-from tests.audit.chains import chain, saga_records
-from tests.conftest import Person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import Person
 
 PHASES = {"parse", "verify", "rows", "projection_fold", "insert_locked", "projection_write", "commit"}
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -16,6 +15,7 @@ import redis
 from django.db import DatabaseError, IntegrityError, OperationalError, connection
 
 from controlplane import availability
+from tests.support.waiting import wait_until
 
 
 def _wrapped(inner: BaseException, outer: type[BaseException] = OperationalError) -> BaseException:
@@ -56,13 +56,6 @@ def test_an_outage_is_told_from_other_errors(error: BaseException, store: str | 
     assert availability.outage(error) == store
 
 
-def _until(condition: Any, what: str, deadline: float = 30.0) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.01)  # polling; the condition decides
-
-
 def test_a_store_marked_down_refuses_until_its_probe_answers() -> None:
     answering = threading.Event()
 
@@ -83,7 +76,9 @@ def test_a_store_marked_down_refuses_until_its_probe_answers() -> None:
         availability.guard()
     assert availability.is_down(availability.REDIS)
     answering.set()
-    _until(lambda: not availability.is_down(availability.REDIS), "the probe to mark Redis up")
+    wait_until(
+        lambda: not availability.is_down(availability.REDIS), "the probe to mark Redis up", deadline=30.0
+    )
     availability.guard()  # nothing refused any more
 
 
@@ -97,7 +92,7 @@ def test_a_connection_wait_that_runs_out_only_suspects_the_database() -> None:
 
     refusal = availability.failed(psycopg_pool.PoolTimeout("couldn't get a connection"), probe=probe)
     assert refusal is not None and refusal.store == availability.DATABASE
-    _until(probed.is_set, "the probe")
+    wait_until(probed.is_set, "the probe", deadline=30.0)
     assert not availability.is_down(availability.DATABASE)
     availability.guard()
 

@@ -25,27 +25,12 @@ from reconciliation.models import CheckStatus, ReconciliationCheck
 from recovery.models import Job, JobState, Run, RunKind, RunState
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
-from tests.conftest import Person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import Person
+from tests.support.metrics import scrape, value
 from transparency import services as transparency_services
 
 TOKEN = "metrics-token-" + "x" * 20
-
-
-def scrape(**headers: str) -> str:
-    response = Client().get("/metrics", **headers)
-    assert response.status_code == 200, response.content
-    assert response["Content-Type"].startswith("text/plain")
-    return response.content.decode()
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    """The sample `name` with exactly these labels (0 when absent)."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    return 0.0
 
 
 def post(person: Person, stream: str, records: Any) -> Any:

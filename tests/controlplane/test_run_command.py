@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -163,13 +165,16 @@ def test_make_run_serves_the_demo_and_the_login_works_and_stops_on_sigterm(tmp_p
         # The second demo agent works through the MCP gateway: its sagas reach the control plane.
         key = (tmp_path / "data" / "demo_api_key").read_text().strip()
         headers = {"Authorization": f"Bearer {key}"}
-        deadline = time.monotonic() + 180
-        agents: set[str] = set()
-        while "mcp-shop-agent" not in agents:
-            assert time.monotonic() < deadline, f"no saga of the MCP demo agent; agents seen: {agents}"
-            time.sleep(0.5)  # polling a condition with a deadline
+        seen: set[str] = set()
+
+        def mcp_agent_shipped() -> bool:
             listing = httpx.get(url + "api/v1/sagas?limit=200", headers=headers, timeout=20).json()
-            agents = {s.get("agent") for s in listing["results"]}
+            seen.update(s.get("agent") for s in listing["results"])
+            return "mcp-shop-agent" in seen
+
+        wait_until(
+            mcp_agent_shipped, "a saga of the MCP demo agent", deadline=180, every=0.5, context=lambda: seen
+        )
         _wait_for_the_demo_agent(tmp_path)
     except BaseException:
         _kill(run.process)
@@ -194,7 +199,4 @@ def _wait_for_the_demo_agent(tmp_path: Path) -> None:
     """The demo agent is running and has shipped (it holds a fleet-status long-poll open from
     then on, which the server must give up when it stops)."""
     log = tmp_path / "data" / "demo-agent"
-    deadline = time.monotonic() + 120
-    while not any(log.glob("*.cursor-*.json")):
-        assert time.monotonic() < deadline, "the demo agent never shipped"
-        time.sleep(0.2)  # polling a condition with a deadline
+    wait_until(lambda: any(log.glob("*.cursor-*.json")), "the demo agent to ship", deadline=120)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.settings_check import manage_check, refused_to_start
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -88,37 +90,10 @@ def test_production_starts_when_configured(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ every value checked at start-up
 
 
-def _manage_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")
-        and not k.startswith(("SAGAPLANE_", "DB_"))
-    }
-    clean.update({"SAGAPLANE_DATA_DIR": str(tmp_path), **env})
-    return subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=clean,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def _refused(result: subprocess.CompletedProcess, *messages: str) -> None:
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    assert "Refusing to start: invalid configuration" in result.stderr, result.stderr
-    for message in messages:
-        assert message in result.stderr, (message, result.stderr)
-    assert "Traceback" not in result.stderr  # the list of problems, not a stack
-
-
 @pytest.mark.smoke
 def test_production_spelled_differently_is_refused_not_read_as_development(tmp_path: Path) -> None:
-    _refused(
-        _manage_check(tmp_path, SAGAPLANE_ENV="Production"),
+    refused_to_start(
+        manage_check(tmp_path, SAGAPLANE_ENV="Production"),
         "SAGAPLANE_ENV must be one of development, production (got 'Production')",
     )
 
@@ -128,14 +103,14 @@ def test_a_malformed_master_key_is_refused_in_development_and_never_echoed(tmp_p
     from cryptography.fernet import Fernet
 
     good = Fernet.generate_key().decode()
-    result = _manage_check(tmp_path, SAGAPLANE_MASTER_KEY=f"{good},not-a-fernet-key-but-a-secret")
-    _refused(result, "SAGAPLANE_MASTER_KEY must be one or more Fernet keys", "key 2 of 2 is not one")
+    result = manage_check(tmp_path, SAGAPLANE_MASTER_KEY=f"{good},not-a-fernet-key-but-a-secret")
+    refused_to_start(result, "SAGAPLANE_MASTER_KEY must be one or more Fernet keys", "key 2 of 2 is not one")
     assert good not in result.stderr and "not-a-fernet-key-but-a-secret" not in result.stderr
 
 
 @pytest.mark.smoke
 def test_every_malformed_value_is_named_at_once(tmp_path: Path) -> None:
-    result = _manage_check(
+    result = manage_check(
         tmp_path,
         DEBUG="ture",
         LOG_LEVEL="verbose",
@@ -154,7 +129,7 @@ def test_every_malformed_value_is_named_at_once(tmp_path: Path) -> None:
         SECURE_HSTS_SECONDS="a year",
         CELERY_TASK_ALWAYS_EAGER="maybe",
     )
-    _refused(
+    refused_to_start(
         result,
         "DEBUG must be true or false",
         "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (got 'verbose')",
@@ -179,8 +154,8 @@ def test_every_malformed_value_is_named_at_once(tmp_path: Path) -> None:
 
 @pytest.mark.smoke
 def test_production_lists_malformed_and_insecure_settings_together(tmp_path: Path) -> None:
-    result = _manage_check(tmp_path, SAGAPLANE_ENV="production", DB_POOL="sometimes")
-    _refused(result, "DB_POOL must be true or false (also 1/0, yes/no, on/off) (got 'sometimes')")
+    result = manage_check(tmp_path, SAGAPLANE_ENV="production", DB_POOL="sometimes")
+    refused_to_start(result, "DB_POOL must be true or false (also 1/0, yes/no, on/off) (got 'sometimes')")
     assert "Refusing to start in production mode with insecure settings" in result.stderr
     assert "SECRET_KEY is not set" in result.stderr
 
@@ -189,7 +164,7 @@ def test_production_lists_malformed_and_insecure_settings_together(tmp_path: Pat
 def test_well_formed_values_pass_check(tmp_path: Path) -> None:
     from cryptography.fernet import Fernet
 
-    result = _manage_check(
+    result = manage_check(
         tmp_path,
         SAGAPLANE_ENV="development",
         SAGAPLANE_MASTER_KEY=f"{Fernet.generate_key().decode()}, {Fernet.generate_key().decode()}",
@@ -224,7 +199,7 @@ def _production(tmp_path: Path, **env: str | None) -> subprocess.CompletedProces
         "SAGAPLANE_WEBAUTHN_ORIGINS": "https://sagaplane.example.com",
     }
     merged = {**settings, **env}
-    return _manage_check(tmp_path, **{name: value for name, value in merged.items() if value is not None})
+    return manage_check(tmp_path, **{name: value for name, value in merged.items() if value is not None})
 
 
 @pytest.mark.smoke

@@ -12,11 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -25,6 +25,8 @@ import pytest
 from tests.conftest import unavailable
 from tests.hostile.production import as_owner
 from tests.slackapp.slack_server import FakeSlack, start
+from tests.support.probes import healthy
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -43,6 +45,8 @@ OWNER = "owner@demo.sagaplane.local"
 VIEWER = "viewer@demo.sagaplane.local"
 AUDITOR = "auditor@demo.sagaplane.local"
 CAROL = "carol@bravo.example"
+RISK = "risk@demo.sagaplane.local"
+LIVE_TIMEOUT = 15_000  # ms: a live update (websocket) reaching the page
 STARTUP_DEADLINE = 60.0
 
 
@@ -209,20 +213,13 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, fake_slack: FakeSlac
                 start_new_session=True,
             )
         try:
-            deadline = time.monotonic() + STARTUP_DEADLINE
-            while True:
-                if process.poll() is not None:
-                    pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"/healthz did not answer within {STARTUP_DEADLINE}s:\n{log.read_text()[-3000:]}"
-                    )
-                _wait_a_little(process)
+            wait_until(
+                lambda: healthy(url),
+                "the server to answer /healthz",
+                deadline=STARTUP_DEADLINE,
+                alive=process,
+                context=lambda: log.read_text()[-3000:],
+            )
             yield LiveServer(url=url, api_key=api_key, data_dir=data_dir, log=log)
         finally:
             for child in (process, worker):
@@ -236,14 +233,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, fake_slack: FakeSlac
     finally:
         if dropped_db is not None:
             _pg_execute(dropped_db[0], f'DROP DATABASE IF EXISTS "{dropped_db[1]}" WITH (FORCE)')
-
-
-def _wait_a_little(process: subprocess.Popen) -> None:
-    """Between health polls: block on the process for a moment (returns early if it exits)."""
-    try:
-        process.wait(timeout=0.2)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # Module scope, not session: Playwright's sync API keeps an event loop running on this thread
@@ -293,3 +282,48 @@ def sign_in(page, email: str, password: str = PASSWORD) -> None:  # type: ignore
 def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def wait_live(page) -> None:  # type: ignore[no-untyped-def]
+    """The page's websocket is open (app.js marks <html data-live="open">)."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("html")).to_have_attribute("data-live", "open", timeout=LIVE_TIMEOUT)
+
+
+def localhost(server: LiveServer) -> str:
+    return server.url.replace("127.0.0.1", "localhost")
+
+
+def passkey_browser(browser_instance: Any, server: LiveServer) -> Any:
+    """A browser context at http://localhost:<port> with a virtual platform authenticator."""
+    context = browser_instance.new_context(
+        base_url=localhost(server), viewport={"width": 1280, "height": 1100}
+    )
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    cdp = context.new_cdp_session(page)
+    cdp.send("WebAuthn.enable")
+    cdp.send(
+        "WebAuthn.addVirtualAuthenticator",
+        {
+            "options": {
+                "protocol": "ctap2",
+                "transport": "internal",
+                "hasResidentKey": True,
+                "hasUserVerification": True,
+                "isUserVerified": True,
+                "automaticPresenceSimulation": True,
+            }
+        },
+    )
+    return context, page
+
+
+def register_passkey(page: Any, name: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto("/account/passkeys/")
+    page.get_by_label("Name").fill(name)
+    page.get_by_role("button", name="Register passkey").click()
+    expect(page.locator(f'#passkeys-table tr[data-passkey="{name}"]')).to_contain_text("active")

@@ -26,11 +26,21 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, PASSWORD, ROOT, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import (
+    LIVE_TIMEOUT,
+    OWNER,
+    PASSWORD,
+    RISK,
+    ROOT,
+    LiveServer,
+    localhost,
+    passkey_browser,
+    register_passkey,
+    screenshot,
+    sign_in,
+)
 
 pytestmark = pytest.mark.e2e
-RISK = "risk@demo.sagaplane.local"
-LIVE_TIMEOUT = 15_000
 AGENT_DEADLINE = 60.0
 
 AGENT = textwrap.dedent(
@@ -59,42 +69,6 @@ AGENT = textwrap.dedent(
     sp.shutdown()  # ships the WAL's tail: the saga's end reaches the control plane
     """
 )
-
-
-def localhost(server: LiveServer) -> str:
-    return server.url.replace("127.0.0.1", "localhost")
-
-
-def passkey_browser(browser_instance: Any, server: LiveServer) -> Any:
-    """A browser context at http://localhost:<port> with a virtual platform authenticator."""
-    context = browser_instance.new_context(
-        base_url=localhost(server), viewport={"width": 1280, "height": 1100}
-    )
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    cdp = context.new_cdp_session(page)
-    cdp.send("WebAuthn.enable")
-    cdp.send(
-        "WebAuthn.addVirtualAuthenticator",
-        {
-            "options": {
-                "protocol": "ctap2",
-                "transport": "internal",
-                "hasResidentKey": True,
-                "hasUserVerification": True,
-                "isUserVerified": True,
-                "automaticPresenceSimulation": True,
-            }
-        },
-    )
-    return context, page
-
-
-def register_passkey(page: Any, name: str) -> None:
-    page.goto("/account/passkeys/")
-    page.get_by_label("Name").fill(name)
-    page.get_by_role("button", name="Register passkey").click()
-    expect(page.locator(f'#passkeys-table tr[data-passkey="{name}"]')).to_contain_text("active")
 
 
 def test_two_approvers_approve_a_wire_with_passkeys_and_the_agent_runs_it_once(

@@ -12,16 +12,20 @@ import pytest
 from playwright.sync_api import expect
 
 from frontend.saga_views import PAGE_SIZE
-from tests.e2e.conftest import AUDITOR, CAROL, OWNER, VIEWER, LiveServer, screenshot, sign_in
-from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
+from tests.e2e.conftest import (
+    AUDITOR,
+    CAROL,
+    LIVE_TIMEOUT,
+    OWNER,
+    VIEWER,
+    LiveServer,
+    screenshot,
+    sign_in,
+    wait_live,
+)
+from tests.support.sagadata import Writer, saga_forward, saga_rollback
 
 pytestmark = pytest.mark.e2e
-LIVE_TIMEOUT = 15_000
-
-
-def wait_live(page) -> None:  # type: ignore[no-untyped-def]
-    """The page's websocket is open (app.js marks <html data-live="open">)."""
-    expect(page.locator("html")).to_have_attribute("data-live", "open", timeout=LIVE_TIMEOUT)
 
 
 def test_sign_in_and_the_empty_state(new_page, control_plane: LiveServer) -> None:

@@ -10,10 +10,9 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, VIEWER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import LIVE_TIMEOUT, OWNER, VIEWER, LiveServer, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
-LIVE_TIMEOUT = 15_000
 
 
 def gate(server: LiveServer, n: int, tool: str, **args: object) -> dict:

@@ -15,9 +15,19 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import AUDITOR, CAROL, OWNER, PASSWORD, LiveServer, screenshot, sign_in
-from tests.e2e.test_approvals_passkeys import RISK, passkey_browser, register_passkey
-from tests.frontend.sagadata import Writer, saga_forward
+from tests.e2e.conftest import (
+    AUDITOR,
+    CAROL,
+    OWNER,
+    PASSWORD,
+    RISK,
+    LiveServer,
+    passkey_browser,
+    register_passkey,
+    screenshot,
+    sign_in,
+)
+from tests.support.sagadata import Writer, saga_forward
 
 pytestmark = pytest.mark.e2e
 

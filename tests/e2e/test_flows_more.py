@@ -18,8 +18,8 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
-from tests.frontend.sagadata import Writer
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.sagadata import Writer
 
 pytestmark = pytest.mark.e2e
 

@@ -10,9 +10,8 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, VIEWER, LiveServer, screenshot, sign_in
-from tests.e2e.test_dashboard import LIVE_TIMEOUT, wait_live
-from tests.frontend.sagadata import Writer, saga_forward
+from tests.e2e.conftest import LIVE_TIMEOUT, OWNER, VIEWER, LiveServer, screenshot, sign_in, wait_live
+from tests.support.sagadata import Writer, saga_forward
 
 pytestmark = pytest.mark.e2e
 

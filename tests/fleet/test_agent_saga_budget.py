@@ -22,7 +22,7 @@ from fleet.models import GateDecision
 from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

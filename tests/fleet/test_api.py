@@ -18,7 +18,7 @@ from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, make_person
+from tests.support.factories import Person, make_person
 
 EVALUATE = "/api/v1/gate/evaluate"
 STATUS = "/api/v1/fleet/status"

@@ -17,8 +17,8 @@ from fleet.gate import GateRequest
 from fleet.stores import RedisStore, marker_key
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import server_stream
 from tests.hostile.production import own_redis
+from tests.support.chains import server_stream
 
 
 def run(*args: str) -> str:

@@ -216,7 +216,7 @@ def test_another_tenants_policies_and_halts_never_touch_this_one(
 
 
 def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
-    from tests.conftest import server_stream
+    from tests.support.chains import server_stream
 
     budget = services.create_budget(
         tenant_a, actor="user:alice", name="daily", max_total="50000", window_s=86400

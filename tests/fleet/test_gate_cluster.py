@@ -7,28 +7,28 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from redis.cluster import RedisCluster
 
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.stores import RedisStore
 from tenants import services as tenant_services
-from tests.fleet.test_gate_concurrency import (
+from tests.fleet.concurrency import (
     AMOUNT,
     CAP,
     THREADS,
-    _assert_exactly_fifty,
-    _child_env,
-    _run_clients,
-    _test_database_url,
+    assert_exactly_fifty,
+    child_env,
+    run_clients,
+    running_database_url,
 )
-from tests.hostile.production import _pause, free_port
+from tests.hostile.production import free_port
+from tests.support.probes import redis_answers
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 DEADLINE = 60
@@ -46,18 +46,6 @@ def _cluster_port() -> int:
             except OSError:
                 continue
         return port
-
-
-def _wait_until_answering(port: int, node: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            redis.Redis(port=port, socket_connect_timeout=1).ping()
-            return
-        except redis.RedisError:
-            if node.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"cluster node on port {port} did not start")
-            _pause(node)
 
 
 @pytest.fixture
@@ -94,7 +82,12 @@ def redis_cluster(tmp_path: Path) -> Iterator[str]:
                 )
             )
         for port, node in zip(ports, nodes, strict=True):
-            _wait_until_answering(port, node)
+            wait_until(
+                lambda port=port: redis_answers(f"redis://127.0.0.1:{port}/0"),
+                f"cluster node on port {port} to start",
+                deadline=DEADLINE,
+                alive=node,
+            )
         create = subprocess.run(
             [
                 cli,
@@ -157,7 +150,7 @@ def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
 
     tenant = Tenant.objects.get(slug="gate-cluster")
     services.create_budget(tenant, actor="test", name="fleet", tool="stripe.*", max_total=CAP, window_s=86400)
-    env = _child_env(DATABASE_URL=_test_database_url(), SAGAPLANE_GATE_STORE="database")
+    env = child_env(DATABASE_URL=running_database_url(), SAGAPLANE_GATE_STORE="database")
     config = {
         "tenant": "gate-cluster",
         "threads": THREADS,
@@ -165,4 +158,4 @@ def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
         "amount": AMOUNT,
         "redis_cluster_url": redis_cluster,
     }
-    _assert_exactly_fifty(_run_clients(env, config))
+    assert_exactly_fifty(run_clients(env, config))

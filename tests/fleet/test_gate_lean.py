@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from django.core.asgi import get_asgi_application
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -25,35 +24,17 @@ from django.test.utils import CaptureQueriesContext
 from controlplane.gate_asgi import PATH, lean_gate
 from core import fastroute
 from fleet import services
-from fleet.gate import GateRequest
-from fleet.models import Decision, GateDecision
+from fleet.models import Decision
 from fleet.stores import RedisStore, marker_key
 from tenants import epoch
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
-from tests.fleet.test_gate_concurrency import _test_database_url
-from tests.hostile.production import OwnRedis, own_redis
+from tests.fleet.concurrency import running_database_url
+from tests.fleet.lean import ACTOR, ask, ledger
+from tests.hostile.production import OwnRedis
 
 ROOT = Path(__file__).resolve().parents[2]
-ACTOR = "test:lean"
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-
-
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
-    with own_redis(tmp_path_factory.mktemp("lean-redis")) as server:
-        yield server
-
-
-@pytest.fixture
-def store(private_redis: OwnRedis) -> Iterator[RedisStore]:
-    client = redis.Redis.from_url(private_redis.url, socket_timeout=2, socket_connect_timeout=2)
-    client.flushall()
-    store = RedisStore(client, services.ledger_since)
-    services.set_store(store)
-    yield store
-    services.set_store(None)
 
 
 @pytest.fixture
@@ -70,16 +51,6 @@ _calls = iter(range(10**9))
 def call(tool: str = "stripe.charge", **args: Any) -> dict[str, Any]:
     n = next(_calls)
     return {"saga_id": f"saga-{n}", "step_id": "1", "tool": tool, "args": args, "agent": "bot"}
-
-
-def ask(tenant: Tenant, fields: dict[str, Any]) -> dict[str, Any]:
-    assert not connection.in_atomic_block  # the lean path's condition
-    return services.evaluate(tenant, GateRequest(**fields), actor=ACTOR)
-
-
-def ledger(tenant: Tenant) -> list[GateDecision]:
-    with tenant_context(tenant):
-        return list(GateDecision.objects.order_by("decided_at"))
 
 
 def test_a_decision_is_one_statement_batch_and_its_row_is_committed(
@@ -140,7 +111,7 @@ def worker(tenant: Tenant, private_redis: OwnRedis) -> Iterator[subprocess.Popen
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "DATABASE_OWNER_URL", "PYTEST_CURRENT_TEST")
     }
-    env.update(DATABASE_URL=_test_database_url(), PYTHONPATH=str(ROOT))
+    env.update(DATABASE_URL=running_database_url(), PYTHONPATH=str(ROOT))
     config = {"tenant": tenant.slug, "redis_url": private_redis.url}
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.fleet.lean_worker", json.dumps(config)],

@@ -15,7 +15,7 @@ from fleet.models import Decision
 from fleet.stores import RedisStore, marker_key
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tests.fleet.test_gate_lean import ACTOR, ask, ledger, private_redis, store  # noqa: F401 (fixtures)
+from tests.fleet.lean import ACTOR, ask, ledger
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -19,8 +19,9 @@ from fleet.stores import DatabaseStore
 from sagas.models import Saga
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.hostile.production import Chain
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 
 def _quarantine(person: Person, saga_id: str, **body: Any) -> Any:

@@ -12,7 +12,7 @@ from django.urls import reverse
 from frontend import invitations
 from tenants.models import ApiKey, Membership, Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 
 def browser(person: Person) -> Client:

@@ -20,8 +20,9 @@ from tenants import services as tenants
 from tenants.models import Role, Tenant
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, wire_policy
-from tests.conftest import ALL_SCOPES, Person, make_person, server_stream
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
+from tests.support.chains import server_stream
+from tests.support.factories import ALL_SCOPES, Person, make_person
 
 pytestmark = pytest.mark.django_db
 

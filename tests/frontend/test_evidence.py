@@ -8,8 +8,8 @@ from django.test import Client
 from django.urls import reverse
 
 from tenants.scoping import tenant_context
-from tests.conftest import Person
-from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.factories import Person
+from tests.support.sagadata import Writer, saga_forward, saga_rollback
 from transparency import services as transparency
 from transparency.models import Export, ExportStatus
 

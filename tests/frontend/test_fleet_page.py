@@ -17,7 +17,8 @@ from fleet.models import BudgetLimit, GateDecision, Halt, RateLimit
 from fleet.stores import DatabaseStore
 from tenants.models import Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, make_person, server_stream
+from tests.support.chains import server_stream
+from tests.support.factories import Person, make_person
 
 FORM_ROUTES = ["fleet-budget-create", "fleet-rate-limit-create", "fleet-halt-create"]
 

@@ -11,7 +11,7 @@ from django.test import Client
 
 from frontend import invitations
 from frontend.log_redaction import RedactInvitationTokens, token_reference
-from tests.conftest import Person
+from tests.support.factories import Person
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from tenants import services
 from tenants.models import Role
-from tests.conftest import Person
+from tests.support.factories import Person
 
 
 def browser(person: Person) -> Client:
@@ -63,7 +63,7 @@ def test_someone_with_no_tenant_gets_404(db: None) -> None:
 
 
 def test_sign_in_with_email_and_password(alice: Person) -> None:
-    from tests.conftest import PASSWORD
+    from tests.support.factories import PASSWORD
 
     client = Client()
     response = client.post(reverse("login"), {"username": alice.user.username, "password": PASSWORD})

@@ -11,10 +11,9 @@ import pytest
 from django.test import Client
 
 from recovery import services
-from tests.conftest import Person
-from tests.recovery.sagas import crashed
-from tests.recovery.test_takeover import expire
-from tests.transparency.conftest import Writer
+from tests.recovery.sagas import crashed, expire
+from tests.support.chains import Writer
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
 

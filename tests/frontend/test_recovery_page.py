@@ -11,9 +11,9 @@ from django.test import Client
 from recovery.models import Job, JobState, Run
 from tenants.models import Role
 from tenants.scoping import tenant_context
-from tests.conftest import Person, make_person, server_stream
 from tests.recovery.sagas import crashed, sweep_later
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person, make_person
 
 pytestmark = pytest.mark.django_db
 

@@ -26,9 +26,9 @@ from sagas.models import Saga, Step
 from sagas.services import agent_label
 from tenants import services as tenant_services
 from tenants.scoping import tenant_context
-from tests.conftest import PASSWORD, Person, make_person
-from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
-from tests.hostile.test_inputs import HOSTILE_CURSORS
+from tests.support.factories import PASSWORD, Person, make_person
+from tests.support.inputs import HOSTILE_CURSORS
+from tests.support.sagadata import Writer, saga_forward, saga_rollback
 
 
 def read_wal(path: Path) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.conftest import Person
-from tests.frontend.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.factories import Person
+from tests.support.sagadata import Writer, saga_forward, saga_rollback
 
 
 def browser(person: Person) -> Client:

@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from django.db.models import F
 from django.test import AsyncClient, Client
 
-from tests.conftest import PASSWORD, Person
+from tests.support.factories import PASSWORD, Person
 
 pytestmark = pytest.mark.django_db
 

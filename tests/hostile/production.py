@@ -33,6 +33,9 @@ from cryptography.fernet import Fernet
 from sagaplane.chain import GENESIS, stamp
 
 from tests.conftest import unavailable
+from tests.support.probes import healthy, redis_answers
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -45,14 +48,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _pause(process: subprocess.Popen[Any]) -> None:
-    """Between readiness polls: block on the process for a moment (returns early if it exits)."""
-    try:
-        process.wait(timeout=0.2)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # ------------------------------------------------------------------------------------ Redis
@@ -74,7 +69,6 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     binary = shutil.which("redis-server")
     if binary is None:
         unavailable("redis-server is not installed")
-    import redis
 
     port = free_port()
     folder = tmp_path / f"redis-{port}"
@@ -87,15 +81,12 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + STARTUP_DEADLINE
-        while True:
-            try:
-                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-                break
-            except redis.RedisError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server on port {port} did not start")
-                _pause(process)
+        wait_until(
+            lambda: redis_answers(url),
+            f"redis-server on port {port} to start",
+            deadline=STARTUP_DEADLINE,
+            alive=process,
+        )
         yield OwnRedis(url, process)
     finally:
         if process.poll() is None:
@@ -264,27 +255,16 @@ def control_plane(
         )
     server = ControlPlane(f"http://127.0.0.1:{port}", api_key, process, log)
     try:
-        deadline = time.monotonic() + STARTUP_DEADLINE
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"gunicorn exited with {process.returncode}:\n{server.log_tail()}")
-            try:
-                if httpx.get(f"{server.url}/healthz", headers=PROXY_HEADERS, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"/healthz did not answer within {STARTUP_DEADLINE}s:\n{server.log_tail()}")
-            _pause(process)
+        wait_until(
+            lambda: healthy(server.url, PROXY_HEADERS),
+            "gunicorn to answer /healthz",
+            deadline=STARTUP_DEADLINE,
+            alive=process,
+            context=server.log_tail,
+        )
         yield server
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+        stop_group(process, first=signal.SIGTERM)
 
 
 def _cookies(response: httpx.Response) -> dict[str, str]:

@@ -34,7 +34,7 @@ from sagaplane.chain import (
 
 from audit import services
 from tenants.models import Tenant
-from tests.audit.chains import T0, chain, restamp
+from tests.support.chains import T0, chain, restamp
 
 VENV_BIN = Path(sys.executable).parent
 Records = list[dict[str, Any]]

@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -42,6 +41,7 @@ from tests.hostile.production import (
     pg_execute,
     production_env,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -56,17 +56,6 @@ def cluster(env: dict[str, str], *args: str, timeout: float = 300) -> str:
     )
     assert result.returncode == 0, f"cluster.sh {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
-
-
-def wait_for(what: str, condition: Any, deadline: float = DEADLINE) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def answers(url: str) -> int | None:
@@ -130,12 +119,16 @@ def drains_on_sigterm(
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    wait_for("the slow request in web-1's hands", lambda: in_flight(sock, int(port), netns), 30)
+    wait_until(
+        lambda: in_flight(sock, int(port), netns), "the slow request in web-1's hands", deadline=30, every=0.2
+    )
     stopping = threading.Thread(target=cluster, args=(env, "stop", "web-1"))
     terminated_at = time.monotonic()
     stopping.start()
     # web-1 stops taking connections at once ...
-    wait_for("web-1 to close its listener", lambda: answers(f"{replica}/readyz") is None, 30)
+    wait_until(
+        lambda: answers(f"{replica}/readyz") is None, "web-1 to close its listener", deadline=30, every=0.2
+    )
     seen = len(access_log.read_text().splitlines())
     # ... and the balancer answers from web-2 while web-1 finishes the slow request.
     for _ in range(5):
@@ -147,7 +140,9 @@ def drains_on_sigterm(
 
     # nginx logs a request once it is finalised, which may be just after its client has the
     # answer: wait (bounded) for the five lines rather than read the log at once.
-    wait_for("the balancer to log the five requests", lambda: len(during_log()) >= 5, 30)
+    wait_until(
+        lambda: len(during_log()) >= 5, "the balancer to log the five requests", deadline=30, every=0.2
+    )
     during = during_log()
     upstreams = [re.search(r'upstream="([^"]*)"', line) for line in during]
     # (a retried request lists both: "web-1's address, web-2's address")
@@ -165,7 +160,7 @@ def drains_on_sigterm(
     assert answers(f"{replica}/readyz") is None
     assert drained_in_log(Path(env["CLUSTER_DIR"]) / "logs" / "web-1.log")
     cluster(env, "start", "web-1")
-    wait_for("web-1 ready again", lambda: answers(f"{replica}/readyz") == 200)
+    wait_until(lambda: answers(f"{replica}/readyz") == 200, "web-1 ready again", deadline=DEADLINE, every=0.2)
 
 
 def nginx_errors(env: dict[str, str]) -> list[str]:
@@ -285,42 +280,69 @@ def test_faults_under_load_lose_and_duplicate_nothing(tmp_path: Path) -> None:
             agents = [Agent(tmp_path, n, url, api_key) for n in range(SHIPPERS)]
             for agent in agents:
                 agent.start()
-            wait_for("records acknowledged", lambda: all(a.shipper.cursor.shipped > 50 for a in agents))
+            wait_until(
+                lambda: all(a.shipper.cursor.shipped > 50 for a in agents),
+                "records acknowledged",
+                deadline=DEADLINE,
+                every=0.2,
+            )
 
             # (a) a web replica dies (SIGKILL to its whole process group), then comes back.
             cluster(env, "kill", "web-1")
             assert answers(f"http://127.0.0.1:{base}/readyz") is None  # the dead replica answers nothing
             marks = [a.shipper.cursor.shipped for a in agents]
-            wait_for(
-                "shipping on through the other replica",
+            wait_until(
                 lambda: all(a.shipper.cursor.shipped > m + 20 for a, m in zip(agents, marks, strict=True)),
+                "shipping on through the other replica",
+                deadline=DEADLINE,
+                every=0.2,
             )
             cluster(env, "start", "web-1")
-            wait_for("web-1 ready again", lambda: answers(f"http://127.0.0.1:{base}/readyz") == 200)
+            wait_until(
+                lambda: answers(f"http://127.0.0.1:{base}/readyz") == 200,
+                "web-1 ready again",
+                deadline=DEADLINE,
+                every=0.2,
+            )
 
             # (b) a Celery worker dies while integrations run (beat asks every second), then returns.
             before = checkpoints[-1][0] if checkpoints else 0
             cluster(env, "kill", "worker-1")
-            wait_for(
-                "checkpoints signed by the other worker", lambda: checkpoints and checkpoints[-1][0] > before
+            wait_until(
+                lambda: checkpoints and checkpoints[-1][0] > before,
+                "checkpoints signed by the other worker",
+                deadline=DEADLINE,
+                every=0.2,
             )
             cluster(env, "start", "worker-1")
 
             # (c) beat restarts: exactly one runs, before and after; its recovery sweeper thread
             # (the sweep is no queued message) runs passes in the new beat process.
             cluster(env, "restart", "beat")
-            wait_for("the restarted beat's recovery sweep", lambda: sweep_lag(url) is not None)
+            wait_until(
+                lambda: sweep_lag(url) is not None,
+                "the restarted beat's recovery sweep",
+                deadline=DEADLINE,
+                every=0.2,
+            )
 
             # (d) a graceful restart of web-2 under load (SIGTERM: it drains in-flight requests):
             # no client of the balancer sees an error while it goes and comes back.
             access_log = tmp_path / "cluster" / "logs" / "nginx-access.log"
             seen = len(access_log.read_text().splitlines())
             cluster(env, "restart", "web-2")
-            wait_for("web-2 ready again", lambda: answers(f"http://127.0.0.1:{base + 1}/readyz") == 200)
+            wait_until(
+                lambda: answers(f"http://127.0.0.1:{base + 1}/readyz") == 200,
+                "web-2 ready again",
+                deadline=DEADLINE,
+                every=0.2,
+            )
             marks = [a.shipper.cursor.shipped for a in agents]
-            wait_for(
-                "load after the faults",
+            wait_until(
                 lambda: all(a.shipper.cursor.shipped > m + 20 for a, m in zip(agents, marks, strict=True)),
+                "load after the faults",
+                deadline=DEADLINE,
+                every=0.2,
             )
             during = access_log.read_text().splitlines()[seen:]
             statuses = [line.split('"')[2].split()[0] for line in during if line.count('"') >= 2]
@@ -340,16 +362,20 @@ def test_faults_under_load_lose_and_duplicate_nothing(tmp_path: Path) -> None:
                 assert agent.shipper.failure is None
 
             # Everything integrated under one last checkpoint.
-            wait_for(
-                "the final checkpoint",
+            wait_until(
                 lambda: (
                     (cp := checkpoint(url, api_key))
                     and cp[0] == int(pg_execute(db.owner_url, "SELECT size FROM audit_tenantlog")[0][0])
                 ),
+                "the final checkpoint",
+                deadline=DEADLINE,
+                every=0.2,
             )
             watching.set()
             watcher.join(timeout=30)
-            final = wait_for("the final checkpoint again", lambda: checkpoint(url, api_key))
+            final = wait_until(
+                lambda: checkpoint(url, api_key), "the final checkpoint again", deadline=DEADLINE, every=0.2
+            )
 
             # Every checkpoint seen during the run is a prefix of the final tree.
             assert len(checkpoints) >= 3
@@ -534,10 +560,11 @@ def test_replicas_in_their_own_network_namespaces(tmp_path: Path) -> None:
         finally:
             cluster(env, "down", timeout=180)
         assert leftovers(port, net) == []
-        gone = wait_for(
-            "every process of the cluster to exit",
+        gone = wait_until(
             lambda: all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in running),
-            30,
+            "every process of the cluster to exit",
+            deadline=30,
+            every=0.2,
         )
         assert gone
 

@@ -15,7 +15,7 @@ from audit.services import IngestRefused
 from controlplane.errors import DomainError, api_exception_handler, flatten_errors
 from sagas import api as sagas_api
 from tenants.services import TenantError
-from tests.conftest import Person
+from tests.support.factories import Person
 from transparency.bundles import BundleUnavailable
 from transparency.proofs import ProofRequestError
 from transparency.services import IntegrationRefused

@@ -28,9 +28,9 @@ from audit.services import stored_record
 from sagas.services import mask_credentials
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.audit.chains import T0, snapshot
-from tests.conftest import Person
-from tests.transparency.conftest import settle
+from tests.support.chains import T0, snapshot
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import bundles
 
 URL = "/api/v1/streams/{}/records"

@@ -10,8 +10,7 @@ each is now a 4xx in the error shape (a 400 page on the dashboard), and changes 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -26,7 +25,9 @@ from frontend import invitations
 from tenants import services
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import PASSWORD, Person
+from tests.support.factories import PASSWORD, Person
+from tests.support.inputs import HOSTILE_CURSORS, _b64
+from tests.support.waiting import wait_until
 
 API_NUL = [
     "/api/v1/sagas/a%00b",
@@ -172,15 +173,6 @@ PARALLEL = 6
 DEADLINE_S = 60.0
 
 
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Wait until `condition()` holds (re-checked every few ms); only a hung test is cut short."""
-    give_up = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.005)
-
-
 def _waiting_on_a_lock(pids: list[int]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -272,9 +264,11 @@ def test_six_parallel_accepts_of_one_invitation_one_joins_five_are_410(
         with tenant_context(tenant):
             InvitationUse.objects.create(nonce=nonce, email=email)
             start.wait(DEADLINE_S)
-            _wait_for(
+            wait_until(
                 lambda: _waiting_on_a_lock(pids) == PARALLEL or len(outcomes) == PARALLEL,
                 "all six accepts wait on the nonce",
+                deadline=DEADLINE_S,
+                every=0.005,
             )
             # ... which then fails: its transaction rolls back, the nonce is free again.
             raise _FirstAcceptFails
@@ -318,30 +312,6 @@ def test_a_non_ascii_digit_content_length_is_a_400(alice: Person) -> None:
 
 
 # ---------------------------------------------------------------------- the saga list's cursor
-
-
-def _b64(text: str | bytes) -> str:
-    import base64
-
-    raw = text.encode() if isinstance(text, str) else text
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-HOSTILE_CURSORS = [
-    _b64("0001-01-01T00:00:00+14:00|5"),  # UTC before year 1: no datetime holds it
-    _b64("9999-12-31T23:59:59-14:00|5"),  # UTC after year 9999
-    _b64("2026-01-01T00:00:00+00:00|0"),
-    _b64("2026-01-01T00:00:00+00:00|-1"),
-    _b64(f"2026-01-01T00:00:00+00:00|{2**63}"),
-    _b64("2026-01-01T00:00:00+00:00|" + "9" * 5000),  # past int()'s digit limit
-    _b64("2026-01-01T00:00:00+00:00|\u0663"),  # a non-ASCII digit
-    _b64("2026-01-01T00:00:00+00:00|1\x00"),
-    _b64("no separator"),
-    _b64("|"),
-    "Zm9v\u00e9YmFy",  # non-ASCII in the cursor itself
-    "%00",
-    "A" * 100_000,  # huge
-]
 
 
 @pytest.mark.parametrize("cursor", HOSTILE_CURSORS)

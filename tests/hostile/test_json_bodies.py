@@ -11,7 +11,7 @@ from fleet.models import GateDecision, Halt
 from tenants import services as tenant_services
 from tenants.models import ApiKey
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 BODIES = {
     "lone surrogate in a value": b'{"scope": "tool:\\ud800", "reason": "r", "name": "n", "saga_id": "s"}',

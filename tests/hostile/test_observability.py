@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +42,8 @@ from tests.hostile.production import (
     pg_execute,
     production_env,
 )
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -142,13 +143,7 @@ def celery_worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[A
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)  # warm shutdown: the exporter flushes at exit
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+        stop_group(process, first=signal.SIGTERM)  # warm shutdown: the exporter flushes at exit
 
 
 AGENT = """
@@ -186,17 +181,6 @@ def checkpoint_size(client: httpx.Client) -> int:
     return int(answer.text.splitlines()[1]) if answer.status_code == 200 else 0
 
 
-def wait_for(what: str, condition: Any, deadline: float = DEADLINE, context: Any = None) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}" + (f": {context()}" if context else ""))
-        time.sleep(0.1)
-
-
 def test_one_trace_metrics_across_workers_json_logs_and_no_secret_logged(tmp_path: Path) -> None:
     collector = Collector()
     metrics_token = "metrics-" + uuid.uuid4().hex
@@ -231,7 +215,12 @@ def test_one_trace_metrics_across_workers_json_logs_and_no_secret_logged(tmp_pat
                     # The set-up's own records (tenant and key creation) are integrated first, by
                     # the task their commands queued; integration requests coalesce per tenant, so
                     # the agent's batch then queues a task of its own.
-                    wait_for("the set-up's records under a checkpoint", lambda: lag() == 0)
+                    wait_until(
+                        lambda: lag() == 0,
+                        "the set-up's records under a checkpoint",
+                        deadline=DEADLINE,
+                        every=0.1,
+                    )
                     agent = subprocess.run(
                         [
                             sys.executable,
@@ -253,7 +242,9 @@ def test_one_trace_metrics_across_workers_json_logs_and_no_secret_logged(tmp_pat
                     trace_id = shipped["traceparent"].split("-")[1]
                     # The worker signs a checkpoint covering the batch (no beat runs here: only
                     # the task the ingest request queued can integrate it).
-                    wait_for("the batch under a checkpoint", lambda: lag() == 0)
+                    wait_until(
+                        lambda: lag() == 0, "the batch under a checkpoint", deadline=DEADLINE, every=0.1
+                    )
                     with server.client(timeout=10) as client:
                         assert checkpoint_size(client) >= 2
 
@@ -263,9 +254,11 @@ def test_one_trace_metrics_across_workers_json_logs_and_no_secret_logged(tmp_pat
                         names = {s["name"] for s in spans}
                         return spans if "run/transparency.integrate_tenant" in names else None
 
-                    spans = wait_for(
-                        "the integration task's span in the agent's trace",
+                    spans = wait_until(
                         whole_trace,
+                        "the integration task's span in the agent's trace",
+                        deadline=DEADLINE,
+                        every=0.1,
                         context=lambda: [(s["service"], s["name"], s["trace_id"]) for s in collector.spans],
                     )
                     by_name = {s["name"]: s for s in spans}

@@ -32,6 +32,7 @@ from tests.hostile.production import (
     production_env,
     sign_in,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -89,11 +90,11 @@ class Load:
             return len({s.what.split()[0] for s in self.sent if s.status == 200})
 
     def wait_for(self, condition: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + DEADLINE_S
-        while not condition():
+        def holds() -> bool:
             assert not self.errors, self.errors
-            assert time.monotonic() < deadline, f"{what} within {DEADLINE_S}s: {self.sent[-5:]}"
-            self.stop.wait(0.05)
+            return condition()
+
+        wait_until(holds, what, deadline=DEADLINE_S, context=lambda: self.sent[-5:])
 
     def across(self, change: Callable[[], None], served_after: Callable[[Sent], bool]) -> list[Sent]:
         """Run the load, make `change` once every client was served, and return what every client

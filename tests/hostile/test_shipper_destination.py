@@ -20,7 +20,7 @@ from sagaplane.shipper import Shipper, ShipperState
 
 from tenants import services as tenant_services
 from tenants.models import Role
-from tests.conftest import Person, make_person
+from tests.support.factories import Person, make_person
 
 REPO = Path(__file__).resolve().parents[2]
 

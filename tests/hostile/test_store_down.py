@@ -34,6 +34,8 @@ from tests.hostile.production import (
     production_env,
 )
 from tests.recovery.live import Cluster, _roles, private_cluster
+from tests.support.probes import redis_answers
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -167,31 +169,19 @@ def stop_postgres(cluster: Cluster) -> None:
     checkpoint), waited for on the PID."""
     pid = _postmaster_pid(cluster)
     os.kill(pid, signal.SIGQUIT)
-    deadline = time.monotonic() + 60
-    while not _gone(pid):
-        assert time.monotonic() < deadline, "the private Postgres did not stop"
-        time.sleep(0.05)  # polling the PID; the condition decides
+    wait_until(lambda: _gone(pid), "the private Postgres to stop")
 
 
 def restart_redis(old: OwnRedis) -> OwnRedis:
     """A new, empty redis-server on the killed one's port and command line (a crash, a restart)."""
-    import redis
-
     process = subprocess.Popen(
         [str(arg) for arg in old.process.args],  # type: ignore[union-attr]
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     fresh = OwnRedis(old.url, process)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            redis.Redis.from_url(old.url, socket_connect_timeout=1).ping()
-            return fresh
-        except redis.RedisError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server did not start again on {old.url}")
-            time.sleep(0.05)  # polling for its answer; the condition decides
+    wait_until(lambda: redis_answers(old.url), f"redis-server to start again on {old.url}", alive=process)
+    return fresh
 
 
 def test_postgres_down_every_gate_call_is_refused_fast_and_the_first_after_is_fast(stack: Stack) -> None:

@@ -25,9 +25,9 @@ from audit import services as audit_services
 from audit.models import Record, RecordPayload, Redaction, TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, snapshot
-from tests.conftest import Person
-from tests.transparency.conftest import settle
+from tests.support.chains import chain, snapshot
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import bundles
 
 URL = "/api/v1/streams/{}/records"

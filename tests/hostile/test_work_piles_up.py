@@ -21,7 +21,8 @@ import pytest
 from audit.models import Record
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer
+from tests.support.processes import stop_group
 from transparency import tasks as transparency_tasks
 from transparency.models import Checkpoint, TreeState
 from transparency.tasks import integrate_tenant, seal_tenant
@@ -211,9 +212,7 @@ def test_a_worker_told_to_stop_mid_integration_exits_promptly_and_leaves_it_resu
             pytest.fail(f"warm shutdown did not finish:\n{log.read_text()[-3000:]}")
     finally:
         os.close(read_fd)
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(timeout=30)
+        stop_group(worker)
         _purge(queue)
 
     assert code == 0, log.read_text()[-3000:]

@@ -10,8 +10,9 @@ from django.test import Client
 
 from passkeys import services
 from passkeys.models import Passkey
-from tests.conftest import Person, server_stream
 from tests.passkeys.authenticator import SoftAuthenticator
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,9 @@ from passkeys.services import PasskeyRefused
 from tenants import services as tenants
 from tenants.models import Role, Tenant
 from tenants.selectors import memberships_of
-from tests.conftest import Person, server_stream
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url, unb64url
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
 

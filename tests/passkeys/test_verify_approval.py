@@ -18,8 +18,8 @@ from sagaplane.chain import stamp
 from sagaplane.disclosure import FORMAT, VerificationError
 
 from passkeys import services
-from tests.conftest import Person
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url, unb64url
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tenants.models import Tenant
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer
 
 
 def compensated_saga(

@@ -15,9 +15,9 @@ from reconciliation import services
 from reconciliation.models import ReconciliationCheck
 from tenants.models import Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, make_person, server_stream
 from tests.reconciliation.conftest import compensated_saga
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person, make_person
 
 pytestmark = pytest.mark.usefixtures("no_delay")
 ANSWERS = "/api/v1/reconciliation/answers"

@@ -12,9 +12,10 @@ from sagaplane.certificate import CertificateError, verify_certificate
 from reconciliation import services
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.reconciliation.conftest import compensated_saga
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import services as transparency
 
 pytestmark = pytest.mark.usefixtures("no_delay")

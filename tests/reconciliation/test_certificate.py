@@ -17,7 +17,8 @@ from recovery import services as recovery
 from recovery.models import JobState
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.transparency import settle
 from transparency import services as transparency
 
 pytestmark = pytest.mark.usefixtures("no_delay")

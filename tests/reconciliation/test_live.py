@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ import httpx
 import pytest
 
 from tests.hostile.production import as_owner, free_port, manage, own_database, own_redis
+from tests.support.probes import healthy
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -252,29 +253,15 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         ]
         server = Live(f"http://127.0.0.1:{port}", keys, folder, env, logs)
         try:
-            _until(lambda: _healthy(server.url), "the control plane to answer /healthz", server)
+            wait_until(
+                lambda: healthy(server.url),
+                "the control plane to answer /healthz",
+                deadline=DEADLINE,
+                context=server.tails,
+            )
             yield server
         finally:
             _stop(processes)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _until(condition: Any, what: str, server: Live, deadline: float = DEADLINE) -> Any:
-    """Poll `condition` until it returns something truthy, or fail naming `what`."""
-    end = time.monotonic() + deadline
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}\n{server.tails()}")
-        time.sleep(0.2)  # a poll interval, not synchronisation: the condition decides
 
 
 def _signed(server: Live, tenant: str) -> bool:
@@ -295,7 +282,12 @@ def test_reconciliation_end_to_end(live: Live) -> None:
         done = live.sagaplane("acme", "reconcile", "--since", "1h", "--wait", "60")
         assert done.returncode == 0, done.stdout + done.stderr + live.tails()
         assert "CONFIRMED: 1 compensated effect(s)" in done.stdout
-        _until(lambda: _signed(live, "acme"), "acme's first signed checkpoint", live)
+        wait_until(
+            lambda: _signed(live, "acme"),
+            "acme's first signed checkpoint",
+            deadline=DEADLINE,
+            context=live.tails,
+        )
         clean = live.sagaplane("acme", "certify", "--since", "1h")
         assert clean.returncode == 0, clean.stdout + clean.stderr
         assert clean.stdout.startswith("CLEAN:")

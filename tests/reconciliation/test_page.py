@@ -9,9 +9,9 @@ from django.test import Client
 from reconciliation import services
 from reconciliation.models import CheckStatus
 from tenants.models import Tenant
-from tests.conftest import Person, server_stream
 from tests.reconciliation.conftest import compensated_saga
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.usefixtures("no_delay")
 

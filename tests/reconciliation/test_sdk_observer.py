@@ -13,9 +13,9 @@ from reconciliation import services
 from reconciliation.models import ReconciliationCheck
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
 from tests.reconciliation.conftest import compensated_saga
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer
+from tests.support.factories import Person
 
 
 def test_what_an_observer_returns_is_the_verdict(

@@ -24,9 +24,8 @@ from reconciliation.tasks import deliver_check
 from recovery import services as recovery
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import server_stream
 from tests.reconciliation.conftest import compensated_saga
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
 
 pytestmark = pytest.mark.usefixtures("no_delay")
 

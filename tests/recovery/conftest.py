@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import Tenant
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer
 
 
 @pytest.fixture

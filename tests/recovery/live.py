@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +36,8 @@ from tests.hostile.production import (
     production_env,
 )
 from tests.support.load import cpu_hogs
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
 
 DEADLINE = 60.0
 AGENT = Path(__file__).with_name("agent.py")
@@ -247,14 +247,7 @@ class Deployment:
 
     def until(self, condition: Callable[[], Any], what: str, deadline: float = DEADLINE) -> Any:
         """Poll `condition` until it returns something truthy, or fail naming `what`."""
-        end = time.monotonic() + deadline
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > end:
-                pytest.fail(f"timed out waiting for {what}\n{self.tails()}")
-            time.sleep(0.1)  # a poll interval; the condition decides
+        return wait_until(condition, what, deadline=deadline, every=0.1, context=self.tails)
 
     def sweep_times(self, n: int) -> None:
         """Run the beat's sweep task `n` more times, in a process of its own."""
@@ -286,15 +279,6 @@ class Deployment:
         for row in self.ledger_rows("attempts"):
             out[row["charge_id"]] = out.get(row["charge_id"], 0) + 1
         return out
-
-
-def stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=30)
 
 
 # The deployment shapes a saturation test runs in, as fixture params: production's (private
@@ -332,7 +316,7 @@ def saturated_deployment(shape: str, tmp_path: Path) -> Iterator[Deployment]:
             yield live
         finally:
             for process in load:
-                stop(process)
+                stop_group(process)
 
 
 def _with_celery(live: Deployment, name: str) -> Iterator[Deployment]:
@@ -354,7 +338,7 @@ def _with_celery(live: Deployment, name: str) -> Iterator[Deployment]:
         yield live
     finally:
         for process in reversed(live.processes):
-            stop(process)
+            stop_group(process)
 
 
 def _recovery_key(env: dict[str, str]) -> str:
@@ -436,3 +420,13 @@ def embedded_deployment(tmp_path: Path) -> Iterator[Deployment]:
 
     live.until(serving, "runserver to answer")
     yield from _with_celery(live, f"embedded-{port}")
+
+
+def records(live: Deployment, saga_id: str, event: str) -> list[dict[str, Any]]:
+    saga = live.saga(saga_id) or {"records": []}
+    return [r["record"] for r in saga["records"] if r["stream"] == "server" and r["record"]["event"] == event]
+
+
+def committed(live: Deployment, saga_id: str, steps: int) -> bool:
+    saga = live.saga(saga_id)
+    return saga is not None and [s["status"] for s in saga["steps"]] == ["committed"] * steps

@@ -8,8 +8,11 @@ from typing import Any
 from django.utils import timezone
 
 from recovery import services
+from recovery.models import Job, Lease
+from sagas.models import Saga
 from tenants.models import Tenant
-from tests.transparency.conftest import Writer
+from tenants.scoping import tenant_context
+from tests.support.chains import Writer
 
 HANDLER = "shop.refund"
 
@@ -62,3 +65,25 @@ def crashed(
 def sweep_later(tenant: Tenant, seconds: float = 5.0) -> dict[str, int]:
     """A sweep as the beat would run it `seconds` from now (every lease in these tests is shorter)."""
     return services.sweep(tenant, now=timezone.now() + timedelta(seconds=seconds))
+
+
+def expire(tenant: Tenant, saga_id: str, ago: float = 60.0) -> None:
+    """The agent's lease ran out `ago` seconds ago (as if that much time had passed)."""
+    when = timezone.now() - timedelta(seconds=ago)
+    with tenant_context(tenant):
+        Lease.objects.filter(saga_id=saga_id).update(expires_at=when)
+        Saga.objects.filter(saga_id=saga_id).update(lease_expires_at=when)
+
+
+def escalated_job(tenant: Tenant) -> Any:
+    """An escalated recovery job of acme's: a crashed saga whose only step has no handler."""
+    writer = Writer(tenant, "agent-acme-crashed")
+    step = {"saga_id": "acme-crashed", "step_id": "s1", "tool": "shop.charge", "semantics": "COMPENSABLE"}
+    writer.ship(
+        ("SAGA_START", {"saga_id": "acme-crashed", "lease_ttl": 0.001}),
+        ("STEP_INTENT", step),
+        ("STEP_COMMITTED", {**step, "compensation": None}),
+    )
+    services.sweep(tenant, now=timezone.now() + timedelta(seconds=1))
+    with tenant_context(tenant):
+        return Job.objects.get(saga_id="acme-crashed")

@@ -20,9 +20,9 @@ from recovery import services
 from recovery.models import Job, JobState, Run, RunState
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
 
 CLAIM = "/api/v1/recovery/claim"
 NOBODY = "00000000-0000-0000-0000-000000000000"
@@ -159,7 +159,7 @@ def test_results_for_unknown_or_foreign_jobs_record_nothing(
     alice: Person, writer_a: Writer, tenant_b: Tenant
 ) -> None:
     from tenants.models import Role
-    from tests.conftest import make_person
+    from tests.support.factories import make_person
 
     crashed(writer_a, "e1", steps=1)
     sweep_later(alice.tenant)

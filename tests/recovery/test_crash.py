@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from recovery.webhook import signed_headers
-from tests.recovery.live import Deployment, deployment, stop
+from tests.recovery.live import Deployment, committed, deployment, records
+from tests.support.processes import stop_group
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -33,16 +34,6 @@ LEASE_TTL = 2.0  # the agents' saga lease
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     with deployment(tmp_path_factory.mktemp("recovery-live")) as running:
         yield running
-
-
-def records(live: Deployment, saga_id: str, event: str) -> list[dict[str, Any]]:
-    saga = live.saga(saga_id) or {"records": []}
-    return [r["record"] for r in saga["records"] if r["stream"] == "server" and r["record"]["event"] == event]
-
-
-def committed(live: Deployment, saga_id: str, steps: int) -> bool:
-    saga = live.saga(saga_id)
-    return saga is not None and [s["status"] for s in saga["steps"]] == ["committed"] * steps
 
 
 def killed_after_charges(live: Deployment, saga_id: str, charges: int) -> float:
@@ -77,7 +68,7 @@ def test_an_agent_killed_after_a_charge_is_refunded_once(live: Deployment) -> No
         assert len(records(live, "once", "COMPENSATED")) == 1
         assert (live.saga("once") or {})["saga"]["status"] == "rolled_back"
     finally:
-        stop(worker)
+        stop_group(worker)
 
 
 def test_racing_workers_one_killed_one_resumed_refund_each_charge_once(live: Deployment) -> None:
@@ -126,7 +117,7 @@ def test_racing_workers_one_killed_one_resumed_refund_each_charge_once(live: Dep
     finally:
         for process in (doomed, frozen, fast):
             if process is not None:
-                stop(process)
+                stop_group(process)
 
 
 def test_an_agent_killed_mid_rollback_is_finished_newest_first(live: Deployment) -> None:
@@ -153,7 +144,7 @@ def test_an_agent_killed_mid_rollback_is_finished_newest_first(live: Deployment)
             "the saga to be rolled back",
         )
     finally:
-        stop(worker)
+        stop_group(worker)
 
 
 def records_any(live: Deployment, saga_id: str, event: str) -> list[dict[str, Any]]:
@@ -185,7 +176,7 @@ def test_postgres_restarted_during_recovery(live: Deployment) -> None:
             assert len(records(live, saga_id, "ROLLBACK_END")) == 1
         assert set(live.refunds().values()) == {1}
     finally:
-        stop(worker)
+        stop_group(worker)
 
 
 # ------------------------------------------------------------------------------------- webhook
@@ -371,4 +362,4 @@ def test_an_agent_saga_crash_log_shipped_from_elsewhere_is_recovered(
             lambda: (live.saga(saga_id) or {})["saga"]["status"] == "rolled_back", "the saga rolled back"
         )
     finally:
-        stop(worker)
+        stop_group(worker)

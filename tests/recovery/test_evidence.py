@@ -20,9 +20,9 @@ from recovery.models import Job, JobState
 from sagas.models import Saga, SagaStatus
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import at_once, server_stream
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.concurrency import at_once
 
 
 def evidence(tenant: Tenant, event: str, *, flush: bool = True) -> Counter[str]:

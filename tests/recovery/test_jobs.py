@@ -18,9 +18,9 @@ from recovery.models import Job, JobState, Lease, LeaseState, Run, RunState
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.recovery.live import SATURATED_SHAPES, Deployment, saturated_deployment, stop
-from tests.recovery.test_crash import committed, records
+from tests.recovery.live import SATURATED_SHAPES, Deployment, committed, records, saturated_deployment
+from tests.support.processes import stop_group
 
 LEASE_TTL = 3.0
 AGENTS = 3
@@ -73,4 +73,4 @@ def test_killed_agents_are_taken_over_while_the_workers_are_saturated(saturated:
         for saga_id in agents:
             assert {job["state"] for job in live.jobs(saga_id)} == {"compensated"}
     finally:
-        stop(worker)
+        stop_group(worker)

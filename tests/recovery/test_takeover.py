@@ -14,23 +14,14 @@ from recovery import services, sweeper
 from recovery.actions import takeover
 from recovery.models import Job, Lease, LeaseState, Run, SweepPass
 from recovery.tasks import sweep_all
-from sagas.models import Saga
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
-from tests.controlplane.test_metrics import scrape, value
-from tests.recovery.sagas import HANDLER, crashed
-from tests.transparency.conftest import Writer
+from tests.recovery.sagas import HANDLER, crashed, expire
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
+from tests.support.metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
-
-
-def expire(tenant: Tenant, saga_id: str, ago: float = 60.0) -> None:
-    """The agent's lease ran out `ago` seconds ago (as if that much time had passed)."""
-    when = timezone.now() - timedelta(seconds=ago)
-    with tenant_context(tenant):
-        Lease.objects.filter(saga_id=saga_id).update(expires_at=when)
-        Saga.objects.filter(saga_id=saga_id).update(lease_expires_at=when)
 
 
 def test_a_claim_takes_over_expired_leases_itself_without_a_sweep(tenant_a: Tenant, writer_a: Writer) -> None:

@@ -20,9 +20,9 @@ from recovery import services, webhook
 from recovery.models import Delivery, Job, JobState, Webhook
 from recovery.tasks import deliver_webhook
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.recovery.sagas import crashed, sweep_later
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
 
 PUBLIC = "93.184.216.34"
 

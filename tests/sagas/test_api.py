@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.utils import timezone
 
 from audit import services
-from tests.audit.chains import chain, saga_records
-from tests.conftest import Person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import Person
 
 
 def _seed(alice: Person) -> list[dict]:

@@ -14,7 +14,7 @@ from sagaplane.chain import GENESIS, stamp
 from audit import services as audit_services
 from sagas.models import Saga, SagaStatus
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 
 def _chain(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from sagas.models import Saga
 from tenants import services as tenant_services
 from tenants.models import Role
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
-from tests.conftest import PASSWORD, Person, make_person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import PASSWORD, Person, make_person
 
 TOOLS = ["mail.send", "payments.charge", "crm.update"]
 

@@ -12,29 +12,13 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from audit import services
-from controlplane.asgi import application
 from tenants import services as services_tenants
 from tenants.models import Role
-from tests.audit.chains import chain, saga_records
-from tests.conftest import PASSWORD, Person, make_person
+from tests.support.chains import chain, saga_records
+from tests.support.factories import PASSWORD, Person, make_person
+from tests.support.live_events import events_socket, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _cookie(person: Person) -> bytes:
-    client = Client()
-    client.force_login(person.user)
-    session = client.session
-    session["tenant_slug"] = person.tenant.slug
-    session.save()
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-def _communicator(cookie: bytes | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, "/ws/events", headers=headers)
 
 
 async def _drain_until(communicator: WebsocketCommunicator, last_stream: str) -> list[dict[str, Any]]:
@@ -56,11 +40,11 @@ def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
         "charlie", "Charlie Freight", "founder@charlie.example", PASSWORD, actor="test"
     )
     dave = make_person(tenant_c, "dave", Role.VIEWER)
-    cookies = {"acme": _cookie(alice), "bravo": _cookie(carol), "charlie": _cookie(dave)}
+    cookies = {"acme": session_cookie(alice), "bravo": session_cookie(carol), "charlie": session_cookie(dave)}
     tenants = {"acme": alice.tenant, "bravo": carol.tenant, "charlie": tenant_c}
 
     async def scenario() -> dict[str, list[dict[str, Any]]]:
-        sockets = {name: _communicator(cookie) for name, cookie in cookies.items()}
+        sockets = {name: events_socket(cookie) for name, cookie in cookies.items()}
         for socket in sockets.values():
             assert (await socket.connect())[0]
         ingest = database_sync_to_async(services.ingest)
@@ -105,7 +89,7 @@ def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
 
 def test_anonymous_socket_is_refused() -> None:
     async def scenario() -> Any:
-        communicator = _communicator(None)
+        communicator = events_socket(None)
         connected, code = await communicator.connect()
         return connected, code
 
@@ -146,10 +130,10 @@ def _remove(person: Person) -> None:
 
 
 def test_a_removed_member_is_closed_and_hears_nothing_more(alice: Person, bob: Person) -> None:
-    cookies = {"alice": _cookie(alice), "bob": _cookie(bob)}
+    cookies = {"alice": session_cookie(alice), "bob": session_cookie(bob)}
 
     async def scenario() -> dict[str, Any]:
-        sockets = {name: _communicator(cookie) for name, cookie in cookies.items()}
+        sockets = {name: events_socket(cookie) for name, cookie in cookies.items()}
         for socket in sockets.values():
             assert (await socket.connect())[0]
         outcome: dict[str, Any] = {"bob_before": await _ship_and_hear(sockets["bob"], bob.tenant, "before")}
@@ -175,10 +159,10 @@ def test_a_removed_member_is_closed_and_hears_nothing_more(alice: Person, bob: P
 
 def test_signing_out_closes_that_sessions_sockets_only(bob: Person) -> None:
     # Bob has the dashboard open in two browsers; he signs out of one.
-    signed_out, still_in = _cookie(bob), _cookie(bob)
+    signed_out, still_in = session_cookie(bob), session_cookie(bob)
 
     async def scenario() -> dict[str, Any]:
-        leaving, staying = _communicator(signed_out), _communicator(still_in)
+        leaving, staying = events_socket(signed_out), events_socket(still_in)
         for socket in (leaving, staying):
             assert (await socket.connect())[0]
         outcome: dict[str, Any] = {"logout": await database_sync_to_async(_sign_out)(signed_out)}
@@ -186,7 +170,7 @@ def test_signing_out_closes_that_sessions_sockets_only(bob: Person) -> None:
         outcome["staying"] = await _ship_and_hear(staying, bob.tenant, "after-sign-out")
         outcome["leaving_after"] = await leaving.receive_nothing(timeout=0.5)
         # The signed-out session cannot open a new socket either.
-        again = _communicator(signed_out)
+        again = events_socket(signed_out)
         outcome["reconnect"] = await again.connect()
         for socket in (leaving, staying, again):
             await socket.disconnect()
@@ -212,10 +196,10 @@ def test_a_lost_close_message_is_covered_by_the_recheck(
 
     monkeypatch.setattr(TenantEventsConsumer, "recheck_seconds", 0.0)
     monkeypatch.setattr(live, "_close_group", lambda group, reason: None)  # the message is lost
-    cookies = {"alice": _cookie(alice), "bob": _cookie(bob)}
+    cookies = {"alice": session_cookie(alice), "bob": session_cookie(bob)}
 
     async def scenario() -> dict[str, Any]:
-        sockets = {name: _communicator(cookie) for name, cookie in cookies.items()}
+        sockets = {name: events_socket(cookie) for name, cookie in cookies.items()}
         for socket in sockets.values():
             assert (await socket.connect())[0]
         await database_sync_to_async(_remove)(bob)
@@ -242,10 +226,10 @@ def test_a_lost_close_message_is_covered_by_the_recheck(
 def test_a_frame_that_is_not_json_closes_the_socket_cleanly(
     alice: Person, frame: dict[str, Any], code: int | None
 ) -> None:
-    cookie = _cookie(alice)
+    cookie = session_cookie(alice)
 
     async def scenario() -> tuple[int | None, list[str]]:
-        socket = _communicator(cookie)
+        socket = events_socket(cookie)
         assert (await socket.connect())[0]
         await socket.send_to(**frame)
         if code is not None:

@@ -13,7 +13,7 @@ from sagas.models import Saga, SagaStatus, Step, StepStatus
 from sagas.services import rebuild_tenant
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.audit.chains import chain, saga_records
+from tests.support.chains import chain, saga_records
 
 
 def _dump(tenant: Tenant) -> Any:

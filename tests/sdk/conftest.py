@@ -13,7 +13,7 @@ from fleet.stores import DatabaseStore
 from tenants import services as tenants
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, wire_policy
-from tests.conftest import ALL_SCOPES, Person, make_person
+from tests.support.factories import ALL_SCOPES, Person, make_person
 
 
 @pytest.fixture

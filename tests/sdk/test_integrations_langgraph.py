@@ -30,9 +30,9 @@ from approvals.models import ApprovalRequest, Status
 from fleet import services as fleet
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote
-from tests.conftest import Person
 from tests.sdk import lg_agent
 from tests.sdk.sagaplane_testkit import read_wal
+from tests.support.factories import Person
 
 ROOT = Path(__file__).resolve().parents[2]
 # Postgres: the live server's threads and the test's own queries run at once.

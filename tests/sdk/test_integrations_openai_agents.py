@@ -28,8 +28,8 @@ from fleet import services as fleet
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent as KeyHolder
 from tests.approvals.conftest import vote
-from tests.conftest import Person
 from tests.sdk.sagaplane_testkit import read_wal
+from tests.support.factories import Person
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 set_tracing_disabled(True)  # the SDK's own traces would go to OpenAI

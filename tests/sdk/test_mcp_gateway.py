@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,8 @@ from sagas.models import Saga, Step
 from tenants import services as tenants
 from tenants.models import Membership, Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import ALL_SCOPES, Person, make_person
+from tests.support.factories import ALL_SCOPES, Person, make_person
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -126,16 +126,6 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
     return await anyio.to_thread.run_sync(run)
 
 
-def until(condition: Callable[[], Any], what: str, deadline: float = DEADLINE) -> Any:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)  # polling a condition with a deadline
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def steps(tenant: Tenant, saga_id: str) -> list[tuple[str, str]]:
     with tenant_context(tenant):
         return [(s.tool, s.status) for s in Step.objects.filter(saga__saga_id=saga_id).order_by("ordinal")]
@@ -160,9 +150,19 @@ def test_a_call_through_the_gateway_is_a_step_the_control_plane_holds(shop: Shop
     saga_id = (charged.meta or {})["sagaplane/saga_id"]
     assert "tea-1" in resources.contents[0].text and prompt.messages[0].content.text == "hello from the shop"
     # The session ended cleanly: the saga completed; its step reached the control plane committed.
-    until(lambda: steps(tenant_a, saga_id) == [("charge_card", "committed")], "the step to be shipped")
+    wait_until(
+        lambda: steps(tenant_a, saga_id) == [("charge_card", "committed")],
+        "the step to be shipped",
+        deadline=DEADLINE,
+        every=0.1,
+    )
     with tenant_context(tenant_a):
-        until(lambda: Saga.objects.get(saga_id=saga_id).status == "completed", "the saga to complete")
+        wait_until(
+            lambda: Saga.objects.get(saga_id=saga_id).status == "completed",
+            "the saga to complete",
+            deadline=DEADLINE,
+            every=0.1,
+        )
         saga = Saga.objects.get(saga_id=saga_id)
         assert saga.agent == "mcp-gateway-shop"
         step = Step.objects.get(saga=saga)
@@ -222,7 +222,7 @@ def pending(tenant: Tenant) -> Any:
         with tenant_context(tenant):
             return ApprovalRequest.objects.filter(status=Status.PENDING).first()
 
-    return until(row, "the approval request")
+    return wait_until(row, "the approval request", deadline=DEADLINE, every=0.1)
 
 
 def vote(person: Person, row: Any, choice: str) -> None:
@@ -302,7 +302,12 @@ def test_a_gateway_killed_mid_session_is_compensated_by_a_recovery_worker(
         charged = await client.call_tool("charge_card", {"customer": "ann", "amount": 7})
         saga_id = (charged.meta or {})["sagaplane/saga_id"]
         await in_thread(
-            lambda: until(lambda: steps(tenant_a, saga_id) == [("charge_card", "committed")], "the commit")
+            lambda: wait_until(
+                lambda: steps(tenant_a, saga_id) == [("charge_card", "committed")],
+                "the commit",
+                deadline=DEADLINE,
+                every=0.1,
+            )
         )
         os.kill(gateway_pid(shop), signal.SIGKILL)  # mid-session: no terminal record
         return charged
@@ -315,7 +320,9 @@ def test_a_gateway_killed_mid_session_is_compensated_by_a_recovery_worker(
         with tenant_context(tenant_a):
             return Job.objects.filter(saga_id=saga_id).exists()
 
-    until(taken_over, "the lease to run out and the sweep to take the saga over")
+    wait_until(
+        taken_over, "the lease to run out and the sweep to take the saga over", deadline=DEADLINE, every=0.1
+    )
     worker = subprocess.Popen(
         [str(BIN / "sagaplane"), "worker", "--policy", str(POLICY), "--max-jobs", "1", "--wait", "5"]
         + ["--", sys.executable, str(SHOP)],

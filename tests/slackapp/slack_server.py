@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from tests.support.waiting import wait_until
+
 
 def _opened(event: threading.Event) -> threading.Event:
     event.set()
@@ -85,13 +87,18 @@ class FakeSlack:
 
     def wait_for(self, method: str, count: int = 1, timeout: float = 20.0) -> list[Call]:
         """The calls of `method` once there are at least `count` (polled, with a deadline)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def enough() -> list[Call]:
             found = self.called(method)
-            if len(found) >= count:
-                return found
-            time.sleep(0.02)
-        raise AssertionError(f"{method} called {len(self.called(method))} times, expected {count}")
+            return found if len(found) >= count else []
+
+        return wait_until(
+            enough,
+            f"{count} calls of {method}",
+            deadline=timeout,
+            every=0.02,
+            context=lambda: f"{method} called {len(self.called(method))} times",
+        )
 
     def channel_messages(self, channel: str) -> list[Message]:
         with self.lock:

@@ -24,9 +24,10 @@ from approvals.models import ApprovalRequest, Status, Vote
 from slackapp import services
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, wire_policy
-from tests.conftest import Person, server_stream
 from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack, Message
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 Commit = Callable[..., AbstractContextManager[Any]]
 

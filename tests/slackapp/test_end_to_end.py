@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,10 @@ import pytest
 
 from slackapp import services
 from tests.approvals.conftest import Agent, wire_policy
-from tests.conftest import Person
 from tests.slackapp.conftest import browser, click_body, install
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.factories import Person
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
@@ -53,16 +53,6 @@ AGENT = textwrap.dedent(
         print(json.dumps({"result": "refused", "reason": reason}), flush=True)
     """
 )
-
-
-def _until(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.postgres  # the live server answers the gate and the agent's long-polls at once
@@ -98,7 +88,7 @@ def test_a_pending_wire_is_approved_from_slack_and_the_agent_resumes(
         assert process.stdout is not None
         assert json.loads(process.stdout.readline()) == {"ready": True}
         # The gate opened a request: its message appears in the channel, with the buttons.
-        message = _until(lambda: slack.channel_messages("C0RISK"), "the request's message")[0]
+        message = wait_until(lambda: slack.channel_messages("C0RISK"), "the request's message")[0]
         (approve,) = [
             e
             for b in message.blocks
@@ -128,7 +118,7 @@ def test_a_pending_wire_is_approved_from_slack_and_the_agent_resumes(
         {"amount": 250000, "to": "ACME GmbH"}
     ]
     # The message shows who decided, and the buttons are gone.
-    updated = _until(
+    updated = wait_until(
         lambda: [m for m in slack.channel_messages("C0RISK") if m.updates], "the message's update"
     )[0]
     text = json.dumps(updated.blocks)

@@ -16,9 +16,10 @@ from django.utils import timezone
 from slackapp import crypto, selectors, services
 from slackapp.models import Installation, OAuthState, UserLink
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.slackapp.conftest import browser, consent_url, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.chains import server_stream
+from tests.support.factories import Person
 
 
 def _installation(person: Person) -> Installation | None:

@@ -17,9 +17,10 @@ from slackapp import services
 from slackapp.models import SeenSignature, UserLink
 from tenants.models import Role
 from tenants.scoping import tenant_context
-from tests.conftest import Person, make_person, server_stream
 from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.chains import server_stream
+from tests.support.factories import Person, make_person
 
 HALT = ("/saga-halt", "tool:stripe.* fraud")
 

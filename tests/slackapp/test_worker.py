@@ -9,9 +9,9 @@ the halt is in force and the member is told so."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,11 @@ from controlplane.celery import app as celery_app
 from fleet.models import Halt
 from slackapp import services
 from tenants.scoping import tenant_context
-from tests.conftest import Person
 from tests.slackapp.conftest import browser, command_body, install
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.factories import Person
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
@@ -40,18 +42,6 @@ def _database_url() -> str:
     db = connection.settings_dict
     host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
     return f"postgres://{db['USER']}:{db['PASSWORD']}@{host}:{port}/{db['NAME']}"
-
-
-def _until(condition: Any, what: str, worker: subprocess.Popen[Any], log: Path) -> Any:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if worker.poll() is not None:
-            pytest.fail(f"the worker exited ({worker.returncode}):\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
 def test_the_view_answers_at_once_and_a_worker_does_the_work(
@@ -91,9 +81,15 @@ def test_the_view_answers_at_once_and_a_worker_does_the_work(
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
     try:
-        _until(lambda: "ready" in log.read_text(), "the worker to start", worker, log)
+        wait_until(
+            lambda: "ready" in log.read_text(),
+            "the worker to start",
+            alive=worker,
+            context=lambda: log.read_text()[-3000:],
+        )
         slack.hooks_open.clear()  # Slack's response URL holds every answer until the test opens it
         body = command_body(slack, "/saga-halt", "tool:stripe.* fraud", user="U0ALICE")
         headers = {k.removeprefix("HTTP_").replace("_", "-"): v for k, v in slack.sign(body).items()}
@@ -105,19 +101,23 @@ def test_the_view_answers_at_once_and_a_worker_does_the_work(
         )
         assert answer.status_code == 200 and "Working on" in answer.json()["text"]
         # The worker did the work and is now waiting on Slack; the view had answered already.
-        (reply,) = _until(lambda: slack.called("response_url"), "the worker's reply", worker, log)
+        (reply,) = wait_until(
+            lambda: slack.called("response_url"),
+            "the worker's reply",
+            alive=worker,
+            context=lambda: log.read_text()[-3000:],
+        )
         assert "Halted `tool:stripe.*` fleet-wide" in reply.params["text"]
         with tenant_context(alice.tenant):
             (halt,) = Halt.objects.all()
         assert (halt.scope, halt.actor) == ("tool:stripe.*", f"user:{alice.user.username}")
         slack.hooks_open.set()
-        _until(lambda: "succeeded" in log.read_text() and "slackapp.handle_command" in log.read_text(),
-               "the task to finish", worker, log)  # fmt: skip
+        wait_until(
+            lambda: "succeeded" in log.read_text() and "slackapp.handle_command" in log.read_text(),
+            "the task to finish",
+            alive=worker,
+            context=lambda: log.read_text()[-3000:],
+        )
     finally:
         slack.hooks_open.set()
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_group(worker, first=signal.SIGTERM)

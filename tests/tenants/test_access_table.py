@@ -21,7 +21,6 @@ import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -31,21 +30,20 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.urls.resolvers import RoutePattern
-from django.utils import timezone
 
 from approvals import services as approvals
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from frontend import invitations
 from reconciliation import services as reconciliation
-from recovery import services as recovery
-from recovery.models import Job
 from slackapp import services as slack
 from tenants import services
 from tenants.models import Role, Tenant
 from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
-from tests.transparency.conftest import Writer, settle
+from tests.recovery.sagas import escalated_job
+from tests.support.chains import Writer
+from tests.support.transparency import settle
 from transparency import proofs, witnesses
 from transparency import services as transparency
 
@@ -398,7 +396,7 @@ def world(
         pending = fleet.evaluate(acme, wire, actor="test")
         compensated_saga(writer, "acme-refunded")
         (check,) = reconciliation.scan(acme)
-        recovery_job = _recovery_job(acme)
+        recovery_job = escalated_job(acme)
         witness = witnesses.add_witness(
             acme, name="w1", url="http://127.0.0.1:9/", vkey=_witness_vkey(), actor="test"
         )
@@ -440,22 +438,7 @@ def _witness_vkey() -> str:
     return cosignature.generate_cosigner("witness.test/w1").verifier.encode()
 
 
-def _recovery_job(tenant: Tenant) -> Any:
-    """An escalated recovery job of acme's: a crashed saga whose only step has no handler."""
-    writer = Writer(tenant, "agent-acme-crashed")
-    step = {"saga_id": "acme-crashed", "step_id": "s1", "tool": "shop.charge", "semantics": "COMPENSABLE"}
-    writer.ship(
-        ("SAGA_START", {"saga_id": "acme-crashed", "lease_ttl": 0.001}),
-        ("STEP_INTENT", step),
-        ("STEP_COMMITTED", {**step, "compensation": None}),
-    )
-    recovery.sweep(tenant, now=timezone.now() + timedelta(seconds=1))
-    with tenant_context(tenant):
-        return Job.objects.get(saga_id="acme-crashed")
-
-
 def proofs_size(tenant: Tenant) -> int:
-    from tenants.scoping import tenant_context
 
     with tenant_context(tenant):
         checkpoint = proofs.latest_checkpoint()

@@ -12,7 +12,7 @@ import pytest
 from tenants import authentication, services
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 
 def test_a_key_revoked_while_a_request_reads_it_is_refused_on_the_next_request(

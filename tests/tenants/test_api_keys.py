@@ -7,7 +7,7 @@ from django.utils import timezone
 from tenants import services
 from tenants.models import ApiKey, Tenant, hash_api_key
 from tenants.scoping import tenant_context
-from tests.conftest import Person
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.smoke
 

@@ -19,7 +19,8 @@ from frontend import invitations
 from tenants import services
 from tenants.models import Membership, Role, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import PASSWORD, Person, server_stream
+from tests.support.chains import server_stream
+from tests.support.factories import PASSWORD, Person
 from transparency import services as transparency
 from transparency.models import KeyStatus, LogSigningKey
 

@@ -18,8 +18,8 @@ import pytest
 from django.core.handlers.wsgi import LimitedStream
 from django.db import connection
 
-from tests.conftest import Person
-from tests.transparency.conftest import Writer
+from tests.support.chains import Writer
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.postgres
 

@@ -10,7 +10,7 @@ from django.db import connection
 
 from tenants import rls
 from tenants.models import ApiKey, Tenant, hash_api_key
-from tests.conftest import Person
+from tests.support.factories import Person
 
 pytestmark = pytest.mark.postgres
 

@@ -25,9 +25,9 @@ from sagas.models import Saga
 from tenants import rls, services
 from tenants.models import Tenant
 from tenants.scoping import TenantManager, dangerously_bypass_orm_scope, tenant_context
-from tests.audit.chains import ensure_sample
-from tests.conftest import Person, make_person
-from tests.tenants.test_isolation import _assert_sees_nothing_of
+from tests.support.chains import ensure_sample
+from tests.support.factories import Person, make_person
+from tests.support.isolation import assert_sees_nothing_of
 
 
 @pytest.fixture
@@ -87,14 +87,14 @@ def test_the_orm_layer_alone_keeps_tenants_apart_and_catches_an_injected_leak(
 
         # (An outsider must hold no evidence of its own: its listings are then empty. Carol's
         # tenant gets a saga once it is walked as the other party, so she goes first.)
-        assert _assert_sees_nothing_of(carol, tenant_a, alice) > 0
-        assert _assert_sees_nothing_of(dave, tenant_a, alice) > 0
-        assert _assert_sees_nothing_of(dave, carol.tenant, carol) > 0
+        assert assert_sees_nothing_of(carol, tenant_a, alice) > 0
+        assert assert_sees_nothing_of(dave, tenant_a, alice) > 0
+        assert assert_sees_nothing_of(dave, carol.tenant, carol) > 0
 
         _inject_a_leak_into_the_saga_list(monkeypatch)
         for outsider, tenant, member in ((dave, tenant_a, alice), (dave, carol.tenant, carol)):
             with pytest.raises(AssertionError, match="api/v1/sagas") as caught:
-                _assert_sees_nothing_of(outsider, tenant, member)
+                assert_sees_nothing_of(outsider, tenant, member)
             # The leak names the other tenant's sagas (pytest shortens a long list: any of them).
             ensure_sample(tenant)
             with tenant_context(tenant):
@@ -119,10 +119,10 @@ def test_rls_alone_keeps_tenants_apart_when_the_orm_layer_is_bypassed(
         assert set(Saga.objects.values_list("tenant_id", flat=True)) == {carol.tenant.pk}
     assert Saga.objects.count() == 0  # no tenant active, and no error from the ORM either
 
-    assert _assert_sees_nothing_of(dave, tenant_a, alice) > 0
-    assert _assert_sees_nothing_of(dave, carol.tenant, carol) > 0
+    assert assert_sees_nothing_of(dave, tenant_a, alice) > 0
+    assert assert_sees_nothing_of(dave, carol.tenant, carol) > 0
 
     # The leak the ORM layer alone catches above is hidden here by RLS alone.
     _inject_a_leak_into_the_saga_list(monkeypatch)
-    assert _assert_sees_nothing_of(dave, tenant_a, alice) > 0
-    assert _assert_sees_nothing_of(dave, carol.tenant, carol) > 0
+    assert assert_sees_nothing_of(dave, tenant_a, alice) > 0
+    assert assert_sees_nothing_of(dave, carol.tenant, carol) > 0

@@ -10,7 +10,6 @@ first commits)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,20 +21,11 @@ from audit.models import Record
 from tenants import services
 from tenants.models import Membership, Role, Tenant
 from tenants.scoping import tenant_context
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 DEADLINE_S = 60.0
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Wait until `condition()` holds (re-checked every few ms); the outcome never depends on
-    how long it takes, only a hung test is cut short."""
-    give_up = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.005)
 
 
 def _waiting_on_a_lock(pid: int) -> bool:
@@ -114,12 +104,14 @@ def test_two_owners_acting_on_each_other_leave_one_owner(
     for thread in threads.values():
         thread.start()
     try:
-        _wait_for(first_passed.is_set, "one change passed the owner check")
+        wait_until(first_passed.is_set, "one change passed the owner check", deadline=DEADLINE_S, every=0.005)
         first = passed_check[0]
         other = next(name for name in threads if name != first)
-        _wait_for(
+        wait_until(
             lambda: other in passed_check or not threads[other].is_alive() or _waiting_on_a_lock(pids[other]),
             "the other change passed the check too, or waits on a lock",
+            deadline=DEADLINE_S,
+            every=0.005,
         )
     finally:
         release_first.set()

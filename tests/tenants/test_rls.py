@@ -18,7 +18,7 @@ from django.utils import timezone
 from tenants import rls, selectors
 from tenants.models import ApiKey, Membership, Role, Tenant
 from tenants.scoping import tenant_context, tenant_scoped_models
-from tests.conftest import Person, make_person
+from tests.support.factories import Person, make_person
 
 
 def _owner_role() -> str:
@@ -311,7 +311,7 @@ def test_a_new_person_can_be_looked_up(tenant_a: Tenant) -> None:
 
 
 def test_the_owner_url_must_be_another_role_on_the_same_database(tmp_path: Any) -> None:
-    from tests.controlplane.test_settings import _manage_check, _refused
+    from tests.support.settings_check import manage_check, refused_to_start
 
     runtime = "postgres://app:hunter2runtime@db.internal:5432/sagaplane"
     same = "same host, port and database as DATABASE_URL"
@@ -322,14 +322,14 @@ def test_the_owner_url_must_be_another_role_on_the_same_database(tmp_path: Any) 
         "mysql://owner:hunter2owner@db.internal:3306/sagaplane": "a URL starting postgres:// or postgresql://",
     }
     for owner, problem in refusals.items():
-        result = _manage_check(tmp_path, DATABASE_URL=runtime, DATABASE_OWNER_URL=owner)
-        _refused(result, "DATABASE_OWNER_URL must be", problem)
+        result = manage_check(tmp_path, DATABASE_URL=runtime, DATABASE_OWNER_URL=owner)
+        refused_to_start(result, "DATABASE_OWNER_URL must be", problem)
         assert "hunter2" not in result.stderr
-    embedded = _manage_check(
+    embedded = manage_check(
         tmp_path, DATABASE_OWNER_URL="postgres://owner:hunter2owner@db.internal:5432/sagaplane"
     )
-    _refused(embedded, "DATABASE_OWNER_URL must be set only when DATABASE_URL is a postgres:// URL")
-    fine = _manage_check(
+    refused_to_start(embedded, "DATABASE_OWNER_URL must be set only when DATABASE_URL is a postgres:// URL")
+    fine = manage_check(
         tmp_path,
         DATABASE_URL=runtime,
         DATABASE_OWNER_URL="postgresql://owner:hunter2owner@db.internal:5432/sagaplane",

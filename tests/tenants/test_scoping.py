@@ -15,7 +15,7 @@ from tenants.scoping import (
     tenant_scoped_models,
     tenant_statements,
 )
-from tests.conftest import Person
+from tests.support.factories import Person
 
 
 @pytest.mark.smoke

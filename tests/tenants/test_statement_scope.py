@@ -11,7 +11,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, tran
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Role, Tenant
 from tenants.scoping import TenantScopeError, current_tenant, tenant_context, tenant_statements
-from tests.conftest import PASSWORD, Person, make_person
+from tests.support.factories import PASSWORD, Person, make_person
 
 pytestmark = pytest.mark.postgres
 

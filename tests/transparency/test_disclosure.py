@@ -14,8 +14,9 @@ from sagaplane.disclosure import VerificationError, verify_disclosure
 
 from audit import services as audit_services
 from tenants.models import Tenant
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 
 API = "/api/v1/audit"
 

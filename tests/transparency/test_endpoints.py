@@ -10,8 +10,9 @@ from sagaplane import merkle, note
 
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 
 API = "/api/v1/audit"
 

@@ -13,8 +13,9 @@ from sagaplane.leaf import leaf_data
 from audit import services as audit_services
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 
 API = "/api/v1/audit"
 

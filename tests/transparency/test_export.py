@@ -19,8 +19,9 @@ from sagaplane.export import pack, verify_export, verify_export_files
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency.models import Export
 from transparency.storage import WriteOnceFileStorage
 

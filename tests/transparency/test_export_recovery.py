@@ -23,8 +23,10 @@ from sagaplane.export import verify_export
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.processes import stop_group
+from tests.support.transparency import settle
 from transparency import services
 from transparency.models import Export, ExportStatus
 from transparency.storage import WriteOnceFileStorage, get_storage
@@ -292,9 +294,7 @@ def test_the_sweep_is_on_the_beat(tmp_path: Path) -> None:
             beat.send_signal(signal.SIGTERM)
             beat.wait(timeout=60)
         finally:
-            if beat.poll() is None:
-                os.killpg(beat.pid, signal.SIGKILL)
-                beat.wait(timeout=30)
+            stop_group(beat)
     assert "transparency.sweep_stale_exports" in sent, sent
     # What it sends is a task a worker knows (registered when the worker imports the tasks).
     from transparency import tasks

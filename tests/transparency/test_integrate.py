@@ -10,7 +10,8 @@ from sagaplane import merkle, note
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.transparency import settle
 from transparency import keys, services
 from transparency.models import Checkpoint, LogSigningKey, TreeNode, TreeState
 

@@ -12,7 +12,8 @@ from sagaplane import merkle, note
 from audit.models import TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.transparency.conftest import Writer, seal_records, seal_watermark, settle
+from tests.support.chains import Writer
+from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import keys, proofs, services, sources, tasks
 from transparency.models import Checkpoint, TreeState
 

@@ -18,8 +18,9 @@ from core import fastroute
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import api
 
 API = "/api/v1/audit/proofs"

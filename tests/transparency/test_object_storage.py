@@ -19,8 +19,9 @@ from moto.server import ThreadedMotoServer
 from sagaplane.export import verify_export
 
 from tenants.models import Tenant
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency.storage import WriteOnceS3Storage, get_storage
 
 API = "/api/v1/audit"

@@ -9,8 +9,9 @@ from sagaplane import merkle, note
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import proofs
 
 API = "/api/v1/audit"

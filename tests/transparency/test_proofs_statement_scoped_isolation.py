@@ -12,8 +12,9 @@ from django.db import connection
 
 from tenants import services as tenant_services
 from tenants.models import Role
-from tests.conftest import PASSWORD, Person, make_person
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import PASSWORD, Person, make_person
+from tests.support.transparency import settle
 
 API = "/api/v1/audit"
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -10,8 +10,9 @@ import pytest
 from audit import services as audit_services
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
-from tests.transparency.conftest import Writer, seal_records, seal_watermark
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import seal_records, seal_watermark
 from transparency import services, sources
 from transparency.models import TreeState
 from transparency.tasks import integrate_grown_tenants

@@ -17,8 +17,9 @@ from django.db import OperationalError, connection, transaction
 from audit.models import TenantLog
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import at_once
-from tests.transparency.conftest import Writer, seal_records, seal_watermark, settle
+from tests.support.chains import Writer
+from tests.support.concurrency import at_once
+from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import services, tasks
 from transparency.models import Checkpoint
 

@@ -16,9 +16,10 @@ from sagaplane import note
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person
 from tests.sdk.witnesskit import ROOT, start_witness
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import keys, services
 from transparency.models import Checkpoint, Cosignature, WitnessRefusal
 from transparency.tasks import cosign_tenant

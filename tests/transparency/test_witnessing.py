@@ -15,9 +15,10 @@ from sagaplane import cli, cosignature, note
 
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from tests.conftest import Person, server_stream
 from tests.sdk.witnesskit import RunningWitness, start_witness
-from tests.transparency.conftest import Writer, settle
+from tests.support.chains import Writer, server_stream
+from tests.support.factories import Person
+from tests.support.transparency import settle
 from transparency import services as transparency_services
 from transparency.models import Checkpoint, Export, Witness, WitnessRefusal
 from transparency.storage import get_storage

@@ -1,14 +1,18 @@
-"""Building agent-saga-format chains for tests (the SDK's `stamp` is byte-compatible with agent-saga)."""
+"""Chains for tests: agent-saga-format records (the SDK's `stamp` is byte-compatible with
+agent-saga), a Writer shipping an agent's stream through the real ingest, and the server stream as
+stored."""
 
 from __future__ import annotations
 
 import copy
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sagaplane.chain import GENESIS, stamp
 
+from audit import services as audit_services
 from audit.models import Record, RecordPayload, Stream
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -206,3 +210,62 @@ def sample_stream_id(tenant: Tenant, _person: Any) -> str:
 
 def sample_saga_id(tenant: Tenant, _person: Any) -> str:
     return ensure_sample(tenant).saga_id
+
+
+@dataclass
+class Writer:
+    """One agent's stream: appends chained records and ships them through ingest."""
+
+    tenant: Tenant
+    stream_id: str
+    head: str = GENESIS
+    seq: int = 0
+    shipped: list[dict[str, Any]] = field(default_factory=list)
+
+    def records(self, *items: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for event, fields in items:
+            self.seq += 1
+            record = {"seq": self.seq, "ts": round(time.time(), 6), "event": event, **fields}
+            self.head = stamp(record, self.head)
+            out.append(record)
+        return out
+
+    def ship(self, *items: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        batch = self.records(*items)
+        audit_services.ingest(self.tenant, self.stream_id, batch, actor="test")
+        self.shipped.extend(batch)
+        return batch
+
+    def saga(
+        self, saga_id: str, *, steps: int = 2, end: str | None = "SAGA_COMPLETE"
+    ) -> list[dict[str, Any]]:
+        items: list[tuple[str, dict[str, Any]]] = [("SAGA_START", {"saga_id": saga_id, "name": saga_id})]
+        for n in range(steps):
+            step = {
+                "saga_id": saga_id,
+                "step_id": f"{saga_id}-s{n}",
+                "tool": "payments.charge",
+                "kwargs": {"amount": 10 + n},
+            }
+            items += [("STEP_INTENT", step), ("STEP_COMMITTED", step)]
+        if end:
+            items.append((end, {"saga_id": saga_id}))
+        return self.ship(*items)
+
+
+def server_stream(tenant: Tenant, *, flush: bool = True) -> list[dict[str, Any]]:
+    """The tenant's server stream (admin actions, approvals, seals) as stored, oldest first; with
+    `flush`, once the records still pending (recovery results, chained in batches) are chained,
+    as the recovery sweep chains them within a second."""
+    from audit.models import Record, RecordPayload, Redaction
+    from audit.services import flush_server_records, stored_record
+    from tenants.scoping import tenant_context
+
+    if flush:
+        flush_server_records(tenant, wait=True)
+    with tenant_context(tenant):
+        rows = list(Record.objects.filter(stream__stream_id="server").order_by("position"))
+        payloads = {p.record_id: p for p in RecordPayload.objects.filter(record__in=rows)}
+        erased = dict(Redaction.objects.values_list("record_id", "reason"))
+        return [stored_record(r, payloads.get(r.pk), erased.get(r.pk)) for r in rows]

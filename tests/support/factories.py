@@ -1,0 +1,42 @@
+"""People of a tenant for tests: a member with a role, a password and an all-scopes API key, and
+clients signed in as them (the fixtures alice, bob and carol in tests/conftest.py are made here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rest_framework.test import APIClient
+
+from tenants import services
+from tenants.models import Tenant
+
+ALL_SCOPES = ["ingest", "gate", "read", "recovery", "audit", "control"]
+
+
+PASSWORD = "correct-horse-battery"
+
+
+@dataclass
+class Person:
+    user: Any
+    tenant: Tenant
+    role: str
+    api_key: str
+
+    def session_client(self) -> APIClient:
+        client = APIClient()
+        client.force_login(self.user)
+        client.credentials(HTTP_X_SAGAPLANE_TENANT=self.tenant.slug)
+        return client
+
+    def key_client(self) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.api_key}")
+        return client
+
+
+def make_person(tenant: Tenant, name: str, role: str) -> Person:
+    membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor="test")
+    _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES, actor="test")
+    return Person(membership.user, tenant, role, raw_key)
