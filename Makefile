@@ -26,6 +26,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/vulture  # dead code: [tool.vulture] in pyproject.toml, framework entry points in vulture_whitelist.py
 
 # After changing a dependency in pyproject.toml: re-pin (keeps every other pin where it is;
 # `make lock UPGRADE=--upgrade` moves them all to the newest allowed).

@@ -28,7 +28,8 @@ phase() {  # phase NAME COMMAND...: run it, remember a failure, go on
   "$@" || { echo "== $name FAILED" >&2; failed+=("$name"); }
 }
 lint() {
-  $BIN/ruff check . && $BIN/ruff format --check . && $BIN/mypy # [tool.mypy] in pyproject.toml: the apps and the SDK
+  # [tool.mypy] in pyproject.toml: the apps and the SDK; [tool.vulture]: dead code
+  $BIN/ruff check . && $BIN/ruff format --check . && $BIN/mypy && $BIN/vulture
 }
 echo "== lint"
 phase lint lint

@@ -273,19 +273,6 @@ def cursor_position(cursor: str) -> tuple[datetime | None, int]:
     return when, pk
 
 
-def filtered(*, tool: str = "", stream_id: str = "", active_since: datetime | None = None) -> QuerySet[Saga]:
-    """Sagas with a step using `tool`, written to stream `stream_id`, active since `active_since`
-    (each filter left out when empty)."""
-    sagas = all_sagas()
-    if tool:
-        sagas = with_step_tool(sagas, tool)
-    if stream_id:
-        sagas = sagas.filter(stream_id=stream_id)
-    if active_since is not None:
-        sagas = sagas.filter(last_activity_at__gte=active_since)
-    return sagas
-
-
 def step_counts(sagas: list[Saga]) -> dict[int, int]:
     """Saga pk -> how many steps it has, for a page of sagas (one query, bounded by the page)."""
     rows = Step.objects.filter(saga_id__in=[s.pk for s in sagas]).order_by().values("saga_id")
@@ -366,10 +353,6 @@ class Effect:
     semantics: str
     status: str
     compensation: dict[str, Any] | None
-
-
-def sagas_active_between(since: datetime, until: datetime) -> QuerySet[Saga]:
-    return Saga.objects.filter(last_activity_at__gte=since, last_activity_at__lt=until)
 
 
 def step_count_between(since: datetime, until: datetime) -> int:

@@ -1,6 +1,6 @@
 """Log signing keys at rest: the Ed25519 seed is encrypted with the master key(s) and decrypted
 only in memory, only to sign. MultiFernet: the first master key encrypts, all of them decrypt,
-so rotating the master key is "prepend the new one" (and `reencrypt` to drop the old)."""
+so rotating the master key is "prepend the new one"."""
 
 from __future__ import annotations
 
@@ -21,11 +21,6 @@ def encrypt_seed(seed: bytes) -> str:
 
 def decrypt_seed(token: str) -> bytes:
     return _fernet().decrypt(token.encode("ascii"))
-
-
-def reencrypt(token: str) -> str:
-    """The same seed under the current first master key."""
-    return _fernet().rotate(token.encode("ascii")).decode("ascii")
 
 
 def log_origin(tenant: Tenant) -> str:

@@ -67,7 +67,7 @@ class TreeState(TenantScopedModel):
 
 class SealState(TenantScopedModel):
     """The seal watermark, a row of its own so that sealing runs beside integration, not inside it:
-    seal passes (and `seal_saga`) serialise on this row's lock, the integrator on TreeState's, and
+    seal passes serialise on this row's lock, the integrator on TreeState's, and
     neither waits for the other (they used to share TreeState's lock, and seals, ~14% of the
     leaves, took ~2/3 of the integrator's time).
 

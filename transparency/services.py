@@ -382,36 +382,13 @@ def _seal_fields(records: Sequence[SagaRecord], saga_id: str) -> tuple[dict[str,
 SEAL_ACTOR = "system:transparency"
 
 
-def seal_saga(tenant: Tenant, saga_id: str, *, actor: str) -> dict[str, Any] | None:
-    """Append SAGA_SEALED to the tenant's server stream, listing the leaf index and `_h` of
-    every record of the saga (earlier seals excluded), so a disclosure that omits or adds a
-    record no longer matches it. Idempotent: None when the latest seal is already current; a
-    record about the saga that arrives after its seal gets a fresh seal."""
-    with tenant_context(tenant):
-        # Under the seal lock like the seal pass: every seal is computed from a read made while the
-        # seal watermark was below the records it missed (see `sources.terminal_sagas_touched`).
-        _locked_seal_state(tenant)
-        records = sources.saga_records(tenant, saga_id)
-        if not records:
-            raise LookupError(f"saga {saga_id!r} has no records")
-        fields, current = _seal_fields(records, saga_id)
-        if current:
-            return None
-        sources.append_server_record(tenant, SEAL_EVENT, fields, actor=actor)
-        return fields
-
-
-def seal_terminal_sagas(tenant: Tenant, start: int, end: int) -> list[str]:
-    """Seal every saga that has a record among leaves [start, end) and is in a terminal state.
+def _seal_stretch(tenant: Tenant, start: int, end: int) -> tuple[list[str], int | None]:
+    """Seal every saga that has a record among leaves [start, end) and is in a terminal state: (the
+    saga ids sealed, the leaf index of the first seal appended, None when none was).
 
     In bulk: the sagas' records read by leaf range (`sources.seal_inputs`), and every seal the
     pass needs appended to the server stream as one batch (one lock, one set-based store), not
-    one read and one append per saga. What each seal says is `seal_saga`'s rule."""
-    return _seal_stretch(tenant, start, end)[0]
-
-
-def _seal_stretch(tenant: Tenant, start: int, end: int) -> tuple[list[str], int | None]:
-    """`seal_terminal_sagas`, and the leaf index of the first seal appended (None: none was)."""
+    one read and one append per saga. What each seal says is `_seal_fields`'s rule."""
     with tenant_context(tenant):
         with timing.phase("seal_find"):
             sagas = sources.terminal_sagas_touched(tenant, start, end)
@@ -441,7 +418,7 @@ SEAL_PASS_LEAVES = 50_000
 
 
 def _locked_seal_state(tenant: Tenant) -> SealState:
-    """The tenant's seal watermark, row-locked: what serialises seal passes and `seal_saga`. Not
+    """The tenant's seal watermark, row-locked: what serialises seal passes. Not
     TreeState's lock, which the integrator holds while it extends and signs: sealing and
     integration run beside each other. Lock order: this row, then the tenant log (the seals'
     append); the integrator takes TreeState alone, ingest the tenant log alone, so no cycle."""
@@ -461,14 +438,14 @@ def seal_pass(tenant: Tenant, *, max_leaves: int | None = None) -> tuple[list[st
     Self-healing by construction: the watermark (`SealState.sealed_size`) moves in the same
     transaction as the seals it vouches for, so a crash anywhere before that commit leaves the
     watermark behind and the next pass (the 1 s beat) redoes the stretch. Re-running is harmless:
-    `seal_saga`'s rule appends nothing when the latest seal is current. Only sagas with a record
+    `_seal_fields`'s rule appends nothing when the latest seal is current. Only sagas with a record
     in the stretch are looked at; a saga can only become finished, or outgrow its seal, through a
     new record, so nothing before the watermark needs a second look.
 
     Runs beside the integrator (its own lock, `_locked_seal_state`): the integrator signs the
     seals in whichever of its rounds first reads the log past them."""
     with tenant_context(tenant):
-        # The SealState lock serialises seal passes (and `seal_saga`) per tenant, nothing else.
+        # The SealState lock serialises seal passes per tenant, nothing else.
         state = _locked_seal_state(tenant)
         size = sources.log_size(tenant)
         if state.sealed_size >= size:

@@ -77,7 +77,6 @@ def reconciler(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if existing is not None and existing is not fn and _qualname(existing) != _qualname(fn):
             raise ValueError(f"reconciler {name!r} is already registered to {_qualname(existing)}")
         _OBSERVERS[name] = fn
-        fn.__sagaplane_reconciler__ = name  # type: ignore[attr-defined]
         return fn
 
     return decorate

@@ -20,8 +20,6 @@ from tenants.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
 
-FORM_ROUTES = ["fleet-budget-create", "fleet-rate-limit-create", "fleet-halt-create"]
-
 
 @pytest.fixture(autouse=True)
 def _database_store() -> Iterator[None]:

@@ -85,10 +85,6 @@ class Load:
         with self.lock:
             return [s for s in self.sent if s.started > moment]
 
-    def _served_clients(self) -> int:
-        with self.lock:
-            return len({s.what.split()[0] for s in self.sent if s.status == 200})
-
     def wait_for(self, condition: Callable[[], bool], what: str) -> None:
         def holds() -> bool:
             assert not self.errors, self.errors

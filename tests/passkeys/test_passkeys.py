@@ -51,7 +51,7 @@ def test_a_person_registers_several_named_passkeys_recorded_in_every_tenant_of_t
     alice: Person, tenant_b: Tenant
 ) -> None:
     tenants.add_member(tenant_b, alice.user.email, Role.APPROVER, actor="test")
-    laptop, first = enrol(alice.user, "laptop")
+    _, first = enrol(alice.user, "laptop")
     options = services.registration_options(alice.user)
     assert options["authenticatorSelection"]["userVerification"] == "required"
     assert options["authenticatorSelection"]["residentKey"] == "required"

@@ -74,7 +74,6 @@ SAGA_META = "sagaplane/saga_id"
 CONNECT_DEADLINE_S = 30.0
 SEMANTICS_META = "sagaplane/semantics"
 COMMIT, ROLLBACK = "saga_commit", "saga_rollback"
-BOUNDARIES = ("session", "explicit", "none")
 LOCAL_METHODS = frozenset({"initialize", "ping", "tools/list", "tools/call", "server/discover"})
 LOCAL_NOTIFICATIONS = frozenset({"notifications/initialized", "notifications/cancelled"})
 _ANY = TypeAdapter(dict[str, Any])

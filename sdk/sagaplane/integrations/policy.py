@@ -59,7 +59,6 @@ from .. import names
 from ..semantics import COMPENSABLE, IRREVERSIBLE, PREVIEW, REVERSIBLE, Semantics
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-ROOTS = ("args", "result", "state")
 TOP_KEYS = frozenset({"name", "default", "tools"})
 TOOL_KEYS = frozenset({"semantics", "compensate", "capture", "gate_args", "on_error"})
 CALL_KEYS = frozenset({"tool", "arguments"})
@@ -176,10 +175,6 @@ class ToolRule:
     gate_args: dict[str, Any] | None = None
     on_error: str = "unknown"  # or "not_applied"
     line: int = 0
-
-    @property
-    def is_default(self) -> bool:
-        return self.line == 0
 
 
 @dataclass(frozen=True)
