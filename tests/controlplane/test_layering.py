@@ -117,6 +117,85 @@ def upward_imports() -> list[str]:
     return problems
 
 
+# Another app's modules another app may import: its commands and queries, the events it publishes,
+# its models (foreign keys, model types) and its AppConfig.
+PUBLIC_MODULES = frozenset({"services", "selectors", "hooks", "models", "apps"})
+# The ground every app stands on (issue 25 step 1 moves it into `core`): the ground layer above (the
+# core package and the shared controlplane pieces), and tenant scoping and RLS, who may do what,
+# actors, the tenant's epoch and live sessions, API-key authentication. Importable from anywhere.
+GROUND = frozenset(
+    [name for name in LAYERS[0][1] if name != "tenants"]
+    + [f"tenants.{name}" for name in ("scoping", "access", "permissions", "rls", "actors", "epoch", "live")]
+    + ["tenants.authentication"]
+)
+# (importing module, imported module) pairs that pass another app's public modules today, each
+# with why. The list only shrinks: fix the import, then delete its entry.
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    # The gate's request value; approvals and the fleet page build one (issue 25 steps 5 and 7).
+    ("approvals.services", "fleet.gate"): "GateRequest, the gate's input",
+    ("frontend.fleet_views", "fleet.gate"): "GateRequest, for the page's dry-run form",
+    # The fast gate route calls fleet's gate_call.
+    ("controlplane.gate_asgi", "fleet.calls"): "gate_call",
+    # The sweeper's liveness, for /healthz and the pages' banner.
+    ("controlplane.health", "recovery.sweeper"): "the sweeper's status",
+    ("frontend.recovery_views", "recovery.sweeper"): "the sweeper's status",
+    ("frontend.views", "recovery.sweeper"): "the sweeper's status",
+    # Log redaction configured with the request observability (issue 25: controlplane straddles).
+    ("controlplane.observability", "frontend.log_redaction"): "the invitation-token redaction",
+    # Wiring: the websocket route's consumer (ASGI routing).
+    ("controlplane.routing", "sagas.consumers"): "the /ws/events consumer",
+    # Witness pages read and change witnesses through the module that owns them.
+    ("frontend.evidence_views", "transparency.witnesses"): "the witness policy",
+    ("frontend.witness_views", "transparency.witnesses"): "witness administration",
+    # The evidence store's JSON value and bulk-insert helpers, shared by the apps above it.
+    ("reconciliation.services", "audit.jsonvalues"): "JSON value checks",
+    ("sagas.api", "audit.jsonvalues"): "JSON value checks",
+    ("sagas.services", "audit.jsonvalues"): "JSON value checks",
+    ("transparency.bundles", "audit.jsonvalues"): "JSON value checks",
+    ("transparency.services", "audit.jsonvalues"): "JSON value checks",
+    ("sagas.bulk", "audit.bulk"): "the set-based insert",
+    ("transparency.treestore", "audit.bulk"): "the set-based insert",
+    # Reconciliation posts its verdicts with recovery's signed webhook sender.
+    ("reconciliation.tasks", "recovery.webhook"): "the signed webhook",
+    # Recovery keeps webhook secrets encrypted under the master keys, as the log's signing seed is.
+    ("recovery.actions.webhooks", "transparency.keys"): "encrypt_seed, decrypt_seed",
+}
+
+
+def _app_module(name: str) -> str:
+    """The module an import names, to the depth the public-module rule judges (app.module)."""
+    return ".".join(name.split(".")[:2])
+
+
+def imports_past_public_modules() -> dict[tuple[str, str], list[str]]:
+    """(importing module, imported module) -> where, for every import of another app's module that
+    is neither public nor ground."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for module, path in _modules():
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] not in APPS or parts[0] == module.split(".")[0]:
+                continue
+            target = _app_module(name)
+            in_ground = any(target == name or target.startswith(name + ".") for name in GROUND)
+            if (len(parts) > 1 and parts[1] in PUBLIC_MODULES) or in_ground:
+                continue
+            found.setdefault((module, target), []).append(f"{path.relative_to(ROOT)}:{line}")
+    return found
+
+
+def test_another_app_is_imported_through_its_public_modules() -> None:
+    new = {
+        pair: where for pair, where in imports_past_public_modules().items() if pair not in KNOWN_EXCEPTIONS
+    }
+    assert new == {}, "import another app through its services, selectors, hooks or models"
+
+
+def test_the_known_exceptions_only_shrink() -> None:
+    gone = sorted(set(KNOWN_EXCEPTIONS) - set(imports_past_public_modules()))
+    assert gone == [], "these imports are gone: delete their KNOWN_EXCEPTIONS entries"
+
+
 def test_imports_only_point_down() -> None:
     assert upward_imports() == []
 
@@ -171,3 +250,17 @@ def test_an_upward_import_is_reported(tmp_path: Path, monkeypatch: pytest.Monkey
     assert upward_imports() == [
         "audit/leak.py:1 audit.leak (evidence store) imports sagas.services.rebuild_saga (saga projection)"
     ]
+
+
+def test_an_import_past_the_public_modules_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "frontend").mkdir()
+    (tmp_path / "frontend" / "page.py").write_text(
+        "from fleet.services import evaluate\n"
+        "from fleet import models\n"
+        "from tenants.scoping import tenant_context\n"
+        "from fleet.stores import RedisStore\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert imports_past_public_modules() == {("frontend.page", "fleet.stores"): ["frontend/page.py:4"]}
