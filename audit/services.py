@@ -37,6 +37,7 @@ from sagaplane.chain import (
     content_breaks,
     stamp,
 )
+from sagaplane.events import Event
 from sagaplane.leaf import leaf_data
 from sagaplane.limits import MAX_NESTING
 from sagaplane.merkle import leaf_hash
@@ -656,7 +657,7 @@ def append_server_records(
         with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
             stream = _lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
         result, _ = _chain_after_pending(
-            tenant, stream, [(event, _business(fields, actor), now) for event, fields in entries]
+            tenant, stream, [(str(event), _business(fields, actor), now) for event, fields in entries]
         )
     _recheck_after_commit(tenant)
     return result
@@ -704,7 +705,7 @@ def queue_server_records(
         PendingServerRecord.objects.bulk_create(
             [
                 PendingServerRecord(
-                    tenant=tenant, event=event, fields_json=json.dumps(_business(fields, actor)), ts=now
+                    tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, actor)), ts=now
                 )
                 for event, fields in entries
             ]
@@ -858,7 +859,7 @@ def redact(
         RecordPayload.objects.filter(record=record).delete()
         server_record = append_server_record(
             tenant,
-            "AUDIT_RECORD_REDACTED",
+            Event.AUDIT_RECORD_REDACTED,
             {"stream": stream_id, "position": record.position, "record_hash": record.h, "reason": reason},
             actor=actor,
         )
