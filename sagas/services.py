@@ -17,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
 from audit.jsonvalues import index_json, index_text
@@ -28,14 +29,14 @@ from tenants.scoping import tenant_context
 
 logger = logging.getLogger(__name__)
 
-STEP_EVENTS = {
-    "STEP_INTENT": StepStatus.INTENT,
-    "STEP_COMMITTED": StepStatus.COMMITTED,
-    "COMPLETED_VIA_FALLBACK": StepStatus.COMMITTED,
-    "STEP_UNKNOWN": StepStatus.UNKNOWN,
-    "STEP_ORPHANED": StepStatus.ORPHANED,
-    "COMPENSATED": StepStatus.COMPENSATED,
-    "COMPENSATION_FAILED": StepStatus.COMPENSATION_FAILED,
+STEP_EVENTS: dict[str, StepStatus] = {
+    Event.STEP_INTENT: StepStatus.INTENT,
+    Event.STEP_COMMITTED: StepStatus.COMMITTED,
+    Event.COMPLETED_VIA_FALLBACK: StepStatus.COMMITTED,
+    Event.STEP_UNKNOWN: StepStatus.UNKNOWN,
+    Event.STEP_ORPHANED: StepStatus.ORPHANED,
+    Event.COMPENSATED: StepStatus.COMPENSATED,
+    Event.COMPENSATION_FAILED: StepStatus.COMPENSATION_FAILED,
 }
 # A step's later records only move it forward: a re-ordered or repeated intent never un-commits it.
 _STEP_RANK = {
@@ -95,7 +96,7 @@ def _apply_one(
     if saga.started_at is None:
         saga.started_at = when
     touched: bulk.StepState | None = None
-    if event == "SAGA_START":
+    if event == Event.SAGA_START:
         # Index copies (audit.jsonvalues): the records keep the exact values.
         saga.name = index_text(str(biz.get("name") or saga.name)[:200])
         agent = biz.get("agent")
@@ -105,7 +106,7 @@ def _apply_one(
         if ttl is not None and 0 < ttl <= MAX_LEASE_TTL:  # not NaN, not Infinity
             saga.lease_ttl = ttl
         _lease(saga, when)
-    elif event == "SAGA_LEASE":
+    elif event == Event.SAGA_LEASE:
         _lease(saga, when)
     elif event in STEP_EVENTS and record.step_id:
         touched = steps.get(record.step_id)
@@ -128,19 +129,19 @@ def _apply_one(
         if "compensation" in biz and isinstance(biz["compensation"], dict | None):
             touched.compensation = index_json(biz["compensation"])
         touched.last_leaf_index = record.leaf_index
-    elif event == "ROLLBACK_END":
+    elif event == Event.ROLLBACK_END:
         counts = [biz.get(k) for k in ("failed", "orphaned", "unresolved")]
         clean = fields is not None and not any(counts) and not biz.get("halted")
         # An erased ROLLBACK_END cannot prove the rollback clean: a human has to look.
         _set_status(saga, SagaStatus.ROLLED_BACK if clean else SagaStatus.ROLLBACK_PARTIAL)
-    elif event == "SAGA_ABORTED":
+    elif event == Event.SAGA_ABORTED:
         clean = biz.get("clean") is True or (fields is None and saga.status == SagaStatus.ROLLED_BACK)
         _set_status(saga, SagaStatus.ROLLED_BACK if clean else SagaStatus.ROLLBACK_PARTIAL)
-    elif event == "SAGA_COMPLETE":
+    elif event == Event.SAGA_COMPLETE:
         _set_status(saga, SagaStatus.COMPLETED)
-    elif event == "SAGA_QUARANTINED":
+    elif event == Event.SAGA_QUARANTINED:
         saga.status = SagaStatus.QUARANTINED
-    elif event in ("RECOVERY_STARTED", "RECOVERY_ESCALATED"):
+    elif event in (Event.RECOVERY_STARTED, Event.RECOVERY_ESCALATED):
         _set_status(saga, SagaStatus.RECOVERING)
     return touched
 
