@@ -18,6 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import Resolver404, resolve, reverse
 from django.utils import timezone
+from sagaplane.events import STEP_BACKWARD, STEP_FORWARD, Event
 
 from audit import selectors as audit_selectors
 from audit.models import Record
@@ -27,7 +28,7 @@ from frontend.views import MemberRequest, member_page, page
 from recovery import selectors as recovery_selectors
 from sagas import selectors
 from sagas.models import Saga, SagaStatus, Step, StepStatus
-from sagas.services import mask_credentials
+from sagas.services import STEP_EVENTS, mask_credentials
 from tenants.access import READ
 
 SINCE_CHOICES = [
@@ -235,19 +236,10 @@ def _caps(request: MemberRequest) -> frozenset[str]:
 
 # ---------------------------------------------------------------------------------------- detail
 
-FORWARD_EVENTS = {"STEP_INTENT", "STEP_COMMITTED", "COMPLETED_VIA_FALLBACK", "STEP_UNKNOWN"}
-BACKWARD_EVENTS = {"COMPENSATED", "COMPENSATION_FAILED", "STEP_ORPHANED"}
-FORWARD_OUTCOME = {
-    "STEP_INTENT": StepStatus.INTENT,
-    "STEP_COMMITTED": StepStatus.COMMITTED,
-    "COMPLETED_VIA_FALLBACK": StepStatus.COMMITTED,
-    "STEP_UNKNOWN": StepStatus.UNKNOWN,
-}
-BACKWARD_OUTCOME = {
-    "COMPENSATED": StepStatus.COMPENSATED,
-    "COMPENSATION_FAILED": StepStatus.COMPENSATION_FAILED,
-    "STEP_ORPHANED": StepStatus.ORPHANED,
-}
+# A step's records in two kinds (sagaplane.events): its forward outcome, and what undoing it came
+# to; each with the status the projection gives it (sagas.services.STEP_EVENTS), not a copy.
+FORWARD_OUTCOME: dict[str, StepStatus] = {event: STEP_EVENTS[event] for event in STEP_FORWARD}
+BACKWARD_OUTCOME: dict[str, StepStatus] = {event: STEP_EVENTS[event] for event in STEP_BACKWARD}
 OUTCOME_LABEL = dict(StepStatus.choices)
 HIDDEN_KEYS = {"seq", "ts", "event", "_h", "_ph", "_cd", "_s", "_redacted"}
 
@@ -364,11 +356,11 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
     rollback_end: RecordView | None = None
     abort_cause: RecordView | None = None
     for view in views:
-        if view.event in FORWARD_EVENTS and view.step_id in forward:
+        if view.event in FORWARD_OUTCOME and view.step_id in forward:
             item = forward[view.step_id]
             item.records.append(view)
             item.outcome = FORWARD_OUTCOME[view.event]
-        elif view.event in BACKWARD_EVENTS:
+        elif view.event in BACKWARD_OUTCOME:
             backward.append(
                 CompensationView(
                     step=step_by_id.get(view.step_id), record=view, outcome=BACKWARD_OUTCOME[view.event]
@@ -378,11 +370,11 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
                 forward[view.step_id].records.append(view)
         else:
             saga_events.append(view)
-            if view.event == "ROLLBACK_START":
+            if view.event == Event.ROLLBACK_START:
                 rollback_start = view
-            elif view.event == "ROLLBACK_END":
+            elif view.event == Event.ROLLBACK_END:
                 rollback_end = view
-            elif view.event == "SAGA_ABORT_CAUSE":
+            elif view.event == Event.SAGA_ABORT_CAUSE:
                 abort_cause = view
     shown_status = saga.effective_status(now)
     orphaned = recovery_selectors.orphaned(saga, now)
