@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
+from sagaplane.events import Event
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
@@ -52,7 +53,7 @@ def create_tenant(
         with tenant_context(tenant):
             append_server_record(
                 tenant,
-                "ADMIN_TENANT_CREATED",
+                Event.ADMIN_TENANT_CREATED,
                 {"old": None, "new": {"slug": slug, "name": name}},
                 actor=actor,
             )
@@ -82,7 +83,7 @@ def _record_member_added(
     }
     if via is not None:
         fields["via"] = via
-    append_server_record(tenant, "ADMIN_MEMBER_ADDED", fields, actor=actor)
+    append_server_record(tenant, Event.ADMIN_MEMBER_ADDED, fields, actor=actor)
 
 
 def _check_role(role: str) -> None:
@@ -140,7 +141,7 @@ def create_api_key(
         # Never the key itself: its prefix names it in the log.
         append_server_record(
             tenant,
-            "ADMIN_API_KEY_CREATED",
+            Event.ADMIN_API_KEY_CREATED,
             {
                 "prefix": prefix,
                 "name": name,
@@ -167,7 +168,7 @@ def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
             after_commit("outwait copies of a revoked API key", lambda: time.sleep(epoch.MAX_AGE_S))
         append_server_record(
             locked.tenant,
-            "ADMIN_API_KEY_REVOKED",
+            Event.ADMIN_API_KEY_REVOKED,
             {
                 "prefix": locked.prefix,
                 "name": locked.name,
@@ -268,7 +269,7 @@ def change_member_role(membership: Membership, role: str, *, actor: str) -> Memb
         current.save(update_fields=["role"])
         append_server_record(
             current.tenant,
-            "ADMIN_MEMBER_ROLE_CHANGED",
+            Event.ADMIN_MEMBER_ROLE_CHANGED,
             {"user": current.user.get_username(), "old": {"role": previous}, "new": {"role": role}},
             actor=actor,
         )
@@ -288,7 +289,7 @@ def remove_member(membership: Membership, *, actor: str) -> None:
         live.close_member_sockets(current.tenant_id, current.user_id)
         append_server_record(
             current.tenant,
-            "ADMIN_MEMBER_REMOVED",
+            Event.ADMIN_MEMBER_REMOVED,
             {"user": current.user.get_username(), "old": {"role": current.role}, "new": None},
             actor=actor,
         )
