@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane import merkle, note
+from sagaplane.events import Event
 
 from audit.jsonvalues import index_text
 from audit.services import append_server_record
@@ -142,7 +143,7 @@ def rotate_signing_key(tenant: Tenant, *, actor: str) -> LogSigningKey:
         _extend_and_sign(tenant, state, target=state.size, force=True)
         append_server_record(
             tenant,
-            "ADMIN_SIGNING_KEY_ROTATED",
+            Event.ADMIN_SIGNING_KEY_ROTATED,
             {"old": before, "new": _key_ids_by_status()},
             actor=actor,
         )
@@ -160,7 +161,7 @@ def finish_key_rotation(tenant: Tenant, *, actor: str) -> int:
         if retired:
             append_server_record(
                 tenant,
-                "ADMIN_SIGNING_KEY_ROTATION_FINISHED",
+                Event.ADMIN_SIGNING_KEY_ROTATION_FINISHED,
                 {"old": before, "new": _key_ids_by_status()},
                 actor=actor,
             )
@@ -497,7 +498,7 @@ def request_export(
         )
         append_server_record(
             tenant,
-            "AUDIT_EXPORT_REQUESTED",
+            Event.AUDIT_EXPORT_REQUESTED,
             {
                 "export": str(export.pk),
                 "old": None,
@@ -518,7 +519,7 @@ def record_export_download(tenant: Tenant, export: Export, *, actor: str) -> Non
     with tenant_context(tenant):
         append_server_record(
             tenant,
-            "AUDIT_EXPORT_DOWNLOADED",
+            Event.AUDIT_EXPORT_DOWNLOADED,
             {
                 "export": str(export.pk),
                 "first": export.first,

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Max, Min
+from sagaplane.events import Event
 from sagaplane.leaf import leaf_data
 
 from audit import services as audit_services
@@ -122,7 +123,7 @@ def saga_records(tenant: Tenant, saga_id: str) -> list[LeafRecord]:
 
 
 # What the integrator appends to the server stream when a saga ends (transparency.services).
-SEAL_EVENT = "SAGA_SEALED"
+SEAL_EVENT = Event.SAGA_SEALED
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, transaction
 from sagaplane import cosignature, note, policy
+from sagaplane.events import Event
 
 from audit.services import append_server_record
 from controlplane import outbound
@@ -70,7 +71,7 @@ def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: str) -
         except IntegrityError:
             raise DomainError(409, "duplicate_witness", f"name: a witness is already named {name}") from None
         append_server_record(
-            tenant, "ADMIN_WITNESS_ADDED", {"old": None, "new": _witness_values(witness)}, actor=actor
+            tenant, Event.ADMIN_WITNESS_ADDED, {"old": None, "new": _witness_values(witness)}, actor=actor
         )
     return witness
 
@@ -89,7 +90,7 @@ def remove_witness(tenant: Tenant, witness_id: int, *, actor: str) -> None:
         row.save(update_fields=["quorum"])
         append_server_record(
             tenant,
-            "ADMIN_WITNESS_REMOVED",
+            Event.ADMIN_WITNESS_REMOVED,
             {"old": old, "new": {"witness": None, "quorum": row.quorum}},
             actor=actor,
         )
@@ -115,7 +116,7 @@ def set_quorum(tenant: Tenant, *, quorum: Any, actor: str) -> int:
             row.save(update_fields=["quorum"])
             append_server_record(
                 tenant,
-                "ADMIN_WITNESS_QUORUM_SET",
+                Event.ADMIN_WITNESS_QUORUM_SET,
                 {"old": {"quorum": old}, "new": {"quorum": quorum}},
                 actor=actor,
             )
