@@ -40,6 +40,7 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 from django.utils import timezone
+from sagaplane.events import Event
 from webauthn import (
     generate_authentication_options,
     generate_registration_options,
@@ -308,7 +309,7 @@ def register(
             )
             _record(
                 user,
-                "ADMIN_PASSKEY_REGISTERED",
+                Event.ADMIN_PASSKEY_REGISTERED,
                 {**_summary(passkey), "old": None, "new": {"name": name, "revoked_at": None}},
                 actor=actor,
             )
@@ -337,7 +338,7 @@ def rename(user: User, passkey_id: int, name: Any, *, actor: str) -> Passkey:
         passkey.save(update_fields=["name"])
         _record(
             user,
-            "ADMIN_PASSKEY_RENAMED",
+            Event.ADMIN_PASSKEY_RENAMED,
             {**_summary(passkey), "old": {"name": old}, "new": {"name": name}},
             actor=actor,
         )
@@ -354,7 +355,7 @@ def revoke(user: User, passkey_id: int, *, actor: str) -> Passkey:
         passkey.save(update_fields=["revoked_at"])
         _record(
             user,
-            "ADMIN_PASSKEY_REVOKED",
+            Event.ADMIN_PASSKEY_REVOKED,
             {
                 **_summary(passkey),
                 "name": passkey.name,
