@@ -27,6 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from sagaplane import certificate as sdk_certificate
+from sagaplane.events import Event
 
 from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
@@ -47,10 +48,10 @@ from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 
-VERDICT_EVENT = "RECONCILIATION_VERDICT"
-RECHECK_EVENT = "RECONCILIATION_RECHECK"
+VERDICT_EVENT = Event.RECONCILIATION_VERDICT
+RECHECK_EVENT = Event.RECONCILIATION_RECHECK
 PASS_ACTOR = "system:reconciliation"
-COMPENSATED_EVENTS = ("COMPENSATED",)
+COMPENSATED_EVENTS = (Event.COMPENSATED,)
 # One pass looks at most this many new leaves per tenant; the next tick goes on from there.
 SCAN_LEAVES = 50_000
 MAX_CLAIM = 50
@@ -520,7 +521,7 @@ def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: str) -> Reconciliatio
 
 # ---------------------------------------------------------------------------------- certificate
 
-CERTIFICATE_EVENT = "AUDIT_CERTIFICATE_ISSUED"
+CERTIFICATE_EVENT = Event.AUDIT_CERTIFICATE_ISSUED
 
 
 def _iso(moment: datetime) -> str:
