@@ -24,6 +24,7 @@ from django.core import signing
 from django.db import IntegrityError, connection, transaction
 from django.urls import reverse
 from django.utils import timezone
+from sagaplane.events import Event
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
@@ -205,7 +206,7 @@ class DjangoInstallationStore(InstallationStore):
                 ) from None
             append_server_record(
                 self.tenant,
-                "SLACK_INSTALLED",
+                Event.SLACK_INSTALLED,
                 {"team_id": row.team_id, "old": old, "new": installation_values(row)},
                 actor=self.actor,
             )
@@ -264,7 +265,7 @@ class DjangoInstallationStore(InstallationStore):
             row.delete()
             append_server_record(
                 self.tenant,
-                "SLACK_UNINSTALLED",
+                Event.SLACK_UNINSTALLED,
                 {"team_id": old["team_id"], "old": {**old, "linked_users": links}, "new": None},
                 actor=self.actor,
             )
@@ -410,7 +411,7 @@ def set_channel(tenant: Tenant, channel_id: Any, *, actor: str) -> Installation:
         row.save(update_fields=["channel_id", "channel_name"])
         append_server_record(
             tenant,
-            "SLACK_CHANNEL_CHANGED",
+            Event.SLACK_CHANNEL_CHANGED,
             {
                 "team_id": row.team_id,
                 "old": old,
@@ -433,7 +434,7 @@ def set_email_matching(tenant: Tenant, enabled: bool, *, actor: str) -> None:
         row.save(update_fields=["email_matching"])
         append_server_record(
             tenant,
-            "SLACK_EMAIL_MATCHING_CHANGED",
+            Event.SLACK_EMAIL_MATCHING_CHANGED,
             {
                 "team_id": row.team_id,
                 "old": {"email_matching": not enabled},
@@ -504,7 +505,7 @@ def link_user(
         link = UserLink.objects.create(team_id=team_id, slack_user_id=slack_user_id, user=user, how=how)
         append_server_record(
             tenant,
-            "SLACK_USER_LINKED",
+            Event.SLACK_USER_LINKED,
             {
                 "member": user.get_username(),
                 "old": old,
@@ -524,7 +525,7 @@ def unlink_user(tenant: Tenant, user: Any, *, actor: str) -> bool:
         link.delete()
         append_server_record(
             tenant,
-            "SLACK_USER_UNLINKED",
+            Event.SLACK_USER_UNLINKED,
             {"member": user.get_username(), "old": old, "new": None},
             actor=actor,
         )
