@@ -5,6 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from sagaplane.events import Event
+
 from fleet import gate
 from fleet.actions.changes import FleetError, check_common, create_policy, delete_policy
 from fleet.models import BudgetLimit, OnCap
@@ -61,7 +63,7 @@ def create_budget(
             "on_cap": on_cap,
         },
         actor=actor,
-        event="FLEET_BUDGET_CREATED",
+        event=Event.FLEET_BUDGET_CREATED,
         subject="budget",
         values=budget_values,
     )
@@ -73,7 +75,7 @@ def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
         BudgetLimit,
         budget_id,
         actor=actor,
-        event="FLEET_BUDGET_DELETED",
+        event=Event.FLEET_BUDGET_DELETED,
         subject="budget",
         values=budget_values,
     )

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
+from sagaplane.events import Event
 
 from audit.services import append_server_record
 from fleet import gate
@@ -55,7 +56,10 @@ def halt(
             expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
         )
         append_server_record(
-            tenant, "KILLSWITCH_ENGAGED", {"halt": row.pk, "old": None, "new": halt_values(row)}, actor=actor
+            tenant,
+            Event.KILLSWITCH_ENGAGED,
+            {"halt": row.pk, "old": None, "new": halt_values(row)},
+            actor=actor,
         )
         changed_after_commit(tenant)
     return row
@@ -74,7 +78,7 @@ def resume(tenant: Tenant, halt_id: int, *, actor: str) -> Halt | None:
         row.save(update_fields=["lifted_at", "lifted_by"])
         append_server_record(
             tenant,
-            "KILLSWITCH_RELEASED",
+            Event.KILLSWITCH_RELEASED,
             {"halt": row.pk, "old": {"in_force": True}, "new": {"in_force": False}, "scope": row.scope},
             actor=actor,
         )

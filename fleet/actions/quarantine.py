@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sagaplane.events import Event
+
 from audit.services import append_server_record
 from fleet.actions.changes import FleetError, changed_after_commit
 from fleet.models import Quarantine
@@ -39,7 +41,7 @@ def quarantine(
         row = Quarantine.objects.create(saga_id=saga_id, reason=reason, actor=actor, preemptive=unknown)
         append_server_record(
             tenant,
-            "SAGA_QUARANTINED",
+            Event.SAGA_QUARANTINED,
             {
                 "saga_id": saga_id,
                 "old": None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sagaplane.events import Event
+
 from fleet.actions.changes import FleetError, check_common, create_policy, delete_policy
 from fleet.models import RateLimit
 from tenants.models import Tenant
@@ -32,7 +34,7 @@ def create_rate_limit(
         RateLimit,
         {"name": name, "tool": tool, "max_calls": max_calls, "window_s": window_s, "per": per},
         actor=actor,
-        event="FLEET_RATE_LIMIT_CREATED",
+        event=Event.FLEET_RATE_LIMIT_CREATED,
         subject="rate_limit",
         values=rate_limit_values,
     )
@@ -44,7 +46,7 @@ def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None
         RateLimit,
         rate_limit_id,
         actor=actor,
-        event="FLEET_RATE_LIMIT_DELETED",
+        event=Event.FLEET_RATE_LIMIT_DELETED,
         subject="rate_limit",
         values=rate_limit_values,
     )
