@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from sagaplane.events import Event
 
 from audit.services import (
     append_server_record,
@@ -55,7 +56,7 @@ def retry(tenant: Tenant, job_id: Any, *, actor: str) -> Job:
         job.save(update_fields=["state", "attempts", "available_at", "escalation"])
         append_server_record(
             tenant,
-            "RECOVERY_RETRY",
+            Event.RECOVERY_RETRY,
             {
                 "saga_id": job.saga_id,
                 "step_id": job.step_id,
@@ -84,7 +85,7 @@ def resolve(tenant: Tenant, job_id: Any, *, actor: str, note: Any) -> Job:
         job.save(update_fields=["state", "note", "resolved_by", "finished_at"])
         append_server_record(
             tenant,
-            "RECOVERY_RESOLVED",
+            Event.RECOVERY_RESOLVED,
             {
                 "saga_id": job.saga_id,
                 "step_id": job.step_id,
@@ -119,7 +120,7 @@ def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> None
             run.save(update_fields=["state", "finished_at"])
             append_server_record(
                 tenant,
-                "RECOVERY_CANCELLED",
+                Event.RECOVERY_CANCELLED,
                 {
                     "saga_id": saga_id,
                     "run_id": run.pk,

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
+from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
 from controlplane.numbers import finite_number
@@ -21,8 +22,8 @@ from tenants.models import Tenant
 log = logging.getLogger(__name__)
 
 MAX_LEASE_TTL = 1e9  # as the saga projection: longer is not a lease
-LEASE_EVENTS = frozenset({"SAGA_START", "SAGA_LEASE"})
-END_EVENTS = frozenset({"SAGA_COMPLETE", "SAGA_ABORTED"})
+LEASE_EVENTS = frozenset({Event.SAGA_START, Event.SAGA_LEASE})
+END_EVENTS = frozenset({Event.SAGA_COMPLETE, Event.SAGA_ABORTED})
 
 
 def _ttl(value: Any) -> float | None:
@@ -63,7 +64,7 @@ def _update_leases(tenant: Tenant, items: Sequence[tuple[Any, dict[str, Any]]]) 
         if row.event in END_EVENTS:
             lease.state = LeaseState.ENDED
             continue
-        if row.event == "SAGA_START":
+        if row.event == Event.SAGA_START:
             ttl = _ttl((fields or {}).get("lease_ttl"))
             lease.lease_ttl = ttl if ttl is not None else lease.lease_ttl
         when = row.received_at or timezone.now()

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
+from sagaplane.events import Event
 
 from audit.services import (
     queue_server_records,
@@ -92,7 +93,7 @@ def complete_locked(
         job.lease_expires_at = None
         records.append(
             (
-                "COMPENSATED",
+                Event.COMPENSATED,
                 {
                     "saga_id": job.saga_id,
                     "step_id": job.step_id,
@@ -143,7 +144,7 @@ def fail(
         job.lease_expires_at = None
         evidence: list[tuple[str, dict[str, Any]]] = [
             (
-                "COMPENSATION_FAILED",
+                Event.COMPENSATION_FAILED,
                 {
                     "saga_id": job.saga_id,
                     "step_id": job.step_id,

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import connection
 from django.utils import timezone
+from sagaplane.events import Event
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 
 from audit.services import (
@@ -215,7 +216,7 @@ def _started_record(request: RunRequest, plans: list[_Plan], run: Run) -> tuple[
     escalated_steps = {p.step_id: str(p.escalation) for p in plans if p.escalation}
     if escalated_steps:
         fields["escalated"] = escalated_steps
-    return ("RECOVERY_ESCALATED" if escalated_steps else "RECOVERY_STARTED", fields)
+    return (Event.RECOVERY_ESCALATED if escalated_steps else Event.RECOVERY_STARTED, fields)
 
 
 _JOB_COLUMNS: frozenset[str] = frozenset(str(field.column) for field in Job._meta.concrete_fields)
@@ -272,7 +273,7 @@ def escalate(
         run.state = RunState.ESCALATED
         run.save(update_fields=["state"])
     record = (
-        "RECOVERY_ESCALATED",
+        Event.RECOVERY_ESCALATED,
         {
             "saga_id": job.saga_id,
             "run_id": run.pk,
@@ -353,7 +354,7 @@ def advance_runs(
             }
             if run.to_ordinal:
                 end["to_step"] = run.to_ordinal
-            ended.append(("ROLLBACK_END", end))
+            ended.append((Event.ROLLBACK_END, end))
         if dirty:
             changed.append(run)
     # Grouped UPDATEs (a few distinct values), not bulk_update's CASE per row: that cost more

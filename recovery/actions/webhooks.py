@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from django.utils import timezone
+from sagaplane.events import Event
 
 from audit.services import (
     append_server_record,
@@ -59,7 +60,7 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
         )
         append_server_record(
             tenant,
-            "RECOVERY_WEBHOOK_SET",
+            Event.RECOVERY_WEBHOOK_SET,
             {"old": old, "new": {"url": url, "handlers": handlers, "secret": "rotated"}},
             actor=actor,
         )
@@ -73,7 +74,7 @@ def delete_webhook(tenant: Tenant, *, actor: str) -> None:
             return
         old = {"url": existing.url, "handlers": existing.handlers}
         existing.delete()
-        append_server_record(tenant, "RECOVERY_WEBHOOK_DELETED", {"old": old, "new": None}, actor=actor)
+        append_server_record(tenant, Event.RECOVERY_WEBHOOK_DELETED, {"old": old, "new": None}, actor=actor)
 
 
 def webhook_secret(hook: Webhook) -> str:
