@@ -23,6 +23,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+from sagaplane.events import Event
 
 from approvals import external, services
 from approvals.models import ApprovalRequest, Status
@@ -55,7 +56,7 @@ WANTED: dict[str, list[str]] = {
 
 def _saga_of(stream: Any, position: int) -> str:
     started = (
-        Record.objects.filter(stream=stream, event="SAGA_START", position__lt=position)
+        Record.objects.filter(stream=stream, event=Event.SAGA_START, position__lt=position)
         .exclude(saga_id="")
         .order_by("-position")
         .values_list("saga_id", flat=True)
@@ -80,7 +81,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
     wanted = [
         (row, fields)
         for row, fields in appended.items
-        if row.event == "APPROVAL_REQUESTED" and isinstance(fields.get("request_id"), str)
+        if row.event == Event.APPROVAL_REQUESTED and isinstance(fields.get("request_id"), str)
     ]
     # The key that shipped them: its creator is the requester (approvals/external.py).
     shipper = api_key_prefix_of(appended.actor)

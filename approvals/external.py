@@ -26,6 +26,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane.chain import canonical
+from sagaplane.events import Event
 
 from approvals.models import ApprovalRequest, Source, Status
 from approvals.services import BUDGET_RULES, _announce, _decide, _record, _requester, action_of
@@ -94,7 +95,7 @@ def open_external(
             return found
         _record(
             tenant,
-            "APPROVAL_REQUESTED",
+            Event.APPROVAL_REQUESTED,
             row,
             {
                 "source": Source.AGENT_SAGA.value,
@@ -135,7 +136,7 @@ def _refuse_conflict(
     """Another action under a known request id (inside the tenant, the row locked)."""
     _record(
         tenant,
-        "APPROVAL_CONFLICT",
+        Event.APPROVAL_CONFLICT,
         row,
         {
             "external_id": row.external_id,
