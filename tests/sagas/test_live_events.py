@@ -178,7 +178,7 @@ def test_signing_out_closes_that_sessions_sockets_only(bob: Person) -> None:
 
     outcome = async_to_sync(scenario)()
     assert outcome == {
-        "logout": 200,
+        "logout": 302,  # signed out, sent to the sign-in page
         "closed": 4403,
         "staying": ["after-sign-out"],
         "leaving_after": True,
