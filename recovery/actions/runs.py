@@ -3,14 +3,12 @@ effect may stand), advanced as their jobs finish, and the human queue's escalati
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.utils import timezone
 from sagaplane.events import Event
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
@@ -18,6 +16,7 @@ from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 from audit.services import (
     append_server_records,
 )
+from recovery import queries
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR, TEXT_MAX
 from recovery.actions.webhooks import wake_webhooks
 from recovery.models import (
@@ -158,7 +157,7 @@ def start_runs(tenant: Tenant, requests: Sequence[RunRequest], *, actor: str) ->
             delivery = Delivery.WEBHOOK if hooks[plan.handler] else Delivery.WORKER
             jobs.append(_job_row(tenant, run, plan, delivery, now))
         records.append(_started_record(request, plans, run))
-    _insert_jobs(jobs)
+    queries.insert_jobs(jobs)
     append_server_records(tenant, records, actor=actor)
     runs = [run for _, _, run in planned]
     if any(hooks.values()):
@@ -169,7 +168,7 @@ def start_runs(tenant: Tenant, requests: Sequence[RunRequest], *, actor: str) ->
 
 
 def _job_row(tenant: Tenant, run: Run, plan: _Plan, delivery: str, now: datetime) -> dict[str, Any]:
-    """A new job's row, every column by name (`_insert_jobs`)."""
+    """A new job's row, every column by name (`queries.insert_jobs`)."""
     return {
         "id": uuid.uuid4(),
         "tenant_id": tenant.pk,
@@ -217,37 +216,6 @@ def _started_record(request: RunRequest, plans: list[_Plan], run: Run) -> tuple[
     if escalated_steps:
         fields["escalated"] = escalated_steps
     return (Event.RECOVERY_ESCALATED if escalated_steps else Event.RECOVERY_STARTED, fields)
-
-
-_JOB_COLUMNS: frozenset[str] = frozenset(str(field.column) for field in Job._meta.concrete_fields)
-
-
-def _insert_jobs(rows: list[dict[str, Any]]) -> None:
-    """Insert new jobs (every column given, by column name). On Postgres one INSERT from one JSON
-    document (`json_populate_recordset` over the table's row type): a takeover of a thousand
-    sagas spent seconds in bulk_create's per-field preparation. Elsewhere bulk_create."""
-    if not rows:
-        return
-    if set(rows[0]) != _JOB_COLUMNS:  # the model gained or lost a column: keep this in step
-        raise RuntimeError(f"job rows name {sorted(set(rows[0]) ^ _JOB_COLUMNS)} wrongly")
-    if connection.vendor != "postgresql":
-        Job.objects.bulk_create([Job(**row) for row in rows])
-        return
-    table = connection.ops.quote_name(Job._meta.db_table)
-    document = json.dumps(rows, default=_json_value, separators=(",", ":"))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, %s::json)",  # noqa: S608 (the model's table name)
-            [document],
-        )
-
-
-def _json_value(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} in a job row")
 
 
 def escalate(

@@ -7,13 +7,14 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.db.models import F, Q
 from django.utils import timezone
 
 from audit.services import (
     flush_server_records,
 )
+from recovery import queries
 from recovery.actions.common import SYSTEM_ACTOR, claimable, quarantined_out
 from recovery.actions.runs import RunRequest, escalate, start_runs
 from recovery.actions.webhooks import enqueue_delivery
@@ -80,12 +81,12 @@ def take_over_expired(
     expired by the time it starts. The leases are locked `SKIP LOCKED` (on SQLite every write
     transaction is IMMEDIATE, so takers run one after another), so two takers never take one
     saga. `exclusive` (a worker's claim): only while no one else is taking this tenant's leases
-    over (`_takeover_turn`), never waiting for them. `now` (tests) fixes the clock."""
+    over (`queries.takeover_turn`), never waiting for them. `now` (tests) fixes the clock."""
     taken = 0
     while taken < limit:
         moment = now or timezone.now()
         with tenant_context(tenant):
-            if exclusive and not _takeover_turn(tenant):
+            if exclusive and not queries.takeover_turn(tenant):
                 break
             leases = list(
                 quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=moment))
@@ -97,22 +98,6 @@ def take_over_expired(
             _take_over(tenant, leases, moment)
         taken += len(leases)
     return taken
-
-
-# pg_try_advisory_xact_lock's first key: "recovery takeover"; the second is the tenant.
-_TAKEOVER_LOCK_CLASS = 0x5245_4356
-
-
-def _takeover_turn(tenant: Tenant) -> bool:
-    """Inside a transaction: whether this transaction may take the tenant's expired leases over
-    now. Postgres: a transaction-scoped advisory lock per tenant, tried, never waited for (the
-    other taker is doing it). SQLite: always (write transactions already run one at a time)."""
-    if connection.vendor != "postgresql":
-        return True
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_TAKEOVER_LOCK_CLASS, tenant.pk % 2**31])
-        row = cursor.fetchone()
-    return bool(row and row[0])
 
 
 # A claim looks for expired leases at most this often per tenant and process (one indexed
