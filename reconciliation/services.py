@@ -24,7 +24,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
 from django.utils import timezone
 from sagaplane import certificate as sdk_certificate
 from sagaplane.events import Event
@@ -35,6 +34,7 @@ from audit.services import append_server_record, append_server_records, flush_se
 from controlplane.errors import DomainError
 from controlplane.postcommit import after_commit
 from reconciliation import cross_tenant
+from reconciliation.leases import CHECKS, WORKER_MAX, claim_due
 from reconciliation.models import (
     OPEN_STATUSES,
     CheckStatus,
@@ -56,7 +56,6 @@ COMPENSATED_EVENTS = (Event.COMPENSATED,)
 SCAN_LEAVES = 50_000
 MAX_CLAIM = 50
 DETAIL_MAX = 500
-WORKER_MAX = 200
 HANDLER_MAX = 200
 
 
@@ -76,10 +75,6 @@ def _delay() -> timedelta:
 
 def _window() -> timedelta:
     return timedelta(seconds=settings.SAGAPLANE_RECONCILE_WINDOW_SECONDS)
-
-
-def _lease() -> timedelta:
-    return timedelta(seconds=settings.SAGAPLANE_RECONCILE_LEASE_SECONDS)
 
 
 def _clean(text: Any, limit: int) -> str:
@@ -293,31 +288,7 @@ def claim(
     operational, not evidence: the verdict's record names the observer and the token it held."""
     names = _handlers(handlers)
     with tenant_context(tenant):
-        return _claim_due(names, worker=worker, limit=max(1, min(int(limit), MAX_CLAIM)))
-
-
-def _claim_due(handlers: list[str] | None, *, worker: str, limit: int) -> list[ReconciliationCheck]:
-    """In the active tenant: claim due checks of `handlers` (None: any handler)."""
-    now = timezone.now()
-    claimable = Q(status=CheckStatus.PENDING) | Q(status=CheckStatus.CLAIMED, lease_expires_at__lte=now)
-    due = ReconciliationCheck.objects.select_for_update(skip_locked=True).filter(
-        claimable, not_before__lte=now, deadline__gt=now
-    )
-    due = due.filter(handler__in=handlers) if handlers is not None else due.exclude(handler="")
-    claimed = []
-    for check in list(due.order_by("not_before")[:limit]):
-        # Conditional on the token read: where the database has no row locks (SQLite) a racing
-        # claimer's update wins and this one skips the check.
-        won = ReconciliationCheck.objects.filter(pk=check.pk, token=check.token).update(
-            status=CheckStatus.CLAIMED,
-            token=F("token") + 1,
-            claimed_by=worker[:WORKER_MAX],
-            lease_expires_at=now + _lease(),
-        )
-        if won:
-            check.refresh_from_db()
-            claimed.append(check)
-    return claimed
+        return claim_due(names, worker=worker, limit=max(1, min(int(limit), MAX_CLAIM)))
 
 
 # ----------------------------------------------------------------------------------- the webhook
@@ -339,7 +310,7 @@ def claim_for_webhook(tenant: Tenant) -> list[tuple[str, int]]:
         if hook is None:
             return []
         handlers = list(hook.handlers) or None
-        claimed = _claim_due(handlers, worker=WEBHOOK_OBSERVER, limit=WEBHOOK_BATCH)
+        claimed = claim_due(handlers, worker=WEBHOOK_OBSERVER, limit=WEBHOOK_BATCH)
         due = [(str(c.pk), c.token) for c in claimed]
         if due:
             tenant_id = tenant.pk
@@ -444,7 +415,7 @@ def _report_all(
                     )
                 )
                 continue
-            if check.status != CheckStatus.CLAIMED or check.token != token:
+            if not CHECKS.holds(check, token):
                 outcomes.append(
                     ReconciliationError(
                         409,

@@ -8,21 +8,18 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.numbers import finite_number
-from fleet import selectors as fleet_selectors
+from core.claims import Increment, Leased, SetIfNull
+from core.claims import claim as claim_rows
 from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, RecoveryError, claimable
 from recovery.actions.takeover import take_over_on_claim
 from recovery.models import (
     Delivery,
     Job,
     JobState,
-    Run,
-    RunState,
 )
 from tenants.models import Tenant
 from tenants.scoping import joined_tenant_context, tenant_context
@@ -74,6 +71,18 @@ def claim(
     return jobs[0] if jobs else None
 
 
+# The job's lease (core.claims): a claim takes a pending job, or a claimed one whose lease ran out.
+JOBS = Leased(
+    Job,
+    state="state",
+    claimed=JobState.CLAIMED,
+    claimable=(JobState.PENDING, JobState.CLAIMED),
+    token="epoch",
+    holder="claimed_by",
+    lease="lease_expires_at",
+)
+
+
 def claim_many(
     tenant: Tenant,
     *,
@@ -84,141 +93,38 @@ def claim_many(
     delivery: str = Delivery.WORKER,
     job_id: uuid.UUID | str | None = None,
 ) -> list[Job]:
-    """Take up to `max_jobs` (default 1) jobs this claimer can run, in one transaction: the
-    candidates are locked (`SKIP LOCKED` on Postgres) and claimed by one conditional UPDATE that
-    re-checks readiness, raises each one's fencing token and sets its lease. A run has one job at
-    its frontier, so a batch never holds two jobs of one saga: newest first still holds."""
+    """Take up to `max_jobs` (default 1) jobs this claimer can run, in one statement
+    (`core.claims.claim`): the candidates (`claimable`) are locked (`SKIP LOCKED` on Postgres)
+    and claimed by one conditional UPDATE guarded by each one's fencing token as picked, which
+    it raises, setting the lease. A run has one job at its frontier, so a batch never holds two
+    jobs of one saga: newest first still holds."""
     seconds = lease_seconds(lease_s)
     limit = _claim_batch_size(max_jobs)
     if job_id is None:
         take_over_on_claim(tenant)
-    with joined_tenant_context(tenant):  # its one write is its last statement
+    names = None if handlers is None else list(handlers)
+    wanted = None if job_id is None else uuid.UUID(str(job_id))
+
+    def candidates(now: datetime) -> QuerySet[Job]:
+        ready = claimable(now, delivery)
+        if names is not None:
+            ready = ready.filter(handler__in=names)
+        if wanted is not None:
+            ready = ready.filter(pk=wanted)
+        return ready.order_by("available_at", "created_at")
+
+    with joined_tenant_context(tenant):  # its one write is its only statement
         now = timezone.now()
-        expires = now + timedelta(seconds=seconds)
-        name = worker[:200]
-        if connection.vendor == "postgresql":
-            return _claim_in_one_statement(
-                tenant,
-                name=name,
-                handlers=handlers,
-                delivery=delivery,
-                job_id=job_id,
-                limit=limit,
-                now=now,
-                expires=expires,
-            )
-        candidates = claimable(now, delivery)
-        if handlers is not None:
-            candidates = candidates.filter(handler__in=list(handlers))
-        if job_id is not None:
-            candidates = candidates.filter(pk=job_id)
-        picked = list(
-            candidates.order_by("available_at", "created_at")
-            .select_for_update(skip_locked=True, of=("self",))
-            .values_list("pk", "epoch")[:limit]
+        return claim_rows(
+            JOBS,
+            candidates,
+            now=now,
+            holder=worker,
+            lease_until=now + timedelta(seconds=seconds),
+            limit=limit,
+            shape=(tenant.pk, str(delivery), None if names is None else tuple(names), wanted),
+            also={"attempts": Increment(), "first_claimed_at": SetIfNull(now)},
         )
-        if not picked:
-            return []
-        # Guarded by each row's epoch as picked (and a state a claim may leave): on Postgres the
-        # rows are locked, on SQLite (no row locks) a claimer that took one of them a moment
-        # earlier raised its epoch, and a holder that finished it changed its state, so this
-        # claim takes nothing of those. (Re-testing the whole readiness query in the UPDATE costs
-        # seconds a batch on Postgres: its joins and row-level security per row.)
-        by_epoch: dict[int, list[Any]] = {}
-        for pk, epoch in picked:
-            by_epoch.setdefault(epoch, []).append(pk)
-        guard = Q()
-        for epoch, pks in by_epoch.items():
-            guard |= Q(pk__in=pks, epoch=epoch)
-        Job.objects.filter(guard, state__in=[JobState.PENDING, JobState.CLAIMED]).update(
-            state=JobState.CLAIMED,
-            epoch=F("epoch") + 1,
-            claimed_by=name,
-            lease_expires_at=expires,
-            attempts=F("attempts") + 1,
-            first_claimed_at=Coalesce("first_claimed_at", Value(now)),
-        )
-        epochs = {pk: epoch + 1 for pk, epoch in picked}
-        taken = {
-            job.pk: job
-            for job in Job.objects.filter(
-                pk__in=list(epochs), state=JobState.CLAIMED, claimed_by=name, lease_expires_at=expires
-            )
-            if job.epoch == epochs[job.pk]
-        }
-        return [taken[pk] for pk, _ in picked if pk in taken]
-
-
-def _claim_in_one_statement(
-    tenant: Tenant,
-    *,
-    name: str,
-    handlers: Sequence[str] | None,
-    delivery: str,
-    job_id: uuid.UUID | str | None,
-    limit: int,
-    now: datetime,
-    expires: datetime,
-) -> list[Job]:
-    """Postgres: pick (locked, `SKIP LOCKED`) and claim in one statement, `UPDATE ... FROM` the
-    pick `RETURNING` the claimed rows: a worker running one job at a time pays one statement per
-    claim instead of three (pick, claim, re-read), and no ORM compilation (building and compiling
-    `claimable` cost more than running it). The pick is `claimable`'s readiness written out
-    (the tests run both on both databases); the UPDATE's guard is the one the other databases
-    use (each row's epoch as picked, a state a claim may leave)."""
-    quote = connection.ops.quote_name
-    quarantined, quarantine_params = fleet_selectors.quarantined_saga_ids_sql()
-    conditions = [
-        "j.tenant_id = %s",
-        "((j.state = %s AND j.available_at <= %s) OR (j.state = %s AND j.lease_expires_at < %s))",
-        "r.state = %s",
-        "j.ordinal = r.frontier",
-        "j.delivery = %s",
-        "j.attempts < j.max_attempts",
-        f"j.saga_id NOT IN ({quarantined})",
-    ]
-    params: list[Any] = [
-        tenant.pk,
-        JobState.PENDING,
-        now,
-        JobState.CLAIMED,
-        now,
-        RunState.ACTIVE,
-        delivery,
-        *quarantine_params,
-    ]
-    if handlers is not None:
-        conditions.append("j.handler = ANY(%s)")
-        params.append(list(handlers))
-    if job_id is not None:
-        conditions.append("j.id = %s")
-        params.append(uuid.UUID(str(job_id)))
-    table, runs = quote(Job._meta.db_table), quote(Run._meta.db_table)
-    columns = ", ".join(f"j.{quote(str(f.column))}" for f in Job._meta.concrete_fields)
-    claimed = list(
-        Job.objects.raw(
-            f"WITH picked AS (SELECT j.id, j.epoch FROM {table} j JOIN {runs} r ON r.id = j.run_id "
-            f"WHERE {' AND '.join(conditions)} ORDER BY j.available_at, j.created_at LIMIT %s "
-            "FOR UPDATE OF j SKIP LOCKED) "
-            f"UPDATE {table} AS j SET state = %s, epoch = j.epoch + 1, claimed_by = %s, "
-            "lease_expires_at = %s, attempts = j.attempts + 1, "
-            "first_claimed_at = COALESCE(j.first_claimed_at, %s) "
-            "FROM picked WHERE j.tenant_id = %s AND j.id = picked.id AND j.epoch = picked.epoch "
-            f"AND j.state IN (%s, %s) RETURNING {columns}",
-            [
-                *params,
-                limit,
-                JobState.CLAIMED,
-                name,
-                expires,
-                now,
-                tenant.pk,
-                JobState.PENDING,
-                JobState.CLAIMED,
-            ],
-        )
-    )
-    return sorted(claimed, key=lambda job: (job.available_at, job.created_at))
 
 
 def held(job_id: Any, token: Any) -> Job:
@@ -227,7 +133,7 @@ def held(job_id: Any, token: Any) -> Job:
     job = Job.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
         raise RecoveryError(404, "not_found", "no such recovery job")
-    if job.state != JobState.CLAIMED or job.epoch != token:
+    if not JOBS.holds(job, token):
         raise stale(token)
     return job
 

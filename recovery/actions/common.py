@@ -4,9 +4,9 @@ which jobs a claimer may take now."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db.models import F, Q
+from django.db.models import F, Model, Q, QuerySet
 
 from controlplane.errors import DomainError
 from fleet import selectors as fleet_selectors
@@ -21,6 +21,8 @@ DEFAULT_JOB_LEASE_S = 30.0
 MAX_JOB_LEASE_S = 300.0
 MAX_ATTEMPTS = 5
 TEXT_MAX = 2000
+
+_Row = TypeVar("_Row", bound=Model)
 
 
 class RecoveryError(DomainError):
@@ -47,13 +49,14 @@ def text_field(value: Any, name: str, *, required: bool = False) -> str:
     return value
 
 
-def quarantined_out(queryset: Any) -> Any:
+def quarantined_out(queryset: QuerySet[_Row]) -> QuerySet[_Row]:
+    """`queryset` (of rows with a `saga_id`) without the sagas under a quarantine in force."""
     return queryset.exclude(saga_id__in=fleet_selectors.quarantined_saga_ids())
 
 
-def claimable(now: datetime, delivery: str) -> Any:
-    """Jobs a claimer may take now (written out for Postgres' claim in `_claim_in_one_statement`:
-    change both): ready (pending and due, or claimed with its lease run out and
+def claimable(now: datetime, delivery: str) -> QuerySet[Job]:
+    """Jobs a claimer may take now (the one definition: claims, the sweep and webhook wake-ups
+    ask it): ready (pending and due, or claimed with its lease run out and
     attempts left), of an active run, of a saga not quarantined, and at its run's frontier (the
     newest unfinished step: every later one is finished, so strictly newest first)."""
     ready = Q(state=JobState.PENDING, available_at__lte=now) | Q(

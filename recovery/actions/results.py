@@ -15,7 +15,7 @@ from audit.services import (
     queue_server_records,
 )
 from controlplane import timing
-from recovery.actions.claims import held, stale, token_of
+from recovery.actions.claims import JOBS, held, stale, token_of
 from recovery.actions.common import RecoveryError, text_field
 from recovery.actions.runs import advance_runs, escalate
 from recovery.models import (
@@ -68,7 +68,7 @@ def complete_locked(
             # A completion sent again with the token that recorded it (its answer was lost, or a
             # claim that carried it is retried): the same answer, nothing recorded twice.
             outcomes.append(job)
-        elif job.state != JobState.CLAIMED or job.epoch != token or job.pk in good:
+        elif not JOBS.holds(job, token) or job.pk in good:
             outcomes.append(stale(token))
         else:
             good[job.pk] = job

@@ -65,7 +65,7 @@ def test_insert_jobs_stores_each_column_as_given(tenant_a: Tenant) -> None:
         rows = [_row(tenant_a, run), _row(tenant_a, run, step_id="s1-b", ordinal=1, handler="x")]
         queries.insert_jobs(rows)
         for row in rows:
-            job = Job.objects.get(pk=row["id"])
+            job = Job.objects.get(pk=str(row["id"]))
             stored = {str(f.column): getattr(job, f.attname) for f in Job._meta.concrete_fields}
             assert stored == row
 
