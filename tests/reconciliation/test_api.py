@@ -62,7 +62,7 @@ def test_an_observer_claims_and_answers_over_http(alice: Person, tenant_a: Tenan
 def test_a_stale_token_is_409_in_the_error_shape(
     alice: Person, tenant_a: Tenant, agent_a: Writer, settings
 ) -> None:
-    settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0.001
+    settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     compensated_saga(agent_a, "checkout-1")
     services.scan(tenant_a)
     (old,) = _claim(alice).json()["checks"]

@@ -72,7 +72,7 @@ def test_confirmed_drift_and_unknown_are_three_verdicts_each_recorded(
 
 
 def test_a_stale_token_cannot_record_a_verdict(tenant_a: Tenant, agent_a: Writer, settings) -> None:
-    settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0.001
+    settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     compensated_saga(agent_a, "checkout-1")
     services.scan(tenant_a)
     (first,) = _claim(tenant_a, worker="zombie")

@@ -133,7 +133,7 @@ def test_the_webhook_answers_checks_and_its_answers_are_verdicts(
 def test_a_failed_delivery_is_retried_under_a_new_token(
     tenant_a: Tenant, agent_a: Writer, receiver: tuple[Receiver, str], settings: Any
 ) -> None:
-    settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0.001
+    settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     state, url = receiver
     _, state.secret = recovery.set_webhook(tenant_a, url=url, actor="test")  # every handler
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
