@@ -2,6 +2,7 @@ from csp.decorators import csp_update
 from django.contrib import admin
 from django.templatetags.static import static
 from django.urls import include, path, register_converter
+from django.utils.functional import lazy
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
@@ -20,8 +21,10 @@ urlpatterns = [
     # Pages name their icon; a browser that asks the conventional place anyway is sent to it.
     path(
         "favicon.ico",
+        # Lazy: the hashed name is read from the manifest at the first request, not at import
+        # (`manage.py migrate` imports the URLs before `collectstatic` has written the manifest).
         RedirectView.as_view(
-            url=static("frontend/favicon.svg"), permanent=True, http_method_names=["get", "head"]
+            url=lazy(static, str)("frontend/favicon.svg"), permanent=True, http_method_names=["get", "head"]
         ),
         name="favicon",
     ),
