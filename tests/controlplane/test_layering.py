@@ -24,8 +24,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             # Tenant, TenantScopedModel, tenant_context, members and keys, who may do what.
             "tenants",
-            # Shared mechanisms every app stands on (issue 25): no models (claims, snapshots).
-            "core",
             "controlplane.postcommit",
             "controlplane.errors",
             "controlplane.schema",  # the error shape as documented (imports only DRF)
