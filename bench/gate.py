@@ -731,6 +731,11 @@ def _tree_cpu_s(pid: int) -> float:
 def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
     """The README's production command on a free loopback port."""
 
+    # The production URL map names a static file (the favicon): its manifest must be in this
+    # run's STATIC_ROOT, as `infra/cluster.sh up` collects it before starting the server.
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
+    )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as log_file:
