@@ -15,7 +15,7 @@ from django.db import connection
 
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
-from tenants.scoping import TENANT_SETTING, current_tenant
+from tenants.scoping import TENANT_SETTING
 
 _LEDGER = GateDecision._meta.db_table
 _LEDGER_COLUMNS = (
@@ -98,22 +98,3 @@ def insert_decision(
             values[-1] = connection.ops.adapt_datetimefield_value(decided_at)
             cursor.execute(_ON_SQLITE, values)
         return cursor.fetchone() is not None
-
-
-_compiled: dict[str, str] = {}
-
-
-def quarantined_saga_ids_sql() -> tuple[str, list[Any]]:
-    """`fleet.selectors.quarantined_saga_ids()` as a whole SQL statement and its parameters, for
-    another app's raw statement (recovery's one-statement claim: `saga_id NOT IN (<this>)`). Compiled
-    from the selector, so its tenant filter is the tenant manager's, once per process and database
-    (compiling it costs more than the claim it serves); only the active tenant changes per call."""
-    from fleet import selectors  # (selectors re-exports this function)
-
-    tenant_id = current_tenant().pk
-    sql = _compiled.get(connection.vendor)
-    if sql is None:
-        sql, params = selectors.quarantined_saga_ids().query.sql_with_params()
-        assert list(params) == [tenant_id], params  # the active tenant is its one parameter
-        _compiled[connection.vendor] = sql
-    return sql, [tenant_id]

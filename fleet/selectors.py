@@ -6,13 +6,11 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from fleet.models import Quarantine
-from fleet.queries import quarantined_saga_ids_sql
 
 
 def quarantined_saga_ids() -> QuerySet[Quarantine, str]:
     """Ids of the active tenant's sagas under a quarantine in force, as a query (usable as a
-    subquery: `exclude(saga_id__in=quarantined_saga_ids())`; in a raw statement,
-    `quarantined_saga_ids_sql()`)."""
+    subquery: `exclude(saga_id__in=quarantined_saga_ids())`)."""
     return Quarantine.objects.filter(released_at__isnull=True).values_list("saga_id", flat=True)
 
 
@@ -23,6 +21,3 @@ def is_quarantined(saga_id: str) -> bool:
 def quarantine_of(saga_id: str) -> Quarantine | None:
     """The quarantine in force for this saga of the active tenant, if any."""
     return Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
-
-
-__all__ = ["is_quarantined", "quarantine_of", "quarantined_saga_ids", "quarantined_saga_ids_sql"]

@@ -8,12 +8,11 @@ import json
 import uuid
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from fleet import queries, selectors
+from fleet import queries
 from fleet.gate import GateRequest
-from fleet.models import Decision, GateDecision, Quarantine
+from fleet.models import Decision, GateDecision
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -61,21 +60,3 @@ def test_insert_decision_keeps_one_allow_per_call_and_every_refusal(tenants: tup
         assert rows[refusal_id].idempotency_key == call.idempotency_key
     with tenant_context(other):
         assert [row.pk for row in GateDecision.objects.all()] == [elsewhere_id]
-
-
-def test_quarantined_saga_ids_sql_names_the_active_tenants_quarantines_in_force(
-    tenants: tuple[Tenant, Tenant],
-) -> None:
-    tenant, other = tenants
-    with tenant_context(tenant):
-        Quarantine.objects.create(saga_id="held", reason="r", actor="test")
-        Quarantine.objects.create(saga_id="released", reason="r", actor="test", released_at=timezone.now())
-    with tenant_context(other):
-        Quarantine.objects.create(saga_id="other's", reason="r", actor="test")
-    for active, expected in ((tenant, ["held"]), (other, ["other's"])):
-        with tenant_context(active):
-            sql, params = selectors.quarantined_saga_ids_sql()
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                found = sorted(row[0] for row in cursor.fetchall())
-            assert found == expected == sorted(selectors.quarantined_saga_ids())
