@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals import services, wake
+from approvals import selectors, services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.errors import DomainError
 from controlplane.longpoll import abandoned, release_connection
@@ -97,7 +97,7 @@ def _policy_json(policy: ApprovalPolicy) -> dict[str, Any]:
 
 
 def _request(approval_id: str) -> ApprovalRequest:
-    row = ApprovalRequest.objects.filter(pk=approval_id[:64]).first()
+    row = selectors.request(approval_id)
     if row is None:
         raise DomainError(404, "not_found", "no such approval request")
     return row
@@ -110,7 +110,7 @@ class PolicyListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(operation_id="approval_policies_list", responses={200: _LIST})
     def get(self, request: Request) -> Response:
-        return Response([_policy_json(p) for p in ApprovalPolicy.objects.order_by("name")])
+        return Response([_policy_json(p) for p in selectors.policies()])
 
     @extend_schema(
         operation_id="approval_policies_create",
@@ -134,7 +134,7 @@ class PolicyDetailView(TenantScopedViewMixin, APIView):
 
     @extend_schema(operation_id="approval_policies_retrieve", responses={200: serializers.DictField()})
     def get(self, request: Request, policy_id: int) -> Response:
-        policy = ApprovalPolicy.objects.filter(pk=policy_id).first()
+        policy = selectors.policy(policy_id)
         if policy is None:
             raise DomainError(404, "not_found", "no such approval policy")
         return Response(_policy_json(policy))
@@ -169,7 +169,7 @@ class RequestListView(TenantScopedViewMixin, APIView):
         status = request.query_params.get("status") or None
         if status is not None and status not in Status.values:
             raise DomainError(400, "invalid", f"status: one of {', '.join(Status.values)}", field="status")
-        return Response([services.request_values(r) for r in services.requests(status)])
+        return Response([services.request_values(r) for r in selectors.requests(status)])
 
 
 class BreakGlassListView(TenantScopedViewMixin, APIView):
@@ -179,7 +179,7 @@ class BreakGlassListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(operation_id="approvals_break_glass", responses={200: _LIST})
     def get(self, request: Request) -> Response:
-        return Response(services.break_glass_uses())
+        return Response(selectors.break_glass_uses())
 
 
 class RequestDetailView(TenantScopedViewMixin, APIView):
@@ -190,7 +190,7 @@ class RequestDetailView(TenantScopedViewMixin, APIView):
     @extend_schema(operation_id="approvals_retrieve", responses={200: serializers.DictField()})
     def get(self, request: Request, approval_id: str) -> Response:
         row = _request(approval_id)
-        votes = [services.vote_values(v) for v in row.votes.order_by("created_at", "pk")]
+        votes = [services.vote_values(v) for v in selectors.votes(row)]
         return Response({**services.request_values(row), "rules": row.rules, "votes": votes})
 
 

@@ -2,7 +2,7 @@
 
 - An `APPROVAL_REQUESTED` record in a WAL an agent-saga agent ships (`POST /v1/wal/ingest`) opens
   a request bound to agent-saga's own request id (`external_id`) and to its action, requested by
-  the shipping key's creator (approvals/external.py), once the ingest has committed
+  the shipping key's creator (approvals/actions/external.py), once the ingest has committed
   (`audit.hooks.after_records_committed`; a failure here never refuses evidence). agent-saga does
   not put the saga id in that record: it is the saga the stream last started before it.
 - `GET /v1/approvals?status=` (`SagaCloudClient.pull_approvals`) lists requests in agent-saga's
@@ -25,7 +25,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from sagaplane.events import Event
 
-from approvals import external, services
+from approvals import services
+from approvals.actions import external
 from approvals.models import ApprovalRequest, Status
 from audit.hooks import AppendedRecords
 from audit.models import SERVER_STREAM_ID, Record
@@ -83,7 +84,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
         for row, fields in appended.items
         if row.event == Event.APPROVAL_REQUESTED and isinstance(fields.get("request_id"), str)
     ]
-    # The key that shipped them: its creator is the requester (approvals/external.py).
+    # The key that shipped them: its creator is the requester (approvals/actions/external.py).
     shipper = api_key_prefix_of(appended.actor)
     for row, fields in wanted:
         external_id = fields["request_id"][:128]

@@ -28,10 +28,10 @@ from django.contrib import messages
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 
+from approvals import selectors
 from approvals import services as approvals
-from approvals.models import ApprovalPolicy, ApprovalRequest, Status
+from approvals.models import ApprovalRequest, Status
 from approvals.services import ApprovalError
 from controlplane.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
@@ -42,11 +42,10 @@ from tenants.models import Role
 
 QUEUE_LIMIT = 200
 HISTORY_LIMIT = 200
-DECIDED = [Status.APPROVED, Status.DENIED, Status.EXPIRED, Status.LAPSED, Status.CONSUMED]
 
 
 def _request_or_404(approval_id: str) -> ApprovalRequest:
-    row = ApprovalRequest.objects.filter(pk=approval_id[:64]).first()
+    row = selectors.request(approval_id)
     if row is None:
         raise Http404("no such approval request")
     return row
@@ -66,10 +65,7 @@ def _row(row: ApprovalRequest, membership: Any) -> dict[str, Any]:
 
 
 def _pending(request: MemberRequest) -> list[dict[str, Any]]:
-    rows = ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__gt=timezone.now()).order_by(
-        "expires_at", "pk"
-    )[:QUEUE_LIMIT]
-    return [_row(row, request.membership) for row in rows]
+    return [_row(row, request.membership) for row in selectors.waiting(QUEUE_LIMIT)]
 
 
 @member_page({"GET": READ}, section="approvals")
@@ -84,15 +80,13 @@ def queue_rows(request: MemberRequest) -> HttpResponse:
 
 @member_page({"GET": READ}, section="approvals")
 def history(request: MemberRequest) -> HttpResponse:
-    rows = ApprovalRequest.objects.filter(status__in=DECIDED).order_by("-decided_at", "-created_at", "pk")[
-        :HISTORY_LIMIT
-    ]
+    rows = selectors.decided(HISTORY_LIMIT)
     return page(
         request,
         "frontend/approval_history.html",
         {
             "rows": [_row(row, request.membership) for row in rows],
-            "break_glass": approvals.break_glass_uses(),
+            "break_glass": selectors.break_glass_uses(),
         },
         section="approvals",
     )
@@ -104,7 +98,7 @@ def history(request: MemberRequest) -> HttpResponse:
 def _state(request: MemberRequest, row: ApprovalRequest) -> dict[str, Any]:
     return {
         "row": _row(row, request.membership),
-        "votes": [approvals.vote_values(v) for v in row.votes.order_by("created_at", "pk")],
+        "votes": [approvals.vote_values(v) for v in selectors.votes(row)],
     }
 
 
@@ -117,7 +111,7 @@ def state(request: MemberRequest, approval_id: str) -> HttpResponse:
 @member_page({"GET": READ}, section="approvals")
 def detail(request: MemberRequest, approval_id: str) -> HttpResponse:
     row = _request_or_404(approval_id)
-    voted = row.votes.filter(user_id=request.user.pk).exists()
+    voted = selectors.has_voted(row, request.user.pk)
     return page(
         request,
         "frontend/approval_detail.html",
@@ -265,7 +259,7 @@ def _policies_page(
 ) -> HttpResponse:
     rows = [
         {**approvals.policy_values(p), "id": p.pk, "predicates_json": json.dumps(p.predicates)}
-        for p in ApprovalPolicy.objects.order_by("name")
+        for p in selectors.policies()
     ]
     return page(
         request,
@@ -304,7 +298,7 @@ def policy_create(request: MemberRequest) -> HttpResponse:
 
 @member_page({"POST": APPROVAL_POLICIES_CHANGE}, section="approvals")
 def policy_toggle(request: MemberRequest, policy_id: int) -> HttpResponse:
-    policy = ApprovalPolicy.objects.filter(pk=policy_id).first()
+    policy = selectors.policy(policy_id)
     if policy is None:
         raise Http404("no such approval policy")
     approvals.update_policy(request.tenant, policy.pk, actor=actor_of(request), enabled=not policy.enabled)

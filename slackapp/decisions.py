@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from approvals import selectors as approval_selectors
 from approvals import services as approvals
-from approvals.models import ApprovalRequest, Status, Vote, VoteChoice
+from approvals.models import Status, VoteChoice
 from fleet import services as fleet
 from slackapp import blocks, selectors, services
-from slackapp.models import Installation, RequestMessage, UserLink
+from slackapp.models import Installation
 from tenants.actors import shown_name
 from tenants.models import Membership, Tenant
 from tenants.scoping import tenant_context
@@ -62,7 +63,7 @@ def status_text(tenant: Tenant, membership: Membership) -> str:
     """What `/saga-status` answers: the halts in force and the requests waiting for votes."""
     with tenant_context(tenant):
         halts = fleet.halts_in_force()
-        pending = approvals.requests(Status.PENDING, limit=20)
+        pending = approval_selectors.requests(Status.PENDING, limit=20)
         yours = [r for r in pending if approvals.eligible(r, membership)]
     lines = [f"*{blocks.esc(tenant.name)}*"]
     if halts:
@@ -95,19 +96,15 @@ def _installation(tenant: Tenant) -> Installation | None:
 def _request(tenant: Tenant, request_id: str) -> tuple[dict[str, Any], list[str]] | None:
     """The request as it stands (its JSON) and who decided it (mentions of linked Slack users)."""
     with tenant_context(tenant):
-        row = ApprovalRequest.objects.filter(pk=request_id).first()
+        row = approval_selectors.request(request_id)
         if row is None:
             return None
         values = approvals.request_values(row)
         deciders: list[str] = []
         if row.status != Status.PENDING and row.status != Status.EXPIRED:
             wanted = VoteChoice.DENY if row.status == Status.DENIED else VoteChoice.APPROVE
-            votes = list(Vote.objects.filter(request=row, choice=wanted).order_by("created_at"))
-            links = dict(
-                UserLink.objects.filter(user_id__in=[v.user_id for v in votes]).values_list(
-                    "user_id", "slack_user_id"
-                )
-            )
+            votes = approval_selectors.votes(row, choice=wanted)
+            links = selectors.slack_ids_of([v.user_id for v in votes])
             for v in votes:
                 name = blocks.esc(shown_name(v.voter))
                 deciders.append(f"<@{links[v.user_id]}> ({name})" if v.user_id in links else name)
@@ -139,13 +136,11 @@ def post_request(tenant: Tenant, request_id: str) -> None:
             channel=row.channel_id, text=text, blocks=body, unfurl_links=False, unfurl_media=False
         )
     except Exception:
-        with tenant_context(tenant):
-            RequestMessage.objects.filter(request_id=request_id, ts="").delete()  # another try may post
+        services.release_message_claim(tenant, request_id)
         raise
-    with tenant_context(tenant):
-        RequestMessage.objects.filter(request_id=request_id).update(
-            channel_id=str(answer.get("channel") or row.channel_id), ts=str(answer["ts"])
-        )
+    services.message_posted(
+        tenant, request_id, channel_id=str(answer.get("channel") or row.channel_id), ts=str(answer["ts"])
+    )
     # A decision that landed while this was posting re-renders it (its own update found no ts).
     found = _request(tenant, request_id)
     if found is not None and found[0].get("status") != Status.PENDING:
@@ -158,7 +153,7 @@ def refresh_request(tenant: Tenant, request_id: str) -> None:
     if row is None:
         return
     with tenant_context(tenant):
-        message = RequestMessage.objects.filter(request_id=request_id).first()
+        message = selectors.message_of(request_id)
     if message is None:
         return  # never posted (Slack installed later, or the post failed for good)
     if not message.ts:
@@ -180,7 +175,7 @@ def _mentions(tenant: Tenant, roles: list[str], members: list[int]) -> tuple[lis
     with tenant_context(tenant):
         people = list(Membership.objects.filter(role__in=roles).values_list("user_id", flat=True))
         people += [m for m in members if m not in people]
-        links = dict(UserLink.objects.filter(user_id__in=people).values_list("user_id", "slack_user_id"))
+        links = selectors.slack_ids_of(people)
     return [f"<@{links[p]}>" for p in people if p in links], sum(1 for p in people if p not in links)
 
 
@@ -190,7 +185,7 @@ def notify(tenant: Tenant, request_id: str, kind: str, detail: dict[str, Any]) -
     if row is None:
         return
     with tenant_context(tenant):
-        message = RequestMessage.objects.filter(request_id=request_id).first()
+        message = selectors.message_of(request_id)
     if message is None:
         return
     if not message.ts:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from slackapp.models import Installation, UserLink
+from slackapp.models import Installation, RequestMessage, UserLink
 from tenants import rls, scoping
 from tenants.models import Membership, Tenant
 
@@ -60,3 +60,13 @@ def links() -> list[tuple[UserLink, str | None]]:
 def link_of(user_id: int) -> UserLink | None:
     """The Slack user linked to this person in the active tenant, if any."""
     return UserLink.objects.filter(user_id=user_id).first()
+
+
+def message_of(request_id: str) -> RequestMessage | None:
+    """The channel message of an approval request in the active tenant (None: never claimed)."""
+    return RequestMessage.objects.filter(request_id=request_id).first()
+
+
+def slack_ids_of(user_ids: list[int]) -> dict[int, str]:
+    """The Slack user linked to each of these people in the active tenant (the unlinked left out)."""
+    return dict(UserLink.objects.filter(user_id__in=user_ids).values_list("user_id", "slack_user_id"))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from approvals import hooks
+from approvals import hooks, selectors
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
 from fleet import services as fleet
@@ -106,7 +106,7 @@ def test_a_member_of_another_tenant_cannot_vote_and_sees_nothing(agent: Agent, c
         vote(carol, pending["approval_id"])  # in her own tenant there is no such request
     assert unknown.value.status == 404
     with tenant_context(carol.tenant):
-        assert approvals.requests() == [] and fleet.governed_tools() == []
+        assert selectors.requests() == [] and fleet.governed_tools() == []
     assert agent.ask(amount=100)["decision"] == "pending_approval"
 
 
@@ -162,7 +162,7 @@ def test_break_glass_is_for_owners_with_a_reason_and_is_listed(
     assert row.status == Status.APPROVED and row.break_glass
     assert agent.ask(amount=100)["decision"] == "allow"
     with tenant_context(agent.tenant):
-        uses = approvals.break_glass_uses()
+        uses = selectors.break_glass_uses()
     assert [(u["approval_id"], u["note"], u["voter"]) for u in uses] == [
         (pending["approval_id"], "payroll deadline, bank closes at 5", "user:olga@acme.example")
     ]

