@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
+from sagaplane.events import Event
 
 from approvals.actions.policies import matching_policy, rules_of
 from approvals.actions.requests import BUDGET_RULES, announce, open_request, record, seconds_left
@@ -131,6 +132,6 @@ class GateStep:
             if taken != 1:
                 return False
         for row in ApprovalRequest.objects.filter(pk__in=list(requests)):
-            record(tenant, "APPROVAL_CONSUMED", row, {"authorization_id": authorization_id}, actor=actor)
+            record(tenant, Event.APPROVAL_CONSUMED, row, {"authorization_id": authorization_id}, actor=actor)
             announce(tenant, row, "consumed", {"authorization_id": authorization_id})
         return True

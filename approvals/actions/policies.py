@@ -13,6 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from sagaplane.events import Event
 
 from approvals import predicates
 from approvals.actions.errors import ApprovalError
@@ -197,7 +198,7 @@ def create_policy(tenant: Tenant, *, actor: str, **data: Any) -> ApprovalPolicy:
             policy = ApprovalPolicy.objects.create(**fields)
         append_server_record(
             tenant,
-            "APPROVAL_POLICY_CREATED",
+            Event.APPROVAL_POLICY_CREATED,
             {"policy": policy.pk, "old": None, "new": policy_values(policy)},
             actor=actor,
         )
@@ -225,7 +226,7 @@ def update_policy(tenant: Tenant, policy_id: int, *, actor: str, **data: Any) ->
         policy.refresh_from_db()
         append_server_record(
             tenant,
-            "APPROVAL_POLICY_UPDATED",
+            Event.APPROVAL_POLICY_UPDATED,
             {"policy": policy.pk, "old": old, "new": policy_values(policy)},
             actor=actor,
         )
@@ -242,7 +243,7 @@ def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
         old = policy_values(policy)
         policy.delete()
         append_server_record(
-            tenant, "APPROVAL_POLICY_DELETED", {"policy": policy_id, "old": old, "new": None}, actor=actor
+            tenant, Event.APPROVAL_POLICY_DELETED, {"policy": policy_id, "old": old, "new": None}, actor=actor
         )
         fleet.policies_changed(tenant)
         forget_policies(tenant)

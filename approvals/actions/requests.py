@@ -16,6 +16,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane.chain import canonical
+from sagaplane.events import Event
 
 from approvals import hooks, wake
 from approvals.actions.policies import DEFAULT_ROLES
@@ -204,7 +205,7 @@ def open_request(
         return ApprovalRequest.objects.get(pk=request_id)
     record(
         tenant,
-        "APPROVAL_REQUESTED",
+        Event.APPROVAL_REQUESTED,
         row,
         {
             "source": source,
@@ -228,8 +229,8 @@ def decide(
 ) -> None:
     row.status, row.decided_at, row.decided_by, row.note = status, now, by, note
     row.save(update_fields=["status", "decided_at", "decided_by", "note", "break_glass", "execute_by"])
-    event = {Status.APPROVED.value: "APPROVAL_GRANTED", Status.DENIED.value: "APPROVAL_DENIED"}.get(
-        status, "APPROVAL_EXPIRED"
+    event = {Status.APPROVED.value: Event.APPROVAL_GRANTED, Status.DENIED.value: Event.APPROVAL_DENIED}.get(
+        status, Event.APPROVAL_EXPIRED
     )
     fields: dict[str, Any] = {
         "decided_by": by,

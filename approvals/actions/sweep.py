@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.utils import timezone
+from sagaplane.events import Event
 
 from approvals.actions.requests import announce, record, seconds_left
 from approvals.models import ApprovalRequest, Status
@@ -48,7 +49,7 @@ def _expire_overdue(tenant: Tenant, now: datetime, *, actor: str) -> int:
             row.refresh_from_db()
             record(
                 tenant,
-                "APPROVAL_EXPIRED",
+                Event.APPROVAL_EXPIRED,
                 row,
                 {"approvals": row.approvals, "required": row.required},
                 actor=actor,
@@ -68,7 +69,7 @@ def _lapse_unused(tenant: Tenant, now: datetime, *, actor: str) -> int:
             row.refresh_from_db()
             record(
                 tenant,
-                "APPROVAL_LAPSED",
+                Event.APPROVAL_LAPSED,
                 row,
                 {"execute_by": row.execute_by.isoformat() if row.execute_by else None},
                 actor=actor,
@@ -94,7 +95,7 @@ def _escalate(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: str
         "roles": level.get("roles", []),
         "members": level.get("members", []),
     }
-    record(tenant, "APPROVAL_ESCALATED", row, notify, actor=actor)
+    record(tenant, Event.APPROVAL_ESCALATED, row, notify, actor=actor)
     announce(tenant, row, "escalated", notify)
     return 1
 
@@ -117,6 +118,6 @@ def _warn(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: str) ->
         "approvals": row.approvals,
         "required": row.required,
     }
-    record(tenant, "APPROVAL_WARNING", row, detail, actor=actor)
+    record(tenant, Event.APPROVAL_WARNING, row, detail, actor=actor)
     announce(tenant, row, "warned", detail)
     return 1

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from sagaplane.events import Event
 
 from approvals.actions.errors import ApprovalError
 from approvals.actions.requests import announce, decide, record
@@ -224,7 +225,7 @@ def _count(
         raise ApprovalError("already_voted", "this member has voted on this request", status=409) from None
     record(
         tenant,
-        "APPROVAL_BREAK_GLASS" if break_glass else "APPROVAL_VOTE",
+        Event.APPROVAL_BREAK_GLASS if break_glass else Event.APPROVAL_VOTE,
         row,
         {
             "voter": voter,
