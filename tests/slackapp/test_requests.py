@@ -7,6 +7,7 @@ altered `/saga-halt` halts nothing."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from django.test import Client
 
 from fleet.models import Halt
 from slackapp import services
+from slackapp.actions import signatures
 from slackapp.models import SeenSignature, UserLink
 from tenants.models import Role
 from tenants.scoping import tenant_context
@@ -86,11 +88,17 @@ def test_an_unsigned_request_is_refused(installed: FakeSlack, alice: Person) -> 
 
 
 @pytest.mark.parametrize("age", [301, 3600, -301], ids=["5min1s-old", "an-hour-old", "5min1s-ahead"])
-def test_a_stale_timestamp_is_refused(installed: FakeSlack, alice: Person, age: int) -> None:
-    """Correctly signed, but outside the five-minute window (either way)."""
+def test_a_stale_timestamp_is_refused(
+    installed: FakeSlack, alice: Person, age: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Correctly signed, but outside the five-minute window (either way). The check's clock is
+    held at the signing moment: a second of a busy machine between signing and checking must not
+    carry a request signed 301 s ahead back inside the window."""
     _link(alice, installed, "U0ALICE")
     body = command_body(installed, *HALT, user="U0ALICE")
-    answer = signed_post(Client(), installed, "/slack/commands", body, timestamp=int(time.time()) - age)
+    now = int(time.time())
+    monkeypatch.setattr(signatures, "time", SimpleNamespace(time=lambda: float(now)))
+    answer = signed_post(Client(), installed, "/slack/commands", body, timestamp=now - age)
     assert answer.status_code == 401 and answer.json()["error"] == "stale_request"
     assert _halts(alice) == []
 
