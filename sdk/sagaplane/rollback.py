@@ -49,12 +49,6 @@ class RollbackReport:
     def partial(self) -> bool:
         return not self.clean
 
-    def outcome_of(self, step: Step) -> str | None:
-        for label in ("compensated", "failed", "orphaned", "unresolved", "skipped"):
-            if step in getattr(self, label):
-                return label
-        return None
-
     def summary(self) -> str:
         if self.clean:
             return f"rollback clean: {len(self.compensated)} step(s) compensated"

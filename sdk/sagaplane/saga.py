@@ -103,7 +103,6 @@ class Saga:
         self.name = name
         self._wal = wal
         self.saga_id = saga_id or (f"{name}-{token_hex(6)}" if name else token_hex(16))
-        self._fixed_id = saga_id is not None
         self.confirm = confirm
         self.halt_on_failure = halt_on_failure
         self.max_attempts = max_attempts

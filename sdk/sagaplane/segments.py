@@ -65,11 +65,6 @@ class Manifest:
     trimmed: dict[str, Any] | None = None
     sagas: dict[str, list[Any]] = field(default_factory=dict)  # walcompact.OpenSagas at the last seal
 
-    @property
-    def first_offset(self) -> int:
-        """The first logical offset still on disk."""
-        return self.segments[0].base if self.segments else self.live_base
-
     def as_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

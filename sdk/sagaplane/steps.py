@@ -226,7 +226,6 @@ def tool(
                     return await target(*args, **kwargs)
                 return await active.run_step_async(spec, args, kwargs)
 
-            awrapper.__sagaplane_tool__ = spec  # type: ignore[attr-defined]
             return awrapper
 
         @functools.wraps(target)
@@ -236,7 +235,6 @@ def tool(
                 return target(*args, **kwargs)
             return active.run_step(spec, args, kwargs)
 
-        wrapper.__sagaplane_tool__ = spec  # type: ignore[attr-defined]
         return wrapper
 
     return decorate(fn) if fn is not None else decorate

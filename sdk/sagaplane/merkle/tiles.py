@@ -76,10 +76,6 @@ class Tile:
         _width_suffix(self.width)
 
     @property
-    def is_partial(self) -> bool:
-        return self.width < TILE_WIDTH
-
-    @property
     def path(self) -> str:
         return tile_path(self.level, self.index, self.width)
 
