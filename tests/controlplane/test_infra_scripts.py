@@ -95,7 +95,7 @@ def _stub(path: Path, text: str) -> None:
 def _test_sh(
     tmp_path: Path, *, uid: int = 0, installed: bool = True, **env: str
 ) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """infra/test.sh on stand-ins: ruff, mypy and pytest (`.venv/bin`), `id`, `apt-get` (never
+    """infra/test.sh on stand-ins: ruff, mypy, vulture and pytest (`.venv/bin`), `id`, `apt-get` (never
     the real one), and Chromium and nginx (present or not). Returns the run and what was called,
     in order."""
     repo = tmp_path / "repo"
@@ -106,7 +106,7 @@ def _test_sh(
     venv.mkdir()
     calls = tmp_path / "calls"
     calls.touch()
-    for tool in ("ruff", "mypy"):
+    for tool in ("ruff", "mypy", "vulture"):
         _stub(venv / tool, f'#!/bin/sh\necho {tool} >> "$CALLS"\n')
     _stub(venv / "python", STUB_PYTHON)
     system = tmp_path / "system"
@@ -141,7 +141,7 @@ def _test_sh(
 @pytest.mark.smoke
 def test_make_test_runs_the_sqlite_phase_after_a_failed_postgres_phase_and_fails(tmp_path: Path) -> None:
     result, calls = _test_sh(tmp_path, FULL_RC="1")
-    assert calls == ["ruff", "ruff", "mypy", "full", "sqlite"]
+    assert calls == ["ruff", "ruff", "mypy", "vulture", "full", "sqlite"]
     assert result.returncode == 1
     assert "failed: full suite on Postgres unused" in result.stderr
 
@@ -149,7 +149,7 @@ def test_make_test_runs_the_sqlite_phase_after_a_failed_postgres_phase_and_fails
 @pytest.mark.smoke
 def test_make_test_fails_when_only_the_sqlite_phase_fails(tmp_path: Path) -> None:
     result, calls = _test_sh(tmp_path, SQLITE_RC="1")
-    assert calls == ["ruff", "ruff", "mypy", "full", "sqlite"]
+    assert calls == ["ruff", "ruff", "mypy", "vulture", "full", "sqlite"]
     assert result.returncode == 1
     assert "failed: embedded SQLite" in result.stderr
 
@@ -157,7 +157,7 @@ def test_make_test_fails_when_only_the_sqlite_phase_fails(tmp_path: Path) -> Non
 @pytest.mark.smoke
 def test_make_test_passes_when_every_phase_passes(tmp_path: Path) -> None:
     result, calls = _test_sh(tmp_path)
-    assert calls == ["ruff", "ruff", "mypy", "full", "sqlite"], result.stderr
+    assert calls == ["ruff", "ruff", "mypy", "vulture", "full", "sqlite"], result.stderr
     assert result.returncode == 0 and "== all passed" in result.stdout
 
 
@@ -174,5 +174,5 @@ def test_make_test_without_chromium_and_nginx_and_not_root_stops_at_once_naming_
 def test_make_test_as_root_installs_chromium_and_nginx_then_runs(tmp_path: Path) -> None:
     result, calls = _test_sh(tmp_path, uid=0, installed=False)
     assert calls[:2] == ["apt-get update -qq", "apt-get install -y -qq chromium nginx"], result.stderr
-    assert calls[2:] == ["ruff", "ruff", "mypy", "full", "sqlite"]
+    assert calls[2:] == ["ruff", "ruff", "mypy", "vulture", "full", "sqlite"]
     assert result.returncode == 0
