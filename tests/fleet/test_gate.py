@@ -31,7 +31,10 @@ def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis
         yield server
 
 
-def _redis_store(server: OwnRedis, *, fence_ms: int = 200) -> RedisStore:
+# Half of production's fence keeps a rebuild short; its commit deadline (half the fence) must
+# still outlast a busy machine's pause between the Redis debit and the ledger commit, or the
+# call is refused as late (limit_store_unavailable) and the test reads load, not the gate.
+def _redis_store(server: OwnRedis, *, fence_ms: int = 1000) -> RedisStore:
     client = redis.Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=2)
     client.flushall()  # our own server: tenant ids may repeat between tests on SQLite
     store = RedisStore(client, services.ledger_since)

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from agent_saga import integrity
+from sagaplane.walfile import read_all
 
 API_KEY = "sk_test_key"
 _PATH = re.compile(r"^/api/v1/streams/([^/]+)/records$")
@@ -169,8 +170,9 @@ class FakeControlPlane:
 
 
 def read_wal(path: Any) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """Every record of the WAL at `path`, its sealed segments first (the SDK's own reader)."""
+    entries, _ = read_all(path)
+    return [entry.record for entry in entries if entry.record is not None]
 
 
 # The head of a child agent that crash tests SIGKILL: two COMPENSABLE tools, the second of which
