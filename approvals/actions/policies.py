@@ -196,14 +196,7 @@ def create_policy(tenant: Tenant, *, actor: str, **data: Any) -> ApprovalPolicy:
         fields = _policy_fields(data)
         with _name_not_taken(fields["name"]):
             policy = ApprovalPolicy.objects.create(**fields)
-        append_server_record(
-            tenant,
-            Event.APPROVAL_POLICY_CREATED,
-            {"policy": policy.pk, "old": None, "new": policy_values(policy)},
-            actor=actor,
-        )
-        fleet.policies_changed(tenant)
-        forget_policies(tenant)
+        _changed(tenant, Event.APPROVAL_POLICY_CREATED, policy.pk, None, policy_values(policy), actor=actor)
     return policy
 
 
@@ -224,14 +217,7 @@ def update_policy(tenant: Tenant, policy_id: int, *, actor: str, **data: Any) ->
         with _name_not_taken(fields["name"]):
             policy.save()
         policy.refresh_from_db()
-        append_server_record(
-            tenant,
-            Event.APPROVAL_POLICY_UPDATED,
-            {"policy": policy.pk, "old": old, "new": policy_values(policy)},
-            actor=actor,
-        )
-        fleet.policies_changed(tenant)
-        forget_policies(tenant)
+        _changed(tenant, Event.APPROVAL_POLICY_UPDATED, policy.pk, old, policy_values(policy), actor=actor)
     return policy
 
 
@@ -242,11 +228,15 @@ def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
             raise ApprovalError("not_found", "no such approval policy", status=404)
         old = policy_values(policy)
         policy.delete()
-        append_server_record(
-            tenant, Event.APPROVAL_POLICY_DELETED, {"policy": policy_id, "old": old, "new": None}, actor=actor
-        )
-        fleet.policies_changed(tenant)
-        forget_policies(tenant)
+        _changed(tenant, Event.APPROVAL_POLICY_DELETED, policy_id, old, None, actor=actor)
+
+
+def _changed(tenant: Tenant, event: Event, policy_id: int, old: Any, new: Any, *, actor: str) -> None:
+    """A policy changed: its audit record (old and new values) in the caller's transaction, and
+    every process' snapshot of the tenant's policies (the gate's and this app's) let go."""
+    append_server_record(tenant, event, {"policy": policy_id, "old": old, "new": new}, actor=actor)
+    fleet.policies_changed(tenant)
+    forget_policies(tenant)
 
 
 def rules_of(policy: ApprovalPolicy) -> dict[str, Any]:
