@@ -12,9 +12,9 @@ Measured in one run, on one disk, against peers measured in the same run:
   `<name>_benchsdk`, created if missing -- and always embedded (SQLite); `shipper.<mode>` in the
   JSON. `make bench` finds a local Postgres and Redis like `make test` (infra/services.sh).
 
-WAL life (issue 27, `bench/sdk_wal.py`): WAL open time against the history shipped (flat), and a
+WAL life (issue 27, `bench/support/sdk_wal.py`): WAL open time against the history shipped (flat), and a
 REVERSIBLE step with segments against the SDK before segments (p50 within 5%), in the same run.
-The shipper's throughput is `bench/sdk_shipper.py`.
+The shipper's throughput is `bench/support/sdk_shipper.py`.
 
 Issue 5 targets: fast path no slower than agent-saga's; durable step within 30% of the fsync
 floor (a durable step has one fsync on its critical path -- its intent; the commit is made durable
@@ -53,9 +53,10 @@ from agent_saga import saga_scope  # noqa: E402
 from agent_saga import tool as as_tool  # noqa: E402
 from agent_saga.semantics import ActionSemantics, Compensation  # noqa: E402
 from agent_saga.wal import FileWAL  # noqa: E402
-from sdk_floor import fsync_floor, noop_baseline, summary  # noqa: E402
-from sdk_shipper import shipper_modes, shipper_throughput  # noqa: E402
-from sdk_wal import wal_life  # noqa: E402
+
+from bench.support.sdk_floor import fsync_floor, noop_baseline, summary  # noqa: E402
+from bench.support.sdk_shipper import shipper_modes, shipper_throughput  # noqa: E402
+from bench.support.sdk_wal import wal_life  # noqa: E402
 
 perf = time.perf_counter
 

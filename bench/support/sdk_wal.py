@@ -25,7 +25,7 @@ from typing import Any
 import sagaplane as sp
 from sagaplane.segments import complete_end, disk_usage
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 perf = time.perf_counter
 
 

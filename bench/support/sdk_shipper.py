@@ -20,7 +20,7 @@ from sagaplane.segments import disk_usage
 from tests.support.probes import healthy
 from tests.support.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 perf = time.perf_counter
 STEPS_PER_SAGA = 10
 SHIP_REV = sp.tool(lambda x: x, name="ship_rev", semantics=sp.REVERSIBLE)
