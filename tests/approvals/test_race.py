@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -19,6 +18,7 @@ from fleet.models import Decision, GateDecision
 from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
+from tests.support.concurrency import released_together
 from tests.support.factories import Person
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,25 +74,7 @@ def test_two_last_votes_racing_from_two_processes_approve_once_and_authorise_onc
         )
         for n, person in enumerate((ben, adam))
     ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            line = worker.stdout.readline()
-            assert line.strip() == "ready", worker.stderr.read() if worker.stderr else line
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        results: list[dict[str, Any]] = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=DEADLINE_S)
-            assert worker.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    results = released_together(workers, DEADLINE_S)
     assert sorted(r["vote"] for r in results) == ["already_decided", "approved"]
     gates = [r["gate"] for r in results]
     allowed = [g for g in gates if g["decision"] == "allow"]

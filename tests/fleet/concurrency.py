@@ -11,6 +11,8 @@ from typing import Any
 
 from django.db import connection
 
+from tests.support.concurrency import released_together
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,26 +40,7 @@ def run_clients(env: dict[str, str], config: dict[str, Any]) -> list[dict[str, A
         )
         for n in range(PROCESSES)
     ]
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            line = worker.stdout.readline()
-            assert line.strip() == "ready", worker.stderr.read() if worker.stderr else line
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        answers: list[dict[str, Any]] = []
-        for worker in workers:
-            out, err = worker.communicate(timeout=WORKER_DEADLINE)
-            assert worker.returncode == 0, err[-3000:]
-            answers += json.loads(out.strip().splitlines()[-1])
-        return answers
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    return [answer for answers in released_together(workers, WORKER_DEADLINE) for answer in answers]
 
 
 def child_env(**extra: str) -> dict[str, str]:
