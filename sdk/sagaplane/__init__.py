@@ -18,8 +18,10 @@ from __future__ import annotations
 from ._version import __version__
 from .chain import ChainBreak, ChainReport, verify_chain
 from .client import AuthenticationError, Client, ConfigurationError, SagaplaneError, TransportError
+from .credentials import EnvSecrets, Secret, SecretError, SecretUnresolved, secret
 from .gate import GateDenied, guarantees
 from .reconcile import ReconcileWorker, reconciler, registered_reconcilers
+from .retry import Retry
 from .runtime import Runtime, configure, get_runtime, shutdown, status
 from .saga import (
     ConfirmRequest,
@@ -73,6 +75,11 @@ __all__ = [
     "REVERSIBLE",
     "RollbackReport",
     "ReconcileWorker",
+    "Retry",
+    "Secret",
+    "SecretError",
+    "SecretUnresolved",
+    "EnvSecrets",
     "Runtime",
     "Saga",
     "SagaAborted",
@@ -101,6 +108,7 @@ __all__ = [
     "registered_compensators",
     "resolve_compensator",
     "saga",
+    "secret",
     "shutdown",
     "tool",
     "undo",

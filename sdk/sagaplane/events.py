@@ -29,6 +29,7 @@ class Event(str, enum.Enum):  # noqa: UP042 (StrEnum is 3.11+; the SDK supports 
     STEP_INTENT = "STEP_INTENT"
     STEP_COMMITTED = "STEP_COMMITTED"
     COMPLETED_VIA_FALLBACK = "COMPLETED_VIA_FALLBACK"  # agent-saga's: committed through a fallback
+    STEP_ATTEMPT = "STEP_ATTEMPT"  # a failed attempt another call follows (a retry, a fallback)
     STEP_FAILED = "STEP_FAILED"
     STEP_UNKNOWN = "STEP_UNKNOWN"
     STEP_REFUSED = "STEP_REFUSED"

@@ -39,8 +39,9 @@ def saga_end(wal: WAL, saga_id: str, *, aborted: bool, clean: bool, buffered: bo
     )
 
 
-def abort_cause(wal: WAL, saga_id: str, exc: BaseException) -> None:
-    message = str(exc)
+def abort_cause(wal: WAL, saga_id: str, exc: BaseException, message: str) -> None:
+    """SAGA_ABORT_CAUSE: `message` is the exception's text as it may be recorded (scrubbed of the
+    saga's resolved credentials)."""
     wal.emit(
         Event.SAGA_ABORT_CAUSE,
         {"saga_id": saga_id, "cause_type": type(exc).__name__, "cause": message[:2000]},
@@ -55,6 +56,47 @@ def _step_fields(step: Step) -> dict[str, Any]:
         "tool": step.tool,
         "semantics": step.semantics.value,
     }
+
+
+def _outcome_fields(step: Step) -> dict[str, Any]:
+    """A step's fields on its outcome record: with how many attempts it took and, when a fallback
+    completed it (or failed to), that tool (sagaplane.retry)."""
+    fields = _step_fields(step)
+    if step.attempts > 1 or step.fallback:
+        fields["attempts"] = step.attempts
+    if step.fallback:
+        fields["fallback"] = step.fallback
+    return fields
+
+
+def attempt(
+    wal: WAL,
+    step: Step,
+    number: int,
+    not_applied: bool,
+    error: str,
+    key: str,
+    *,
+    next_: str,
+    delay_s: float = 0.0,
+    fallback: dict[str, Any] | None = None,
+    buffered: bool = True,
+) -> int:
+    """STEP_ATTEMPT: a failed attempt of a step that another call follows (`next`: "retry" after
+    `delay_s`, or "fallback", then naming that call: the fallback's intent, written through)."""
+    fields = {
+        **_step_fields(step),
+        "attempt": number,
+        "outcome": "not_applied" if not_applied else "unknown",
+        "error": error[:2000],
+        "idempotency_key": key,
+        "next": next_,
+    }
+    if next_ == "retry":
+        fields["delay_s"] = round(delay_s, 3)
+    if fallback is not None:
+        fields["fallback"] = fallback
+    return wal.emit(Event.STEP_ATTEMPT, fields, buffered=buffered)
 
 
 def refused(wal: WAL, step: Step, reason: str) -> None:
@@ -80,14 +122,13 @@ def _descriptor(step: Step) -> dict[str, Any] | None:
 
 
 def committed(wal: WAL, step: Step) -> int:
-    return wal.emit(
-        Event.STEP_COMMITTED, {**_step_fields(step), "compensation": _descriptor(step)}, buffered=True
-    )
+    event = Event.COMPLETED_VIA_FALLBACK if step.fallback else Event.STEP_COMMITTED
+    return wal.emit(event, {**_outcome_fields(step), "compensation": _descriptor(step)}, buffered=True)
 
 
 def failed(wal: WAL, step: Step) -> int:
     """STEP_FAILED (the tool said nothing happened) or STEP_UNKNOWN (it may have)."""
-    fields = {**_step_fields(step), "error": step.error}
+    fields = {**_outcome_fields(step), "error": step.error}
     if step.state is StepState.NOT_APPLIED:
         return wal.emit(Event.STEP_FAILED, fields, buffered=True)
     fields["compensation"] = _descriptor(step)
@@ -133,12 +174,12 @@ def compensated(wal: WAL, step: Step, attempts: int) -> None:
     wal.emit(Event.COMPENSATED, fields, buffered=True)
 
 
-def compensation_failed(wal: WAL, step: Step, error: BaseException | None, attempts: int) -> None:
+def compensation_failed(wal: WAL, step: Step, error: str | None, attempts: int) -> None:
     fields = {
         "saga_id": step.saga_id,
         "step_id": step.step_id,
         "tool": step.tool,
-        "error": repr(error),
+        "error": error,
         "attempts": attempts,
         "idempotency_key": step.idempotency_key,
     }

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import records
 from .context import run_coro
+from .credentials import SecretUnresolved
 from .semantics import PREVIEW, accepts_kwarg
 from .steps import SagaError, Step, StepState
 
@@ -118,7 +119,10 @@ def _compensate(
         fn: Callable[..., Any] | None = step.compensation.callable()
     except LookupError as exc:
         fn, lookup_error = None, exc
-    kwargs = dict(step.compensation.kwargs)
+    try:  # its credential references, resolved now (sagaplane.credentials)
+        kwargs = dict(saga.credentials.resolve(step.compensation.kwargs, markers=True))
+    except SecretUnresolved as exc:
+        fn, lookup_error, kwargs = None, exc, {}
     if fn is not None and accepts_kwarg(fn, "idempotency_key"):
         kwargs.setdefault("idempotency_key", step.idempotency_key)
     report.order.append(step)
@@ -140,9 +144,9 @@ def _compensate(
         records.compensated(saga.wal, step, attempts)
         return
     step.state = StepState.COMPENSATION_FAILED
-    step.error = repr(error)
+    step.error = saga.scrub(repr(error))
     report.failed.append(step)
-    records.compensation_failed(saga.wal, step, error, attempts)
+    records.compensation_failed(saga.wal, step, step.error, attempts)
     logger.error("compensation FAILED for %r after %d attempt(s): %r", step.tool, attempts, error)
     if saga.halt_on_failure:
         report.halted = True

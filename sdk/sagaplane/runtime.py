@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .client import ENV_API_KEY, ENV_URL, Client, ConfigurationError
 from .context import get_default_gate, set_default_confirm, set_default_gate, set_default_wal
+from .credentials import Resolver, set_resolver
 from .gate import DEFAULT_GRACE_S, Gate
 from .shipper import Shipper
 from .steps import ConfirmHook
@@ -59,6 +60,7 @@ def configure(
     gate_grace: float = DEFAULT_GRACE_S,
     segment_bytes: int = SEGMENT_BYTES,
     segment_age_s: float = SEGMENT_AGE_S,
+    secret_resolver: Resolver | None = None,
 ) -> Runtime:
     """Open the process WAL and, when a control plane is configured, start shipping it.
 
@@ -74,6 +76,10 @@ def configure(
     The WAL rolls over to a new segment past `segment_bytes` or `segment_age_s`; a sealed segment
     the control plane has acknowledged and no open saga needs is removed (ARCHITECTURE §3, "The
     WAL's life"). Without shipping nothing is ever removed.
+
+    `secret_resolver(ref) -> value` resolves the `sp.secret("ref")` credential references in tools'
+    arguments when each call is made (None: `sp.EnvSecrets()`, the `SAGAPLANE_SECRET_<REF>`
+    variables); records only ever hold the reference (sagaplane.credentials).
     """
     global _runtime, _shut_down
     if _runtime is not None:
@@ -105,6 +111,7 @@ def configure(
     if gate:
         gate_client = Gate(url, api_key, grace=gate_grace).start()
     set_default_wal(wal)
+    set_resolver(secret_resolver)
     set_default_confirm(confirm)
     set_default_gate(gate_client)
     _runtime = Runtime(wal, shipper, gate_client)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextvars import Token
 from typing import Any, Literal, TypeVar, cast
 
-from . import records, rollback, tracing
+from . import credentials, records, retry, rollback, tracing
 from .chain import token_hex
 from .context import (
     active_saga,
@@ -117,6 +117,7 @@ class Saga:
         self._durable = False
         self._token: Token[Saga | None] | None = None
         self._span: Any = None  # the saga's OpenTelemetry span, when the agent traces
+        self.credentials = credentials.Resolved()  # the values its steps resolved (to scrub them)
 
     @property
     def wal(self) -> WAL:
@@ -257,7 +258,7 @@ class Saga:
             if exc is None:
                 self._finish()
                 return False
-            records.abort_cause(self.wal, self.saga_id, exc)
+            records.abort_cause(self.wal, self.saga_id, exc, self.scrub(str(exc)))
             report = self.rollback()
             self._finish()
         finally:
@@ -279,7 +280,7 @@ class Saga:
             if exc is None:
                 await self._finish_async()
                 return False
-            records.abort_cause(self.wal, self.saga_id, exc)
+            records.abort_cause(self.wal, self.saga_id, exc, self.scrub(str(exc)))
             report = await self.rollback_async()
             await self._finish_async()
         finally:
@@ -314,16 +315,22 @@ class Saga:
         if self.status != "running":
             raise SagaError(f"saga {self.saga_id} is {self.status}; no new steps")
         bound = spec.bind(args, kwargs)
+        shown = credentials.recorded(bound)  # references, never values (sagaplane.credentials)
         return Step(
             index=len(self.steps) + 1,
             step_id=next_step_id.get() or token_hex(16),
             saga_id=self.saga_id,
             tool=spec.name,
             semantics=spec.semantics,
-            kwargs=bound,
-            gate_args=None if spec.gate_args is None else spec.gate_args(bound),
+            kwargs=shown,
+            gate_args=None if spec.gate_args is None else spec.gate_args(shown),
             call_id=tool_call_id.get(),
+            secret_args=shown is not bound,
         )
+
+    def scrub(self, text: str) -> str:
+        """`text` without the values of the credentials this saga resolved (their references instead)."""
+        return self.credentials.scrub(text) if self.credentials.values else text
 
     def _confirm_hook(self, spec: ToolSpec) -> ConfirmHook:
         return spec.confirm or self.confirm or get_default_confirm() or refuse_irreversible
@@ -344,8 +351,8 @@ class Saga:
         return records.committed(self.wal, step)
 
     def _failed(self, spec: ToolSpec, step: Step, exc: BaseException) -> int:
-        step.error = repr(exc)
-        if isinstance(exc, EffectNotApplied):
+        step.error = self.scrub(repr(exc))
+        if retry.not_applied(exc):
             step.state = StepState.NOT_APPLIED
         else:
             step.state = StepState.UNKNOWN
@@ -433,11 +440,14 @@ class Saga:
             if answer is not True:
                 raise self._refused(step, "confirmation hook refused" if answer is False else str(answer))
         if spec.capture_state is not None:
-            step.captured = spec.capture_state(*args, **kwargs)
+            cargs, ckwargs = retry.resolved_arguments(self, step, args, kwargs)
+            step.captured = spec.capture_state(*cargs, **ckwargs)
         mark = self._intent(step)
         if step.needs_fsync:
             self._durable = True
             self.wal.sync(mark)  # the intent is on disk before the effect can happen
+        if spec.retry is not None or spec.fallback is not None or step.secret_args:
+            return retry.run(self, spec, step, args, kwargs)
         try:
             result = spec.fn(*args, **kwargs)
         except BaseException as exc:
@@ -490,7 +500,8 @@ class Saga:
             if answer is not True:
                 raise self._refused(step, "confirmation hook refused" if answer is False else str(answer))
         if spec.capture_state is not None:
-            captured = spec.capture_state(*args, **kwargs)
+            cargs, ckwargs = retry.resolved_arguments(self, step, args, kwargs)
+            captured = spec.capture_state(*cargs, **ckwargs)
             step.captured = await captured if inspect.isawaitable(captured) else captured
         mark = self._intent(step)
         if step.needs_fsync:
@@ -498,6 +509,8 @@ class Saga:
             # fsync off the event loop, on the WAL's flusher thread: concurrent sagas (tasks and
             # threads alike) share its fsync rounds.
             await self.wal.sync_async(mark)
+        if spec.retry is not None or spec.fallback is not None or step.secret_args:
+            return await retry.run_async(self, spec, step, args, kwargs)
         try:
             result = await spec.fn(*args, **kwargs)
         except BaseException as exc:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .credentials import recorded
+
 
 class Semantics(str, enum.Enum):  # noqa: UP042 (json and str() give the value)
     """How far the world can be put back. The string values are what the WAL records."""
@@ -145,7 +147,7 @@ class Compensation:
         return (
             bool(self.handler)
             and resolve_compensator(self.handler or "") is not None
-            and json_roundtrips(self.kwargs)
+            and json_roundtrips(recorded(self.kwargs, markers=True))
         )
 
     def callable(self) -> Callable[..., Any]:
@@ -164,7 +166,7 @@ class Compensation:
             "recoverable": recoverable,
             "description": self.description,
             "idempotency_key": idem_key,
-            "kwargs": self.kwargs if recoverable else json_safe(self.kwargs),
+            "kwargs": recorded(self.kwargs, markers=True) if recoverable else json_safe(self.kwargs),
         }
 
 

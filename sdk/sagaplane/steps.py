@@ -10,10 +10,14 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .context import active_saga
+from .credentials import Resolved
 from .semantics import COMPENSABLE, IRREVERSIBLE, Compensation, Semantics, accepts_kwarg, idempotency_key
+
+if TYPE_CHECKING:
+    from .retry import Retry
 
 logger = logging.getLogger("sagaplane")
 
@@ -83,6 +87,8 @@ class Step:
     gate_args: dict[str, Any] | None = None  # what the gate reads, when not the kwargs themselves
     call_id: str = ""  # the framework's id of this tool call (a model's tool call id), if any
     decision: str = ""  # the gate's answer, for the step's span: "allow", "deny:<reason>", ""
+    secret_args: bool = False  # its arguments hold credential references (sagaplane.credentials)
+    fallback: str = ""  # the tool that completed it when its own attempts failed (sagaplane.retry)
 
     @property
     def idempotency_key(self) -> str:
@@ -114,16 +120,24 @@ class ToolSpec:
     # The gate's arguments from the call's (bound) kwargs, when they are not the kwargs themselves
     # (a policy's gate_args); raising refuses the call before anything is recorded.
     gate_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Retries inside the step and the tool called once they are exhausted (sagaplane.retry): a
+    # ToolSpec or the name of a tool `tool()` made; `fallback_args` maps the call's arguments to the
+    # fallback's (default: the same arguments).
+    retry: Retry | None = None
+    fallback: ToolSpec | str | None = None
+    fallback_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         # The signature is read once per tool, not once per call.
         self._sig: inspect.Signature | None = None
         self._positional: tuple[str, ...] | None = None  # set when the fast bind applies
         self._names: frozenset[str] = frozenset()
+        self.takes_idempotency_key = False
         try:
             self._sig = inspect.signature(self.fn)
         except (TypeError, ValueError):
             return
+        self.takes_idempotency_key = "idempotency_key" in self._sig.parameters
         params = self._sig.parameters.values()
         kinds = {p.kind for p in params}
         if kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}:
@@ -196,6 +210,13 @@ class ToolSpec:
             )
 
 
+_TOOLS: dict[str, ToolSpec] = {}  # what `tool()` made, by name: what a `fallback="name"` finds
+
+
+def resolve_tool(name: str) -> ToolSpec | None:
+    return _TOOLS.get(name)
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -204,37 +225,70 @@ def tool(
     name: str | None = None,
     capture_state: Callable[..., Any] | None = None,
     confirm: ConfirmHook | None = None,
+    retry: Retry | None = None,
+    fallback: Callable[..., Any] | str | None = None,
 ) -> Any:
     """Wrap a tool so each call inside a saga becomes a logged, compensable step.
 
     `compensate` is a factory over the forward result: `lambda result: sp.undo("x.refund", id=result["id"])`
     (it may also accept `state=` for the captured snapshot and `kwargs=` for the call's arguments),
-    a fixed `Compensation`, or None for "no inverse". Outside a saga the tool runs untouched.
+    a fixed `Compensation`, or None for "no inverse". `retry=sp.Retry(...)` retries the call inside
+    the step; `fallback=` (another tool made by `tool()`, or its name) is called with the same
+    arguments once the attempts are exhausted (sagaplane.retry). Outside a saga the tool runs untouched.
     """
     sem = Semantics(semantics)
+    then: ToolSpec | str | None = None
+    if isinstance(fallback, str):
+        then = fallback
+    elif fallback is not None:
+        then = getattr(fallback, "sagaplane_spec", None)
+        if not isinstance(then, ToolSpec):
+            raise TypeError("fallback: a tool made by sp.tool(), or the name of one")
 
     def decorate(target: Callable[..., Any]) -> Callable[..., Any]:
         spec = ToolSpec(
-            target, name or str(getattr(target, "__name__", "tool")), sem, compensate, capture_state, confirm
+            target,
+            name or str(getattr(target, "__name__", "tool")),
+            sem,
+            compensate,
+            capture_state,
+            confirm,
+            retry=retry,
+            fallback=then,
         )
-        if inspect.iscoroutinefunction(target):
-
-            @functools.wraps(target)
-            async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                active = active_saga.get()
-                if active is None:
-                    return await target(*args, **kwargs)
-                return await active.run_step_async(spec, args, kwargs)
-
-            return awrapper
-
-        @functools.wraps(target)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            active = active_saga.get()
-            if active is None:
-                return target(*args, **kwargs)
-            return active.run_step(spec, args, kwargs)
-
-        return wrapper
+        _TOOLS[spec.name] = spec
+        wrapped = _wrap(target, spec)
+        wrapped.sagaplane_spec = spec  # type: ignore[attr-defined]
+        return wrapped
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _wrap(target: Callable[..., Any], spec: ToolSpec) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(target):
+
+        @functools.wraps(target)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            active = active_saga.get()
+            if active is None:
+                args, kwargs = _resolved(args, kwargs)
+                return await target(*args, **kwargs)
+            return await active.run_step_async(spec, args, kwargs)
+
+        return awrapper
+
+    @functools.wraps(target)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        active = active_saga.get()
+        if active is None:
+            args, kwargs = _resolved(args, kwargs)
+            return target(*args, **kwargs)
+        return active.run_step(spec, args, kwargs)
+
+    return wrapper
+
+
+def _resolved(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Outside a saga nothing is recorded: references are simply resolved for the call."""
+    resolved = Resolved()
+    return resolved.resolve(args), resolved.resolve(kwargs)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import Backoff, Client, Response, TransportError
+from .credentials import Resolved
 from .semantics import accepts_kwarg, registered_compensators, resolve_compensator
 
 logger = logging.getLogger("sagaplane.worker")
@@ -291,15 +292,17 @@ class Worker:
         kwargs = dict(job.get("kwargs") or {})
         if accepts_kwarg(fn, "idempotency_key"):
             kwargs.setdefault("idempotency_key", job.get("idempotency_key"))
+        resolved = Resolved()  # the compensation's credential references, resolved for this call
         try:
-            result = fn(**kwargs)
+            result = fn(**resolved.resolve(kwargs, markers=True))
             if inspect.isawaitable(result):
                 from .context import run_coro
 
                 run_coro(result)
         except Exception as exc:
-            logger.warning("compensation %s for step %s failed: %r", handler, job.get("step_id"), exc)
-            return "fail", {"error": repr(exc)[:2000]}
+            error = resolved.scrub(repr(exc))
+            logger.warning("compensation %s for step %s failed: %s", handler, job.get("step_id"), error)
+            return "fail", {"error": error[:2000]}
         return "complete", {}
 
     def _record(self, outcome: Outcome) -> None:
