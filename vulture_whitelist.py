@@ -29,6 +29,7 @@ backed_up  # unused variable (passkeys/models.py:46)
 compensated_leaf  # unused variable (reconciliation/models.py:57)
 available_at  # unused variable (recovery/models.py:129): read by name in the claims' ORDER BY (core.claims sorts by it)
 not_before  # unused variable (reconciliation/models.py:67)
+lease_until  # unused variable (slackapp/models.py:95): the lease's column, named to core.claims
 _.not_before  # unused attribute (reconciliation/services.py:499)
 accepted_at  # unused variable (tenants/models.py:76)
 abstract  # unused variable (tenants/scoping.py:250)

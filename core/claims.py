@@ -1,8 +1,8 @@
 """Leased work claimed with a fencing token, one way for every app (healthchecks' style: the row
 is the truth, no broker or lock service decides who holds what).
 
-A row of leased work (a recovery job, a reconciliation check; approvals' and Slack's deliveries
-are to follow) has a state, an integer fencing token, a holder and the end of its lease. A claim
+A row of leased work (a recovery job, a reconciliation check, the posting of a Slack channel
+message) has a state, an integer fencing token, a holder and the end of its lease. A claim
 is one statement, a conditional UPDATE:
 
     WITH picked (pk, token) AS (<the caller's candidates, ordered and limited,
@@ -22,7 +22,7 @@ The holder proves its right with the token the claim returned: `Leased.holds(row
 true only while the row is claimed with that token, so a holder whose lease lapsed and whose
 row was claimed again (a new token) records nothing.
 
-Adopting it (approvals and Slack next): describe the model's columns once,
+Adopting it: describe the model's columns once,
 
     DELIVERIES = Leased(Delivery, state="state", claimed=State.SENDING,
                         claimable=(State.QUEUED, State.SENDING), token="epoch",

@@ -21,7 +21,7 @@ from approvals import services as approvals
 from approvals.models import Status, VoteChoice
 from fleet import services as fleet
 from slackapp import blocks, selectors, services
-from slackapp.models import Installation
+from slackapp.models import Installation, MessageState
 from tenants.actors import shown_name
 from tenants.models import Membership, Tenant
 from tenants.scoping import tenant_context
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 class NotPostedYet(Exception):
-    """The request's message is being posted by another worker: retry the update shortly."""
+    """The request's message is being posted by another worker: retry shortly."""
 
 
 def _page(request_id: str) -> str:
@@ -121,12 +121,17 @@ def _render(values: dict[str, Any], deciders: list[str]) -> tuple[str, list]:
 
 
 def post_request(tenant: Tenant, request_id: str) -> None:
-    """Post the request's message once (the first worker to claim it posts)."""
+    """Post the request's message once: the worker that claims it posts it (`core.claims`). While
+    another worker's claim holds, this one waits for it (NotPostedYet, retried): should that worker
+    die, its lease lapses and a retry here claims the message and posts it."""
     row = _installation(tenant)
     if row is None:
         return
-    if not services.claim_message_post(tenant, request_id):
-        return
+    token = services.claim_message_post(tenant, request_id)
+    if token is None:
+        if services.is_posted(tenant, request_id):
+            return
+        raise NotPostedYet(request_id)
     try:
         found = _request(tenant, request_id)
         if found is None:
@@ -136,11 +141,12 @@ def post_request(tenant: Tenant, request_id: str) -> None:
             channel=row.channel_id, text=text, blocks=body, unfurl_links=False, unfurl_media=False
         )
     except Exception:
-        services.release_message_claim(tenant, request_id)
+        services.release_message_claim(tenant, request_id, token)
         raise
-    services.message_posted(
-        tenant, request_id, channel_id=str(answer.get("channel") or row.channel_id), ts=str(answer["ts"])
-    )
+    channel_id = str(answer.get("channel") or row.channel_id)
+    if not services.message_posted(tenant, request_id, token, channel_id=channel_id, ts=str(answer["ts"])):
+        log.warning("slack message of %s posted after its claim lapsed; another worker holds it", request_id)
+        return
     # A decision that landed while this was posting re-renders it (its own update found no ts).
     found = _request(tenant, request_id)
     if found is not None and found[0].get("status") != Status.PENDING:
@@ -154,9 +160,9 @@ def refresh_request(tenant: Tenant, request_id: str) -> None:
         return
     with tenant_context(tenant):
         message = selectors.message_of(request_id)
-    if message is None:
-        return  # never posted (Slack installed later, or the post failed for good)
-    if not message.ts:
+    if message is None or message.state == MessageState.QUEUED:
+        return  # never posted (Slack installed later, or the post failed: its retry renders anew)
+    if message.state != MessageState.POSTED:
         raise NotPostedYet(request_id)
     found = _request(tenant, request_id)
     if found is None:
@@ -186,9 +192,9 @@ def notify(tenant: Tenant, request_id: str, kind: str, detail: dict[str, Any]) -
         return
     with tenant_context(tenant):
         message = selectors.message_of(request_id)
-    if message is None:
+    if message is None or message.state == MessageState.QUEUED:
         return
-    if not message.ts:
+    if message.state != MessageState.POSTED:
         raise NotPostedYet(request_id)
     page = _page(request_id)
     if kind == "escalated":

@@ -10,6 +10,9 @@ Invariants (kept by `slackapp.services`, the only writer):
   nothing;
 - a Slack user is linked to at most one member of the tenant and a member to at most one Slack
   user, only by an explicit confirmation (or, where the owner turned it on, by e-mail);
+- a request's channel message is posted by the one worker holding its claim (a fencing token
+  and a lease, `core.claims`): a worker that died while posting leaves a lease that lapses, and
+  a late one whose claim was taken again records nothing;
 - a seen request signature is kept until the signed timestamp can no longer pass the 5-minute
   window, so the same signed request is never acted on twice.
 """
@@ -74,10 +77,22 @@ class UserLink(TenantScopedModel):
         ]
 
 
+class MessageState(models.TextChoices):
+    QUEUED = "queued", "To post (nobody is posting it)"
+    POSTING = "posting", "Claimed by a worker that is posting it, until its lease lapses"
+    POSTED = "posted", "In the channel (channel_id and ts say where)"
+
+
 class RequestMessage(TenantScopedModel):
-    """The channel message that shows one approval request (updated when it is decided)."""
+    """The channel message that shows one approval request (updated when it is decided). Posting
+    it is leased work (`core.claims`): a worker claims it under a new `token` until
+    `lease_until`, and only the holder of the current token records where it was posted."""
 
     request_id = models.CharField(max_length=128)
+    state = models.CharField(max_length=8, choices=MessageState.choices, default=MessageState.QUEUED)
+    token = models.BigIntegerField(default=0)  # fencing token: +1 on every claim
+    holder = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
     channel_id = models.CharField(max_length=32)
     ts = models.CharField(max_length=32)
     posted_at = models.DateTimeField(default=timezone.now)

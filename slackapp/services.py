@@ -29,6 +29,7 @@ from slackapp.actions.links import (
 from slackapp.actions.messages import (
     claim_message_post,
     finish_message,
+    is_posted,
     message_posted,
     release_message_claim,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "finish_install",
     "finish_message",
     "forget_team",
+    "is_posted",
     "link_token",
     "link_url",
     "link_user",
