@@ -261,6 +261,7 @@ class RecordView:
     arguments: str = ""
     compensation: str = ""
     other: str = ""
+    fallback: str = ""  # a STEP_ATTEMPT's fallback call: the tool it names
 
 
 @dataclass
@@ -270,6 +271,8 @@ class StepView:
     records: list[RecordView] = field(default_factory=list)
     recovery_job: Any = None  # the step's latest recovery job (frontend.recovery_views)
     rollback_here: bool = False  # offer "Rollback to here" on this step
+    attempts: int = 0  # its failed attempts that another call followed (STEP_ATTEMPT records)
+    fallback: str = ""  # the tool its last STEP_ATTEMPT fell back to
 
     @property
     def outcome_label(self) -> str:
@@ -312,6 +315,13 @@ def _record_view(record: Record, body: dict[str, Any], erased: bool) -> RecordVi
         view.arguments = _pretty(masked.pop("kwargs"))
     if "compensation" in masked:
         view.compensation = _pretty(masked.pop("compensation"))
+    fallback = masked.get("fallback")
+    if (
+        view.event == Event.STEP_ATTEMPT
+        and isinstance(fallback, dict)
+        and isinstance(fallback.get("tool"), str)
+    ):
+        view.fallback = fallback["tool"][:200]
     for key in ("saga_id", "step_id", "tool"):
         masked.pop(key, None)
     view.other = _pretty(masked) if masked else ""
@@ -360,6 +370,12 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
             item = forward[view.step_id]
             item.records.append(view)
             item.outcome = FORWARD_OUTCOME[view.event]
+        elif view.event == Event.STEP_ATTEMPT and view.step_id in forward:
+            # A retried (or fallen back) attempt of the step: shown with it, no outcome of its own.
+            item = forward[view.step_id]
+            item.records.append(view)
+            item.attempts += 1
+            item.fallback = view.fallback or item.fallback
         elif view.event in BACKWARD_OUTCOME:
             backward.append(
                 CompensationView(

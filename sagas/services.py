@@ -17,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from sagaplane import credentials
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
@@ -382,9 +383,22 @@ def credential_reference(value: Any) -> dict[str, str]:
     return {"$credential": f"hmac:{mac.hexdigest()[:16]}"}
 
 
+def _sdk_reference(value: Any) -> bool:
+    """The SDK's credential reference (`{"$secret": "<ref>"}`, sagaplane.credentials): the name of a
+    credential the agent resolved at call time, never its value, shown as it is."""
+    return (
+        isinstance(value, dict)
+        and len(value) == 1
+        and isinstance(ref := value.get(credentials.MARKER), str)
+        and credentials.REF_RE.match(ref) is not None
+    )
+
+
 def mask_credentials(value: Any, key: str = "") -> Any:
     """Show anything credential-like only as a reference (a short hash): the dashboard can tell two
-    values apart without ever displaying one."""
+    values apart without ever displaying one. The SDK's own references are shown as they are."""
+    if _sdk_reference(value):
+        return value
     if key and _CREDENTIAL_KEY.search(key) and value not in (None, "", {}, []) and key != "idempotency_key":
         return credential_reference(value)
     if isinstance(value, dict):
