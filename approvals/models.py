@@ -84,6 +84,7 @@ class ApprovalRequest(TenantScopedModel):
     rules = models.JSONField(default=dict)  # the policy's terms as they were (required, eligible, ...)
     limits = models.JSONField(default=list)  # budgets whose cap an approval lifts (source=budget)
     agent = models.CharField(max_length=100, blank=True, default="")
+    reason = models.CharField(max_length=500, blank=True, default="")  # the requester's, shown first
     api_key_prefix = models.CharField(max_length=12, blank=True, default="")
     requester_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -33,6 +33,11 @@ def waiting(limit: int) -> list[ApprovalRequest]:
     return list(rows.order_by("expires_at", "pk")[:limit])
 
 
+def pending_count() -> int:
+    """How many requests wait for a decision now (the navigation's badge)."""
+    return ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__gt=timezone.now()).count()
+
+
 def decided(limit: int) -> list[ApprovalRequest]:
     """The history: decided requests, the latest decision first."""
     rows = ApprovalRequest.objects.filter(status__in=DECIDED)

@@ -16,6 +16,19 @@ def finite_number(value: Any) -> TypeGuard[int | float]:
     return type(value) is int and abs(value) <= sys.float_info.max
 
 
+def amount_text(value: Any, currency: Any = None) -> str:
+    """An amount as people read it: `25000` -> `25,000`, with the call's currency code after it
+    when it named one (`25,000.50 EUR`); what is not a number is shown as it is, `—` for none.
+    The one formatting of amounts (the dashboard's `money` filter, the Slack messages)."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool) or not finite_number(value):
+        return str(value)
+    text = f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+    code = currency.strip() if isinstance(currency, str) else ""
+    return f"{text} {code}" if 0 < len(code) <= 8 else text
+
+
 # Integers in request text (path segments, query parameters, headers, form fields). `str.isdigit()`
 # and `int()` accept far more than ASCII digits: '²' is a digit that int() refuses (a 500 where
 # it was trusted), '٤' and '４' parse as 4, and int() also takes ' 7', '+7', '1_0'. An id is at

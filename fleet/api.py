@@ -87,6 +87,7 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
                 "agent": serializers.CharField(required=False),
                 "tags": serializers.ListField(child=serializers.CharField(), required=False),
                 "idempotency_key": serializers.CharField(required=False),
+                "reason": serializers.CharField(required=False, max_length=500),
             },
         ),
         responses={200: _ANSWER},

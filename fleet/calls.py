@@ -10,6 +10,7 @@ from controlplane.errors import DomainError
 from fleet.gate import GateRequest
 
 TEXT_MAX = 200
+REASON_MAX = 500  # the requester's reason, shown to approvers (ApprovalRequest.reason)
 
 
 def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:
@@ -34,6 +35,7 @@ def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:
         tags=tuple(tags),
         api_key_prefix=api_key_prefix,
         client_idempotency_key=_text(data, "idempotency_key", required=False),
+        reason=_text(data, "reason", required=False, limit=REASON_MAX),
     )
 
 

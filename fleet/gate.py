@@ -41,6 +41,7 @@ class GateRequest:
     tags: tuple[str, ...] = ()
     api_key_prefix: str = ""
     client_idempotency_key: str = ""
+    reason: str = ""  # the requester's words for an approver (not part of the call's identity)
 
     @cached_property  # (a frozen dataclass without slots: the value lands in the instance's dict)
     def args_digest(self) -> str:

@@ -33,7 +33,7 @@ from approvals import selectors
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
 from approvals.services import ApprovalError
-from controlplane.numbers import ascii_int
+from controlplane.numbers import amount_text, ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services as passkeys
 from passkeys.services import PasskeyRefused
@@ -56,6 +56,7 @@ def _row(row: ApprovalRequest, membership: Any) -> dict[str, Any]:
     return {
         **values,
         "amount": row.action.get("amount"),
+        "amount_text": amount_text(row.action.get("amount"), row.args.get("currency")),
         "args_json": json.dumps(row.args, indent=2, sort_keys=True, ensure_ascii=False),
         "can_vote": row.status == Status.PENDING and approvals.eligible(row, membership),
     }
@@ -76,6 +77,12 @@ def queue(request: MemberRequest) -> HttpResponse:
 @member_page({"GET": READ}, section="approvals")
 def queue_rows(request: MemberRequest) -> HttpResponse:
     return render(request, "frontend/_approval_rows.html", {"rows": _pending(request)})
+
+
+@member_page({"GET": READ}, section="approvals")
+def pending_badge(request: MemberRequest) -> HttpResponse:
+    """The navigation's count of pending requests (a live region: fetched again on approval events)."""
+    return render(request, "frontend/_pending_badge.html", {"pending": selectors.pending_count()})
 
 
 @member_page({"GET": READ}, section="approvals")
@@ -194,10 +201,12 @@ def vote(request: MemberRequest, approval_id: str) -> HttpResponse:
         )
     except (ApprovalError, PasskeyRefused) as exc:
         return _refused(request, row.pk, exc.status, exc.body())
-    outcomes = {Status.APPROVED.value: "approved", Status.DENIED.value: "denied"}
-    done = outcomes.get(str(decided.status), f"{decided.approvals} of {decided.required} approvals so far")
+    # The outcome only when the vote decided: a count would be stale once the next vote lands (the
+    # page's live section keeps the count).
+    outcomes = {Status.APPROVED.value: ": approved", Status.DENIED.value: ": denied"}
+    done = outcomes.get(str(decided.status), "")
     kind = "Break-glass approval" if break_glass else ("Passkey vote" if assertion else "Vote")
-    messages.success(request, f"{kind} recorded: {done}.")
+    messages.success(request, f"{kind} recorded{done}.")
     url = reverse("approval-detail", kwargs={"approval_id": row.pk})
     if _wants_json(request):
         return JsonResponse({"redirect": url, "status": decided.status})

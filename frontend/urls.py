@@ -63,6 +63,7 @@ urlpatterns = [
     ),
     path("approvals/", approval_views.queue, name="approval-queue"),
     path("approvals/rows", approval_views.queue_rows, name="approval-rows"),
+    path("approvals/pending-badge", approval_views.pending_badge, name="approval-pending-badge"),
     path("approvals/history/", approval_views.history, name="approval-history"),
     path("approvals/policies/", approval_views.policies, name="approval-policies-page"),
     path("approvals/policies/create", approval_views.policy_create, name="approval-policy-create"),

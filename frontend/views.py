@@ -22,11 +22,12 @@ from django.shortcuts import redirect, render
 from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from approvals import selectors as approval_selectors
 from tenants.access import AccessMap, allowed_methods, decide, rule_for
 from tenants.actors import user_actor
 from tenants.models import ROLE_CAPABILITIES, Membership, Tenant
 from tenants.permissions import SESSION_TENANT_KEY
-from tenants.scoping import tenant_context
+from tenants.scoping import joined_tenant_context, tenant_context
 from tenants.selectors import membership_for, memberships_of
 
 # (url name, label): the navigation, each entry shown when its page's own GET rule lets the member in.
@@ -86,10 +87,14 @@ def page(
     nav = []
     if membership is not None:
         nav = [
-            {"url": reverse(name), "label": label, "current": name == section}
+            {"url": reverse(name), "label": label, "current": name == section, "name": name}
             for name, label in NAV
             if may_open(membership, name)
         ]
+        for item in nav:
+            if item["name"] == "approval-queue":  # the count waiting for someone, kept live
+                with joined_tenant_context(membership.tenant):  # a 403 page renders outside it
+                    item["pending"] = approval_selectors.pending_count()
     full = {
         "membership": membership,
         "tenant": membership.tenant if membership else None,

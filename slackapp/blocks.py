@@ -17,6 +17,8 @@ from typing import Any
 
 from django.urls import NoReverseMatch, reverse
 
+from controlplane.numbers import amount_text
+
 APPROVE = "approve"
 DENY = "deny"
 OPEN_PASSKEY = "open_passkey"
@@ -54,11 +56,7 @@ def _deadline(value: Any) -> str:
 
 def _amount(request: dict[str, Any]) -> str:
     args = obj(request.get("args"))
-    amount = request.get("amount", args.get("amount"))
-    if amount is None:
-        return "—"
-    currency = args.get("currency")
-    return esc(f"{amount} {currency}" if isinstance(currency, str) else amount)
+    return esc(amount_text(request.get("amount", args.get("amount")), args.get("currency")))
 
 
 def passkey_only(request: dict[str, Any]) -> bool:

@@ -80,6 +80,7 @@ def request_values(row: ApprovalRequest, *, now: datetime | None = None) -> dict
         "passkey_only": bool(row.rules.get("passkey_only")),
         "limits": list(row.limits),
         "agent": row.agent,
+        "reason": row.reason,
         "created_at": row.created_at.isoformat(),
         "expires_at": row.expires_at.isoformat(),
         "expires_in": seconds_left(row.expires_at, now) if row.status == Status.PENDING else None,
@@ -193,6 +194,7 @@ def open_request(
                 rules=rules,
                 limits=list(limits),
                 agent=request.agent,
+                reason=request.reason,
                 api_key_prefix=request.api_key_prefix,
                 requester_user_id=requester_of(request.api_key_prefix),
                 idempotency_key=request.idempotency_key,
@@ -217,6 +219,7 @@ def open_request(
             "expires_at": row.expires_at.isoformat(),
             "agent": row.agent,
             "api_key": row.api_key_prefix,
+            **({"reason": row.reason} if row.reason else {}),
         },
         actor=actor,
     )

@@ -1,4 +1,5 @@
-"""Small presentation helpers: relative times with the absolute one on hover, short hashes."""
+"""Small presentation helpers: relative times with the absolute one on hover, absolute times,
+amounts with their currency, short hashes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
+from controlplane.numbers import amount_text
+
 register = template.Library()
 
 
@@ -18,6 +21,12 @@ def _as_datetime(value: Any) -> datetime | None:
         return value
     if isinstance(value, int | float):
         return datetime.fromtimestamp(value, tz=UTC)
+    if isinstance(value, str) and value:
+        # The services' values carry times as ISO text (`vote_values`, `request_values`).
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
     return None
 
 
@@ -44,6 +53,23 @@ def reltime(value: Any, empty: str = "never") -> str:
         absolute,
         relative_text(when),
     )
+
+
+@register.filter
+def abstime(value: Any, empty: str = "—") -> str:
+    """The absolute time, UTC, to the second (beside a relative one: an audit reads both)."""
+    when = _as_datetime(value)
+    if when is None:
+        return empty
+    when = when if timezone.is_aware(when) else timezone.make_aware(when)
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@register.filter
+def money(value: Any, currency: Any = None) -> str:
+    """`25000` -> `25,000`, with the currency code after it when the call named one
+    (`25,000.50 EUR`); anything that is not a number is shown as it is, `—` for none."""
+    return amount_text(value, currency)
 
 
 @register.filter

@@ -89,6 +89,7 @@ class Call:
     args: dict[str, Any]
     agent: str = ""
     tags: Sequence[str] = ()
+    reason: str = ""  # shown to approvers (sp.tool(..., reason=)); not part of the call's identity
 
 
 @dataclass
@@ -255,6 +256,8 @@ class Gate:
             "agent": call.agent,
             "tags": list(call.tags),
         }
+        if call.reason:
+            body["reason"] = call.reason
         answer = self._evaluate(body)
         if answer.get("decision") == "pending_approval":
             if not wait_for_approvals.get():

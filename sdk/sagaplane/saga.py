@@ -326,6 +326,7 @@ class Saga:
             gate_args=None if spec.gate_args is None else spec.gate_args(shown),
             call_id=tool_call_id.get(),
             secret_args=shown is not bound,
+            reason=spec.reason_for(shown),
         )
 
     def scrub(self, text: str) -> str:
@@ -367,6 +368,7 @@ class Saga:
             step.semantics.value,
             dict(step.kwargs) if step.gate_args is None else step.gate_args,
             self.wal.agent or "",
+            reason=step.reason,
         )
 
     def _gate_answered(self, step: Step, answer: dict[str, Any] | None) -> None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .retry import Retry
 
 logger = logging.getLogger("sagaplane")
+REASON_MAX = 500  # what the server keeps of a call's reason (the rest is cut here)
 
 
 class StepState(str, enum.Enum):  # noqa: UP042 (str() must stay the value on 3.10)
@@ -89,6 +90,7 @@ class Step:
     decision: str = ""  # the gate's answer, for the step's span: "allow", "deny:<reason>", ""
     secret_args: bool = False  # its arguments hold credential references (sagaplane.credentials)
     fallback: str = ""  # the tool that completed it when its own attempts failed (sagaplane.retry)
+    reason: str = ""  # the requester's words for approvers, sent with the gate call (not logged)
 
     @property
     def idempotency_key(self) -> str:
@@ -126,6 +128,13 @@ class ToolSpec:
     retry: Retry | None = None
     fallback: ToolSpec | str | None = None
     fallback_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Why the agent makes this call, for the people who approve it: text, or a function of the
+    # call's (bound) kwargs. Sent with the gate call; the server keeps at most 500 characters.
+    reason: str | Callable[[dict[str, Any]], str] | None = None
+
+    def reason_for(self, bound: dict[str, Any]) -> str:
+        text = self.reason(bound) if callable(self.reason) else self.reason
+        return str(text or "")[:REASON_MAX]
 
     def __post_init__(self) -> None:
         # The signature is read once per tool, not once per call.
@@ -227,6 +236,7 @@ def tool(
     confirm: ConfirmHook | None = None,
     retry: Retry | None = None,
     fallback: Callable[..., Any] | str | None = None,
+    reason: str | Callable[[dict[str, Any]], str] | None = None,
 ) -> Any:
     """Wrap a tool so each call inside a saga becomes a logged, compensable step.
 
@@ -235,6 +245,8 @@ def tool(
     a fixed `Compensation`, or None for "no inverse". `retry=sp.Retry(...)` retries the call inside
     the step; `fallback=` (another tool made by `tool()`, or its name) is called with the same
     arguments once the attempts are exhausted (sagaplane.retry). Outside a saga the tool runs untouched.
+    `reason` is why the agent makes the call, shown first to whoever must approve it: text, or a
+    function of the call's arguments (`reason=lambda kw: f"invoice {kw['invoice']}"`).
     """
     sem = Semantics(semantics)
     then: ToolSpec | str | None = None
@@ -255,6 +267,7 @@ def tool(
             confirm,
             retry=retry,
             fallback=then,
+            reason=reason,
         )
         _TOOLS[spec.name] = spec
         wrapped = _wrap(target, spec)

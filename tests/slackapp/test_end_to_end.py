@@ -96,7 +96,7 @@ def test_a_pending_wire_is_approved_from_slack_and_the_agent_resumes(
             for e in b["elements"]
             if e["action_id"] == "approve"
         ]
-        assert "250000 EUR" in json.dumps(message.blocks)
+        assert "250,000 EUR" in json.dumps(message.blocks)
         assert not effects.exists()  # the agent waits
         # Slack's signed click, over HTTP.
         body = click_body(slack, "approve", approve["value"], user="U0ANN")

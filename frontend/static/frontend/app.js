@@ -64,8 +64,9 @@
     if (form && !window.confirm(form.getAttribute("data-confirm"))) ev.preventDefault();
   });
 
-  // ---- live regions: <div data-live-url="/sagas/rows?..." [data-live-saga="id"]>
-  // On any saga.event (for this saga, when data-live-saga is set) the fragment is fetched again.
+  // ---- live regions: <div data-live-url="/sagas/rows?..." [data-live-saga="id"] [data-live-on="type"]>
+  // On any event (for this saga, when data-live-saga is set; of this type, when data-live-on is
+  // set: the navigation's approvals count) the fragment is fetched again.
   var liveRegions = [];
   var pending = null;
   function refreshLive(event) {
@@ -73,6 +74,8 @@
       var only = region.getAttribute("data-live-saga");
       if (only && event && Array.isArray(event.sagas) &&
           !event.sagas.some(function (s) { return s && s.saga_id === only; })) return;
+      var type = region.getAttribute("data-live-on");
+      if (type && event && event.type !== type) return;
       region.setAttribute("data-dirty", "1");
     });
     if (pending) return;
@@ -156,6 +159,7 @@
       var data = null;
       try { data = JSON.parse(msg.data); } catch (e) { data = null; }
       refreshLive(data);
+      notifyApproval(data);
     };
     ws.onclose = function () {
       document.documentElement.setAttribute("data-live", "closed");
@@ -166,6 +170,45 @@
   function retry(attempt) {
     var delay = Math.min(30000, 500 * Math.pow(2, Math.min(attempt, 6)));
     setTimeout(function () { connect(attempt); }, delay);
+  }
+
+  // ---- browser notifications, opt-in per browser: <button data-notify-toggle> (shown only where
+  // the browser has notifications) asks the permission and remembers the choice; then a new
+  // approval request, heard on any open dashboard page, shows a notification that opens it.
+  var NOTIFY_KEY = "sagaplane.notify-approvals";
+  function notifying() {
+    try {
+      return "Notification" in window && Notification.permission === "granted" &&
+        window.localStorage.getItem(NOTIFY_KEY) === "1";
+    } catch (e) { return false; }
+  }
+  function showNotifyState() {
+    document.querySelectorAll("[data-notify-toggle]").forEach(function (button) {
+      var on = notifying();
+      button.hidden = false;
+      button.setAttribute("aria-pressed", on ? "true" : "false");
+      button.textContent = on ? "Browser notifications: on" : "Notify me in this browser";
+    });
+  }
+  function toggleNotify() {
+    if (notifying()) {
+      window.localStorage.removeItem(NOTIFY_KEY);
+      showNotifyState();
+      return;
+    }
+    Notification.requestPermission().then(function (answer) {
+      if (answer === "granted") window.localStorage.setItem(NOTIFY_KEY, "1");
+      showNotifyState();
+    });
+  }
+  function notifyApproval(event) {
+    if (!event || event.type !== "approval.event" || event.kind !== "created" || !notifying()) return;
+    var a = event.approval || {};
+    var note = new Notification("Approval requested: " + (a.tool || "an action"), {
+      body: (a.reason ? a.reason + " · " : "") + "needs " + (a.required || 1) + " approval(s)",
+      tag: "approval-" + a.id
+    });
+    note.onclick = function () { window.focus(); window.location.assign("/approvals/" + a.id + "/"); };
   }
 
   // ---- polling: <div data-poll-url="..." data-poll-done="0|1"> (export progress)
@@ -187,6 +230,12 @@
   document.addEventListener("DOMContentLoaded", function () {
     refreshTimes();
     setInterval(refreshTimes, 30000);
+    if ("Notification" in window) {
+      showNotifyState();
+      document.querySelectorAll("[data-notify-toggle]").forEach(function (button) {
+        button.addEventListener("click", toggleNotify);
+      });
+    }
     liveRegions = Array.prototype.slice.call(document.querySelectorAll("[data-live-url]"));
     liveRegions.forEach(whenStale);
     if (liveRegions.length && "WebSocket" in window) connect(0);
