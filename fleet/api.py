@@ -3,7 +3,8 @@
 - `POST /api/v1/gate/evaluate` (key scope `gate`): the pre-flight answer for one call.
 - `GET /api/v1/fleet/status` (scope `gate`, or any member): halts in force and the governed tool
   globs, with a `version`; `?since=<version>&wait=<s>` long-polls until it changes.
-- budgets, rate limits, halts (scope `control`, or members whose role may act) and quarantine.
+- budgets, rate limits, halts (scope `control`, or members whose role may act) and quarantine;
+  circuit breakers in `fleet.breaker_api`.
 """
 
 from __future__ import annotations
@@ -121,13 +122,18 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
 
 def _status() -> dict[str, Any]:
     halts = [_halt_json(h) for h in services.halts_in_force()]
-    state = {"halts": halts, "governed_tools": services.governed_tools()}
+    state = {
+        "halts": halts,
+        "governed_tools": services.governed_tools(),
+        "breakers": services.status_entries(),
+    }
     digest = hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {**state, "version": digest}
 
 
 class FleetStatusView(TenantScopedViewMixin, APIView):
-    """What an agent must know to act safely: halts in force and which tools a limit governs.
+    """What an agent must know to act safely: halts in force, which tools a limit governs and the
+    circuit breakers that are not closed (`open`: refuse; `half_open`: ask the gate).
     `since=<version>&wait=<seconds>` answers as soon as the state differs from `since` (or a halt
     lapses), else after `wait` (at most 25 s) — the SDK keeps one such call open, so a halt
     reaches a running agent within about a second. No transaction or connection is held while
@@ -144,6 +150,7 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
                 {
                     "halts": serializers.ListField(child=serializers.DictField()),
                     "governed_tools": serializers.ListField(child=serializers.CharField()),
+                    "breakers": serializers.ListField(child=serializers.DictField()),
                     "version": serializers.CharField(),
                 },
             )

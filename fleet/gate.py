@@ -211,3 +211,68 @@ def halt_matches(scope: str, request: GateRequest) -> bool:
 def valid_halt_scope(scope: str) -> bool:
     kind, sep, value = scope.partition(":")
     return scope == "*" or (bool(sep) and kind in {"tool", "tag", "agent"} and 0 < len(value) <= 190)
+
+
+# ------------------------------------------------------------------------------ circuit breakers
+
+BreakerPhase = Literal["closed", "open", "trial_due", "trial_running"]
+
+
+@dataclass(frozen=True)
+class BreakerSpec:
+    """What the gate and the outcome counter need of a CircuitBreaker row (decoupled from the ORM).
+    `rate_units`: the failure rate in 1/SCALE (0.5 → 5000), compared exactly."""
+
+    id: int
+    name: str
+    tool: str
+    state: str  # "closed", "open" or "half_open"
+    generation: int
+    consecutive_failures: int
+    rate_units: int
+    min_volume: int
+    window_s: int
+    cool_down_s: int
+    opened_at_ms: int | None = None
+    trial_at_ms: int | None = None
+    trial: tuple[str, str] = ("", "")  # the trial's (saga_id, step_id)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A breaker's counts once some outcomes were added: the most failures in a row seen (the run
+    before the batch included), and the calls and failures over its window."""
+
+    consecutive: int
+    calls: int
+    failures: int
+
+
+def breaker_phase(spec: BreakerSpec, now_ms: int) -> BreakerPhase:
+    """`open`: refused until the cool-down ends; `trial_due`: the next call may be the trial (the
+    cool-down ended, or the running trial lapsed: its outcome never came within a cool-down);
+    `trial_running`: a trial is out, every other call refused."""
+    cool_ms = spec.cool_down_s * 1000
+    if spec.state == "open":
+        return "open" if now_ms < (spec.opened_at_ms or 0) + cool_ms else "trial_due"
+    if spec.state == "half_open":
+        return "trial_running" if now_ms < (spec.trial_at_ms or 0) + cool_ms else "trial_due"
+    return "closed"
+
+
+def breaker_retry_after(spec: BreakerSpec, now_ms: int) -> int:
+    """Seconds until a call may be let through as a trial (at least 1)."""
+    since = spec.opened_at_ms if spec.state == "open" else spec.trial_at_ms
+    return max(1, math.ceil(((since or 0) + spec.cool_down_s * 1000 - now_ms) / 1000))
+
+
+def trip_reason(spec: BreakerSpec, tally: Tally) -> str | None:
+    """Why the breaker opens on these counts, or None."""
+    if tally.consecutive >= spec.consecutive_failures:
+        return f"{tally.consecutive} consecutive failures (threshold {spec.consecutive_failures})"
+    if tally.calls >= spec.min_volume and tally.failures * SCALE >= spec.rate_units * tally.calls:
+        return (
+            f"{tally.failures} of {tally.calls} calls failed over {spec.window_s} s "
+            f"(threshold {from_units(spec.rate_units)}, at least {spec.min_volume} calls)"
+        )
+    return None

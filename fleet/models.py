@@ -178,3 +178,69 @@ class FleetLock(TenantScopedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant"], name="one_fleet_lock_per_tenant")]
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed", "Closed: calls go through, their outcomes are counted"
+    OPEN = "open", "Open: every matching call is refused"
+    HALF_OPEN = "half_open", "Half-open: one trial call is let through"
+
+
+class CircuitBreaker(TenantScopedModel):
+    """A fleet-wide circuit breaker for tools matching `tool` (a glob), fed by the step outcomes
+    agents ship: it opens after `consecutive_failures` failures in a row, or when at least
+    `min_volume` calls over `window_s` failed at `failure_rate` or more; after `cool_down_s` the
+    gate lets one trial call through (half-open), whose success closes it and failure re-opens it.
+    `generation` names one closed period: its outcomes are counted under it, and a close (or a
+    change of the thresholds) starts a new one, so counts never carry over."""
+
+    name = models.CharField(max_length=100)
+    tool = models.CharField(max_length=200)
+    consecutive_failures = models.PositiveIntegerField()
+    failure_rate = models.DecimalField(max_digits=5, decimal_places=4)
+    min_volume = models.PositiveIntegerField()
+    window_s = models.PositiveIntegerField()
+    cool_down_s = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    generation = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    # The half-open trial: the call the gate let through, and when (a trial whose outcome never
+    # arrives lapses after cool_down_s, and another is let through).
+    trial_saga_id = models.CharField(max_length=128, blank=True, default="")
+    trial_step_id = models.CharField(max_length=128, blank=True, default="")
+    trial_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="breaker_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class BreakerTransition(TenantScopedModel):
+    """One change of a breaker's state, with why and who (its history; the audit record of the
+    same transaction holds the same)."""
+
+    breaker = models.ForeignKey(CircuitBreaker, on_delete=models.CASCADE, related_name="transitions")
+    old_state = models.CharField(max_length=10, choices=BreakerState.choices)
+    new_state = models.CharField(max_length=10, choices=BreakerState.choices)
+    reason = models.CharField(max_length=300)
+    actor = models.CharField(max_length=200)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "breaker", "at"], name="fleet_breaker_history")]
+
+
+class BreakerTally(TenantScopedModel):
+    """Database store: one breaker generation's outcomes (embedded mode; with Redis it stays
+    empty): the failures in a row, and calls and failures per time bucket {bucket: [calls, failures]}."""
+
+    key = models.CharField(max_length=200)
+    consecutive = models.PositiveIntegerField(default=0)
+    buckets = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="one_breaker_tally_per_key")]

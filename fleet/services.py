@@ -1,12 +1,21 @@
 """The fleet's public face for other apps, its views and commands: every state change of the fleet
 context, and the gate itself. The code lives in `fleet.actions`, one module per aggregate.
 
-Policy changes (budgets, rate limits, halts, quarantines) take a keyword-only `actor` and append
-their record (old and new values) to the tenant's server stream in the same transaction.
+Policy changes (budgets, rate limits, circuit breakers, halts, quarantines) take a keyword-only
+`actor` and append their record (old and new values) to the tenant's server stream in the same transaction.
 """
 
 from __future__ import annotations
 
+from fleet.actions.breaker_states import (
+    BREAKER_ACTOR,
+    breaker_phase,
+    outcomes_committed,
+    settle_trial,
+    status_entries,
+    trip,
+)
+from fleet.actions.breakers import breaker_values, create_breaker, delete_breaker, update_breaker
 from fleet.actions.budgets import budget_values, create_budget, delete_budget
 from fleet.actions.changes import MAX_WINDOW_S, NAME_MAX, FleetError, policies_changed, version_key
 from fleet.actions.decision import evaluate
@@ -21,16 +30,33 @@ from fleet.actions.ledger import (
 )
 from fleet.actions.quarantine import quarantine
 from fleet.actions.rate_limits import create_rate_limit, delete_rate_limit, rate_limit_values
-from fleet.actions.snapshot import forget_policies, governed_tools, halts_in_force
+from fleet.actions.snapshot import (
+    breaker_spec,
+    breakers_not_closed,
+    forget_policies,
+    governed_tools,
+    halts_in_force,
+)
 from fleet.actions.store import gate_tag, get_store, ledger_since, set_store
 from fleet.stores import DatabaseStore
 
 __all__ = [
+    "BREAKER_ACTOR",
     "DENIALS_KEPT_FOR",
     "MAX_TTL_S",
     "MAX_WINDOW_S",
     "NAME_MAX",
     "DatabaseStore",
+    "breaker_phase",
+    "breaker_spec",
+    "breaker_values",
+    "breakers_not_closed",
+    "create_breaker",
+    "delete_breaker",
+    "outcomes_committed",
+    "settle_trial",
+    "trip",
+    "update_breaker",
     "FleetError",
     "budget_usage",
     "budget_values",
@@ -56,5 +82,6 @@ __all__ = [
     "resume",
     "set_store",
     "spend_since",
+    "status_entries",
     "version_key",
 ]

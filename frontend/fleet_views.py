@@ -1,17 +1,20 @@
 """The Fleet page: the sagas' overview (`saga_views.fleet_overview`) and the gate's controls —
 budget and rate-limit gauges over their windows, recent denials with their reasons, the kill
-switches in force — with the forms that change them.
+switches in force, the circuit breakers with their state and history — with the forms that
+change them.
 
 Every change goes through `fleet.services` (actor `user:<name>`), which validates it and records
 it in the tenant's server stream; a refusal (`FleetError`) is shown beside the field it names, with
 the form as it was typed, and changes nothing. Each route declares its rule with the same named
-rules as the API (`tenants.access`): everyone sees, FLEET_CONTROL (owners, admins) changes budgets
-and rate limits, FLEET_HALT (owners, admins, approvers) halts and resumes. The controls are also a
-fragment (`fleet-controls`) that app.js fetches again every few seconds, so the gauges move live.
+rules as the API (`tenants.access`): everyone sees, FLEET_CONTROL (owners, admins) changes budgets,
+rate limits and circuit breakers, FLEET_HALT (owners, admins, approvers) halts and resumes. The
+controls are also a fragment (`fleet-controls`) that app.js fetches again every few seconds, so
+the gauges move live.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -26,7 +29,7 @@ from django.utils import timezone
 from controlplane.numbers import ascii_int
 from fleet import services
 from fleet.gate import from_units, to_units
-from fleet.models import BudgetLimit, GateDecision, Halt, HaltMode, OnCap, RateLimit
+from fleet.models import BudgetLimit, CircuitBreaker, GateDecision, Halt, HaltMode, OnCap, RateLimit
 from fleet.services import FleetError
 from frontend.saga_views import fleet_overview
 from frontend.views import MemberRequest, actor_of, member_page, page
@@ -35,6 +38,8 @@ from tenants.models import ROLE_CAPABILITIES
 
 REFRESH_SECONDS = 3
 DENIALS_SHOWN = 20
+HISTORY_SHOWN = 10  # a breaker's latest transitions on the page (the API gives more)
+RATE_RE = re.compile(r"[0-9]{1,3}(\.[0-9]{1,8})?")  # a failure rate as typed: "0.5", "1"
 # Units a duration is typed in: (value, label, seconds).
 UNITS = [("s", "seconds", 1), ("min", "minutes", 60), ("h", "hours", 3600), ("d", "days", 86400)]
 UNIT_SECONDS = {value: seconds for value, _, seconds in UNITS}
@@ -145,6 +150,8 @@ def _why(denial: GateDecision) -> str:
         return str(d.get("message") or "an argument could not be counted")
     if reason == "quarantined":
         return "the saga is quarantined"
+    if reason == "circuit_open":
+        return f"circuit breaker '{d.get('breaker')}' is open ({d.get('scope')})"
     if reason == "limit_store_unavailable":
         return "the limit store could not be read: refused rather than risk overspend"
     return reason
@@ -155,6 +162,22 @@ def _halt_rows(now: datetime) -> list[dict[str, Any]]:
     return [{"halt": halt} for halt in services.halts_in_force(now)]
 
 
+def _breaker_rows() -> list[dict[str, Any]]:
+    rows = []
+    for breaker in CircuitBreaker.objects.order_by("name"):
+        rows.append(
+            {
+                "breaker": breaker,
+                "phase": services.breaker_phase(breaker),
+                "rate_percent": format(breaker.failure_rate * 100, "f").rstrip("0").rstrip("."),
+                "window": duration_label(breaker.window_s),
+                "cool_down": duration_label(breaker.cool_down_s),
+                "history": breaker.transitions.order_by("-at", "-pk")[:HISTORY_SHOWN],
+            }
+        )
+    return rows
+
+
 def controls_context(request: MemberRequest) -> dict[str, Any]:
     """What the live fragment shows (the tenant is active: every read is scoped to it)."""
     now = timezone.now()
@@ -163,6 +186,7 @@ def controls_context(request: MemberRequest) -> dict[str, Any]:
         "budgets": _budget_rows(),
         "rates": _rate_rows(),
         "halts": _halt_rows(now),
+        "breakers": _breaker_rows(),
         "denials": denials,
         "caps": ROLE_CAPABILITIES[request.membership.role],
         "now": now,
@@ -334,3 +358,51 @@ def halt_resume(request: MemberRequest, halt_id: int) -> HttpResponse:
         messages.info(request, f"The halt on {row.scope} was no longer in force.")
         return redirect(reverse("fleet") + "#gate")
     return _done(request, f"Resumed: {row.scope} is no longer halted.")
+
+
+def _rate(value: str) -> Decimal | str:
+    """The form's failure rate, in percent ("50" → 0.5); what is not a plain number is handed on
+    as typed, for the service to refuse by name."""
+    value = value.strip().rstrip("%").strip()
+    if not RATE_RE.fullmatch(value):
+        return value
+    return Decimal(value) / 100
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def breaker_create(request: MemberRequest) -> HttpResponse:
+    post = request.POST
+    try:
+        fields = {
+            "name": post.get("name", "").strip(),
+            "tool": post.get("tool", "").strip(),
+            "consecutive_failures": _whole(
+                post.get("consecutive_failures", ""),
+                "consecutive_failures",
+                "invalid_consecutive_failures",
+                "failures in a row",
+            ),
+            "failure_rate": _rate(post.get("failure_rate", "")),
+            "min_volume": _whole(post.get("min_volume", ""), "min_volume", "invalid_min_volume", "calls"),
+            "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
+            "cool_down_s": _duration(post, "cool_down", "cool_down_s", "invalid_cool_down", required=True),
+        }
+        breaker = services.create_breaker(request.tenant, actor=actor_of(request), fields=fields)
+    except FleetError as exc:
+        return _refused(request, "breaker", exc)
+    return _done(
+        request,
+        f"Circuit breaker '{breaker.name}' set on {breaker.tool}: opens after "
+        f"{breaker.consecutive_failures} failures in a row or "
+        f"{format(breaker.failure_rate * 100, 'f').rstrip('0').rstrip('.')}% of at least "
+        f"{breaker.min_volume} calls over {duration_label(breaker.window_s)}.",
+    )
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def breaker_delete(request: MemberRequest, breaker_id: int) -> HttpResponse:
+    breaker = CircuitBreaker.objects.filter(pk=breaker_id).first()  # another tenant's id: not found
+    if breaker is None:
+        raise Http404("no such breaker")
+    services.delete_breaker(request.tenant, breaker.pk, actor=actor_of(request))
+    return _done(request, f"Circuit breaker '{breaker.name}' deleted.")

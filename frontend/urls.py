@@ -44,6 +44,12 @@ urlpatterns = [
         fleet_views.rate_limit_delete,
         name="fleet-rate-limit-delete",
     ),
+    path("fleet/breakers", fleet_views.breaker_create, name="fleet-breaker-create"),
+    path(
+        "fleet/breakers/<id:breaker_id>/delete",
+        fleet_views.breaker_delete,
+        name="fleet-breaker-delete",
+    ),
     path("fleet/halts", fleet_views.halt_create, name="fleet-halt-create"),
     path("fleet/halts/<id:halt_id>/resume", fleet_views.halt_resume, name="fleet-halt-resume"),
     path("recovery/", recovery_views.recovery, name="recovery"),

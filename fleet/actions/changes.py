@@ -12,7 +12,7 @@ from audit.services import append_server_record
 from controlplane.errors import DomainError
 from fleet import gate
 from fleet.actions.snapshot import forget_policies
-from fleet.models import BudgetLimit, RateLimit
+from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
 from tenants import epoch
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -52,22 +52,29 @@ def policies_changed(tenant: Tenant) -> None:
     changed_after_commit(tenant)
 
 
-def check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
+def check_name_and_tool(name: Any, tool: Any) -> None:
     if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX or "\x00" in name:
         raise FleetError("invalid_name", "name", f"name must be 1 to {NAME_MAX} characters")
     if not isinstance(tool, str) or not tool or len(tool) > 200 or "\x00" in tool:
         raise FleetError("invalid_tool", "tool", "tool must be a glob of 1 to 200 characters")
-    if isinstance(window_s, bool) or not isinstance(window_s, int) or not 1 <= window_s <= MAX_WINDOW_S:
-        raise FleetError(
-            "invalid_window", "window_s", f"window_s must be a whole number from 1 to {MAX_WINDOW_S}"
-        )
+
+
+def check_whole(value: Any, field: str, code: str, low: int, high: int) -> None:
+    """A whole number from `low` to `high` (a boolean is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise FleetError(code, field, f"{field} must be a whole number from {low} to {high}")
+
+
+def check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
+    check_name_and_tool(name, tool)
+    check_whole(window_s, "window_s", "invalid_window", 1, MAX_WINDOW_S)
     if not isinstance(per, list) or len(per) > 4 or not gate.valid_per(per) or len(set(per)) != len(per):
         raise FleetError(
             "invalid_per", "per", 'per must be a list of distinct "agent", "api_key", "tool" or "arg:<name>"'
         )
 
 
-Policy = TypeVar("Policy", BudgetLimit, RateLimit)
+Policy = TypeVar("Policy", BudgetLimit, RateLimit, CircuitBreaker)
 
 
 def create_policy(
@@ -97,7 +104,7 @@ def create_policy(
 
 def delete_policy(
     tenant: Tenant,
-    model: type[BudgetLimit] | type[RateLimit],
+    model: type[BudgetLimit] | type[RateLimit] | type[CircuitBreaker],
     pk: int,
     *,
     actor: str,

@@ -1,4 +1,5 @@
 """The gate (`evaluate`) answers in this order, and the first refusal wins: kill switch → quarantine
+→ circuit breakers (an open one refuses `circuit_open`; a half-open one lets one trial through)
 → budgets and rate limits (one atomic check-and-debit across every matching limit, all or nothing)
 → approval (`fleet.hooks`: the approvals app plugs its step in from above). Anything that cannot be
 read is a refusal."""
@@ -21,7 +22,7 @@ from django.utils import timezone
 from controlplane import availability
 from core import snapshots
 from fleet import gate, hooks, queries
-from fleet.actions import snapshot
+from fleet.actions import breaker_states, snapshot
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.actions.writers import (
@@ -162,6 +163,46 @@ def _quarantined(call: _Call) -> Answer | None:
     return None
 
 
+def _circuit_open(call: _Call) -> Answer | None:
+    """Breakers matching the call's tool (from the snapshot: no read when none matches or all are
+    closed). Open, or half-open with its trial out: refused. Half-open with a trial due: the one
+    call whose claim of the trial wins goes on (`breaker_states.claim_trial`, the breaker's row
+    locked), the others are refused."""
+    breakers = [
+        b
+        for b in call.policies.breakers
+        if b.state != "closed" and gate.tool_matches(b.tool, call.request.tool)
+    ]
+    if not breakers:
+        return None
+    now_ms = int(time.time() * 1000)
+    due = []
+    for breaker in breakers:
+        phase = gate.breaker_phase(breaker, now_ms)
+        if phase == "trial_due" or (
+            phase == "trial_running" and breaker.trial == (call.request.saga_id, call.request.step_id)
+        ):
+            due.append(breaker)
+        elif phase != "closed":
+            return _circuit_refusal(call, breaker, now_ms)
+    for breaker in due:
+        with call.writer.reading():
+            admitted = breaker_states.claim_trial(call.tenant, breaker, call.request)
+        if not admitted:
+            return _circuit_refusal(call, breaker, now_ms)
+    return None
+
+
+def _circuit_refusal(call: _Call, breaker: gate.BreakerSpec, now_ms: int) -> Answer:
+    detail = {
+        "breaker": breaker.name,
+        "scope": f"tool:{breaker.tool}",
+        "message": f"circuit breaker '{breaker.name}' is open",
+        "retry_after": gate.breaker_retry_after(breaker, now_ms),
+    }
+    return call.writer.deny(call.request, "circuit_open", **detail)
+
+
 def _approval(call: _Call) -> Answer | Retake | None:
     """The approval step before anything is debited: a request pending or refused answers; an
     approved one goes on, to be consumed with the authorisation."""
@@ -282,6 +323,7 @@ _STEPS: tuple[Callable[[_Call], Answer | Retake | None], ...] = (
     _retried_allow,
     _halted,
     _quarantined,
+    _circuit_open,
     _approval,
     _debit_and_record,
 )

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from core.snapshots import SnapshotCache
 from fleet import gate, hooks
-from fleet.gate import LimitSpec
-from fleet.models import BudgetLimit, Halt, Quarantine, RateLimit
+from fleet.gate import BreakerSpec, LimitSpec
+from fleet.models import BreakerState, BudgetLimit, CircuitBreaker, Halt, Quarantine, RateLimit
 from tenants.models import Tenant
 
 
@@ -55,6 +55,37 @@ def halts_in_force(now: datetime | None = None) -> list[Halt]:
     )
 
 
+def millis(moment: Any) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def breaker_spec(row: CircuitBreaker) -> BreakerSpec:
+    return BreakerSpec(
+        id=row.pk,
+        name=row.name,
+        tool=row.tool,
+        state=row.state,
+        generation=row.generation,
+        consecutive_failures=row.consecutive_failures,
+        rate_units=gate.to_units(row.failure_rate),
+        min_volume=row.min_volume,
+        window_s=row.window_s,
+        cool_down_s=row.cool_down_s,
+        opened_at_ms=millis(row.opened_at),
+        trial_at_ms=millis(row.trial_at),
+        trial=(row.trial_saga_id, row.trial_step_id),
+    )
+
+
+def breaker_specs() -> list[BreakerSpec]:
+    return [breaker_spec(row) for row in CircuitBreaker.objects.order_by("pk")]
+
+
+def breakers_not_closed() -> list[CircuitBreaker]:
+    """The breakers that refuse calls (open, or half-open with one trial let through)."""
+    return list(CircuitBreaker.objects.exclude(state=BreakerState.CLOSED).order_by("name"))
+
+
 # ----------------------------------------------------------------------------- policy snapshot
 
 
@@ -62,11 +93,12 @@ def halts_in_force(now: datetime | None = None) -> list[Halt]:
 class Policies:
     """What the gate needs of a tenant's policies, read once and reused while the tenant's epoch
     reads as it did before they were read (`core.snapshots`): its limits, its halts not lifted (each
-    checked against its expiry at use) and its quarantined sagas."""
+    checked against its expiry at use), its quarantined sagas and its circuit breakers."""
 
     specs: list[LimitSpec]
     halts: list[Halt]
     quarantined: frozenset[str]
+    breakers: list[BreakerSpec]
 
 
 _SNAPSHOTS: SnapshotCache[Policies] = SnapshotCache()
@@ -99,6 +131,7 @@ def _read() -> Policies:
         quarantined=frozenset(
             Quarantine.objects.filter(released_at__isnull=True).values_list("saga_id", flat=True)
         ),
+        breakers=breaker_specs(),
     )
 
 

@@ -6,7 +6,10 @@ Before a step's effect, `Gate.check` decides, failing closed:
    running agent within about a second. When the control plane cannot be read, the last state is
    trusted for `grace` seconds (default 30), then every effect is refused (`control_plane_unreachable`);
    a state never read is no state: refused until the first answer;
-2. a halt in force that matches the call refuses it here, with no round-trip;
+2. a halt in force that matches the call refuses it here, with no round-trip, and so does an
+   open circuit breaker whose tool glob matches it (`circuit_open`: the control plane opened it
+   fleet-wide from every agent's failures); a half-open one makes the call governed, so the gate
+   decides whether it is the one trial call;
 3. a call some limit governs (or any call while a drain is in force: only the server knows which
    sagas were running before it) is asked of `POST /api/v1/gate/evaluate`; an unreachable gate
    refuses;
@@ -45,7 +48,7 @@ POLL_WAIT_S = 20.0
 APPROVAL_WAIT_S = 20.0  # per long-poll call (the server waits at most 25)
 MAX_APPROVAL_WAIT_S = 7 * 24 * 3600.0
 FIRST_STATE_WAIT_S = 5.0
-GUARANTEES_VERSION = "2026-12-03"
+GUARANTEES_VERSION = "2026-12-06"
 
 # Set by an integration around one call (the MCP gateway sends progress notifications from it):
 # called with the pending answer and the seconds left before each long-poll of an approval wait.
@@ -96,6 +99,7 @@ class Call:
 class FleetState:
     halts: list[dict[str, Any]] = field(default_factory=list)
     governed_tools: list[str] = field(default_factory=list)
+    breakers: list[dict[str, Any]] = field(default_factory=list)  # open or half-open
     version: str = ""
     read_at: float | None = None  # time.monotonic() of the last answer; None: never read
 
@@ -187,6 +191,7 @@ class Gate:
         state = FleetState(
             halts=[h for h in body.get("halts", []) if isinstance(h, dict)],
             governed_tools=[t for t in body.get("governed_tools", []) if isinstance(t, str)],
+            breakers=[b for b in body.get("breakers", []) if isinstance(b, dict)],
             version=str(body.get("version", "")),
             read_at=self.clock(),
         )
@@ -245,6 +250,21 @@ class Gate:
                 continue
             raise GateDenied("halted", {"scope": halt.get("scope"), "halt_reason": halt.get("reason")})
         governed = any(glob_matches(glob, call.tool) for glob in state.governed_tools)
+        for breaker in state.breakers:
+            if not glob_matches(str(breaker.get("tool", "")), call.tool):
+                continue
+            if breaker.get("state") != "open":  # half-open: the gate picks the one trial call
+                governed = True
+                continue
+            name = breaker.get("name")
+            raise GateDenied(
+                "circuit_open",
+                {
+                    "breaker": name,
+                    "scope": f"tool:{breaker.get('tool')}",
+                    "message": f"circuit breaker '{name}' is open",
+                },
+            )
         if not governed and not draining:
             return None
         body = {
@@ -352,6 +372,8 @@ def guarantees() -> dict[str, Any]:
             "every step of a saga is written to the local WAL (fsynced for COMPENSABLE and IRREVERSIBLE) "
             "before its effect runs",
             "a kill switch (halt) in force for the call's tool, tag or agent refuses it",
+            "an open fleet-wide circuit breaker matching the call's tool refuses it; a half-open one lets "
+            "only the one trial call the control plane picks through",
             "a call some budget or rate limit governs runs only after the control plane authorised it: "
             "one atomic check-and-debit across every matching limit, on the server's clock",
             "a call an approval policy matches (or a budget escalates) runs only after the named humans "

@@ -119,6 +119,19 @@ def objects(db: None) -> dict[str, Any]:
         "budget_id": fleet.create_budget(acme, actor="test", name="b", max_total=100, window_s=60).pk,
         "rate_limit_id": fleet.create_rate_limit(acme, actor="test", name="r", max_calls=10, window_s=60).pk,
         "halt_id": fleet.halt(acme, actor="test", scope="tool:x.*", reason="ids").pk,
+        "breaker_id": fleet.create_breaker(
+            acme,
+            actor="test",
+            fields={
+                "name": "b",
+                "tool": "x.*",
+                "consecutive_failures": 5,
+                "failure_rate": 0.5,
+                "min_volume": 20,
+                "window_s": 60,
+                "cool_down_s": 30,
+            },
+        ).pk,
         "policy_id": approvals.create_policy(acme, actor="test", name="p", tool="bank.*").pk,
         "witness_id": witnesses.add_witness(
             acme,

@@ -177,6 +177,10 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/fleet/budgets/<id:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
     "api/v1/fleet/rate-limits": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
     "api/v1/fleet/rate-limits/<id:rate_limit_id>": Api({"DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/breakers": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
+    "api/v1/fleet/breakers/<id:breaker_id>": Api(
+        {"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}
+    ),
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
     "api/v1/fleet/halts/<id:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}),
@@ -236,6 +240,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/budgets/<id:budget_id>/delete": Page({"POST": ADMINS}),
     "fleet/rate-limits": Page({"POST": ADMINS}),
     "fleet/rate-limits/<id:rate_limit_id>/delete": Page({"POST": ADMINS}),
+    "fleet/breakers": Page({"POST": ADMINS}),
+    "fleet/breakers/<id:breaker_id>/delete": Page({"POST": ADMINS}),
     "fleet/halts": Page({"POST": RISK_STAFF}),
     "fleet/halts/<id:halt_id>/resume": Page({"POST": RISK_STAFF}),
     "recovery/": Page({"GET": EVERY_ROLE}),
@@ -391,6 +397,16 @@ def world(
         budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
         rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
         halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
+        breaker_fields = {
+            "name": "payments down",
+            "tool": "payments.*",
+            "consecutive_failures": 5,
+            "failure_rate": 0.5,
+            "min_volume": 20,
+            "window_s": 60,
+            "cool_down_s": 30,
+        }
+        breaker = fleet.create_breaker(acme, actor="test", fields=breaker_fields)
         approval_policy = approvals.create_policy(acme, actor="test", name="wires", tool="bank.*")
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor="test")
@@ -412,6 +428,7 @@ def world(
             "budget_id": budget.pk,
             "rate_limit_id": rate_limit.pk,
             "halt_id": halt.pk,
+            "breaker_id": breaker.pk,
             "policy_id": approval_policy.pk,
             "approval_id": pending["approval_id"],
             "check_id": check.pk,
