@@ -67,6 +67,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from ..chain import token_hex
+from ..credentials import Secret, SecretError
 from ..gate import ApprovalPending, GateDenied, approval_listener, wait_for_approvals
 from ..saga import (
     ConfirmHook,
@@ -83,7 +84,7 @@ from ..saga import (
 from ..semantics import IRREVERSIBLE, Compensation, compensator
 from .policy import Policy, TemplateError, ToolRule
 
-Perform = Callable[[], Any]
+Perform = Callable[..., Any]  # () -> result; (resolved arguments) -> result when the rule has `secret`
 OnPending = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 RunTool = Callable[[str, dict[str, Any], str | None], Any]
 
@@ -109,6 +110,7 @@ SENTENCES = {
     "gate_unreachable": "The tool {tool} did not run: the safety service cannot be reached. Try again later.",
     "arguments_unresolved": "The tool {tool} did not run: its arguments lack what the policy needs{why}. "
     "Check the arguments.",
+    "invalid_secret": "The tool {tool} did not run: a credential argument is not the name of one{why}.",
     "capture_failed": "The tool {tool} did not run: the state needed to undo it could not be read{why}.",
 }
 
@@ -227,6 +229,9 @@ class Governor:
             self._capture(rule),
             None if rule.semantics is not IRREVERSIBLE else self.confirm,
             self._gate_args(rule),
+            retry=rule.retry,
+            fallback=self._fallback(rule),
+            fallback_args=_fallback_args(rule),
         )
         if len(self._specs) < 10_000:  # tool names come from outside: the cache is bounded
             self._specs[key] = spec
@@ -238,10 +243,8 @@ class Governor:
         return out
 
     def _perform_async(self, rule: ToolRule) -> Callable[..., Any]:
-        async def perform(**_arguments: Any) -> Any:
-            call = _perform.get()
-            assert call is not None
-            out = call()
+        async def perform(**arguments: Any) -> Any:
+            out = _performed(rule, arguments)
             if inspect.isawaitable(out):
                 out = await out
             return self._checked(rule, out)
@@ -249,12 +252,48 @@ class Governor:
         return perform
 
     def _perform_sync(self, rule: ToolRule) -> Callable[..., Any]:
-        def perform(**_arguments: Any) -> Any:
-            call = _perform.get()
-            assert call is not None
-            return self._checked(rule, call())
+        def perform(**arguments: Any) -> Any:
+            return self._checked(rule, _performed(rule, arguments))
 
         return perform
+
+    def _fallback(self, rule: ToolRule) -> ToolSpec | None:
+        """The policy's fallback as a step's fallback: another tool of this source, called through
+        the integration's `capture` callable (which runs a tool of the source), governed by its own
+        rule (semantics, compensation, what the gate reads)."""
+        template = rule.fallback
+        if template is None:
+            return None
+        target = self.rule(template.tool)
+        if target is None:
+            return None
+        run = self.capture
+        if run is None:
+            raise ValueError(
+                f"{self.policy.path}:{rule.line}: tools.{rule.pattern} has a fallback; "
+                "this integration was given no way to call it"
+            )
+
+        def call(**arguments: Any) -> Any:
+            out = run(template.tool, arguments)
+            if inspect.isawaitable(out):
+                pending = out
+
+                async def checked() -> Any:
+                    return self._checked(target, await pending)
+
+                return checked()
+            return self._checked(target, out)
+
+        return _GovernedSpec(
+            call,
+            template.tool,
+            target.semantics,
+            self._compensation(target),
+            None,
+            None if target.semantics is not IRREVERSIBLE else self.confirm,
+            self._gate_args(target),
+        )
 
     def _compensation(self, rule: ToolRule) -> Callable[..., Any] | None:
         template = rule.compensate
@@ -326,6 +365,21 @@ class Governor:
 
     # -- a call --------------------------------------------------------------------------------
 
+    def _references(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments with those the rule marks `secret` as credential references (their values
+        are the references' names). Raises Refused for one that is not a reference's name."""
+        rule = self.rule(tool)
+        if rule is None or not rule.secret:
+            return arguments
+        out = dict(arguments)
+        for name in rule.secret:
+            if name in out and not isinstance(out[name], Secret):
+                try:
+                    out[name] = Secret(out[name])
+                except SecretError as exc:
+                    raise Refused("invalid_secret", tool, {"message": f"argument {name!r}: {exc}"}) from None
+        return out
+
     def refuse_unlisted(self, saga: Saga, tool: str, arguments: dict[str, Any]) -> Refused:
         """Record the refusal of a tool the policy does not allow (GATE_DENY) and return it."""
         step = Step(0, token_hex(16), saga.saga_id, tool, IRREVERSIBLE, dict(arguments))
@@ -373,6 +427,7 @@ class Governor:
         spec = self.spec(tool, is_async=True)
         if spec is None:
             raise self.refuse_unlisted(saga, tool, arguments)
+        arguments = self._references(tool, arguments)
         listener = None
         if on_pending is not None:
             listener = _threadsafe_listener(tool, on_pending, asyncio.get_running_loop())
@@ -383,7 +438,7 @@ class Governor:
             return failed.result
         except ApprovalPending as pending:
             raise _pending(saga, tool, arguments, pending, step_id) from None
-        except (GateDenied, IrreversibleRefused, TemplateError, CaptureFailed) as exc:
+        except (GateDenied, IrreversibleRefused, TemplateError, CaptureFailed, SecretError) as exc:
             raise _refusal(tool, exc) from None
         finally:
             scope.reset()
@@ -404,6 +459,7 @@ class Governor:
         spec = self.spec(tool, is_async=False)
         if spec is None:
             raise self.refuse_unlisted(saga, tool, arguments)
+        arguments = self._references(tool, arguments)
         listener = None
         if on_pending is not None:
             pending_cb = on_pending
@@ -418,7 +474,7 @@ class Governor:
             return failed.result
         except ApprovalPending as pending:
             raise _pending(saga, tool, arguments, pending, step_id) from None
-        except (GateDenied, IrreversibleRefused, TemplateError, CaptureFailed) as exc:
+        except (GateDenied, IrreversibleRefused, TemplateError, CaptureFailed, SecretError) as exc:
             raise _refusal(tool, exc) from None
         finally:
             scope.reset()
@@ -449,6 +505,21 @@ class _CallScope:
         approval_listener.reset(self.tokens[2])
         tool_call_id.reset(self.tokens[1])
         _perform.reset(self.tokens[0])
+
+
+def _performed(rule: ToolRule, arguments: dict[str, Any]) -> Any:
+    """Call the integration's `perform`: with the arguments as resolved for this attempt when the
+    rule marks some as secret (the resolved credentials reach the tool), else as it is."""
+    call = _perform.get()
+    assert call is not None
+    return call(arguments) if rule.secret else call()
+
+
+def _fallback_args(rule: ToolRule) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    template = rule.fallback
+    if template is None or rule.fallback_same_arguments:
+        return None
+    return lambda arguments: template.render({"args": arguments})
 
 
 def _pending(saga: Saga, tool: str, arguments: dict[str, Any], exc: ApprovalPending, step_id: str) -> Pending:
@@ -492,6 +563,8 @@ def _refusal(tool: str, exc: BaseException) -> Refused:
         return Refused("arguments_unresolved", tool, {"message": str(exc)})
     if isinstance(exc, CaptureFailed):
         return Refused("capture_failed", tool, {"message": str(exc)})
+    if isinstance(exc, SecretError):  # a literal reference in the arguments
+        return Refused("invalid_secret", tool, {"message": str(exc)})
     return Refused("refused", tool, {"message": str(exc)})
 
 

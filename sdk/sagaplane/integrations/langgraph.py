@@ -273,6 +273,18 @@ def _call_of(input: Any) -> tuple[dict[str, Any], str]:
     return {"input": input}, ""
 
 
+def _with_arguments(input: Any, resolved: dict[str, Any] | None) -> Any:
+    """The tool's input with the arguments as resolved for this attempt (the policy's `secret` ones:
+    their credentials), or unchanged."""
+    if resolved is None:
+        return input
+    if isinstance(input, dict) and input.get("type") == "tool_call":
+        return {**input, "args": {**(input.get("args") or {}), **resolved}}
+    if isinstance(input, dict):
+        return {**input, **resolved}
+    return resolved.get("input", input)
+
+
 class GovernedTool(BaseTool):
     """A LangChain tool whose calls are saga steps under a tool policy (made by `govern`)."""
 
@@ -333,8 +345,8 @@ class GovernedTool(BaseTool):
         governor: core.Governor = self.governor
         run = _runs.get(thread)  # one dict read: atomic
 
-        def perform() -> Any:
-            return self.inner.invoke(input, config, **kwargs)
+        def perform(resolved: dict[str, Any] | None = None) -> Any:
+            return self.inner.invoke(_with_arguments(input, resolved), config, **kwargs)
 
         if run is None or not call_id:  # a saga of its own; an approval is waited for
             _ensure_runtime()
@@ -366,8 +378,8 @@ class GovernedTool(BaseTool):
         governor: core.Governor = self.governor
         run = _runs.get(thread)  # one dict read: atomic
 
-        def perform() -> Any:
-            return self.inner.ainvoke(input, config, **kwargs)
+        def perform(resolved: dict[str, Any] | None = None) -> Any:
+            return self.inner.ainvoke(_with_arguments(input, resolved), config, **kwargs)
 
         if run is None or not call_id:
             _ensure_runtime()

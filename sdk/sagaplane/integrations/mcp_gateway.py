@@ -382,10 +382,11 @@ class Gateway:
     ) -> types.CallToolResult:
         forwarded = {k: v for k, v in meta.items() if k != SAGA_META and k != IDEMPOTENCY_META}
 
-        async def perform() -> Any:
+        async def perform(resolved: dict[str, Any] | None = None) -> Any:
+            # `resolved`: the arguments with the policy's `secret` ones resolved for this attempt.
             return await self._up().call_tool(
                 name,
-                arguments,
+                arguments if resolved is None else resolved,
                 read_timeout_seconds=self.config.call_timeout,
                 progress_callback=progress.forward if progress.token is not None else None,
                 meta=cast(Any, forwarded or None),

@@ -129,8 +129,9 @@ def _governed(tool: FunctionTool, governor: core.Governor) -> FunctionTool:
             arguments = {"arguments": arguments}
         call_id = context.tool_call_id
 
-        def perform() -> Any:
-            return inner_invoke(context, arguments_json)
+        def perform(resolved: dict[str, Any] | None = None) -> Any:
+            # `resolved`: the arguments with the policy's `secret` ones resolved for this attempt.
+            return inner_invoke(context, arguments_json if resolved is None else json.dumps(resolved))
 
         run = _current.get()
         if run is None:  # a saga of its own; an approval is waited for

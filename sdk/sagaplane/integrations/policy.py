@@ -56,11 +56,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import names
+from ..retry import BACKOFFS, Retry
 from ..semantics import COMPENSABLE, IRREVERSIBLE, PREVIEW, REVERSIBLE, Semantics
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = frozenset({"name", "default", "tools"})
-TOOL_KEYS = frozenset({"semantics", "compensate", "capture", "gate_args", "on_error"})
+TOOL_KEYS = frozenset(
+    {"semantics", "compensate", "capture", "gate_args", "on_error", "retry", "fallback", "secret"}
+)
+RETRY_KEYS = frozenset({"max_attempts", "backoff", "base_s", "cap_s", "jitter", "retry_on", "no_retry_on"})
+MAX_ATTEMPTS = 100
+_ERROR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ARGUMENT = re.compile(r"^[^\s.{}]{1,200}$")
 CALL_KEYS = frozenset({"tool", "arguments"})
 DENY = "deny"
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
@@ -175,6 +182,10 @@ class ToolRule:
     gate_args: dict[str, Any] | None = None
     on_error: str = "unknown"  # or "not_applied"
     line: int = 0
+    retry: Retry | None = None
+    fallback: CallTemplate | None = None  # arguments {} and `same_arguments`: the call's own
+    fallback_same_arguments: bool = True
+    secret: tuple[str, ...] = ()  # arguments whose values are credential references
 
 
 @dataclass(frozen=True)
@@ -309,6 +320,16 @@ class _Parser:
     def fail(self, where: tuple[str, ...], message: str) -> PolicyError:
         return PolicyError(self.path, self.lines.line(where), message)
 
+    def fallbacks(self, rules: tuple[ToolRule, ...], default: Semantics | None) -> None:
+        """A fallback names a tool this file governs (a tool it refuses cannot be fallen back to)."""
+        probe = Policy("probe", default, rules, self.path)
+        for rule in rules:
+            if rule.fallback is not None and probe.rule_for(rule.fallback.tool) is None:
+                raise self.fail(
+                    ("tools", rule.pattern, "fallback"),
+                    f"tools.{rule.pattern}.fallback: {rule.fallback.tool!r} is not a tool this policy allows",
+                )
+
     def policy(self, data: dict[str, Any]) -> Policy:
         unknown = sorted(set(data) - TOP_KEYS)
         if unknown:
@@ -325,6 +346,7 @@ class _Parser:
         if not isinstance(tools, dict):
             raise self.fail(("tools",), "tools: a table of [tools.<name>] sections")
         rules = tuple(self.rule(tool, spec) for tool, spec in tools.items())
+        self.fallbacks(rules, default)
         return Policy(name, default, rules, self.path)
 
     def default(self, value: Any) -> Semantics | None:
@@ -386,7 +408,74 @@ class _Parser:
         if on_error not in ("unknown", "not_applied"):
             raise self.fail((*where, "on_error"), f'tools.{tool}.on_error: "unknown" or "not_applied"')
         line = self.lines.line(where)
-        return ToolRule(tool, semantics, compensate, capture, gate_args, on_error, max(line, 1))
+        fallback = self.call(where, "fallback", spec.get("fallback"))
+        if fallback is not None:
+            self.roots((*where, "fallback"), fallback, {"args"})
+            if names.same_name(fallback.tool, tool):
+                raise self.fail((*where, "fallback"), f"tools.{tool}.fallback: another tool than {tool!r}")
+        same = not isinstance(spec.get("fallback"), dict) or "arguments" not in spec["fallback"]
+        return ToolRule(
+            tool,
+            semantics,
+            compensate,
+            capture,
+            gate_args,
+            on_error,
+            max(line, 1),
+            retry=self.retry(where, spec.get("retry")),
+            fallback=fallback,
+            fallback_same_arguments=same,
+            secret=self.secret(where, spec.get("secret")),
+        )
+
+    def retry(self, where: tuple[str, ...], value: Any) -> Retry | None:
+        """`retry = { max_attempts = 3, backoff = "exponential", base_s = 0.2, cap_s = 5, jitter = true,
+        retry_on = ["TimeoutError"], no_retry_on = [...] }` (sagaplane.retry.Retry)."""
+        if value is None:
+            return None
+        at, label = (*where, "retry"), f"tools.{where[-1]}.retry"
+        if not isinstance(value, dict):
+            raise self.fail(at, f'{label}: a table {{ max_attempts = 3, backoff = "exponential", ... }}')
+        unknown = sorted(set(value) - RETRY_KEYS)
+        if unknown:
+            raise self.fail(
+                at, f"{label}: unknown key {unknown[0]!r} (expected {', '.join(sorted(RETRY_KEYS))})"
+            )
+        attempts = value.get("max_attempts", 3)
+        if type(attempts) is not int or not 1 <= attempts <= MAX_ATTEMPTS:
+            raise self.fail(at, f"{label}.max_attempts: an integer from 1 to {MAX_ATTEMPTS}")
+        if value.get("backoff", "exponential") not in BACKOFFS:
+            raise self.fail(at, f"{label}.backoff: one of {', '.join(repr(b) for b in BACKOFFS)}")
+        for key in ("base_s", "cap_s"):
+            number = value.get(key, 0)
+            if type(number) not in (int, float) or not 0 <= number <= 86_400:
+                raise self.fail(at, f"{label}.{key}: seconds from 0 to 86400")
+        if type(value.get("jitter", True)) is not bool:
+            raise self.fail(at, f"{label}.jitter: true or false")
+        kinds: dict[str, tuple[str, ...]] = {}
+        for key in ("retry_on", "no_retry_on"):
+            listed = value.get(key, ["Exception"] if key == "retry_on" else [])
+            if not isinstance(listed, list) or not all(
+                isinstance(n, str) and _ERROR_NAME.match(n) for n in listed
+            ):
+                raise self.fail(at, f'{label}.{key}: a list of exception class names, e.g. ["TimeoutError"]')
+            kinds[key] = tuple(listed)
+        options = {
+            k: value[k] for k in ("max_attempts", "backoff", "base_s", "cap_s", "jitter") if k in value
+        }
+        return Retry(**options, retry_on=kinds["retry_on"], no_retry_on=kinds["no_retry_on"])
+
+    def secret(self, where: tuple[str, ...], value: Any) -> tuple[str, ...]:
+        """`secret = ["api_key"]`: arguments whose values are credential references, resolved at call
+        time by the agent's resolver and recorded as references (sagaplane.credentials)."""
+        if value is None:
+            return ()
+        ok = isinstance(value, list) and all(isinstance(n, str) and _ARGUMENT.match(n) for n in value)
+        if not ok or len(set(value)) != len(value):
+            raise self.fail(
+                (*where, "secret"), f'tools.{where[-1]}.secret: a list of argument names, e.g. ["api_key"]'
+            )
+        return tuple(value)
 
     def call(self, where: tuple[str, ...], key: str, value: Any) -> CallTemplate | None:
         if value is None:
