@@ -67,7 +67,7 @@ def main() -> None:
                 request = GateRequest(
                     saga_id=f"{prefix}-{n}-{call}",
                     step_id="1",
-                    tool="stripe.charge",
+                    tool=config.get("tool", "stripe.charge"),
                     args={"amount": config["amount"]},
                 )
                 try:
