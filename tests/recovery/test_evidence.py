@@ -15,6 +15,7 @@ import pytest
 from sagaplane.chain import verify_chain
 
 from audit import services as audit_services
+from audit.actions import server_stream as server_stream_actions
 from recovery import services
 from recovery.models import Job, JobState
 from sagas.models import Saga, SagaStatus
@@ -78,7 +79,7 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
         raise RuntimeError("the appender died")
 
     with monkeypatch.context() as patched:
-        patched.setattr(audit_services, "_chain_onto", crash)
+        patched.setattr(server_stream_actions, "_chain_onto", crash)
         job = services.complete(tenant_a, newest.pk, token=newest.epoch, actor="test")
         assert job.state == JobState.COMPENSATED
         # The result is recorded and the saga moves on: its next (older) step is claimable.
@@ -88,7 +89,7 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
         assert failed.state == JobState.PENDING
     assert audit_services.pending_server_records(tenant_a) == 2
     with monkeypatch.context() as patched:  # a pass that fails to chain leaves them pending
-        patched.setattr(audit_services, "_chain_onto", crash)
+        patched.setattr(server_stream_actions, "_chain_onto", crash)
         with pytest.raises(RuntimeError):
             audit_services.flush_server_records(tenant_a, wait=True)
     assert audit_services.pending_server_records(tenant_a) == 2
@@ -113,7 +114,7 @@ def test_a_direct_server_append_chains_pending_evidence_first(
     sweep_later(tenant_a)
     (job,) = claimed(tenant_a, 1)
     with monkeypatch.context() as patched:
-        patched.setattr(audit_services, "_chain_onto", lambda *_a, **_k: 1 / 0)
+        patched.setattr(server_stream_actions, "_chain_onto", lambda *_a, **_k: 1 / 0)
         services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
     assert audit_services.pending_server_records(tenant_a) == 2  # COMPENSATED, ROLLBACK_END
     record = audit_services.append_server_record(tenant_a, "NOTE", {"text": "later"}, actor="test")

@@ -190,7 +190,7 @@ def test_the_ingest_hook_integrates_after_commit(
 
     previous, app.conf.task_always_eager = app.conf.task_always_eager, True
     try:
-        # The ingest itself schedules the integration (audit.services._store calls the hook).
+        # The ingest itself schedules the integration (audit.actions.storage calls the hook).
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             writer_a.saga("s1")
         with tenant_context(tenant_a):
