@@ -154,7 +154,7 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("sagas.api", "audit.jsonvalues"): "JSON value checks",
     ("sagas.services", "audit.jsonvalues"): "JSON value checks",
     ("transparency.bundles", "audit.jsonvalues"): "JSON value checks",
-    ("transparency.services", "audit.jsonvalues"): "JSON value checks",
+    ("transparency.actions.seals", "audit.jsonvalues"): "JSON value checks",
     ("sagas.bulk", "audit.bulk"): "the set-based insert",
     ("transparency.treestore", "audit.bulk"): "the set-based insert",
     # Reconciliation posts its verdicts with recovery's signed webhook sender.

@@ -126,13 +126,13 @@ WORKER = textwrap.dedent(
     os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
     django.setup()
     from controlplane.celery import app, keep_going
-    from transparency import services
+    from transparency.actions import integration
 
     queue, fd = sys.argv[1], int(sys.argv[2])
-    first_chunk = services._integrate_round  # one round (chunk) of integrate_fully
+    first_chunk = integration._integrate_round  # one round (chunk) of integrate_fully
 
     def integrate_then_hold(tenant, max_leaves):
-        services._integrate_round = first_chunk  # one hold only: later chunks run as they are
+        integration._integrate_round = first_chunk  # one hold only: later chunks run as they are
         outcome = first_chunk(tenant, max_leaves)
         os.write(fd, b"B")
         deadline = time.monotonic() + 300  # bounded: the test kills the worker long before
@@ -140,7 +140,7 @@ WORKER = textwrap.dedent(
             time.sleep(0.05)  # waits for the shutdown flag that SIGTERM sets in shared memory
         return outcome
 
-    services._integrate_round = integrate_then_hold
+    integration._integrate_round = integrate_then_hold
     app.worker_main(["worker", "--pool=prefork", "--concurrency=1", "-Q", queue, "-n", queue + "@%h",
                      "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"])
     """

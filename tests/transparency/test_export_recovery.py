@@ -28,6 +28,7 @@ from tests.support.factories import Person
 from tests.support.processes import stop_group
 from tests.support.transparency import settle
 from transparency import services
+from transparency.actions import exports
 from transparency.models import Export, ExportStatus
 from transparency.storage import WriteOnceFileStorage, get_storage
 
@@ -97,7 +98,7 @@ def test_a_stale_running_export_is_requeued_and_rebuilt(
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
     # A worker claimed it and died: the row says running, attempt 1, and nothing will change it.
-    assert services._claim_export(logged, export.pk) is not None
+    assert exports._claim_export(logged, export.pk) is not None
     assert _row(logged, export.pk).status == ExportStatus.RUNNING
 
     # Not stale yet: the sweep leaves a build that showed life recently alone.
@@ -121,7 +122,7 @@ def test_a_retry_builds_against_the_first_claims_checkpoint(
     logged: Tenant, writer_a: Writer, django_capture_on_commit_callbacks: Any, eager: None, tmp_path: Path
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
-    first = services._claim_export(logged, export.pk)
+    first = exports._claim_export(logged, export.pk)
     assert first is not None
     writer_a.saga("s3")  # the log grows while the dead build sits there
     settle(logged)
@@ -144,10 +145,10 @@ def test_a_build_killed_after_publishing_is_adopted_not_rebuilt(
             raise WorkerKilled
         return real_finish(*args, **fields)
 
-    monkeypatch.setattr(services, "finish_export", die_before_recording_done)
+    monkeypatch.setattr(exports, "finish_export", die_before_recording_done)
     with pytest.raises(WorkerKilled):
         services.build_export(logged, export.pk)
-    monkeypatch.setattr(services, "finish_export", real_finish)
+    monkeypatch.setattr(exports, "finish_export", real_finish)
     name = services.export_storage_name(logged, export.pk)
     published = get_storage().open(name).read()
     assert _row(logged, export.pk).status == ExportStatus.RUNNING  # the file exists, the row lags
@@ -184,7 +185,7 @@ def test_a_replaced_build_cannot_write_over_its_successor(
     logged: Tenant, django_capture_on_commit_callbacks: Any, eager: None
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
-    zombie = services._claim_export(logged, export.pk)
+    zombie = exports._claim_export(logged, export.pk)
     assert zombie is not None and zombie.attempt == 1
     with django_capture_on_commit_callbacks(execute=True):
         services.sweep_stale_exports(_later())
@@ -207,7 +208,7 @@ def test_gives_up_with_a_reason_after_max_attempts(
     settings.SAGAPLANE_EXPORT_MAX_ATTEMPTS = 2
     export = _queued(logged, django_capture_on_commit_callbacks)
     for attempt in (1, 2):
-        claim = services._claim_export(logged, export.pk)
+        claim = exports._claim_export(logged, export.pk)
         assert claim is not None and claim.attempt == attempt
         with django_capture_on_commit_callbacks(execute=False):
             outcome = services.sweep_stale_exports(_later(11 * attempt))
@@ -237,7 +238,7 @@ def test_recent_progress_keeps_a_long_build_alive(
     logged: Tenant, django_capture_on_commit_callbacks: Any
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
-    claim = services._claim_export(logged, export.pk)
+    claim = exports._claim_export(logged, export.pk)
     assert claim is not None
     with tenant_context(logged):
         Export.objects.filter(pk=export.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=30))
@@ -352,7 +353,7 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
 
     queue = f"test-export-{uuid.uuid4().hex[:12]}"  # no other worker on this broker may take it
     monkeypatch.setattr(
-        services,
+        exports,
         "_enqueue_export",
         lambda export: build_export.apply_async((str(export.pk), export.tenant_id), queue=queue),
     )

@@ -13,6 +13,7 @@ from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.transparency import settle
 from transparency import keys, services
+from transparency.actions import integration
 from transparency.models import Checkpoint, LogSigningKey, TreeNode, TreeState
 
 
@@ -285,14 +286,14 @@ def test_integrate_fully_stops_at_the_log_size_without_an_empty_round(
     tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rounds: list[tuple[bool, bool]] = []
-    real = services._integrate_round
+    real = integration._integrate_round
 
     def counted(tenant: Tenant, max_leaves: int | None) -> Any:
         checkpoint, caught_up = real(tenant, max_leaves)
         rounds.append((checkpoint is not None, caught_up))
         return checkpoint, caught_up
 
-    monkeypatch.setattr(services, "_integrate_round", counted)
+    monkeypatch.setattr(integration, "_integrate_round", counted)
     writer_a.saga("s1", steps=10)
     final = services.integrate_fully(tenant_a, max_leaves=7)
     assert final is not None and final.size == _size(tenant_a)

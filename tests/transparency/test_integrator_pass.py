@@ -15,6 +15,7 @@ from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import keys, proofs, services, sources, tasks
+from transparency.actions import seals
 from transparency.models import Checkpoint, TreeState
 
 
@@ -74,7 +75,7 @@ def test_a_pass_that_leaves_a_backlog_runs_again_at_once(
     settle(tenant_a)
     for n in range(4):
         writer_a.saga(f"s{n}")  # 6 records each
-    monkeypatch.setattr(services, "SEAL_PASS_LEAVES", 6)  # a seal pass looks at one saga's worth
+    monkeypatch.setattr(seals, "SEAL_PASS_LEAVES", 6)  # a seal pass looks at one saga's worth
     backlogs: list[bool] = []
     real = services.seal_pass
 
@@ -161,5 +162,5 @@ def test_reading_by_leaf_range_finds_what_reading_by_saga_id_finds(
     assert exact == {"late\x00id"}  # payloads read for the inexact id
     # The early saga's seal is followed by a record, so it is stale without reading its payload.
     assert "leaves" not in by_range["early"][-2].record
-    fields, current = services._seal_fields(by_range["early"], "early")
+    fields, current = seals._seal_fields(by_range["early"], "early")
     assert not current and [leaf for leaf, _ in fields["leaves"]][-1] == by_range["early"][-1].leaf_index

@@ -21,6 +21,7 @@ from tests.support.chains import Writer
 from tests.support.concurrency import at_once
 from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import services, tasks
+from transparency.actions import integration, seals
 from transparency.models import Checkpoint
 
 PATIENCE_S = 60.0  # a hang guard only: every wait below is released by the test itself
@@ -91,7 +92,7 @@ def test_a_seal_pass_completes_while_the_integrator_holds_its_lock(
     writer_a.saga("two")
     writer_a.saga("open", end=None)
 
-    with _held(services._locked_state, tenant_a):  # the integrator, mid-round
+    with _held(integration.locked_state, tenant_a):  # the integrator, mid-round
         # The control: the integrator's own lock is taken, another integration would wait for it.
         with _lock_timeout("50ms"), pytest.raises(OperationalError, match="lock timeout"):
             services.integrate(tenant_a)
@@ -118,7 +119,7 @@ def test_an_integration_completes_while_a_seal_pass_holds_its_lock(
 ) -> None:
     settle(tenant_a)
     writer_a.saga("one")
-    with _held(services._locked_seal_state, tenant_a):  # the sealer, mid-pass
+    with _held(seals._locked_seal_state, tenant_a):  # the sealer, mid-pass
         with _lock_timeout("50ms"), pytest.raises(OperationalError, match="lock timeout"):
             services.seal_pass(tenant_a)  # the control: another seal pass would wait
         with _lock_timeout("20s"):

@@ -20,7 +20,8 @@ from tests.sdk.witnesskit import ROOT, start_witness
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.transparency import settle
-from transparency import keys, services
+from transparency import keys
+from transparency.actions import signing
 from transparency.models import Checkpoint, Cosignature, WitnessRefusal
 from transparency.tasks import cosign_tenant
 
@@ -49,7 +50,7 @@ def test_a_second_history_of_the_same_size_is_refused_and_kept(
             # The operator signs another tree of the same size with the tenant's own key.
             other_root = hashlib.sha256(b"the history shown to someone else").digest()
             forged_note = note.sign_checkpoint(
-                note.Checkpoint(origin, honest.size, other_root), services._signers()
+                note.Checkpoint(origin, honest.size, other_root), signing.key_signers()
             )
             forged = Checkpoint.objects.create(
                 tenant=tenant_a, size=honest.size, root=other_root, note=forged_note

@@ -1,0 +1,302 @@
+"""WORM exports: requested (recorded in the server stream), claimed by a build attempt (fenced on
+its number), built in short transactions with visible progress, published write-once, and swept
+when a build goes quiet (re-queued, or failed after SAGAPLANE_EXPORT_MAX_ATTEMPTS)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from sagaplane.events import Event
+
+from audit.services import append_server_record
+from controlplane.postcommit import after_commit
+from tenants.models import Tenant
+from tenants.scoping import tenant_context
+from transparency import cross_tenant, witnesses
+from transparency.actions.common import IntegrationRefused
+from transparency.models import Checkpoint, Export, ExportStatus
+
+log = logging.getLogger(__name__)
+
+
+def request_export(
+    tenant: Tenant,
+    *,
+    actor: str,
+    first: int | None = None,
+    end: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Export:
+    """A queued export, recorded in the server stream; the task `transparency.tasks.build_export`
+    fills it in."""
+    with tenant_context(tenant):
+        export = Export.objects.create(
+            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=actor
+        )
+        append_server_record(
+            tenant,
+            Event.AUDIT_EXPORT_REQUESTED,
+            {
+                "export": str(export.pk),
+                "old": None,
+                "new": {"status": export.status, "first": first, "end": end, "since": since, "until": until},
+            },
+            actor=actor,
+        )
+        # Best effort: with the broker down the request still answers 202 (its commit stands) and
+        # the stale sweep sends the message later.
+        after_commit(f"queue export {export.pk}", lambda: _enqueue_export(export))
+        return export
+
+
+def record_export_download(tenant: Tenant, export: Export, *, actor: str) -> None:
+    """Who was handed which export (its range, checkpoint and digest), in the server stream. A
+    download changes no state, so the record names what was disclosed instead of old and new
+    values; the caller serves the file only after this is written in its transaction."""
+    with tenant_context(tenant):
+        append_server_record(
+            tenant,
+            Event.AUDIT_EXPORT_DOWNLOADED,
+            {
+                "export": str(export.pk),
+                "first": export.first,
+                "end": export.end,
+                "checkpoint_size": export.checkpoint.size if export.checkpoint is not None else None,
+                "sha256": export.sha256,
+            },
+            actor=actor,
+        )
+
+
+def _enqueue_export(export: Export) -> None:
+    from transparency.tasks import build_export
+
+    build_export.delay(str(export.pk), export.tenant_id)
+
+
+def _export_stale_after() -> timedelta:
+    return timedelta(minutes=getattr(settings, "SAGAPLANE_EXPORT_STALE_MINUTES", 10))
+
+
+def _export_max_attempts() -> int:
+    return max(1, int(getattr(settings, "SAGAPLANE_EXPORT_MAX_ATTEMPTS", 3)))
+
+
+def record_export_progress(tenant: Tenant, export_id: Any, attempt: int, done: int, total: int) -> None:
+    """Progress is its own short transaction so pollers (and the stale sweep) see it while the
+    build runs. Fenced on `attempt`: a build the sweep has replaced writes nothing."""
+    with tenant_context(tenant):
+        Export.objects.filter(pk=export_id, status=ExportStatus.RUNNING, attempts=attempt).update(
+            records_done=done, records_total=total, heartbeat_at=timezone.now()
+        )
+
+
+def finish_export(tenant: Tenant, export_id: Any, attempt: int, **fields: Any) -> bool:
+    """Record the end of build `attempt`; False (and nothing written) if it no longer owns the
+    export, i.e. the sweep re-queued or failed it meanwhile."""
+    with tenant_context(tenant):
+        return bool(
+            Export.objects.filter(pk=export_id, status=ExportStatus.RUNNING, attempts=attempt).update(
+                finished_at=timezone.now(), heartbeat_at=timezone.now(), **fields
+            )
+        )
+
+
+@dataclass(frozen=True)
+class ExportClaim:
+    export: Export
+    checkpoint: Checkpoint
+    previous: Export | None
+    first: int
+    end: int
+    attempt: int
+
+
+def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
+    """Mark a queued export running as the next attempt (one transaction; a conditional UPDATE, so
+    a duplicate or redelivered message finds nothing to claim). The first claim fixes the range,
+    checkpoint and predecessor; a retry reuses them, so every attempt builds the same bundle."""
+    from transparency.bundles import resolve_range
+
+    with tenant_context(tenant):
+        # Lock only the export row (Postgres refuses FOR UPDATE across the nullable joins).
+        export = (
+            Export.objects.select_for_update(of=("self",))
+            .select_related("checkpoint", "previous")
+            .get(pk=export_id)
+        )
+        if export.status != ExportStatus.QUEUED:
+            return None
+        if export.checkpoint is not None and export.first is not None and export.end is not None:
+            checkpoint, previous = export.checkpoint, export.previous
+            first, end = export.first, export.end
+        else:
+            # The newest the quorum of witnesses cosigned, so the export verifies under the policy.
+            latest = witnesses.proving_checkpoint(0)
+            if latest is None:
+                raise IntegrationRefused("the log has no signed checkpoint yet")
+            checkpoint = latest
+            previous = (
+                Export.objects.filter(status=ExportStatus.DONE)
+                .exclude(pk=export.pk)
+                .order_by("-finished_at")
+                .first()
+            )
+            first, end = resolve_range(tenant, export, checkpoint)
+        attempt = export.attempts + 1
+        claimed = Export.objects.filter(
+            pk=export.pk, status=ExportStatus.QUEUED, attempts=export.attempts
+        ).update(
+            status=ExportStatus.RUNNING,
+            first=first,
+            end=end,
+            checkpoint=checkpoint,
+            previous=previous,
+            records_done=0,
+            records_total=end - first,
+            attempts=attempt,
+            heartbeat_at=timezone.now(),
+        )
+        return ExportClaim(export, checkpoint, previous, first, end, attempt) if claimed else None
+
+
+def _fail_unclaimed(tenant: Tenant, export_id: Any, reason: str) -> None:
+    with tenant_context(tenant):
+        Export.objects.filter(pk=export_id, status=ExportStatus.QUEUED).update(
+            status=ExportStatus.FAILED, error=reason[:2000], finished_at=timezone.now()
+        )
+
+
+def _stored_sha256(name: str) -> str:
+    from transparency.storage import get_storage
+
+    digest = hashlib.sha256()
+    with get_storage().open(name) as stored:
+        for block in iter(lambda: stored.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def export_storage_name(tenant: Tenant, export_id: Any) -> str:
+    return f"tenant-{tenant.pk}/{export_id}.tar.gz"
+
+
+def build_export(tenant: Tenant, export_id: Any) -> None:
+    """Build and store a WORM export; idempotent and restartable.
+
+    Several short transactions (claim, one per chunk of records read, finish) so progress is
+    visible while it runs. The bundle is built in temporary files; the storage publishes it under
+    its final name atomically and write-once, and the row is marked done only after that. So a
+    worker killed at any point leaves either no file (a retry rebuilds it) or the complete file
+    (a retry adopts it: every attempt builds against the same checkpoint and range)."""
+    from transparency.bundles import BundleUnavailable, manifest_for, pack_export, write_records
+    from transparency.storage import get_storage
+
+    try:
+        claim = _claim_export(tenant, export_id)
+    except (IntegrationRefused, BundleUnavailable) as exc:
+        # Deterministic refusals (no checkpoint yet, a range outside the log): a retry would only
+        # refuse again, so fail it now rather than leave it for the sweep to re-queue forever.
+        _fail_unclaimed(tenant, export_id, str(exc))
+        raise
+    if claim is None:
+        return
+    attempt = claim.attempt
+    name = export_storage_name(tenant, export_id)
+    storage = get_storage()
+    try:
+        if not storage.exists(name):
+            with tempfile.TemporaryFile() as records_file:
+                sha, heads = write_records(
+                    tenant,
+                    claim.first,
+                    claim.end,
+                    records_file,
+                    lambda done: record_export_progress(
+                        tenant, export_id, attempt, done, claim.end - claim.first
+                    ),
+                )
+                with tenant_context(tenant):
+                    manifest = manifest_for(
+                        tenant, claim.export, claim.checkpoint, claim.previous, claim.first, claim.end
+                    )
+                manifest.update(records_sha256=sha, stream_heads=heads)
+                with pack_export(records_file, manifest, manifest["checkpoint"]) as archive:
+                    try:
+                        storage.create(name, archive)
+                    except FileExistsError:
+                        # An attempt presumed dead published after all; its file is equivalent.
+                        log.warning("export %s: adopting the file an earlier attempt published", export_id)
+        finish_export(
+            tenant,
+            export_id,
+            attempt,
+            status=ExportStatus.DONE,
+            storage_name=name,
+            sha256=_stored_sha256(name),
+            records_done=claim.end - claim.first,
+            error="",
+        )
+    except Exception as exc:
+        log.exception("export %s failed (attempt %s)", export_id, attempt)
+        finish_export(tenant, export_id, attempt, status=ExportStatus.FAILED, error=str(exc)[:2000])
+        raise
+
+
+def stale_exports(now: datetime | None = None) -> list[tuple[int, Any]]:
+    """(tenant id, export id) of unfinished exports with no sign of life within the stale window
+    (cross-tenant: the sweep's one query, on the (status, heartbeat_at) index)."""
+    return cross_tenant.stale_exports((now or timezone.now()) - _export_stale_after())
+
+
+def requeue_or_fail_export(tenant: Tenant, export_id: Any, now: datetime | None = None) -> str | None:
+    """One stale export, one transaction: "failed" once its builds have died
+    SAGAPLANE_EXPORT_MAX_ATTEMPTS times, else "requeued" (queued again, a new message sent after
+    commit); None if it showed progress or finished since the sweep's query."""
+    now = now or timezone.now()
+    cutoff = now - _export_stale_after()
+    with tenant_context(tenant):
+        export = Export.objects.select_for_update().filter(pk=export_id).first()
+        if (
+            export is None
+            or export.status not in (ExportStatus.QUEUED, ExportStatus.RUNNING)
+            or export.heartbeat_at >= cutoff
+        ):
+            return None
+        if export.status == ExportStatus.RUNNING and export.attempts >= _export_max_attempts():
+            Export.objects.filter(pk=export.pk).update(
+                status=ExportStatus.FAILED,
+                finished_at=now,
+                heartbeat_at=now,
+                error=(
+                    f"gave up after {export.attempts} attempt(s): each build stopped making progress "
+                    f"for {_export_stale_after()} (worker lost?)"
+                ),
+            )
+            return "failed"
+        # A running build that went quiet is presumed dead (its late writes are fenced off by the
+        # attempt number); a queued one lost its message. Either way: queue it again. The attempt
+        # is counted when a worker claims it, so a lost message costs no attempt.
+        Export.objects.filter(pk=export.pk).update(status=ExportStatus.QUEUED, heartbeat_at=now)
+        after_commit(f"re-queue export {export.pk}", lambda: _enqueue_export(export))
+        return "requeued"
+
+
+def sweep_stale_exports(now: datetime | None = None) -> dict[str, list[str]]:
+    """The periodic sweep: re-queue or fail every stale export; {"requeued": [...], "failed": [...]}."""
+    outcome: dict[str, list[str]] = {"requeued": [], "failed": []}
+    tenants: dict[int, Tenant] = {}
+    for tenant_id, export_id in stale_exports(now):
+        tenant = tenants.get(tenant_id) or tenants.setdefault(tenant_id, Tenant.objects.get(pk=tenant_id))
+        result = requeue_or_fail_export(tenant, export_id, now)
+        if result is not None:
+            outcome[result].append(str(export_id))
+    return outcome
