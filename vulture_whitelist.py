@@ -18,6 +18,9 @@ SagasConfig  # unused class (sagas/apps.py:4)
 TenantsConfig  # unused class (tenants/apps.py:5)
 TransparencyConfig  # unused class (transparency/apps.py:4)
 
+# DRF calls a field's run_validation (core.inputs: the strict fields of a command's input).
+run_validation  # unused method (core/inputs.py)
+
 # Django models: Meta options and fields (columns read by SQL, serializers, templates, the admin; Model._state).
 _.adding  # unused attribute (audit/bulk.py:146)
 output_field  # unused variable (audit/models.py:35)

@@ -209,33 +209,40 @@ class Run:
             for name, per in (("per-currency", ["arg:currency"]), ("per-agent", ["agent"])):
                 services.create_budget(
                     self.tenant,
+                    services.BudgetCreate.parse(
+                        {
+                            "name": name,
+                            "tool": "bench.*",
+                            "max_total": HUGE_CAP,
+                            "window_s": WINDOW_S,
+                            "per": per,
+                        }
+                    ),
                     actor="bench",
-                    name=name,
-                    tool="bench.*",
-                    max_total=HUGE_CAP,
-                    window_s=WINDOW_S,
-                    per=per,
                 )
         if limits:
             # Created last of the budgets: a refusal comes after the others were checked.
             services.create_budget(
                 self.tenant,
+                services.BudgetCreate.parse(
+                    {"name": "fleet", "tool": "bench.*", "max_total": self.cap, "window_s": WINDOW_S}
+                ),
                 actor="bench",
-                name="fleet",
-                tool="bench.*",
-                max_total=self.cap,
-                window_s=WINDOW_S,
             )
         if limits == 5:
             for name, per in (("calls", []), ("per-tool-calls", ["tool"])):
                 services.create_rate_limit(
                     self.tenant,
+                    services.RateLimitCreate.parse(
+                        {
+                            "name": name,
+                            "tool": "bench.*",
+                            "max_calls": HUGE_CAP,
+                            "window_s": WINDOW_S,
+                            "per": per,
+                        }
+                    ),
                     actor="bench",
-                    name=name,
-                    tool="bench.*",
-                    max_calls=HUGE_CAP,
-                    window_s=WINDOW_S,
-                    per=per,
                 )
         self.gate_key = self.control_key = ""
         if keys:

@@ -50,6 +50,7 @@ class DomainError(Exception):
         self.code = code
         self.detail = detail
         self.extra = extra
+        self.field: str | None = extra.get("field")
 
     @property
     def error(self) -> str:

@@ -46,13 +46,6 @@ def _body(request: Request) -> dict[str, Any]:
 _LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
 
 
-def _require(data: dict[str, Any], *names: str) -> None:
-    """A required field missing from the body is the client's 400, not a TypeError in the service."""
-    for name in names:
-        if name not in data:
-            raise DomainError(400, "invalid", f"{name}: required", field=name)
-
-
 # ----------------------------------------------------------------------------------------- the gate
 
 _ANSWER = inline_serializer(
@@ -234,29 +227,12 @@ class BudgetListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="fleet_budgets_create",
-        request=inline_serializer(
-            "BudgetCreate",
-            {
-                "name": serializers.CharField(),
-                "tool": serializers.CharField(required=False),
-                "argument": serializers.CharField(required=False),
-                "max_total": serializers.CharField(),
-                "window_s": serializers.IntegerField(),
-                "per": serializers.ListField(child=serializers.CharField(), required=False),
-                "on_cap": serializers.ChoiceField(choices=["deny", "escalate"], required=False),
-            },
-        ),
+        request=services.BudgetCreate,
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
-        _require(data, "name", "max_total", "window_s")
-        fields = {
-            k: data[k]
-            for k in ("name", "tool", "argument", "max_total", "window_s", "per", "on_cap")
-            if k in data
-        }
-        limit = services.create_budget(self.tenant, actor=self.actor, **fields)
+        budget = services.BudgetCreate.parse(request.data)
+        limit = services.create_budget(self.tenant, budget, actor=self.actor)
         return Response(_budget_json(limit), status=201)
 
 
@@ -287,23 +263,12 @@ class RateLimitListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="fleet_rate_limits_create",
-        request=inline_serializer(
-            "RateLimitCreate",
-            {
-                "name": serializers.CharField(),
-                "tool": serializers.CharField(required=False),
-                "max_calls": serializers.IntegerField(),
-                "window_s": serializers.IntegerField(),
-                "per": serializers.ListField(child=serializers.CharField(), required=False),
-            },
-        ),
+        request=services.RateLimitCreate,
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
-        _require(data, "name", "max_calls", "window_s")
-        fields = {k: data[k] for k in ("name", "tool", "max_calls", "window_s", "per") if k in data}
-        limit = services.create_rate_limit(self.tenant, actor=self.actor, **fields)
+        rate_limit = services.RateLimitCreate.parse(request.data)
+        limit = services.create_rate_limit(self.tenant, rate_limit, actor=self.actor)
         return Response(_rate_json(limit), status=201)
 
 
@@ -327,23 +292,11 @@ class HaltListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="fleet_halts_create",
-        request=inline_serializer(
-            "HaltCreate",
-            {
-                "scope": serializers.CharField(),
-                "mode": serializers.ChoiceField(choices=["halt", "drain"], required=False),
-                "reason": serializers.CharField(),
-                "ttl_s": serializers.IntegerField(required=False, allow_null=True),
-            },
-        ),
+        request=services.HaltCreate,
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
-        fields = {k: data[k] for k in ("scope", "mode", "reason", "ttl_s") if k in data}
-        fields.setdefault("scope", None)
-        fields.setdefault("reason", None)
-        halt = services.halt(self.tenant, actor=self.actor, **fields)
+        halt = services.halt(self.tenant, services.HaltCreate.parse(request.data), actor=self.actor)
         return Response(_halt_json(halt), status=201)
 
 

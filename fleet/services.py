@@ -17,9 +17,9 @@ from fleet.actions.breaker_states import (
 )
 from fleet.actions.breakers import breaker_values, create_breaker, delete_breaker, update_breaker
 from fleet.actions.budgets import budget_values, create_budget, delete_budget
-from fleet.actions.changes import MAX_WINDOW_S, NAME_MAX, FleetError, policies_changed, version_key
+from fleet.actions.changes import FleetError, policies_changed, version_key
 from fleet.actions.decision import evaluate
-from fleet.actions.halts import MAX_TTL_S, halt, halt_values, resume
+from fleet.actions.halts import halt, halt_values, resume
 from fleet.actions.ledger import (
     DENIALS_KEPT_FOR,
     budget_usage,
@@ -38,14 +38,22 @@ from fleet.actions.snapshot import (
     halts_in_force,
 )
 from fleet.actions.store import gate_tag, get_store, ledger_since, set_store
+from fleet.inputs import (
+    MAX_WINDOW_S,
+    BudgetCreate,
+    HaltCreate,
+    NewBudget,
+    NewHalt,
+    NewRateLimit,
+    RateLimitCreate,
+)
 from fleet.stores import DatabaseStore
 
 __all__ = [
     "BREAKER_ACTOR",
     "DENIALS_KEPT_FOR",
-    "MAX_TTL_S",
     "MAX_WINDOW_S",
-    "NAME_MAX",
+    "BudgetCreate",
     "DatabaseStore",
     "breaker_phase",
     "breaker_spec",
@@ -58,6 +66,11 @@ __all__ = [
     "trip",
     "update_breaker",
     "FleetError",
+    "HaltCreate",
+    "NewBudget",
+    "NewHalt",
+    "NewRateLimit",
+    "RateLimitCreate",
     "budget_usage",
     "budget_values",
     "create_budget",

@@ -4,7 +4,7 @@ switches in force, the circuit breakers with their state and history — with th
 change them.
 
 Every change goes through `fleet.services` (actor `user:<name>`), which validates it and records
-it in the tenant's server stream; a refusal (`FleetError`) is shown beside the field it names, with
+it in the tenant's server stream; a refusal (`DomainError`) is shown beside the field it names, with
 the form as it was typed, and changes nothing. Each route declares its rule with the same named
 rules as the API (`tenants.access`): everyone sees, FLEET_CONTROL (owners, admins) changes budgets,
 rate limits and circuit breakers, FLEET_HALT (owners, admins, approvers) halts and resumes. The
@@ -26,11 +26,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
+from controlplane.errors import DomainError
 from controlplane.numbers import ascii_int
 from fleet import services
 from fleet.gate import from_units, to_units
 from fleet.models import BudgetLimit, CircuitBreaker, GateDecision, Halt, HaltMode, OnCap, RateLimit
-from fleet.services import FleetError
 from frontend.saga_views import fleet_overview
 from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, READ
@@ -222,24 +222,27 @@ def fleet_controls(request: MemberRequest) -> HttpResponse:
 
 
 # ------------------------------------------------------------------------------------ parsing
+# The forms are the API's commands (fleet.inputs) typed in a page: what is presentation only
+# (a duration in units, checkboxes and a comma-separated list, a scope in two inputs) becomes the
+# command's body here, and the command's own input checks it.
 
 
-def _whole(value: str, field_name: str, code: str, what: str) -> int:
+def _whole(value: str) -> int | str:
+    """A typed whole number as an int, else as typed (the command refuses it, naming its field)."""
     number = ascii_int(value.strip(), max_digits=NUMBER_MAX_CHARS)
-    if number is None:
-        raise FleetError(code, field_name, f"{what} must be a whole number")
-    return number
+    return value if number is None else number
 
 
-def _duration(post: Any, prefix: str, field_name: str, code: str, *, required: bool) -> int | None:
+def _duration(post: Any, prefix: str, field_name: str, code: str, *, required: bool) -> int | str | None:
     """'<prefix>' (a whole number) in '<prefix>_unit' as seconds; None when optional and blank."""
     amount = post.get(prefix, "").strip()
     if not amount and not required:
         return None
     unit = post.get(f"{prefix}_unit", "s")
     if unit not in UNIT_SECONDS:
-        raise FleetError(code, field_name, "choose a unit: seconds, minutes, hours or days")
-    return _whole(amount, field_name, code, "the duration") * UNIT_SECONDS[unit]
+        raise DomainError(400, code, "choose a unit: seconds, minutes, hours or days", field=field_name)
+    number = _whole(amount)
+    return number * UNIT_SECONDS[unit] if isinstance(number, int) else number
 
 
 def _per(post: Any) -> list[str]:
@@ -248,8 +251,8 @@ def _per(post: Any) -> list[str]:
     return per + [f"arg:{a}" for a in arguments]
 
 
-def _refused(request: MemberRequest, form: str, exc: FleetError) -> HttpResponse:
-    state = FormState(values=request.POST.dict(), errors={exc.field: exc.detail})
+def _refused(request: MemberRequest, form: str, exc: DomainError) -> HttpResponse:
+    state = FormState(values=request.POST.dict(), errors={str(exc.field): exc.detail})
     state.values["per"] = request.POST.getlist("per")
     return _fleet_page(request, {form: state}, status=exc.status)
 
@@ -266,18 +269,19 @@ def _done(request: MemberRequest, text: str) -> HttpResponse:
 def budget_create(request: MemberRequest) -> HttpResponse:
     post = request.POST
     try:
-        limit = services.create_budget(
-            request.tenant,
-            actor=actor_of(request),
-            name=post.get("name", "").strip(),
-            tool=post.get("tool", "").strip(),
-            argument=post.get("argument", "").strip(),
-            max_total=post.get("max_total", "").strip().replace(",", ""),
-            window_s=_duration(post, "window", "window_s", "invalid_window", required=True),
-            per=_per(post),
-            on_cap=post.get("on_cap", OnCap.DENY),
+        budget = services.BudgetCreate.parse(
+            {
+                "name": post.get("name", "").strip(),
+                "tool": post.get("tool", "").strip(),
+                "argument": post.get("argument", "").strip(),
+                "max_total": post.get("max_total", "").strip().replace(",", ""),
+                "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
+                "per": _per(post),
+                "on_cap": post.get("on_cap", OnCap.DENY),
+            }
         )
-    except FleetError as exc:
+        limit = services.create_budget(request.tenant, budget, actor=actor_of(request))
+    except DomainError as exc:
         return _refused(request, "budget", exc)
     return _done(
         request,
@@ -299,16 +303,17 @@ def budget_delete(request: MemberRequest, budget_id: int) -> HttpResponse:
 def rate_limit_create(request: MemberRequest) -> HttpResponse:
     post = request.POST
     try:
-        limit = services.create_rate_limit(
-            request.tenant,
-            actor=actor_of(request),
-            name=post.get("name", "").strip(),
-            tool=post.get("tool", "").strip(),
-            max_calls=_whole(post.get("max_calls", ""), "max_calls", "invalid_max_calls", "calls"),
-            window_s=_duration(post, "window", "window_s", "invalid_window", required=True),
-            per=_per(post),
+        rate_limit = services.RateLimitCreate.parse(
+            {
+                "name": post.get("name", "").strip(),
+                "tool": post.get("tool", "").strip(),
+                "max_calls": _whole(post.get("max_calls", "")),
+                "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
+                "per": _per(post),
+            }
         )
-    except FleetError as exc:
+        limit = services.create_rate_limit(request.tenant, rate_limit, actor=actor_of(request))
+    except DomainError as exc:
         return _refused(request, "rate", exc)
     return _done(
         request,
@@ -333,15 +338,16 @@ def halt_create(request: MemberRequest) -> HttpResponse:
     value = post.get("scope_value", "").strip()
     scope = "*" if kind == "*" else f"{kind}:{value}"
     try:
-        row = services.halt(
-            request.tenant,
-            actor=actor_of(request),
-            scope=scope,
-            mode=post.get("mode", HaltMode.HALT),
-            reason=post.get("reason", "").strip(),
-            ttl_s=_duration(post, "ttl", "ttl_s", "invalid_ttl", required=False),
+        halt = services.HaltCreate.parse(
+            {
+                "scope": scope,
+                "mode": post.get("mode", HaltMode.HALT),
+                "reason": post.get("reason", "").strip(),
+                "ttl_s": _duration(post, "ttl", "ttl_s", "invalid_ttl", required=False),
+            }
         )
-    except FleetError as exc:
+        row = services.halt(request.tenant, halt, actor=actor_of(request))
+    except DomainError as exc:
         return _refused(request, "halt", exc)
     ttl = row.expires_at - row.created_at if row.expires_at else None
     until = f" for {duration_label(round(ttl.total_seconds()))}" if ttl else ""
@@ -376,19 +382,14 @@ def breaker_create(request: MemberRequest) -> HttpResponse:
         fields = {
             "name": post.get("name", "").strip(),
             "tool": post.get("tool", "").strip(),
-            "consecutive_failures": _whole(
-                post.get("consecutive_failures", ""),
-                "consecutive_failures",
-                "invalid_consecutive_failures",
-                "failures in a row",
-            ),
+            "consecutive_failures": _whole(post.get("consecutive_failures", "")),
             "failure_rate": _rate(post.get("failure_rate", "")),
-            "min_volume": _whole(post.get("min_volume", ""), "min_volume", "invalid_min_volume", "calls"),
+            "min_volume": _whole(post.get("min_volume", "")),
             "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
             "cool_down_s": _duration(post, "cool_down", "cool_down_s", "invalid_cool_down", required=True),
         }
         breaker = services.create_breaker(request.tenant, actor=actor_of(request), fields=fields)
-    except FleetError as exc:
+    except DomainError as exc:
         return _refused(request, "breaker", exc)
     return _done(
         request,

@@ -149,7 +149,9 @@ def command_reply(tenant: Tenant, name: str, text: str, team: str, slack_user: s
         return f"Your role ({membership.role}) may not halt agents."
     try:
         halt = fleet.halt(
-            tenant, actor=actor_of(membership), scope=scope, reason=reason.strip()[:HALT_REASON_MAX]
+            tenant,
+            fleet.HaltCreate.parse({"scope": scope, "reason": reason.strip()[:HALT_REASON_MAX]}),
+            actor=actor_of(membership),
         )
     except DomainError as exc:
         return f"Not halted: {exc.detail}"

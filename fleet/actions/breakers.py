@@ -12,7 +12,6 @@ from sagaplane.events import Event
 
 from audit.services import append_server_record
 from fleet.actions.changes import (
-    MAX_WINDOW_S,
     FleetError,
     changed_after_commit,
     check_name_and_tool,
@@ -20,6 +19,7 @@ from fleet.actions.changes import (
     create_policy,
     delete_policy,
 )
+from fleet.inputs import MAX_WINDOW_S
 from fleet.models import CircuitBreaker
 from tenants.models import Tenant
 from tenants.scoping import tenant_context

@@ -10,15 +10,12 @@ from django.db import IntegrityError, transaction
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
-from fleet import gate
 from fleet.actions.snapshot import forget_policies
+from fleet.inputs import NAME_MAX
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
 from tenants import epoch
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-
-NAME_MAX = 100
-MAX_WINDOW_S = 366 * 24 * 3600
 
 
 class FleetError(DomainError):
@@ -63,15 +60,6 @@ def check_whole(value: Any, field: str, code: str, low: int, high: int) -> None:
     """A whole number from `low` to `high` (a boolean is not a number here)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise FleetError(code, field, f"{field} must be a whole number from {low} to {high}")
-
-
-def check_common(name: Any, tool: Any, window_s: Any, per: Any) -> None:
-    check_name_and_tool(name, tool)
-    check_whole(window_s, "window_s", "invalid_window", 1, MAX_WINDOW_S)
-    if not isinstance(per, list) or len(per) > 4 or not gate.valid_per(per) or len(set(per)) != len(per):
-        raise FleetError(
-            "invalid_per", "per", 'per must be a list of distinct "agent", "api_key", "tool" or "arg:<name>"'
-        )
 
 
 Policy = TypeVar("Policy", BudgetLimit, RateLimit, CircuitBreaker)

@@ -9,14 +9,11 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.services import append_server_record
-from fleet import gate
 from fleet.actions.changes import FleetError, changed_after_commit
-from fleet.models import Halt, HaltMode
+from fleet.inputs import NewHalt
+from fleet.models import Halt
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-
-MAX_TTL_S = 366 * 24 * 3600
-# The cap of a budget an approved escalation lifts, for one call: above any window's possible sum
 
 
 def halt_values(halt: Halt) -> dict[str, Any]:
@@ -29,28 +26,15 @@ def halt_values(halt: Halt) -> dict[str, Any]:
     }
 
 
-def halt(
-    tenant: Tenant, *, actor: str, scope: Any, reason: Any, mode: Any = HaltMode.HALT, ttl_s: Any = None
-) -> Halt:
-    """Put a kill switch in force (reason and actor required; optional TTL)."""
-    if not isinstance(scope, str) or not gate.valid_halt_scope(scope) or "\x00" in scope:
-        raise FleetError(
-            "invalid_scope", "scope", 'scope must be "*", "tool:<glob>", "tag:<t>" or "agent:<name>"'
-        )
-    if mode not in HaltMode.values:
-        raise FleetError("invalid_mode", "mode", f"mode must be one of {', '.join(HaltMode.values)}")
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500 or "\x00" in reason:
-        raise FleetError("invalid_reason", "reason", "a reason of 1 to 500 characters is required")
-    if ttl_s is not None and (
-        isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 1 <= ttl_s <= MAX_TTL_S
-    ):
-        raise FleetError("invalid_ttl", "ttl_s", f"ttl_s must be a whole number from 1 to {MAX_TTL_S}")
+def halt(tenant: Tenant, command: NewHalt, *, actor: str) -> Halt:
+    """Put a kill switch in force (checked by `fleet.inputs.HaltCreate`; optional TTL)."""
+    ttl_s = command.ttl_s
     now = timezone.now()
     with tenant_context(tenant):
         row = Halt.objects.create(
-            scope=scope,
-            mode=mode,
-            reason=reason,
+            scope=command.scope,
+            mode=command.mode,
+            reason=command.reason,
             actor=actor,
             created_at=now,
             expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,

@@ -6,7 +6,8 @@ from typing import Any
 
 from sagaplane.events import Event
 
-from fleet.actions.changes import FleetError, check_common, create_policy, delete_policy
+from fleet.actions.changes import create_policy, delete_policy
+from fleet.inputs import NewRateLimit
 from fleet.models import RateLimit
 from tenants.models import Tenant
 
@@ -22,17 +23,18 @@ def rate_limit_values(limit: RateLimit) -> dict[str, Any]:
     }
 
 
-def create_rate_limit(
-    tenant: Tenant, *, actor: str, name: Any, max_calls: Any, window_s: Any, tool: Any = "*", per: Any = None
-) -> RateLimit:
-    per = [] if per is None else per
-    check_common(name, tool, window_s, per)
-    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or not 1 <= max_calls <= 10**9:
-        raise FleetError("invalid_max_calls", "max_calls", "max_calls must be a whole number from 1 to 10^9")
+def create_rate_limit(tenant: Tenant, rate_limit: NewRateLimit, *, actor: str) -> RateLimit:
+    """Create a rate limit (checked by `fleet.inputs.RateLimitCreate`) and record it."""
     return create_policy(
         tenant,
         RateLimit,
-        {"name": name, "tool": tool, "max_calls": max_calls, "window_s": window_s, "per": per},
+        {
+            "name": rate_limit.name,
+            "tool": rate_limit.tool,
+            "max_calls": rate_limit.max_calls,
+            "window_s": rate_limit.window_s,
+            "per": list(rate_limit.per),
+        },
         actor=actor,
         event=Event.FLEET_RATE_LIMIT_CREATED,
         subject="rate_limit",

@@ -116,9 +116,15 @@ def objects(db: None) -> dict[str, Any]:
         "pk": spare.pk,
         "key_id": spare.pk,
         "membership_id": member.pk,
-        "budget_id": fleet.create_budget(acme, actor="test", name="b", max_total=100, window_s=60).pk,
-        "rate_limit_id": fleet.create_rate_limit(acme, actor="test", name="r", max_calls=10, window_s=60).pk,
-        "halt_id": fleet.halt(acme, actor="test", scope="tool:x.*", reason="ids").pk,
+        "budget_id": fleet.create_budget(
+            acme, fleet.BudgetCreate.parse({"name": "b", "max_total": 100, "window_s": 60}), actor="test"
+        ).pk,
+        "rate_limit_id": fleet.create_rate_limit(
+            acme, fleet.RateLimitCreate.parse({"name": "r", "max_calls": 10, "window_s": 60}), actor="test"
+        ).pk,
+        "halt_id": fleet.halt(
+            acme, fleet.HaltCreate.parse({"scope": "tool:x.*", "reason": "ids"}), actor="test"
+        ).pk,
         "breaker_id": fleet.create_breaker(
             acme,
             actor="test",

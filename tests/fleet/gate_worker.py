@@ -36,7 +36,11 @@ def main() -> None:
             config["tenant"], "Gate test", "owner@gate.example", actor="test"
         )
         services.create_budget(
-            tenant, actor="test", name="fleet", tool="stripe.*", max_total=config["max_total"], window_s=86400
+            tenant,
+            services.BudgetCreate.parse(
+                {"name": "fleet", "tool": "stripe.*", "max_total": config["max_total"], "window_s": 86400}
+            ),
+            actor="test",
         )
         print(tenant.pk, flush=True)
         return

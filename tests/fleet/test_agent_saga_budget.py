@@ -51,11 +51,19 @@ def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, c
     before = _budget(live_server, alice)
     assert (before["status"], before["total_spend"], before["fleet_nodes"]) == ("ok", 0, 0)
     services.create_budget(
-        alice.tenant, actor="test", name="daily stripe", tool="stripe.*", max_total=50_000, window_s=86400
+        alice.tenant,
+        services.BudgetCreate.parse(
+            {"name": "daily stripe", "tool": "stripe.*", "max_total": 50_000, "window_s": 86400}
+        ),
+        actor="test",
     )
     # A second budget on the same calls: a call it also matches is still spent once.
     services.create_budget(
-        alice.tenant, actor="test", name="big cards", tool="stripe.*", max_total=10**9, window_s=3600
+        alice.tenant,
+        services.BudgetCreate.parse(
+            {"name": "big cards", "tool": "stripe.*", "max_total": 10**9, "window_s": 3600}
+        ),
+        actor="test",
     )
     decisions = [_ask(alice.tenant, n, "billing-bot", amount=20_000) for n in range(3)]
     decisions.append(_ask(alice.tenant, 9, "refund-bot", amount=9_999.5))

@@ -94,7 +94,11 @@ def test_a_malformed_gate_call_is_a_400_naming_its_field_and_records_nothing(
 
 
 def test_uncountable_amounts_over_http_are_refused(alice: Person) -> None:
-    services.create_budget(alice.tenant, actor="test", name="cap", tool="*", max_total=100, window_s=60)
+    services.create_budget(
+        alice.tenant,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 60}),
+        actor="test",
+    )
     agent = key_client(alice.tenant, "gate")
     for n, amount in enumerate([-5, "12", True, None, 10**30, 1e308]):
         answer = agent.post(EVALUATE, gate_call(n, amount=amount), format="json").json()
@@ -152,7 +156,9 @@ def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    services.halt(tenant, actor="test", scope="tool:stripe.*", reason="incident")
+    services.halt(
+        tenant, services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}), actor="test"
+    )
     waiter.join(timeout=60)
     answer = result["answer"]
     assert answer["version"] != first["version"]
@@ -191,7 +197,11 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
         reads += 1
         state = read_status()
         if reads == 1:  # another process's halt lands just after this read
-            services.halt(tenant, actor="test", scope="tool:stripe.*", reason="incident")
+            services.halt(
+                tenant,
+                services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}),
+                actor="test",
+            )
         return state
 
     read_status = api._status

@@ -76,7 +76,11 @@ def redis_store(tmp_path: Path) -> Iterator[RedisStore]:
 
 
 def test_rebuild_limits_rebuilds_from_the_ledger(tenant_a: Tenant, redis_store: RedisStore) -> None:
-    services.create_budget(tenant_a, actor="test", name="cap", tool="*", max_total=10, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 10, "window_s": 3600}),
+        actor="test",
+    )
     first = GateRequest(saga_id="s", step_id="1", tool="x", args={"amount": 8})
     assert services.evaluate(tenant_a, first, actor="test")["decision"] == "allow"
     redis_store.client.flushall()

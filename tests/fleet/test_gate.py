@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from controlplane import availability
+from controlplane.errors import DomainError
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision, LimitCounter
@@ -83,7 +84,11 @@ def allowed_total(tenant: Tenant) -> int:
 
 def test_a_budget_allows_up_to_its_cap_and_refuses_past_it(tenant_a: Tenant, store: LimitStore) -> None:
     services.create_budget(
-        tenant_a, actor=ACTOR, name="daily", tool="stripe.*", max_total=50_000, window_s=86400
+        tenant_a,
+        services.BudgetCreate.parse(
+            {"name": "daily", "tool": "stripe.*", "max_total": 50_000, "window_s": 86400}
+        ),
+        actor=ACTOR,
     )
     answers = [ask(tenant_a, store, call(amount=999)) for _ in range(51)]
     assert [a["decision"] for a in answers] == ["allow"] * 50 + ["deny"]
@@ -96,18 +101,30 @@ def test_a_budget_allows_up_to_its_cap_and_refuses_past_it(tenant_a: Tenant, sto
 
 
 def test_a_call_refused_by_its_third_limit_debits_none(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(tenant_a, actor=ACTOR, name="all", tool="*", max_total=1000, window_s=3600)
     services.create_budget(
-        tenant_a, actor=ACTOR, name="stripe", tool="stripe.*", max_total=1000, window_s=3600
+        tenant_a,
+        services.BudgetCreate.parse({"name": "all", "tool": "*", "max_total": 1000, "window_s": 3600}),
+        actor=ACTOR,
     )
     services.create_budget(
         tenant_a,
+        services.BudgetCreate.parse(
+            {"name": "stripe", "tool": "stripe.*", "max_total": 1000, "window_s": 3600}
+        ),
         actor=ACTOR,
-        name="per-customer",
-        tool="stripe.*",
-        max_total=100,
-        window_s=3600,
-        per=["arg:customer"],
+    )
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse(
+            {
+                "name": "per-customer",
+                "tool": "stripe.*",
+                "max_total": 100,
+                "window_s": 3600,
+                "per": ["arg:customer"],
+            }
+        ),
+        actor=ACTOR,
     )
     refused = ask(tenant_a, store, call(amount=150, customer="c1"))
     assert refused["decision"] == "deny" and refused["limit"] == "per-customer"
@@ -121,7 +138,11 @@ def test_a_call_refused_by_its_third_limit_debits_none(tenant_a: Tenant, store: 
 def test_a_retried_call_gets_the_same_authorisation_and_debits_once(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     request = call(amount=60)
     first, second = ask(tenant_a, store, request), ask(tenant_a, store, request)
     assert first["decision"] == "allow" and first == second
@@ -136,7 +157,11 @@ def test_a_retried_call_gets_the_same_authorisation_and_debits_once(
 def test_an_argument_that_cannot_be_counted_is_refused_and_debits_nothing(
     tenant_a: Tenant, store: LimitStore, bad: Any
 ) -> None:
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     answer = ask(tenant_a, store, call(amount=bad))
     assert (
         answer["decision"] == "deny"
@@ -150,7 +175,11 @@ def test_an_argument_that_cannot_be_counted_is_refused_and_debits_nothing(
 
 
 def test_an_ungoverned_tool_passes_and_debits_nothing(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="stripe.*", max_total=1, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 1, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(tool="crm.insert", amount=10**6))["decision"] == "allow"
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"  # no amount needed
     assert allowed_total(tenant_a) == 0
@@ -160,7 +189,11 @@ def test_a_rate_limit_allows_its_calls_then_refuses_with_a_retry_after(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
     services.create_rate_limit(
-        tenant_a, actor=ACTOR, name="5/min", tool="email.*", max_calls=5, window_s=60, per=["agent"]
+        tenant_a,
+        services.RateLimitCreate.parse(
+            {"name": "5/min", "tool": "email.*", "max_calls": 5, "window_s": 60, "per": ["agent"]}
+        ),
+        actor=ACTOR,
     )
     answers = [ask(tenant_a, store, call(tool="email.send")) for _ in range(6)]
     assert [a["decision"] for a in answers] == ["allow"] * 5 + ["deny"]
@@ -169,7 +202,9 @@ def test_a_rate_limit_allows_its_calls_then_refuses_with_a_retry_after(
 
 
 def test_halts_stop_matching_calls_until_resumed(tenant_a: Tenant, store: LimitStore) -> None:
-    halt = services.halt(tenant_a, actor=ACTOR, scope="tool:stripe.*", reason="incident 42")
+    halt = services.halt(
+        tenant_a, services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident 42"}), actor=ACTOR
+    )
     refused = ask(tenant_a, store, call(tool="stripe.charge", amount=1))
     assert (
         refused["decision"] == "deny"
@@ -182,7 +217,9 @@ def test_halts_stop_matching_calls_until_resumed(tenant_a: Tenant, store: LimitS
 
 
 def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore) -> None:
-    halt = services.halt(tenant_a, actor=ACTOR, scope="*", reason="maintenance", ttl_s=60)
+    halt = services.halt(
+        tenant_a, services.HaltCreate.parse({"scope": "*", "reason": "maintenance", "ttl_s": 60}), actor=ACTOR
+    )
     assert ask(tenant_a, store, call(tool="x"))["reason"] == "halted"
     with tenant_context(tenant_a):
         type(halt).objects.filter(pk=halt.pk).update(expires_at=halt.created_at)  # its hour has passed
@@ -192,7 +229,9 @@ def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore)
 
 def test_drain_lets_a_running_saga_finish_and_refuses_a_new_one(tenant_a: Tenant, store: LimitStore) -> None:
     assert ask(tenant_a, store, call(tool="crm.insert", saga="running"))["decision"] == "allow"
-    services.halt(tenant_a, actor=ACTOR, scope="*", mode="drain", reason="deploy")
+    services.halt(
+        tenant_a, services.HaltCreate.parse({"scope": "*", "mode": "drain", "reason": "deploy"}), actor=ACTOR
+    )
     assert ask(tenant_a, store, call(tool="crm.update", saga="running"))["decision"] == "allow"
     refused = ask(tenant_a, store, call(tool="crm.insert", saga="new"))
     assert refused["decision"] == "deny" and refused["reason"] == "draining"
@@ -207,9 +246,19 @@ def test_a_quarantined_saga_is_refused(tenant_a: Tenant, store: LimitStore) -> N
 def test_another_tenants_policies_and_halts_never_touch_this_one(
     tenant_a: Tenant, tenant_b: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(tenant_b, actor=ACTOR, name="tiny", tool="*", max_total=1, window_s=3600)
-    services.halt(tenant_b, actor=ACTOR, scope="tool:crm.*", reason="b's incident")
-    services.create_budget(tenant_a, actor=ACTOR, name="tiny", tool="*", max_total=1, window_s=3600)
+    services.create_budget(
+        tenant_b,
+        services.BudgetCreate.parse({"name": "tiny", "tool": "*", "max_total": 1, "window_s": 3600}),
+        actor=ACTOR,
+    )
+    services.halt(
+        tenant_b, services.HaltCreate.parse({"scope": "tool:crm.*", "reason": "b's incident"}), actor=ACTOR
+    )
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "tiny", "tool": "*", "max_total": 1, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(tool="crm.insert", amount=1))["decision"] == "allow"
     assert ask(tenant_b, store, call(tool="stripe.charge", amount=1))["decision"] == "allow"  # b's own budget
     assert ask(tenant_b, store, call(tool="stripe.charge", amount=1))["reason"] == "budget_exceeded"
@@ -222,9 +271,15 @@ def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
     from tests.support.chains import server_stream
 
     budget = services.create_budget(
-        tenant_a, actor="user:alice", name="daily", max_total="50000", window_s=86400
+        tenant_a,
+        services.BudgetCreate.parse({"name": "daily", "max_total": "50000", "window_s": 86400}),
+        actor="user:alice",
     )
-    halt = services.halt(tenant_a, actor="user:alice", scope="tool:email.*", reason="spam", ttl_s=600)
+    halt = services.halt(
+        tenant_a,
+        services.HaltCreate.parse({"scope": "tool:email.*", "reason": "spam", "ttl_s": 600}),
+        actor="user:alice",
+    )
     services.resume(tenant_a, halt.pk, actor="user:bob")
     assert services.resume(tenant_a, halt.pk, actor="user:bob") is None  # a no-op records nothing
     services.delete_budget(tenant_a, budget.pk, actor="user:alice")
@@ -254,8 +309,8 @@ def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
     ],
 )
 def test_a_malformed_budget_is_refused_naming_its_field(tenant_a: Tenant, fields: dict[str, Any]) -> None:
-    with pytest.raises(services.FleetError) as refused:
-        services.create_budget(tenant_a, actor=ACTOR, **fields)
+    with pytest.raises(DomainError) as refused:
+        services.create_budget(tenant_a, services.BudgetCreate.parse({**fields}), actor=ACTOR)
     assert refused.value.field in fields
 
 
@@ -265,7 +320,11 @@ def test_a_malformed_budget_is_refused_naming_its_field(tenant_a: Tenant, fields
 def test_redis_unreachable_refuses_every_call(tenant_a: Tenant, tmp_path: Path) -> None:
     with own_redis(tmp_path) as server:
         store = _redis_store(server)
-        services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+        services.create_budget(
+            tenant_a,
+            services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
+            actor=ACTOR,
+        )
         assert ask(tenant_a, store, call(amount=1))["decision"] == "allow"
         server.kill()
         for request in [call(amount=1), call(tool="crm.insert", amount=1), call(amount=10**6)]:
@@ -285,7 +344,11 @@ def test_a_redis_back_empty_is_made_ready_for_every_tenant_behind_one_fence(
     every tenant's counters rebuilt from the ledger, and the fence waited once, not per tenant."""
     store = _redis_store(private_redis)
     for tenant in (tenant_a, tenant_b):
-        services.create_budget(tenant, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+        services.create_budget(
+            tenant,
+            services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
+            actor=ACTOR,
+        )
         assert ask(tenant, store, call(amount=60))["decision"] == "allow"
     store.client.flushall()  # back empty, as after a crash
     import fleet.stores
@@ -307,8 +370,16 @@ def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
     store = _redis_store(private_redis)
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
-    services.create_rate_limit(tenant_a, actor=ACTOR, name="3/h", tool="email.*", max_calls=3, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
+    services.create_rate_limit(
+        tenant_a,
+        services.RateLimitCreate.parse({"name": "3/h", "tool": "email.*", "max_calls": 3, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(amount=70))["decision"] == "allow"
     assert all(ask(tenant_a, store, call(tool="email.send"))["decision"] == "allow" for _ in range(3))
     retried = call(amount=20)
@@ -325,7 +396,11 @@ def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window
 
 def test_the_database_store_keeps_counters_in_the_tenants_rows(tenant_a: Tenant, tenant_b: Tenant) -> None:
     store = DatabaseStore()
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(amount=5))["decision"] == "allow"
     with tenant_context(tenant_b):
         assert not LimitCounter.objects.exists()
@@ -334,7 +409,11 @@ def test_the_database_store_keeps_counters_in_the_tenants_rows(tenant_a: Tenant,
 
 
 def test_retry_after_says_when_the_window_frees_enough(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 600}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(amount=100))["decision"] == "allow"
     refused = ask(tenant_a, store, call(amount=1))
     # The only debit leaves the window after 600 s plus at most one bucket (10 s).
@@ -350,7 +429,11 @@ def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
     from fleet.tasks import prune_denials
 
     store = DatabaseStore()
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=1, window_s=60)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 1, "window_s": 60}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(amount=1))["decision"] == "allow"
     assert ask(tenant_a, store, call(amount=1))["decision"] == "deny"
     assert ask(tenant_a, store, call(amount=1))["decision"] == "deny"
@@ -370,7 +453,11 @@ def test_a_retry_whose_redis_key_is_gone_still_gets_the_first_allow(
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
     store = _redis_store(private_redis)
-    services.create_budget(tenant_a, actor=ACTOR, name="cap", tool="*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     request = call(amount=30)
     first = ask(tenant_a, store, request)
     for key in store.client.scan_iter(match="*:idem:*"):
@@ -382,7 +469,11 @@ def test_a_retry_whose_redis_key_is_gone_still_gets_the_first_allow(
 
 def test_a_policy_change_reaches_the_next_call_at_once(tenant_a: Tenant, store: LimitStore) -> None:
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"  # policies now held
-    services.create_rate_limit(tenant_a, actor=ACTOR, name="1/h", tool="crm.*", max_calls=1, window_s=3600)
+    services.create_rate_limit(
+        tenant_a,
+        services.RateLimitCreate.parse({"name": "1/h", "tool": "crm.*", "max_calls": 1, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"
     assert ask(tenant_a, store, call(tool="crm.insert"))["reason"] == "rate_limited"
     services.quarantine(tenant_a, "held", actor=ACTOR, reason="r", preemptive=True)

@@ -125,9 +125,17 @@ def _cluster_client(url: str) -> RedisCluster:
 def test_the_gate_script_runs_unchanged_on_a_cluster(tenant_a: object, redis_cluster: str) -> None:
     store = RedisStore(_cluster_client(redis_cluster), services.ledger_since)
     store.fence_ms, store.commit_deadline_ms = 200, 100
-    services.create_budget(tenant_a, actor="test", name="cap", tool="*", max_total=10, window_s=3600)
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 10, "window_s": 3600}),
+        actor="test",
+    )
     services.create_rate_limit(
-        tenant_a, actor="test", name="r", tool="*", max_calls=100, window_s=60, per=["agent"]
+        tenant_a,
+        services.RateLimitCreate.parse(
+            {"name": "r", "tool": "*", "max_calls": 100, "window_s": 60, "per": ["agent"]}
+        ),
+        actor="test",
     )
     answers = [
         services.evaluate(
@@ -149,7 +157,13 @@ def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
     from tenants.models import Tenant
 
     tenant = Tenant.objects.get(slug="gate-cluster")
-    services.create_budget(tenant, actor="test", name="fleet", tool="stripe.*", max_total=CAP, window_s=86400)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse(
+            {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}
+        ),
+        actor="test",
+    )
     env = child_env(DATABASE_URL=running_database_url(), SAGAPLANE_GATE_STORE="database")
     config = {
         "tenant": "gate-cluster",

@@ -37,7 +37,13 @@ def test_64_clients_in_4_processes_never_overspend_on_postgres(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
     tenant = tenant_services.create_tenant("gate-race", "Gate race", "owner@race.example", actor="test")
-    services.create_budget(tenant, actor="test", name="fleet", tool="stripe.*", max_total=CAP, window_s=86400)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse(
+            {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}
+        ),
+        actor="test",
+    )
     config: dict[str, Any] = {"tenant": "gate-race", "threads": THREADS, "calls": 1, "amount": AMOUNT}
     env = child_env(DATABASE_URL=running_database_url(), SAGAPLANE_GATE_STORE="database")
     if store == "redis":

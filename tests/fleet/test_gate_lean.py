@@ -57,7 +57,11 @@ def test_a_decision_is_one_statement_batch_and_its_row_is_committed(
     tenant: Tenant, store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(epoch, "MAX_AGE_S", 3600.0)  # however slow the machine, the copy is reused
-    services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert ask(tenant, call(amount=1))["decision"] == "allow"  # policies now held
     with CaptureQueriesContext(connection) as captured:
         answer = ask(tenant, call(amount=2))
@@ -70,7 +74,11 @@ def test_a_decision_is_one_statement_batch_and_its_row_is_committed(
 
 
 def test_a_refusal_debits_nothing_and_a_retry_debits_once(tenant: Tenant, store: RedisStore) -> None:
-    services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     first = call(amount=30)
     allowed = ask(tenant, first)
     assert allowed["decision"] == "allow"
@@ -144,11 +152,17 @@ def test_a_policy_change_reaches_another_process_on_its_next_call(
 ) -> None:
     decide = "decide " + json.dumps(call(amount=5))
     assert tell(worker, decide)["decision"] == "allow"  # the worker now holds the policies
-    halt = services.halt(tenant, actor=ACTOR, scope="tool:stripe.*", reason="incident")
+    halt = services.halt(
+        tenant, services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}), actor=ACTOR
+    )
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "halted"
     services.resume(tenant, halt.pk, actor=ACTOR)
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["decision"] == "allow"
-    services.create_budget(tenant, actor=ACTOR, name="tiny", tool="stripe.*", max_total=1, window_s=3600)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse({"name": "tiny", "tool": "stripe.*", "max_total": 1, "window_s": 3600}),
+        actor=ACTOR,
+    )
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "budget_exceeded"
     services.quarantine(tenant, "held", actor=ACTOR, reason="r", preemptive=True)
     quarantined = {**call(tool="crm.insert"), "saga_id": "held"}
@@ -216,7 +230,11 @@ def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
 ) -> None:
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
     monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
-    services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=100, window_s=3600)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
     api_key, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
     _, reader = tenant_services.create_api_key(tenant, name="reader", scopes=["read"], actor="test")
     served = Served()

@@ -36,7 +36,13 @@ def test_the_same_call_from_two_tenants_is_two_decisions_and_a_third_sees_none(
 ) -> None:
     a, b, c = (_tenant(slug, store) for slug in ("lean-a", "lean-b", "lean-c"))
     for tenant in (a, b):
-        services.create_budget(tenant, actor=ACTOR, name="cap", tool="stripe.*", max_total=10, window_s=3600)
+        services.create_budget(
+            tenant,
+            services.BudgetCreate.parse(
+                {"name": "cap", "tool": "stripe.*", "max_total": 10, "window_s": 3600}
+            ),
+            actor=ACTOR,
+        )
     first_a = ask(a, _same_call(10))
     first_b = ask(b, _same_call(10))
     assert first_a["decision"] == first_b["decision"] == "allow"

@@ -114,10 +114,18 @@ def test_the_sdk_asks_the_gate_about_every_spelling_of_a_governed_tool() -> None
 
 def test_the_gate_refuses_and_counts_every_spelling_and_keeps_names_as_sent(tenant_a: Tenant) -> None:
     store = DatabaseStore()
-    services.halt(tenant_a, actor=ACTOR, scope="tool:halted.*", reason="incident")
-    services.halt(tenant_a, actor=ACTOR, scope="agent:bad-bot", reason="rogue")
+    services.halt(
+        tenant_a, services.HaltCreate.parse({"scope": "tool:halted.*", "reason": "incident"}), actor=ACTOR
+    )
+    services.halt(
+        tenant_a, services.HaltCreate.parse({"scope": "agent:bad-bot", "reason": "rogue"}), actor=ACTOR
+    )
     services.create_budget(
-        tenant_a, actor=ACTOR, name="pay", tool="amt.*", argument="amount", max_total=100, window_s=3600
+        tenant_a,
+        services.BudgetCreate.parse(
+            {"name": "pay", "tool": "amt.*", "argument": "amount", "max_total": 100, "window_s": 3600}
+        ),
+        actor=ACTOR,
     )
 
     def ask(request: GateRequest) -> dict[str, Any]:
@@ -137,7 +145,11 @@ def test_the_gate_refuses_and_counts_every_spelling_and_keeps_names_as_sent(tena
 def test_a_per_tool_or_per_agent_limit_counts_every_spelling_once(tenant_a: Tenant) -> None:
     store = DatabaseStore()
     services.create_rate_limit(
-        tenant_a, actor=ACTOR, name="calls", tool="*", per=["agent", "tool"], max_calls=1, window_s=3600
+        tenant_a,
+        services.RateLimitCreate.parse(
+            {"name": "calls", "tool": "*", "per": ["agent", "tool"], "max_calls": 1, "window_s": 3600}
+        ),
+        actor=ACTOR,
     )
     first = services.evaluate(tenant_a, _call("crm.read", agent="bot"), actor=ACTOR, store=store)
     assert first["decision"] == "allow"

@@ -101,7 +101,11 @@ def test_a_halt_reaches_an_agent_in_another_process_and_stops_only_its_tools(
 
         assert json.loads(agent.stdout.readline()) == {"ready": "ready"}
         assert ask("try") == {"charge": "allow", "insert": "allow"}
-        halt = services.halt(alice.tenant, actor="user:alice", scope="tool:stripe.*", reason="card incident")
+        halt = services.halt(
+            alice.tenant,
+            services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "card incident"}),
+            actor="user:alice",
+        )
         seen = ask("until-halted")
         assert seen["charge"] == "halted" and seen["insert"] == "allow"
         print(f"halt reached the agent after {seen['seconds']:.3f} s")  # measured in bench/, not asserted
@@ -125,7 +129,13 @@ def test_a_budget_holds_an_agent_and_every_answer_is_in_its_wal(
     transactional_db: None, gated: str, alice: Any, tmp_path: Path
 ) -> None:
     tenant: Tenant = alice.tenant
-    services.create_budget(tenant, actor="test", name="daily", tool="stripe.*", max_total=100, window_s=86400)
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse(
+            {"name": "daily", "tool": "stripe.*", "max_total": 100, "window_s": 86400}
+        ),
+        actor="test",
+    )
     runtime = sp.configure(tmp_path / "b.wal", ship=False, agent="billing-bot")
     try:
         assert runtime.gate is not None
@@ -179,7 +189,11 @@ def test_a_control_plane_whose_store_is_down_is_a_denial_with_its_reason_in_the_
     from controlplane import availability
 
     services.create_budget(
-        alice.tenant, actor="test", name="daily", tool="stripe.*", max_total=100, window_s=86400
+        alice.tenant,
+        services.BudgetCreate.parse(
+            {"name": "daily", "tool": "stripe.*", "max_total": 100, "window_s": 86400}
+        ),
+        actor="test",
     )
     answering = threading.Event()
 

@@ -109,9 +109,21 @@ def test_gauges_show_used_over_cap_and_denials_their_reason(alice: Person) -> No
 
 
 def test_a_viewer_sees_everything_but_no_form_and_a_viewers_post_is_403(alice: Person, bob: Person) -> None:
-    budget = services.create_budget(alice.tenant, actor="test", name="spend", max_total=100, window_s=60)
-    rate = services.create_rate_limit(alice.tenant, actor="test", name="pace", max_calls=5, window_s=60)
-    halt = services.halt(alice.tenant, actor="user:alice", scope="tool:email.*", reason="bounce storm")
+    budget = services.create_budget(
+        alice.tenant,
+        services.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}),
+        actor="test",
+    )
+    rate = services.create_rate_limit(
+        alice.tenant,
+        services.RateLimitCreate.parse({"name": "pace", "max_calls": 5, "window_s": 60}),
+        actor="test",
+    )
+    halt = services.halt(
+        alice.tenant,
+        services.HaltCreate.parse({"scope": "tool:email.*", "reason": "bounce storm"}),
+        actor="user:alice",
+    )
     viewer = browser(bob)
     body = viewer.get(reverse("fleet")).content.decode()
     for seen in (
@@ -314,20 +326,20 @@ def test_owner_sets_and_deletes_a_rate_limit_and_a_budget(alice: Person) -> None
 def test_a_third_tenants_page_shows_nothing_of_the_first(alice: Person, carol: Person) -> None:
     budget = services.create_budget(
         alice.tenant,
+        services.BudgetCreate.parse(
+            {"name": "acme-secret-budget", "tool": "acme-secret-tool.*", "max_total": 10, "window_s": 60}
+        ),
         actor="test",
-        name="acme-secret-budget",
-        tool="acme-secret-tool.*",
-        max_total=10,
-        window_s=60,
     )
     rate = services.create_rate_limit(
-        alice.tenant, actor="test", name="acme-secret-pace", max_calls=5, window_s=60
+        alice.tenant,
+        services.RateLimitCreate.parse({"name": "acme-secret-pace", "max_calls": 5, "window_s": 60}),
+        actor="test",
     )
     halt = services.halt(
         alice.tenant,
+        services.HaltCreate.parse({"scope": "agent:acme-secret-agent", "reason": "acme-secret-reason"}),
         actor="user:acme-secret-actor",
-        scope="agent:acme-secret-agent",
-        reason="acme-secret-reason",
     )
     assert ask(alice.tenant, 1, tool="acme-secret-tool.pay", amount=11)["decision"] == "deny"
     outsider = browser(carol)

@@ -123,7 +123,11 @@ def test_attempts_fallbacks_and_references_through_the_control_plane(
     transactional_db: None, live_server: Any, alice: Person, tmp_path: Path
 ) -> None:
     fleet.create_budget(
-        alice.tenant, actor="test", name="vault", tool="vault.*", max_total=10_000, window_s=86400
+        alice.tenant,
+        fleet.BudgetCreate.parse(
+            {"name": "vault", "tool": "vault.*", "max_total": 10_000, "window_s": 86400}
+        ),
+        actor="test",
     )
     sent: list[bytes] = []
     ids = run_agent(live_server.url, alice.api_key, tmp_path / "wal" / "agent.wal", sent)

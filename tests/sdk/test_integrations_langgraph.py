@@ -94,7 +94,11 @@ def test_a_graph_run_is_one_saga_whose_calls_ship_as_steps(
 
 
 def test_a_halt_and_an_unlisted_tool_are_refused_before_the_tool(key: Agent, runtime: sp.Runtime) -> None:
-    halt = fleet.halt(key.tenant, actor="user:alice", scope="tool:charge", reason="card incident")
+    halt = fleet.halt(
+        key.tenant,
+        fleet.HaltCreate.parse({"scope": "tool:charge", "reason": "card incident"}),
+        actor="user:alice",
+    )
     assert runtime.gate is not None
     runtime.gate.refresh()
     try:

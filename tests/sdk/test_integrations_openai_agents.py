@@ -208,7 +208,11 @@ def test_refusals_reach_the_model_as_the_tools_output(
     key: KeyHolder, approver: Person, runtime: sp.Runtime
 ) -> None:
     shop = _agent()
-    halt = fleet.halt(key.tenant, actor="user:alice", scope="tool:charge", reason="card incident")
+    halt = fleet.halt(
+        key.tenant,
+        fleet.HaltCreate.parse({"scope": "tool:charge", "reason": "card incident"}),
+        actor="user:alice",
+    )
     assert runtime.gate is not None
     runtime.gate.refresh()
     try:

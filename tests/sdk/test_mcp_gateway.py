@@ -172,9 +172,15 @@ def test_a_call_through_the_gateway_is_a_step_the_control_plane_holds(shop: Shop
 
 
 def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: Person) -> None:
-    fleet.halt(tenant_a, actor="user:alice", scope="tool:search_products", reason="incident 7")
+    fleet.halt(
+        tenant_a,
+        fleet.HaltCreate.parse({"scope": "tool:search_products", "reason": "incident 7"}),
+        actor="user:alice",
+    )
     fleet.create_budget(
-        tenant_a, actor="user:alice", name="cards", max_total=10, window_s=3600, tool="charge_card"
+        tenant_a,
+        fleet.BudgetCreate.parse({"name": "cards", "max_total": 10, "window_s": 3600, "tool": "charge_card"}),
+        actor="user:alice",
     )
     ann = make_person(tenant_a, "ann", Role.APPROVER)
     approvals.create_policy(

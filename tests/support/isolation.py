@@ -66,12 +66,18 @@ def _acme_fleet(tenant: Tenant) -> tuple[int, int, int]:
         rate = RateLimit.objects.filter(name="sample-calls").first()
         halt = Halt.objects.filter(reason="sample halt").first()
     budget = budget or fleet.create_budget(
-        tenant, actor="test", name="sample-spend", max_total=5, window_s=60
+        tenant,
+        fleet.BudgetCreate.parse({"name": "sample-spend", "max_total": 5, "window_s": 60}),
+        actor="test",
     )
     rate = rate or fleet.create_rate_limit(
-        tenant, actor="test", name="sample-calls", max_calls=5, window_s=60
+        tenant,
+        fleet.RateLimitCreate.parse({"name": "sample-calls", "max_calls": 5, "window_s": 60}),
+        actor="test",
     )
-    halt = halt or fleet.halt(tenant, actor="test", scope="tool:sample.*", reason="sample halt")
+    halt = halt or fleet.halt(
+        tenant, fleet.HaltCreate.parse({"scope": "tool:sample.*", "reason": "sample halt"}), actor="test"
+    )
     return budget.pk, rate.pk, halt.pk
 
 

@@ -394,9 +394,17 @@ def world(
         spare, _ = services.create_api_key(acme, name="spare", scopes=["read"], actor="test")
         target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor="test")
         inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor="test")
-        budget = fleet.create_budget(acme, actor="test", name="spend", max_total=100, window_s=60)
-        rate_limit = fleet.create_rate_limit(acme, actor="test", name="calls", max_calls=10, window_s=60)
-        halt = fleet.halt(acme, actor="test", scope="tool:payments.*", reason="access table")
+        budget = fleet.create_budget(
+            acme, fleet.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}), actor="test"
+        )
+        rate_limit = fleet.create_rate_limit(
+            acme,
+            fleet.RateLimitCreate.parse({"name": "calls", "max_calls": 10, "window_s": 60}),
+            actor="test",
+        )
+        halt = fleet.halt(
+            acme, fleet.HaltCreate.parse({"scope": "tool:payments.*", "reason": "access table"}), actor="test"
+        )
         breaker_fields = {
             "name": "payments down",
             "tool": "payments.*",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from fleet.services import FleetError
+from controlplane.errors import DomainError
 from tenants.models import Tenant
 
 
@@ -15,5 +15,5 @@ def tenant_by_slug(slug: str) -> Tenant:
     return tenant
 
 
-def refused(exc: FleetError) -> CommandError:
+def refused(exc: DomainError) -> CommandError:
     return CommandError(f"{exc.field}: {exc}")

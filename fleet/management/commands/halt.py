@@ -2,6 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from controlplane.errors import DomainError
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
 from tenants.actors import cli_actor
@@ -22,13 +23,17 @@ class Command(BaseCommand):
         try:
             row = services.halt(
                 tenant,
+                services.HaltCreate.parse(
+                    {
+                        "scope": options["scope"],
+                        "reason": options["reason"],
+                        "mode": options["mode"],
+                        "ttl_s": options["ttl"],
+                    }
+                ),
                 actor=cli_actor(),
-                scope=options["scope"],
-                reason=options["reason"],
-                mode=options["mode"],
-                ttl_s=options["ttl"],
             )
-        except services.FleetError as exc:
+        except DomainError as exc:
             raise refused(exc) from None
         until = f" until {row.expires_at.isoformat()}" if row.expires_at else ""
         self.stdout.write(f"{row.mode} {row.scope} in force for {tenant.slug}{until} (id {row.pk})")

@@ -89,9 +89,9 @@ def _seed_policies(tenant: Tenant) -> None:
         has_budget = BudgetLimit.objects.filter(name=DEMO_BUDGET["name"]).exists()
         has_rate_limit = RateLimit.objects.filter(name=DEMO_RATE_LIMIT["name"]).exists()
     if not has_budget:
-        fleet.create_budget(tenant, actor=ACTOR, **DEMO_BUDGET)
+        fleet.create_budget(tenant, fleet.BudgetCreate.parse(DEMO_BUDGET), actor=ACTOR)
     if not has_rate_limit:
-        fleet.create_rate_limit(tenant, actor=ACTOR, **DEMO_RATE_LIMIT)
+        fleet.create_rate_limit(tenant, fleet.RateLimitCreate.parse(DEMO_RATE_LIMIT), actor=ACTOR)
 
 
 def _has_sagas(tenant: Tenant) -> bool:
