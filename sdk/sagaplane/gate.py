@@ -290,6 +290,14 @@ class Gate:
             return answer
         raise GateDenied(str(answer.get("reason") or answer.get("decision") or "denied"), answer)
 
+    def halt_for(self, call: Call) -> dict[str, Any] | None:
+        """The halt in force that stops `call` (a drain does not), from the last fleet state the
+        long-poll brought: no round-trip. What a step's retries check between attempts."""
+        for halt in self._state.halts:
+            if halt.get("mode") != "drain" and _halt_matches(str(halt.get("scope", "")), call):
+                return halt
+        return None
+
     def approval_status(self, approval_id: str, wait: float = 0.0) -> dict[str, Any]:
         """An approval request's state (`status`: pending, approved, denied, expired, consumed...),
         waiting at most `wait` seconds for a decision. Raises GateDenied when it cannot be read."""

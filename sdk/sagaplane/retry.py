@@ -3,10 +3,11 @@
 Every attempt is the same step: one step id, so one idempotency key (a tool with `retry=` that
 takes an `idempotency_key` parameter gets `idempotency_key(saga, step, "forward")`, the same on
 every attempt), one gate answer and so one approval and one debit (the gate is asked once, before
-the first attempt), one intent. Each failed attempt that is followed by another call is a
-`STEP_ATTEMPT` record (its number, its error, whether its outcome is unknown or not applied, what
-comes next: `retry` after `delay_s`, or `fallback`); the last attempt's outcome is the step's usual
-record (`STEP_COMMITTED` / `STEP_FAILED` / `STEP_UNKNOWN`) with `attempts`.
+the first attempt; a halt that reaches the agent meanwhile stops the retries, with a GATE_DENY),
+one intent. Each failed attempt that is followed by another call is a `STEP_ATTEMPT` record (its
+number, its error, whether its outcome is unknown or not applied, what comes next: `retry` after
+`delay_s`, or `fallback`); the last attempt's outcome is the step's usual record (`STEP_COMMITTED`
+/ `STEP_FAILED` / `STEP_UNKNOWN`) with `attempts`.
 
 The fallback, another tool, is called once the retries are exhausted, and only when no attempt's
 outcome is unknown (each raised `EffectNotApplied`): after an attempt that may have had its effect,
@@ -30,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import credentials, records
+from .context import get_default_gate
 from .credentials import SecretUnresolved
+from .gate import GateDenied
 from .semantics import IRREVERSIBLE, idempotency_key
 from .steps import EffectNotApplied, Step, ToolSpec, resolve_tool
 
@@ -126,6 +129,19 @@ def call_arguments(
     return args, kwargs
 
 
+def _halted(saga: Saga, step: Step) -> bool:
+    """A halt reached the agent since the step's gate answer: its retries stop (GATE_DENY). Read
+    from the gate's last fleet state, without a round-trip or a second debit."""
+    halt_for = getattr(get_default_gate(), "halt_for", None)
+    halt = halt_for(saga._gate_call(step)) if halt_for is not None else None
+    if halt is None:
+        return False
+    saga._gate_denied(
+        step, GateDenied("halted", {"scope": halt.get("scope"), "halt_reason": halt.get("reason")})
+    )
+    return True
+
+
 def _failed_attempt(saga: Saga, step: Step, number: int, exc: BaseException, **extra: Any) -> int:
     return records.attempt(
         saga.wal, step, number, not_applied(exc), saga.scrub(repr(exc)), forward_key(step), **extra
@@ -199,7 +215,12 @@ def run(saga: Saga, spec: ToolSpec, step: Step, args: tuple[Any, ...], kwargs: d
             result = spec.fn(*call_args, **call_kwargs)
         except Exception as exc:
             unknown = unknown or not not_applied(exc)
-            if policy is not None and attempt < policy.max_attempts and policy.retries(exc):
+            if (
+                policy is not None
+                and attempt < policy.max_attempts
+                and policy.retries(exc)
+                and not _halted(saga, step)
+            ):
                 delay = policy.delay(attempt)
                 _failed_attempt(saga, step, attempt, exc, next_="retry", delay_s=delay)
                 (policy.sleep or time.sleep)(delay)
@@ -270,7 +291,12 @@ async def run_async(
             result = await spec.fn(*call_args, **call_kwargs)
         except Exception as exc:
             unknown = unknown or not not_applied(exc)
-            if policy is not None and attempt < policy.max_attempts and policy.retries(exc):
+            if (
+                policy is not None
+                and attempt < policy.max_attempts
+                and policy.retries(exc)
+                and not _halted(saga, step)
+            ):
                 delay = policy.delay(attempt)
                 _failed_attempt(saga, step, attempt, exc, next_="retry", delay_s=delay)
                 await _pause(policy, delay)

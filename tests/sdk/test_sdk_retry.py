@@ -297,3 +297,41 @@ def test_async_tools_retry_and_fall_back_too(tmp_path: Path) -> None:
     assert calls == ["primary"] * 3 + ["backup"] and slept == [1.0, 2.0]
     kinds = [r["event"] for r in events(tmp_path / "a.wal")]
     assert kinds.count("STEP_ATTEMPT") == 3 and "COMPLETED_VIA_FALLBACK" in kinds
+
+
+class HaltingGate(Gate):
+    """Allows the step, then a halt on its tool reaches the agent (the long-poll's fleet state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.halts: list[dict[str, Any]] = []
+
+    def halt_for(self, call: Call) -> dict[str, Any] | None:
+        return next((h for h in self.halts if h["scope"] == f"tool:{call.tool}"), None)
+
+
+def test_a_halt_that_reaches_the_agent_stops_the_retries(tmp_path: Path) -> None:
+    gate = HaltingGate()
+    set_default_gate(gate)  # type: ignore[arg-type]
+    calls: list[int] = []
+
+    def flaky(amount: int) -> None:
+        calls.append(amount)
+        gate.halts.append({"scope": "tool:pay.halted", "reason": "card incident", "mode": "halt"})
+        raise TimeoutError("slow")
+
+    tool = sp.tool(
+        flaky, name="pay.halted", semantics=sp.PREVIEW, retry=sp.Retry(max_attempts=5, sleep=lambda s: None)
+    )
+    try:
+        with (
+            sp.WAL(tmp_path / "a.wal", fsync=False) as wal,
+            pytest.raises(sp.SagaAborted),
+            sp.saga(name="r", wal=wal),
+        ):
+            tool(1)
+    finally:
+        set_default_gate(None)
+    assert calls == [1]  # no second attempt once the halt is known
+    deny = next(r for r in events(tmp_path / "a.wal") if r["event"] == "GATE_DENY")
+    assert deny["reason"] == "halted" and deny["answer"]["halt_reason"] == "card incident"

@@ -34,6 +34,14 @@ made before the effect, whose result the compensation reads as `{state.<path>}`;
 call's own; `on_error` (optional): what a result the tool itself marks as an error means,
 "unknown" (default: the effect may have happened; it is compensated, idempotently, when the
 compensation can be built without the result) or "not_applied" (nothing happened).
+`retry` (optional): `{ max_attempts = 3, backoff = "exponential" | "linear", base_s, cap_s,
+jitter = true, retry_on = ["TimeoutError"], no_retry_on = [...] }` (sagaplane.retry.Retry; class
+names; a result the tool marks as an error is `ToolFailed`); `fallback` (optional): `{ tool =
+"<another tool this file allows>", arguments = { ... } }`, called once the attempts are exhausted
+and none may have applied, with the call's own arguments when `arguments` is left out (its
+templates read `{args.…}` only); `secret` (optional): `["api_key", ...]`, arguments whose values
+are credential references' names, resolved at call time and recorded as references
+(sagaplane.credentials).
 
 Templates: a string that is exactly one `{args.<path>}`, `{result.<path>}` or `{state.<path>}`
 is replaced by that value with its type (a number stays a number, an object an object); inside
