@@ -50,6 +50,10 @@ _.rollback_here  # unused attribute (frontend/recovery_views.py:162)
 chain_hash  # unused variable (frontend/saga_views.py:263)
 rollback_here  # unused variable (frontend/saga_views.py:280)
 _.outcome_label  # unused property (frontend/saga_views.py:282)
+_.rollback_warning  # unused attribute (frontend/recovery_views.py:184)
+rollback_warning  # unused variable (frontend/saga_views.py:276)
+_.duration  # unused attribute (frontend/saga_story.py:65)
+duration  # unused variable (frontend/saga_views.py:281)
 
 # Hooks named in settings (MIDDLEWARE, LOGGING, AXES_*) or called by a library (a Prometheus collector).
 ErrorShapeMiddleware  # unused class (controlplane/errors.py:213)

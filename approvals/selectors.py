@@ -50,6 +50,12 @@ def votes(row: ApprovalRequest, *, choice: str | None = None) -> list[Vote]:
     return list(found.order_by("created_at", "pk"))
 
 
+def for_saga(saga_id: str, limit: int = 200) -> list[ApprovalRequest]:
+    """A saga's requests, in the order they were opened (its timeline shows them on their steps)."""
+    rows = ApprovalRequest.objects.filter(saga_id=saga_id[: ID_MAX * 2])
+    return list(rows.order_by("created_at", "pk")[:limit])
+
+
 def has_voted(row: ApprovalRequest, user_id: int) -> bool:
     return row.votes.filter(user_id=user_id).exists()
 

@@ -146,6 +146,22 @@ def saga_rollback(request: MemberRequest, saga_id: str) -> HttpResponse:
     return redirect(detail + "#recovery")
 
 
+def _left_to_undo(item: Any) -> bool:
+    job = item.recovery_job
+    return item.step.status in ROLLBACK_FROM and not (job is not None and job.state == JobState.RESOLVED)
+
+
+def _irreversible_in(left: list[Any], ordinal: int) -> str:
+    """The warning a rollback to step `ordinal` needs: the IRREVERSIBLE steps in its range."""
+    steps = [
+        item.step for item in left if item.step.ordinal > ordinal and item.step.semantics == "IRREVERSIBLE"
+    ]
+    if not steps:
+        return ""
+    named = ", ".join(f"step {s.ordinal} ({s.tool})" for s in steps)
+    return f"{named} cannot be undone (IRREVERSIBLE): the rollback stops there for a person to resolve."
+
+
 def saga_recovery(membership: Membership, saga: Saga, forward: list[Any]) -> dict[str, Any]:
     """What a saga's timeline shows of recovery: each step's latest job (set on its timeline item
     as `recovery_job`), the unfinished run, and whether this member may roll the saga back to a
@@ -153,13 +169,17 @@ def saga_recovery(membership: Membership, saga: Saga, forward: list[Any]) -> dic
     jobs = selectors.jobs_by_step(saga.saga_id)
     run = selectors.unfinished_run(saga.saga_id)
     may_rollback = may_decide(membership) and run is None
-    last_undoable = max(
-        (item.step.ordinal for item in forward if item.step.status in ROLLBACK_FROM), default=0
-    )
     for item in forward:
         item.recovery_job = jobs.get(item.step.step_id)
+    # A step a person already resolved (an IRREVERSIBLE one, typically: its effect stands) is not
+    # left to undo, or "Rollback to here" would be offered again after every rollback.
+    left = [item for item in forward if _left_to_undo(item)]
+    last_undoable = max((item.step.ordinal for item in left), default=0)
+    for item in forward:
         # "Rollback to here" on each committed step with something after it left to undo.
         item.rollback_here = (
             may_rollback and item.step.status in ROLLBACK_FROM and item.step.ordinal < last_undoable
         )
+        if item.rollback_here:
+            item.rollback_warning = _irreversible_in(left, item.step.ordinal)
     return {"recovery_run": run, "recovery_jobs": list(jobs.values()), "may_rollback": may_rollback}

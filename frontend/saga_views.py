@@ -23,7 +23,7 @@ from sagaplane.events import STEP_BACKWARD, STEP_FORWARD, Event
 from audit import selectors as audit_selectors
 from audit.models import Record
 from fleet import selectors as fleet_selectors
-from frontend import recovery_views
+from frontend import recovery_views, saga_story
 from frontend.views import MemberRequest, member_page, page
 from recovery import selectors as recovery_selectors
 from sagas import selectors
@@ -262,6 +262,8 @@ class RecordView:
     compensation: str = ""
     other: str = ""
     fallback: str = ""  # a STEP_ATTEMPT's fallback call: the tool it names
+    fields: dict[str, Any] = field(default_factory=dict)  # the body, masked (frontend.saga_story)
+    tool: str = ""
 
 
 @dataclass
@@ -271,8 +273,14 @@ class StepView:
     records: list[RecordView] = field(default_factory=list)
     recovery_job: Any = None  # the step's latest recovery job (frontend.recovery_views)
     rollback_here: bool = False  # offer "Rollback to here" on this step
+    rollback_warning: str = ""  # the IRREVERSIBLE steps that rollback would meet
     attempts: int = 0  # its failed attempts that another call followed (STEP_ATTEMPT records)
     fallback: str = ""  # the tool its last STEP_ATTEMPT fell back to
+    # Set by frontend.saga_story: when it started, how long it took, its approvals, a refusal.
+    started: datetime | None = None
+    duration: str = ""
+    approvals: list[dict[str, Any]] = field(default_factory=list)
+    denied: str = ""
 
     @property
     def outcome_label(self) -> str:
@@ -309,6 +317,8 @@ def _record_view(record: Record, body: dict[str, Any], erased: bool) -> RecordVi
         redacted=body.get("_redacted", "") if erased else "",
         step_id=record.step_id,
     )
+    view.fields = dict(masked)
+    view.tool = masked["tool"][:200] if isinstance(masked.get("tool"), str) else ""
     semantics = masked.pop("semantics", "")
     view.semantics = semantics if isinstance(semantics, str) else _pretty(semantics)
     if "kwargs" in masked:
@@ -398,7 +408,7 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
     forward_items = [forward[s.step_id] for s in steps]
     membership = getattr(request, "membership", None)
     recovery = recovery_views.saga_recovery(membership, saga, forward_items) if membership is not None else {}
-    return {
+    context: dict[str, Any] = {
         **recovery,
         "saga": saga,
         "shown_status": shown_status,
@@ -420,6 +430,7 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
         "fragment_url": reverse("saga-timeline", args=[saga.saga_id]),
         "outcomes": StepStatus.choices,
     }
+    return saga_story.enrich(context)
 
 
 def _stale_at(

@@ -79,6 +79,12 @@ def short_hash(value: Any, length: int = 12) -> str:
 
 
 @register.filter
+def event_label(value: Any) -> str:
+    """A record's event as a person reads it: `SAGA_SEALED` -> `saga sealed`."""
+    return str(value or "—").replace("_", " ").lower()
+
+
+@register.filter
 def spaced(value: Any) -> str:
     """`rollback_partial` -> `rollback partial`."""
     return str(value or "").replace("_", " ")

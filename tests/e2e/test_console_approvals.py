@@ -93,6 +93,11 @@ def test_the_inbox_counts_explains_and_follows_a_request_to_its_end(
         re.compile(rf"\b{before + 1}\b"), timeout=LIVE_TIMEOUT
     )
     expect(owner.get_by_role("link", name=re.compile(rf"^Approvals\W+{before + 1} pending$"))).to_be_visible()
+    # With the count shown, the owner's navigation and account controls still share one line.
+    account = owner.locator(".topbar .account").bounding_box()
+    last = owner.locator(".topbar .mainnav li").last.bounding_box()
+    assert account is not None and last is not None
+    assert abs(account["y"] - last["y"]) < last["height"], (account, last)
     row = owner.locator(f'#approval-queue tr[data-approval="{approval_id}"]')
     expect(row).to_contain_text("25,000 EUR", timeout=LIVE_TIMEOUT)
     expect(row).to_contain_text(REASON)

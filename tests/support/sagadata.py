@@ -27,11 +27,13 @@ class Writer:
 
 
 def saga_forward(
-    writer: Writer, saga_id: str | None = None, name: str = "checkout"
+    writer: Writer, saga_id: str | None = None, name: str = "checkout", agent: str = ""
 ) -> tuple[str, list[dict]]:
-    """SAGA_START and two committed compensable steps: the saga is running."""
+    """SAGA_START (with the agent's name, when given) and two committed compensable steps: the
+    saga is running."""
     saga_id = saga_id or f"saga-{uuid.uuid4().hex[:12]}"
-    out = [writer.record("SAGA_START", saga_id=saga_id, name=name, lease_ttl=300, pid=4242)]
+    named = {"agent": agent} if agent else {}
+    out = [writer.record("SAGA_START", saga_id=saga_id, name=name, lease_ttl=300, pid=4242, **named)]
     for n, tool in enumerate(TOOLS[:2], start=1):
         step_id = f"{saga_id}-s{n}"
         kwargs = {"order": "A-17", "amount": 42 * n, "api_key": "sk_live_abcdefghijklmnop"}
