@@ -36,18 +36,13 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
 import time
-import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,13 +51,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
 
-from tests.support.probes import healthy, redis_answers  # noqa: E402
-from tests.support.processes import stop_group  # noqa: E402
-from tests.support.waiting import wait_until  # noqa: E402
+from bench.support.recovery_sagas import (  # noqa: E402
+    HANDLER_S,
+    LEASE_TTL,
+    STEPS,
+    agent_saga_peer,
+    ledger_of,
+    saga_records,
+)
+from bench.support.recovery_services import (  # noqa: E402
+    bench_database_urls,
+    cpu_by_role,
+    gunicorn,
+    private_redis,
+    server_env,
+)
 
-STEPS = 3
-HANDLER_S = 0.020
-LEASE_TTL = 2.0
 WORKERS = (1, 2, 4)
 CONCURRENCY = 100  # handlers per `sagaplane worker` (--concurrency)
 SWEEP_EVERY_S = 1.0  # the Celery beat's schedule (RECOVERY_SWEEP_S)
@@ -90,166 +94,7 @@ def _pct(samples: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # ------------------------------------------------------------------------------ own services
-
-
-def _bench_database_urls() -> tuple[str, str]:
-    import psycopg
-
-    url, owner = os.environ.get("DATABASE_URL", ""), os.environ.get("DATABASE_OWNER_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")) or not owner.startswith(
-        ("postgres://", "postgresql://")
-    ):
-        raise SystemExit("set DATABASE_URL and DATABASE_OWNER_URL (Postgres), as infra/services.sh does")
-    name = f"{urllib.parse.urlsplit(url).path.lstrip('/') or 'sagaplane'}_bench_recovery"
-    admin = urllib.parse.urlsplit(owner.replace("postgres://", "postgresql://", 1))
-    with psycopg.connect(urllib.parse.urlunsplit(admin._replace(path="/postgres")), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-    def swap(base: str) -> str:
-        return urllib.parse.urlunsplit(urllib.parse.urlsplit(base)._replace(path=f"/{name}"))
-
-    return swap(url), swap(owner)
-
-
-@contextmanager
-def _private_redis(folder: Path) -> Iterator[str]:
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (the benchmark starts its own Redis)")
-    port = _free_port()
-    work = folder / f"redis-{port}"
-    work.mkdir(parents=True)
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=work,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_until(
-            lambda: redis_answers(url), f"redis-server on port {port} to start", deadline=30, alive=process
-        )
-        yield url
-    finally:
-        process.kill()
-        process.wait(timeout=30)
-
-
-def _server_env(db_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_")) and k != "DATABASE_OWNER_URL"
-    }
-    env.update(
-        {
-            "SAGAPLANE_ENV": "production",
-            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-            "DATABASE_URL": db_url,
-            "REDIS_URL": redis_url,
-            "SECRET_KEY": os.environ["SECRET_KEY"],
-            "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
-            "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
-            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
-            "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
-            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
-            "SECURE_SSL_REDIRECT": "0",
-            "SAGAPLANE_DATA_DIR": str(data_dir),
-            "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
-            "STATIC_ROOT": str(data_dir / "static"),
-            "LOG_LEVEL": "WARNING",
-        }
-    )
-    return env
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_stats() -> dict[int, tuple[int, float, str]]:
-    """pid -> (parent pid, CPU seconds so far, command line) of every process we may read."""
-    out: dict[int, tuple[int, float, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, cmdline)
-    return out
-
-
-def cpu_by_role(server_pid: int, worker_pids: list[int], database: str) -> dict[str, float]:
-    """CPU seconds used so far by the control plane (gunicorn and its workers), the recovery
-    workers, and the Postgres backends serving `database` (their process titles name it)."""
-    stats = _proc_stats()
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in stats.items():
-        children.setdefault(parent, []).append(pid)
-    tree, todo = [], [server_pid]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    return {
-        "server": sum(stats[p][1] for p in tree if p in stats),
-        "workers": sum(stats[p][1] for p in worker_pids if p in stats),
-        "postgres": sum(
-            cpu for _, cpu, cmd in stats.values() if cmd.startswith("postgres: ") and f" {database} " in cmd
-        ),
-    }
-
-
-@contextmanager
-def _gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
-
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("w") as log_file:
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "gunicorn"),
-                "controlplane.asgi:application",
-                "-k",
-                "uvicorn.workers.UvicornWorker",
-                "--workers",
-                "2",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--graceful-timeout",
-                "5",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_until(
-            lambda: healthy(url),
-            "the control plane to start",
-            deadline=120,
-            alive=process,
-            context=lambda: log.read_text()[-3000:],
-        )
-        yield url, process.pid
-    finally:
-        stop_group(process, first=signal.SIGTERM, grace=20)
 
 
 def _setup_django(db_url: str, owner_url: str, redis_url: str, data_dir: Path) -> None:
@@ -279,53 +124,6 @@ def _setup_django(db_url: str, owner_url: str, redis_url: str, data_dir: Path) -
 
 
 # ---------------------------------------------------------------------------------- the sagas
-
-
-def _records(n: int, prefix: str, *, ts: float) -> list[dict[str, Any]]:
-    """The SDK's records of N sagas that each committed STEPS charges and then lost their agent."""
-    from sagaplane.chain import GENESIS, stamp
-
-    out: list[dict[str, Any]] = []
-    head, seq = GENESIS, 0
-    for i in range(n):
-        saga_id = f"{prefix}-{i}"
-        items: list[tuple[str, dict[str, Any]]] = [
-            ("SAGA_START", {"saga_id": saga_id, "name": "checkout", "lease_ttl": LEASE_TTL})
-        ]
-        for s in range(1, STEPS + 1):
-            step = {
-                "saga_id": saga_id,
-                "step_id": f"{saga_id}-s{s}",
-                "tool": "shop.charge",
-                "semantics": "COMPENSABLE",
-            }
-            compensation = {
-                "fn": "refund",
-                "handler": "bench.refund",
-                "recoverable": True,
-                "description": "refund",
-                "idempotency_key": f"idem-{saga_id}-{s}",
-                "kwargs": {"charge_id": f"ch-{saga_id}-{s}"},
-            }
-            items += [
-                ("STEP_INTENT", {**step, "kwargs": {"amount": 10 * s}}),
-                ("STEP_COMMITTED", {**step, "compensation": compensation}),
-            ]
-        for event, fields in items:
-            seq += 1
-            record = {"seq": seq, "ts": ts, "event": event, **fields}
-            head = stamp(record, head)
-            out.append(record)
-    return out
-
-
-def _ledger(folder: Path) -> list[tuple[str, str, float]]:
-    rows = []
-    for path in folder.glob("*.log"):
-        for line in path.read_text().splitlines():
-            key, charge, started = line.split(" ")
-            rows.append((key, charge, float(started)))
-    return rows
 
 
 # ------------------------------------------------------------------------------------- ours
@@ -364,7 +162,7 @@ def ours(
     ledger = folder / f"ledger-{tag}"
     ledger.mkdir()
     (folder / "benchhandlers.py").write_text(HANDLERS)
-    records = _records(n, slug, ts=time.time())
+    records = saga_records(n, slug, ts=time.time())
     for first in range(0, len(records), 700):
         audit_services.ingest(tenant, f"agent-{slug}", records[first : first + 700], actor="bench")
 
@@ -469,7 +267,7 @@ def ours(
     takeovers = [(taken[s] - expiries[s]).total_seconds() for s in expiries]
     first_expiry = min(expiries.values())
     drain = (last_done - first_expiry).total_seconds()
-    calls = Counter(key for key, _, _ in _ledger(ledger))
+    calls = Counter(key for key, _, _ in ledger_of(ledger))
     duplicate_calls = sum(c - 1 for c in calls.values())
     duplicate_records = sum(c - 1 for c in compensated_records.values())
     if len(calls) != total or duplicate_calls or duplicate_records or len(compensated_records) != total:
@@ -549,57 +347,6 @@ def deployed_phases(
 # ---------------------------------------------------------------------------------- the peer
 
 
-PEER = textwrap.dedent(
-    """
-    import asyncio, json, os, sys, time
-    from agent_saga import compensator
-    from agent_saga.recovery import RecoveryDaemon
-
-    calls = []
-
-    @compensator("bench.refund")
-    def refund(charge_id, idempotency_key=None):
-        calls.append(idempotency_key)
-        time.sleep(float(os.environ["BENCH_HANDLER_S"]))
-
-    async def main():
-        daemon = RecoveryDaemon(sys.argv[1])
-        start = time.perf_counter()
-        outcomes = await daemon.recover_all()
-        took = time.perf_counter() - start
-        print(json.dumps({"seconds": took, "sagas": len(outcomes), "calls": len(calls),
-                          "distinct": len(set(calls)),
-                          "resolutions": sorted({str(o.resolution) for o in outcomes})}))
-
-    asyncio.run(main())
-    """
-)
-
-
-def agent_saga_peer(n: int, folder: Path) -> dict[str, Any]:
-    """agent-saga's own recovery daemon over a WAL file holding the same orphaned sagas (its lease
-    long expired: the records are stamped an hour ago), in one process."""
-    wal = folder / "peer.wal"
-    wal.write_text("".join(json.dumps(r) + "\n" for r in _records(n, "peer", ts=time.time() - 3600)))
-    script = folder / "peer.py"
-    script.write_text(PEER)
-    env = {**os.environ, "BENCH_HANDLER_S": str(HANDLER_S)}
-    out = subprocess.run(
-        [sys.executable, str(script), str(wal)],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if out.returncode != 0:
-        return {"error": (out.stdout + out.stderr)[-2000:]}
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["jobs_per_s"] = round(result["calls"] / result["seconds"], 1) if result["seconds"] else None
-    result["seconds"] = round(result["seconds"], 2)
-    return result
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -635,10 +382,10 @@ def main() -> int:
     print(
         f"== recovery benchmark: {n} orphaned sagas x {STEPS} steps, handlers sleep {HANDLER_S * 1000:.0f} ms"
     )
-    with _private_redis(folder) as redis_url:
-        db_url, owner_url = _bench_database_urls()
+    with private_redis(folder) as redis_url:
+        db_url, owner_url = bench_database_urls()
         _setup_django(db_url, owner_url, redis_url, folder / "data")
-        env = _server_env(db_url, redis_url, folder / "data")
+        env = server_env(db_url, redis_url, folder / "data")
         subprocess.run(
             [sys.executable, "manage.py", "collectstatic", "--noinput"],
             cwd=ROOT,
@@ -653,7 +400,7 @@ def main() -> int:
         series = [(rows, args.concurrency)] if "quiet" in phases else []
         if args.scaling_concurrency and "quiet" in phases:
             series.append((scaling, args.scaling_concurrency))
-        with _gunicorn(env, folder / "gunicorn.log") as (url, server_pid):
+        with gunicorn(env, folder / "gunicorn.log") as (url, server_pid):
             for into, concurrency in series:
                 print(f"  -- workers running {concurrency} handler(s) at once")
                 for k in counts:

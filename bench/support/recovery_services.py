@@ -1,0 +1,180 @@
+"""bench/recovery.py's own services and measurements: a database of its own beside DATABASE_URL's,
+a private Redis, the production server (gunicorn, 2 uvicorn workers) and the CPU each role used."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.probes import healthy, redis_answers
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_database_urls() -> tuple[str, str]:
+    import psycopg
+
+    url, owner = os.environ.get("DATABASE_URL", ""), os.environ.get("DATABASE_OWNER_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")) or not owner.startswith(
+        ("postgres://", "postgresql://")
+    ):
+        raise SystemExit("set DATABASE_URL and DATABASE_OWNER_URL (Postgres), as infra/services.sh does")
+    name = f"{urllib.parse.urlsplit(url).path.lstrip('/') or 'sagaplane'}_bench_recovery"
+    admin = urllib.parse.urlsplit(owner.replace("postgres://", "postgresql://", 1))
+    with psycopg.connect(urllib.parse.urlunsplit(admin._replace(path="/postgres")), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+    def swap(base: str) -> str:
+        return urllib.parse.urlunsplit(urllib.parse.urlsplit(base)._replace(path=f"/{name}"))
+
+    return swap(url), swap(owner)
+
+
+@contextmanager
+def private_redis(folder: Path) -> Iterator[str]:
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (the benchmark starts its own Redis)")
+    port = _free_port()
+    work = folder / f"redis-{port}"
+    work.mkdir(parents=True)
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_until(
+            lambda: redis_answers(url), f"redis-server on port {port} to start", deadline=30, alive=process
+        )
+        yield url
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def server_env(db_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_")) and k != "DATABASE_OWNER_URL"
+    }
+    env.update(
+        {
+            "SAGAPLANE_ENV": "production",
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "DATABASE_URL": db_url,
+            "REDIS_URL": redis_url,
+            "SECRET_KEY": os.environ["SECRET_KEY"],
+            "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
+            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
+            "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
+            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
+            "SECURE_SSL_REDIRECT": "0",
+            "SAGAPLANE_DATA_DIR": str(data_dir),
+            "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
+            "STATIC_ROOT": str(data_dir / "static"),
+            "LOG_LEVEL": "WARNING",
+        }
+    )
+    return env
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stats() -> dict[int, tuple[int, float, str]]:
+    """pid -> (parent pid, CPU seconds so far, command line) of every process we may read."""
+    out: dict[int, tuple[int, float, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, cmdline)
+    return out
+
+
+def cpu_by_role(server_pid: int, worker_pids: list[int], database: str) -> dict[str, float]:
+    """CPU seconds used so far by the control plane (gunicorn and its workers), the recovery
+    workers, and the Postgres backends serving `database` (their process titles name it)."""
+    stats = _proc_stats()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = [], [server_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return {
+        "server": sum(stats[p][1] for p in tree if p in stats),
+        "workers": sum(stats[p][1] for p in worker_pids if p in stats),
+        "postgres": sum(
+            cpu for _, cpu, cmd in stats.values() if cmd.startswith("postgres: ") and f" {database} " in cmd
+        ),
+    }
+
+
+@contextmanager
+def gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "gunicorn"),
+                "controlplane.asgi:application",
+                "-k",
+                "uvicorn.workers.UvicornWorker",
+                "--workers",
+                "2",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--graceful-timeout",
+                "5",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: healthy(url),
+            "the control plane to start",
+            deadline=120,
+            alive=process,
+            context=lambda: log.read_text()[-3000:],
+        )
+        yield url, process.pid
+    finally:
+        stop_group(process, first=signal.SIGTERM, grace=20)
