@@ -45,16 +45,13 @@ bench/results/scale.json, which it rewrites after every measurement; `--drop` dr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import random
 import shutil
 import sys
 import tempfile
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -62,69 +59,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
 
+from bench.support.scale_database import (  # noqa: E402
+    ANALYZED,
+    analyze_sagas,
+    autovacuum_stand_in,
+    blocks_per_1000,
+    drop_database,
+    index_blocks,
+    own_database,
+    table_sizes,
+    tool_plans,
+)
+from bench.support.scale_measures import (  # noqa: E402
+    api_listing,
+    load_averages,
+    measure,
+    page_listing,
+    proof_latencies,
+)
+
 BATCH = 1000
 STREAMS = 10
 INTEGRATE_EVERY = 100  # batches
 RATE_WINDOW = 100  # batches: the ingest rate at a point is over the 100 batches before it
-EXPORT_WINDOW = 100_000
 RARE_EVERY = 1000  # one saga in 1,000 uses tool.rare
 TARGET_INGEST_RATIO = 0.8
 TARGET_PROOF_P99_MS = 5.0
 TARGET_LIST_P95_MS = 100.0
-TABLES = ["audit_record", "audit_recordpayload", "transparency_treenode", "sagas_saga", "sagas_step"]
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def _beside(base: str, path: str) -> str:
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(base)._replace(path=path))
-
-
-def _admin(owner: str) -> str:
-    return _beside(owner, "/postgres").replace("postgres://", "postgresql://", 1)
-
-
-def _own_database(fresh: bool) -> tuple[str, str, str] | None:
-    """(runtime URL, owner URL, name) of `<name>_bench_scale` (`..._quick` when `fresh`: a quick run
-    never touches a full run's database), created by the owner role, dropped first when `fresh`."""
-    url, owner = os.environ.get("DATABASE_URL", ""), os.environ.get("DATABASE_OWNER_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")) or not owner:
-        return None
-    import psycopg
-
-    name = f"{urllib.parse.urlsplit(url).path.lstrip('/') or 'sagaplane'}_bench_scale"
-    name += "_quick" if fresh else ""
-    with psycopg.connect(_admin(owner), autocommit=True) as c:
-        if fresh:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            c.execute(f'CREATE DATABASE "{name}"')
-    return _beside(url, f"/{name}"), _beside(owner, f"/{name}"), name
-
-
-def _drop(owner_url: str, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(_admin(owner_url), autocommit=True) as c:
-        # The runtime role's sessions may still be closing (a pool closes its connections in the
-        # background), and the owner may not terminate another role's session: WITH (FORCE) then
-        # fails (seen in CI on a loaded machine). Wait for them to go, at most 30 s.
-        deadline = time.monotonic() + 30
-        while (
-            time.monotonic() < deadline
-            and c.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename <> current_user", [name]
-            ).fetchone()[0]
-        ):
-            time.sleep(0.1)
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _setup(data_dir: str, database: tuple[str, str, str] | None, *, migrate: bool = True) -> None:
@@ -224,324 +185,6 @@ class Grower:
         return took
 
 
-def _api(client: Any, path: str, params: dict[str, Any], count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter()
-        response = client.get(path, params)
-        samples.append(time.perf_counter() - start)
-        assert response.status_code == 200, (path, response.status_code, response.content[:300])
-    return samples
-
-
-def _sizes(records: int) -> dict[str, Any] | None:
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        return None
-    out: dict[str, Any] = {}
-    with connection.cursor() as cursor:
-        for table in TABLES:
-            cursor.execute("SELECT pg_table_size(%s), pg_indexes_size(%s)", [table, table])
-            table_bytes, index_bytes = cursor.fetchone()
-            per = records / 1_000_000
-            out[table] = {
-                "table_mib_per_million": round(table_bytes / per / 2**20, 1),
-                "index_mib_per_million": round(index_bytes / per / 2**20, 1),
-            }
-        cursor.execute("SELECT pg_database_size(current_database())")
-        out["database_gib"] = round(cursor.fetchone()[0] / 2**30, 2)
-    out["disk_free_gib"] = round(shutil.disk_usage("/").free / 2**30, 1)
-    return out
-
-
-def _index_blocks() -> dict[str, tuple[int, int]]:
-    """Blocks each index of the big tables read from outside shared_buffers, and found in them."""
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        return {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexrelname, idx_blks_read, idx_blks_hit FROM pg_statio_user_indexes"
-            " WHERE relname = ANY(%s)",
-            [TABLES],
-        )
-        return {name: (read, hit) for name, read, hit in cursor.fetchall()}
-
-
-def _blocks_per_1000(before: dict[str, tuple[int, int]], records: int) -> dict[str, float]:
-    """Index blocks read from outside shared_buffers per 1,000 records since `before`, the five
-    largest (the random-order index shows up here; indexes that grow in order barely read)."""
-    after = _index_blocks()
-    delta = {name: after[name][0] - before.get(name, (0, 0))[0] for name in after}
-    top = sorted(delta.items(), key=lambda kv: -kv[1])[:5]
-    return {name: round(read * 1000 / records, 1) for name, read in top if records}
-
-
-def _plans(tenant: Any) -> dict[str, list[str]] | None:
-    """EXPLAIN ANALYZE of the list's first page by a common and a rare tool, as the API runs it:
-    the runtime role, the tenant active (row-level security on)."""
-    from django.db import connection
-
-    from sagas import selectors
-    from tenants.scoping import tenant_context
-
-    if connection.vendor != "postgresql":
-        return None
-    out = {}
-    with tenant_context(tenant):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT current_user")
-            role = cursor.fetchone()[0]
-        for tool in ("tool.1", "tool.rare"):
-            page = selectors.newest_first(selectors.with_step_tool(selectors.all_sagas(), tool))[:51]
-            # the planner's own choice for the EXISTS form (why newest_page bounds its walk)
-            out[f"EXISTS tool={tool} (as {role})"] = page.explain(analyze=True, buffers=True).splitlines()
-    return out
-
-
-def _listing(client: Any, tenant: Any, queries: int) -> dict[str, float]:
-    from sagas.models import Saga
-    from tenants.scoping import tenant_context
-
-    with tenant_context(tenant):
-        newest = Saga.objects.order_by("-last_activity_at").values_list("last_activity_at", flat=True).first()
-    since = (newest.timestamp() - 3000) if newest else 0
-    listing = {
-        "all": _api(client, "/api/v1/sagas", {}, queries),
-        "status=completed": _api(client, "/api/v1/sagas", {"status": "completed"}, queries),
-        "status=running": _api(client, "/api/v1/sagas", {"status": "running"}, queries),
-        "tool=tool.1": _api(client, "/api/v1/sagas", {"tool": "tool.1"}, queries),
-        "tool=tool.rare": _api(client, "/api/v1/sagas", {"tool": "tool.rare"}, queries),
-        "tool=tool.1&status=completed": _api(
-            client, "/api/v1/sagas", {"tool": "tool.1", "status": "completed"}, queries
-        ),
-        "since=newest-3000s": _api(client, "/api/v1/sagas", {"since": str(since)}, queries),
-    }
-    pages = []
-    for _ in range(max(1, queries // 20)):
-        url = client.get("/api/v1/sagas").json()["next"]
-        for _ in range(20):
-            if not url:
-                break
-            start = time.perf_counter()
-            response = client.get(url)
-            pages.append(time.perf_counter() - start)
-            url = response.json()["next"]
-    listing["pages 2-21 by cursor"] = pages
-    return {name: _pct(samples, 0.95) for name, samples in listing.items() if samples}
-
-
-def _page_listing(tenant: Any, queries: int) -> dict[str, float]:
-    """The dashboard's saga list page (p95 ms) as the tenant's owner sees it, the whole page:
-    status tabs (capped counts), filter choices, rows; then Older pages 2-11 by cursor."""
-    import html
-    import re
-
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    client = Client()
-    client.force_login(get_user_model().objects.get(email=f"owner@{tenant.slug}.example"))
-    listing = {
-        name: _api(client, "/sagas/", params, queries)
-        for name, params in {
-            "all": {},
-            "status=completed": {"status": "completed"},
-            "status=orphaned": {"status": "orphaned"},
-            "tool=tool.1": {"tool": "tool.1"},
-            "tool=tool.rare": {"tool": "tool.rare"},
-            "since=24h": {"since": "24h"},
-        }.items()
-    }
-    older = re.compile(r'<a href="([^"]*)" rel="next">')
-    pages = []
-    for _ in range(max(1, queries // 10)):
-        found = older.search(client.get("/sagas/").content.decode())
-        for _ in range(10):
-            if not found:
-                break
-            start = time.perf_counter()
-            response = client.get("/sagas/" + html.unescape(found.group(1)))
-            pages.append(time.perf_counter() - start)
-            found = older.search(response.content.decode())
-    listing["Older pages 2-11"] = pages
-    return {name: _pct(samples, 0.95) for name, samples in listing.items() if samples}
-
-
-def _proofs(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
-    from tenants.scoping import tenant_context
-    from transparency.models import Checkpoint
-
-    with tenant_context(tenant):
-        signed = Checkpoint.objects.order_by("-size").values_list("size", flat=True).first() or 0
-    leaves = [random.randrange(signed) for _ in range(queries)]
-    inclusion: list[float] = []
-    consistency: list[float] = []
-    # Untimed: a process's first request loads the URL configuration and the middleware (~120 ms
-    # seen at the first rung, a p99 of 126 ms for 200 proofs), and each route's first answer
-    # primes the lean proof path.
-    _api(client, "/api/v1/audit/proofs/inclusion", {"index": 0}, 1)
-    _api(client, "/api/v1/audit/proofs/consistency", {"first": 1}, 1)
-    for leaf in leaves:
-        inclusion += _api(client, "/api/v1/audit/proofs/inclusion", {"index": leaf}, 1)
-    # Leaves of their own: the inclusion proofs just read their leaves' neighbourhoods.
-    firsts = [random.randrange(1, signed + 1) for _ in range(queries)]
-    for first in firsts:
-        consistency += _api(client, "/api/v1/audit/proofs/consistency", {"first": first}, 1)
-    # The same proofs without the request path (authentication, middleware, DRF, JSON): what the
-    # tree's storage costs at this size, beside what the API adds.
-    from transparency import proofs
-
-    core_inclusion, core_consistency = [], []
-    with tenant_context(tenant):
-        for leaf in leaves:
-            start = time.perf_counter()
-            proofs.inclusion(leaf)
-            core_inclusion.append(time.perf_counter() - start)
-        for first in firsts:
-            start = time.perf_counter()
-            proofs.consistency(first)
-            core_consistency.append(time.perf_counter() - start)
-    return {
-        "signed_size": signed,
-        "inclusion_ms": {"p50": _pct(inclusion, 0.5), "p99": _pct(inclusion, 0.99)},
-        "consistency_ms": {"p50": _pct(consistency, 0.5), "p99": _pct(consistency, 0.99)},
-        "without_request_path_ms": {
-            "inclusion": {"p50": _pct(core_inclusion, 0.5), "p99": _pct(core_inclusion, 0.99)},
-            "consistency": {"p50": _pct(core_consistency, 0.5), "p99": _pct(core_consistency, 0.99)},
-        },
-    }
-
-
-def _export(tenant: Any, signed: int, tmp: str) -> dict[str, Any]:
-    """Build a WORM export of the newest EXPORT_WINDOW signed leaves; verify it offline."""
-    from sagaplane.export import verify_export
-
-    from tenants.scoping import tenant_context
-    from transparency import services
-    from transparency.models import Export
-    from transparency.storage import get_storage
-
-    first = max(0, signed - EXPORT_WINDOW)
-    export = services.request_export(tenant, actor="system:bench", first=first, end=signed)
-    start = time.perf_counter()
-    services.build_export(tenant, export.pk)
-    build_s = time.perf_counter() - start
-    with tenant_context(tenant):
-        stored = Export.objects.get(pk=export.pk)
-        vkey = services.current_verifier_keys()[0]
-    archive = Path(tmp) / "export.tar.gz"
-    with get_storage().open(stored.storage_name) as src:
-        archive.write_bytes(src.read())
-    start = time.perf_counter()
-    report = verify_export(str(archive), vkey)
-    verify_s = time.perf_counter() - start
-    archive.unlink()
-    return {
-        "leaves": signed - first,
-        "build_s": round(build_s, 2),
-        "build_records_per_s": round((signed - first) / build_s),
-        "verify_records_per_s": round(report.records / verify_s),
-        "archive_bytes": stored.size if hasattr(stored, "size") else None,
-    }
-
-
-@contextlib.contextmanager
-def _as_owner() -> Any:
-    """An autocommit connection as the tables' owner (what ANALYZE needs), or None without one."""
-    owner = os.environ.get("DATABASE_OWNER_URL", "")
-    if not owner:
-        yield None
-        return
-    import psycopg
-
-    with psycopg.connect(owner.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
-        yield c
-
-
-GROWING_TABLES = (
-    "audit_record",
-    "audit_recordpayload",
-    "sagas_saga",
-    "sagas_step",
-    "transparency_treenode",
-    "recovery_lease",
-)
-ANALYZED: dict[str, Any] = {"server_autovacuum": None, "analyzes": 0}
-
-
-def autovacuum_stand_in() -> None:
-    """On a server running with `autovacuum = off` (this machine's shared Postgres does), ANALYZE
-    each growing table once its changes since the last ANALYZE pass autovacuum's own trigger
-    (`autovacuum_analyze_threshold` + `autovacuum_analyze_scale_factor` x its rows: 50 + 10% by
-    default, the table's own settings first), as autovacuum would in production. Without it a
-    grown tenant's tables are never analyzed, and the planner's guesses for them (a tenant of
-    1.2M steps taken for 748 rows) are not what a production tenant meets. With autovacuum on,
-    nothing: the server does it."""
-    with _as_owner() as c:
-        if c is None:
-            return
-        settings = dict(
-            c.execute(
-                "SELECT name, setting FROM pg_settings WHERE name IN "
-                "('autovacuum', 'autovacuum_analyze_threshold', 'autovacuum_analyze_scale_factor')"
-            ).fetchall()
-        )
-        ANALYZED["server_autovacuum"] = settings["autovacuum"]
-        if settings["autovacuum"] == "on":
-            return
-        threshold = float(settings["autovacuum_analyze_threshold"])
-        factor = float(settings["autovacuum_analyze_scale_factor"])
-        due = []
-        for name, changed, rows, options in c.execute(
-            "SELECT s.relname, s.n_mod_since_analyze, greatest(c.reltuples, s.n_live_tup), c.reloptions "
-            "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid WHERE s.relname = ANY(%s)",
-            [list(GROWING_TABLES)],
-        ).fetchall():
-            # A table's own setting first (the migrations set 0.02 on the record and saga tables).
-            own = dict(option.split("=", 1) for option in options or [])
-            table_factor = float(own.get("autovacuum_analyze_scale_factor", factor))
-            if changed > float(own.get("autovacuum_analyze_threshold", threshold)) + table_factor * rows:
-                due.append(name)
-        for name in due:
-            c.execute(f"ANALYZE {name}")
-            ANALYZED["analyzes"] += 1
-
-
-def _analyze() -> None:
-    """ANALYZE the saga tables (as their owner), as autovacuum would have by now: growing a table
-    by a million rows in minutes outruns it, and stale statistics are not what a tenant meets."""
-    with _as_owner() as c:
-        if c is not None:
-            c.execute("ANALYZE sagas_saga, sagas_step")
-
-
-def measure(grower: Grower, client: Any, queries: int, tmp: str) -> dict[str, Any]:
-    from django.db import connection
-
-    load_before = _load()
-    _analyze()
-    integrate_s = grower.integrate()
-    proofs = _proofs(client, grower.tenant, queries)
-    result = {
-        "records": grower.total,
-        "integrate_rest_s": round(integrate_s, 2),
-        **proofs,
-        "saga_list_p95_ms": _listing(client, grower.tenant, queries),
-        "saga_list_page_p95_ms": _page_listing(grower.tenant, queries),
-        "export": _export(grower.tenant, proofs["signed_size"], tmp),
-        "sizes": _sizes(grower.total),
-        "plans": _plans(grower.tenant),
-        "database": connection.vendor,
-        "load_average_before": load_before,
-        "load_average_after": _load(),
-    }
-    print(json.dumps({k: v for k, v in result.items() if k != "plans"}), flush=True)
-    return result
-
-
 class Report:
     """bench/results/scale(-quick).json, rewritten after every measurement (a run that stops
     leaves what it measured); a continued run merges into what an earlier one wrote."""
@@ -574,7 +217,7 @@ class Report:
                 "peer_ingest_records_per_s": peer,
                 "ratio_to_peer": round(rate / peer, 3) if peer else None,
                 "integrate_leaves_per_s": integrate_leaves_per_s,
-                "load_average": _load(),
+                "load_average": load_averages(),
                 "at": time.strftime("%H:%M:%S", time.gmtime()),
             }
         )
@@ -671,7 +314,7 @@ def grow(
                 if peer is None:
                     peer = Grower(_tenant(f"peer{mark}"))
                     window = window[-1:]
-                    blocks, blocks_from = _index_blocks(), grower.total + peer.total
+                    blocks, blocks_from = index_blocks(), grower.total + peer.total
                 peer_window.append(peer.step())
         if grew:
             seconds, leaves = grower.integrate_s - integrated[0], grower.integrated - integrated[1]
@@ -686,7 +329,7 @@ def grow(
             }
             report.point(grower.total, rate, mean, round(leaves / seconds) if seconds else None, peer_rate)
             if peer is not None and blocks:
-                report.data["curve"][-1]["index_blocks_read_per_1000_records"] = _blocks_per_1000(
+                report.data["curve"][-1]["index_blocks_read_per_1000_records"] = blocks_per_1000(
                     blocks, grower.total + peer.total - blocks_from
                 )
                 report.write()
@@ -740,7 +383,7 @@ def tenants_phase(count: int, per: int, report: Report, queries: int, big: Growe
                     "records_per_s_incl_tenant_setup_and_integration": round(
                         block_records / (time.perf_counter() - block_start), 1
                     ),
-                    "load_average": _load(),
+                    "load_average": load_averages(),
                     "at": time.strftime("%H:%M:%S", time.gmtime()),
                 }
             )
@@ -748,22 +391,22 @@ def tenants_phase(count: int, per: int, report: Report, queries: int, big: Growe
             report.write()
         if (i in (100, 250, 500, 750) or i == count) and not any(x["tenants"] == i for x in samples):
             try:
-                _analyze()
+                analyze_sagas()
                 client = _client_for(tenant)
                 samples.append(
                     {
                         "tenants": i,
                         "newest_tenant": {
-                            **_proofs(client, tenant, queries),
-                            "saga_list_p95_ms": _listing(client, tenant, queries),
+                            **proof_latencies(client, tenant, queries),
+                            "saga_list_p95_ms": api_listing(client, tenant, queries),
                         },
                         "big_tenant_beside_them": {
                             "records": big.total,
-                            **_proofs(big_client, big.tenant, queries),
-                            "saga_list_p95_ms": _listing(big_client, big.tenant, queries),
+                            **proof_latencies(big_client, big.tenant, queries),
+                            "saga_list_p95_ms": api_listing(big_client, big.tenant, queries),
                         },
-                        "sizes": _sizes(big.total + i * per),
-                        "load_average": _load(),
+                        "sizes": table_sizes(big.total + i * per),
+                        "load_average": load_averages(),
                         "at": time.strftime("%H:%M:%S", time.gmtime()),
                     }
                 )
@@ -780,23 +423,23 @@ def list_only(data_dir: str, queries: int) -> int:
     """Proofs and the saga list through the API on the database a full run grew (nothing grown,
     nothing dropped): for checking a change against the big tenant without a new run, or
     measuring it again on a quiet machine."""
-    database = _own_database(fresh=False)
+    database = own_database(fresh=False)
     # No migrate: it re-applies the row-level security policies, which waits for a running
     # growth's transactions, and the grown schema is what is being measured.
     _setup(data_dir, database, migrate=False)
     tenant = _tenant("scale")
     grower = Grower(tenant)
-    _analyze()
+    analyze_sagas()
     client = _client_for(tenant)
     out = {
         "benchmark": "scale-list",
         "records": grower.total,
-        "database_gib": (_sizes(grower.total) or {}).get("database_gib"),
-        "proofs": _proofs(client, tenant, queries),
-        "saga_list_p95_ms": _listing(client, tenant, queries),
-        "saga_list_page_p95_ms": _page_listing(tenant, queries),
-        "plans": _plans(tenant),
-        "load_average": _load(),
+        "database_gib": (table_sizes(grower.total) or {}).get("database_gib"),
+        "proofs": proof_latencies(client, tenant, queries),
+        "saga_list_p95_ms": api_listing(client, tenant, queries),
+        "saga_list_page_p95_ms": page_listing(tenant, queries),
+        "plans": tool_plans(tenant),
+        "load_average": load_averages(),
         "at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
     path = ROOT / "bench" / "results" / "scale-list.json"
@@ -877,13 +520,13 @@ def main() -> int:
             _close_connections()
             if server is not None:
                 server.stop()
-    database = _own_database(fresh=args.quick)
+    database = own_database(fresh=args.quick)
     name = "scale-quick.json" if args.quick else "scale.json"
     report = Report(ROOT / "bench" / "results" / name, keep=not args.quick, quick=args.quick)
     report.data["runs"].append(
         {
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-            "load_average": _load(),
+            "load_average": load_averages(),
             "postgres": report_server,
         }
     )
@@ -901,7 +544,7 @@ def main() -> int:
         finally:
             _close_connections()
             if database and (args.quick or args.drop):
-                _drop(database[1], database[2])
+                drop_database(database[1], database[2])
             if server is not None:
                 server.stop()
                 if args.quick or args.drop:
