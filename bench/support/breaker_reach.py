@@ -1,0 +1,134 @@
+"""Breaker open → first fleet-wide refusal (issue 27's speed target: p95 ≤ 1 s), a part of the
+gate benchmark (bench/gate.py runs it against its production server).
+
+A tenant with a breaker on `bench.*` that opens at the first failure; an SDK `Gate` in another
+process watches `bench.charge` (ungoverned while closed: decided locally from the long-polled
+fleet status, no request per check). Each trial ships one `STEP_FAILED` over HTTP (the real ingest:
+its after-commit counter opens the breaker) and times from just before the ship until the watcher
+refuses `circuit_open`; then the breaker is deleted and created again (closed), and the watcher is
+waited for until it allows again. The machine's 1-minute load average is recorded beside the figure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+WATCHER = textwrap.dedent(
+    """
+    import sys, time
+    from sagaplane.gate import Call, Gate, GateDenied
+
+    gate = Gate(sys.argv[1], sys.argv[2]).start()
+    call = Call(saga_id="watch", step_id="1", tool="bench.charge", semantics="COMPENSABLE", args={})
+
+    def refused():
+        try:
+            gate.check(call)
+            return False
+        except GateDenied as denied:
+            if denied.reason != "circuit_open":
+                raise
+            return True
+
+    print("ready" if gate.status()["ready"] else "not-ready", flush=True)
+    for line in sys.stdin:
+        want = line.strip() == "until-open"
+        started = time.monotonic()
+        while refused() != want and time.monotonic() - started < 30:
+            time.sleep(0.001)
+        print(repr(time.time()) if refused() == want else "timeout", flush=True)
+    """
+)
+
+SETTINGS = {
+    "name": "bench down",
+    "tool": "bench.*",
+    "consecutive_failures": 1,
+    "failure_rate": 1,
+    "min_volume": 1,
+    "window_s": 60,
+    "cool_down_s": 3600,
+}
+
+
+def _pct(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
+    """Time from shipping the failure that opens a breaker to an SDK in another process refusing."""
+    import httpx
+    from sagaplane.chain import GENESIS, stamp
+
+    from fleet import services
+    from tenants import services as tenant_services
+
+    slug = f"breaker-{uuid.uuid4().hex[:10]}"
+    tenant = tenant_services.create_tenant(slug, "Breaker bench", f"owner@{slug}.example", actor="bench")
+    _, key = tenant_services.create_api_key(tenant, name="agent", scopes=["gate", "ingest"], actor="bench")
+    breaker = services.create_breaker(tenant, actor="bench", fields=SETTINGS)
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, url, key],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root / "sdk")},
+    )
+    assert watcher.stdin is not None and watcher.stdout is not None
+    agent = httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {key}", "X-Forwarded-Proto": "https"}, timeout=30
+    )
+    head, seq, seconds = GENESIS, 0, []
+    load_before = os.getloadavg()[0]
+    try:
+        if watcher.stdout.readline().strip() != "ready":
+            raise SystemExit("the SDK gate never read the fleet state")
+        for trial in range(trials):
+            watcher.stdin.write("until-open\n")
+            watcher.stdin.flush()
+            records = []
+            for event in ("STEP_INTENT", "STEP_FAILED"):
+                seq += 1
+                record = {"seq": seq, "ts": time.time(), "event": event, "saga_id": f"b{trial}"}
+                record.update(step_id="1", tool="bench.charge")
+                head = stamp(record, head)
+                records.append(record)
+            shipped = time.time()
+            response = agent.post("/api/v1/streams/bench-agent/records", json={"records": records})
+            assert response.status_code == 200, response.text
+            seen = watcher.stdout.readline().strip()
+            if seen == "timeout":
+                raise SystemExit("an open breaker did not reach the SDK within 30 s")
+            seconds.append(float(seen) - shipped)
+            services.delete_breaker(tenant, breaker.pk, actor="bench")
+            breaker = services.create_breaker(tenant, actor="bench", fields=SETTINGS)
+            watcher.stdin.write("until-closed\n")
+            watcher.stdin.flush()
+            if watcher.stdout.readline().strip() == "timeout":
+                raise SystemExit("a closed breaker did not reach the SDK within 30 s")
+    finally:
+        agent.close()
+        watcher.kill()
+        watcher.wait(timeout=30)
+    ms = [s * 1000 for s in seconds]
+    return {
+        "trials": trials,
+        "p50_ms": round(statistics.median(ms), 1),
+        "p95_ms": round(_pct(ms, 95), 1),
+        "max_ms": round(max(ms), 1),
+        "all_ms": [round(x, 1) for x in ms],
+        "target_p95_ms": 1000,
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+    }
