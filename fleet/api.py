@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import time
+import uuid
 from typing import Any
 
 from django.core.cache import cache
@@ -26,13 +27,16 @@ from rest_framework.views import APIView
 from controlplane import availability
 from controlplane.errors import DomainError
 from controlplane.longpoll import abandoned, pause, release_connection
-from fleet import services
+from fleet import selectors, services
 from fleet.calls import gate_call
 from fleet.models import BudgetLimit, Halt, RateLimit
 from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, GATE, GATE_STATUS
 from tenants.permissions import TenantScopedViewMixin
 
 MAX_WAIT_S = 25.0
+# The status names at most this many quarantined sagas (an SDK holding budget leases decides no
+# call of a saga named there in process; past it, `quarantined_truncated`: none at all).
+QUARANTINED_SHOWN = 1000
 
 
 def _body(request: Request) -> dict[str, Any]:
@@ -110,15 +114,125 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
         return response
 
 
+# ------------------------------------------------------------------------------------------ leases
+
+_LEASE_ANSWER = inline_serializer(
+    "GateLeaseAnswer",
+    {
+        "decision": serializers.ChoiceField(choices=["lease", "per_call"]),
+        "reason": serializers.CharField(required=False),
+        "lease_id": serializers.UUIDField(required=False),
+        "ttl_ms": serializers.IntegerField(required=False),
+        "limits": serializers.ListField(child=serializers.DictField(), required=False),
+        "scope_args": serializers.ListField(child=serializers.CharField(), required=False),
+        "returned": serializers.DictField(required=False),
+    },
+)
+
+
+def _uuid(value: Any, name: str) -> uuid.UUID:
+    try:
+        if isinstance(value, str) and len(value) <= 40:
+            return uuid.UUID(value)
+    except ValueError:
+        pass
+    raise DomainError(400, "invalid", f"{name}: a UUID", field=name)
+
+
+def _returned(tenant: Any, data: Any, actor: str, name: str) -> dict[str, Any]:
+    """Give one lease back (`{"lease_id", "used": {limit: amount}}`), as its route or a renewal."""
+    if not isinstance(data, dict):
+        raise DomainError(400, "invalid", f"{name}: a JSON object", field=name)
+    used = data.get("used", {})
+    if not isinstance(used, dict):
+        raise DomainError(400, "invalid", f"{name}.used: an object of amounts by limit", field=f"{name}.used")
+    try:
+        answer = services.give_back_lease(
+            tenant, _uuid(data.get("lease_id"), f"{name}.lease_id"), used, actor=actor
+        )
+    except ValueError as exc:
+        raise DomainError(400, "invalid", f"{name}.{exc}", field=f"{name}.used") from None
+    if answer is None:
+        raise DomainError(404, "not_found", "no such lease")
+    return answer
+
+
+class GateLeaseView(TenantScopedViewMixin, APIView):
+    """Lease budget units for up to `calls` calls like this one (its tool, agent and the arguments
+    that scope its budgets), decided by the agent in process until `ttl_ms` passes; or `per_call`
+    with the reason (ask `gate/evaluate` per call). `returns` gives an earlier lease back in the same
+    round trip (a renewal). A lease never refuses: a refusal is the per-call gate's."""
+
+    access = {"POST": GATE}
+
+    @extend_schema(
+        operation_id="gate_lease",
+        request=inline_serializer(
+            "GateLeaseCall",
+            {
+                "lease_id": serializers.UUIDField(),
+                "calls": serializers.IntegerField(),
+                "saga_id": serializers.CharField(),
+                "tool": serializers.CharField(),
+                "args": serializers.DictField(required=False),
+                "agent": serializers.CharField(required=False),
+                "tags": serializers.ListField(child=serializers.CharField(), required=False),
+                "returns": serializers.DictField(required=False),
+            },
+        ),
+        responses={200: _LEASE_ANSWER},
+    )
+    def post(self, request: Request) -> Response:
+        data = _body(request)
+        lease_id = _uuid(data.get("lease_id"), "lease_id")
+        calls = data.get("calls")
+        if (
+            isinstance(calls, bool)
+            or not isinstance(calls, int)
+            or not 1 <= calls <= services.LEASE_MAX_CALLS
+        ):
+            raise DomainError(400, "invalid", f"calls: 1 to {services.LEASE_MAX_CALLS}", field="calls")
+        call = gate_call({**data, "step_id": "lease"}, self.api_key.prefix if self.api_key else "")
+        returned = (
+            _returned(self.tenant, data["returns"], self.actor, "returns") if "returns" in data else None
+        )
+        answer = services.grant_lease(self.tenant, call, calls=calls, lease_id=lease_id, actor=self.actor)
+        if returned is not None:
+            answer["returned"] = returned
+        return Response(answer)
+
+
+class GateLeaseReturnView(TenantScopedViewMixin, APIView):
+    """Give a lease back: `{"used": {limit: amount}}` is recorded (at most what was granted), the
+    rest returns to the budgets. Once per lease: a retry answers the first."""
+
+    access = {"POST": GATE}
+
+    @extend_schema(
+        operation_id="gate_lease_return",
+        request=inline_serializer("GateLeaseReturn", {"used": serializers.DictField(required=False)}),
+        responses={200: _LEASE_ANSWER},
+    )
+    def post(self, request: Request, lease_id: str) -> Response:
+        try:
+            uuid.UUID(lease_id)
+        except ValueError:
+            raise DomainError(404, "not_found", "no such lease") from None
+        return Response(_returned(self.tenant, {**_body(request), "lease_id": lease_id}, self.actor, "body"))
+
+
 # ------------------------------------------------------------------------------------ fleet status
 
 
 def _status() -> dict[str, Any]:
     halts = [_halt_json(h) for h in services.halts_in_force()]
+    quarantined = sorted(selectors.quarantined_saga_ids().order_by("saga_id")[: QUARANTINED_SHOWN + 1])
     state = {
         "halts": halts,
         "governed_tools": services.governed_tools(),
         "breakers": services.status_entries(),
+        "quarantined": quarantined[:QUARANTINED_SHOWN],
+        "quarantined_truncated": len(quarantined) > QUARANTINED_SHOWN,
     }
     digest = hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {**state, "version": digest}

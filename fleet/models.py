@@ -244,3 +244,40 @@ class BreakerTally(TenantScopedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="one_breaker_tally_per_key")]
+
+
+class LeaseState(models.TextChoices):
+    OUTSTANDING = "outstanding", "Outstanding: every granted unit counted"
+    RETURNED = "returned", "Returned: what was used counted, the rest given back"
+
+
+class GateLease(TenantScopedModel):
+    """Budget units granted to one agent ahead of its calls (ARCHITECTURE §8.3, leases): debited from
+    the counters at the grant, all or none, so that spent + every outstanding lease never exceeds a
+    cap. Part of the ledger: an outstanding lease counts every granted unit (also once it has
+    expired, until returned), a returned one what its holder reported used; rebuilds and usage read
+    it so. Never deleted."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    saga_id = models.CharField(max_length=128)  # the saga whose call asked for it
+    tool = models.CharField(max_length=200)
+    agent = models.CharField(max_length=100, blank=True, default="")
+    api_key_prefix = models.CharField(max_length=12, blank=True, default="")
+    # As GateDecision.debits, `amount` the units granted, plus `per_call` (one call's amount) and
+    # `bucket` (the window bucket the grant was debited to, where unused units are given back).
+    debits = models.JSONField(default=list)
+    used = models.JSONField(null=True, blank=True)  # units used, one per debit, once returned
+    state = models.CharField(max_length=12, choices=LeaseState.choices, default=LeaseState.OUTSTANDING)
+    granted_ms = models.BigIntegerField()  # the limit store's clock at the grant
+    granted_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    returned_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "granted_at"], name="fleet_lease_granted")]
+
+    def counted(self) -> list[int]:
+        """Units each debit holds in the counters: all granted while outstanding, else those used."""
+        if self.state == LeaseState.OUTSTANDING or self.used is None:
+            return [int(d["amount"]) for d in self.debits]
+        return [int(u) for u in self.used]

@@ -20,6 +20,9 @@ from fleet.actions.budgets import budget_values, create_budget, delete_budget
 from fleet.actions.changes import FleetError, policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
+from fleet.actions.leases import MAX_CALLS as LEASE_MAX_CALLS
+from fleet.actions.leases import give_back as give_back_lease
+from fleet.actions.leases import grant as grant_lease
 from fleet.actions.ledger import (
     DENIALS_KEPT_FOR,
     budget_usage,
@@ -54,6 +57,7 @@ __all__ = [
     "DENIALS_KEPT_FOR",
     "MAX_WINDOW_S",
     "BudgetCreate",
+    "LEASE_MAX_CALLS",
     "DatabaseStore",
     "breaker_phase",
     "breaker_spec",
@@ -81,7 +85,9 @@ __all__ = [
     "forget_policies",
     "gate_tag",
     "get_store",
+    "give_back_lease",
     "governed_tools",
+    "grant_lease",
     "halt",
     "halt_values",
     "halts_in_force",

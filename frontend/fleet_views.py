@@ -90,6 +90,8 @@ def _gauge(usage: dict[str, Any]) -> dict[str, Any]:
         **usage,
         "used_text": _amount(str(usage["used"])),
         "cap_text": _amount(str(usage["cap"])),
+        # Of what is used, units held by outstanding budget leases (counted whole until returned).
+        "leased_text": _amount(str(usage.get("leased", "0"))) if usage.get("leased", "0") != "0" else "",
         "percent": min(100, round(ratio * 100)),
         "high": str(Decimal(str(usage["cap"])) * Decimal("0.8")),
         "level": "full" if ratio >= 0.999 else ("high" if ratio >= 0.8 else "ok"),

@@ -9,16 +9,19 @@ from typing import Any
 from django.utils import timezone
 
 from fleet import gate
-from fleet.models import BudgetLimit, Decision, GateDecision, RateLimit
+from fleet.models import BudgetLimit, Decision, GateDecision, GateLease, LeaseState, RateLimit
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 
 
 def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[str, Any]]:
-    """Spend per scope of one budget over its window, read from the ledger (the durable truth)."""
+    """Spend per scope of one budget over its window, read from the ledger (the durable truth):
+    allowed calls, plus every lease granted in the window — all it was granted while outstanding
+    (`leased` says how much of `used` that is), what its holder used once returned."""
     now = now or timezone.now()
     since = now - timedelta(seconds=limit.window_s)
     totals: dict[str, int] = {}
+    leased: dict[str, int] = {}
     rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
         "debits", flat=True
     )
@@ -26,11 +29,18 @@ def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[s
         for debit in debits:
             if debit.get("kind") == "budget" and debit.get("limit") == limit.name:
                 totals[debit["scope"]] = totals.get(debit["scope"], 0) + int(debit["amount"])
+    for lease in GateLease.objects.filter(granted_at__gte=since):
+        for debit, units in zip(lease.debits, lease.counted(), strict=True):
+            if debit.get("limit") == limit.name:
+                totals[debit["scope"]] = totals.get(debit["scope"], 0) + units
+                if lease.state == LeaseState.OUTSTANDING:
+                    leased[debit["scope"]] = leased.get(debit["scope"], 0) + units
     cap = gate.to_units(limit.max_total)
     return [
         {
             "scope": scope,
             "used": gate.from_units(used),
+            "leased": gate.from_units(leased.get(scope, 0)),
             "cap": gate.from_units(cap),
             "ratio": used / cap if cap else 1,
         }
@@ -59,8 +69,9 @@ def rate_usage(limit: RateLimit, now: datetime | None = None) -> list[dict[str, 
 
 def spend_since(since: datetime) -> tuple[int, int]:
     """The fleet's spend as agent-saga's `get_fleet_budget` reports it, from the ledger: (units of
-    budgeted arguments that allowed calls since `since` spent, each call counted once — its largest
-    budget debit when several budgets matched it —, and how many distinct agents were allowed)."""
+    budgeted arguments that allowed calls and leases since `since` spent, each call counted once —
+    its largest budget debit when several budgets matched it; a lease what it counts (`GateLease.
+    counted`), its largest debit likewise —, and how many distinct agents were allowed)."""
     units = 0
     agents: set[str] = set()
     rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
@@ -69,6 +80,9 @@ def spend_since(since: datetime) -> tuple[int, int]:
     for agent, key_prefix, debits in rows.iterator():
         agents.add(agent or f"key:{key_prefix}")
         units += max((int(d["amount"]) for d in debits if d.get("kind") == "budget"), default=0)
+    for lease in GateLease.objects.filter(granted_at__gte=since):
+        agents.add(lease.agent or f"key:{lease.api_key_prefix}")
+        units += max(lease.counted(), default=0)
     return units, len(agents)
 
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core import snapshots
-from fleet.models import Decision, GateDecision
+from fleet.models import Decision, GateDecision, GateLease
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, RedisStore
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
@@ -51,14 +51,19 @@ def gate_tag(tenant: Tenant) -> str:
 
 
 def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
-    """The tenant's allowed decisions since `since_ms` (what a Redis rebuild replays)."""
+    """The tenant's allowed decisions and leases since `since_ms` (what a Redis rebuild replays): a
+    lease as what it counts (`GateLease.counted`) in the bucket of its grant."""
     tenant = Tenant.objects.get(pk=tenant_id)
     since = datetime.fromtimestamp(since_ms / 1000, tz=timezone.get_current_timezone())
     with tenant_context(tenant):
         rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
             "id", "idempotency_key", "decided_at", "debits"
         )
-        return [
+        entries = [
             LedgerEntry(str(pk), key, int(decided_at.timestamp() * 1000), debits)
             for pk, key, decided_at, debits in rows.iterator()
         ]
+        for lease in GateLease.objects.filter(granted_ms__gte=since_ms):
+            debits = [{**d, "amount": units} for d, units in zip(lease.debits, lease.counted(), strict=True)]
+            entries.append(LedgerEntry(str(lease.pk), f"lease:{lease.pk}", lease.granted_ms, debits))
+        return entries

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import Client, SagaplaneError, TransportError
+from .leases import LeaseHolder
 from .names import glob_matches, same_name
 
 logger = logging.getLogger("sagaplane.gate")
@@ -102,6 +103,8 @@ class FleetState:
     breakers: list[dict[str, Any]] = field(default_factory=list)  # open or half-open
     version: str = ""
     read_at: float | None = None  # time.monotonic() of the last answer; None: never read
+    quarantined: frozenset[str] = frozenset()
+    quarantined_truncated: bool = False
 
 
 def _halt_matches(scope: str, call: Call) -> bool:
@@ -129,7 +132,9 @@ class Gate:
         clock: Callable[[], float] = time.monotonic,
         poll_wait: float = POLL_WAIT_S,
         approval_wait: float = APPROVAL_WAIT_S,
+        leases: bool = False,
     ) -> None:
+        """`leases`: decide calls within budget leases held in process (`sagaplane.leases`)."""
         self.grace = grace
         self.clock = clock
         self.poll_wait = poll_wait
@@ -138,6 +143,7 @@ class Gate:
         self._poll = Client(url, api_key, timeout=poll_wait + 15.0)
         # Approval long-polls (the client keeps one connection per thread: waiters do not share).
         self._wait = Client(url, api_key, timeout=approval_wait + 15.0)
+        self.leases = LeaseHolder(self._ask) if leases else None
         self._state = FleetState()
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -152,6 +158,8 @@ class Gate:
         return self
 
     def close(self) -> None:
+        if self.leases is not None:
+            self.leases.revoke()  # given back with what was used
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
@@ -194,10 +202,16 @@ class Gate:
             breakers=[b for b in body.get("breakers", []) if isinstance(b, dict)],
             version=str(body.get("version", "")),
             read_at=self.clock(),
+            quarantined=frozenset(q for q in body.get("quarantined", []) if isinstance(q, str)),
+            quarantined_truncated=bool(body.get("quarantined_truncated", False)),
         )
         with self._changed:
+            changed = self._state.version not in ("", state.version)
             self._state = state
             self._changed.notify_all()
+        if changed and self.leases is not None:
+            # A halt, a limit or a quarantine changed: no lease granted before it decides a call.
+            self.leases.revoke()
 
     def refresh(self) -> None:
         """Read the fleet state now (once), in this thread."""
@@ -250,11 +264,12 @@ class Gate:
                 continue
             raise GateDenied("halted", {"scope": halt.get("scope"), "halt_reason": halt.get("reason")})
         governed = any(glob_matches(glob, call.tool) for glob in state.governed_tools)
+        trial = False
         for breaker in state.breakers:
             if not glob_matches(str(breaker.get("tool", "")), call.tool):
                 continue
             if breaker.get("state") != "open":  # half-open: the gate picks the one trial call
-                governed = True
+                governed = trial = True
                 continue
             name = breaker.get("name")
             raise GateDenied(
@@ -267,6 +282,16 @@ class Gate:
             )
         if not governed and not draining:
             return None
+        # A budget lease decides in process, but never for a saga set aside, nor while a drain
+        # (only the server knows which sagas ran before it), a breaker's trial or an unnamed
+        # quarantine may apply.
+        leasing = (
+            not (draining or trial or state.quarantined_truncated) and call.saga_id not in state.quarantined
+        )
+        if self.leases is not None and leasing:
+            held = self.leases.decide(call.saga_id, call.tool, call.agent, call.args)
+            if held is not None:
+                return held
         body = {
             "saga_id": call.saga_id,
             "step_id": call.step_id,

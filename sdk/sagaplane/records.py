@@ -144,6 +144,9 @@ def gate_allow(wal: WAL, step: Step, answer: dict[str, Any]) -> None:
     }
     if answer.get("approvals"):
         fields["approvals"] = answer["approvals"]  # the approvals this authorisation used
+    if answer.get("lease"):
+        # Decided in process on a budget lease: what it took of each limit (sagaplane.leases).
+        fields["lease"], fields["debits"] = answer["lease"], answer.get("debits", {})
     wal.emit(Event.GATE_ALLOW, fields, buffered=True)
 
 

@@ -58,6 +58,7 @@ def configure(
     agent: str | None = None,
     gate: bool | None = None,
     gate_grace: float = DEFAULT_GRACE_S,
+    gate_leases: bool = False,
     segment_bytes: int = SEGMENT_BYTES,
     segment_age_s: float = SEGMENT_AGE_S,
     secret_resolver: Resolver | None = None,
@@ -72,6 +73,8 @@ def configure(
     `gate=None` asks the control plane's pre-flight gate before every step whenever a URL is known
     (the API key needs the `gate` scope); `gate=False` turns it off. With the gate on, a control
     plane unreachable for longer than `gate_grace` seconds refuses every step (fail closed).
+    `gate_leases=True` decides budgeted calls in process within budget leases the control plane
+    grants (`sagaplane.leases`; ARCHITECTURE §8.3).
 
     The WAL rolls over to a new segment past `segment_bytes` or `segment_age_s`; a sealed segment
     the control plane has acknowledged and no open saga needs is removed (ARCHITECTURE §3, "The
@@ -109,7 +112,7 @@ def configure(
     if gate is None:
         gate = bool(url)
     if gate:
-        gate_client = Gate(url, api_key, grace=gate_grace).start()
+        gate_client = Gate(url, api_key, grace=gate_grace, leases=gate_leases).start()
     set_default_wal(wal)
     set_resolver(secret_resolver)
     set_default_confirm(confirm)

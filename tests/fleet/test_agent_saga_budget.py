@@ -74,7 +74,9 @@ def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, c
     assert answer["total_spend"] == 49_999.5  # the refusal spent nothing
     assert answer["fleet_nodes"] == 3
     usage = {b["name"]: b["usage"] for b in answer["budgets"]}
-    assert usage["daily stripe"] == [{"scope": "fleet", "used": "49999.5", "cap": "50000", "ratio": 0.99999}]
+    assert usage["daily stripe"] == [
+        {"scope": "fleet", "used": "49999.5", "leased": "0", "cap": "50000", "ratio": 0.99999}
+    ]
     # The window: a spend older than it is not counted.
     with tenant_context(alice.tenant):
         first = GateDecision.objects.filter(saga_id="s-billing-bot-0").get()

@@ -57,22 +57,24 @@ def free_port() -> int:
 class OwnRedis:
     url: str
     process: subprocess.Popen[Any]
+    folder: Path | None = None
 
     def kill(self) -> None:
         """SIGKILL, as a crashed or OOM-killed Redis: no shutdown, no save."""
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
+    def restart(self) -> None:
+        """SIGKILL, then a new server on the same port, empty (nothing was saved)."""
+        self.kill()
+        assert self.folder is not None
+        self.process = _start_redis(int(self.url.rsplit(":", 1)[1].split("/")[0]), self.folder)
 
-@contextmanager
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+
+def _start_redis(port: int, folder: Path) -> subprocess.Popen[Any]:
     binary = shutil.which("redis-server")
     if binary is None:
         unavailable("redis-server is not installed")
-
-    port = free_port()
-    folder = tmp_path / f"redis-{port}"
-    folder.mkdir()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         cwd=folder,
@@ -87,11 +89,25 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
             deadline=STARTUP_DEADLINE,
             alive=process,
         )
-        yield OwnRedis(url, process)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
+    return process
+
+
+@contextmanager
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    port = free_port()
+    folder = tmp_path / f"redis-{port}"
+    folder.mkdir()
+    server = OwnRedis(f"redis://127.0.0.1:{port}/0", _start_redis(port, folder), folder)
+    try:
+        yield server
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait(timeout=30)
 
 
 # --------------------------------------------------------------------------------- Postgres

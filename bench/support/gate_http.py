@@ -1,0 +1,319 @@
+"""The gate benchmark over HTTP: the production server (gunicorn), the load generator, and how long a
+halt takes to reach an SDK gate in another process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.support.gate_common import (  # noqa: E402
+    ROOT,
+    Run,
+    _call_args,
+    _free_port,
+    _overspend_check,
+    _summary,
+    healthy,
+    perf,
+    stop_group,
+    wait_until,
+)
+from bench.support.gate_inprocess import _warm_redis_marker
+
+# ---------------------------------------------------------------------------------------------- HTTP
+
+
+def _server_env(db_url: str, redis_url: str, data_dir: Path, store_name: str) -> dict[str, str]:
+    """The production configuration (as tests/hostile/production.py): runtime role only, real
+    secrets; plain http on loopback with the proxy's X-Forwarded-Proto, no redirect (the SDK's
+    long-poll speaks plain http to it)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_")) and k != "DATABASE_OWNER_URL"
+    }
+    env.update(
+        {
+            "SAGAPLANE_ENV": "production",
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "DATABASE_URL": db_url,
+            "REDIS_URL": redis_url,
+            "SECRET_KEY": os.environ["SECRET_KEY"],
+            "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
+            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
+            "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
+            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
+            "SECURE_SSL_REDIRECT": "0",
+            "SAGAPLANE_DATA_DIR": str(data_dir),
+            "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
+            "STATIC_ROOT": str(data_dir / "static"),
+            "SAGAPLANE_GATE_STORE": store_name,
+            "LOG_LEVEL": "WARNING",
+        }
+    )
+    return env
+
+
+_server_pids: dict[str, int] = {}  # url -> the gunicorn master's pid (for its CPU seconds)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and its live children (gunicorn workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    for one in pids:
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
+@contextmanager
+def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
+    """The README's production command on a free loopback port."""
+
+    # The production URL map names a static file (the favicon): its manifest must be in this
+    # run's STATIC_ROOT, as `infra/cluster.sh up` collects it before starting the server.
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
+    )
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "gunicorn"),
+                "controlplane.asgi:application",
+                "-k",
+                "uvicorn.workers.UvicornWorker",
+                "--workers",
+                str(workers),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--graceful-timeout",
+                "5",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: healthy(url, {"X-Forwarded-Proto": "https"}),
+            "the control plane to start",
+            deadline=120,
+            alive=process,
+            context=lambda: log.read_text()[-3000:],
+        )
+        _server_pids[url] = process.pid
+        yield url
+    finally:
+        _server_pids.pop(url, None)
+        stop_group(process, first=signal.SIGTERM)
+
+
+async def _http_load(
+    port: int, key: str, bodies: list[list[bytes]]
+) -> tuple[list[float], int, float, list[str]]:
+    """One keep-alive HTTP/1.1 connection per client, each POSTing its bodies in turn.
+
+    A minimal client on purpose: the load generator shares the server's 2 cores, and a full HTTP
+    library's per-request cost (several times this one's) would be measured as the server's."""
+    head = (
+        "POST /api/v1/gate/evaluate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        "X-Forwarded-Proto: https\r\nContent-Length: "
+    ).encode()
+    latencies: list[float] = []
+    errors: list[str] = []
+    allowed = 0
+
+    async def client(mine: list[bytes], ready: asyncio.Event) -> None:
+        nonlocal allowed
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await ready.wait()
+        try:
+            for body in mine:
+                t0 = perf()
+                writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+                status = await reader.readline()
+                length = -1
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if length < 0:
+                    raise RuntimeError(f"no Content-Length in the answer to a gate call: {status!r}")
+                payload = await reader.readexactly(length)
+                latencies.append(perf() - t0)
+                if not status.startswith(b"HTTP/1.1 200"):
+                    errors.append(f"{status.decode().strip()} {payload[:200]!r}")
+                elif json.loads(payload)["decision"] == "allow":
+                    allowed += 1
+        finally:
+            writer.close()
+
+    ready = asyncio.Event()
+    tasks = [asyncio.create_task(client(mine, ready)) for mine in bodies]
+    await asyncio.sleep(0.5)  # let every connection open before the clock starts
+    t0 = perf()
+    ready.set()
+    await asyncio.gather(*tasks)
+    return latencies, allowed, perf() - t0, errors
+
+
+def over_http(url: str, store_name: str, limits: int, clients: int, total: int) -> dict[str, Any]:
+    run = Run(limits, total, keys=True)
+    if store_name == "redis":
+        _warm_redis_marker(run.tenant)
+    port = int(urllib.parse.urlsplit(url).port or 80)
+    per_client = total // clients
+    prefix = uuid.uuid4().hex[:8]
+    bodies = [
+        [
+            json.dumps(
+                {
+                    "saga_id": f"{prefix}-{n}-{i}",
+                    "step_id": "1",
+                    "tool": "bench.charge",
+                    "args": _call_args(n),
+                    "agent": f"agent-{n % 4}",
+                }
+            ).encode()
+            for i in range(per_client)
+        ]
+        for n in range(clients)
+    ]
+    # Warm-up: every worker has loaded its URLconf and opened its pool (an ungoverned tool: no debit).
+    warm = [
+        [json.dumps({"saga_id": f"w-{n}", "step_id": "1", "tool": "warm.up"}).encode()] * 4 for n in range(4)
+    ]
+    asyncio.run(_http_load(port, run.gate_key, warm))
+    server_pid = _server_pids.get(url)
+    server_cpu, client_cpu = _tree_cpu_s(server_pid) if server_pid else 0.0, time.process_time()
+    latencies, allowed, wall, errors = asyncio.run(_http_load(port, run.gate_key, bodies))
+    server_cpu = (_tree_cpu_s(server_pid) - server_cpu) if server_pid else math.nan
+    client_cpu = time.process_time() - client_cpu
+    if errors:
+        raise SystemExit(f"{len(errors)} gate call(s) failed, first: {errors[0]}")
+    decisions = per_client * clients
+    return {
+        "store": store_name,
+        "clients": clients,
+        "limits": limits,
+        **_summary(latencies, wall),
+        # CPU per decision of the server's processes (gunicorn and its workers) and of this load
+        # generator: what 2 idle cores would have to cover, before Postgres' and Redis' own.
+        "server_cpu_ms_per_decision": round(server_cpu * 1000 / decisions, 3),
+        "load_generator_cpu_ms_per_decision": round(client_cpu * 1000 / decisions, 3),
+        "budget": _overspend_check(allowed, per_client * clients, run.cap, run.ledger_spent()),
+    }
+
+
+# --------------------------------------------------------------------------------- halt propagation
+
+WATCHER = textwrap.dedent(
+    """
+    import sys, time
+    from sagaplane.gate import Call, Gate, GateDenied
+
+    gate = Gate(sys.argv[1], sys.argv[2]).start()
+    call = Call(saga_id="watch", step_id="1", tool="bench.charge", semantics="COMPENSABLE", args={})
+
+    def refused():
+        try:
+            gate.check(call)
+            return False
+        except GateDenied as denied:
+            if denied.reason != "halted":
+                raise
+            return True
+
+    print("ready" if gate.status()["ready"] else "not-ready", flush=True)
+    for line in sys.stdin:
+        want = line.strip() == "until-halted"
+        started = time.monotonic()
+        while refused() != want and time.monotonic() - started < 30:
+            time.sleep(0.001)  # this agent's own view: no request, the long-poll thread keeps it
+        print(repr(time.time()) if refused() == want else "timeout", flush=True)
+    """
+)
+
+
+def halt_reach(url: str, trials: int) -> dict[str, Any]:
+    """Engage a halt over the API; time until a waiting SDK Gate in another process refuses."""
+    import httpx
+
+    # No limit: the watched tool is ungoverned, so the SDK decides it locally from the long-polled
+    # state (no request per check) and only the halt can refuse it.
+    run = Run(0, 2, keys=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "sdk")}
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, url, run.gate_key],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert watcher.stdin is not None and watcher.stdout is not None
+    operator = httpx.Client(
+        base_url=url,
+        headers={"Authorization": f"Bearer {run.control_key}", "X-Forwarded-Proto": "https"},
+        timeout=30,
+    )
+    seconds: list[float] = []
+    try:
+        if watcher.stdout.readline().strip() != "ready":
+            raise SystemExit("the SDK gate never read the fleet state")
+        for _ in range(trials):
+            watcher.stdin.write("until-halted\n")
+            watcher.stdin.flush()
+            engaged = time.time()
+            response = operator.post("/api/v1/fleet/halts", json={"scope": "tool:bench.*", "reason": "bench"})
+            assert response.status_code == 201, response.text
+            seen = watcher.stdout.readline().strip()
+            if seen == "timeout":
+                raise SystemExit("a halt did not reach the SDK within 30 s")
+            seconds.append(float(seen) - engaged)
+            assert operator.delete(f"/api/v1/fleet/halts/{response.json()['id']}").status_code == 204
+            watcher.stdin.write("until-resumed\n")
+            watcher.stdin.flush()
+            if watcher.stdout.readline().strip() == "timeout":
+                raise SystemExit("a resume did not reach the SDK within 30 s")
+    finally:
+        operator.close()
+        watcher.kill()
+        watcher.wait(timeout=30)
+    ms = [s * 1000 for s in seconds]
+    return {
+        "trials": trials,
+        "p50_ms": round(statistics.median(ms), 1),
+        "max_ms": round(max(ms), 1),
+        "all_ms": [round(x, 1) for x in ms],
+        "target_ms": 1000,
+    }
