@@ -27,12 +27,12 @@ from bench.support.gate_common import (  # noqa: E402
     _free_port,
     _overspend_check,
     _summary,
-    healthy,
     perf,
-    stop_group,
-    wait_until,
 )
 from bench.support.gate_inprocess import _warm_redis_marker
+from tests.support.probes import healthy
+from tests.support.processes import stop_group
+from tests.support.waiting import wait_until
 
 # ---------------------------------------------------------------------------------------------- HTTP
 
