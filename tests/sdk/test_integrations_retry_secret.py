@@ -138,3 +138,34 @@ def test_a_secret_argument_that_names_no_reference_is_refused(tmp_path: Path) ->
     ):
         governor.call_sync(saga, "charge", {"amount": 1, "api_key": "not a name"}, lambda r: {"id": 1})
     assert refused.value.reason == "invalid_secret"
+
+
+class RecordingGate:
+    def __init__(self) -> None:
+        self.args: list[dict[str, Any]] = []
+
+    def check(self, call: Any) -> dict[str, Any]:
+        self.args.append(call.args)
+        return {"decision": "allow", "authorization_id": "az"}
+
+
+@pytest.mark.usefixtures("vault")
+def test_the_preflight_asks_the_gate_about_the_same_arguments_as_the_call(tmp_path: Path) -> None:
+    from sagaplane.saga import set_default_gate
+
+    gate = RecordingGate()
+    set_default_gate(gate)  # type: ignore[arg-type]
+    governor = core.Governor(POLICY, capture=lambda tool, arguments: {"id": 1})
+    arguments = {"amount": 1, "api_key": "stripe"}
+    try:
+
+        async def run() -> None:
+            with sp.WAL(tmp_path / "a.wal", fsync=False) as wal:
+                async with sp.saga(name="p", wal=wal) as saga:
+                    assert await governor.preflight(saga, "charge", arguments, step_id="s1") is None
+                    await governor.call(saga, "charge", arguments, lambda resolved: {"id": 1}, step_id="s1")
+
+        asyncio.run(run())
+    finally:
+        set_default_gate(None)
+    assert gate.args == [{"amount": 1, "api_key": {"$secret": "stripe"}}] * 2

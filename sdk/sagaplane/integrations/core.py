@@ -399,12 +399,12 @@ class Governor:
         if spec is None or gate is None:
             return None
         tokens = (next_step_id.set(step_id), wait_for_approvals.set(False))
-        try:
-            step = saga._new_step(spec, (), dict(arguments))
+        try:  # the arguments as the call will have them (its secret ones as references)
+            step = saga._new_step(spec, (), self._references(tool, arguments))
             await asyncio.to_thread(gate.check, saga._gate_call(step))
         except ApprovalPending as pending:
             return _pending(saga, tool, arguments, pending, step_id)
-        except (GateDenied, TemplateError):
+        except (GateDenied, TemplateError, Refused, SecretError):
             return None  # refused: the call itself records the refusal and answers with it
         finally:
             wait_for_approvals.reset(tokens[1])
