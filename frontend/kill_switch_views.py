@@ -1,0 +1,124 @@
+"""The kill switches' history and the gate's refusals, filterable (issue 29, item 3): two pages
+beside the Fleet page, both read through `fleet.selectors`, keyset-paginated (Older, by the last
+row's time and id, as the saga list), every member (READ), the active tenant only.
+
+- `/fleet/halts/history`: every kill switch, engaged, lifted or lapsed, by whom and why.
+- `/fleet/denials/`: the gate's refusals by tool, agent, reason and time range. The agent's own
+  refusals (its SDK's view of a halt, an IRREVERSIBLE step nobody confirmed) are not gate
+  decisions: they reach the control plane as the agent's GATE_DENY / STEP_REFUSED records, shown
+  on their saga's timeline (`frontend.saga_story`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from controlplane.numbers import ascii_int
+from fleet import selectors
+from fleet.models import Halt
+from frontend.fleet_views import _why
+from frontend.views import MemberRequest, member_page, page
+from tenants.access import READ
+
+PAGE_SIZE = 50
+RANGES = [
+    ("1h", "Last hour", 1),
+    ("24h", "Last 24 hours", 24),
+    ("7d", "Last 7 days", 168),
+    ("30d", "Last 30 days", 720),
+]
+REASONS = [
+    ("halted", "Kill switch (halt)"),
+    ("draining", "Kill switch (drain)"),
+    ("budget_exceeded", "Budget exceeded"),
+    ("rate_limited", "Rate limited"),
+    ("circuit_open", "Circuit breaker open"),
+    ("quarantined", "Saga quarantined"),
+    ("approval_denied", "Approval denied"),
+    ("approval_expired", "Approval expired"),
+    ("invalid_argument", "Argument not countable"),
+    ("limit_store_unavailable", "Limit store unavailable"),
+]
+TEXT_MAX = 200
+
+
+def _before(request: HttpRequest, *, integer_id: bool) -> tuple[datetime, Any] | None:
+    """The `before=<ISO time>~<id>` of an Older link; anything else is the first page."""
+    moment, _, key = request.GET.get("before", "").rpartition("~")
+    try:
+        when = datetime.fromisoformat(moment)
+        ident: Any = ascii_int(key) if integer_id else uuid.UUID(key)
+    except ValueError:
+        return None
+    if ident is None or when.tzinfo is None:
+        return None
+    return when.astimezone(UTC), ident
+
+
+def _older(query: dict[str, str], when: datetime, ident: Any) -> str:
+    return "?" + urlencode({**{k: v for k, v in query.items() if v}, "before": f"{when.isoformat()}~{ident}"})
+
+
+def _halt_state(halt: Halt, now: datetime) -> tuple[str, str]:
+    if halt.lifted_at is not None:
+        return "lifted", "Lifted"
+    if halt.expires_at is not None and halt.expires_at <= now:
+        return "expired", "Expired"
+    return "in-force", "In force"
+
+
+@member_page({"GET": READ}, section="fleet")
+def halt_history(request: MemberRequest) -> HttpResponse:
+    now = timezone.now()
+    halts = selectors.halt_history(before=_before(request, integer_id=True), limit=PAGE_SIZE + 1)
+    shown = halts[:PAGE_SIZE]
+    rows = [{"halt": h, "state": _halt_state(h, now)} for h in shown]
+    older = _older({}, shown[-1].created_at, shown[-1].pk) if len(halts) > PAGE_SIZE else ""
+    first = "?" if request.GET.get("before") else ""
+    return page(
+        request, "frontend/halt_history.html", {"rows": rows, "older": older, "first": first}, section="fleet"
+    )
+
+
+def _filters(request: HttpRequest) -> dict[str, str]:
+    get = request.GET
+    reason = get.get("reason", "")
+    since = get.get("since", "")
+    return {
+        "tool": get.get("tool", "").strip()[:TEXT_MAX],
+        "agent": get.get("agent", "").strip()[:TEXT_MAX],
+        "reason": reason if reason in dict(REASONS) else "",
+        "since": since if since in {r[0] for r in RANGES} else "",
+    }
+
+
+@member_page({"GET": READ}, section="fleet")
+def denials(request: MemberRequest) -> HttpResponse:
+    filters = _filters(request)
+    hours = {key: n for key, _, n in RANGES}.get(filters["since"])
+    found = selectors.denials(
+        tool=filters["tool"],
+        agent=filters["agent"],
+        reason=filters["reason"],
+        since=timezone.now() - timedelta(hours=hours) if hours else None,
+        before=_before(request, integer_id=False),
+        limit=PAGE_SIZE + 1,
+    )
+    shown = found[:PAGE_SIZE]
+    older = _older(filters, shown[-1].decided_at, shown[-1].pk) if len(found) > PAGE_SIZE else ""
+    newest = "?" + urlencode({k: v for k, v in filters.items() if v})
+    context = {
+        "rows": [{"d": d, "why": _why(d)} for d in shown],
+        "filters": filters,
+        "filtered": any(filters.values()),
+        "reasons": REASONS,
+        "ranges": [(key, label) for key, label, _ in RANGES],
+        "older": older,
+        "first": newest if request.GET.get("before") else "",
+    }
+    return page(request, "frontend/denials.html", context, section="fleet")
