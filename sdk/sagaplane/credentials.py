@@ -110,29 +110,40 @@ def _is_marker(value: dict[Any, Any]) -> bool:
 
 def recorded(value: Any, *, markers: bool = False) -> Any:
     """`value` as it is recorded: every `Secret` replaced by its reference object. The same object
-    when it holds none (the common case costs one walk and no copy). A literal reference object is
-    refused (SecretError) unless `markers` (a compensation's arguments, which may carry the step's)."""
+    when it holds none (the common case costs one walk and no copy: this runs on every step). A
+    literal reference object is refused (SecretError) unless `markers` (a compensation's arguments,
+    which may carry the step's)."""
     kind = type(value)
     if kind in _SCALARS:
         return value
     if kind is Secret:
         return value.reference()
     if isinstance(value, dict):
-        if not markers and _is_marker(value):
+        if not markers and MARKER in value and _is_marker(value):
             raise SecretError(
                 f"a literal {{{MARKER!r}: ...}} in the arguments; only sp.secret() makes a reference"
             )
         out: dict[Any, Any] | None = None
         for key, item in value.items():
+            if type(item) in _SCALARS:
+                continue
             new = recorded(item, markers=markers)
             if new is not item:
                 out = dict(value) if out is None else out
                 out[key] = new
         return value if out is None else out
     if isinstance(value, list | tuple):
-        items = [recorded(item, markers=markers) for item in value]
-        changed = any(new is not old for new, old in zip(items, value, strict=True))
-        return (items if isinstance(value, list) else tuple(items)) if changed else value
+        items: list[Any] | None = None
+        for i, item in enumerate(value):
+            if type(item) in _SCALARS:
+                continue
+            new = recorded(item, markers=markers)
+            if new is not item:
+                items = list(value) if items is None else items
+                items[i] = new
+        if items is None:
+            return value
+        return items if isinstance(value, list) else tuple(items)
     return value
 
 
