@@ -8,7 +8,7 @@ grant is refused: the caller decides per call, and a small budget stays exact). 
 debits sits in the counters like any allowed call's debit, so spent + every outstanding lease
 never exceeds a cap. A give-back subtracts the unused units from the bucket the grant was
 debited to, once (a key of its own in Redis; the lease row's state under its lock in the
-database), and never below zero.
+database), and never below zero; an overrun (more used than granted) is added there instead.
 
 Redis keeps its own clock (`TIME`) as the gate does, and the same `ready` marker: a give-back to
 a store being rebuilt is dropped (the rebuild reads the ledger, which holds what the lease
@@ -80,8 +80,12 @@ if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 'dup' en
 for i = 1, tonumber(ARGV[2]) do
   local field, units = ARGV[1 + 2 * i], tonumber(ARGV[2 + 2 * i])
   local held = tonumber(redis.call('HGET', KEYS[2 + i], field) or '0')
-  local back = math.min(units, held)
-  if back > 0 then redis.call('HINCRBY', KEYS[2 + i], field, -back) end
+  if units > 0 then
+    local back = math.min(units, held)
+    if back > 0 then redis.call('HINCRBY', KEYS[2 + i], field, -back) end
+  elseif units < 0 and redis.call('EXISTS', KEYS[2 + i]) == 1 then
+    redis.call('HINCRBY', KEYS[2 + i], field, -units)  -- an overrun: counted, never refused
+  end
 end
 return 'ok'
 """
@@ -129,8 +133,9 @@ def give_back(
     buckets: Sequence[int],
     unused: Sequence[int],
 ) -> None:
-    """Subtract `unused[i]` from debit i's counter in bucket `buckets[i]` (once per lease; the
-    database store's caller holds the lease row's lock in its transaction)."""
+    """Subtract `unused[i]` from debit i's counter in bucket `buckets[i]`, or add it when negative
+    (an overrun: more was used than granted), once per lease (the database store's caller holds
+    the lease row's lock in its transaction). A counter gone with its window is left alone."""
     if isinstance(store, RedisStore):
         script = store.client.register_script(_GIVE_BACK)
         keys = [marker_key(tag), idempotency_redis_key(tag, lease_key(lease_id) + ":back")]
@@ -148,6 +153,8 @@ def give_back(
             LimitCounter.objects.filter(key=debit.key, bucket=bucket, amount__gte=units).update(
                 amount=F("amount") - units
             )
+        elif units < 0:
+            LimitCounter.objects.filter(key=debit.key, bucket=bucket).update(amount=F("amount") - units)
 
 
 def _redis_grant(

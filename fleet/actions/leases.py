@@ -33,6 +33,7 @@ from django.utils import timezone
 from controlplane import availability
 from core import snapshots
 from fleet import gate, hooks, leasestores
+from fleet.actions.changes import FleetError
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest, InvalidArgument
@@ -181,6 +182,13 @@ def _answer(row: GateLease) -> dict[str, Any]:
         ],
         "scope_args": sorted(scope_args),
     }
+    overrun = {
+        d["limit"]: gate.from_units(int(u) - int(d["amount"]))
+        for d, u in zip(row.debits, row.used or [], strict=False)
+        if int(u) > int(d["amount"])
+    }
+    if overrun:
+        answer["overrun"] = overrun
     if row.used is not None:
         answer["used"] = {
             d["limit"]: gate.from_units(int(u)) for d, u in zip(row.debits, row.used, strict=True)
@@ -197,7 +205,8 @@ def give_back(
     store: LimitStore | None = None,
 ) -> dict[str, Any] | None:
     """Record what the lease's holder used of each limit (`{limit name: amount}`, a limit not named
-    used nothing; more than granted counts as granted) and give the rest back. None: no such lease.
+    used nothing) and give the rest back; more than granted is an overrun, recorded and counted
+    against the limit, never refused (the effect happened). None: no such lease.
     Raises ValueError naming a limit whose amount is not an amount."""
     store = store or get_store()
     with tenant_context(tenant), transaction.atomic():
@@ -216,17 +225,20 @@ def give_back(
                 amount = gate.to_units(_amount(used.get(d["limit"], 0)))
             except ValueError as exc:
                 raise ValueError(f"used.{d['limit']}: {exc}") from None
-            if amount > int(d["amount"]):
-                log.warning("gate: lease %s reported %s > granted %s", row.id, amount, d["amount"])
-            spent.append(min(amount, int(d["amount"])))
+            spent.append(amount)  # more than granted: an overrun, counted (the effect happened)
         debits = [_debit(d) for d in row.debits]
         unused = [int(d["amount"]) - s for d, s in zip(row.debits, spent, strict=True)]
         try:
             leasestores.give_back(
                 store, gate_tag(tenant), str(row.id), debits, [int(d["bucket"]) for d in row.debits], unused
             )
-        except StoreUnavailable as exc:  # the units stay counted in Redis (refusal-biased)
-            log.warning("gate: lease %s not given back: %s", row.id, exc)
+        except StoreUnavailable as exc:
+            if any(u < 0 for u in unused):
+                # An overrun must be counted where the next decision reads, not only in the
+                # ledger: nothing recorded, the holder asks again (503).
+                detail = "the overrun could not be counted now: give the lease back again"
+                raise FleetError("limit_store_unavailable", "used", detail, status=503) from exc
+            log.warning("gate: lease %s not given back: %s", row.id, exc)  # stays counted (refusal-biased)
         row.used, row.state, row.returned_at = spent, LeaseState.RETURNED, timezone.now()
         row.save(update_fields=["used", "state", "returned_at"])
         return _answer(row)

@@ -274,3 +274,24 @@ def test_the_fleet_page_shows_what_of_a_budget_is_leased(alice: Person, store: L
     services.give_back_lease(alice.tenant, uuid.UUID(held["lease_id"]), {"tokens": 4}, actor=ACTOR)
     gauge = _gauge_of(owner, "tokens")
     assert 'data-used="4"' in gauge and "leased" not in gauge
+
+
+def test_more_used_than_granted_is_an_overrun_recorded_and_counted(
+    tenant_a: Tenant, store: LimitStore
+) -> None:
+    services.create_budget(
+        tenant_a,
+        services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
+    held = lease(tenant_a, 4, amount=1)
+    assert held["limits"][0]["granted"] == "4"
+    settled = services.give_back_lease(tenant_a, uuid.UUID(held["lease_id"]), {"tokens": "6.5"}, actor=ACTOR)
+    assert (
+        settled is not None
+        and settled["used"] == {"tokens": "6.5"}
+        and settled["overrun"] == {"tokens": "2.5"}
+    )
+    # Counted against the budget where the next decision reads, and in the ledger.
+    assert ask(tenant_a, amount=94) == "deny" and ask(tenant_a, amount=93.5) == "allow"
+    assert used_of(tenant_a)[0]["used"] == "100"
