@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from controlplane.errors import DomainError
 from fleet import services
-from fleet.api import _LIST, _body
+from fleet.api import _LIST
 from fleet.models import BreakerTransition, CircuitBreaker
 from tenants.access import FLEET_CONTROL, FLEET_VIEW
 from tenants.permissions import TenantScopedViewMixin
@@ -59,18 +59,6 @@ def breaker_json(breaker: CircuitBreaker, *, with_history: bool = False) -> dict
     return answer
 
 
-def _settings(required: bool) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
-    return {
-        "name": serializers.CharField(required=required),
-        "tool": serializers.CharField(required=required),
-        "consecutive_failures": serializers.IntegerField(required=required),
-        "failure_rate": serializers.FloatField(required=required),
-        "min_volume": serializers.IntegerField(required=required),
-        "window_s": serializers.IntegerField(required=required),
-        "cool_down_s": serializers.IntegerField(required=required),
-    }
-
-
 class BreakerListView(TenantScopedViewMixin, APIView):
     """Circuit breakers: per tool glob, opened fleet-wide by the outcomes agents ship."""
 
@@ -82,11 +70,13 @@ class BreakerListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="fleet_breakers_create",
-        request=inline_serializer("BreakerCreate", _settings(True)),
+        request=services.BreakerCreate,
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request) -> Response:
-        breaker = services.create_breaker(self.tenant, actor=self.actor, fields=_body(request))
+        breaker = services.create_breaker(
+            self.tenant, services.BreakerCreate.parse(request.data), actor=self.actor
+        )
         return Response(breaker_json(breaker, with_history=True), status=201)
 
 
@@ -102,11 +92,12 @@ class BreakerDetailView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="fleet_breakers_partial_update",
-        request=inline_serializer("BreakerChange", _settings(False)),
+        request=services.BreakerUpdate,
         responses={200: serializers.DictField()},
     )
     def patch(self, request: Request, breaker_id: int) -> Response:
-        breaker = services.update_breaker(self.tenant, breaker_id, actor=self.actor, fields=_body(request))
+        change = services.BreakerUpdate.parse(request.data)
+        breaker = services.update_breaker(self.tenant, breaker_id, change, actor=self.actor)
         return Response(breaker_json(breaker, with_history=True))
 
     @extend_schema(operation_id="fleet_breakers_destroy", responses={204: None})

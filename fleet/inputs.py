@@ -5,6 +5,7 @@ names are the schema's components)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -179,3 +180,101 @@ class HaltCreate(Input[NewHalt]):
         required=False,
         allow_null=True,
     )
+
+
+# ------------------------------------------------------------------------------- circuit breakers
+
+MAX_CONSECUTIVE = 10**6
+MAX_VOLUME = 10**9
+RATE_MESSAGE = "failure_rate must be a number above 0 and at most 1, with at most 4 decimals"
+
+
+def _failure_rate(value: Any) -> Decimal:
+    """A failure rate as stored, exactly: at most 1 and at most 4 decimals (ValueError otherwise;
+    a string only in plain ASCII decimal notation)."""
+    if isinstance(value, str) and not re.fullmatch(r"[0-9]{1,8}(\.[0-9]{1,8})?", value):
+        raise ValueError(value)
+    rate = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
+    exponent = rate.as_tuple().exponent
+    if not rate.is_finite() or rate > 1 or (isinstance(exponent, int) and exponent < -4):
+        raise ValueError(value)
+    return rate
+
+
+@dataclass(frozen=True)
+class NewBreaker:
+    """Opens after `consecutive_failures` in a row, or `failure_rate` of at least `min_volume` calls
+    over `window_s`; lets one trial call through after `cool_down_s`."""
+
+    name: str
+    tool: str
+    consecutive_failures: int
+    failure_rate: Decimal
+    min_volume: int
+    window_s: int
+    cool_down_s: int
+
+
+@dataclass(frozen=True)
+class BreakerChange:
+    """The settings a change names (None: unchanged)."""
+
+    name: str | None = None
+    tool: str | None = None
+    consecutive_failures: int | None = None
+    failure_rate: Decimal | None = None
+    min_volume: int | None = None
+    window_s: int | None = None
+    cool_down_s: int | None = None
+
+
+def _breaker_name(required: bool) -> Text:
+    message = f"name must be 1 to {NAME_MAX} characters"
+    return Text(code="invalid_name", message=message, max_length=NAME_MAX, stripped=True, required=required)
+
+
+def _breaker_tool(required: bool) -> Text:
+    message = "tool must be a glob of 1 to 200 characters"
+    return Text(code="invalid_tool", message=message, max_length=200, required=required)
+
+
+def _whole(name: str, code: str, high: int, required: bool) -> Whole:
+    message = f"{name} must be a whole number from 1 to {high}"
+    return Whole(code=code, message=message, min_value=1, max_value=high, required=required)
+
+
+def _rate(required: bool) -> Amount:
+    return Amount(code="invalid_failure_rate", message=RATE_MESSAGE, convert=_failure_rate, required=required)
+
+
+class BreakerCreate(Input[NewBreaker]):
+    """A new circuit breaker on the tools matching `tool` (every setting required)."""
+
+    command = NewBreaker
+
+    name = _breaker_name(True)
+    tool = _breaker_tool(True)
+    consecutive_failures = _whole(
+        "consecutive_failures", "invalid_consecutive_failures", MAX_CONSECUTIVE, True
+    )
+    failure_rate = _rate(True)
+    min_volume = _whole("min_volume", "invalid_min_volume", MAX_VOLUME, True)
+    window_s = _whole("window_s", "invalid_window", MAX_WINDOW_S, True)
+    cool_down_s = _whole("cool_down_s", "invalid_cool_down", MAX_WINDOW_S, True)
+
+
+class BreakerUpdate(Input[BreakerChange]):
+    """A change of some of a breaker's settings (a change of the tool or a threshold starts its
+    counts afresh)."""
+
+    command = BreakerChange
+
+    name = _breaker_name(False)
+    tool = _breaker_tool(False)
+    consecutive_failures = _whole(
+        "consecutive_failures", "invalid_consecutive_failures", MAX_CONSECUTIVE, False
+    )
+    failure_rate = _rate(False)
+    min_volume = _whole("min_volume", "invalid_min_volume", MAX_VOLUME, False)
+    window_s = _whole("window_s", "invalid_window", MAX_WINDOW_S, False)
+    cool_down_s = _whole("cool_down_s", "invalid_cool_down", MAX_WINDOW_S, False)

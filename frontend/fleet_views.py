@@ -368,37 +368,41 @@ def halt_resume(request: MemberRequest, halt_id: int) -> HttpResponse:
     return _done(request, f"Resumed: {row.scope} is no longer halted.")
 
 
-def _rate(value: str) -> Decimal | str:
-    """The form's failure rate, in percent ("50" → 0.5); what is not a plain number is handed on
-    as typed, for the service to refuse by name."""
+def _rate(value: str) -> str:
+    """The form's failure rate, typed in percent ("50" → "0.5"); what is not a plain number is
+    handed on as typed, for the command to refuse by name."""
     value = value.strip().rstrip("%").strip()
     if not RATE_RE.fullmatch(value):
         return value
-    return Decimal(value) / 100
+    return format(Decimal(value) / 100, "f")
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
 def breaker_create(request: MemberRequest) -> HttpResponse:
     post = request.POST
     try:
-        fields = {
-            "name": post.get("name", "").strip(),
-            "tool": post.get("tool", "").strip(),
-            "consecutive_failures": _whole(post.get("consecutive_failures", "")),
-            "failure_rate": _rate(post.get("failure_rate", "")),
-            "min_volume": _whole(post.get("min_volume", "")),
-            "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
-            "cool_down_s": _duration(post, "cool_down", "cool_down_s", "invalid_cool_down", required=True),
-        }
-        breaker = services.create_breaker(request.tenant, actor=actor_of(request), fields=fields)
+        breaker = services.BreakerCreate.parse(
+            {
+                "name": post.get("name", "").strip(),
+                "tool": post.get("tool", "").strip(),
+                "consecutive_failures": _whole(post.get("consecutive_failures", "")),
+                "failure_rate": _rate(post.get("failure_rate", "")),
+                "min_volume": _whole(post.get("min_volume", "")),
+                "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
+                "cool_down_s": _duration(
+                    post, "cool_down", "cool_down_s", "invalid_cool_down", required=True
+                ),
+            }
+        )
+        created = services.create_breaker(request.tenant, breaker, actor=actor_of(request))
     except DomainError as exc:
         return _refused(request, "breaker", exc)
     return _done(
         request,
-        f"Circuit breaker '{breaker.name}' set on {breaker.tool}: opens after "
-        f"{breaker.consecutive_failures} failures in a row or "
-        f"{format(breaker.failure_rate * 100, 'f').rstrip('0').rstrip('.')}% of at least "
-        f"{breaker.min_volume} calls over {duration_label(breaker.window_s)}.",
+        f"Circuit breaker '{created.name}' set on {created.tool}: opens after "
+        f"{created.consecutive_failures} failures in a row or "
+        f"{format(created.failure_rate * 100, 'f').rstrip('0').rstrip('.')}% of at least "
+        f"{created.min_volume} calls over {duration_label(created.window_s)}.",
     )
 
 

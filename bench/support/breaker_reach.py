@@ -76,7 +76,7 @@ def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
     slug = f"breaker-{uuid.uuid4().hex[:10]}"
     tenant = tenant_services.create_tenant(slug, "Breaker bench", f"owner@{slug}.example", actor="bench")
     _, key = tenant_services.create_api_key(tenant, name="agent", scopes=["gate", "ingest"], actor="bench")
-    breaker = services.create_breaker(tenant, actor="bench", fields=SETTINGS)
+    breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
     watcher = subprocess.Popen(
         [sys.executable, "-c", WATCHER, url, key],
         stdin=subprocess.PIPE,
@@ -111,7 +111,7 @@ def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
                 raise SystemExit("an open breaker did not reach the SDK within 30 s")
             seconds.append(float(seen) - shipped)
             services.delete_breaker(tenant, breaker.pk, actor="bench")
-            breaker = services.create_breaker(tenant, actor="bench", fields=SETTINGS)
+            breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
             watcher.stdin.write("until-closed\n")
             watcher.stdin.flush()
             if watcher.stdout.readline().strip() == "timeout":

@@ -1,5 +1,5 @@
-"""What every policy change of the fleet shares: its error, the checks of a limit's common fields,
-the create and delete of a limit with its record, and the change signal."""
+"""What every policy change of the fleet shares: its error, the create and delete of a policy with
+its record, and the change signal."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from django.db import IntegrityError, transaction
 from audit.services import append_server_record
 from controlplane.errors import DomainError
 from fleet.actions.snapshot import forget_policies
-from fleet.inputs import NAME_MAX
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
 from tenants import epoch
 from tenants.models import Tenant
@@ -47,19 +46,6 @@ def policies_changed(tenant: Tenant) -> None:
     """Another app's policy that the gate or the fleet status reads changed (approval policies
     add governed tools): the same signal as a change here, once the change commits."""
     changed_after_commit(tenant)
-
-
-def check_name_and_tool(name: Any, tool: Any) -> None:
-    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX or "\x00" in name:
-        raise FleetError("invalid_name", "name", f"name must be 1 to {NAME_MAX} characters")
-    if not isinstance(tool, str) or not tool or len(tool) > 200 or "\x00" in tool:
-        raise FleetError("invalid_tool", "tool", "tool must be a glob of 1 to 200 characters")
-
-
-def check_whole(value: Any, field: str, code: str, low: int, high: int) -> None:
-    """A whole number from `low` to `high` (a boolean is not a number here)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise FleetError(code, field, f"{field} must be a whole number from {low} to {high}")
 
 
 Policy = TypeVar("Policy", BudgetLimit, RateLimit, CircuitBreaker)

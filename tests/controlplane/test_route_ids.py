@@ -127,16 +127,18 @@ def objects(db: None) -> dict[str, Any]:
         ).pk,
         "breaker_id": fleet.create_breaker(
             acme,
+            fleet.BreakerCreate.parse(
+                {
+                    "name": "b",
+                    "tool": "x.*",
+                    "consecutive_failures": 5,
+                    "failure_rate": 0.5,
+                    "min_volume": 20,
+                    "window_s": 60,
+                    "cool_down_s": 30,
+                }
+            ),
             actor="test",
-            fields={
-                "name": "b",
-                "tool": "x.*",
-                "consecutive_failures": 5,
-                "failure_rate": 0.5,
-                "min_volume": 20,
-                "window_s": 60,
-                "cool_down_s": 30,
-            },
         ).pk,
         "policy_id": approvals.create_policy(acme, actor="test", name="p", tool="bank.*").pk,
         "witness_id": witnesses.add_witness(

@@ -37,7 +37,7 @@ def test_half_open_admits_exactly_one_trial_across_4_processes(
         "window_s": 60,
         "cool_down_s": 60,
     }
-    row = services.create_breaker(tenant, actor="test", fields=fields)
+    row = services.create_breaker(tenant, services.BreakerCreate.parse(fields), actor="test")
     assert services.trip(tenant, services.breaker_spec(row), "opened by the test")
     with tenant_context(tenant):  # the cool-down is over
         CircuitBreaker.objects.filter(pk=row.pk).update(opened_at=timezone.now() - timedelta(seconds=61))

@@ -89,7 +89,9 @@ def ask(tenant: Tenant, saga: str, tool: str = "stripe.charge", step: str = "1")
 
 
 def breaker(tenant: Tenant, **changes: Any) -> CircuitBreaker:
-    return services.create_breaker(tenant, actor="test", fields={**SETTINGS, **changes})
+    return services.create_breaker(
+        tenant, services.BreakerCreate.parse({**SETTINGS, **changes}), actor="test"
+    )
 
 
 def state(tenant: Tenant, row: CircuitBreaker) -> str:
@@ -233,7 +235,9 @@ def test_a_change_of_threshold_counts_afresh_and_is_recorded(tenant_a: Tenant, s
     row = breaker(tenant_a, consecutive_failures=2)
     agent = Agent(tenant_a)
     agent.outcome("STEP_FAILED")
-    services.update_breaker(tenant_a, row.pk, actor="test", fields={"consecutive_failures": 3})
+    services.update_breaker(
+        tenant_a, row.pk, services.BreakerUpdate.parse({"consecutive_failures": 3}), actor="test"
+    )
     agent.outcome("STEP_FAILED")
     agent.outcome("STEP_FAILED")
     assert state(tenant_a, row) == BreakerState.CLOSED  # the failure before the change is not counted

@@ -55,7 +55,7 @@ def test_an_open_breaker_reaches_the_sdk_which_refuses_locally_then_one_trial_cl
         "window_s": 60,
         "cool_down_s": 60,
     }
-    row = services.create_breaker(alice.tenant, actor="test", fields=fields)
+    row = services.create_breaker(alice.tenant, services.BreakerCreate.parse(fields), actor="test")
     gate = Gate(live_server.url, alice.api_key, poll_wait=5).start()
     try:
         assert refusal(gate, "before") is None  # closed: not governed, no request

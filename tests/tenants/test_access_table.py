@@ -414,7 +414,7 @@ def world(
             "window_s": 60,
             "cool_down_s": 30,
         }
-        breaker = fleet.create_breaker(acme, actor="test", fields=breaker_fields)
+        breaker = fleet.create_breaker(acme, fleet.BreakerCreate.parse(breaker_fields), actor="test")
         approval_policy = approvals.create_policy(acme, actor="test", name="wires", tool="bank.*")
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor="test")

@@ -1,20 +1,13 @@
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.errors import DomainError
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
 from fleet.models import CircuitBreaker
 from tenants.actors import cli_actor
 from tenants.scoping import tenant_context
-
-
-def _rate(text: str) -> Decimal:
-    try:
-        return Decimal(text)
-    except InvalidOperation:
-        raise CommandError("failure_rate: a number above 0 and at most 1") from None
 
 
 class Command(BaseCommand):
@@ -28,7 +21,7 @@ class Command(BaseCommand):
         create.add_argument("--name", required=True)
         create.add_argument("--tool", required=True, help="a glob, matched like halts (NFKC, any case)")
         create.add_argument("--consecutive-failures", type=int, required=True)
-        create.add_argument("--failure-rate", type=_rate, required=True, help="e.g. 0.5")
+        create.add_argument("--failure-rate", required=True, help="e.g. 0.5")
         create.add_argument("--min-volume", type=int, required=True)
         create.add_argument("--window", type=int, required=True, help="seconds")
         create.add_argument("--cool-down", type=int, required=True, help="seconds")
@@ -49,7 +42,7 @@ class Command(BaseCommand):
                     "window_s": options["window"],
                     "cool_down_s": options["cool_down"],
                 }
-                row = services.create_breaker(tenant, actor=cli_actor(), fields=fields)
+                row = services.create_breaker(tenant, services.BreakerCreate.parse(fields), actor=cli_actor())
                 self.stdout.write(f"breaker {row.name} on {row.tool} created for {tenant.slug} (id {row.pk})")
                 return
             with tenant_context(tenant):
@@ -63,5 +56,5 @@ class Command(BaseCommand):
                 raise CommandError(f"name: no breaker named '{options['name']}'")
             services.delete_breaker(tenant, match[0].pk, actor=cli_actor())
             self.stdout.write(f"breaker {options['name']} deleted for {tenant.slug}")
-        except services.FleetError as exc:
+        except DomainError as exc:
             raise refused(exc) from None
