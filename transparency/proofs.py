@@ -8,19 +8,16 @@ exceed), so a proof is one statement (`_one_statement`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from django.db import connection
 from sagaplane import merkle
 
 from controlplane.errors import DomainError
 from tenants.models import Tenant
 from tenants.scoping import current_tenant
+from transparency import queries
 from transparency.models import Checkpoint, TreeNode
 
 _PLACEHOLDER = b"\x00" * merkle.HASH_SIZE
-# SQLite caps a compound SELECT at 500 terms.
-_CHUNK = 200
 
 
 class ProofRequestError(DomainError):
@@ -51,56 +48,17 @@ class StoredNodes:
         self.fetch(keys, with_latest=False)
 
     def fetch(self, keys: Iterable[tuple[int, int]], *, with_latest: bool) -> int | None:
-        """Fetch the missing nodes; `with_latest` (Postgres only): in the same statement, the
-        size of the latest signed checkpoint (returned; None when there is none).
-
-        Postgres: one index probe per wanted node, joined to `unnest` of the wanted (level, index)
-        arrays, so the statement's text (and its planning) does not grow with the proof. SQLite: a
-        UNION ALL of point lookups, so each arm uses the (tenant, level, index) unique index (an
-        OR or row-value IN lets SQLite's planner fall back to a scan of the tenant's nodes)."""
+        """Fetch the missing nodes (`queries.tree_nodes`: one statement on Postgres, point lookups
+        on SQLite); `with_latest` (asked on Postgres only, `queries.one_statement_proofs`): in the
+        same statement, the size of the latest signed checkpoint (returned; None when there is
+        none)."""
         missing = list(dict.fromkeys(k for k in keys if k not in self._hashes))
         if not missing and not with_latest:
             return None
-        tenant_id = current_tenant().pk
-        table = connection.ops.quote_name(TreeNode._meta.db_table)
-        column = connection.ops.quote_name("index")
-        if connection.vendor == "postgresql":
-            sql = (
-                f"SELECT level, {column}, hash FROM {table} WHERE tenant_id = %s AND (level, {column}) IN "
-                "(SELECT * FROM unnest(%s::smallint[], %s::bigint[]))"
-            )
-            params: list[Any] = [tenant_id, [k[0] for k in missing], [k[1] for k in missing]]
-            if with_latest:
-                checkpoints = connection.ops.quote_name(Checkpoint._meta.db_table)
-                sql += (
-                    f" UNION ALL (SELECT -1, size, NULL FROM {checkpoints} WHERE tenant_id = %s "
-                    "ORDER BY id DESC LIMIT 1)"
-                )
-                params.append(tenant_id)
-            latest = None
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                for level, index, digest in cursor.fetchall():
-                    if level < 0:
-                        latest = index
-                    else:
-                        self._hashes[(level, index)] = bytes(digest)
-            return latest
-        if with_latest:
-            raise NotImplementedError("the latest size beside the nodes is a Postgres statement")
-        arm = (
-            f"SELECT level, {column}, hash FROM {table} WHERE tenant_id = %s AND level = %s AND {column} = %s"
-        )
-        with connection.cursor() as cursor:
-            for start in range(0, len(missing), _CHUNK):
-                chunk = missing[start : start + _CHUNK]
-                cursor.execute(
-                    " UNION ALL ".join([arm] * len(chunk)),
-                    [value for level, index in chunk for value in (tenant_id, level, index)],
-                )
-                for level, index, digest in cursor.fetchall():
-                    self._hashes[(level, index)] = bytes(digest)
-        return None
+        rows, latest = queries.tree_nodes(current_tenant().pk, missing, with_latest=with_latest)
+        for level, index, digest in rows:
+            self._hashes[(level, index)] = bytes(digest)
+        return latest
 
     def subtree_hash(self, level: int, index: int) -> bytes:
         key = (level, index)
@@ -161,7 +119,7 @@ def _one_statement(
     latest signed size in one statement. None when that does not answer (SQLite, nothing seen
     yet, parameters that do not fit the size, a size beyond the signed tree, a stale guess): the
     caller's two-statement path answers, and words every refusal."""
-    if connection.vendor != "postgresql":
+    if not queries.one_statement_proofs():
         return None
     tenant_id = current_tenant().pk
     target = size if size is not None else _latest_size_seen.get(tenant_id)
@@ -181,7 +139,7 @@ def _one_statement(
 def _limit(size: int | None, field: str) -> int:
     latest = latest_checkpoint()
     signed = latest.size if latest is not None else 0
-    if latest is not None and connection.vendor == "postgresql":
+    if latest is not None and queries.one_statement_proofs():
         _latest_size_seen[current_tenant().pk] = signed
     if size is None:
         return signed

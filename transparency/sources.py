@@ -3,7 +3,8 @@
 The log is about leaves, not records: it needs each leaf's hash in leaf order, and (for
 disclosures and exports) the record behind a leaf with its stream and chain position. The audit
 context owns those rows; these functions read its models, so the audit schema can move without
-touching the tree code.
+touching the tree code. The one exception is the leaf hashes the integrator extends the tree with:
+one plain statement, `transparency.queries.leaf_hashes` (with the log's other vendor SQL).
 
 Every function runs with the tenant already active (tenant_context). Which tenants have grown
 logs is a cross-tenant question: `transparency.cross_tenant.tenants_to_integrate`.
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.db.models import Max, Min
 from sagaplane.events import Event
 from sagaplane.leaf import leaf_data
@@ -47,26 +47,6 @@ _CHUNK = 2_000
 def log_size(tenant: Tenant) -> int:
     """How many leaves the tenant's log has been assigned (contiguous from 0)."""
     return TenantLog.objects.values_list("size", flat=True).first() or 0
-
-
-def leaf_hashes(tenant: Tenant, start: int, end: int) -> list[bytes]:
-    """Stored leaf hashes of leaves [start, end), in leaf order; stops short at a hole.
-
-    One statement on the (tenant, leaf_index) unique index, through a plain cursor: the ORM's
-    per-row model machinery cost more than the read itself for a round of 50,000 leaves."""
-    quote = connection.ops.quote_name
-    sql = (
-        f"SELECT leaf_index, leaf_hash FROM {quote(Record._meta.db_table)} "
-        "WHERE tenant_id = %s AND leaf_index >= %s AND leaf_index < %s ORDER BY leaf_index"
-    )
-    out: list[bytes] = []
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [tenant.pk, start, end])
-        for expected, (index, digest) in enumerate(cursor.fetchall(), start):
-            if index != expected:
-                break  # a hole: the caller sees a short list and refuses
-            out.append(bytes(digest))
-    return out
 
 
 def _as_leaf(row: Any) -> LeafRecord:

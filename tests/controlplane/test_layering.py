@@ -156,7 +156,7 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("transparency.bundles", "audit.jsonvalues"): "JSON value checks",
     ("transparency.actions.seals", "audit.jsonvalues"): "JSON value checks",
     ("sagas.bulk", "audit.bulk"): "the set-based insert",
-    ("transparency.treestore", "audit.bulk"): "the set-based insert",
+    ("transparency.queries", "audit.bulk"): "the set-based insert",
     # Reconciliation posts its verdicts with recovery's signed webhook sender.
     ("reconciliation.tasks", "recovery.webhook"): "the signed webhook",
     # Recovery keeps webhook secrets encrypted under the master keys, as the log's signing seed is.

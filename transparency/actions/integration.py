@@ -14,7 +14,7 @@ from sagaplane import merkle, note
 from controlplane import timing
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
-from transparency import cross_tenant, keys, sources, treestore
+from transparency import cross_tenant, keys, queries, sources
 from transparency.actions.common import IntegrationRefused, always, locked_row
 from transparency.actions.signing import active_key, key_signers, verifiers
 from transparency.models import Checkpoint, TreeState
@@ -73,7 +73,7 @@ def extend_and_sign(
             raise IntegrationRefused(f"stored tree nodes are incomplete: {exc}") from exc
         if tuple(stored_frontier) != compact.hashes:
             raise IntegrationRefused("stored tree state disagrees with the stored tree nodes")
-        leaves = sources.leaf_hashes(tenant, state.size, target)
+        leaves = queries.leaf_hashes(tenant.pk, state.size, target)
     if len(leaves) != target - state.size or any(len(h) != merkle.HASH_SIZE for h in leaves):
         raise IntegrationRefused(f"leaves {state.size}..{target} are not contiguous 32-byte hashes")
     with timing.phase("compute_nodes"):
@@ -86,7 +86,7 @@ def extend_and_sign(
             _check_consistent(nodes, last, origin, target, root)
 
     with timing.phase("write_nodes"):
-        treestore.insert_nodes(tenant.pk, new_nodes)
+        queries.insert_nodes(tenant.pk, new_nodes)
     with timing.phase("sign"):
         active_key(tenant)
         signers = key_signers()
