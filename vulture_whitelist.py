@@ -66,8 +66,8 @@ locked_out_response  # unused function (frontend/signin.py:32)
 TenantContextResetMiddleware  # unused class (tenants/scoping.py:273)
 
 # Django path converter methods.
-_.to_python  # unused method (controlplane/numbers.py:42)
-_.to_url  # unused method (controlplane/numbers.py:45)
+_.to_python  # unused method (core/numbers.py:42)
+_.to_url  # unused method (core/numbers.py:45)
 
 # DRF and drf-spectacular: serializer Meta, get_<field> methods, pagination, parser, authentication and schema hooks named in settings or called by the framework.
 BoundedLimitOffsetPagination  # unused class (controlplane/pagination.py:15)
@@ -160,8 +160,8 @@ AWS_S3_REGION_NAME  # unused variable (controlplane/settings.py:482)
 AWS_S3_FILE_OVERWRITE  # unused variable (controlplane/settings.py:483)
 
 # Migration operations: used by migrations (excluded from the scan).
-analyze_sooner  # unused function (controlplane/statistics.py:15)
-unindex_tenant  # unused function (controlplane/statistics.py:37)
+analyze_sooner  # unused function (core/statistics.py:15)
+unindex_tenant  # unused function (core/statistics.py:37)
 
 # Django Channels consumer handlers, dispatched by event type.
 bytes_data  # unused variable (sagas/consumers.py:107)

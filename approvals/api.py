@@ -27,8 +27,8 @@ from rest_framework.views import APIView
 from approvals import selectors, services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.errors import DomainError
-from controlplane.longpoll import abandoned, release_connection
 from controlplane.schema import ErrorSerializer
+from core.longpoll import abandoned, release_connection
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
     APPROVAL_POLICIES_VIEW,

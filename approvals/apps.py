@@ -9,7 +9,7 @@ class ApprovalsConfig(AppConfig):
         # The gate's approval step: fleet calls it through fleet.hooks and never imports approvals.
         from approvals import compat, cross_tenant, services
         from audit import hooks as audit_hooks
-        from controlplane import metrics
+        from core import metrics
         from fleet import hooks
 
         hooks.register_approval_step(services.GateStep())

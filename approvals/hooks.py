@@ -2,7 +2,7 @@
 them: they subscribe from their `AppConfig.ready`.
 
 `on_approval_event(hook)`: `hook(event)` runs once the transaction that made the change has
-committed (best effort, `controlplane.postcommit.after_commit`: a failure is logged and never
+committed (best effort, `core.postcommit.after_commit`: a failure is logged and never
 changes what was decided). Kinds:
 
 - `created`: a request was opened (`event.request` is its JSON, as the API shows it);
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 
 if TYPE_CHECKING:
     from tenants.models import Tenant

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from controlplane.longpoll import pause
+from core.longpoll import pause
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from rest_framework.views import APIView
 
 from audit import services
 from audit.models import Record, Redaction, Stream
-from controlplane import timing
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
+from core import timing
+from core.numbers import ascii_int
 from tenants.access import ERASE, INGEST, READ
 from tenants.permissions import TenantScopedViewMixin
 

@@ -10,7 +10,7 @@ neither (a test parses its imports). Three moments are offered:
   at leaf indices base, base+1, ... (under the lock, same transaction). An exception from either
   rolls the batch back: this is for work that must commit with the records or not at all.
 - `after_records_committed(hook)`: best effort once the ingest transaction has committed
-  (`controlplane.postcommit.after_commit`): a failure is logged and never changes the answer.
+  (`core.postcommit.after_commit`): a failure is logged and never changes the answer.
   The hook runs in a copy of the context variables as they were when the records were appended,
   so "who appended" (e.g. the integrator's own seals) is still known after the commit.
 - `on_payload_erased(hook)`: inside an erasure's transaction, after a record's payload is gone.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 
 if TYPE_CHECKING:
     from audit.bulk import StoredRow

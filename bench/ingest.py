@@ -198,7 +198,7 @@ def main() -> None:
     import httpx
     from agent_saga import integrity
 
-    from controlplane.timing import parse_header
+    from core.timing import parse_header
 
     load_before = os.getloadavg()[0]
     key = _setup_tenant()

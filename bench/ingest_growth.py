@@ -11,7 +11,7 @@ At each, over a window of 100 batches, it reports:
   count), split into records and full-page images, and per relation;
 - index blocks read from outside shared_buffers per 1,000 records (`pg_statio_user_indexes`,
   the window's batches, the peer's included: its indexes are small and cached);
-- the median milliseconds of each ingest phase (`controlplane.timing`), the big tenant's and the
+- the median milliseconds of each ingest phase (`core.timing`), the big tenant's and the
   peer's: which part of a batch grows with the tenant;
 - checkpoints during the window (they decide how many full-page images follow) and load.
 
@@ -116,7 +116,7 @@ def _ingest(grower: scale.Grower, phases: list[dict[str, float]] | None = None) 
     """One batch through ingest, timed (its phases appended to `phases`); integration (every 100
     batches) is left to the caller."""
     from audit import services
-    from controlplane import timing
+    from core import timing
 
     stream, records = grower.batch()
     start = time.perf_counter()

@@ -15,8 +15,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from controlplane.gate_asgi import lean_gate  # noqa: E402
-from controlplane.longpoll import abandon_when_done  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from core.longpoll import abandon_when_done  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

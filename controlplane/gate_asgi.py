@@ -42,8 +42,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, QueryDict
 
-from controlplane.numbers import ascii_int
 from core import fastroute
+from core.numbers import ascii_int
 from tenants.actors import api_key_actor
 
 log = logging.getLogger(__name__)

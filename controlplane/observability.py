@@ -34,7 +34,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from controlplane import metrics
+from core import metrics
 
 log = logging.getLogger("sagaplane.requests")
 collect_log = logging.getLogger(__name__)

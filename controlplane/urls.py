@@ -7,7 +7,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from controlplane import health, observability
-from controlplane.numbers import IdConverter
+from core.numbers import IdConverter
 
 # Before any app's URLconf is included: their routes name it (`<id:...>`).
 register_converter(IdConverter, "id")

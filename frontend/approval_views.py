@@ -33,7 +33,7 @@ from approvals import selectors
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
 from approvals.services import ApprovalError
-from controlplane.numbers import amount_text, ascii_int
+from core.numbers import amount_text, ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services as passkeys
 from passkeys.services import PasskeyRefused

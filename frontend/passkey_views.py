@@ -24,7 +24,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services
 from passkeys.services import PasskeyRefused

@@ -19,7 +19,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from recovery import selectors, services, sweeper
 from recovery.models import Escalation, JobState

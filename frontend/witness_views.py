@@ -10,7 +10,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page
 from tenants.access import WITNESSES_CHANGE
 from transparency import witnesses

@@ -23,10 +23,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import longpoll
 from controlplane.errors import DomainError, per_item
-from controlplane.numbers import finite_number
 from controlplane.schema import ErrorSerializer
+from core import longpoll
+from core.numbers import finite_number
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
 from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE

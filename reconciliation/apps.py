@@ -11,7 +11,7 @@ class ReconciliationConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from controlplane import metrics
+        from core import metrics
         from reconciliation import cross_tenant  # declares the pass's and /metrics' functions
 
         # On-call's question about reconciliation: how far behind the pass is.

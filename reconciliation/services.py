@@ -32,7 +32,7 @@ from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
 from audit.services import append_server_record, append_server_records, flush_server_records
 from controlplane.errors import DomainError
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 from reconciliation import cross_tenant
 from reconciliation.leases import CHECKS, WORKER_MAX, claim_due
 from reconciliation.models import (

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
-from controlplane.celery import keep_going
+from core.shutdown import keep_going
 from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from tenants.models import Tenant

@@ -17,9 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import longpoll
 from controlplane.errors import DomainError, per_item
 from controlplane.schema import ErrorSerializer
+from core import longpoll
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
 from tenants.models import Tenant

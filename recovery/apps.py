@@ -13,7 +13,7 @@ class RecoveryConfig(AppConfig):
         from celery import signals
 
         from audit import hooks
-        from controlplane import metrics
+        from core import metrics
         from recovery import (
             cross_tenant,  # declares the sweep's and /metrics' cross-tenant functions (tenants/rls.py)
             services,

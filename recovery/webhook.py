@@ -11,7 +11,7 @@ captured delivery cannot be replayed after the receiver's tolerance, and the bod
 bytes sent. Deprecated, for one release beside them: `Sagaplane-Signature: t=<unix seconds>,
 v1=<hex HMAC-SHA256 of "<t>." + the body>` keyed with the secret's text as shown.
 
-The receiver's address is vetted by the outbound guard (`controlplane.outbound`, shared with
+The receiver's address is vetted by the outbound guard (`core.outbound`, shared with
 the witnesses): public addresses only unless `SAGAPLANE_WEBHOOK_ALLOW_PRIVATE` is on, the
 connection pinned to the vetted address, a redirect an answer (a failed attempt), never followed."""
 
@@ -25,7 +25,7 @@ import http.client
 import secrets
 import time
 
-from controlplane.outbound import (  # noqa: F401  (the guard, as the webhooks' callers name it)
+from core.outbound import (  # noqa: F401  (the guard, as the webhooks' callers name it)
     UnsafeAddress,
     allow_private,
     check_url,

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from audit import selectors as audit_selectors
 from audit.jsonvalues import served
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from sagas.services import mask_credentials

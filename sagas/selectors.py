@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
 
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from sagas.models import Saga, SagaStatus, Step
 from tenants.scoping import current_tenant
 

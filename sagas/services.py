@@ -22,7 +22,7 @@ from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
 from audit.jsonvalues import index_json, index_text
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 from sagas import bulk
 from sagas.models import AGENT_NAME_MAX, Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from django.contrib.auth.signals import user_logged_out
 from django.dispatch import receiver
 from django.http import HttpRequest
 
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 
 # The message type a consumer handles by closing itself (Channels maps "live.revoke" to the
 # consumer method `live_revoke`).

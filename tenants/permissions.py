@@ -25,9 +25,9 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane import timing
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
+from core import timing
+from core.numbers import ascii_int
 from tenants import access as policy
 from tenants.actors import api_key_actor, user_actor
 from tenants.authentication import ApiKeyPrincipal

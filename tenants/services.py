@@ -15,7 +15,7 @@ from sagaplane.events import Event
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 from tenants import epoch, live
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 from tenants.scoping import tenant_context

@@ -21,8 +21,8 @@ from sagaplane import merkle
 from sagaplane.disclosure import b64
 
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
 from controlplane.schema import ErrorSerializer
+from core.numbers import ascii_int
 from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
 from transparency import bundles, proofs, services, witnesses

@@ -39,7 +39,7 @@ _REFUSAL_CODES = {
 
 
 def _register_witness_metrics() -> None:
-    from controlplane import metrics
+    from core import metrics
     from transparency import cross_tenant
 
     metrics.register_gauge(

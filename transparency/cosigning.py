@@ -23,8 +23,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane import cosignature, note
 
-from controlplane import outbound
-from controlplane.numbers import ascii_int
+from core import outbound
+from core.numbers import ascii_int
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import proofs

@@ -7,7 +7,7 @@ under a second. Requests coalesce per tenant and kind (`tasks.request_integratio
 `tasks.request_sealing`): a burst of batches queues one task of each, not one each. Without the
 hook the 1 s beat (`transparency.integrate_grown_tenants`) still seals and integrates every grown
 log; the hook only cuts latency. It never runs integration inside the ingest transaction, and it is best
-effort (audit runs it through `controlplane.postcommit.after_commit`): ingest must not wait on,
+effort (audit runs it through `core.postcommit.after_commit`): ingest must not wait on,
 or fail because of, the log.
 """
 

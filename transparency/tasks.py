@@ -15,8 +15,8 @@ from collections.abc import Callable
 from celery import shared_task
 from django.core.cache import cache
 
-from controlplane import timing
-from controlplane.celery import keep_going
+from core import timing
+from core.shutdown import keep_going
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import cosigning, hooks, services

@@ -17,8 +17,8 @@ from sagaplane import cosignature, note, policy
 from sagaplane.events import Event
 
 from audit.services import append_server_record
-from controlplane import outbound
 from controlplane.errors import DomainError
+from core import outbound
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import keys

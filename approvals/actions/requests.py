@@ -22,7 +22,7 @@ from approvals import hooks, wake
 from approvals.actions.policies import DEFAULT_ROLES
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status, Vote
 from audit.services import append_server_record
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from tenants.models import ApiKey, Tenant

@@ -4,7 +4,7 @@ SQLite."""
 
 from django.db import migrations
 
-from controlplane.statistics import analyze_sooner
+from core.statistics import analyze_sooner
 
 
 class Migration(migrations.Migration):

@@ -11,9 +11,9 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from controlplane.numbers import finite_number
 from core.claims import Increment, Leased, SetIfNull
 from core.claims import claim as claim_rows
+from core.numbers import finite_number
 from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, RecoveryError, claimable
 from recovery.actions.takeover import take_over_on_claim
 from recovery.models import (

@@ -12,7 +12,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
-from controlplane.numbers import finite_number
+from core.numbers import finite_number
 from recovery.models import (
     Lease,
     LeaseState,

@@ -14,7 +14,7 @@ from sagaplane.events import Event
 from audit.services import (
     queue_server_records,
 )
-from controlplane import timing
+from core import timing
 from recovery.actions.claims import JOBS, held, stale, token_of
 from recovery.actions.common import RecoveryError, text_field
 from recovery.actions.runs import advance_runs, escalate

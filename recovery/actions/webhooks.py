@@ -11,7 +11,7 @@ from sagaplane.events import Event
 from audit.services import (
     append_server_record,
 )
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 from recovery.actions.common import RecoveryError, claimable
 from recovery.models import (
     Delivery,

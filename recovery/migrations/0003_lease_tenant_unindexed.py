@@ -4,7 +4,7 @@ than a tenant's growth, ingest's lease lookup by saga ids read the tenant's ever
 
 from django.db import migrations
 
-from controlplane.statistics import analyze_sooner, unindex_tenant
+from core.statistics import analyze_sooner, unindex_tenant
 
 
 class Migration(migrations.Migration):

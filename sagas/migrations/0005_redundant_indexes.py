@@ -6,7 +6,7 @@ drop and re-add each constraint, re-validating every row under lock (minutes at 
 import django.db.models.deletion
 from django.db import migrations, models
 
-from controlplane.statistics import unindex_tenant
+from core.statistics import unindex_tenant
 
 
 class Migration(migrations.Migration):

@@ -6,7 +6,7 @@ tenant for a few hundred rows and scanned all of its steps through `sagas_step_t
 
 from django.db import migrations
 
-from controlplane.statistics import analyze_sooner
+from core.statistics import analyze_sooner
 
 
 class Migration(migrations.Migration):

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from slack_sdk.signature import SignatureVerifier
 
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from slackapp.actions.web import SlackError
 from slackapp.models import SeenSignature
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from controlplane.timing import parse_header
+from core.timing import parse_header
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 

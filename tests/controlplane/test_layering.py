@@ -24,18 +24,11 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             # Tenant, TenantScopedModel, tenant_context, members and keys, who may do what.
             "tenants",
-            "controlplane.postcommit",
             "controlplane.errors",
             "controlplane.schema",  # the error shape as documented (imports only DRF)
             "controlplane.config",
-            "controlplane.longpoll",  # imports only django.db
             "controlplane.celery",
             "controlplane.tracing",  # imports only OpenTelemetry
-            "controlplane.metrics",  # imports only prometheus-client; apps may record and register
-            "controlplane.timing",  # Server-Timing phases; imports only the standard library
-            "controlplane.numbers",  # JSON number checks; imports only the standard library
-            "controlplane.statistics",  # a migration operation; imports only django.db
-            "controlplane.outbound",  # the outbound-address guard; imports only django.conf
             # The gate's refusal while a store is down; imports controlplane.errors, the backend's
             # wait bound and, lazily, django.db and the drivers.
             "controlplane.availability",

@@ -1,6 +1,6 @@
 """Integer ids in paths and numbers in request text (issue 23, item 4).
 
-Every route with an integer id names it with the one converter (`<id:...>`, controlplane/numbers.py:
+Every route with an integer id names it with the one converter (`<id:...>`, core/numbers.py:
 ASCII digits, at most 18); the route table is walked, so a new route with an integer id spelled
 any other way fails here. For every such route and every method it declares, an id spelled with
 non-ASCII digits ('²', or the real object's id in Arabic-Indic or fullwidth digits), a huge
@@ -27,7 +27,7 @@ from django.urls.converters import IntConverter, PathConverter, StringConverter
 from sagaplane import cosignature
 
 from approvals import services as approvals
-from controlplane.numbers import IdConverter, ascii_int
+from core.numbers import IdConverter, ascii_int
 from fleet import services as fleet
 from tenants import services
 from tenants.models import Role

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controlplane import outbound
+from core import outbound
 from recovery import services, webhook
 from recovery.models import Delivery, Job, JobState, Webhook
 from recovery.tasks import deliver_webhook

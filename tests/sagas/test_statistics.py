@@ -1,5 +1,5 @@
 """The growing tables are re-analyzed sooner than autovacuum's default, and the hot ones keep no
-lone tenant or saga index a stale plan could scan (controlplane.statistics, their migrations)."""
+lone tenant or saga index a stale plan could scan (core.statistics, their migrations)."""
 
 from __future__ import annotations
 

@@ -440,7 +440,7 @@ def test_an_export_request_answers_202_when_the_broker_is_down(
     alice: Person, unreachable_broker: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = alice.session_client()
-    with caplog.at_level("WARNING", logger="controlplane.postcommit"):
+    with caplog.at_level("WARNING", logger="core.postcommit"):
         response = client.post("/api/v1/audit/exports", {}, format="json")
     assert response.status_code == 202, response.content
     # The request committed: the row waits for the stale sweep to send its message again.

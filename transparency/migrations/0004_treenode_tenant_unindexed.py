@@ -4,7 +4,7 @@ lag. Autovacuum analyzes the table after 2% of changes."""
 
 from django.db import migrations
 
-from controlplane.statistics import analyze_sooner, unindex_tenant
+from core.statistics import analyze_sooner, unindex_tenant
 
 
 class Migration(migrations.Migration):

@@ -8,7 +8,7 @@ import logging
 import pytest
 from django.db import transaction
 
-from controlplane.postcommit import after_commit
+from core.postcommit import after_commit
 
 
 def _explode(message: str) -> None:
@@ -19,7 +19,7 @@ def _explode(message: str) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_failing_callback_is_logged_and_does_not_escape(caplog: pytest.LogCaptureFixture) -> None:
     ran: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="controlplane.postcommit"), transaction.atomic():
+    with caplog.at_level(logging.WARNING, logger="core.postcommit"), transaction.atomic():
         # A partial, as the live-event hook used: it has no __qualname__ for Django's own log line.
         after_commit("live event", functools.partial(_explode, "broker is down"))
         after_commit("the next hook", lambda: ran.append("next"))

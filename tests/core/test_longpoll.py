@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 
-from controlplane import longpoll
+from core import longpoll
 
 LONG_WAIT_S = 25.0  # what a long-poll may wait; each test ends long before it
 BOUND_S = 10.0  # generous under load, far below LONG_WAIT_S

@@ -23,7 +23,7 @@ from typing import Any
 from django.db import connection
 from django.http import HttpRequest
 
-from controlplane.numbers import finite_number
+from core.numbers import finite_number
 
 MAX_WAIT_S = 25.0
 """The longest one call waits: under the ~30 s after which proxies and MCP clients give up."""

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from approvals.models import ApprovalRequest
 from approvals.models import Status as ApprovalStatus
 from audit.models import TenantLog
-from controlplane import metrics
+from core import metrics
 from fleet import services as fleet_services
 from fleet.stores import DatabaseStore
 from reconciliation import services as reconciliation_services
