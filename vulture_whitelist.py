@@ -35,7 +35,7 @@ not_before  # unused variable (reconciliation/models.py:67)
 lease_until  # unused variable (slackapp/models.py:95): the lease's column, named to core.claims
 _.not_before  # unused attribute (reconciliation/services.py:499)
 accepted_at  # unused variable (tenants/models.py:76)
-abstract  # unused variable (tenants/scoping.py:250)
+abstract  # unused variable (core/scoping.py:250)
 retired_at  # unused variable (transparency/models.py:44)
 cosigned_checkpoint  # unused variable (transparency/models.py:179)
 
@@ -63,7 +63,7 @@ RequestObservabilityMiddleware  # unused class (controlplane/observability.py:13
 _.collect  # unused method (controlplane/observability.py:214)
 attempted_username  # unused function (frontend/signin.py:19)
 locked_out_response  # unused function (frontend/signin.py:32)
-TenantContextResetMiddleware  # unused class (tenants/scoping.py:273)
+TenantContextResetMiddleware  # unused class (core/scoping.py:273)
 
 # Django path converter methods.
 _.to_python  # unused method (core/numbers.py:42)

@@ -111,7 +111,7 @@ def requests_from_wal(appended: AppendedRecords) -> None:
 
 
 def _saga_of_in_tenant(appended: AppendedRecords, row: Any) -> str:
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
 
     if row.saga_id:
         return str(row.saga_id)

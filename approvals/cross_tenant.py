@@ -1,6 +1,6 @@
 """The one question /metrics asks approvals across tenants: how many requests wait for a decision
 (sagaplane_queue_depth{queue="approvals_pending"}). A count only, never a row or a tenant id. On
-Postgres a SECURITY DEFINER function owned by the owner role (tenants/rls.py) that counts tenant
+Postgres a SECURITY DEFINER function owned by the owner role (core/rls.py) that counts tenant
 by tenant through the (tenant, status, expires_at) index, so the cost follows the number of
 tenants and pending requests, not the history of decided ones; on SQLite the same through the
 ORM with its tenant filter lifted."""
@@ -8,9 +8,9 @@ ORM with its tenant filter lifted."""
 from __future__ import annotations
 
 from approvals.models import ApprovalRequest, Status
-from tenants import rls
+from core import rls
+from core.scoping import dangerously_bypass_orm_scope
 from tenants.models import Tenant
-from tenants.scoping import dangerously_bypass_orm_scope
 
 _PENDING_APPROVALS = rls.cross_tenant_function(
     "sagaplane_pending_approvals_count",

@@ -19,7 +19,7 @@ from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from core.scoping import TenantScopedModel
 
 GENESIS = "0" * 64
 SERVER_STREAM_ID = "server"

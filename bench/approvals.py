@@ -80,9 +80,9 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
 
     from approvals import services as approvals
     from approvals.models import ApprovalRequest, Status
+    from core.scoping import tenant_context
     from tenants import services as tenant_services
     from tenants.models import Membership, Role
-    from tenants.scoping import tenant_context
 
     slug = f"appr-{uuid.uuid4().hex[:10]}"
     tenant = tenant_services.create_tenant(slug, "Approvals bench", f"owner@{slug}.example", actor="bench")

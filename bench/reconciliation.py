@@ -120,10 +120,10 @@ def main() -> int:
 
     from audit import services as audit_services
     from audit.services import append_server_record
+    from core.scoping import tenant_context
     from reconciliation import selectors, services
     from sagas import selectors as saga_selectors
     from tenants import services as tenant_services
-    from tenants.scoping import tenant_context
     from transparency import services as transparency
 
     slug = f"bench{int(time.time())}"

@@ -117,7 +117,7 @@ def _setup_django(db_url: str, owner_url: str, redis_url: str, data_dir: Path) -
     django.setup()
     from django.core.management import call_command
 
-    from tenants.rls import database_owner
+    from core.rls import database_owner
 
     with database_owner():
         call_command("migrate", verbosity=0)
@@ -149,11 +149,11 @@ def ours(
 
     from audit import services as audit_services
     from audit.models import Record
+    from core.scoping import tenant_context
     from recovery import services as recovery
     from recovery import sweeper as beat_sweeper
     from recovery.models import Job, JobState, Lease, Run
     from tenants import services as tenant_services
-    from tenants.scoping import tenant_context
 
     slug = f"rb{k}x{int(time.time() * 1000) % 10**9}"
     tenant = tenant_services.create_tenant(slug, "Bench", f"owner@{slug}.example", actor="system:bench")

@@ -115,7 +115,7 @@ class Grower:
         from sagaplane.chain import GENESIS
 
         from audit.models import Stream
-        from tenants.scoping import tenant_context
+        from core.scoping import tenant_context
 
         self.tenant = tenant
         self.heads = [GENESIS] * STREAMS

@@ -96,9 +96,9 @@ def main() -> int:
     from sagaplane.export import read_bundle, verify_export, verify_export_files
 
     from audit import services as audit_services
+    from core.scoping import tenant_context
     from tenants import services as tenant_services
     from tenants.models import Tenant
-    from tenants.scoping import tenant_context
     from transparency import proofs, services, tasks
     from transparency.models import Export
 

@@ -22,13 +22,14 @@ app.autodiscover_tasks()
 @signals.beat_init.connect
 def _refuse_unsafe_database_role(**kwargs: Any) -> None:
     """A worker or beat whose database role row-level security does not bind must not start
-    (tenants/rls.py). SystemExit: Celery logs and ignores ordinary exceptions from receivers."""
-    from controlplane.config import ConfigurationError
-    from tenants.rls import refuse_unsafe_runtime_role
+    (core/rls.py). SystemExit: Celery logs and ignores ordinary exceptions from receivers."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from core.rls import refuse_unsafe_runtime_role
 
     try:
         refuse_unsafe_runtime_role()
-    except ConfigurationError as exc:
+    except ImproperlyConfigured as exc:
         raise SystemExit(str(exc)) from exc
 
 

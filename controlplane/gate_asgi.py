@@ -2,7 +2,7 @@
 
 Every agent asks the gate before every governed effect, so this one route is answered in front of
 Django's ASGI handler, middleware and DRF (most of a request's CPU time). It is a fast route
-(core/fastroute.py, shared with the proofs' transparency/lean.py): whether the call is plain
+(tenants/fastroute.py, shared with the proofs' transparency/lean.py): whether the call is plain
 (Django's own host and https checks), the key (`verify_api_key`, the DRF authentication class's
 check: a per-process copy checked against the tenant's epoch) and the access rule the route table
 declares for the route (`GateEvaluateView.access`) are decided there; here the body is read, parsed
@@ -14,9 +14,9 @@ Only a call with nothing unusual about it is answered here; anything else is han
 plain-http request where https is required, a query parameter, a repeated header, a body that is
 not a JSON object of at most SAGAPLANE_MAX_BODY_BYTES with a declared length, a key that fails
 verification or that the route's rule refuses, a field the view would refuse, a process whose
-database role is not yet verified (tenants.rls.RuntimeRoleGuardMiddleware). The answer's headers
+database role is not yet verified (core.rls.RuntimeRoleGuardMiddleware). The answer's headers
 are those Django gave this route's last successful answer to a call of the same class, https or
-not (`core.fastroute.HEADERS`, security headers included): until one was seen, every call of that
+not (`tenants.fastroute.HEADERS`, security headers included): until one was seen, every call of that
 class goes through Django. Once `evaluate` has started, nothing is handed on (a decision is taken
 once); an error after it is a 500 in the API's error shape. The request id, the request's log line
 and the gate metrics are kept as the observability middleware keeps them.
@@ -42,8 +42,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, QueryDict
 
-from core import fastroute
 from core.numbers import ascii_int
+from tenants import fastroute
 from tenants.actors import api_key_actor
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class _HandOn(Exception):
 
 class _ScopeRequest(HttpRequest):
     """The call's scope as Django reads a request's method, path, query, host and scheme: what
-    `core.fastroute` asks of it, answered by Django's own code (`get_host`, `is_secure`). Only
+    `tenants.fastroute` asks of it, answered by Django's own code (`get_host`, `is_secure`). Only
     those are set (HttpRequest's own __init__, its empty body and cookies, would cost more than
     the checks)."""
 
@@ -151,7 +151,7 @@ def _eligible(scope: Scope, headers: dict[bytes, bytes]) -> tuple[str, int, fast
 
 def learning(app: ASGIApp) -> ASGIApp:
     """`app` (the full stack), noting the headers of this route's successful answers, per request
-    class (`core.fastroute.HEADERS`)."""
+    class (`tenants.fastroute.HEADERS`)."""
 
     async def noting_answers(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") != PATH or scope.get("method") != "POST":

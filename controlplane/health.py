@@ -30,9 +30,9 @@ def _check_database() -> None:
 
 
 def _check_database_roles() -> None:
-    """DATABASE_URL's role must be one row-level security binds (tenants/rls.py); a replica
+    """DATABASE_URL's role must be one row-level security binds (core/rls.py); a replica
     running as the owner or a superuser is never ready."""
-    from tenants.rls import runtime_role_problems
+    from core.rls import runtime_role_problems
 
     problems = runtime_role_problems()
     if problems:

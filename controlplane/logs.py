@@ -20,7 +20,7 @@ def add_tenant(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     """The tenant whose context is active (inside a request's view or a task), if any."""
     if "tenant" not in event or not event["tenant"]:
         try:
-            from tenants.scoping import current_tenant
+            from core.scoping import current_tenant
 
             event["tenant"] = current_tenant().slug
         except Exception:

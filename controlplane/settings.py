@@ -67,7 +67,7 @@ else:
         _insecure.append("SAGAPLANE_MASTER_KEY is not set (a development key from the data folder is in use)")
 
 DATABASE_URL = config.url("DATABASE_URL", ("postgres", "postgresql", "sqlite"), needs_path=True)
-# Two Postgres roles (tenants/rls.py): DATABASE_URL's runtime role (web, workers, beat) owns nothing
+# Two Postgres roles (core/rls.py): DATABASE_URL's runtime role (web, workers, beat) owns nothing
 # and is bound by row-level security; the owner role runs `migrate` and owns the tables. Only the
 # process that migrates needs the owner's URL (`migrate` refuses to run on Postgres without it).
 DATABASE_OWNER_URL = config.database_owner_url("DATABASE_OWNER_URL", "DATABASE_URL", DATABASE_URL)
@@ -126,7 +126,7 @@ MIDDLEWARE = [
     "controlplane.observability.RequestObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "tenants.rls.RuntimeRoleGuardMiddleware",
+    "core.rls.RuntimeRoleGuardMiddleware",
     # Outside every other layer: refuses NUL in the path or query, and shapes every non-2xx API
     # answer as JSON whoever produced it (controlplane/errors.py).
     "controlplane.errors.ErrorShapeMiddleware",
@@ -140,7 +140,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
-    "tenants.scoping.TenantContextResetMiddleware",
+    "core.scoping.TenantContextResetMiddleware",
     # Last, as django-axes asks: turns a lockout flagged during sign-in into its 429 answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -204,9 +204,9 @@ else:
             # the first request then connects at once instead of waiting for the next retry.
             "reconnect_timeout": 0.5,
         }
-# The role the owner grants table access to after each migrate (tenants.rls.install).
+# The role the owner grants table access to after each migrate (core.rls.install).
 DATABASE_RUNTIME_ROLE: str = DATABASES["default"].get("USER", "")
-# The owner's credentials, swapped in by tenants.rls.database_owner() (migrate, test set-up).
+# The owner's credentials, swapped in by core.rls.database_owner() (migrate, test set-up).
 DATABASE_OWNER: dict[str, str] | None = None
 if DATABASE_OWNER_URL:
     _owner = env.db_url_config(DATABASE_OWNER_URL)

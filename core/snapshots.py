@@ -1,5 +1,5 @@
 """Per-process snapshots of what a tenant's hot path reads (the gate's policies, the approval
-policies), reused while the tenant's epoch (`tenants.epoch`) reads as it did before the snapshot
+policies), reused while the tenant's epoch (`core.epoch`) reads as it did before the snapshot
 was read.
 
 One mechanism for every such cache: a snapshot is kept under the epoch read before it was read (a
@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from tenants import epoch
+from core import epoch
 
 if TYPE_CHECKING:
-    from tenants.models import Tenant
+    from core.scoping import Tenant
 
 T = TypeVar("T")
 

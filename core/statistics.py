@@ -39,7 +39,7 @@ def unindex_tenant(model_name: str, table: str, index: str) -> migrations.Separa
     `tenant` becomes `tenant_field(db_index=False)`): only the index is dropped, on any database
     (Django names it alike everywhere). Django's own AlterField would drop and re-add the foreign
     key as well, re-validating every row under lock (minutes at 10M records)."""
-    from tenants.scoping import tenant_field
+    from core.scoping import tenant_field
 
     return migrations.SeparateDatabaseAndState(
         database_operations=[

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from core.scoping import TenantScopedModel
 
 
 class OnCap(models.TextChoices):

@@ -13,9 +13,9 @@ from typing import Any
 
 from django.db import connection
 
+from core.scoping import TENANT_SETTING
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
-from tenants.scoping import TENANT_SETTING
 
 _LEDGER = GateDecision._meta.db_table
 _LEDGER_COLUMNS = (

@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.core import signing
 from django.core.mail import send_mail
 
+from core.scoping import tenant_context
 from tenants.models import InvitationUse, Role, Tenant
-from tenants.scoping import tenant_context
 from tenants.selectors import membership_for
 
 logger = logging.getLogger(__name__)

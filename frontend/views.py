@@ -27,7 +27,7 @@ from tenants.access import AccessMap, allowed_methods, decide, rule_for
 from tenants.actors import user_actor
 from tenants.models import ROLE_CAPABILITIES, Membership, Tenant
 from tenants.permissions import SESSION_TENANT_KEY
-from tenants.scoping import joined_tenant_context, tenant_context
+from core.scoping import joined_tenant_context, tenant_context
 from tenants.selectors import membership_for, memberships_of
 
 # (url name, label): the navigation, each entry shown when its page's own GET rule lets the member in.

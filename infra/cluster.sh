@@ -357,7 +357,7 @@ up() {
     1|true|yes) netns_usable || exit 1; touch "$CLUSTER_DIR/netns" ;;
     *) rm -f "$CLUSTER_DIR/netns" ;;
   esac
-  # The web processes, workers and beat run as the runtime role only (tenants/rls.py).
+  # The web processes, workers and beat run as the runtime role only (core/rls.py).
   (unset DATABASE_OWNER_URL; for name in $(names); do start_one "$name"; done)
   for i in $(seq 1 "$WEB_REPLICAS"); do wait_ready "$(web_url "web-$i")/readyz" 120; done
   wait_ready "http://127.0.0.1:$CLUSTER_PORT/readyz" 30

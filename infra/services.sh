@@ -1,7 +1,7 @@
 # Sourced by infra/test.sh and infra/bench.sh: find the local Postgres and Redis the way both expect.
 # With DATABASE_URL / REDIS_URL already set, they are kept (set DATABASE_OWNER_URL beside a
 # Postgres DATABASE_URL). Otherwise a reachable local Postgres (psql as the postgres superuser on
-# 127.0.0.1) gets the two roles of tenants/rls.py and the database `sagaplane`: DATABASE_OWNER_URL
+# 127.0.0.1) gets the two roles of core/rls.py and the database `sagaplane`: DATABASE_OWNER_URL
 # as `sagaplane_owner` (runs migrations, owns the database and its tables) and DATABASE_URL as
 # `sagaplane` (what the application and the tests run as: owns nothing, bound by row-level
 # security); a Redis answering on 127.0.0.1:6379 becomes REDIS_URL. Nothing reachable: all stay

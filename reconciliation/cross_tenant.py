@@ -2,7 +2,7 @@
 leaves past their watermark, or open checks that are due: to expire, or to offer to a webhook).
 Ids only; the pass then works in each tenant with `tenant_context`. And /metrics' backlog: open
 checks and log leaves the pass has not looked at yet, all tenants together (counts only).
-SECURITY DEFINER functions on Postgres (tenants/rls.py), the same queries through the ORM with
+SECURITY DEFINER functions on Postgres (core/rls.py), the same queries through the ORM with
 their tenant filter lifted on SQLite."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from audit.models import TenantLog
+from core import rls
+from core.scoping import dangerously_bypass_orm_scope
 from reconciliation.models import OPEN_STATUSES, ReconciliationCheck, ReconciliationCursor
-from tenants import rls
 from tenants.models import Tenant
-from tenants.scoping import dangerously_bypass_orm_scope
 
 _OPEN = ", ".join(repr(status.value) for status in OPEN_STATUSES)
 

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from core.claims import Leased
 from core.claims import claim as claim_rows
+from core.scoping import current_tenant
 from reconciliation.models import CheckStatus, ReconciliationCheck
-from tenants.scoping import current_tenant
 
 WORKER_MAX = 200
 

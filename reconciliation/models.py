@@ -20,7 +20,7 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from core.scoping import TenantScopedModel
 
 
 class CheckStatus(models.TextChoices):

@@ -33,6 +33,7 @@ from audit.jsonvalues import index_text
 from audit.services import append_server_record, append_server_records, flush_server_records
 from controlplane.errors import DomainError
 from core.postcommit import after_commit
+from core.scoping import tenant_context
 from reconciliation import cross_tenant
 from reconciliation.leases import CHECKS, WORKER_MAX, claim_due
 from reconciliation.models import (
@@ -44,7 +45,6 @@ from reconciliation.models import (
 )
 from sagas import selectors as saga_selectors
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

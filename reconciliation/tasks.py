@@ -9,11 +9,11 @@ from typing import Any
 
 from celery import shared_task
 
+from core.scoping import tenant_context
 from core.shutdown import keep_going
 from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

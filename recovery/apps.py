@@ -15,7 +15,7 @@ class RecoveryConfig(AppConfig):
         from audit import hooks
         from core import metrics
         from recovery import (
-            cross_tenant,  # declares the sweep's and /metrics' cross-tenant functions (tenants/rls.py)
+            cross_tenant,  # declares the sweep's and /metrics' cross-tenant functions (core/rls.py)
             services,
             sweeper,
         )

@@ -4,7 +4,7 @@ server record left pending by an appender that died). Tenant ids
 only; the sweep then works inside each tenant with `tenant_context`. And /metrics' one question:
 how many jobs wait for a worker, are claimed, or wait for a human (escalated: the human queue),
 all tenants together (counts only). On Postgres SECURITY DEFINER functions owned by the owner role
-(tenants/rls.py); on SQLite the same through the ORM."""
+(core/rls.py); on SQLite the same through the ORM."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from datetime import datetime
 from django.db.models import Count, Q
 
 from audit.models import PendingServerRecord
+from core import rls
+from core.scoping import dangerously_bypass_orm_scope
 from recovery.models import Delivery, Job, JobState, Lease, LeaseState
-from tenants import rls
-from tenants.scoping import dangerously_bypass_orm_scope
 
 _TENANTS_WITH_RECOVERY_DUE = rls.cross_tenant_function(
     "sagaplane_tenants_with_recovery_due",

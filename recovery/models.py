@@ -20,7 +20,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel, tenant_field
+from core.scoping import TenantScopedModel, tenant_field
 
 
 class LeaseState(models.TextChoices):

@@ -13,11 +13,11 @@ import time
 from celery import shared_task
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from recovery import services, sweeper, webhook
 from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
 from recovery.models import Delivery, Webhook
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from django.contrib import auth
 from django.contrib.sessions.backends.base import SessionBase
 from django.http import HttpRequest
 
+from core import live
 from sagas.services import tenant_group
-from tenants import live
 from tenants.permissions import SESSION_TENANT_KEY
 from tenants.selectors import membership_for
 
@@ -39,7 +39,7 @@ class TenantEventsConsumer(AsyncJsonWebsocketConsumer):
     the member's session acts for. Anyone else is refused before the socket opens.
 
     An open socket is closed (4403) and hears nothing more once its member is removed from the
-    tenant or its session signs out: `tenants.live` sends it a `live.revoke` message after that
+    tenant or its session signs out: `core.live` sends it a `live.revoke` message after that
     change commits. Should that message be lost, the session and membership are read again before
     an event is forwarded, at most every `recheck_seconds`. The client has nothing to say: a frame
     it sends that is not JSON text closes the socket (1003/1007) instead of raising."""

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel, tenant_field
+from core.scoping import TenantScopedModel, tenant_field
 
 AGENT_NAME_MAX = 100
 

@@ -19,8 +19,8 @@ from django.db import connection
 from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
 
 from core.numbers import ascii_int
+from core.scoping import current_tenant
 from sagas.models import Saga, SagaStatus, Step
-from tenants.scoping import current_tenant
 
 
 def _lapsed(now: datetime) -> Q:

@@ -23,10 +23,10 @@ from sagaplane.events import Event
 from audit.hooks import AppendedRecords, OnStored
 from audit.jsonvalues import index_json, index_text
 from core.postcommit import after_commit
+from core.scoping import tenant_context
 from sagas import bulk
 from sagas.models import AGENT_NAME_MAX, Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 logger = logging.getLogger(__name__)
 

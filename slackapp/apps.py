@@ -9,7 +9,7 @@ class SlackappConfig(AppConfig):
 
     def ready(self) -> None:
         # The cross-tenant question (which tenant a Slack workspace belongs to) must be declared
-        # before `migrate` installs the functions (tenants/rls.py); the approvals hooks post and
+        # before `migrate` installs the functions (core/rls.py); the approvals hooks post and
         # update the channel's messages.
         from slackapp import hooks, selectors  # noqa: F401
 

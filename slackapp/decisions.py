@@ -19,12 +19,12 @@ from typing import Any
 from approvals import selectors as approval_selectors
 from approvals import services as approvals
 from approvals.models import Status, VoteChoice
+from core.scoping import tenant_context
 from fleet import services as fleet
 from slackapp import blocks, selectors, services
 from slackapp.models import Installation, MessageState
 from tenants.actors import shown_name
 from tenants.models import Membership, Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from django.conf import settings
 from slack_sdk.webhook import WebhookClient
 
 from controlplane.errors import DomainError
+from core.scoping import tenant_context
 from fleet import services as fleet
 from slackapp import blocks, crypto, decisions, selectors, services
 from slackapp.blocks import obj
 from tenants.actors import user_actor
 from tenants.models import Membership, Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

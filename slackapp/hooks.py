@@ -5,9 +5,9 @@ the request as it stands when they run (`slackapp.decisions`)."""
 from __future__ import annotations
 
 from approvals import hooks
+from core.scoping import tenant_context
 from slackapp import tasks
 from slackapp.models import Installation
-from tenants.scoping import tenant_context
 
 
 def on_approval_event(event: hooks.ApprovalEvent) -> None:

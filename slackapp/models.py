@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from core.scoping import TenantScopedModel
 
 
 class Installation(TenantScopedModel):

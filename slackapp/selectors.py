@@ -1,13 +1,13 @@
 """Reads of the Slack context. One question crosses tenants: which tenant a Slack workspace is
 installed for (a signed request names its team, not a tenant), answered on Postgres by a
-SECURITY DEFINER function that returns that tenant's id and nothing else (tenants/rls.py)."""
+SECURITY DEFINER function that returns that tenant's id and nothing else (core/rls.py)."""
 
 from __future__ import annotations
 
 import re
 
+from core import rls, scoping
 from slackapp.models import Installation, RequestMessage, UserLink
-from tenants import rls, scoping
 from tenants.models import Membership, Tenant
 
 _TEAM_TENANT = rls.cross_tenant_function(

@@ -7,9 +7,11 @@ class TenantsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tenants import (
+        from core import (
             live,  # noqa: F401  (signing out closes that session's live sockets)
             rls,
+        )
+        from tenants import (
             schema,  # noqa: F401  (registers the OpenAPI auth scheme)
             selectors,  # noqa: F401  (declares the key-lookup and membership cross-tenant functions)
         )

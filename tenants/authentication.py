@@ -2,14 +2,14 @@
 
 One reading of the header (`bearer_key`) and one per-process memory of checked keys, used by every
 path that authenticates a key (DRF's `ApiKeyAuthentication`, and the fast routes of the gate and the
-proofs through core/fastroute.py), all through `verify_api_key`: a copy of the key's row is reused only while
-the tenant's epoch (`tenants.epoch`, one cache round trip that the gate's decision reuses) reads as
-it did before the row was read, no tenant hold is on, and the copy is younger than
+proofs through tenants/fastroute.py), all through `verify_api_key`: a copy of the key's row is
+reused only while the tenant's epoch (`core.epoch`, one cache round trip that the gate's decision
+reuses) reads as it did before the row was read, no tenant hold is on, and the copy is younger than
 `epoch.MAX_AGE_S`; the presented secret's hash and the key's expiry are checked on every request.
 
 Revocation is immediate in every process: `revoke_api_key` puts the tenant on hold before it
 commits, so from then on every request reads the row (and, once the revocation has committed,
-is refused); the hold outlasts every copy made before it (tenants/epoch.py).
+is refused); the hold outlasts every copy made before it (core/epoch.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from tenants import epoch
+from core import epoch
+from core.scoping import tenant_context
 from tenants.actors import api_key_actor
 from tenants.models import ApiKey, Tenant, hash_api_key
-from tenants.scoping import tenant_context
 from tenants.selectors import api_key_and_tenant
 
 # Writing last_used_at on every request would turn each read into a write; a minute is precise enough.

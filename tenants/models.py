@@ -11,7 +11,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel
+from core.scoping import TenantScopedModel
 
 
 class Tenant(models.Model):

@@ -28,11 +28,11 @@ from rest_framework.response import Response
 from controlplane.errors import DomainError
 from core import timing
 from core.numbers import ascii_int
+from core.scoping import tenant_context, tenant_statements
 from tenants import access as policy
 from tenants.actors import api_key_actor, user_actor
 from tenants.authentication import ApiKeyPrincipal
 from tenants.models import ApiKey, Membership, Tenant
-from tenants.scoping import tenant_context, tenant_statements
 from tenants.selectors import membership_for
 
 TENANT_HEADER = "HTTP_X_SAGAPLANE_TENANT"

@@ -6,10 +6,10 @@ import json
 import re
 from typing import Any
 
-from tenants import rls, scoping
+from core import rls, scoping
 from tenants.models import ApiKey, Membership, Tenant, hash_api_key
 
-# The two questions about tenants that must cross them (tenants/rls.py): SECURITY DEFINER
+# The two questions about tenants that must cross them (core/rls.py): SECURITY DEFINER
 # functions on Postgres, each answering only its question.
 _API_KEY_TENANT = rls.cross_tenant_function(
     "sagaplane_api_key_tenant",

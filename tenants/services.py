@@ -15,10 +15,10 @@ from sagaplane.events import Event
 
 from audit.services import append_server_record
 from controlplane.errors import DomainError
+from core import epoch, live
 from core.postcommit import after_commit
-from tenants import epoch, live
+from core.scoping import tenant_context
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
-from tenants.scoping import tenant_context
 
 User = get_user_model()
 
@@ -162,7 +162,7 @@ def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
         locked.revoked_at = timezone.now()
         locked.save(update_fields=["revoked_at"])
         # Immediate in every process: the tenant's hold, before this commits, stops every
-        # process reusing its copy of any of the tenant's keys (tenants/epoch.py); should it fail,
+        # process reusing its copy of any of the tenant's keys (core/epoch.py); should it fail,
         # the answer waits until every copy made before the commit has aged out.
         if not epoch.hold(locked.tenant_id):
             after_commit("outwait copies of a revoked API key", lambda: time.sleep(epoch.MAX_AGE_S))

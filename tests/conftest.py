@@ -46,10 +46,10 @@ def django_db_setup(
 ) -> Iterator[None]:
     """pytest-django's set-up, except that on Postgres the owner role (DATABASE_OWNER_URL) creates,
     migrates and drops the test database, as `migrate` does in production, and the tests run as
-    the runtime role (DATABASE_URL), which row-level security binds (tenants/rls.py)."""
+    the runtime role (DATABASE_URL), which row-level security binds (core/rls.py)."""
     from django.test.utils import setup_databases, teardown_databases
 
-    from tenants.rls import database_owner
+    from core.rls import database_owner
 
     verbosity = request.config.option.verbose
     with django_db_blocker.unblock(), database_owner():

@@ -12,7 +12,7 @@ class TransparencyConfig(AppConfig):
     def ready(self) -> None:
         from audit import hooks as audit_hooks
         from transparency import (
-            cross_tenant,  # noqa: F401  (declares the workers' cross-tenant functions, tenants/rls.py)
+            cross_tenant,  # noqa: F401  (declares the workers' cross-tenant functions, core/rls.py)
             hooks,
         )
 

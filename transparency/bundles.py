@@ -143,7 +143,7 @@ def write_records(
 ) -> tuple[str, dict[str, dict[str, Any]]]:
     """records.ndjson into `out`, in leaf order; returns its sha256 and the stream heads.
     `progress(done)` is called between chunks (each chunk is read in its own transaction)."""
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
 
     digest = hashlib.sha256()
     heads: dict[str, dict[str, Any]] = {}

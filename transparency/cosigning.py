@@ -25,8 +25,8 @@ from sagaplane import cosignature, note
 
 from core import outbound
 from core.numbers import ascii_int
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import proofs
 from transparency.models import Checkpoint, Cosignature, Witness, WitnessRefusal
 

@@ -2,7 +2,7 @@
 
 Each answers with tenant ids (and an export's id), nothing else; the caller then works on each
 tenant inside `tenant_context`. On Postgres each is a SECURITY DEFINER function owned by the owner
-role (tenants/rls.py), which the runtime role may call and cannot change; on SQLite the same
+role (core/rls.py), which the runtime role may call and cannot change; on SQLite the same
 query runs through the ORM with its tenant filter lifted.
 """
 
@@ -14,8 +14,8 @@ from datetime import datetime
 from django.utils import timezone
 
 from audit.models import TenantLog
-from tenants import rls
-from tenants.scoping import dangerously_bypass_orm_scope
+from core import rls
+from core.scoping import dangerously_bypass_orm_scope
 from transparency.models import (
     Checkpoint,
     Export,

@@ -9,7 +9,7 @@ the request id and log line (controlplane.observability), the security headers a
 answers a plain proof GET itself, with the views' own code (`InclusionProofView.answer`,
 `ConsistencyProofView.answer`) under the views' own tenant scope.
 
-Each proof route is a fast route (core/fastroute.py, shared with the gate's
+Each proof route is a fast route (tenants/fastroute.py, shared with the gate's
 controlplane/gate_asgi.py), which decides what both must decide alike: whether the call is plain
 (database role verified, host allowed, no query parameter the view does not read, `format`
 included), the key (`verify_api_key`, the DRF authentication class's check: malformed, unknown,
@@ -19,7 +19,7 @@ JSON, or it carries a cookie or a body; and so is any refusal or error of the pr
 Everything handed on goes, untouched, to the full stack, which answers as before (in the error
 shape). The answer's bytes are DRF's JSON renderer's; its headers are those the full stack gave the
 route's last successful answer to a call of the same class, https or not
-(`core.fastroute.HEADERS`): until one was seen, every call of that class goes through it.
+(`tenants.fastroute.HEADERS`): until one was seen, every call of that class goes through it.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 from django.http import HttpRequest, HttpResponse
 from rest_framework.renderers import JSONRenderer
 
-from core import fastroute
+from core.scoping import tenant_context, tenant_statements
+from tenants import fastroute
 from tenants.actors import api_key_actor
 from tenants.models import ApiKey, Tenant
-from tenants.scoping import tenant_context, tenant_statements
 
 _JSON_ACCEPTS = {"", "*/*", "application/json"}
 

@@ -22,7 +22,7 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from tenants.scoping import TenantScopedModel, tenant_field
+from core.scoping import TenantScopedModel, tenant_field
 
 
 class KeyStatus(models.TextChoices):

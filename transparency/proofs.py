@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from sagaplane import merkle
 
 from controlplane.errors import DomainError
+from core.scoping import current_tenant
 from tenants.models import Tenant
 from tenants.scoping import current_tenant
 from transparency import queries

@@ -7,8 +7,8 @@ import uuid
 from datetime import datetime
 
 from audit.models import Record, TenantLog
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import proofs, services
 from transparency.models import Checkpoint, Export
 

@@ -16,9 +16,9 @@ from celery import shared_task
 from django.core.cache import cache
 
 from core import timing
+from core.scoping import tenant_context
 from core.shutdown import keep_going
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import cosigning, hooks, services
 from transparency.models import TreeState, Witness
 

@@ -19,8 +19,8 @@ from sagaplane.events import Event
 from audit.services import append_server_record
 from controlplane.errors import DomainError
 from core import outbound
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import keys
 from transparency.models import Checkpoint, Cosignature, Witness, WitnessQuorum, WitnessRefusal
 

@@ -30,10 +30,10 @@ from sagaplane.events import Event
 
 from approvals.actions.requests import BUDGET_RULES, action_of, announce, decide, record, requester_of
 from approvals.models import ApprovalRequest, Source, Status
+from core.scoping import tenant_context
 from fleet import services as fleet
 from tenants.actors import system_actor, user_actor
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 CONFLICT_ACTOR = system_actor("conflict")
 

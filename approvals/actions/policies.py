@@ -20,10 +20,10 @@ from approvals.actions.errors import ApprovalError
 from approvals.actions.snapshot import forget_policies
 from approvals.models import ApprovalPolicy
 from audit.services import append_server_record
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest, tool_matches
 from tenants.models import Membership, Role, Tenant
-from tenants.scoping import tenant_context
 
 NAME_MAX = 100
 MAX_TTL_S = 30 * 24 * 3600

@@ -12,8 +12,8 @@ from sagaplane.events import Event
 
 from approvals.actions.requests import announce, record, seconds_left
 from approvals.models import ApprovalRequest, Status
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 SWEEP_BATCH = 500
 

@@ -18,9 +18,9 @@ from sagaplane.events import Event
 from approvals.actions.errors import ApprovalError
 from approvals.actions.requests import announce, decide, record
 from approvals.models import ApprovalRequest, Status, Vote, VoteChallenge, VoteChoice
+from core.scoping import tenant_context
 from tenants.actors import user_actor
 from tenants.models import Membership, Tenant
-from tenants.scoping import tenant_context
 
 NOTE_MAX = 1000
 ASSERTION_MAX_BYTES = 32 * 1024

@@ -6,7 +6,7 @@ on this machine), and a benchmark that grows a tenant to ten million records wou
 on. So the scale benchmark starts its own: `initdb` into a folder it keeps between runs (a run
 continues growing what the last one grew), `pg_ctl` on a port of its own, Postgres' own sizing
 guidance (shared_buffers a quarter of the memory, effective_cache_size half of it), autovacuum
-at its defaults, and the two roles of tenants/rls.py. Stopped when the benchmark ends.
+at its defaults, and the two roles of core/rls.py. Stopped when the benchmark ends.
 """
 
 from __future__ import annotations

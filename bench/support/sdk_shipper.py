@@ -46,7 +46,7 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 def _bench_database_urls(url: str, owner_url: str) -> tuple[str, str]:
     """(DATABASE_URL, DATABASE_OWNER_URL) of the database `<name>_bench_sdk`, created by the owner
-    role if missing (tenants/rls.py: the owner migrates and owns it, the runtime role serves): the
+    role if missing (core/rls.py: the owner migrates and owns it, the runtime role serves): the
     benchmark's tenants and records stay out of the database the URLs name."""
     import psycopg
 

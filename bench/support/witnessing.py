@@ -29,7 +29,7 @@ def _pct(samples: list[float], q: float) -> float:
 
 
 def _start_witnesses(tenant: Any, folder: Path) -> list[Any]:
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from tests.sdk.witnesskit import start_witness
     from transparency import keys, services, witnesses
 
@@ -44,7 +44,7 @@ def _start_witnesses(tenant: Any, folder: Path) -> list[Any]:
 
 
 def _witnessed_lags(tenant: Any, since_id: int) -> tuple[list[float], int]:
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency.models import Checkpoint, Cosignature
 
     with tenant_context(tenant):
@@ -68,7 +68,7 @@ def _witnessed_lags(tenant: Any, since_id: int) -> tuple[list[float], int]:
 
 def signed_to_witnessed(tenant: Any, run_sustained: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run the sustained phase with two witnesses cosigning beside it; the lag of each checkpoint."""
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency import tasks
     from transparency.models import Checkpoint
 
@@ -218,7 +218,7 @@ def proof_verification_rate(tenant: Any, quick: bool, policy_dir: Path) -> dict[
     from sagaplane import tlogproof
     from sagaplane.policy import parse_policy
 
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency import proofs, witnesses
 
     with tenant_context(tenant):

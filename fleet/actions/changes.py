@@ -12,9 +12,7 @@ from audit.services import append_server_record
 from controlplane.errors import DomainError
 from fleet.actions.snapshot import forget_policies
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
-from tenants import epoch
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 class FleetError(DomainError):
@@ -29,7 +27,7 @@ class FleetError(DomainError):
 
 
 def version_key(tenant_id: int) -> str:
-    """The tenant's change counter (`tenants.epoch`): fleet status long-polls wait on it, every
+    """The tenant's change counter (`core.epoch`): fleet status long-polls wait on it, every
     process' gate compares its policy snapshot against it."""
     return epoch.key(tenant_id)
 

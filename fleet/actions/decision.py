@@ -20,7 +20,8 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane import availability
-from core import snapshots
+from core import epoch, snapshots
+from core.scoping import tenant_context
 from fleet import gate, hooks, queries
 from fleet.actions import breaker_states, snapshot
 from fleet.actions.snapshot import Policies, held_policies, read_policies
@@ -37,9 +38,7 @@ from fleet.actions.writers import (
 from fleet.gate import Debit, GateRequest, InvalidArgument
 from fleet.models import Decision, GateDecision, HaltMode, OnCap
 from fleet.stores import LimitStore, Outcome, RedisStore, StoreUnavailable
-from tenants import epoch
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

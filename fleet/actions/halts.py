@@ -13,7 +13,6 @@ from fleet.actions.changes import FleetError, changed_after_commit
 from fleet.inputs import NewHalt
 from fleet.models import Halt
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 def halt_values(halt: Halt) -> dict[str, Any]:

@@ -8,10 +8,10 @@ from typing import Any
 
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from fleet import gate
 from fleet.models import BudgetLimit, Decision, GateDecision, GateLease, LeaseState, RateLimit
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[str, Any]]:

@@ -7,11 +7,11 @@ from typing import Any
 from sagaplane.events import Event
 
 from audit.services import append_server_record
+from core.scoping import tenant_context
 from fleet.actions.changes import FleetError, changed_after_commit
 from fleet.models import Quarantine
 from sagas import selectors as saga_selectors
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 def quarantine(

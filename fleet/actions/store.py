@@ -11,7 +11,6 @@ from core import snapshots
 from fleet.models import Decision, GateDecision, GateLease
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, RedisStore
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 # ----------------------------------------------------------------------------------------- the store
 

@@ -22,11 +22,11 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane import availability
+from core.scoping import NeedsDatabase, scoped_without_database, tenant_context
 from fleet import hooks, queries
 from fleet.gate import Debit, GateRequest
 from fleet.models import Decision, GateDecision
 from tenants.models import Tenant
-from tenants.scoping import NeedsDatabase, scoped_without_database, tenant_context
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from core.claims import Increment, Leased, SetIfNull
 from core.claims import claim as claim_rows
 from core.numbers import finite_number
+from core.scoping import joined_tenant_context, tenant_context
 from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, RecoveryError, claimable
 from recovery.actions.takeover import take_over_on_claim
 from recovery.models import (
@@ -22,7 +23,6 @@ from recovery.models import (
     JobState,
 )
 from tenants.models import Tenant
-from tenants.scoping import joined_tenant_context, tenant_context
 
 
 def lease_seconds(value: Any) -> float:

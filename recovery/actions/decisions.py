@@ -8,9 +8,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import (
-    append_server_record,
-)
+from audit.services import append_server_record
+from core.scoping import tenant_context
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
 from recovery.actions.common import RecoveryError, text_field
@@ -27,7 +26,6 @@ from recovery.models import (
 )
 from sagas import selectors as saga_selectors
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 def _job_for_decision(job_id: Any) -> tuple[Job, Run]:

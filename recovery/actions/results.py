@@ -15,6 +15,7 @@ from audit.services import (
     queue_server_records,
 )
 from core import timing
+from core.scoping import joined_tenant_context, tenant_context
 from recovery.actions.claims import JOBS, held, stale, token_of
 from recovery.actions.common import RecoveryError, text_field
 from recovery.actions.runs import advance_runs, escalate
@@ -25,7 +26,6 @@ from recovery.models import (
     Run,
 )
 from tenants.models import Tenant
-from tenants.scoping import joined_tenant_context, tenant_context
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0

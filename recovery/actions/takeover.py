@@ -14,6 +14,7 @@ from django.utils import timezone
 from audit.services import (
     flush_server_records,
 )
+from core.scoping import tenant_context
 from recovery import queries
 from recovery.actions.common import SYSTEM_ACTOR, claimable, quarantined_out
 from recovery.actions.runs import RunRequest, escalate, start_runs
@@ -32,7 +33,6 @@ from recovery.models import (
 from sagas import selectors as saga_selectors
 from sagas.models import TERMINAL_STATUSES
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

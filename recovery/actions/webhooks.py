@@ -8,10 +8,9 @@ from typing import Any
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import (
-    append_server_record,
-)
+from audit.services import append_server_record
 from core.postcommit import after_commit
+from core.scoping import tenant_context
 from recovery.actions.common import RecoveryError, claimable
 from recovery.models import (
     Delivery,
@@ -19,7 +18,6 @@ from recovery.models import (
     Webhook,
 )
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency.keys import decrypt_seed, encrypt_seed
 
 

@@ -19,12 +19,12 @@ from slack_sdk.oauth.installation_store.models.bot import Bot
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
 
 from audit.services import append_server_record
+from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, configured, web_client
 from slackapp.models import Installation, UserLink
 from tenants.actors import system_actor
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

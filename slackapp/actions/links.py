@@ -12,12 +12,12 @@ from django.urls import reverse
 from sagaplane.events import Event
 
 from audit.services import append_server_record
+from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, public_url, web_client
 from slackapp.models import Installation, UserLink
 from tenants.actors import system_actor
 from tenants.models import Membership, Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

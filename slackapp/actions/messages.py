@@ -13,9 +13,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.claims import Leased, claim
+from core.scoping import tenant_context
 from slackapp.models import MessageState, RequestMessage
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 # Longer than a post takes (Slack's answer is awaited for at most API_TIMEOUT_S): a worker that
 # died while posting leaves a claim that lapses after this, and another may post.

@@ -18,12 +18,12 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.oauth import AuthorizeUrlGenerator, OAuthStateStore
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
 
+from core.scoping import tenant_context
 from slackapp import selectors
 from slackapp.actions.installations import DjangoInstallationStore
 from slackapp.actions.web import UNREACHABLE, SlackError, configured, public_url, web_client
 from slackapp.models import Installation, OAuthState
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

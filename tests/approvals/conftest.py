@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from approvals import services as approvals
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from fleet.stores import DatabaseStore
 from tenants import services as tenants
 from tenants.models import Membership, Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import ALL_SCOPES, Person, make_person
 
 

@@ -20,10 +20,10 @@ def main() -> None:
 
     django.setup()
     from approvals import services as approvals
+    from core.scoping import tenant_context
     from fleet import services as fleet
     from fleet.gate import GateRequest
     from tenants.models import Membership, Tenant
-    from tenants.scoping import tenant_context
 
     config = json.loads(sys.argv[1])
     tenant = Tenant.objects.get(slug=config["tenant"])

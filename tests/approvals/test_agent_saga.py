@@ -17,7 +17,7 @@ from agent_saga.cloud import SagaCloudClient
 from agent_saga.wal import FileWAL
 
 from approvals.models import ApprovalRequest, Source, Status
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person
 

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from sagaplane.chain import GENESIS, stamp
 
 from approvals.models import ApprovalRequest, Status
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person
 

@@ -14,8 +14,8 @@ import pytest
 from django.db import connection
 
 from approvals.models import ApprovalRequest, Status
+from core.scoping import tenant_context
 from fleet.models import Decision, GateDecision
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.concurrency import released_together

@@ -16,8 +16,8 @@ from django.utils import timezone
 from approvals import hooks, selectors
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
+from core.scoping import tenant_context
 from fleet import services as fleet
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, member, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import Person

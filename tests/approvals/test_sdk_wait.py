@@ -20,8 +20,8 @@ import sagaplane as sp
 from sagaplane.gate import Call, Gate
 
 from approvals.models import ApprovalRequest, Status
+from core.scoping import tenant_context
 from fleet.models import Decision, GateDecision
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.factories import Person

@@ -20,8 +20,8 @@ from agent_saga.semantics import Compensation
 from agent_saga.wal import FileWAL
 
 from audit.models import Record, Stream
+from core.scoping import tenant_context
 from sagas.models import Saga, SagaStatus
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,8 +7,8 @@ from django.db import DatabaseError, connection, transaction
 
 from audit import services
 from audit.models import Record
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 
 pytestmark = [pytest.mark.postgres]

@@ -8,8 +8,8 @@ import pytest
 
 from audit import services
 from audit.models import Record, Stream, TenantLog
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.concurrency import at_once
 

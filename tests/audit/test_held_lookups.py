@@ -13,7 +13,7 @@ from django.db import connection
 
 from audit import services
 from audit.models import LEAF_BLOCK_BITS, Record, Redaction, Stream, TenantLog, leaf_blocks
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 

@@ -10,8 +10,8 @@ import pytest
 
 from audit import hooks, services
 from audit.models import Record
+from core.scoping import tenant_context
 from sagas import services as sagas_services
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records, snapshot
 from tests.support.factories import Person
 from transparency import hooks as transparency_hooks

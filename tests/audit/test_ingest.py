@@ -13,7 +13,7 @@ from sagaplane.chain import GAP_EVENT, GENESIS, redact_record, stamp, verify_cha
 
 from audit import services
 from audit.models import EquivocationAttempt, Record, RecordPayload, RefusedBatch, Stream, TenantLog
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 from tests.support.chains import chain, restamp, saga_records, snapshot
 from tests.support.factories import Person
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from audit import services
 from audit.models import Stream
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 

@@ -10,8 +10,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from audit.models import Record, RecordPayload, Stream
+from core.scoping import tenant_context
 from sagas.models import Saga, Step
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 

@@ -9,9 +9,9 @@ from sagaplane.chain import verify_chain
 
 from audit import services
 from audit.models import Record, RecordPayload, Redaction
+from core.scoping import tenant_context
 from tenants import services as tenant_services
 from tenants.models import Role
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person, make_person
 

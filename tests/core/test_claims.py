@@ -11,9 +11,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.claims import Increment, Leased, SetIfNull, claim
+from core.scoping import tenant_context
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 pytestmark = pytest.mark.django_db
 

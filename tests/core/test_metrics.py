@@ -18,13 +18,13 @@ from approvals.models import ApprovalRequest
 from approvals.models import Status as ApprovalStatus
 from audit.models import TenantLog
 from core import metrics
+from core.scoping import tenant_context
 from fleet import services as fleet_services
 from fleet.stores import DatabaseStore
 from reconciliation import services as reconciliation_services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from recovery.models import Job, JobState, Run, RunKind, RunState
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 from tests.support.metrics import scrape, value

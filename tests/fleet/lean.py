@@ -7,11 +7,11 @@ from typing import Any
 
 from django.db import connection
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import GateDecision
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 ACTOR = "test:lean"
 

@@ -16,12 +16,12 @@ import pytest
 from agent_saga.cloud import SagaCloudClient
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import GateDecision
 from fleet.stores import DatabaseStore
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)

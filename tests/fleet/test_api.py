@@ -12,12 +12,12 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import GateDecision
 from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import Person, make_person
 
 EVALUATE = "/api/v1/gate/evaluate"

@@ -12,11 +12,11 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.stores import RedisStore, marker_key
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.hostile.production import own_redis
 from tests.support.chains import server_stream
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, RateLimit
 from fleet.stores import DatabaseStore
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 DEMO_AGENT = Path(__file__).resolve().parents[2] / "sdk" / "examples" / "demo_agent.py"
 

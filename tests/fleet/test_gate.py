@@ -20,7 +20,6 @@ from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision, LimitCounter
 from fleet.stores import DatabaseStore, LimitStore, RedisStore, marker_key
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.hostile.production import OwnRedis, own_redis
 
 ACTOR = "test:gate"

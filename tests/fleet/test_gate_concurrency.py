@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import Decision, GateDecision
 from tenants import services as tenant_services
-from tenants.scoping import tenant_context
 from tests.fleet.concurrency import (
     AMOUNT,
     CAP,

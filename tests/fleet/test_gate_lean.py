@@ -22,11 +22,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from controlplane.gate_asgi import PATH, lean_gate
-from core import fastroute
+from core import epoch
 from fleet import services
 from fleet.models import Decision
 from fleet.stores import RedisStore, marker_key
-from tenants import epoch
+from tenants import fastroute
 from tenants import services as tenant_services
 from tenants.models import Tenant
 from tests.fleet.concurrency import running_database_url

@@ -17,12 +17,12 @@ from sagaplane import gate as sdk_gate
 from sagaplane.names import glob_matches, name_key
 
 from approvals import services as approvals
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest, halt_matches, tool_matches
 from fleet.models import GateDecision, Halt
 from fleet.stores import DatabaseStore
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 ACTOR = "test:names"
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import Quarantine
 from fleet.stores import DatabaseStore
 from sagas.models import Saga
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.hostile.production import Chain
 from tests.support.chains import server_stream
 from tests.support.factories import Person

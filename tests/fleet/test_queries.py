@@ -10,12 +10,12 @@ import uuid
 import pytest
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from fleet import queries
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 @pytest.fixture

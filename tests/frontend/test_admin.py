@@ -9,9 +9,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
+from core.scoping import tenant_context
 from frontend import invitations
 from tenants.models import ApiKey, Membership, Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 

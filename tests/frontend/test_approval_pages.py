@@ -13,12 +13,12 @@ from django.test import Client
 from sagaplane.approval import verify_vote_record
 
 from approvals.models import ApprovalRequest, Status, Vote
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.stores import DatabaseStore
 from passkeys import services as passkeys
 from tenants import services as tenants
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, wire_policy
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
 from tests.support.chains import server_stream

@@ -7,7 +7,7 @@ import re
 from django.test import Client
 from django.urls import reverse
 
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
 from transparency import services as transparency

@@ -11,12 +11,12 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateDecision, Halt, RateLimit
 from fleet.stores import DatabaseStore
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
 

@@ -75,8 +75,8 @@ def test_times_are_relative_with_absolute_title(alice: Person) -> None:
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
+    from core.scoping import tenant_context
     from tenants.models import ApiKey
-    from tenants.scoping import tenant_context
 
     # A key made at a known moment, given in Berlin time (UTC+1 that day): shown in UTC.
     made = datetime(2024, 3, 5, 9, 8, 9, tzinfo=ZoneInfo("Europe/Berlin"))

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from core.scoping import tenant_context
 from recovery.models import Job, JobState, Run
 from tenants.models import Role
-from tenants.scoping import tenant_context
 from tests.recovery.sagas import crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person, make_person

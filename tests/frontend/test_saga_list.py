@@ -20,12 +20,12 @@ from sagaplane.chain import verify_chain
 from sagaplane.walfile import read_all
 
 from audit import services as audit_services
+from core.scoping import tenant_context
 from frontend.saga_views import PAGE_SIZE
 from sagas import selectors
 from sagas.models import Saga, Step
 from sagas.services import agent_label
 from tenants import services as tenant_services
-from tenants.scoping import tenant_context
 from tests.support.factories import PASSWORD, Person, make_person
 from tests.support.inputs import HOSTILE_CURSORS
 from tests.support.sagadata import Writer, saga_forward, saga_rollback

@@ -144,7 +144,7 @@ class OwnDatabase:
 
 def as_owner(url: str) -> str:
     """`url` (a database of the runtime role's) with the owner role's credentials, from
-    DATABASE_OWNER_URL: the role that creates, migrates and owns databases (tenants/rls.py)."""
+    DATABASE_OWNER_URL: the role that creates, migrates and owns databases (core/rls.py)."""
     owner = os.environ.get("DATABASE_OWNER_URL", "")
     if not owner.startswith(("postgres://", "postgresql://")):
         pytest.fail("needs DATABASE_OWNER_URL=postgres://owner:...@.../... beside DATABASE_URL")

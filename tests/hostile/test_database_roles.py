@@ -1,4 +1,4 @@
-"""The production server started as the wrong database role fails closed (tenants/rls.py): run as
+"""The production server started as the wrong database role fails closed (core/rls.py): run as
 the owner role, which row-level security does not bind, it serves nothing but the probes, /readyz
 names the problem, and the log says why."""
 

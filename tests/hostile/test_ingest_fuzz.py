@@ -25,9 +25,9 @@ from sagaplane.limits import MAX_NESTING
 from audit.jsonvalues import index_text
 from audit.models import Record, RecordPayload, Redaction
 from audit.services import stored_record
+from core.scoping import tenant_context
 from sagas.services import mask_credentials
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import T0, snapshot
 from tests.support.factories import Person
 from tests.support.transparency import settle

@@ -21,10 +21,10 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.models import Record
+from core.scoping import tenant_context
 from frontend import invitations
 from tenants import services
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import PASSWORD, Person
 from tests.support.inputs import HOSTILE_CURSORS, _b64
 from tests.support.waiting import wait_until

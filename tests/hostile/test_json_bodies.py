@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from core.scoping import tenant_context
 from fleet.models import GateDecision, Halt
 from tenants import services as tenant_services
 from tenants.models import ApiKey
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 BODIES = {

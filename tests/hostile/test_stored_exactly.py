@@ -23,8 +23,8 @@ from sagaplane.wal import WAL, WALError
 
 from audit import services as audit_services
 from audit.models import Record, RecordPayload, Redaction, TenantLog
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, snapshot
 from tests.support.factories import Person
 from tests.support.transparency import settle

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from audit.models import Record
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.processes import stop_group
 from transparency import tasks as transparency_tasks

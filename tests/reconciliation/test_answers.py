@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from reconciliation import services
 from reconciliation.models import ReconciliationCheck
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person, make_person

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from sagaplane.certificate import CertificateError, verify_certificate
 
+from core.scoping import tenant_context
 from reconciliation import services
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person

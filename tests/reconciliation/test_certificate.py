@@ -11,12 +11,12 @@ from django.utils import timezone
 from sagaplane.certificate import verify_certificate
 
 from audit.services import flush_server_records
+from core.scoping import tenant_context
 from reconciliation import services
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
 from recovery.models import JobState
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.transparency import settle
 from transparency import services as transparency

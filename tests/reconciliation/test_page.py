@@ -65,8 +65,8 @@ def test_risk_staff_reopen_a_verdict_and_it_is_recorded(
 ) -> None:
     response = _browser(alice).post(f"/reconciliation/checks/{verdicts['ch_d']}/recheck")
     assert response.status_code == 302
+    from core.scoping import tenant_context
     from reconciliation.models import ReconciliationCheck
-    from tenants.scoping import tenant_context
 
     with tenant_context(tenant_a):
         assert ReconciliationCheck.objects.get(pk=verdicts["ch_d"]).status == CheckStatus.PENDING

@@ -9,10 +9,10 @@ from typing import Any
 import sagaplane as sp
 from sagaplane.reconcile import since_value
 
+from core.scoping import tenant_context
 from reconciliation import services
 from reconciliation.models import ReconciliationCheck
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer
 from tests.support.factories import Person

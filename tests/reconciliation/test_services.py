@@ -10,10 +10,10 @@ import pytest
 from django.utils import timezone
 
 from controlplane.errors import DomainError
+from core.scoping import tenant_context
 from reconciliation import selectors, services
 from reconciliation.models import CheckStatus, Reason
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from core.scoping import tenant_context
 from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from reconciliation.tasks import deliver_check
 from recovery import services as recovery
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 

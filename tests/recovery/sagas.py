@@ -7,11 +7,11 @@ from typing import Any
 
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from recovery import services
 from recovery.models import Job, Lease
 from sagas.models import Saga
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 
 HANDLER = "shop.refund"

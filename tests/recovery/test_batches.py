@@ -16,10 +16,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from core.scoping import tenant_context
 from recovery import services
 from recovery.models import Job, JobState, Run, RunState
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person

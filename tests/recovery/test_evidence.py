@@ -20,7 +20,6 @@ from recovery import services
 from recovery.models import Job, JobState
 from sagas.models import Saga, SagaStatus
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.concurrency import at_once

@@ -11,13 +11,13 @@ import pytest
 from rest_framework.test import APIClient
 
 from audit.services import flush_server_records
+from core.scoping import tenant_context
 from fleet import services as fleet
 from recovery import selectors, services
 from recovery.actions import results
 from recovery.models import Job, JobState, Lease, LeaseState, Run, RunState
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from recovery import queries
 from recovery.models import Delivery, Job, JobState, Run, RunKind, RunState
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 pytestmark = pytest.mark.django_db
 

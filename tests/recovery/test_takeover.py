@@ -10,12 +10,12 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from recovery import services, sweeper
 from recovery.actions import takeover
 from recovery.models import Job, Lease, LeaseState, Run, SweepPass
 from recovery.tasks import sweep_all
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.recovery.sagas import HANDLER, crashed, expire
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from core import outbound
+from core.scoping import tenant_context
 from recovery import services, webhook
 from recovery.models import Delivery, Job, JobState, Webhook
 from recovery.tasks import deliver_webhook
-from tenants.scoping import tenant_context
 from tests.recovery.sagas import crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person

@@ -12,8 +12,8 @@ from django.test import Client
 from sagaplane.chain import GENESIS, stamp
 
 from audit import services as audit_services
+from core.scoping import tenant_context
 from sagas.models import Saga, SagaStatus
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 

@@ -11,11 +11,11 @@ import pytest
 from django.utils import timezone
 
 from audit import services
+from core.scoping import tenant_context
 from sagas import selectors
 from sagas.models import Saga
 from tenants import services as tenant_services
 from tenants.models import Role
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 from tests.support.factories import PASSWORD, Person, make_person
 

@@ -191,8 +191,8 @@ def test_a_lost_close_message_is_covered_by_the_recheck(
 ) -> None:
     """If the close message never arrives (the channel layer was down at commit), the socket still
     stops: it re-reads its membership before forwarding (here on every event)."""
+    from core import live
     from sagas.consumers import TenantEventsConsumer
-    from tenants import live
 
     monkeypatch.setattr(TenantEventsConsumer, "recheck_seconds", 0.0)
     monkeypatch.setattr(live, "_close_group", lambda group, reason: None)  # the message is lost

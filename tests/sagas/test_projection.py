@@ -9,10 +9,10 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from audit import services
+from core.scoping import tenant_context
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 from sagas.services import rebuild_tenant
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, saga_records
 
 

@@ -17,7 +17,7 @@ from test_e2e_ship import fast_shipper, run_sagas, saga_of, stream_of
 from test_sdk_wal_segments import files_match_manifest, records_of
 
 from audit.models import Record
-from tenants.scoping import tenant_context
+from core.scoping import tenant_context
 
 
 def test_a_shipped_and_compacted_wal_ingests_cleanly(

@@ -27,8 +27,8 @@ from sagaplane.integrations import langgraph as splg
 from sagaplane.integrations.policy import loads
 
 from approvals.models import ApprovalRequest, Status
+from core.scoping import tenant_context
 from fleet import services as fleet
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote
 from tests.sdk import lg_agent
 from tests.sdk.sagaplane_testkit import read_wal

@@ -24,8 +24,8 @@ from sagaplane.integrations import openai_agents as spoa
 from sagaplane.integrations.policy import loads
 
 from approvals.models import ApprovalRequest, Status
+from core.scoping import tenant_context
 from fleet import services as fleet
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent as KeyHolder
 from tests.approvals.conftest import vote
 from tests.sdk.sagaplane_testkit import read_wal

@@ -23,6 +23,7 @@ from mcp.client.session import ClientSession
 from sagaplane.integrations.mcp_upstream import UpstreamSpec, bounded_stdio
 
 from approvals import services as approvals
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.stores import DatabaseStore
 from recovery import services as recovery
@@ -30,7 +31,6 @@ from recovery.models import Job
 from sagas.models import Saga, Step
 from tenants import services as tenants
 from tenants.models import Membership, Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import ALL_SCOPES, Person, make_person
 from tests.support.waiting import wait_until
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status, Vote
+from core.scoping import tenant_context
 from slackapp import services
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, wire_policy
 from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack, Message

@@ -13,9 +13,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from slackapp import crypto, selectors, services
 from slackapp.models import Installation, OAuthState, UserLink
-from tenants.scoping import tenant_context
 from tests.slackapp.conftest import browser, consent_url, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream

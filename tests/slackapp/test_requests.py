@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from core.scoping import tenant_context
 from fleet.models import Halt
 from slackapp import services
 from slackapp.actions import signatures
 from slackapp.models import SeenSignature, UserLink
 from tenants.models import Role
-from tenants.scoping import tenant_context
 from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream

@@ -22,9 +22,9 @@ from django.conf import settings
 from django.db import connection
 
 from controlplane.celery import app as celery_app
+from core.scoping import tenant_context
 from fleet.models import Halt
 from slackapp import services
-from tenants.scoping import tenant_context
 from tests.slackapp.conftest import browser, command_body, install
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.factories import Person

@@ -14,8 +14,8 @@ from sagaplane.chain import GENESIS, stamp
 
 from audit import services as audit_services
 from audit.models import Record, RecordPayload, Stream
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 T0 = 1_796_000_000.0
 
@@ -260,7 +260,7 @@ def server_stream(tenant: Tenant, *, flush: bool = True) -> list[dict[str, Any]]
     as the recovery sweep chains them within a second."""
     from audit.models import Record, RecordPayload, Redaction
     from audit.services import flush_server_records, stored_record
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
 
     if flush:
         flush_server_records(tenant, wait=True)

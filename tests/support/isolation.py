@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from core.scoping import tenant_context
 from tenants.models import ApiKey, Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
 from tests.support.factories import Person
 

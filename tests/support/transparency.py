@@ -9,7 +9,7 @@ from transparency import services
 def seal_records(tenant: Tenant) -> list[tuple[str, int]]:
     """The tenant's SAGA_SEALED records, (saga id, leaf index), in log order."""
     from audit.models import Record
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
 
     with tenant_context(tenant):
         return list(
@@ -21,7 +21,7 @@ def seal_records(tenant: Tenant) -> list[tuple[str, int]]:
 
 def seal_watermark(tenant: Tenant) -> int:
     """The tenant's seal watermark (0 before its first seal pass)."""
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency.models import SealState
 
     with tenant_context(tenant):

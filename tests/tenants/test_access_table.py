@@ -32,6 +32,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.urls.resolvers import RoutePattern
 
 from approvals import services as approvals
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from frontend import invitations
@@ -39,7 +40,6 @@ from reconciliation import services as reconciliation
 from slackapp import services as slack
 from tenants import services
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
 from tests.support.chains import Writer

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from core.scoping import tenant_context
 from tenants import authentication, services
 from tenants.models import ApiKey, Tenant
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 

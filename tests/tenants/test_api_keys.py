@@ -4,9 +4,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from tenants import services
 from tenants.models import ApiKey, Tenant, hash_api_key
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 pytestmark = pytest.mark.smoke
@@ -135,7 +135,8 @@ def test_revoked_key_is_refused_at_once_even_just_after_use(alice: Person, tenan
 def test_a_key_revoked_by_another_process_is_refused_within_the_bound(
     alice: Person, tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tenants import authentication, epoch
+    from core import epoch
+    from tenants import authentication
 
     now = [1000.0]
     monkeypatch.setattr(authentication.time, "monotonic", lambda: now[0])
@@ -172,7 +173,7 @@ def test_a_revocation_whose_hold_fails_answers_once_every_copy_has_aged_out(
 
     from django.core.cache import cache
 
-    from tenants import epoch
+    from core import epoch
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])

@@ -15,10 +15,10 @@ from django.test import Client
 from django.urls import reverse
 from sagaplane.chain import verify_chain
 
+from core.scoping import tenant_context
 from frontend import invitations
 from tenants import services
 from tenants.models import Membership, Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import PASSWORD, Person
 from transparency import services as transparency

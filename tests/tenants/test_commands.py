@@ -9,9 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from core.scoping import tenant_context
 from sagas.models import Saga
 from tenants.models import Membership, Tenant
-from tenants.scoping import tenant_context
 
 pytestmark = pytest.mark.smoke
 

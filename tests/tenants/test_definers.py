@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from tenants import rls
+from core import rls
 from tenants.models import ApiKey, Tenant, hash_api_key
 from tests.support.factories import Person
 

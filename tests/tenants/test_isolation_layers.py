@@ -20,11 +20,12 @@ import pytest
 from django.db import connection, models
 
 from audit.models import Record
+from core import rls
+from core.scoping import TenantManager, dangerously_bypass_orm_scope, tenant_context
 from sagas.api import SagaListView
 from sagas.models import Saga
-from tenants import rls, services
+from tenants import services
 from tenants.models import Tenant
-from tenants.scoping import TenantManager, dangerously_bypass_orm_scope, tenant_context
 from tests.support.chains import ensure_sample
 from tests.support.factories import Person, make_person
 from tests.support.isolation import assert_sees_nothing_of

@@ -18,9 +18,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from audit.models import Record
+from core.scoping import tenant_context
 from tenants import services
 from tenants.models import Membership, Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -1,4 +1,4 @@
-"""The two database roles and the cross-tenant functions (tenants/rls.py).
+"""The two database roles and the cross-tenant functions (core/rls.py).
 
 The tests run as the runtime role (DATABASE_URL); the owner role (DATABASE_OWNER_URL) created and
 migrated the test database (tests/conftest.py). The cross-tenant selectors also run on SQLite,
@@ -15,9 +15,10 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from tenants import rls, selectors
+from core import rls
+from core.scoping import tenant_context, tenant_scoped_models
+from tenants import selectors
 from tenants.models import ApiKey, Membership, Role, Tenant
-from tenants.scoping import tenant_context, tenant_scoped_models
 from tests.support.factories import Person, make_person
 
 
@@ -191,7 +192,7 @@ def test_connected_as_the_owner_every_check_refuses(
 ) -> None:
     """The owner role owns the tables (its policies do not bind it): the runtime checks name
     the problem, /readyz is not ready, and a web process serves nothing but the probes."""
-    from controlplane.config import ConfigurationError
+    from django.core.exceptions import ImproperlyConfigured
 
     monkeypatch.setattr(rls.RuntimeRoleGuardMiddleware, "verified", False)
     with rls.database_owner():
@@ -202,7 +203,7 @@ def test_connected_as_the_owner_every_check_refuses(
         assert [
             message.id for message in rls.check_runtime_role(databases=["default"])
         ] == []  # migrate's own
-        with pytest.raises(ConfigurationError, match="owns tenant tables"):
+        with pytest.raises(ImproperlyConfigured, match="owns tenant tables"):
             rls.refuse_unsafe_runtime_role()
         response = client.get("/readyz")
         assert response.status_code == 503 and "database_roles" in response.json()["failing"]

@@ -1,5 +1,5 @@
 """The three layers of tenant scoping: ORM manager, tenant header, Postgres row-level security;
-and the runtime role's inability to lift the last one (tenants/rls.py)."""
+and the runtime role's inability to lift the last one (core/rls.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from tenants.models import ApiKey, Membership, Tenant
-from tenants.scoping import (
+from core.scoping import (
     TenantScopeError,
     dangerously_bypass_orm_scope,
     tenant_context,
     tenant_scoped_models,
     tenant_statements,
 )
+from tenants.models import ApiKey, Membership, Tenant
 from tests.support.factories import Person
 
 
@@ -135,7 +135,7 @@ def _refused(sql: str) -> str:
 
 @pytest.mark.postgres
 def test_runtime_role_cannot_change_rls_or_the_functions(db: None) -> None:
-    from tenants.rls import cross_tenant_functions
+    from core.rls import cross_tenant_functions
 
     with connection.cursor() as cursor:
         # Django's foreign keys are deferred; ALTER TABLE refuses while their checks are pending.

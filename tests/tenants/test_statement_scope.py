@@ -1,4 +1,4 @@
-"""Statement-scoped RLS (`tenants.scoping.tenant_statements`) under the ways code can nest and
+"""Statement-scoped RLS (`core.scoping.tenant_statements`) under the ways code can nest and
 mix it: every statement runs as the tenant the code believes is active, or as none; never as a
 tenant left behind by an enclosing block. Raw SQL is the witness: it has no ORM filter, so only
 row-level security stands between it and another tenant's rows."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
+from core.scoping import TenantScopeError, current_tenant, tenant_context, tenant_statements
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Role, Tenant
-from tenants.scoping import TenantScopeError, current_tenant, tenant_context, tenant_statements
 from tests.support.factories import PASSWORD, Person, make_person
 
 pytestmark = pytest.mark.postgres

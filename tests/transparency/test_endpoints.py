@@ -37,7 +37,7 @@ def test_checkpoint_verifies_with_the_served_key(
     log_a: tuple[note.Checkpoint, str], tenant_a: Tenant
 ) -> None:
     from audit.models import Record
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
 
     checkpoint, vkey = log_a
     with tenant_context(tenant_a):
@@ -145,7 +145,7 @@ def test_viewers_and_read_keys_read_the_log_but_cannot_start_exports(
 def test_reading_the_verifier_key_never_creates_one(tenant_a: Tenant, alice: Person) -> None:
     """Before its first checkpoint a tenant has no signing key; GET /key says so (404, JSON) and
     writes nothing (it used to create the key, unaudited, on a read)."""
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency.models import LogSigningKey
 
     for client in (alice.key_client(), alice.session_client()):

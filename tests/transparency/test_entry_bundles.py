@@ -11,8 +11,8 @@ from sagaplane.chain import GENESIS, stamp
 from sagaplane.leaf import leaf_data
 
 from audit import services as audit_services
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.transparency import settle

@@ -17,8 +17,8 @@ from sagaplane import cli
 from sagaplane.disclosure import VerificationError
 from sagaplane.export import pack, verify_export, verify_export_files
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
 from tests.support.transparency import settle

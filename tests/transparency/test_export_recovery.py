@@ -21,8 +21,8 @@ import pytest
 from django.utils import timezone
 from sagaplane.export import verify_export
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.processes import stop_group

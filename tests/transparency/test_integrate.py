@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from sagaplane import merkle, note
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.transparency import settle
 from transparency import keys, services

@@ -10,8 +10,8 @@ import pytest
 from sagaplane import merkle, note
 
 from audit.models import TenantLog
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import keys, proofs, services, sources, tasks

@@ -14,10 +14,10 @@ from django.conf import settings
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from core import fastroute
+from core.scoping import tenant_context
+from tenants import fastroute
 from tenants import services as tenant_services
 from tenants.models import ApiKey, Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.transparency import settle
@@ -178,7 +178,7 @@ def test_a_revoked_or_expired_key_is_refused_at_once(alice: Person, log_a: int, 
     assert status == 401 and b"revoked" in body
     from django.core.cache import cache
 
-    from tenants import epoch
+    from core import epoch
 
     cache.delete(epoch.hold_key(tenant_a.pk))  # the revocation's hold ended: copies are kept again
     other = _scoped_key(tenant_a, ["read"])

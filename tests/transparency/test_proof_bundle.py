@@ -11,8 +11,8 @@ import pytest
 from sagaplane import cli, merkle, note
 from sagaplane.tlogproof import HEADER, ProofFileError, format_proof, parse_proof, verify_proof
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.transparency import settle

@@ -7,8 +7,8 @@ import base64
 
 from sagaplane import merkle, note
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.transparency import settle

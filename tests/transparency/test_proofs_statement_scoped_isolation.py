@@ -1,5 +1,5 @@
 """The proof views run statement-scoped (no transaction; each statement carries its tenant: see
-tenants.scoping.tenant_statements). Exercised here as production runs them, outside any test
+core.scoping.tenant_statements). Exercised here as production runs them, outside any test
 transaction: a tenant gets its own log's answers, never a position or a node of another's, and a
 third tenant with no log gets refusals, not data."""
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from audit import services as audit_services
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.transparency import seal_records, seal_watermark

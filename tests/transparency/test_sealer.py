@@ -15,8 +15,8 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from audit.models import TenantLog
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.concurrency import at_once
 from tests.support.transparency import seal_records, seal_watermark, settle

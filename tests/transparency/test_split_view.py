@@ -14,8 +14,8 @@ from pathlib import Path
 
 from sagaplane import note
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.sdk.witnesskit import ROOT, start_witness
 from tests.support.chains import Writer
 from tests.support.factories import Person

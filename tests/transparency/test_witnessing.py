@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sagaplane import cli, cosignature, note
 
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.sdk.witnesskit import RunningWitness, start_witness
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person

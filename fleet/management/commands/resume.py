@@ -2,10 +2,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
 from tenants.actors import cli_actor
-from tenants.scoping import tenant_context
 
 
 class Command(BaseCommand):

@@ -14,9 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from core.scoping import tenant_context
 from tenants import services
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 
 DEMO_AGENT = Path(__file__).resolve().parents[3] / "sdk" / "examples" / "demo_agent.py"
 SEED_SAGAS = 12

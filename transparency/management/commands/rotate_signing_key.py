@@ -2,9 +2,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.scoping import tenant_context
 from tenants.actors import cli_actor
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import services
 
 

@@ -9,11 +9,11 @@ Three layers, each enough to stop a leak on its own:
 3. Postgres: row-level security on every tenant table, keyed by `sagaplane.tenant_id`, which
    `tenant_context` sets with `set_config(..., is_local => true)` (SET LOCAL) for the current
    transaction. Even raw SQL inside a request or a Celery task sees only its tenant's rows, and
-   the role the application runs as cannot switch that off (tenants/rls.py).
+   the role the application runs as cannot switch that off (core/rls.py).
 
 Crossing tenants on purpose (authentication looks an API key up before it knows the tenant,
 the integrator walks all tenants) asks one narrow question through a cross-tenant function
-(`tenants.rls.cross_tenant_function`: SECURITY DEFINER on Postgres), then enters each tenant with
+(`core.rls.cross_tenant_function`: SECURITY DEFINER on Postgres), then enters each tenant with
 `tenant_context`. On SQLite the same questions run under `dangerously_bypass_orm_scope()`, which
 lifts the ORM layer only: on Postgres, RLS still hides every row from it.
 """
@@ -23,15 +23,23 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from django.db import connection, models, transaction
 from django.http import HttpRequest, HttpResponse
 
-if TYPE_CHECKING:
-    from tenants.models import Tenant
-
 TENANT_SETTING = "sagaplane.tenant_id"
+
+
+class Tenant(Protocol):
+    """What core needs of a tenant: its id, its slug (log lines) and its creation time (the
+    per-process caches' keys). Core imports no app, so it names `tenants.Tenant` by this shape."""
+
+    pk: Any
+    slug: str
+    created_at: datetime
+
 
 _current_tenant: contextvars.ContextVar[Tenant | None] = contextvars.ContextVar("tenant", default=None)
 _bypass: contextvars.ContextVar[bool] = contextvars.ContextVar("tenant_bypass", default=False)

@@ -51,7 +51,7 @@ def close_session_sockets(session_key: str) -> None:
     after_commit("close live sockets of a signed-out session", lambda: _close_group(group, "signed_out"))
 
 
-@receiver(user_logged_out, dispatch_uid="tenants.live.signed_out")
+@receiver(user_logged_out, dispatch_uid="core.live.signed_out")
 def _on_signed_out(sender: object, request: HttpRequest | None = None, **kwargs: object) -> None:
     # Sent before the session is flushed, so its key still names the sockets it opened.
     session_key = getattr(getattr(request, "session", None), "session_key", None)

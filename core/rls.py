@@ -33,11 +33,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from tenants.scoping import TENANT_SETTING, tenant_scoped_models
+from core.scoping import TENANT_SETTING, tenant_scoped_models
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +273,6 @@ def refuse_unsafe_runtime_role() -> None:
     """For processes that serve tenants (Celery workers and beat at start): raise, naming each
     problem, when the runtime role is unfit. A database that does not answer yet is left to the
     first task (and to /readyz)."""
-    from controlplane.config import ConfigurationError
-
     try:
         problems = runtime_role_problems()
     except DatabaseError:
@@ -283,7 +282,7 @@ def refuse_unsafe_runtime_role() -> None:
         if not connection.in_atomic_block:
             connection.close()  # a worker's parent must not carry a connection into its forks
     if problems:
-        raise ConfigurationError("Refusing to start: unsafe database role:\n- " + "\n- ".join(problems))
+        raise ImproperlyConfigured("Refusing to start: unsafe database role:\n- " + "\n- ".join(problems))
 
 
 class RuntimeRoleGuardMiddleware:

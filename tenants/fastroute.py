@@ -7,7 +7,7 @@ untouched, to the full stack, which answers (and words every refusal) as before.
 decide alike is decided here, once:
 
 - whether a call is plain enough (`plain_key`): the process' database role verified
-  (tenants.rls), Django's own reading of the host (`HttpRequest.get_host`, ALLOWED_HOSTS) and of
+  (core.rls), Django's own reading of the host (`HttpRequest.get_host`, ALLOWED_HOSTS) and of
   https where it is required (`is_secure`, SECURE_SSL_REDIRECT), no query parameter the route does
   not read, and a bearer key read as the DRF authentication class reads it
   (`tenants.authentication.bearer_key`);
@@ -41,7 +41,7 @@ from tenants import access
 from tenants.authentication import bearer_key, verify_api_key
 
 if TYPE_CHECKING:
-    from tenants.epoch import Epoch
+    from core.epoch import Epoch
     from tenants.models import ApiKey, Tenant
 
 PER_ANSWER = frozenset({"content-length", "date", "server", "server-timing", "set-cookie", "x-request-id"})
@@ -81,7 +81,7 @@ class FastRoute:
 def plain_key(request: HttpRequest, route: FastRoute) -> str | None:
     """The bearer key of a call `route` may answer as the full stack would; None when the call is
     the full stack's (its checks and refusals are Django's own)."""
-    from tenants.rls import RuntimeRoleGuardMiddleware
+    from core.rls import RuntimeRoleGuardMiddleware
 
     if not RuntimeRoleGuardMiddleware.verified or request.method != route.method:
         return None
