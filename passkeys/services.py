@@ -67,8 +67,8 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
-from audit.services import append_server_record
 from controlplane.errors import DomainError
+from core.actionaudit import append_server_record
 from passkeys.models import Passkey, PasskeyAccount
 from tenants.models import Membership
 from tenants.selectors import memberships_of

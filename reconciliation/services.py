@@ -30,8 +30,9 @@ from sagaplane.events import Event
 
 from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
-from audit.services import append_server_record, append_server_records, flush_server_records
+from audit.services import flush_server_records
 from controlplane.errors import DomainError
+from core.actionaudit import append_server_record, append_server_records
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from reconciliation import cross_tenant

@@ -13,9 +13,9 @@ from django.db.models import Q
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
 from controlplane.errors import DomainError
 from core import epoch, live
+from core.actionaudit import append_server_record
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key

@@ -16,9 +16,9 @@ from django.db import IntegrityError, transaction
 from sagaplane import cosignature, note, policy
 from sagaplane.events import Event
 
-from audit.services import append_server_record
 from controlplane.errors import DomainError
 from core import outbound
+from core.actionaudit import append_server_record
 from core.scoping import tenant_context
 from tenants.models import Tenant
 from transparency import keys

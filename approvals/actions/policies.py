@@ -19,7 +19,7 @@ from approvals import predicates
 from approvals.actions.errors import ApprovalError
 from approvals.actions.snapshot import forget_policies
 from approvals.models import ApprovalPolicy
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
 from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest, tool_matches

@@ -21,7 +21,7 @@ from sagaplane.events import Event
 from approvals import hooks, wake
 from approvals.actions.policies import DEFAULT_ROLES
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status, Vote
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
 from core.postcommit import after_commit
 from fleet import services as fleet
 from fleet.gate import GateRequest

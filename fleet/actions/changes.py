@@ -8,7 +8,6 @@ from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
 
-from audit.services import append_server_record
 from controlplane.errors import DomainError
 from fleet.actions.snapshot import forget_policies
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit

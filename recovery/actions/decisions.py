@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
 from core.scoping import tenant_context
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services

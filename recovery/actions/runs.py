@@ -13,7 +13,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 
-from audit.services import append_server_records
+from core.actionaudit import append_server_records
 from recovery import queries
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR, TEXT_MAX
 from recovery.actions.webhooks import wake_webhooks

@@ -8,7 +8,7 @@ from typing import Any
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from recovery.actions.common import RecoveryError, claimable

@@ -18,7 +18,7 @@ from slack_sdk.oauth import InstallationStore
 from slack_sdk.oauth.installation_store.models.bot import Bot
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
 from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, configured, web_client

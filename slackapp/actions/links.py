@@ -11,7 +11,7 @@ from django.db import transaction
 from django.urls import reverse
 from sagaplane.events import Event
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
 from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, public_url, web_client
