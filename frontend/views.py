@@ -23,11 +23,11 @@ from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from approvals import selectors as approval_selectors
+from core.scoping import joined_tenant_context, tenant_context
 from tenants.access import AccessMap, allowed_methods, decide, rule_for
 from tenants.actors import user_actor
 from tenants.models import ROLE_CAPABILITIES, Membership, Tenant
 from tenants.permissions import SESSION_TENANT_KEY
-from core.scoping import joined_tenant_context, tenant_context
 from tenants.selectors import membership_for, memberships_of
 
 # (url name, label): the navigation, each entry shown when its page's own GET rule lets the member in.

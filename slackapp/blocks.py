@@ -17,7 +17,7 @@ from typing import Any
 
 from django.urls import NoReverseMatch, reverse
 
-from controlplane.numbers import amount_text
+from core.numbers import amount_text
 
 APPROVE = "approve"
 DENY = "deny"

@@ -22,7 +22,9 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords
-from audit.services import append_server_record
+from core import epoch
+from core.actionaudit import append_server_record
+from core.scoping import tenant_context
 from fleet import gate
 from fleet.actions.changes import changed_after_commit
 from fleet.actions.snapshot import (
@@ -38,9 +40,7 @@ from fleet.breaker_counts import counts_for
 from fleet.gate import BreakerSpec, GateRequest
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from fleet.stores import StoreUnavailable
-from tenants import epoch
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from fleet.actions.changes import FleetError, changed_after_commit, create_polic
 from fleet.inputs import BreakerChange, NewBreaker
 from fleet.models import CircuitBreaker
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 FIELDS = ("name", "tool", "consecutive_failures", "failure_rate", "min_volume", "window_s", "cool_down_s")
 # Changing one of these starts the breaker's counts afresh (a new generation).

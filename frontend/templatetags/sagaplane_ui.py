@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
-from controlplane.numbers import amount_text
+from core.numbers import amount_text
 
 register = template.Library()
 

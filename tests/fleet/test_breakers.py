@@ -13,12 +13,12 @@ import pytest
 import redis
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from fleet.stores import DatabaseStore, RedisStore
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.chains import Writer, server_stream
 
@@ -108,7 +108,7 @@ def cool_down_passes(tenant: Tenant, row: CircuitBreaker) -> None:
             opened_at=earlier if fresh.opened_at else None, trial_at=earlier if fresh.trial_at else None
         )
     services.forget_policies(tenant)
-    from tenants import epoch
+    from core import epoch
 
     epoch.bump(tenant.pk)
 

@@ -13,12 +13,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from rest_framework.test import APIClient
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerTransition, CircuitBreaker
 from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
 

@@ -11,13 +11,13 @@ import pytest
 from django.test import Client
 
 from approvals.models import ApprovalRequest
-from controlplane.numbers import amount_text
+from core.numbers import amount_text
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.calls import gate_call
 from fleet.stores import DatabaseStore
 from tenants import services as tenants
 from tenants.models import Role, Tenant
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person

@@ -21,9 +21,9 @@ from django.test import Client as Browser
 from django.urls import reverse
 from test_e2e_ship import saga_of
 
+from core.rls import database_owner
 from fleet import services as fleet
 from fleet.stores import DatabaseStore
-from tenants.rls import database_owner
 from tests.support.factories import Person
 from tests.support.transparency import settle
 

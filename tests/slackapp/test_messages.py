@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from slackapp import decisions, services
 from slackapp.models import MessageState, RequestMessage
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.approvals.conftest import Agent, wire_policy
 from tests.slackapp.conftest import browser, install
 from tests.slackapp.slack_server import FakeSlack

@@ -7,7 +7,6 @@ from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
 from fleet.models import CircuitBreaker
 from tenants.actors import cli_actor
-from tenants.scoping import tenant_context
 
 
 class Command(BaseCommand):
