@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from controlplane.errors import DomainError
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from fleet import services
 from fleet.gate import from_units, to_units
 from fleet.models import BudgetLimit, CircuitBreaker, GateDecision, Halt, HaltMode, OnCap, RateLimit

@@ -12,8 +12,8 @@ from audit.actions.common import IngestRefused
 from audit.actions.server_stream import append_server_record
 from audit.actions.verification import held_by_hash
 from audit.models import Record, RecordPayload, Redaction, Stream
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 
 def redact(

@@ -15,9 +15,9 @@ from audit.actions.parsing import Incoming, parse_batch, validate_stream_id
 from audit.actions.storage import ingest_into, lock_stream
 from audit.actions.verification import held_by_hash
 from audit.models import GENESIS, EquivocationAttempt, Record, RefusedBatch, Stream, StreamKind
-from controlplane import timing
+from core import timing
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 # Refusals about the chain itself are kept as evidence; malformed input (400) is just answered.
 KEPT_REFUSALS = (409, 422)

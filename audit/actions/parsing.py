@@ -11,7 +11,7 @@ from sagaplane.chain import business_fields
 from sagaplane.limits import MAX_NESTING
 
 from audit.actions.common import IngestRefused
-from controlplane.numbers import finite_number
+from core.numbers import finite_number
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _HEX = re.compile(r"[0-9a-f]+\Z")

@@ -17,10 +17,10 @@ from audit.actions.parsing import parse_batch
 from audit.actions.storage import lock_stream, store_planned
 from audit.actions.verification import Plan
 from audit.models import SERVER_STREAM_ID, PendingServerRecord, Record, Stream, StreamKind
-from controlplane import timing
-from controlplane.postcommit import after_commit
+from core import timing
+from core.postcommit import after_commit
+from core.scoping import joined_tenant_context, tenant_context, tenant_statements
 from tenants.models import Tenant
-from tenants.scoping import joined_tenant_context, tenant_context, tenant_statements
 
 
 def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> Record:

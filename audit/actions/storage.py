@@ -16,7 +16,7 @@ from audit.actions.parsing import Incoming
 from audit.actions.verification import Plan, plan_batch
 from audit.jsonvalues import index_text
 from audit.models import Stream, TenantLog
-from controlplane import timing
+from core import timing
 from tenants.models import Tenant
 
 

@@ -73,9 +73,9 @@ def _sustained_sealer(tenant_id: int, reports: Any, start: Any, ingest_done: Any
     import django
 
     django.setup()
-    from controlplane import timing
+    from core import timing
+    from core.scoping import tenant_context
     from tenants.models import Tenant
-    from tenants.scoping import tenant_context
     from transparency import services, sources, tasks
     from transparency.models import SealState
 
@@ -140,8 +140,8 @@ def sustained_phase(tenant: Any, clients: int, batches: int, size: int) -> dict[
     seals/s of busy time, how long each batch waited for a checkpoint and each saga for its seal."""
     import multiprocessing
 
-    from controlplane import timing
-    from tenants.scoping import tenant_context
+    from core import timing
+    from core.scoping import tenant_context
     from transparency import sources, tasks
     from transparency.models import Checkpoint
 
@@ -164,7 +164,7 @@ def sustained_phase(tenant: Any, clients: int, batches: int, size: int) -> dict[
     ]
     sealer = context.Process(target=_sustained_sealer, args=(tenant.pk, reports, start, ingest_done))
     passes = 0
-    phases: dict[str, float] = {}  # where the integrator's time went (controlplane.timing marks)
+    phases: dict[str, float] = {}  # where the integrator's time went (core.timing marks)
     commits: list[tuple[float, int, list[str]]] = []
     sealer_stats: dict[str, Any] | None = None
     busy = 0.0

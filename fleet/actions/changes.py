@@ -9,6 +9,9 @@ from typing import Any, TypeVar
 from django.db import IntegrityError, transaction
 
 from controlplane.errors import DomainError
+from core import epoch
+from core.actionaudit import append_server_record
+from core.scoping import tenant_context
 from fleet.actions.snapshot import forget_policies
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
 from tenants.models import Tenant

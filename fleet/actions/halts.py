@@ -8,7 +8,8 @@ from typing import Any
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
+from core.scoping import tenant_context
 from fleet.actions.changes import FleetError, changed_after_commit
 from fleet.inputs import NewHalt
 from fleet.models import Halt

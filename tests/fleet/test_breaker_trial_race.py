@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from tenants import services as tenant_services
-from tenants.scoping import tenant_context
 from tests.fleet.concurrency import PROCESSES, THREADS, child_env, run_clients, running_database_url
 from tests.hostile.production import own_redis
 

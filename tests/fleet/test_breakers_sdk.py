@@ -14,11 +14,11 @@ import pytest
 from django.utils import timezone
 from sagaplane.gate import Call, Gate, GateDenied
 
+from core import epoch
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import CircuitBreaker, Decision, GateDecision
 from fleet.stores import DatabaseStore
-from tenants import epoch
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from tests.support.waiting import wait_until
 

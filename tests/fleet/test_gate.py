@@ -15,6 +15,7 @@ import redis
 
 from controlplane import availability
 from controlplane.errors import DomainError
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision, LimitCounter

@@ -16,6 +16,7 @@ from sagaplane.chain import verify_chain
 
 from audit import services as audit_services
 from audit.actions import server_stream as server_stream_actions
+from core.scoping import tenant_context
 from recovery import services
 from recovery.models import Job, JobState
 from sagas.models import Saga, SagaStatus

@@ -15,10 +15,10 @@ from django.conf import settings
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
-from controlplane.postcommit import after_commit
+from core.actionaudit import append_server_record
+from core.postcommit import after_commit
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import cross_tenant, witnesses
 from transparency.actions.common import IntegrationRefused
 from transparency.models import Checkpoint, Export, ExportStatus

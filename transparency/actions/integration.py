@@ -11,7 +11,8 @@ from django.conf import settings
 from django.utils import timezone
 from sagaplane import merkle, note
 
-from controlplane import timing
+from core import timing
+from core.scoping import tenant_context
 from tenants.models import Tenant
 from tenants.scoping import tenant_context
 from transparency import cross_tenant, keys, queries, sources

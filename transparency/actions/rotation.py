@@ -6,9 +6,9 @@ from __future__ import annotations
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency.actions.integration import extend_and_sign, locked_state
 from transparency.actions.signing import create_key
 from transparency.models import KeyStatus, LogSigningKey

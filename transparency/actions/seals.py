@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from audit.jsonvalues import index_text
-from controlplane import timing
+from core import timing
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import cross_tenant, sources
 from transparency.actions.common import always, locked_row
 from transparency.models import SealState

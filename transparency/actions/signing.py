@@ -6,8 +6,8 @@ from __future__ import annotations
 from sagaplane import note
 
 from controlplane.errors import DomainError
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import keys
 from transparency.models import KeyStatus, LogSigningKey
 
