@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 
 from controlplane import availability
 from controlplane.errors import DomainError
-from controlplane.longpoll import abandoned, pause, release_connection
+from core.longpoll import abandoned, pause, release_connection
 from fleet import selectors, services
 from fleet.calls import gate_call
 from fleet.models import BudgetLimit, Halt, RateLimit

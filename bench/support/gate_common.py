@@ -213,9 +213,9 @@ class Run:
 
     def ledger_spent(self) -> int:
         """What the durable ledger says was authorised against the fleet budget (whole units)."""
+        from core.scoping import tenant_context
         from fleet.gate import SCALE
         from fleet.models import Decision, GateDecision
-        from tenants.scoping import tenant_context
 
         with tenant_context(self.tenant):
             rows = GateDecision.objects.filter(decision=Decision.ALLOW).values_list("debits", flat=True)

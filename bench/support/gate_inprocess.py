@@ -300,7 +300,7 @@ def profile_decision(decisions: int) -> dict[str, Any]:
     profiler.disable()
     steps = {
         ("fleet/actions/decision.py", "evaluate"): "evaluate",
-        ("tenants/epoch.py", "read"): "tenant epoch read (one cache MGET: counter and hold)",
+        ("core/epoch.py", "read"): "tenant epoch read (one cache MGET: counter and hold)",
         ("fleet/actions/snapshot.py", "read_policies"): "re-reading policies (epoch moved)",
         ("fleet/gate.py", "idempotency_key"): "idempotency key (canonical JSON, SHA-256)",
         ("fleet/gate.py", "debits_for"): "debits (scope keys, amounts)",
@@ -362,7 +362,7 @@ def profile_http_decision(decisions: int) -> dict[str, Any]:
     steps = {
         ("controlplane/gate_asgi.py", "_decide"): "total",
         ("tenants/authentication.py", "verify_api_key"): "API key check (with the epoch MGET)",
-        ("tenants/epoch.py", "read"): "tenant epoch MGET",
+        ("core/epoch.py", "read"): "tenant epoch MGET",
         ("controlplane/parsers.py", "strict_loads"): "JSON body parse",
         ("fleet/calls.py", "gate_call"): "body to GateRequest",
         ("fleet/gate.py", "debits_for"): "debits (scope digests)",

@@ -180,8 +180,8 @@ def tool_plans(tenant: Any) -> dict[str, list[str]] | None:
     the runtime role, the tenant active (row-level security on)."""
     from django.db import connection
 
+    from core.scoping import tenant_context
     from sagas import selectors
-    from tenants.scoping import tenant_context
 
     if connection.vendor != "postgresql":
         return None

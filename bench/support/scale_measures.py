@@ -35,8 +35,8 @@ def api_samples(client: Any, path: str, params: dict[str, Any], count: int) -> l
 
 
 def api_listing(client: Any, tenant: Any, queries: int) -> dict[str, float]:
+    from core.scoping import tenant_context
     from sagas.models import Saga
-    from tenants.scoping import tenant_context
 
     with tenant_context(tenant):
         newest = Saga.objects.order_by("-last_activity_at").values_list("last_activity_at", flat=True).first()
@@ -104,7 +104,7 @@ def page_listing(tenant: Any, queries: int) -> dict[str, float]:
 
 
 def proof_latencies(client: Any, tenant: Any, queries: int) -> dict[str, Any]:
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency.models import Checkpoint
 
     with tenant_context(tenant):
@@ -152,7 +152,7 @@ def export_rates(tenant: Any, signed: int, tmp: str) -> dict[str, Any]:
     """Build a WORM export of the newest EXPORT_WINDOW signed leaves; verify it offline."""
     from sagaplane.export import verify_export
 
-    from tenants.scoping import tenant_context
+    from core.scoping import tenant_context
     from transparency import services
     from transparency.models import Export
     from transparency.storage import get_storage

@@ -31,7 +31,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import availability
-from core import snapshots
+from core import epoch, snapshots
+from core.scoping import tenant_context
 from fleet import gate, hooks, leasestores
 from fleet.actions.changes import FleetError
 from fleet.actions.snapshot import Policies, held_policies, read_policies
@@ -39,9 +40,7 @@ from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest, InvalidArgument
 from fleet.models import GateLease, HaltMode, LeaseState, OnCap
 from fleet.stores import LimitStore, StoreUnavailable
-from tenants import epoch
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core import snapshots
+from core.scoping import tenant_context
 from fleet.models import Decision, GateDecision, GateLease
 from fleet.stores import DatabaseStore, LedgerEntry, LimitStore, RedisStore
 from tenants.models import Tenant

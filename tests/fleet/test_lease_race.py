@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, Decision, GateDecision, GateLease
 from tenants import services as tenant_services
-from tenants.scoping import tenant_context
 from tests.fleet.concurrency import ROOT, child_env, running_database_url
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.waiting import wait_until

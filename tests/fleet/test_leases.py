@@ -18,13 +18,13 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease
 from fleet.stores import DatabaseStore, LimitStore, RedisStore
 from tenants import services as tenant_services
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.factories import Person
 

@@ -15,11 +15,11 @@ import sagaplane as sp
 from sagaplane.client import Client
 from sagaplane.leases import LeaseHolder
 
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, GateLease, LeaseState
 from fleet.stores import DatabaseStore
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 from tests.support.waiting import wait_until
 

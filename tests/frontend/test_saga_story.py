@@ -113,8 +113,8 @@ def test_rollback_over_an_irreversible_step_warns_first(alice: Person) -> None:
     ):
         records += _committed(writer, saga_id, n, tool, semantics)
     ship(alice, "agent-warn", records)
+    from core.scoping import tenant_context
     from sagas.models import Saga
-    from tenants.scoping import tenant_context
 
     with tenant_context(alice.tenant):  # the agent is gone: its lease lapsed
         Saga.objects.filter(saga_id=saga_id).update(lease_expires_at="2000-01-01T00:00:00Z")
