@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from controlplane.numbers import ascii_int
+from core.numbers import ascii_int
 from fleet import selectors
 from fleet.models import Halt
 from frontend.fleet_views import _why

@@ -10,7 +10,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
-from audit.services import append_server_record
+from core.actionaudit import append_server_record
+from core.scoping import tenant_context
 from fleet.actions.changes import FleetError, changed_after_commit, create_policy, delete_policy
 from fleet.inputs import BreakerChange, NewBreaker
 from fleet.models import CircuitBreaker

@@ -12,13 +12,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from fleet.inputs import NewHalt
 from fleet.models import GateDecision, Halt
 from fleet.stores import DatabaseStore
 from frontend import kill_switch_views
-from tenants.scoping import tenant_context
 from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db
