@@ -14,7 +14,6 @@ from sagaplane import merkle
 from controlplane.errors import DomainError
 from core.scoping import current_tenant
 from tenants.models import Tenant
-from tenants.scoping import current_tenant
 from transparency import queries
 from transparency.models import Checkpoint, TreeNode
 

@@ -7,8 +7,8 @@ import pytest
 from sagaplane import merkle
 
 from audit.models import Record
+from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from tests.support.chains import Writer
 from transparency import queries
 from transparency.models import Checkpoint

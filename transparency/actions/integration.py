@@ -14,7 +14,6 @@ from sagaplane import merkle, note
 from core import timing
 from core.scoping import tenant_context
 from tenants.models import Tenant
-from tenants.scoping import tenant_context
 from transparency import cross_tenant, keys, queries, sources
 from transparency.actions.common import IntegrationRefused, always, locked_row
 from transparency.actions.signing import active_key, key_signers, verifiers
