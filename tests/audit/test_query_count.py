@@ -19,6 +19,10 @@ URL = "/api/v1/streams/{}/records"
 # Auth, tenant settings and savepoints, stream and log locks, ids+payloads, headers, stream head,
 # log size, sagas, steps, projection upsert: well under this, and the same for 1 or 1000 records.
 MAX_QUERIES = 30
+# The API key's row is read again once the process' checked copy is older than its epoch bound
+# (tenants.authentication): whether a request pays that read depends on the time since the last
+# one, not on the batch, so it is left out of the count.
+KEY_LOOKUP = "sagaplane_api_key_auth"
 
 
 def _records(sagas: int) -> list[dict[str, Any]]:
@@ -33,7 +37,7 @@ def _post(person: Person, stream: str, records: list[dict[str, Any]]) -> int:
         response = person.key_client().post(URL.format(stream), {"records": records}, format="json")
     assert response.status_code == 200, response.content
     assert response.json()["accepted"] == len(records)
-    return len(queries.captured_queries)
+    return sum(KEY_LOOKUP not in query["sql"] for query in queries.captured_queries)
 
 
 @pytest.mark.postgres
