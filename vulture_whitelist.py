@@ -56,8 +56,8 @@ _.duration  # unused attribute (frontend/saga_story.py:65)
 duration  # unused variable (frontend/saga_views.py:281)
 
 # Hooks named in settings (MIDDLEWARE, LOGGING, AXES_*) or called by a library (a Prometheus collector).
-ErrorShapeMiddleware  # unused class (controlplane/errors.py:213)
-_.process_exception  # unused method (controlplane/errors.py:228)
+ErrorShapeMiddleware  # unused class (core/errors.py:213)
+_.process_exception  # unused method (core/errors.py:228)
 json_formatter  # unused function (controlplane/logs.py:44)
 RequestObservabilityMiddleware  # unused class (controlplane/observability.py:132)
 _.collect  # unused method (controlplane/observability.py:214)

@@ -26,8 +26,8 @@ from rest_framework.views import APIView
 
 from approvals import selectors, services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
-from controlplane.errors import DomainError
 from controlplane.schema import ErrorSerializer
+from core.errors import DomainError
 from core.longpoll import abandoned, release_connection
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
@@ -40,55 +40,12 @@ from tenants.permissions import TenantScopedViewMixin
 
 MAX_WAIT_S = 25.0
 _LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
-POLICY_FIELDS = (
-    "name",
-    "tool",
-    "semantics",
-    "predicates",
-    "required_approvals",
-    "eligible_roles",
-    "eligible_members",
-    "passkey_only",
-    "ttl_s",
-    "execution_window_s",
-    "warn_before_s",
-    "escalation",
-    "enabled",
-)
-_POLICY_BODY = inline_serializer(
-    "ApprovalPolicyBody",
-    {
-        "name": serializers.CharField(),
-        "tool": serializers.CharField(required=False),
-        "semantics": serializers.ListField(child=serializers.CharField(), required=False),
-        "predicates": serializers.ListField(child=serializers.DictField(), required=False),
-        "required_approvals": serializers.IntegerField(required=False),
-        "eligible_roles": serializers.ListField(child=serializers.CharField(), required=False),
-        "eligible_members": serializers.ListField(child=serializers.CharField(), required=False),
-        "passkey_only": serializers.BooleanField(required=False),
-        "ttl_s": serializers.IntegerField(required=False),
-        "execution_window_s": serializers.IntegerField(required=False),
-        "warn_before_s": serializers.IntegerField(required=False),
-        "escalation": serializers.ListField(child=serializers.DictField(), required=False),
-        "enabled": serializers.BooleanField(required=False),
-    },
-)
 
 
 def _body(request: Request) -> dict[str, Any]:
     data = request.data
     if not isinstance(data, dict):
-        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
-    return data
-
-
-def _policy_body(request: Request) -> dict[str, Any]:
-    """The body's policy fields; any other key is a 400 naming it (never a keyword the service
-    takes for itself, such as `actor`)."""
-    data = _body(request)
-    unknown = sorted(set(data) - set(POLICY_FIELDS))
-    if unknown:
-        raise DomainError(400, "invalid", f"{unknown[0][:100]}: not a policy field", field=unknown[0][:100])
+        raise DomainError("invalid", "the body must be a JSON object", field="body")
     return data
 
 
@@ -99,7 +56,7 @@ def _policy_json(policy: ApprovalPolicy) -> dict[str, Any]:
 def _request(approval_id: str) -> ApprovalRequest:
     row = selectors.request(approval_id)
     if row is None:
-        raise DomainError(404, "not_found", "no such approval request")
+        raise DomainError("not_found", "no such approval request", status=404)
     return row
 
 
@@ -114,14 +71,12 @@ class PolicyListView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="approval_policies_create",
-        request=_POLICY_BODY,
+        request=services.PolicyCreate,
         responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request) -> Response:
-        data = _policy_body(request)
-        if "name" not in data:
-            raise DomainError(400, "invalid", "name: required", field="name")
-        policy = services.create_policy(self.tenant, actor=self.actor, **data)
+        terms = services.PolicyCreate.parse(request.data)
+        policy = services.create_policy(self.tenant, terms, actor=self.actor)
         return Response(_policy_json(policy), status=201)
 
 
@@ -136,17 +91,17 @@ class PolicyDetailView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, policy_id: int) -> Response:
         policy = selectors.policy(policy_id)
         if policy is None:
-            raise DomainError(404, "not_found", "no such approval policy")
+            raise DomainError("not_found", "no such approval policy", status=404)
         return Response(_policy_json(policy))
 
     @extend_schema(
         operation_id="approval_policies_update",
-        request=_POLICY_BODY,
+        request=services.PolicyChange,
         responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def patch(self, request: Request, policy_id: int) -> Response:
-        data = _policy_body(request)
-        policy = services.update_policy(self.tenant, policy_id, actor=self.actor, **data)
+        terms = services.PolicyChange.parse(request.data)
+        policy = services.update_policy(self.tenant, policy_id, terms, actor=self.actor)
         return Response(_policy_json(policy))
 
     @extend_schema(operation_id="approval_policies_destroy", responses={204: None})
@@ -168,7 +123,7 @@ class RequestListView(TenantScopedViewMixin, APIView):
     def get(self, request: Request) -> Response:
         status = request.query_params.get("status") or None
         if status is not None and status not in Status.values:
-            raise DomainError(400, "invalid", f"status: one of {', '.join(Status.values)}", field="status")
+            raise DomainError("invalid", f"status: one of {', '.join(Status.values)}", field="status")
         return Response([services.request_values(r) for r in selectors.requests(status)])
 
 
@@ -216,7 +171,7 @@ class VoteView(TenantScopedViewMixin, APIView):
         data = _body(request)
         break_glass = data.get("break_glass", False)
         if not isinstance(break_glass, bool):
-            raise DomainError(400, "invalid", "break_glass: true or false", field="break_glass")
+            raise DomainError("invalid", "break_glass: true or false", field="break_glass")
         assert self.membership is not None  # APPROVAL_VOTE is closed to keys
         row = services.vote(
             self.tenant,
@@ -313,7 +268,7 @@ class WaitView(TenantScopedViewMixin, APIView):
         self.headers = {}
         drf_request = self.initialize_request(request)
         self.request = drf_request
-        response = self.handle_exception(DomainError(400, "invalid", detail, field="timeout"))
+        response = self.handle_exception(DomainError("invalid", detail, field="timeout"))
         return self.finalize_response(drf_request, response)
 
     def _wait_for_change(self, tenant: Any, approval_id: str, until: float) -> None:

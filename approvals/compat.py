@@ -30,7 +30,7 @@ from approvals.actions import external
 from approvals.models import ApprovalRequest, Status
 from audit.hooks import AppendedRecords
 from audit.models import SERVER_STREAM_ID, Record
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tenants.access import READ
 from tenants.actors import agent_saga_actor, api_key_prefix_of, shown_name
 from tenants.permissions import TenantScopedViewMixin
@@ -161,6 +161,6 @@ class ApprovalsView(TenantScopedViewMixin, APIView):
     def get(self, request: Request) -> Response:
         wanted = (request.query_params.get("status") or "pending").lower()
         if wanted not in WANTED:
-            raise DomainError(400, "invalid", f"status: one of {', '.join(WANTED)}", field="status")
+            raise DomainError("invalid", f"status: one of {', '.join(WANTED)}", field="status")
         rows = ApprovalRequest.objects.filter(status__in=WANTED[wanted]).order_by("-created_at", "pk")[:500]
         return Response({"status": wanted, "approvals": [as_agent_saga(r) for r in rows]})

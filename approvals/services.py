@@ -12,10 +12,8 @@ fleet never imports approvals.
 
 from __future__ import annotations
 
-from approvals.actions.errors import ApprovalError
 from approvals.actions.gate import GateStep
 from approvals.actions.policies import (
-    MAX_TTL_S,
     create_policy,
     delete_policy,
     policy_values,
@@ -24,12 +22,15 @@ from approvals.actions.policies import (
 from approvals.actions.requests import BUDGET_RULES, request_values, vote_values
 from approvals.actions.sweep import sweep
 from approvals.actions.votes import challenge_for, eligible, issue_vote_challenge, vote
+from approvals.inputs import MAX_TTL_S, PolicyChange, PolicyCreate, PolicyTerms
 
 __all__ = [
     "BUDGET_RULES",
     "MAX_TTL_S",
-    "ApprovalError",
     "GateStep",
+    "PolicyChange",
+    "PolicyCreate",
+    "PolicyTerms",
     "challenge_for",
     "create_policy",
     "delete_policy",

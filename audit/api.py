@@ -15,8 +15,8 @@ from rest_framework.views import APIView
 
 from audit import services
 from audit.models import Record, Redaction, Stream
-from controlplane.errors import DomainError
 from core import timing
+from core.errors import DomainError
 from core.numbers import ascii_int
 from tenants.access import ERASE, INGEST, READ
 from tenants.permissions import TenantScopedViewMixin
@@ -30,23 +30,28 @@ def read_json_body(request: Request) -> Any:
     if declared:
         size = ascii_int(declared)
         if size is None:
-            raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
+            raise DomainError("invalid", "Content-Length is not a number", field="Content-Length")
         if size > limit:
             raise DomainError(
-                413, "too_large", f"body of {size} bytes exceeds the limit of {limit} bytes", limit=limit
+                "too_large",
+                f"body of {size} bytes exceeds the limit of {limit} bytes",
+                status=413,
+                context={"limit": limit},
             )
     raw = request._request.read(limit + 1)
     if len(raw) > limit:
-        raise DomainError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit)
+        raise DomainError(
+            "too_large", f"body exceeds the limit of {limit} bytes", status=413, context={"limit": limit}
+        )
     try:
         return json.loads(raw, object_pairs_hook=_object_without_duplicate_keys)
     except DuplicateKey as exc:
-        raise DomainError(400, "duplicate_key", f"body: an object names {exc.key!r} twice", field="body")
+        raise DomainError("duplicate_key", f"body: an object names {exc.key!r} twice", field="body")
     except RecursionError:
         # The parser recurses per level; ten thousand '[' must not become a 500.
-        raise DomainError(400, "too_deep", "body: nested too deeply to parse", field="body")
+        raise DomainError("too_deep", "body: nested too deeply to parse", field="body")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise DomainError(400, "malformed_json", f"body is not valid JSON: {exc}", field="body")
+        raise DomainError("malformed_json", f"body is not valid JSON: {exc}", field="body")
 
 
 class DuplicateKey(ValueError):
@@ -70,20 +75,20 @@ def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, An
 
 def records_from_body(body: Any) -> list[Any]:
     if not isinstance(body, dict):
-        raise DomainError(400, "invalid", "body: must be an object with a 'records' list", field="body")
+        raise DomainError("invalid", "body: must be an object with a 'records' list", field="body")
     records = body.get("records")
     if not isinstance(records, list):
-        raise DomainError(400, "invalid", "records: required, a list of record objects", field="records")
+        raise DomainError("invalid", "records: required, a list of record objects", field="records")
     limit = settings.SAGAPLANE_MAX_BATCH_RECORDS
     if len(records) > limit:
         raise DomainError(
-            413,
             "too_many_records",
             f"{len(records)} records exceed the limit of {limit} per batch",
-            limit=limit,
+            status=413,
+            context={"limit": limit},
         )
     if not records:
-        raise DomainError(400, "invalid", "records: empty batch", field="records")
+        raise DomainError("invalid", "records: empty batch", field="records")
     return records
 
 
@@ -143,7 +148,6 @@ class StreamRecordsView(TenantScopedViewMixin, APIView):
         named = body.get("stream")
         if named is not None and named != stream_id:
             raise DomainError(
-                400,
                 "mixed_streams",
                 f"stream: body names '{named}' but the URL names '{stream_id}'",
                 field="stream",
@@ -179,7 +183,7 @@ class StreamDetailView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, stream_id: str) -> Response:
         stream = Stream.objects.filter(stream_id=stream_id).first()
         if stream is None:
-            raise DomainError(404, "not_found", "no such stream")
+            raise DomainError("not_found", "no such stream", status=404)
         records = Record.objects.filter(stream=stream)
         redacted = (
             records.exclude(redacted="").count() + Redaction.objects.filter(record__stream=stream).count()

@@ -87,7 +87,11 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     slug = f"appr-{uuid.uuid4().hex[:10]}"
     tenant = tenant_services.create_tenant(slug, "Approvals bench", f"owner@{slug}.example", actor="bench")
     approvals.create_policy(
-        tenant, actor="bench", name="wires", tool="bench.wire", eligible_roles=["approver"], ttl_s=600
+        tenant,
+        approvals.PolicyCreate.parse(
+            {"name": "wires", "tool": "bench.wire", "eligible_roles": ["approver"], "ttl_s": 600}
+        ),
+        actor="bench",
     )
     tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor="bench")
     with tenant_context(tenant):

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from controlplane.errors import DomainError
 from controlplane.postgres import wait
+from core.errors import DomainError
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +48,19 @@ _OUTAGE_STATES = ("57P01", "57P02", "57P03")
 class Unavailable(DomainError):
     """A store the answer depends on cannot be reached: refused, nothing allowed or debited."""
 
-    def __init__(self, store: str) -> None:
-        super().__init__(
-            503,
+    @classmethod
+    def of(cls, store: str) -> Unavailable:
+        """The refusal while `store` is down: a 503 that says the gate's answer (deny) too."""
+        refusal = cls(
             "control_plane_unavailable",
             f"the control plane cannot reach its {store} just now; nothing was allowed (retry later)",
-            decision="deny",
-            reason="control_plane_unavailable",
-            retry_after=1,
+            status=503,
+            context={"decision": "deny", "reason": "control_plane_unavailable", "retry_after": 1},
         )
-        self.store = store
+        refusal.store = store
+        return refusal
+
+    store = ""
 
 
 class _State:
@@ -75,7 +78,7 @@ def guard() -> None:
     """Raise Unavailable while a store is known to be down."""
     if _state.down:
         for store in tuple(_state.down):  # (a copy: a probe may mark one up meanwhile)
-            raise Unavailable(store)
+            raise Unavailable.of(store)
 
 
 def is_down(store: str) -> bool:
@@ -121,7 +124,7 @@ def failed(exc: BaseException, *, probe: Callable[[], None] | None = None) -> Un
 
     busy_or_down = any(isinstance(e, psycopg_pool.PoolTimeout) for e in _chain(exc))
     mark(store, probe=probe, confirmed=not busy_or_down, why=f"{type(exc).__name__}: {exc}")
-    return Unavailable(store)
+    return Unavailable.of(store)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -253,8 +253,8 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
     from rest_framework.exceptions import APIException
 
     from controlplane import availability
-    from controlplane.errors import DomainError
     from controlplane.parsers import check_storable, strict_loads
+    from core.errors import DomainError
     from fleet import services
     from fleet.calls import gate_call
 
@@ -295,7 +295,7 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
 
 def _unavailable(refused: Exception) -> tuple[int, bytes, str, str]:
     """503 `control_plane_unavailable` in the error shape (`controlplane.availability`)."""
-    from controlplane.errors import DomainError
+    from core.errors import DomainError
 
     assert isinstance(refused, DomainError)
     return refused.status, json.dumps(refused.body(), separators=(",", ":")).encode(), "", ""

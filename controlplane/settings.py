@@ -128,8 +128,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.rls.RuntimeRoleGuardMiddleware",
     # Outside every other layer: refuses NUL in the path or query, and shapes every non-2xx API
-    # answer as JSON whoever produced it (controlplane/errors.py).
-    "controlplane.errors.ErrorShapeMiddleware",
+    # answer as JSON whoever produced it (core/errors.py).
+    "core.errors.ErrorShapeMiddleware",
     # A plain proof GET by a recently checked key is answered here, without the layers below or
     # DRF; anything else passes on untouched (transparency/lean.py).
     "transparency.lean.LeanProofMiddleware",
@@ -353,7 +353,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "core.errors.api_exception_handler",
     "DEFAULT_PARSER_CLASSES": [
         "controlplane.parsers.JSONParser",
         "rest_framework.parsers.FormParser",

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 from rest_framework import serializers
 from rest_framework.fields import SkipField, empty
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 C = TypeVar("C")
 NUL = "\x00"
@@ -47,14 +47,14 @@ class Input(serializers.Serializer, Generic[C]):
         """`data` (a JSON body, or what a form handler built) as the command, or a `DomainError`
         naming the first field at fault. Fields the input does not declare are ignored."""
         if not isinstance(data, Mapping):
-            raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+            raise DomainError("invalid", "the body must be a JSON object", field="body")
         serializer = cls(data=data)
         serializer.is_valid(raise_exception=True)  # the fields raise DomainError themselves
         return serializer.to_command()
 
 
 def _refuse(field: serializers.Field, code: str, message: str) -> NoReturn:
-    raise DomainError(400, code, message, field=field.field_name)
+    raise DomainError(code, message, field=field.field_name)
 
 
 def _given(field: serializers.Field, data: Any, code: str, message: str) -> Any:
@@ -134,6 +134,20 @@ class Choice(serializers.ChoiceField):
     def run_validation(self, data: Any = empty) -> Any:
         data = _given(self, data, self.code, self.message)
         if not isinstance(data, str) or data not in self.choices:
+            _refuse(self, self.code, self.message)
+        return data
+
+
+class Flag(serializers.BooleanField):
+    """`true` or `false` (not 1, not "yes")."""
+
+    def __init__(self, *, code: str, message: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.code, self.message = code, message
+
+    def run_validation(self, data: Any = empty) -> Any:
+        data = _given(self, data, self.code, self.message)
+        if not isinstance(data, bool):
             _refuse(self, self.code, self.message)
         return data
 

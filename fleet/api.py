@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane import availability
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.longpoll import abandoned, pause, release_connection
 from fleet import selectors, services
 from fleet.calls import gate_call
@@ -42,7 +42,7 @@ QUARANTINED_SHOWN = 1000
 def _body(request: Request) -> dict[str, Any]:
     data = request.data
     if not isinstance(data, dict):
-        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+        raise DomainError("invalid", "the body must be a JSON object", field="body")
     return data
 
 
@@ -136,24 +136,24 @@ def _uuid(value: Any, name: str) -> uuid.UUID:
             return uuid.UUID(value)
     except ValueError:
         pass
-    raise DomainError(400, "invalid", f"{name}: a UUID", field=name)
+    raise DomainError("invalid", f"{name}: a UUID", field=name)
 
 
 def _returned(tenant: Any, data: Any, actor: str, name: str) -> dict[str, Any]:
     """Give one lease back (`{"lease_id", "used": {limit: amount}}`), as its route or a renewal."""
     if not isinstance(data, dict):
-        raise DomainError(400, "invalid", f"{name}: a JSON object", field=name)
+        raise DomainError("invalid", f"{name}: a JSON object", field=name)
     used = data.get("used", {})
     if not isinstance(used, dict):
-        raise DomainError(400, "invalid", f"{name}.used: an object of amounts by limit", field=f"{name}.used")
+        raise DomainError("invalid", f"{name}.used: an object of amounts by limit", field=f"{name}.used")
     try:
         answer = services.give_back_lease(
             tenant, _uuid(data.get("lease_id"), f"{name}.lease_id"), used, actor=actor
         )
     except ValueError as exc:
-        raise DomainError(400, "invalid", f"{name}.{exc}", field=f"{name}.used") from None
+        raise DomainError("invalid", f"{name}.{exc}", field=f"{name}.used") from None
     if answer is None:
-        raise DomainError(404, "not_found", "no such lease")
+        raise DomainError("not_found", "no such lease", status=404)
     return answer
 
 
@@ -191,7 +191,7 @@ class GateLeaseView(TenantScopedViewMixin, APIView):
             or not isinstance(calls, int)
             or not 1 <= calls <= services.LEASE_MAX_CALLS
         ):
-            raise DomainError(400, "invalid", f"calls: 1 to {services.LEASE_MAX_CALLS}", field="calls")
+            raise DomainError("invalid", f"calls: 1 to {services.LEASE_MAX_CALLS}", field="calls")
         call = gate_call({**data, "step_id": "lease"}, self.api_key.prefix if self.api_key else "")
         returned = (
             _returned(self.tenant, data["returns"], self.actor, "returns") if "returns" in data else None
@@ -217,7 +217,7 @@ class GateLeaseReturnView(TenantScopedViewMixin, APIView):
         try:
             uuid.UUID(lease_id)
         except ValueError:
-            raise DomainError(404, "not_found", "no such lease") from None
+            raise DomainError("not_found", "no such lease", status=404) from None
         return Response(_returned(self.tenant, {**_body(request), "lease_id": lease_id}, self.actor, "body"))
 
 
@@ -295,7 +295,7 @@ class FleetStatusView(TenantScopedViewMixin, APIView):
         self.headers = {}
         drf_request = self.initialize_request(request)
         self.request = drf_request
-        response = self.handle_exception(DomainError(400, "invalid", detail, field="wait"))
+        response = self.handle_exception(DomainError("invalid", detail, field="wait"))
         return self.finalize_response(drf_request, response)
 
     @staticmethod
@@ -357,7 +357,7 @@ class BudgetDetailView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, budget_id: int) -> Response:
         limit = BudgetLimit.objects.filter(pk=budget_id).first()
         if limit is None:
-            raise DomainError(404, "not_found", "no such budget")
+            raise DomainError("not_found", "no such budget", status=404)
         return Response(_budget_json(limit))
 
     @extend_schema(operation_id="fleet_budgets_destroy", responses={204: None})

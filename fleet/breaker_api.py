@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from fleet import services
 from fleet.api import _LIST
 from fleet.models import BreakerTransition, CircuitBreaker
@@ -87,7 +87,7 @@ class BreakerDetailView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, breaker_id: int) -> Response:
         breaker = CircuitBreaker.objects.filter(pk=breaker_id).first()
         if breaker is None:
-            raise DomainError(404, "not_found", "no such breaker", field="id")
+            raise DomainError("not_found", "no such breaker", status=404, field="id")
         return Response(breaker_json(breaker, with_history=True))
 
     @extend_schema(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from fleet.gate import GateRequest
 
 TEXT_MAX = 200
@@ -17,14 +17,14 @@ def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:
     """A gate call's body as the gate's request (DomainError 400 naming the field at fault)."""
     args = data.get("args", {})
     if not isinstance(args, dict):
-        raise DomainError(400, "invalid", "args: must be a JSON object", field="args")
+        raise DomainError("invalid", "args: must be a JSON object", field="args")
     if _holds_nul(args):
         # An approval request keeps the call's arguments in a jsonb column, which cannot hold NUL
         # (a 500 on Postgres), and the request is bound to their exact digest: refused, not altered.
-        raise DomainError(400, "invalid", "args: must not contain NUL (in a key or a string)", field="args")
+        raise DomainError("invalid", "args: must not contain NUL (in a key or a string)", field="args")
     tags = data.get("tags", [])
     if not isinstance(tags, list) or len(tags) > 50 or not all(isinstance(t, str) and t for t in tags):
-        raise DomainError(400, "invalid", "tags: a list of at most 50 non-empty strings", field="tags")
+        raise DomainError("invalid", "tags: a list of at most 50 non-empty strings", field="tags")
     return GateRequest(
         saga_id=_text(data, "saga_id", limit=128),
         step_id=_text(data, "step_id", limit=128),
@@ -43,9 +43,9 @@ def _text(data: dict[str, Any], name: str, *, required: bool = True, limit: int 
     value = data.get(name, "" if not required else None)
     if value is None or not isinstance(value, str) or (required and not value) or len(value) > limit:
         need = "a non-empty string" if required else "a string"
-        raise DomainError(400, "invalid", f"{name}: {need} of at most {limit} characters", field=name)
+        raise DomainError("invalid", f"{name}: {need} of at most {limit} characters", field=name)
     if "\x00" in value:
-        raise DomainError(400, "invalid", f"{name}: must not contain NUL", field=name)
+        raise DomainError("invalid", f"{name}: must not contain NUL", field=name)
     return value
 
 

@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.models import Record, Stream
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from fleet import services
 from fleet.gate import SCALE, from_units, to_units
 from fleet.models import BudgetLimit
@@ -47,7 +47,7 @@ def _window(raw: str | None) -> float:
         window = math.nan
     if not math.isfinite(window) or not 0 < window <= MAX_WINDOW_S:
         raise DomainError(
-            400, "invalid", f"window: seconds, more than 0 and at most {int(MAX_WINDOW_S)}", field="window"
+            "invalid", f"window: seconds, more than 0 and at most {int(MAX_WINDOW_S)}", field="window"
         )
     return window
 

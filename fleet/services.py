@@ -17,7 +17,7 @@ from fleet.actions.breaker_states import (
 )
 from fleet.actions.breakers import breaker_values, create_breaker, delete_breaker, update_breaker
 from fleet.actions.budgets import budget_values, create_budget, delete_budget
-from fleet.actions.changes import FleetError, policies_changed, version_key
+from fleet.actions.changes import policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
 from fleet.actions.leases import MAX_CALLS as LEASE_MAX_CALLS
@@ -77,7 +77,6 @@ __all__ = [
     "settle_trial",
     "trip",
     "update_breaker",
-    "FleetError",
     "HaltCreate",
     "NewBudget",
     "NewHalt",

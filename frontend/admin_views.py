@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
+from core.errors import DomainError
 from frontend import invitations
 from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants import selectors, services
@@ -129,7 +130,7 @@ def change_role(request: MemberRequest, membership_id: int) -> HttpResponse:
         return redirect("members")
     try:
         services.change_member_role(target, role, actor=actor_of(request))
-    except services.TenantError as exc:
+    except DomainError as exc:
         messages.error(request, f"Role not changed: {exc}.")
     else:
         messages.success(request, f"{target.user.email or target.user.username} is now {role}.")
@@ -144,7 +145,7 @@ def remove(request: MemberRequest, membership_id: int) -> HttpResponse:
         return redirect("members")
     try:
         services.remove_member(target, actor=actor_of(request))
-    except services.TenantError as exc:
+    except DomainError as exc:
         messages.error(request, f"Not removed: {exc}.")
         return redirect("members")
     messages.success(request, f"{target.user.email or target.user.username} was removed.")
@@ -201,7 +202,7 @@ def create_key(request: MemberRequest) -> HttpResponse:
             created_by=request.user,
             actor=actor_of(request),
         )
-    except services.TenantError as exc:
+    except DomainError as exc:
         form.add_error(None, str(exc))
         return _keys_page(request, form=form)
     # Rendered, not redirected: the raw key lives only in this one response.
@@ -225,7 +226,7 @@ def _invited_by(invitation: invitations.Invitation) -> str:
     return f"{user_actor(invitation.inviter.get_username())} (invitation)"
 
 
-def _invitation_refused(request: HttpRequest, exc: services.TenantError) -> HttpResponse:
+def _invitation_refused(request: HttpRequest, exc: DomainError) -> HttpResponse:
     """The invitation cannot be accepted (used a moment ago by a parallel accept: 410; its
     e-mail's account created meanwhile: 409)."""
     return render(request, "frontend/invite.html", {"error": exc.detail}, status=exc.status)
@@ -257,7 +258,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
                     nonce=invitation.nonce,
                     actor=_invited_by(invitation),
                 )
-            except services.TenantError as exc:
+            except DomainError as exc:
                 return _invitation_refused(request, exc)
             request.session[SESSION_TENANT_KEY] = invitation.tenant.slug
             return redirect("home")
@@ -277,7 +278,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
                 nonce=invitation.nonce,
                 actor=_invited_by(invitation),
             )
-        except services.TenantError as exc:
+        except DomainError as exc:
             return _invitation_refused(request, exc)
         else:
             login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")

@@ -32,11 +32,10 @@ from django.urls import reverse
 from approvals import selectors
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
-from approvals.services import ApprovalError
+from core.errors import DomainError
 from core.numbers import amount_text, ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services as passkeys
-from passkeys.services import PasskeyRefused
 from tenants.access import APPROVAL_POLICIES_CHANGE, APPROVAL_POLICIES_VIEW, APPROVAL_VOTE, READ, decide
 from tenants.models import Role
 
@@ -155,7 +154,7 @@ def challenge(request: MemberRequest, approval_id: str) -> HttpResponse:
             actor=actor_of(request),
             break_glass=request.POST.get("break_glass") == "1",
         )
-    except ApprovalError as exc:
+    except DomainError as exc:
         return JsonResponse(exc.body(), status=exc.status)
     options = passkeys.vote_options(request.user, bytes.fromhex(issued["challenge"]))
     return JsonResponse(
@@ -164,7 +163,7 @@ def challenge(request: MemberRequest, approval_id: str) -> HttpResponse:
 
 
 def _passkey_assertion(request: MemberRequest, row: ApprovalRequest, credential: str) -> dict[str, Any]:
-    """The verified assertion as the vote keeps it, or PasskeyRefused / ApprovalError."""
+    """The verified assertion as the vote keeps it, or PasskeyRefused / DomainError."""
     signed = passkeys.assertion_challenge(credential)
     nonce_hex = request.POST.get("nonce", "")
     try:
@@ -172,7 +171,7 @@ def _passkey_assertion(request: MemberRequest, row: ApprovalRequest, credential:
     except ValueError:
         nonce = b""
     if len(nonce) != 32 or approvals.challenge_for(row.action_digest, nonce) != signed.hex():
-        raise ApprovalError(
+        raise DomainError(
             "challenge_invalid", "the passkey signed no challenge for this request's action", status=403
         )
     verified = passkeys.verify_assertion(
@@ -199,7 +198,7 @@ def vote(request: MemberRequest, approval_id: str) -> HttpResponse:
             assertion=assertion,
             break_glass=break_glass,
         )
-    except (ApprovalError, PasskeyRefused) as exc:
+    except DomainError as exc:
         return _refused(request, row.pk, exc.status, exc.body())
     # The outcome only when the vote decided: a count would be stale once the next vote lands (the
     # page's live section keeps the count).
@@ -226,7 +225,7 @@ def _minutes(form: Any, field: str, default: int) -> int:
         return default * 60
     minutes = ascii_int(raw, max_digits=MINUTES_MAX_CHARS)
     if minutes is None:
-        raise ApprovalError("invalid", f"{field}: a whole number of minutes", field=field)
+        raise DomainError("invalid", f"{field}: a whole number of minutes", field=field)
     return minutes * 60
 
 
@@ -235,17 +234,18 @@ def _json_list(form: Any, field: str) -> list[Any]:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
-        raise ApprovalError("invalid", f"{field}: a JSON list", field=field) from None
+        raise DomainError("invalid", f"{field}: a JSON list", field=field) from None
     if not isinstance(value, list):
-        raise ApprovalError("invalid", f"{field}: a JSON list", field=field)
+        raise DomainError("invalid", f"{field}: a JSON list", field=field)
     return value
 
 
 def _policy_form(form: Any) -> dict[str, Any]:
-    """The create form as `approvals.services.create_policy` fields (it checks them all)."""
+    """The create form as the API's body (`approvals.services.PolicyCreate` checks it): what is
+    presentation only (minutes, checkboxes, a comma-separated list, JSON typed in a box) converted."""
     required = ascii_int(str(form.get("required_approvals", "1") or "1").strip(), max_digits=3)
     if required is None:
-        raise ApprovalError("invalid", "required_approvals: a whole number", field="required_approvals")
+        raise DomainError("invalid", "required_approvals: a whole number", field="required_approvals")
     members = [m.strip() for m in str(form.get("eligible_members", "") or "").split(",") if m.strip()]
     return {
         "name": str(form.get("name", "")).strip(),
@@ -295,8 +295,9 @@ def policies(request: MemberRequest) -> HttpResponse:
 def policy_create(request: MemberRequest) -> HttpResponse:
     form = request.POST
     try:
-        policy = approvals.create_policy(request.tenant, actor=actor_of(request), **_policy_form(form))
-    except ApprovalError as exc:
+        terms = approvals.PolicyCreate.parse(_policy_form(form))
+        policy = approvals.create_policy(request.tenant, terms, actor=actor_of(request))
+    except DomainError as exc:
         values: dict[str, Any] = {key: form.get(key, "") for key in form}
         values["semantics"] = form.getlist("semantics")
         values["eligible_roles"] = form.getlist("eligible_roles")
@@ -310,7 +311,8 @@ def policy_toggle(request: MemberRequest, policy_id: int) -> HttpResponse:
     policy = selectors.policy(policy_id)
     if policy is None:
         raise Http404("no such approval policy")
-    approvals.update_policy(request.tenant, policy.pk, actor=actor_of(request), enabled=not policy.enabled)
+    terms = approvals.PolicyTerms(enabled=not policy.enabled)
+    approvals.update_policy(request.tenant, policy.pk, terms, actor=actor_of(request))
     messages.success(
         request, f"Approval policy '{policy.name}' {'disabled' if policy.enabled else 'enabled'}."
     )
@@ -321,7 +323,7 @@ def policy_toggle(request: MemberRequest, policy_id: int) -> HttpResponse:
 def policy_delete(request: MemberRequest, policy_id: int) -> HttpResponse:
     try:
         approvals.delete_policy(request.tenant, policy_id, actor=actor_of(request))
-    except ApprovalError as exc:
+    except DomainError as exc:
         if exc.status == 404:
             raise Http404("no such approval policy") from None
         raise

@@ -26,7 +26,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.numbers import ascii_int
 from fleet import services
 from fleet.gate import from_units, to_units
@@ -242,7 +242,7 @@ def _duration(post: Any, prefix: str, field_name: str, code: str, *, required: b
         return None
     unit = post.get(f"{prefix}_unit", "s")
     if unit not in UNIT_SECONDS:
-        raise DomainError(400, code, "choose a unit: seconds, minutes, hours or days", field=field_name)
+        raise DomainError(code, "choose a unit: seconds, minutes, hours or days", field=field_name)
     number = _whole(amount)
     return number * UNIT_SECONDS[unit] if isinstance(number, int) else number
 

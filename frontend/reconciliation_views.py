@@ -15,6 +15,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
+from core.errors import DomainError
 from frontend.views import MemberRequest, actor_of, member_page, page
 from reconciliation import selectors, services
 from reconciliation.models import CheckStatus
@@ -46,7 +47,7 @@ def recheck(request: MemberRequest, check_id: str) -> HttpResponse:
         raise Http404("no such check")
     try:
         check = services.recheck(request.tenant, pk, actor=actor_of(request))
-    except services.ReconciliationError as refused:
+    except DomainError as refused:
         messages.error(request, refused.detail)
         return redirect("reconciliation")
     messages.success(request, f"Re-opened: the observers of {check.handler} will be asked again.")

@@ -18,7 +18,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page, page
 from recovery import selectors, services, sweeper
@@ -86,7 +86,7 @@ def job_retry(request: MemberRequest, job_id: str) -> HttpResponse:
     job = _job(job_id)
     try:
         services.retry(request.tenant, job.pk, actor=actor_of(request))
-    except services.RecoveryError as refused:
+    except DomainError as refused:
         messages.error(request, refused.detail)
         return _back(request)
     messages.success(request, f"Retrying: {job.tool or job.step_id} goes back to the recovery workers.")
@@ -100,7 +100,7 @@ def job_resolve(request: MemberRequest, job_id: str) -> HttpResponse:
         services.resolve(
             request.tenant, job.pk, actor=actor_of(request), note=request.POST.get("note", "").strip()
         )
-    except services.RecoveryError as refused:
+    except DomainError as refused:
         messages.error(request, f"Not resolved: {refused.detail}")
         return _back(request)
     messages.success(request, f"Marked resolved: {job.tool or job.step_id} of {job.saga_id}.")
@@ -134,7 +134,7 @@ def saga_rollback(request: MemberRequest, saga_id: str) -> HttpResponse:
     to_step = -1 if parsed is None else parsed
     try:
         run = services.rollback_to(request.tenant, saga_id, to_step, actor=actor_of(request))
-    except services.RecoveryError as refused:
+    except DomainError as refused:
         messages.error(request, f"Not rolled back: {refused.detail}")
         return redirect(detail)
     count = run.jobs.count()

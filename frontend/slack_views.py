@@ -74,7 +74,7 @@ def oauth_callback(request: MemberRequest) -> HttpResponse:
     if request.GET.get("error"):
         # The person clicked Cancel on Slack's page; the state is spent all the same.
         services.StateStore(request.tenant, request.user).consume(request.GET.get("state", ""))
-        return _back(request, SlackError(400, "cancelled", "Slack install cancelled."))
+        return _back(request, SlackError("cancelled", "Slack install cancelled."))
     try:
         row = services.finish_install(
             request.tenant,
@@ -112,7 +112,7 @@ def email_matching(request: MemberRequest) -> HttpResponse:
 @member_page({"POST": INTEGRATIONS}, section="slack-settings")
 def uninstall(request: MemberRequest) -> HttpResponse:
     if not services.uninstall(request.tenant, actor=actor_of(request)):
-        return _back(request, SlackError(404, "not_installed", "Slack was not installed."))
+        return _back(request, SlackError("not_installed", "Slack was not installed.", status=404))
     return _back(request, done="Slack uninstalled: its token and every account link are deleted.")
 
 

@@ -9,7 +9,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.numbers import ascii_int
 from frontend.views import MemberRequest, actor_of, member_page
 from tenants.access import WITNESSES_CHANGE

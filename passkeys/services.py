@@ -67,8 +67,8 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
-from controlplane.errors import DomainError
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from passkeys.models import Passkey, PasskeyAccount
 from tenants.models import Membership
 from tenants.selectors import memberships_of
@@ -88,10 +88,8 @@ SIGN_IN = "sign-in"
 
 
 class PasskeyRefused(DomainError):
-    """A ceremony or change refused: nothing was changed (a consumed challenge stays consumed)."""
-
-    def __init__(self, code: str, detail: str, status: int = 400, field: str = "credential") -> None:
-        super().__init__(status, code, detail, field=field)
+    """A ceremony or change refused: nothing was changed (a consumed challenge stays consumed).
+    A kind of its own: a vote catches a passkey's refusal apart from the approval's own."""
 
 
 # ------------------------------------------------------------------------------------- encoding
@@ -134,6 +132,7 @@ def _checked_origins(origins: Sequence[str] | None) -> list[str]:
             f"this address is not an origin of the relying party {rp_id()} "
             "(SAGAPLANE_WEBAUTHN_RP_ID, SAGAPLANE_WEBAUTHN_ORIGINS)",
             status=403,
+            field="credential",
         )
     return allowed
 
@@ -157,12 +156,18 @@ def _consume_challenge(ceremony: str, user_id: int | None, client_data_json: byt
     try:
         challenge = parse_client_data_json(client_data_json).challenge
     except (WebAuthnException, ValueError, TypeError, KeyError, AttributeError):
-        raise PasskeyRefused("malformed_credential", "clientDataJSON is not valid client data") from None
+        raise PasskeyRefused(
+            "malformed_credential", "clientDataJSON is not valid client data", field="credential"
+        ) from None
     if not isinstance(challenge, bytes) or len(challenge) != CHALLENGE_BYTES:
-        raise PasskeyRefused("unknown_challenge", "the challenge was not issued by this server")
+        raise PasskeyRefused(
+            "unknown_challenge", "the challenge was not issued by this server", field="credential"
+        )
     if not cache.delete(_challenge_key(ceremony, user_id, challenge)):
         raise PasskeyRefused(
-            "unknown_challenge", "the challenge is unknown, expired or already used: start again"
+            "unknown_challenge",
+            "the challenge is unknown, expired or already used: start again",
+            field="credential",
         )
     return challenge
 
@@ -174,13 +179,17 @@ def _loads(response_json: str | bytes | dict[str, Any]) -> dict[str, Any]:
     if isinstance(response_json, dict):
         return response_json
     if len(response_json) > MAX_CREDENTIAL_JSON:
-        raise PasskeyRefused("malformed_credential", "the credential is too large")
+        raise PasskeyRefused("malformed_credential", "the credential is too large", field="credential")
     try:
         value = json.loads(response_json)
     except (ValueError, RecursionError, UnicodeDecodeError):
-        raise PasskeyRefused("malformed_credential", "the credential is not JSON") from None
+        raise PasskeyRefused(
+            "malformed_credential", "the credential is not JSON", field="credential"
+        ) from None
     if not isinstance(value, dict):
-        raise PasskeyRefused("malformed_credential", "the credential is not a JSON object")
+        raise PasskeyRefused(
+            "malformed_credential", "the credential is not a JSON object", field="credential"
+        )
     return value
 
 
@@ -190,7 +199,9 @@ def _parse_assertion(response_json: str | bytes | dict[str, Any]) -> Authenticat
     except PasskeyRefused:
         raise
     except (WebAuthnException, ValueError, TypeError, KeyError, AttributeError):
-        raise PasskeyRefused("malformed_credential", "the assertion is not a WebAuthn credential") from None
+        raise PasskeyRefused(
+            "malformed_credential", "the assertion is not a WebAuthn credential", field="credential"
+        ) from None
 
 
 def _parse_attestation(response_json: str | bytes | dict[str, Any]) -> RegistrationCredential:
@@ -199,7 +210,9 @@ def _parse_attestation(response_json: str | bytes | dict[str, Any]) -> Registrat
     except PasskeyRefused:
         raise
     except (WebAuthnException, ValueError, TypeError, KeyError, AttributeError):
-        raise PasskeyRefused("malformed_credential", "the attestation is not a WebAuthn credential") from None
+        raise PasskeyRefused(
+            "malformed_credential", "the attestation is not a WebAuthn credential", field="credential"
+        ) from None
 
 
 # ------------------------------------------------------------------------------ registration
@@ -286,11 +299,15 @@ def register(
             supported_pub_key_algs=SUPPORTED_ALGORITHMS,
         )
     except (WebAuthnException, ValueError, TypeError, KeyError):
-        raise PasskeyRefused("registration_refused", "the authenticator's answer did not verify") from None
+        raise PasskeyRefused(
+            "registration_refused", "the authenticator's answer did not verify", field="credential"
+        ) from None
     try:
         algorithm = int(decode_credential_public_key(verified.credential_public_key).alg)
     except (WebAuthnException, ValueError, TypeError, KeyError):
-        raise PasskeyRefused("registration_refused", "the credential's public key is not usable") from None
+        raise PasskeyRefused(
+            "registration_refused", "the credential's public key is not usable", field="credential"
+        ) from None
     transports = [
         t.value for t in (credential.response.transports or []) if isinstance(t, AuthenticatorTransport)
     ]
@@ -315,7 +332,7 @@ def register(
             )
     except IntegrityError:
         raise PasskeyRefused(
-            "credential_taken", "this credential is already registered", status=409
+            "credential_taken", "this credential is already registered", status=409, field="credential"
         ) from None
     return passkey
 
@@ -422,10 +439,12 @@ def _verify(
         )
     except (WebAuthnException, ValueError, TypeError, KeyError) as exc:
         raise PasskeyRefused(
-            "assertion_refused", f"the passkey's answer did not verify: {_reason(exc)}"
+            "assertion_refused", f"the passkey's answer did not verify: {_reason(exc)}", field="credential"
         ) from None
     if not verified.user_verified:  # required above; kept explicit
-        raise PasskeyRefused("assertion_refused", "the authenticator did not verify the user")
+        raise PasskeyRefused(
+            "assertion_refused", "the authenticator did not verify the user", field="credential"
+        )
     client_data = bytes(credential.response.client_data_json)
     passkey.sign_count = verified.new_sign_count
     passkey.last_used_at = timezone.now()
@@ -460,7 +479,9 @@ def _live_passkey_locked(credential: AuthenticationCredential) -> Passkey:
         .first()
     )
     if passkey is None:
-        raise PasskeyRefused("unknown_credential", "this passkey is not registered here, or was revoked")
+        raise PasskeyRefused(
+            "unknown_credential", "this passkey is not registered here, or was revoked", field="credential"
+        )
     return passkey
 
 
@@ -481,7 +502,9 @@ def verify_assertion(
     with transaction.atomic():
         passkey = _live_passkey_locked(credential)
         if passkey.user_id != user.pk:
-            raise PasskeyRefused("not_your_passkey", "this passkey belongs to someone else", status=403)
+            raise PasskeyRefused(
+                "not_your_passkey", "this passkey belongs to someone else", status=403, field="credential"
+            )
         return _verify(credential, passkey, challenge, allowed)
 
 
@@ -508,7 +531,9 @@ def assertion_challenge(response_json: str | bytes | dict[str, Any]) -> bytes:
     try:
         challenge = parse_client_data_json(bytes(credential.response.client_data_json)).challenge
     except (WebAuthnException, ValueError, TypeError, KeyError, AttributeError):
-        raise PasskeyRefused("malformed_credential", "clientDataJSON is not valid client data") from None
+        raise PasskeyRefused(
+            "malformed_credential", "clientDataJSON is not valid client data", field="credential"
+        ) from None
     return bytes(challenge)
 
 
@@ -559,8 +584,12 @@ def sign_in(response_json: str | bytes | dict[str, Any], *, origins: Sequence[st
         if handle is not None:
             account = PasskeyAccount.objects.filter(user_id=passkey.user_id).first()
             if account is None or bytes(account.handle) != bytes(handle):
-                raise PasskeyRefused("unknown_credential", "the passkey's account does not match")
+                raise PasskeyRefused(
+                    "unknown_credential", "the passkey's account does not match", field="credential"
+                )
         if not passkey.user.is_active:
-            raise PasskeyRefused("unknown_credential", "this account cannot sign in", status=403)
+            raise PasskeyRefused(
+                "unknown_credential", "this account cannot sign in", status=403, field="credential"
+            )
         _verify(credential, passkey, challenge, allowed)
         return passkey.user

@@ -23,9 +23,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import DomainError, per_item
 from controlplane.schema import ErrorSerializer
 from core import longpoll
+from core.errors import DomainError, per_item
 from core.numbers import finite_number
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
@@ -43,7 +43,7 @@ _LAST = datetime(9000, 1, 1, tzinfo=UTC)
 def _body(request: Request) -> dict[str, Any]:
     data = request.data
     if not isinstance(data, dict):
-        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+        raise DomainError("invalid", "the body must be a JSON object", field="body")
     return data
 
 
@@ -51,7 +51,7 @@ def parse_moment(raw: str | None, name: str, *, required: bool) -> datetime | No
     """An ISO 8601 date or time (UTC when no offset is given) or Unix seconds; 400 otherwise."""
     if raw is None or raw == "":
         if required:
-            raise DomainError(400, "invalid", f"{name}: required (ISO 8601 or Unix seconds)", field=name)
+            raise DomainError("invalid", f"{name}: required (ISO 8601 or Unix seconds)", field=name)
         return None
     moment: datetime | None = None
     if len(raw) <= 40 and raw.isascii():
@@ -69,10 +69,7 @@ def parse_moment(raw: str | None, name: str, *, required: bool) -> datetime | No
                 moment = moment.replace(tzinfo=UTC)
     if moment is None or not _FIRST <= moment < _LAST:
         raise DomainError(
-            400,
-            "invalid",
-            f"{name}: an ISO 8601 time (e.g. 2026-12-01T00:00:00Z) or Unix seconds",
-            field=name,
+            "invalid", f"{name}: an ISO 8601 time (e.g. 2026-12-01T00:00:00Z) or Unix seconds", field=name
         )
     return moment
 
@@ -82,7 +79,7 @@ def parse_range(request: Request) -> tuple[datetime, datetime | None]:
     until = parse_moment(request.query_params.get("until"), "until", required=False)
     assert since is not None
     if until is not None and until <= since:
-        raise DomainError(400, "invalid", "until: must be later than since", field="until")
+        raise DomainError("invalid", "until: must be later than since", field="until")
     return since, until
 
 
@@ -106,7 +103,7 @@ def _check_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
     except ValueError:
-        raise DomainError(404, "not_found", "no such reconciliation check") from None
+        raise DomainError("not_found", "no such reconciliation check", status=404) from None
 
 
 class ClaimView(TenantScopedViewMixin, APIView):
@@ -135,18 +132,16 @@ class ClaimView(TenantScopedViewMixin, APIView):
         if worker is None:
             worker = self.actor
         if not isinstance(worker, str) or len(worker) > NAME_MAX or "\x00" in worker:
-            raise DomainError(
-                400, "invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker"
-            )
+            raise DomainError("invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
         limit = data.get("max", 10)
         if type(limit) is not int or not 1 <= limit <= services.MAX_CLAIM:
-            raise DomainError(400, "invalid", f"max: an integer from 1 to {services.MAX_CLAIM}", field="max")
+            raise DomainError("invalid", f"max: an integer from 1 to {services.MAX_CLAIM}", field="max")
         wait = data.get("wait", 0)
         if not finite_number(wait) or wait < 0:
-            raise DomainError(400, "invalid", "wait: seconds from 0 (at most 25 are waited)", field="wait")
+            raise DomainError("invalid", "wait: seconds from 0 (at most 25 are waited)", field="wait")
         handlers = data.get("handlers")
         if isinstance(handlers, list) and any(isinstance(h, str) and "\x00" in h for h in handlers):
-            raise DomainError(400, "invalid", "handlers: names without NUL", field="handlers")
+            raise DomainError("invalid", "handlers: names without NUL", field="handlers")
         checks = services.claim(self.tenant, handlers=handlers, worker=worker, limit=limit, actor=self.actor)
         return Response({"checks": [check_json(c) for c in checks]})
 
@@ -193,10 +188,10 @@ class ReportView(TenantScopedViewMixin, APIView):
     def post(self, request: Request, check_id: str) -> Response:
         data = _body(request)
         if "reversed" not in data:
-            raise DomainError(400, "invalid", "reversed: required (true, false or null)", field="reversed")
+            raise DomainError("invalid", "reversed: required (true, false or null)", field="reversed")
         error = data.get("error", False)
         if type(error) is not bool:
-            raise DomainError(400, "invalid", "error: true or false", field="error")
+            raise DomainError("invalid", "error: true or false", field="error")
         check = services.report(
             self.tenant,
             _check_id(check_id),

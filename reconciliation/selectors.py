@@ -14,7 +14,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from reconciliation.models import OPEN_STATUSES, VERDICTS, CheckStatus, ReconciliationCheck
 from sagas import selectors as saga_selectors
 from sagas.models import StepStatus
@@ -79,11 +79,10 @@ class Report:
 
 def range_too_large(steps: int) -> DomainError:
     return DomainError(
-        400,
         "range_too_large",
         f"the range holds {steps} steps, more than {MAX_STEPS}: narrow it with since/until",
         field="since",
-        limit=MAX_STEPS,
+        context={"limit": MAX_STEPS},
     )
 
 

@@ -31,8 +31,8 @@ from sagaplane.events import Event
 from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
 from audit.services import flush_server_records
-from controlplane.errors import DomainError
 from core.actionaudit import append_server_record, append_server_records
+from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from reconciliation import cross_tenant
@@ -58,16 +58,6 @@ SCAN_LEAVES = 50_000
 MAX_CLAIM = 50
 DETAIL_MAX = 500
 HANDLER_MAX = 200
-
-
-class ReconciliationError(DomainError):
-    """A refused reconciliation request: a machine-readable code and the field at fault."""
-
-    def __init__(self, status: int, code: str, detail: str, field: str | None = None) -> None:
-        if field is None:
-            super().__init__(status, code, detail)
-        else:
-            super().__init__(status, code, detail, field=field)
 
 
 def _delay() -> timedelta:
@@ -271,12 +261,12 @@ def tenants_to_reconcile(now: datetime | None = None) -> list[int]:
 
 def _handlers(value: Any) -> list[str]:
     if not isinstance(value, list) or not value:
-        raise ReconciliationError(400, "invalid", "handlers: a non-empty list of handler names", "handlers")
+        raise DomainError("invalid", "handlers: a non-empty list of handler names", field="handlers")
     if len(value) > 200:
-        raise ReconciliationError(400, "invalid", "handlers: at most 200 names", "handlers")
+        raise DomainError("invalid", "handlers: at most 200 names", field="handlers")
     if not all(isinstance(h, str) and 0 < len(h) <= HANDLER_MAX for h in value):
-        raise ReconciliationError(
-            400, "invalid", f"handlers: each a name of 1 to {HANDLER_MAX} characters", "handlers"
+        raise DomainError(
+            "invalid", f"handlers: each a name of 1 to {HANDLER_MAX} characters", field="handlers"
         )
     return list(dict.fromkeys(value))
 
@@ -342,7 +332,7 @@ def report(
     lease lapsed and was taken over cannot record a verdict."""
     _answer_fields(token, reversed_, detail, "")
     (outcome,) = _report_all(tenant, [(check_id, token, reversed_, detail or "", error)], actor=actor)
-    if isinstance(outcome, ReconciliationError):
+    if isinstance(outcome, DomainError):
         raise outcome
     return outcome
 
@@ -350,33 +340,27 @@ def report(
 MAX_ANSWERS = 500
 
 
-def report_many(
-    tenant: Tenant, answers: Any, *, actor: str
-) -> list[ReconciliationCheck | ReconciliationError]:
+def report_many(tenant: Tenant, answers: Any, *, actor: str) -> list[ReconciliationCheck | DomainError]:
     """Several answers in one transaction and one server-stream append: `[{"id", "token",
     "reversed", "detail"?, "error"?}]`. Each is judged as `report` judges one (an answer whose
     token no longer holds its check records nothing and comes back as its error); a malformed item
     refuses the whole request (400, naming it)."""
     if not isinstance(answers, list) or not 0 < len(answers) <= MAX_ANSWERS:
-        raise ReconciliationError(400, "invalid", f"answers: a list of 1 to {MAX_ANSWERS} answers", "answers")
+        raise DomainError("invalid", f"answers: a list of 1 to {MAX_ANSWERS} answers", field="answers")
     items: list[tuple[uuid.UUID, int, bool | None, str, bool]] = []
     for i, answer in enumerate(answers):
         where = f"answers[{i}]"
         if not isinstance(answer, dict) or "reversed" not in answer:
-            raise ReconciliationError(
-                400, "invalid", f"{where}: an object with id, token and reversed", where
-            )
+            raise DomainError("invalid", f"{where}: an object with id, token and reversed", field=where)
         try:
             check_id = uuid.UUID(answer["id"]) if isinstance(answer.get("id"), str) else None
         except ValueError:
             check_id = None
         if check_id is None:
-            raise ReconciliationError(
-                400, "invalid", f"{where}.id: a check id the claim returned", f"{where}.id"
-            )
+            raise DomainError("invalid", f"{where}.id: a check id the claim returned", field=f"{where}.id")
         error = answer.get("error", False)
         if type(error) is not bool:
-            raise ReconciliationError(400, "invalid", f"{where}.error: true or false", f"{where}.error")
+            raise DomainError("invalid", f"{where}.error: true or false", field=f"{where}.error")
         detail = answer.get("detail") or ""
         _answer_fields(answer.get("token"), answer["reversed"], detail, f"{where}.")
         items.append((check_id, answer["token"], answer["reversed"], detail, error))
@@ -385,16 +369,16 @@ def report_many(
 
 def _answer_fields(token: Any, reversed_: Any, detail: Any, prefix: str) -> None:
     if type(token) is not int:
-        raise ReconciliationError(400, "invalid", "token: the integer the claim returned", f"{prefix}token")
+        raise DomainError("invalid", "token: the integer the claim returned", field=f"{prefix}token")
     if not (reversed_ is True or reversed_ is False or reversed_ is None):  # 1 == True: identity
-        raise ReconciliationError(400, "invalid", "reversed: true, false or null", f"{prefix}reversed")
+        raise DomainError("invalid", "reversed: true, false or null", field=f"{prefix}reversed")
     if detail is not None and not isinstance(detail, str):
-        raise ReconciliationError(400, "invalid", "detail: a string", f"{prefix}detail")
+        raise DomainError("invalid", "detail: a string", field=f"{prefix}detail")
 
 
 def _report_all(
     tenant: Tenant, items: list[tuple[uuid.UUID, int, bool | None, str, bool]], *, actor: str
-) -> list[ReconciliationCheck | ReconciliationError]:
+) -> list[ReconciliationCheck | DomainError]:
     with tenant_context(tenant):
         checks = {
             check.pk: check
@@ -403,25 +387,25 @@ def _report_all(
             .order_by("pk")
         }
         verdicts: list[tuple[str, dict[str, Any]]] = []
-        outcomes: list[ReconciliationCheck | ReconciliationError] = []
+        outcomes: list[ReconciliationCheck | DomainError] = []
         for check_id, token, reversed_, detail, error in items:
             check = checks.get(check_id)
             if check is None:
-                outcomes.append(ReconciliationError(404, "not_found", "no such reconciliation check"))
+                outcomes.append(DomainError("not_found", "no such reconciliation check", status=404))
                 continue
             if check.decided:
                 outcomes.append(
-                    ReconciliationError(
-                        409, "already_decided", f"the check already has its verdict ({check.status})"
+                    DomainError(
+                        "already_decided", f"the check already has its verdict ({check.status})", status=409
                     )
                 )
                 continue
             if not CHECKS.holds(check, token):
                 outcomes.append(
-                    ReconciliationError(
-                        409,
+                    DomainError(
                         "stale_token",
                         "this claim is no longer current (its lease lapsed and the check was re-claimed)",
+                        status=409,
                     )
                 )
                 continue
@@ -455,12 +439,12 @@ def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: str) -> Reconciliatio
     with tenant_context(tenant):
         check = ReconciliationCheck.objects.select_for_update().filter(pk=check_id).first()
         if check is None:
-            raise ReconciliationError(404, "not_found", "no such reconciliation check")
+            raise DomainError("not_found", "no such reconciliation check", status=404)
         if not check.decided:
-            raise ReconciliationError(409, "not_decided", "the check is still waiting for its verdict")
+            raise DomainError("not_decided", "the check is still waiting for its verdict", status=409)
         if not check.handler:
-            raise ReconciliationError(
-                409, "no_handler", "the compensation names no handler: no observer can check it"
+            raise DomainError(
+                "no_handler", "the compensation names no handler: no observer can check it", status=409
             )
         old = {"status": check.status, "reason": check.reason}
         now = timezone.now()
@@ -516,7 +500,7 @@ def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = 
     with tenant_context(tenant):
         checkpoint = log_selectors.latest_checkpoint()
         if checkpoint is None:
-            raise ReconciliationError(404, "no_checkpoint", "the log has no signed checkpoint yet")
+            raise DomainError("no_checkpoint", "the log has no signed checkpoint yet", status=404)
         steps = saga_selectors.step_count_between(since, until)
         if steps > own.MAX_STEPS:
             raise own.range_too_large(steps)

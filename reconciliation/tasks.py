@@ -9,6 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
+from core.errors import DomainError
 from core.scoping import tenant_context
 from core.shutdown import keep_going
 from reconciliation import services
@@ -108,6 +109,6 @@ def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
         services.report(
             tenant, check.pk, token=token, reversed_=answer, detail=detail, actor=services.WEBHOOK_ACTOR
         )
-    except services.ReconciliationError as refused:  # re-claimed meanwhile, or decided
+    except DomainError as refused:  # re-claimed meanwhile, or decided
         return refused.code
     return "answered"

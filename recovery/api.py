@@ -17,9 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import DomainError, per_item
 from controlplane.schema import ErrorSerializer
 from core import longpoll
+from core.errors import DomainError, per_item
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
 from tenants.models import Tenant
@@ -33,7 +33,7 @@ NAME_MAX = 200
 def _body(request: Request) -> dict[str, Any]:
     data = request.data
     if not isinstance(data, dict):
-        raise DomainError(400, "invalid", "the body must be a JSON object", field="body")
+        raise DomainError("invalid", "the body must be a JSON object", field="body")
     return data
 
 
@@ -44,7 +44,7 @@ def _handlers(value: Any) -> list[str]:
         or not all(isinstance(h, str) and 0 < len(h) <= NAME_MAX and "\x00" not in h for h in value)
     ):
         raise DomainError(
-            400, "invalid", f"handlers: a list of 1 to {MAX_HANDLERS} handler names", field="handlers"
+            "invalid", f"handlers: a list of 1 to {MAX_HANDLERS} handler names", field="handlers"
         )
     return value
 
@@ -53,7 +53,7 @@ def _worker_name(value: Any) -> str:
     if value is None:
         return ""
     if not isinstance(value, str) or len(value) > NAME_MAX or "\x00" in value:
-        raise DomainError(400, "invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
+        raise DomainError("invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
     return value
 
 
@@ -242,7 +242,7 @@ def _uuid(value: str) -> Any:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise DomainError(404, "not_found", "no such recovery job") from None
+        raise DomainError("not_found", "no such recovery job", status=404) from None
 
 
 class JobListView(TenantScopedViewMixin, APIView):
@@ -263,7 +263,7 @@ class JobListView(TenantScopedViewMixin, APIView):
         state = request.query_params.get("state", "")
         saga_id = request.query_params.get("saga_id", "")
         if len(state) > 20 or len(saga_id) > 128:
-            raise DomainError(400, "invalid", "state or saga_id too long", field="state")
+            raise DomainError("invalid", "state or saga_id too long", field="state")
         jobs = selectors.jobs(state=state, saga_id=saga_id)[:500]
         return Response({"jobs": [selectors.job_json(job) for job in jobs]})
 

@@ -5,7 +5,7 @@ model); this module only re-exports them, so callers have one stable place to im
 from __future__ import annotations
 
 from recovery.actions.claims import check_claim_terms, claim, claim_many, heartbeat
-from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR, RecoveryError
+from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR
 from recovery.actions.decisions import quarantine, resolve, retry, rollback_to
 from recovery.actions.leases import watch_appended
 from recovery.actions.results import complete, fail, report_many
@@ -15,7 +15,6 @@ from recovery.actions.webhooks import delete_webhook, set_webhook, webhook_secre
 __all__ = [
     "MAX_ATTEMPTS",
     "SYSTEM_ACTOR",
-    "RecoveryError",
     "check_claim_terms",
     "claim",
     "claim_many",

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from audit import selectors as audit_selectors
 from audit.jsonvalues import served
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.numbers import ascii_int
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
@@ -68,7 +68,7 @@ def parse_moment(value: str, name: str) -> datetime:
         return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
         raise DomainError(
-            400, "invalid", f"{name}: an ISO 8601 time or epoch seconds within years 1-9999", field=name
+            "invalid", f"{name}: an ISO 8601 time or epoch seconds within years 1-9999", field=name
         ) from None
 
 
@@ -85,9 +85,7 @@ def _position(cursor: str) -> tuple[datetime | None, int]:
     try:
         return selectors.cursor_position(cursor)
     except selectors.BadCursor:
-        raise DomainError(
-            400, "invalid", "cursor: a `next` link's cursor, unchanged", field="cursor"
-        ) from None
+        raise DomainError("invalid", "cursor: a `next` link's cursor, unchanged", field="cursor") from None
 
 
 class SagaKeysetPagination(BasePagination):
@@ -101,7 +99,7 @@ class SagaKeysetPagination(BasePagination):
         params = request.query_params
         if "offset" in params:
             raise DomainError(
-                400, "invalid", "offset: the saga list pages by `cursor` (follow `next`)", field="offset"
+                "invalid", "offset: the saga list pages by `cursor` (follow `next`)", field="offset"
             )
         asked = ascii_int(str(params.get("limit", PAGE_SIZE)), max_digits=9)
         limit = PAGE_SIZE if asked is None else min(max(asked, 1), MAX_LIMIT)
@@ -168,9 +166,7 @@ class SagaListView(TenantScopedViewMixin, generics.ListAPIView):
         wanted = params.get("status")
         if wanted:
             if wanted not in SagaStatus.values:
-                raise DomainError(
-                    400, "invalid", f"status: one of {', '.join(SagaStatus.values)}", field="status"
-                )
+                raise DomainError("invalid", f"status: one of {', '.join(SagaStatus.values)}", field="status")
             sagas = selectors.with_effective_status(sagas, wanted, self._now)
         if params.get("since"):
             sagas = sagas.filter(last_activity_at__gte=_since(params["since"]))
@@ -199,7 +195,7 @@ class SagaDetailView(TenantScopedViewMixin, APIView):
     def get(self, request: Request, saga_id: str) -> Response:
         saga = selectors.saga(saga_id)
         if saga is None:
-            raise DomainError(404, "not_found", "no such saga")
+            raise DomainError("not_found", "no such saga", status=404)
         steps = [
             {
                 "step_id": step.step_id,

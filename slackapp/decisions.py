@@ -19,6 +19,7 @@ from typing import Any
 from approvals import selectors as approval_selectors
 from approvals import services as approvals
 from approvals.models import Status, VoteChoice
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
 from slackapp import blocks, selectors, services
@@ -46,7 +47,7 @@ def vote(
     """Vote as `membership`; the sentence to show the Slack user (privately)."""
     try:
         row = approvals.vote(tenant, request_id, membership, choice, note, actor=actor)
-    except approvals.ApprovalError as exc:
+    except DomainError as exc:
         if exc.code == "passkey_required":
             return (
                 "Nothing decided: this request's policy takes passkey votes only, and a Slack click is "

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from slack_sdk.webhook import WebhookClient
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
 from slackapp import blocks, crypto, decisions, selectors, services

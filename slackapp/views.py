@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from kombu.exceptions import OperationalError
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from slackapp import selectors, services, tasks
 from slackapp.blocks import obj
 from tenants.access import SLACK_WEBHOOK, AccessMap, allowed_methods, rule_for
@@ -41,7 +41,7 @@ def _form(body: bytes) -> dict[str, str]:
             body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=100
         )
     except ValueError:
-        raise DomainError(400, "malformed_body", "the form could not be parsed") from None
+        raise DomainError("malformed_body", "the form could not be parsed") from None
     return {name: values[0] for name, values in fields.items()}
 
 
@@ -49,9 +49,9 @@ def _json(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        raise DomainError(400, "malformed_json", "the body is not JSON") from None
+        raise DomainError("malformed_json", "the body is not JSON") from None
     if not isinstance(value, dict):
-        raise DomainError(400, "malformed_json", "the body is not a JSON object")
+        raise DomainError("malformed_json", "the body is not a JSON object")
     return value
 
 
@@ -62,7 +62,7 @@ def _queue(task: Any, *args: Any) -> None:
         task.delay(*args)
     except (OperationalError, OSError):
         log.warning("slack: could not queue %s", getattr(task, "name", task), exc_info=True)
-        raise DomainError(503, "queue_unavailable", "the work queue is unavailable; retry") from None
+        raise DomainError("queue_unavailable", "the work queue is unavailable; retry", status=503) from None
 
 
 def _text(value: Any, limit: int = 64) -> str:

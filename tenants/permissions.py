@@ -25,8 +25,8 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.errors import DomainError
 from core import timing
+from core.errors import DomainError
 from core.numbers import ascii_int
 from core.scoping import tenant_context, tenant_statements
 from tenants import access as policy
@@ -50,19 +50,24 @@ def read_body_first(request: HttpRequest) -> None:
     if declared:
         size = ascii_int(declared)
         if size is None:
-            raise DomainError(400, "invalid", "Content-Length is not a number", field="Content-Length")
+            raise DomainError("invalid", "Content-Length is not a number", field="Content-Length")
         if size > limit:
             raise DomainError(
-                413, "too_large", f"body of {declared} bytes exceeds the limit of {limit} bytes", limit=limit
+                "too_large",
+                f"body of {declared} bytes exceeds the limit of {limit} bytes",
+                status=413,
+                context={"limit": limit},
             )
     try:
         request.body  # noqa: B018 -- reading caches it; Django bounds it by DATA_UPLOAD_MAX_MEMORY_SIZE
     except RawPostDataException:
         pass  # a form parser consumed it already: nothing left to wait for
     except RequestDataTooBig:
-        raise DomainError(413, "too_large", f"body exceeds the limit of {limit} bytes", limit=limit) from None
+        raise DomainError(
+            "too_large", f"body exceeds the limit of {limit} bytes", status=413, context={"limit": limit}
+        ) from None
     except UnreadablePostError:
-        raise DomainError(400, "unreadable_body", "the request body could not be read in full") from None
+        raise DomainError("unreadable_body", "the request body could not be read in full") from None
 
 
 if TYPE_CHECKING:

@@ -13,30 +13,14 @@ from django.db.models import Q
 from django.utils import timezone
 from sagaplane.events import Event
 
-from controlplane.errors import DomainError
 from core import epoch, live
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
 
 User = get_user_model()
-
-
-class TenantError(DomainError):
-    """A refused change, with a machine-readable code and the field at fault."""
-
-    STATUS = {
-        "tenant_exists": 409,
-        "account_exists": 409,
-        "last_owner": 409,
-        "invitation_used": 410,
-        "not_a_member": 404,
-    }
-
-    def __init__(self, code: str, field: str, detail: str) -> None:
-        super().__init__(self.STATUS.get(code, 400), code, detail, field=field)
-        self.field = field
 
 
 def create_tenant(
@@ -47,7 +31,9 @@ def create_tenant(
     the password of an account created here."""
     with transaction.atomic():
         if Tenant.objects.filter(slug=slug).exists():
-            raise TenantError("tenant_exists", "slug", f"a tenant with slug '{slug}' already exists")
+            raise DomainError(
+                "tenant_exists", f"a tenant with slug '{slug}' already exists", status=409, field="slug"
+            )
         tenant = Tenant.objects.create(slug=slug, name=name)
         owner, account_created = _user_for_email(owner_email, owner_password)
         with tenant_context(tenant):
@@ -88,7 +74,7 @@ def _record_member_added(
 
 def _check_role(role: str) -> None:
     if role not in Role.values:
-        raise TenantError("invalid_role", "role", f"role must be one of {', '.join(Role.values)}")
+        raise DomainError("invalid_role", f"role must be one of {', '.join(Role.values)}", field="role")
 
 
 def add_member(
@@ -121,11 +107,11 @@ def create_api_key(
     """A new key and its raw value. The raw value exists only in the return value: show it once."""
     unknown = sorted(set(scopes) - set(Scope.values))
     if unknown or not scopes:
-        raise TenantError(
-            "invalid_scope", "scopes", f"scopes must be a non-empty subset of {', '.join(Scope.values)}"
+        raise DomainError(
+            "invalid_scope", f"scopes must be a non-empty subset of {', '.join(Scope.values)}", field="scopes"
         )
     if expires_at is not None and expires_at <= timezone.now():
-        raise TenantError("invalid_expiry", "expires_at", "expires_at must be in the future")
+        raise DomainError("invalid_expiry", "expires_at must be in the future", field="expires_at")
     prefix, raw_key = ApiKey.generate()
     creator = created_by if getattr(created_by, "pk", None) and isinstance(created_by, User) else None
     with tenant_context(tenant):
@@ -203,11 +189,13 @@ def accept_invitation(
             with transaction.atomic():
                 InvitationUse.objects.create(nonce=nonce, email=email.lower())
         except IntegrityError:
-            raise TenantError("invitation_used", "token", "this invitation has already been used") from None
+            raise DomainError(
+                "invitation_used", "this invitation has already been used", status=410, field="token"
+            ) from None
         existing = User.objects.filter(email__iexact=email).first()
         if existing is None:
             if not password:
-                raise TenantError("password_required", "password", "a new account needs a password")
+                raise DomainError("password_required", "a new account needs a password", field="password")
             try:
                 with transaction.atomic():
                     user = User.objects.create_user(
@@ -216,8 +204,11 @@ def accept_invitation(
             except IntegrityError:
                 # Another invitation for this e-mail created the account a moment ago: joining
                 # it needs that account's password, so sign in first.
-                raise TenantError(
-                    "account_exists", "email", "an account with this e-mail exists now; sign in to accept"
+                raise DomainError(
+                    "account_exists",
+                    "an account with this e-mail exists now; sign in to accept",
+                    status=409,
+                    field="email",
                 ) from None
         else:
             user = existing
@@ -259,11 +250,13 @@ def change_member_role(membership: Membership, role: str, *, actor: str) -> Memb
     with tenant_context(membership.tenant):
         current = _lock_owners_and(membership)
         if current is None:
-            raise TenantError("not_a_member", "membership", "this person is no longer a member")
+            raise DomainError(
+                "not_a_member", "this person is no longer a member", status=404, field="membership"
+            )
         if current.role == role:
             return current
         if current.role == Role.OWNER and not _other_owners(current):
-            raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+            raise DomainError("last_owner", "a tenant must keep at least one owner", status=409, field="role")
         previous = current.role
         current.role = role
         current.save(update_fields=["role"])
@@ -283,7 +276,7 @@ def remove_member(membership: Membership, *, actor: str) -> None:
         if current is None:
             return
         if current.role == Role.OWNER and not _other_owners(current):
-            raise TenantError("last_owner", "role", "a tenant must keep at least one owner")
+            raise DomainError("last_owner", "a tenant must keep at least one owner", status=409, field="role")
         # Their open dashboards stop hearing this tenant once the removal commits; asked first,
         # so they close before the live event of the record below reaches them.
         live.close_member_sockets(current.tenant_id, current.user_id)

@@ -20,8 +20,8 @@ from rest_framework.views import APIView
 from sagaplane import merkle
 from sagaplane.disclosure import b64
 
-from controlplane.errors import DomainError
 from controlplane.schema import ErrorSerializer
+from core.errors import DomainError
 from core.numbers import ascii_int
 from tenants.access import AUDIT, READ
 from tenants.permissions import TenantScopedViewMixin
@@ -47,11 +47,11 @@ def _int_param(query: Mapping[str, str], name: str, *, required: bool) -> int | 
     raw = query.get(name)
     if raw is None or raw == "":
         if required:
-            raise DomainError(400, "invalid", f"{name}: required", field=name)
+            raise DomainError("invalid", f"{name}: required", field=name)
         return None
     number = ascii_int(raw, max_digits=20)
     if number is None:
-        raise DomainError(400, "invalid", f"{name}: must be a non-negative integer", field=name)
+        raise DomainError("invalid", f"{name}: must be a non-negative integer", field=name)
     return number
 
 
@@ -68,7 +68,7 @@ class CheckpointView(LogView):
     def get(self, request: Request) -> HttpResponse:
         checkpoint = proofs.latest_checkpoint()
         if checkpoint is None:
-            raise DomainError(404, "no_checkpoint", "the log has no signed checkpoint yet")
+            raise DomainError("no_checkpoint", "the log has no signed checkpoint yet", status=404)
         # The log's signature, then every witness cosignature gathered for this checkpoint.
         response = HttpResponse(witnesses.cosigned_note(checkpoint), content_type="text/plain; charset=utf-8")
         response["Cache-Control"] = "no-cache"
@@ -85,7 +85,9 @@ class KeyView(LogView):
         keys = services.current_verifier_keys(include_retired=request.query_params.get("all") == "1")
         if not keys:
             raise DomainError(
-                404, "no_signing_key", "the log has no signing key yet (none before its first checkpoint)"
+                "no_signing_key",
+                "the log has no signing key yet (none before its first checkpoint)",
+                status=404,
             )
         return HttpResponse("".join(f"{k}\n" for k in keys), content_type="text/plain; charset=utf-8")
 
@@ -153,7 +155,7 @@ class TileView(LogView):
             parsed = merkle.parse_tile_path(f"tile/{level}/{tile}")
             data = proofs.tile(parsed.level, parsed.index, parsed.width)
         except merkle.TilePathError as exc:
-            raise DomainError(400, "invalid", f"tile: {exc}", field="tile") from None
+            raise DomainError("invalid", f"tile: {exc}", field="tile") from None
         if parsed.width == merkle.TILE_WIDTH:  # a full tile: published to the tile store once
             publish_full_tile(self.tenant.slug, merkle.tile_path(parsed.level, parsed.index), data)
         response = HttpResponse(data, content_type="application/octet-stream")
@@ -192,7 +194,7 @@ class EntryBundleView(LogView):
             data = proofs.entry_bundle(self.tenant, parsed.index, parsed.width)
         except merkle.TilePathError as exc:
             raise DomainError(
-                400, "invalid", f"tile: {str(exc).replace('tile/0/', 'tile/entries/')}", field="tile"
+                "invalid", f"tile: {str(exc).replace('tile/0/', 'tile/entries/')}", field="tile"
             ) from None
         if parsed.width == merkle.TILE_WIDTH:
             publish_full_tile(self.tenant.slug, merkle.entries_tile_path(parsed.index), data)
@@ -278,7 +280,7 @@ class ExportDetailView(LogView):
     def get(self, request: Request, export_id: Any) -> Response:
         export = Export.objects.filter(pk=export_id).first()
         if export is None:
-            raise DomainError(404, "not_found", "no such export in this tenant")
+            raise DomainError("not_found", "no such export in this tenant", status=404)
         return Response(ExportSerializer(export).data)
 
 
@@ -291,9 +293,11 @@ class ExportDownloadView(LogView):
     def get(self, request: Request, export_id: Any) -> FileResponse:
         export = Export.objects.filter(pk=export_id).first()
         if export is None:
-            raise DomainError(404, "not_found", "no such export in this tenant")
+            raise DomainError("not_found", "no such export in this tenant", status=404)
         if export.status != ExportStatus.DONE:
-            raise DomainError(409, "not_ready", f"the export is {export.status}", status=export.status)
+            raise DomainError(
+                "not_ready", f"the export is {export.status}", status=409, context={"status": export.status}
+            )
         # Recorded in the request's transaction: if the file cannot be opened, neither stays.
         services.record_export_download(self.tenant, export, actor=self.actor)
         response = FileResponse(

@@ -21,7 +21,7 @@ import sagaplane.export as sdk_export
 from sagaplane.chain import canonical
 
 from audit.jsonvalues import served
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tenants.models import Tenant
 from transparency import keys, proofs, sources, witnesses
 from transparency.models import Checkpoint, Export, ExportStatus
@@ -50,17 +50,21 @@ def disclosure(tenant: Tenant, saga_id: str) -> dict[str, Any]:
     Runs with the tenant active; nothing of any other saga is read into the bundle."""
     records = sources.saga_records(tenant, saga_id)
     if not records:
-        raise BundleUnavailable(404, "not_found", "no such saga in this tenant")
+        raise BundleUnavailable("not_found", "no such saga in this tenant", status=404)
     seals = [r for r in records if r.record.get("event") == SEAL_EVENT]
     if not seals:
         raise BundleUnavailable(
-            409, "not_sealed", "the saga has no seal yet: it is sealed when it reaches a terminal state"
+            "not_sealed",
+            "the saga has no seal yet: it is sealed when it reaches a terminal state",
+            status=409,
         )
     seal = seals[-1]
     checkpoint = witnesses.proving_checkpoint(seal.leaf_index + 1)
     if checkpoint is None or seal.leaf_index >= checkpoint.size:
         raise BundleUnavailable(
-            409, "not_integrated", "the saga's seal is not in a signed checkpoint yet; retry in a second"
+            "not_integrated",
+            "the saga's seal is not in a signed checkpoint yet; retry in a second",
+            status=409,
         )
     listed = {(leaf, h) for leaf, h in seal.record.get("leaves", [])}
     shown = [r for r in records if (r.leaf_index, r.record.get("_h")) in listed and r is not seal]
@@ -92,9 +96,7 @@ def resolve_range(tenant: Tenant, export: Export, checkpoint: Checkpoint) -> tup
     else:
         first, end = 0, checkpoint.size
     if not 0 <= first <= end <= checkpoint.size:
-        raise BundleUnavailable(
-            400, "invalid_range", f"leaf range [{first}, {end}) is not within the signed log"
-        )
+        raise BundleUnavailable("invalid_range", f"leaf range [{first}, {end}) is not within the signed log")
     return first, end
 
 
@@ -154,7 +156,7 @@ def write_records(
         for row in rows:
             if row.leaf_index != first + done:
                 raise BundleUnavailable(
-                    500, "leaf_gap", f"leaf {first + done} is missing from the record store"
+                    "leaf_gap", f"leaf {first + done} is missing from the record store", status=500
                 )
             line = (
                 canonical(
@@ -173,7 +175,7 @@ def write_records(
             done += 1
         progress(done)
     if done != end - first:
-        raise BundleUnavailable(500, "leaf_gap", f"only {done} of {end - first} records could be read")
+        raise BundleUnavailable("leaf_gap", f"only {done} of {end - first} records could be read", status=500)
     return digest.hexdigest(), heads
 
 

@@ -5,7 +5,7 @@ A proof is one SQL statement (transparency.proofs), so at 1M leaves most of a pr
 time was the stack around it: the session, CSRF, auth, messages, frame, CSP and axes middleware,
 then DRF's request, authentication, content negotiation and response. This middleware sits inside
 the request id and log line (controlplane.observability), the security headers and SSL redirect
-(SecurityMiddleware), the database role guard and the error shape (controlplane.errors), and
+(SecurityMiddleware), the database role guard and the error shape (core.errors), and
 answers a plain proof GET itself, with the views' own code (`InclusionProofView.answer`,
 `ConsistencyProofView.answer`) under the views' own tenant scope.
 

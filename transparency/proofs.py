@@ -11,25 +11,13 @@ from collections.abc import Callable, Iterable
 
 from sagaplane import merkle
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.scoping import current_tenant
 from tenants.models import Tenant
 from transparency import queries
 from transparency.models import Checkpoint, TreeNode
 
 _PLACEHOLDER = b"\x00" * merkle.HASH_SIZE
-
-
-class ProofRequestError(DomainError):
-    """A proof or tile was asked for with parameters the log cannot honour; names the field.
-    `inconsistent` (stored leaves disagree with stored nodes) is the server's fault, never the
-    client's: a 500."""
-
-    STATUS = {"not_found": 404, "no_checkpoint": 404, "inconsistent": 500}
-
-    def __init__(self, field: str, detail: str, code: str = "invalid") -> None:
-        super().__init__(self.STATUS.get(code, 400), code, f"{field}: {detail}", field=field)
-        self.field = field
 
 
 class StoredNodes:
@@ -144,10 +132,10 @@ def _limit(size: int | None, field: str) -> int:
     if size is None:
         return signed
     if size > signed:
-        raise ProofRequestError(
-            field,
-            f"{field} {size} is beyond the latest signed checkpoint (size {signed})",
+        raise DomainError(
             "beyond_checkpoint",
+            f"{field}: {f'{field} {size} is beyond the latest signed checkpoint (size {signed})'}",
+            field=field,
         )
     return size
 
@@ -166,8 +154,8 @@ def inclusion(index: int, size: int | None = None) -> tuple[int, list[bytes], by
     else:
         size = _limit(size, "size")
         if index < 0 or index >= size:
-            raise ProofRequestError(
-                "index", f"index {index} is not a leaf of a tree of size {size}", "out_of_range"
+            raise DomainError(
+                "out_of_range", f"index: index {index} is not a leaf of a tree of size {size}", field="index"
             )
         nodes = _planned_source(merkle.inclusion_proof, index, size, extra=[(0, index)])
     return size, merkle.inclusion_proof(nodes, index, size), nodes.subtree_hash(0, index)
@@ -182,9 +170,11 @@ def consistency(first: int, second: int | None = None) -> tuple[int, list[bytes]
         return second, merkle.consistency_proof(nodes, first, second)
     second = _limit(second, "second")
     if first < 1:
-        raise ProofRequestError("first", "first must be at least 1 (every tree extends the empty one)")
+        raise DomainError(
+            "invalid", "first: first must be at least 1 (every tree extends the empty one)", field="first"
+        )
     if first > second:
-        raise ProofRequestError("first", f"first {first} is greater than second {second}")
+        raise DomainError("invalid", f"first: first {first} is greater than second {second}", field="first")
     return second, _planned(merkle.consistency_proof, first, second)
 
 
@@ -205,14 +195,18 @@ def tile(level: int, index: int, width: int) -> bytes:
         .values_list("hash", flat=True)
     )
     if len(rows) != width:
-        raise ProofRequestError("tile", "tile nodes are missing from the store", "not_found")
+        raise DomainError(
+            "not_found", "tile: tile nodes are missing from the store", status=404, field="tile"
+        )
     return b"".join(bytes(h) for h in rows)
 
 
 def _check_tile_exists(level: int, index: int, width: int, size: int) -> None:
     available = (size >> (merkle.TILE_HEIGHT * level)) - index * merkle.TILE_WIDTH
     if available < width:
-        raise ProofRequestError("tile", "no such tile under the latest signed checkpoint", "not_found")
+        raise DomainError(
+            "not_found", "tile: no such tile under the latest signed checkpoint", status=404, field="tile"
+        )
 
 
 def entry_bundle(tenant: Tenant, index: int, width: int) -> bytes:
@@ -233,15 +227,23 @@ def entry_bundle(tenant: Tenant, index: int, width: int) -> bytes:
         .values_list("hash", flat=True)
     ]
     if len(entries) != width or len(stored) != width:
-        raise ProofRequestError("tile", "entries are missing from the store", "not_found")
+        raise DomainError("not_found", "tile: entries are missing from the store", status=404, field="tile")
     out = bytearray()
     for offset, (data, digest) in enumerate(zip(entries, stored, strict=True)):
         if merkle.leaf_hash(data) != digest:
-            raise ProofRequestError(
-                "tile", f"leaf {first + offset} does not hash to its tree node", "inconsistent"
+            raise DomainError(
+                "inconsistent",
+                f"tile: leaf {first + offset} does not hash to its tree node",
+                status=500,
+                field="tile",
             )
         if len(data) > 0xFFFF:
-            raise ProofRequestError("tile", f"leaf {first + offset} is too long for a bundle", "inconsistent")
+            raise DomainError(
+                "inconsistent",
+                f"tile: leaf {first + offset} is too long for a bundle",
+                status=500,
+                field="tile",
+            )
         out += len(data).to_bytes(2, "big") + data
     return bytes(out)
 
@@ -259,7 +261,9 @@ def proof_file(tenant: Tenant, index: int) -> str:
 
     checkpoint = witnesses.proving_checkpoint(index + 1)
     if checkpoint is None:
-        raise ProofRequestError("index", "the log has no signed checkpoint yet", "no_checkpoint")
+        raise DomainError(
+            "no_checkpoint", "index: the log has no signed checkpoint yet", status=404, field="index"
+        )
     _, path, _ = inclusion(index, checkpoint.size)
     record = next(iter(sources.records(tenant, index, index + 1)), None)
     extra = None

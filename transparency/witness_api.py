@@ -15,8 +15,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import DomainError
 from controlplane.schema import ErrorSerializer
+from core.errors import DomainError
 from tenants.access import READ, WITNESSES_CHANGE
 from tenants.permissions import TenantScopedViewMixin
 from transparency import witnesses
@@ -97,7 +97,7 @@ class WitnessQuorumView(TenantScopedViewMixin, APIView):
     def put(self, request: Request) -> Response:
         body = request.data if isinstance(request.data, dict) else {}
         if "quorum" not in body:
-            raise DomainError(400, "invalid", "quorum: required", field="quorum")
+            raise DomainError("invalid", "quorum: required", field="quorum")
         return Response(
             {"quorum": witnesses.set_quorum(self.tenant, quorum=body["quorum"], actor=self.actor)}
         )

@@ -16,9 +16,9 @@ from django.db import IntegrityError, transaction
 from sagaplane import cosignature, note, policy
 from sagaplane.events import Event
 
-from controlplane.errors import DomainError
 from core import outbound
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.models import Tenant
 from transparency import keys
@@ -29,7 +29,7 @@ MAX_WITNESSES = 32  # tlog-policy implementations must support at least 32 witne
 
 
 def _invalid(field: str, detail: str, code: str = "invalid") -> DomainError:
-    return DomainError(400, code, f"{field}: {detail}", field=field)
+    return DomainError(code, f"{field}: {detail}", field=field)
 
 
 def _witness_values(witness: Witness) -> dict[str, Any]:
@@ -62,14 +62,20 @@ def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: str) -
     name, url, vkey = _check(name, url, vkey)
     with tenant_context(tenant), transaction.atomic():
         if Witness.objects.count() >= MAX_WITNESSES:
-            raise DomainError(409, "too_many_witnesses", f"a tenant has at most {MAX_WITNESSES} witnesses")
+            raise DomainError(
+                "too_many_witnesses", f"a tenant has at most {MAX_WITNESSES} witnesses", status=409
+            )
         if Witness.objects.filter(vkey=vkey).exists():
-            raise DomainError(409, "duplicate_witness", "vkey: this key is already one of the witnesses")
+            raise DomainError(
+                "duplicate_witness", "vkey: this key is already one of the witnesses", status=409
+            )
         try:
             with transaction.atomic():
                 witness = Witness.objects.create(tenant=tenant, name=name, url=url, vkey=vkey)
         except IntegrityError:
-            raise DomainError(409, "duplicate_witness", f"name: a witness is already named {name}") from None
+            raise DomainError(
+                "duplicate_witness", f"name: a witness is already named {name}", status=409
+            ) from None
         append_server_record(
             tenant, Event.ADMIN_WITNESS_ADDED, {"old": None, "new": _witness_values(witness)}, actor=actor
         )
@@ -82,7 +88,7 @@ def remove_witness(tenant: Tenant, witness_id: int, *, actor: str) -> None:
     with tenant_context(tenant), transaction.atomic():
         witness = Witness.objects.select_for_update().filter(pk=witness_id).first()
         if witness is None:
-            raise DomainError(404, "not_found", "no such witness in this tenant")
+            raise DomainError("not_found", "no such witness in this tenant", status=404)
         old = {"witness": _witness_values(witness), "quorum": _quorum_row(tenant).quorum}
         witness.delete()
         row = _quorum_row(tenant)

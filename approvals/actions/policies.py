@@ -6,7 +6,7 @@ tenant's server stream in the same transaction; the policy's version moves on ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,21 +16,17 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from approvals import predicates
-from approvals.actions.errors import ApprovalError
 from approvals.actions.snapshot import forget_policies
+from approvals.inputs import NAME_MAX, PolicyTerms
 from approvals.models import ApprovalPolicy
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest, tool_matches
 from tenants.models import Membership, Role, Tenant
 
-NAME_MAX = 100
-MAX_TTL_S = 30 * 24 * 3600
-MAX_WINDOW_S = 7 * 24 * 3600
-MAX_APPROVALS = 20
 MAX_LEVELS = 5
-SEMANTICS = ("PREVIEW", "REVERSIBLE", "COMPENSABLE", "IRREVERSIBLE")
 DEFAULT_ROLES = [Role.APPROVER.value, Role.ADMIN.value, Role.OWNER.value]
 
 
@@ -56,26 +52,20 @@ def policy_values(policy: ApprovalPolicy) -> dict[str, Any]:
 
 def _int(value: Any, field: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ApprovalError("invalid", f"{field}: a whole number from {low} to {high}", field=field)
-    return value
-
-
-def _bool(value: Any, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise ApprovalError("invalid", f"{field}: true or false", field=field)
+        raise DomainError("invalid", f"{field}: a whole number from {low} to {high}", field=field)
     return value
 
 
 def _roles(value: Any, field: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(r, str) and r in Role.values for r in value):
-        raise ApprovalError("invalid", f"{field}: a list of roles ({', '.join(Role.values)})", field=field)
+    if not isinstance(value, list | tuple) or not all(isinstance(r, str) and r in Role.values for r in value):
+        raise DomainError("invalid", f"{field}: a list of roles ({', '.join(Role.values)})", field=field)
     return sorted(set(value))
 
 
 def _members(value: Any, field: str) -> list[int]:
     """Named members: user ids or e-mail addresses of the active tenant's members."""
     if not isinstance(value, list) or len(value) > 100:
-        raise ApprovalError("invalid", f"{field}: a list of at most 100 members", field=field)
+        raise DomainError("invalid", f"{field}: a list of at most 100 members", field=field)
     ids: set[int] = set()
     for item in value:
         if isinstance(item, int) and not isinstance(item, bool):
@@ -87,16 +77,14 @@ def _members(value: Any, field: str) -> list[int]:
         else:
             found = None
         if found is None:
-            raise ApprovalError("unknown_member", f"{field}: {item!r} is not a member", field=field)
+            raise DomainError("unknown_member", f"{field}: {item!r} is not a member", field=field)
         ids.add(found)
     return sorted(ids)
 
 
 def _escalation(value: Any, ttl_s: int) -> list[dict[str, Any]]:
     if not isinstance(value, list) or len(value) > MAX_LEVELS:
-        raise ApprovalError(
-            "invalid", f"escalation: a list of at most {MAX_LEVELS} levels", field="escalation"
-        )
+        raise DomainError("invalid", f"escalation: a list of at most {MAX_LEVELS} levels", field="escalation")
     levels: list[dict[str, Any]] = []
     previous = 0
     for n, level in enumerate(value):
@@ -106,7 +94,7 @@ def _escalation(value: Any, ttl_s: int) -> list[dict[str, Any]]:
             or not set(level) <= {"after_s", "roles", "members"}
             or "after_s" not in level
         ):
-            raise ApprovalError("invalid", f'{where}: {{"after_s", "roles", "members"}}', field="escalation")
+            raise DomainError("invalid", f'{where}: {{"after_s", "roles", "members"}}', field="escalation")
         after = _int(level["after_s"], f"{where}.after_s", previous + 1, max(previous + 1, ttl_s - 1))
         levels.append(
             {
@@ -119,58 +107,48 @@ def _escalation(value: Any, ttl_s: int) -> list[dict[str, Any]]:
     return levels
 
 
-def _policy_fields(data: Mapping[str, Any], current: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Checked policy fields: `data` over `current` (an update) or over the defaults (a creation)."""
-    base: dict[str, Any] = current or {
-        "tool": "*",
-        "semantics": [],
-        "predicates": [],
-        "required_approvals": 1,
-        "eligible_roles": DEFAULT_ROLES,
-        "eligible_members": [],
-        "passkey_only": False,
-        "ttl_s": 3600,
-        "execution_window_s": 300,
-        "warn_before_s": 300,
-        "escalation": [],
-        "enabled": True,
-    }
-    unknown = set(data) - (set(base) | {"name"}) - {"version"}
-    if unknown:
-        field = sorted(unknown)[0]
-        raise ApprovalError("invalid", f"{field}: not a policy field", field=field)
-    merged = {**base, **{k: v for k, v in data.items() if k != "version"}}
+_DEFAULTS: dict[str, Any] = {
+    "tool": "*",
+    "semantics": [],
+    "predicates": [],
+    "required_approvals": 1,
+    "eligible_roles": DEFAULT_ROLES,
+    "eligible_members": [],
+    "passkey_only": False,
+    "ttl_s": 3600,
+    "execution_window_s": 300,
+    "warn_before_s": 300,
+    "escalation": [],
+    "enabled": True,
+}
+
+
+def _policy_fields(terms: PolicyTerms, current: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The policy's fields: the terms given (each checked by `approvals.inputs.PolicyChange`) over
+    `current` (a change) or the defaults (a creation), then what depends on another term or on
+    the tenant's members."""
+    merged = {**(current or _DEFAULTS), **terms.given()}
     name = merged.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX or "\x00" in name:
-        raise ApprovalError("invalid_name", f"name: 1 to {NAME_MAX} characters", field="name")
-    tool = merged["tool"]
-    if not isinstance(tool, str) or not 0 < len(tool) <= 200 or "\x00" in tool:
-        raise ApprovalError("invalid_tool", "tool: a glob of 1 to 200 characters", field="tool")
-    semantics = merged["semantics"]
-    if not isinstance(semantics, list) or not all(s in SEMANTICS for s in semantics):
-        raise ApprovalError("invalid", f"semantics: a list of {', '.join(SEMANTICS)}", field="semantics")
-    try:
-        checked = predicates.validate(merged["predicates"])
-    except predicates.InvalidPredicate as exc:
-        raise ApprovalError("invalid_predicate", str(exc), field="predicates") from None
-    ttl_s = _int(merged["ttl_s"], "ttl_s", 10, MAX_TTL_S)
+    if not isinstance(name, str):
+        raise DomainError("invalid_name", f"name: 1 to {NAME_MAX} characters", field="name")
+    ttl_s = merged["ttl_s"]
     fields = {
         "name": name,
-        "tool": tool,
-        "semantics": sorted(set(semantics)),
-        "predicates": checked,
-        "required_approvals": _int(merged["required_approvals"], "required_approvals", 1, MAX_APPROVALS),
-        "eligible_roles": _roles(merged["eligible_roles"], "eligible_roles"),
+        "tool": merged["tool"],
+        "semantics": sorted(set(merged["semantics"])),
+        "predicates": list(merged["predicates"]),
+        "required_approvals": merged["required_approvals"],
+        "eligible_roles": sorted(set(merged["eligible_roles"])),
         "eligible_members": _members(merged["eligible_members"], "eligible_members"),
-        "passkey_only": _bool(merged["passkey_only"], "passkey_only"),
+        "passkey_only": merged["passkey_only"],
         "ttl_s": ttl_s,
-        "execution_window_s": _int(merged["execution_window_s"], "execution_window_s", 1, MAX_WINDOW_S),
+        "execution_window_s": merged["execution_window_s"],
         "warn_before_s": _int(merged["warn_before_s"], "warn_before_s", 0, ttl_s),
         "escalation": _escalation(merged["escalation"], ttl_s),
-        "enabled": _bool(merged["enabled"], "enabled"),
+        "enabled": merged["enabled"],
     }
     if not fields["eligible_roles"] and not fields["eligible_members"]:
-        raise ApprovalError(
+        raise DomainError(
             "invalid",
             "eligible_roles or eligible_members: someone must be able to approve",
             field="eligible_roles",
@@ -186,30 +164,31 @@ def _name_not_taken(name: str) -> Iterator[None]:
         with transaction.atomic():
             yield
     except IntegrityError:
-        raise ApprovalError(
+        raise DomainError(
             "name_taken", f"an approval policy named '{name}' exists", status=409, field="name"
         ) from None
 
 
-def create_policy(tenant: Tenant, *, actor: str, **data: Any) -> ApprovalPolicy:
+def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: str) -> ApprovalPolicy:
+    """A new policy (`terms` from `approvals.inputs.PolicyCreate`), recorded."""
     with tenant_context(tenant):
-        fields = _policy_fields(data)
+        fields = _policy_fields(terms)
         with _name_not_taken(fields["name"]):
             policy = ApprovalPolicy.objects.create(**fields)
         _changed(tenant, Event.APPROVAL_POLICY_CREATED, policy.pk, None, policy_values(policy), actor=actor)
     return policy
 
 
-def update_policy(tenant: Tenant, policy_id: int, *, actor: str, **data: Any) -> ApprovalPolicy:
+def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: str) -> ApprovalPolicy:
     """Change a policy; its version moves on every edit, so a request opened under the old terms
     is never reused for a call under the new ones."""
     with tenant_context(tenant):
         policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
         if policy is None:
-            raise ApprovalError("not_found", "no such approval policy", status=404)
+            raise DomainError("not_found", "no such approval policy", status=404)
         old = policy_values(policy)
         current = {k: v for k, v in old.items() if k not in ("version",)}
-        fields = _policy_fields(data, current)
+        fields = _policy_fields(terms, current)
         for key, value in fields.items():
             setattr(policy, key, value)
         policy.version = F("version") + 1
@@ -225,7 +204,7 @@ def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
     with tenant_context(tenant):
         policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
         if policy is None:
-            raise ApprovalError("not_found", "no such approval policy", status=404)
+            raise DomainError("not_found", "no such approval policy", status=404)
         old = policy_values(policy)
         policy.delete()
         _changed(tenant, Event.APPROVAL_POLICY_DELETED, policy_id, old, None, actor=actor)

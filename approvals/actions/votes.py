@@ -15,9 +15,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
-from approvals.actions.errors import ApprovalError
 from approvals.actions.requests import announce, decide, record
 from approvals.models import ApprovalRequest, Status, Vote, VoteChallenge, VoteChoice
+from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.actors import user_actor
 from tenants.models import Membership, Tenant
@@ -46,31 +46,31 @@ def eligible(row: ApprovalRequest, member: Membership) -> bool:
 
 def _check_voter(row: ApprovalRequest, member: Membership, *, break_glass: bool) -> None:
     if row.requester_user_id is not None and row.requester_user_id == member.user_id:
-        raise ApprovalError(
+        raise DomainError(
             "requester_cannot_vote", "the requester (the asking key's owner) cannot vote", status=403
         )
     if break_glass:
         if not member.can("break_glass"):
-            raise ApprovalError(
+            raise DomainError(
                 "break_glass_forbidden", f"the role '{member.role}' may not break glass", status=403
             )
         return
     if not eligible(row, member):
-        raise ApprovalError("not_eligible", "this member is not among the request's approvers", status=403)
+        raise DomainError("not_eligible", "this member is not among the request's approvers", status=403)
 
 
 def _check_open(row: ApprovalRequest, now: datetime) -> None:
     if row.status != Status.PENDING:
-        raise ApprovalError("already_decided", f"the request is {row.status}", status=409)
+        raise DomainError("already_decided", f"the request is {row.status}", status=409)
     if row.expires_at <= now:
-        raise ApprovalError("expired", "the request expired without a decision", status=409)
+        raise DomainError("expired", "the request expired without a decision", status=409)
 
 
 def _text(value: Any, field: str, *, limit: int = NOTE_MAX) -> str:
     if value is None:
         return ""
     if not isinstance(value, str) or len(value) > limit or "\x00" in value:
-        raise ApprovalError("invalid", f"{field}: a string of at most {limit} characters", field=field)
+        raise DomainError("invalid", f"{field}: a string of at most {limit} characters", field=field)
     return value
 
 
@@ -78,7 +78,7 @@ def _member_here(tenant: Tenant, member: Membership) -> Membership:
     """The member as they stand now in this tenant (removed since, or of another tenant: refused)."""
     current = Membership.objects.select_related("user").filter(pk=member.pk, user_id=member.user_id).first()
     if current is None or member.tenant_id != tenant.pk:
-        raise ApprovalError("not_a_member", "the voter is not a member of this tenant", status=403)
+        raise DomainError("not_a_member", "the voter is not a member of this tenant", status=403)
     return current
 
 
@@ -97,7 +97,7 @@ def issue_vote_challenge(
     with tenant_context(tenant):
         row = ApprovalRequest.objects.filter(pk=request_id).first()
         if row is None:
-            raise ApprovalError("not_found", "no such approval request", status=404)
+            raise DomainError("not_found", "no such approval request", status=404)
         current = _member_here(tenant, member)
         _check_open(row, now)
         _check_voter(row, current, break_glass=break_glass)
@@ -126,11 +126,9 @@ def _take_challenge(
     """Consume the member's open challenge the (verified) assertion answers; the assertion is kept
     with the challenge and its nonce, so the vote can be verified again offline."""
     if not isinstance(assertion, dict) or not isinstance(assertion.get("challenge"), str):
-        raise ApprovalError(
-            "invalid_assertion", "the assertion must name its challenge", status=400, field="assertion"
-        )
+        raise DomainError("invalid_assertion", "the assertion must name its challenge", field="assertion")
     if len(json.dumps(assertion, default=str)) > ASSERTION_MAX_BYTES:
-        raise ApprovalError("invalid_assertion", "the assertion is too large", status=400, field="assertion")
+        raise DomainError("invalid_assertion", "the assertion is too large", field="assertion")
     issued = VoteChallenge.objects.filter(
         request=row,
         user_id=member.user_id,
@@ -141,7 +139,7 @@ def _take_challenge(
     if issued is None or not VoteChallenge.objects.filter(pk=issued.pk, used_at__isnull=True).update(
         used_at=now
     ):
-        raise ApprovalError(
+        raise DomainError(
             "challenge_invalid",
             "the assertion answers no open challenge of this member for this request",
             status=403,
@@ -172,21 +170,19 @@ def vote(
         current = _member_here(tenant, member)
         row = ApprovalRequest.objects.select_for_update().filter(pk=request_id).first()
         if row is None:
-            raise ApprovalError("not_found", "no such approval request", status=404)
+            raise DomainError("not_found", "no such approval request", status=404)
         if choice not in VoteChoice.values:
-            raise ApprovalError("invalid", "choice: approve or deny", field="choice")
+            raise DomainError("invalid", "choice: approve or deny", field="choice")
         note = _text(note, "note")
         if break_glass and (choice != VoteChoice.APPROVE or not note.strip()):
-            raise ApprovalError(
-                "reason_required", "break-glass approves, with a written reason", field="note"
-            )
+            raise DomainError("reason_required", "break-glass approves, with a written reason", field="note")
         _check_open(row, now)
         _check_voter(row, current, break_glass=break_glass)
         kept: dict[str, Any] | None = None
         if assertion is not None:
             kept = _take_challenge(row, current, assertion, now)
         elif row.rules.get("passkey_only"):
-            raise ApprovalError("passkey_required", "this policy takes passkey votes only", status=403)
+            raise DomainError("passkey_required", "this policy takes passkey votes only", status=403)
         _count(
             tenant, row, current, choice, note, assertion=kept, break_glass=break_glass, now=now, actor=actor
         )
@@ -222,7 +218,7 @@ def _count(
                 created_at=now,
             )
     except IntegrityError:
-        raise ApprovalError("already_voted", "this member has voted on this request", status=409) from None
+        raise DomainError("already_voted", "this member has voted on this request", status=409) from None
     record(
         tenant,
         Event.APPROVAL_BREAK_GLASS if break_glass else Event.APPROVAL_VOTE,

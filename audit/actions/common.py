@@ -3,12 +3,13 @@ an append."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from audit import bulk
 from audit.models import Record
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 class IngestRefused(DomainError):
@@ -17,19 +18,18 @@ class IngestRefused(DomainError):
 
     def __init__(
         self,
-        status: int,
         code: str,
         detail: str,
         *,
+        status: int = 400,
+        field: str | None = None,
         seq: Any = None,
         index: int | None = None,
-        field: str | None = None,
-        **extra: Any,
+        context: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(status, code, detail, **extra)
+        super().__init__(code, detail, status=status, field=field, context=context)
         self.seq = seq
         self.index = index
-        self.field = field
 
     @property
     def error(self) -> str:

@@ -29,7 +29,7 @@ def redact(
     every proof still verify) and record who, when, why and which record in the server stream."""
     reason = (reason or "").strip()
     if not reason:
-        raise IngestRefused(400, "invalid", "reason: required", field="reason")
+        raise IngestRefused("invalid", "reason: required", field="reason")
     with tenant_context(tenant):
         query = Record.objects.select_related("stream").filter(stream__stream_id=stream_id)
         if position is not None:
@@ -39,13 +39,13 @@ def redact(
             query = query.none() if stream is None else held_by_hash(query, record_hash_, stream=stream)
         else:
             raise IngestRefused(
-                400, "invalid", "position: give the record's position or its hash", field="position"
+                "invalid", "position: give the record's position or its hash", field="position"
             )
         record = next(iter(query[:1]), None)
         if record is None:
-            raise IngestRefused(404, "not_found", "no such record in this tenant")
+            raise IngestRefused("not_found", "no such record in this tenant", status=404)
         if record.redacted or Redaction.objects.filter(record=record).exists():
-            raise IngestRefused(409, "already_redacted", "this record's payload is already erased")
+            raise IngestRefused("already_redacted", "this record's payload is already erased", status=409)
         RecordPayload.objects.filter(record=record).delete()
         server_record = append_server_record(
             tenant,

@@ -38,20 +38,18 @@ class Incoming:
 
 def _bad(index: int, name: str, detail: str) -> IngestRefused:
     where = f"records[{index}].{name}"
-    return IngestRefused(400, "invalid", f"{where}: {detail}", field=where, index=index)
+    return IngestRefused("invalid", f"{where}: {detail}", field=where, index=index)
 
 
 def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
     """Type-check a batch. Anything that is not a well-formed record is a 400 naming the field."""
     if not isinstance(records, list):
-        raise IngestRefused(400, "invalid", "records: must be a list of record objects", field="records")
+        raise IngestRefused("invalid", "records: must be a list of record objects", field="records")
     out: list[Incoming] = []
     for i, rec in enumerate(records):
         index = offset + i
         if not isinstance(rec, dict):
-            raise IngestRefused(
-                400, "invalid", f"records[{index}]: must be an object", field=f"records[{index}]"
-            )
+            raise IngestRefused("invalid", f"records[{index}]: must be an object", field=f"records[{index}]")
         seq = rec.get("seq")
         if type(seq) is not int:
             raise _bad(index, "seq", "missing" if seq is None else "must be an integer")
@@ -84,7 +82,7 @@ def parse_batch(records: Any, *, offset: int = 0) -> list[Incoming]:
             if problem is not None:
                 # The name as a Python literal: it may be the very text that cannot be encoded.
                 where = f"records[{index}]"
-                raise IngestRefused(400, problem[0], f"{where} field {name!r}: {problem[1]}", field=where)
+                raise IngestRefused(problem[0], f"{where} field {name!r}: {problem[1]}", field=where)
         out.append(Incoming(rec, index, seq, ts, event, cd, ph, h, salt, redacted, business))
     return out
 
@@ -128,5 +126,5 @@ def _unstorable(name: str, value: Any) -> tuple[str, str] | None:
 def validate_stream_id(stream_id: str) -> None:
     if not STREAM_ID_RE.match(stream_id or ""):
         raise IngestRefused(
-            400, "invalid", "stream: 1-200 characters of letters, digits and ._:- ", field="stream"
+            "invalid", "stream: 1-200 characters of letters, digits and ._:- ", field="stream"
         )

@@ -31,7 +31,10 @@ def lock_stream(tenant: Tenant, stream_id: str, kind: str) -> Stream:
         stream = Stream.objects.select_for_update().get(stream_id=stream_id)
     if stream.kind != kind:
         raise IngestRefused(
-            403, "reserved_stream", f"stream '{stream_id}' is written by the server only", field="stream"
+            "reserved_stream",
+            f"stream '{stream_id}' is written by the server only",
+            status=403,
+            field="stream",
         )
     return stream
 

@@ -17,7 +17,12 @@ from audit.models import GENESIS, Record, Stream, TenantLog, leaf_blocks
 
 def _chain_error(rec: Incoming, code: str, detail: str, status: int = 422, **extra: Any) -> IngestRefused:
     return IngestRefused(
-        status, code, f"record #{rec.index} (seq={rec.seq}): {detail}", seq=rec.seq, index=rec.index, **extra
+        code,
+        f"record #{rec.index} (seq={rec.seq}): {detail}",
+        status=status,
+        seq=rec.seq,
+        index=rec.index,
+        context=extra,
     )
 
 
@@ -146,7 +151,7 @@ def _refusal(
     extra: dict[str, Any] = {}
     if brk.code == "broken_link":
         extra = {"expected": brk.expected, "found": brk.found}
-    return IngestRefused(422, brk.code, str(brk), seq=brk.seq, index=brk.index, **extra)
+    return IngestRefused(brk.code, str(brk), status=422, seq=brk.seq, index=brk.index, context=extra)
 
 
 def _forged_gap(rec: Incoming) -> IngestRefused:

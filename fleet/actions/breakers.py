@@ -11,8 +11,9 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
-from fleet.actions.changes import FleetError, changed_after_commit, create_policy, delete_policy
+from fleet.actions.changes import changed_after_commit, create_policy, delete_policy
 from fleet.inputs import BreakerChange, NewBreaker
 from fleet.models import CircuitBreaker
 from tenants.models import Tenant
@@ -56,7 +57,7 @@ def update_breaker(tenant: Tenant, breaker_id: int, change: BreakerChange, *, ac
     with tenant_context(tenant):
         breaker = CircuitBreaker.objects.select_for_update().filter(pk=breaker_id).first()
         if breaker is None:
-            raise FleetError("not_found", "id", "no such breaker", status=404)
+            raise DomainError("not_found", "no such breaker", status=404, field="id")
         old = breaker_values(breaker)
         for name, value in changes.items():
             setattr(breaker, name, value)
@@ -71,7 +72,7 @@ def update_breaker(tenant: Tenant, breaker_id: int, change: BreakerChange, *, ac
                 breaker.save()
         except IntegrityError:
             taken = f"a breaker named '{breaker.name}' exists"
-            raise FleetError("name_taken", "name", taken, status=409) from None
+            raise DomainError("name_taken", taken, status=409, field="name") from None
         append_server_record(
             tenant, Event.FLEET_BREAKER_UPDATED, {"breaker": breaker.pk, "old": old, "new": new}, actor=actor
         )

@@ -8,22 +8,13 @@ from typing import Any, TypeVar
 
 from django.db import IntegrityError, transaction
 
-from controlplane.errors import DomainError
 from core import epoch
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.snapshot import forget_policies
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
 from tenants.models import Tenant
-
-
-class FleetError(DomainError):
-    """A refused policy change, with a machine-readable code and the field at fault."""
-
-    def __init__(self, code: str, field: str, detail: str, status: int = 400) -> None:
-        super().__init__(status, code, detail, field=field)
-        self.field = field
-
 
 # ------------------------------------------------------------------------------------- change signal
 
@@ -69,7 +60,7 @@ def create_policy(
                 limit = model.objects.create(**fields)
         except IntegrityError:
             taken = f"a {subject.replace('_', ' ')} named '{fields['name']}' exists"
-            raise FleetError("name_taken", "name", taken, status=409) from None
+            raise DomainError("name_taken", taken, status=409, field="name") from None
         record = {subject: limit.pk, "old": None, "new": values(limit)}
         append_server_record(tenant, event, record, actor=actor)
         changed_after_commit(tenant)
@@ -90,7 +81,7 @@ def delete_policy(
     with tenant_context(tenant):
         limit = model.objects.select_for_update().filter(pk=pk).first()
         if limit is None:
-            raise FleetError("not_found", "id", f"no such {subject.replace('_', ' ')}", status=404)
+            raise DomainError("not_found", f"no such {subject.replace('_', ' ')}", status=404, field="id")
         old = values(limit)
         limit.delete()
         append_server_record(tenant, event, {subject: pk, "old": old, "new": None}, actor=actor)

@@ -9,8 +9,9 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
-from fleet.actions.changes import FleetError, changed_after_commit
+from fleet.actions.changes import changed_after_commit
 from fleet.inputs import NewHalt
 from fleet.models import Halt
 from tenants.models import Tenant
@@ -54,7 +55,7 @@ def resume(tenant: Tenant, halt_id: int, *, actor: str) -> Halt | None:
     with tenant_context(tenant):
         row = Halt.objects.select_for_update().filter(pk=halt_id).first()
         if row is None:
-            raise FleetError("not_found", "id", "no such halt", status=404)
+            raise DomainError("not_found", "no such halt", status=404, field="id")
         now = timezone.now()
         if row.lifted_at is not None or (row.expires_at is not None and row.expires_at <= now):
             return None

@@ -32,9 +32,9 @@ from django.utils import timezone
 
 from controlplane import availability
 from core import epoch, snapshots
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import gate, hooks, leasestores
-from fleet.actions.changes import FleetError
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest, InvalidArgument
@@ -236,7 +236,7 @@ def give_back(
                 # An overrun must be counted where the next decision reads, not only in the
                 # ledger: nothing recorded, the holder asks again (503).
                 detail = "the overrun could not be counted now: give the lease back again"
-                raise FleetError("limit_store_unavailable", "used", detail, status=503) from exc
+                raise DomainError("limit_store_unavailable", detail, status=503, field="used") from exc
             log.warning("gate: lease %s not given back: %s", row.id, exc)  # stays counted (refusal-biased)
         row.used, row.state, row.returned_at = spent, LeaseState.RETURNED, timezone.now()
         row.save(update_fields=["used", "state", "returned_at"])

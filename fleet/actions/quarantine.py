@@ -7,8 +7,9 @@ from typing import Any
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
-from fleet.actions.changes import FleetError, changed_after_commit
+from fleet.actions.changes import changed_after_commit
 from fleet.models import Quarantine
 from sagas import selectors as saga_selectors
 from tenants.models import Tenant
@@ -21,20 +22,20 @@ def quarantine(
     has named yet is refused (404 `saga_not_found`) unless `preemptive` asks for exactly that: the
     quarantine then stands for the saga when it arrives, and says it was preemptive."""
     if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128 or "\x00" in saga_id:
-        raise FleetError("invalid_saga_id", "saga_id", "saga_id must be 1 to 128 characters")
+        raise DomainError("invalid_saga_id", "saga_id must be 1 to 128 characters", field="saga_id")
     if not isinstance(preemptive, bool):
-        raise FleetError("invalid_preemptive", "preemptive", "preemptive must be true or false")
+        raise DomainError("invalid_preemptive", "preemptive must be true or false", field="preemptive")
     with tenant_context(tenant):
         unknown = saga_selectors.saga(saga_id) is None
         if unknown and not preemptive:  # the path names no saga here: 404 before the body is judged
-            raise FleetError(
+            raise DomainError(
                 "saga_not_found",
-                "saga_id",
                 "no record names this saga yet; send preemptive: true to set it aside before it starts",
                 status=404,
+                field="saga_id",
             )
         if not isinstance(reason, str) or not reason.strip() or len(reason) > 500 or "\x00" in reason:
-            raise FleetError("invalid_reason", "reason", "a reason of 1 to 500 characters is required")
+            raise DomainError("invalid_reason", "a reason of 1 to 500 characters is required", field="reason")
         existing = Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
         if existing is not None:
             return existing

@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from core.claims import Increment, Leased, SetIfNull
 from core.claims import claim as claim_rows
+from core.errors import DomainError
 from core.numbers import finite_number
 from core.scoping import joined_tenant_context, tenant_context
-from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, RecoveryError, claimable
+from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, claimable
 from recovery.actions.takeover import take_over_on_claim
 from recovery.models import (
     Delivery,
@@ -29,9 +30,7 @@ def lease_seconds(value: Any) -> float:
     if value is None:
         return DEFAULT_JOB_LEASE_S
     if not finite_number(value) or not 1 <= value <= MAX_JOB_LEASE_S:
-        raise RecoveryError(
-            400, "invalid", f"lease_s: seconds from 1 to {MAX_JOB_LEASE_S:g}", field="lease_s"
-        )
+        raise DomainError("invalid", f"lease_s: seconds from 1 to {MAX_JOB_LEASE_S:g}", field="lease_s")
     return float(value)
 
 
@@ -42,9 +41,7 @@ def _claim_batch_size(value: Any) -> int:
     if value is None:
         return 1
     if type(value) is not int or not 1 <= value <= MAX_CLAIM_BATCH:
-        raise RecoveryError(
-            400, "invalid", f"max_jobs: an integer from 1 to {MAX_CLAIM_BATCH}", field="max_jobs"
-        )
+        raise DomainError("invalid", f"max_jobs: an integer from 1 to {MAX_CLAIM_BATCH}", field="max_jobs")
     return value
 
 
@@ -132,7 +129,7 @@ def held(job_id: Any, token: Any) -> Job:
     token_of(token)
     job = Job.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
-        raise RecoveryError(404, "not_found", "no such recovery job")
+        raise DomainError("not_found", "no such recovery job", status=404)
     if not JOBS.holds(job, token):
         raise stale(token)
     return job
@@ -148,17 +145,17 @@ def heartbeat(tenant: Tenant, job_id: Any, *, token: Any, lease_s: Any = None) -
         return job
 
 
-def stale(token: Any) -> RecoveryError:
-    return RecoveryError(
-        409,
+def stale(token: Any) -> DomainError:
+    return DomainError(
         "stale_token",
         f"this job's current token is not {token} (it was claimed again, or already finished): "
         "nothing was recorded",
+        status=409,
         field="token",
     )
 
 
 def token_of(value: Any) -> int:
     if type(value) is not int:
-        raise RecoveryError(400, "invalid", "token: the integer the claim returned", field="token")
+        raise DomainError("invalid", "token: the integer the claim returned", field="token")
     return value

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from django.db.models import F, Model, Q, QuerySet
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from fleet import selectors as fleet_selectors
 from recovery.models import (
     Job,
@@ -25,16 +25,6 @@ TEXT_MAX = 2000
 _Row = TypeVar("_Row", bound=Model)
 
 
-class RecoveryError(DomainError):
-    """A refused recovery request, with a machine-readable code and the field at fault."""
-
-    def __init__(self, status: int, code: str, detail: str, *, field: str = "") -> None:
-        if field:
-            super().__init__(status, code, detail, field=field)
-        else:
-            super().__init__(status, code, detail)
-
-
 def text_field(value: Any, name: str, *, required: bool = False) -> str:
     if value is None and not required:
         return ""
@@ -45,7 +35,7 @@ def text_field(value: Any, name: str, *, required: bool = False) -> str:
         or "\x00" in value
     ):
         need = "a non-empty string" if required else "a string"
-        raise RecoveryError(400, "invalid", f"{name}: {need} of at most {TEXT_MAX} characters", field=name)
+        raise DomainError("invalid", f"{name}: {need} of at most {TEXT_MAX} characters", field=name)
     return value
 
 

@@ -9,10 +9,11 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
-from recovery.actions.common import RecoveryError, text_field
+from recovery.actions.common import text_field
 from recovery.actions.runs import RunRequest, maybe_finish, start_runs
 from recovery.models import (
     UNFINISHED_RUN_STATES,
@@ -31,7 +32,7 @@ from tenants.models import Tenant
 def _job_for_decision(job_id: Any) -> tuple[Job, Run]:
     job = Job.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
-        raise RecoveryError(404, "not_found", "no such recovery job")
+        raise DomainError("not_found", "no such recovery job", status=404)
     run = Run.objects.select_for_update().get(pk=job.run_id)
     return job, run
 
@@ -41,10 +42,14 @@ def retry(tenant: Tenant, job_id: Any, *, actor: str) -> Job:
     with tenant_context(tenant):
         job, run = _job_for_decision(job_id)
         if job.state != JobState.ESCALATED:
-            raise RecoveryError(409, "not_escalated", f"this job is {job.state}, not waiting for a human")
+            raise DomainError(
+                "not_escalated", f"this job is {job.state}, not waiting for a human", status=409
+            )
         if not job.handler:
-            raise RecoveryError(
-                409, "no_handler", "this step has no named compensation to run: resolve it by hand instead"
+            raise DomainError(
+                "no_handler",
+                "this step has no named compensation to run: resolve it by hand instead",
+                status=409,
             )
         old = {"state": job.state, "escalation": job.escalation, "attempts": job.attempts}
         job.state = JobState.PENDING
@@ -74,7 +79,7 @@ def resolve(tenant: Tenant, job_id: Any, *, actor: str, note: Any) -> Job:
         job, run = _job_for_decision(job_id)
         text = text_field(note, "note", required=True)
         if job.state not in (JobState.ESCALATED, JobState.PENDING):
-            raise RecoveryError(409, "not_open", f"this job is {job.state}: nothing to resolve")
+            raise DomainError("not_open", f"this job is {job.state}: nothing to resolve", status=409)
         old = {"state": job.state, "escalation": job.escalation}
         job.state = JobState.RESOLVED
         job.note = text
@@ -135,15 +140,15 @@ def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: str) -> Ru
     """ "Rollback to here": compensate every step after ordinal `to_step` (0: all), newest first,
     by the same workers. Refused while the agent holds its lease or another run is unfinished."""
     if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128:
-        raise RecoveryError(400, "invalid", "saga_id must be 1 to 128 characters", field="saga_id")
+        raise DomainError("invalid", "saga_id must be 1 to 128 characters", field="saga_id")
     with tenant_context(tenant):
         saga = saga_selectors.saga(saga_id)
         if saga is None:
-            raise RecoveryError(404, "not_found", "no such saga")
+            raise DomainError("not_found", "no such saga", status=404)
         if type(to_step) is not int or to_step < 0:
-            raise RecoveryError(400, "invalid", "to_step: a step number from 0", field="to_step")
+            raise DomainError("invalid", "to_step: a step number from 0", field="to_step")
         if fleet_selectors.is_quarantined(saga_id):
-            raise RecoveryError(409, "quarantined", "this saga is quarantined: recovery leaves it alone")
+            raise DomainError("quarantined", "this saga is quarantined: recovery leaves it alone", status=409)
         now = timezone.now()
         lease = Lease.objects.select_for_update().filter(saga_id=saga_id).first()
         if (
@@ -152,11 +157,11 @@ def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: str) -> Ru
             and lease.expires_at
             and lease.expires_at > now
         ):
-            raise RecoveryError(
-                409, "agent_running", "the agent still holds this saga's lease: it rolls back itself"
+            raise DomainError(
+                "agent_running", "the agent still holds this saga's lease: it rolls back itself", status=409
             )
         if Run.objects.filter(saga_id=saga_id, state__in=UNFINISHED_RUN_STATES).exists():
-            raise RecoveryError(409, "run_unfinished", "this saga is already being rolled back")
+            raise DomainError("run_unfinished", "this saga is already being rolled back", status=409)
         if lease is not None and lease.state == LeaseState.LIVE:
             lease.state = LeaseState.SWEPT  # the sweep must not start a second run for it
             lease.swept_at = now
@@ -166,9 +171,11 @@ def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: str) -> Ru
             with transaction.atomic():
                 runs = start_runs(tenant, [request], actor=actor)
         except IntegrityError:  # a run started meanwhile (the partial unique index)
-            raise RecoveryError(409, "run_unfinished", "this saga is already being rolled back") from None
+            raise DomainError(
+                "run_unfinished", "this saga is already being rolled back", status=409
+            ) from None
         if not runs:
-            raise RecoveryError(
-                409, "nothing_to_undo", "no step after this one has an effect to undo", field="to_step"
+            raise DomainError(
+                "nothing_to_undo", "no step after this one has an effect to undo", status=409, field="to_step"
             )
         return runs[0]

@@ -15,9 +15,10 @@ from audit.services import (
     queue_server_records,
 )
 from core import timing
+from core.errors import DomainError
 from core.scoping import joined_tenant_context, tenant_context
 from recovery.actions.claims import JOBS, held, stale, token_of
-from recovery.actions.common import RecoveryError, text_field
+from recovery.actions.common import text_field
 from recovery.actions.runs import advance_runs, escalate
 from recovery.models import (
     Escalation,
@@ -34,14 +35,12 @@ BACKOFF_MAX_S = 60.0
 def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: str) -> Job:
     """Record a compensation as done, if `token` still holds the job (409 otherwise)."""
     (outcome,) = complete_many(tenant, [(job_id, token)], actor=actor)
-    if isinstance(outcome, RecoveryError):
+    if isinstance(outcome, DomainError):
         raise outcome
     return outcome
 
 
-def complete_many(
-    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
-) -> list[Job | RecoveryError]:
+def complete_many(tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str) -> list[Job | DomainError]:
     """Record several compensations as done in one transaction: each (job id, token) whose token
     still holds its job is compensated, the others answer their error (404, 409 `stale_token`)
     and record nothing. One UPDATE for the jobs, one for their runs, and one server-stream batch
@@ -54,16 +53,16 @@ def complete_many(
 
 def complete_locked(
     tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
-) -> list[Job | RecoveryError]:
+) -> list[Job | DomainError]:
     ids = [job_id for job_id, _ in items]
     with timing.phase("lock_jobs"):
         jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
-    outcomes: list[Job | RecoveryError] = []
+    outcomes: list[Job | DomainError] = []
     good: dict[Any, Job] = {}
     for job_id, token in items:
         job = jobs.get(job_id)
         if job is None:
-            outcomes.append(RecoveryError(404, "not_found", "no such recovery job"))
+            outcomes.append(DomainError("not_found", "no such recovery job", status=404))
         elif job.state == JobState.COMPENSATED and job.epoch == token:
             # A completion sent again with the token that recorded it (its answer was lost, or a
             # claim that carried it is retried): the same answer, nothing recorded twice.
@@ -133,9 +132,9 @@ def fail(
     `reason="no_handler"` (the worker cannot run this handler) escalates at once."""
     message = text_field(error, "error")
     if type(retryable) is not bool:
-        raise RecoveryError(400, "invalid", "retryable: true or false", field="retryable")
+        raise DomainError("invalid", "retryable: true or false", field="retryable")
     if reason not in (None, Escalation.NO_HANDLER.value):
-        raise RecoveryError(400, "invalid", "reason: omit it, or 'no_handler'", field="reason")
+        raise DomainError("invalid", "reason: omit it, or 'no_handler'", field="reason")
     with tenant_context(tenant):
         job = held(job_id, token)
         run = Run.objects.select_for_update().get(pk=job.run_id)
@@ -175,46 +174,42 @@ def fail(
 MAX_RESULTS = 500
 
 
-def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | RecoveryError]:
+def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | DomainError]:
     """Several results in one request and one transaction: `[{"id", "token", "ok": true} |
     {"id", "token", "ok": false, "error", "retryable"?, "reason"?}]`. Completions are recorded
     together (`complete_many`); each failure as `fail` records it. An item whose token no longer
     holds its job answers its error and records nothing; a malformed item refuses the whole
     request (400, naming it)."""
     if not isinstance(results, list) or not 0 < len(results) <= MAX_RESULTS:
-        raise RecoveryError(400, "invalid", f"results: a list of 1 to {MAX_RESULTS} results", field="results")
+        raise DomainError("invalid", f"results: a list of 1 to {MAX_RESULTS} results", field="results")
     done: list[tuple[int, Any, int]] = []
     failed: list[tuple[int, Any, dict[str, Any]]] = []
     for i, item in enumerate(results):
         where = f"results[{i}]"
         if not isinstance(item, dict) or type(item.get("ok")) is not bool:
-            raise RecoveryError(400, "invalid", f"{where}: an object with id, token and ok", field=where)
+            raise DomainError("invalid", f"{where}: an object with id, token and ok", field=where)
         try:
             job_id = uuid.UUID(item.get("id")) if isinstance(item.get("id"), str) else None
         except ValueError:
             job_id = None
         if job_id is None:
-            raise RecoveryError(
-                400, "invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id"
-            )
+            raise DomainError("invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id")
         if type(item.get("token")) is not int:
-            raise RecoveryError(
-                400, "invalid", f"{where}.token: the integer the claim returned", field=f"{where}.token"
+            raise DomainError(
+                "invalid", f"{where}.token: the integer the claim returned", field=f"{where}.token"
             )
         if item["ok"]:
             done.append((i, job_id, item["token"]))
         else:
             text_field(item.get("error"), f"{where}.error")
             if type(item.get("retryable", True)) is not bool:
-                raise RecoveryError(
-                    400, "invalid", f"{where}.retryable: true or false", field=f"{where}.retryable"
-                )
+                raise DomainError("invalid", f"{where}.retryable: true or false", field=f"{where}.retryable")
             if item.get("reason") not in (None, Escalation.NO_HANDLER.value):
-                raise RecoveryError(
-                    400, "invalid", f"{where}.reason: omit it, or 'no_handler'", field=f"{where}.reason"
+                raise DomainError(
+                    "invalid", f"{where}.reason: omit it, or 'no_handler'", field=f"{where}.reason"
                 )
             failed.append((i, job_id, item))
-    outcomes: list[Job | RecoveryError | None] = [None] * len(results)
+    outcomes: list[Job | DomainError | None] = [None] * len(results)
     # Joined: nothing written above; each failure keeps a savepoint of its own (`fail`).
     with joined_tenant_context(tenant):
         if done:
@@ -232,6 +227,6 @@ def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | Recov
                     retryable=item.get("retryable", True),
                     reason=item.get("reason"),
                 )
-            except RecoveryError as exc:
+            except DomainError as exc:
                 outcomes[i] = exc
     return [outcome for outcome in outcomes if outcome is not None]

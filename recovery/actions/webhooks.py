@@ -9,9 +9,10 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
-from recovery.actions.common import RecoveryError, claimable
+from recovery.actions.common import claimable
 from recovery.models import (
     Delivery,
     Run,
@@ -28,25 +29,23 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
     from django.core.validators import URLValidator
 
     if not isinstance(url, str) or len(url) > 500:
-        raise RecoveryError(400, "invalid", "url: an http(s) URL of at most 500 characters", field="url")
+        raise DomainError("invalid", "url: an http(s) URL of at most 500 characters", field="url")
     try:
         URLValidator(schemes=["http", "https"])(url)
     except ValidationError:
-        raise RecoveryError(
-            400, "invalid", "url: an http(s) URL of at most 500 characters", field="url"
-        ) from None
+        raise DomainError("invalid", "url: an http(s) URL of at most 500 characters", field="url") from None
     from recovery.webhook import check_url, new_secret
 
     unsafe = check_url(url)
     if unsafe:
-        raise RecoveryError(400, "unsafe_url", f"url: {unsafe}", field="url")
+        raise DomainError("unsafe_url", f"url: {unsafe}", field="url")
     handlers = [] if handlers is None else handlers
     if (
         not isinstance(handlers, list)
         or len(handlers) > 100
         or not all(isinstance(h, str) and 0 < len(h) <= 200 and "\x00" not in h for h in handlers)
     ):
-        raise RecoveryError(400, "invalid", "handlers: a list of up to 100 handler names", field="handlers")
+        raise DomainError("invalid", "handlers: a list of up to 100 handler names", field="handlers")
     secret = new_secret()
     with tenant_context(tenant):
         existing = Webhook.objects.select_for_update().first()

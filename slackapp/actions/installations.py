@@ -57,7 +57,7 @@ class DjangoInstallationStore(InstallationStore):
 
     def save(self, installation: SlackInstallation) -> None:
         if not installation.bot_token or not installation.team_id:
-            raise SlackError(400, "no_bot_token", "Slack granted no bot token for a workspace")
+            raise SlackError("no_bot_token", "Slack granted no bot token for a workspace")
         with tenant_context(self.tenant):
             row = Installation.objects.select_for_update().first()
             old = installation_values(row) if row is not None else None
@@ -84,7 +84,9 @@ class DjangoInstallationStore(InstallationStore):
                     row.save()
             except IntegrityError:
                 raise SlackError(
-                    409, "workspace_taken", "this Slack workspace is connected to another Sagaplane tenant"
+                    "workspace_taken",
+                    "this Slack workspace is connected to another Sagaplane tenant",
+                    status=409,
                 ) from None
             append_server_record(
                 self.tenant,
@@ -208,7 +210,7 @@ def list_channels(tenant: Tenant) -> list[dict[str, str]]:
                 break
     except (*UNREACHABLE, crypto.TokenUnreadable) as exc:
         raise SlackError(
-            502, "slack_unreachable", f"could not list the workspace's channels ({type(exc).__name__})"
+            "slack_unreachable", f"could not list the workspace's channels ({type(exc).__name__})", status=502
         ) from None
     return sorted(channels, key=lambda c: c["name"])
 
@@ -217,11 +219,11 @@ def set_channel(tenant: Tenant, channel_id: Any, *, actor: str) -> Installation:
     """Where approval requests are posted: one of the workspace's channels, chosen by an owner."""
     channels = {c["id"]: c["name"] for c in list_channels(tenant)}
     if not isinstance(channel_id, str) or channel_id not in channels:
-        raise SlackError(400, "invalid_channel", "choose one of the workspace's channels")
+        raise SlackError("invalid_channel", "choose one of the workspace's channels")
     with tenant_context(tenant):
         row = Installation.objects.select_for_update().first()
         if row is None:
-            raise SlackError(404, "not_installed", "Slack is not installed for this tenant")
+            raise SlackError("not_installed", "Slack is not installed for this tenant", status=404)
         old = {"channel_id": row.channel_id or None, "channel_name": row.channel_name or None}
         if row.channel_id == channel_id:
             return row
@@ -245,7 +247,7 @@ def set_email_matching(tenant: Tenant, enabled: bool, *, actor: str) -> None:
     with tenant_context(tenant):
         row = Installation.objects.select_for_update().first()
         if row is None:
-            raise SlackError(404, "not_installed", "Slack is not installed for this tenant")
+            raise SlackError("not_installed", "Slack is not installed for this tenant", status=404)
         if row.email_matching == enabled:
             return
         row.email_matching = enabled

@@ -39,16 +39,18 @@ def read_link_token(token: str) -> tuple[int, str, str]:
     try:
         data = signing.loads(token, salt=_LINK_SALT, max_age=LINK_TTL_S)
     except signing.SignatureExpired:
-        raise SlackError(410, "link_expired", "this link has expired: ask Slack for a new one") from None
+        raise SlackError(
+            "link_expired", "this link has expired: ask Slack for a new one", status=410
+        ) from None
     except signing.BadSignature:
-        raise SlackError(404, "invalid_link", "this link is not one Sagaplane made") from None
+        raise SlackError("invalid_link", "this link is not one Sagaplane made", status=404) from None
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("t"), int)
         or not isinstance(data.get("team"), str)
         or not isinstance(data.get("user"), str)
     ):
-        raise SlackError(404, "invalid_link", "this link is not one Sagaplane made")
+        raise SlackError("invalid_link", "this link is not one Sagaplane made", status=404)
     return data["t"], data["team"], data["user"]
 
 
@@ -65,15 +67,15 @@ def link_user(
         row = Installation.objects.first()
         if row is None or row.team_id != team_id:
             raise SlackError(
-                409, "not_installed", "this Slack workspace is no longer connected to the tenant"
+                "not_installed", "this Slack workspace is no longer connected to the tenant", status=409
             )
         if not Membership.objects.filter(user=user).exists():
-            raise SlackError(404, "not_a_member", "only a member of the tenant can be linked")
+            raise SlackError("not_a_member", "only a member of the tenant can be linked", status=404)
         taken = UserLink.objects.filter(team_id=team_id, slack_user_id=slack_user_id).first()
         if taken is not None and taken.user_id == user.pk:
             return taken
         if taken is not None:
-            raise SlackError(409, "slack_user_taken", "this Slack user is linked to another member")
+            raise SlackError("slack_user_taken", "this Slack user is linked to another member", status=409)
         previous = UserLink.objects.filter(user=user).first()
         old = None
         if previous is not None:

@@ -99,7 +99,7 @@ class StateStore(OAuthStateStore):
 def start_install(tenant: Tenant, user: Any) -> str:
     """The URL of Slack's consent page for this member, with a fresh single-use state."""
     if not configured():
-        raise SlackError(409, "not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set")
+        raise SlackError("not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set", status=409)
     state = StateStore(tenant, user).issue()
     return authorize_url_generator().generate(state)
 
@@ -109,11 +109,11 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: s
     then the code is exchanged for the bot token (oauth.v2.access), checked (auth.test) and stored
     encrypted (slack-sdk's flow, with `DjangoInstallationStore`)."""
     if not configured():
-        raise SlackError(409, "not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set")
+        raise SlackError("not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set", status=409)
     if not StateStore(tenant, user).consume(state):
-        raise SlackError(400, "invalid_state", "this install link is unknown, used or expired: start again")
+        raise SlackError("invalid_state", "this install link is unknown, used or expired: start again")
     if not isinstance(code, str) or not 0 < len(code) <= 512:
-        raise SlackError(400, "invalid_code", "Slack sent no authorization code")
+        raise SlackError("invalid_code", "Slack sent no authorization code")
     client = web_client()
     try:
         answer = client.oauth_v2_access(
@@ -124,14 +124,14 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: s
         )
         token = answer.get("access_token")
         if not token:
-            raise SlackError(400, "no_bot_token", "Slack granted no bot token")
+            raise SlackError("no_bot_token", "Slack granted no bot token")
         identity = client.auth_test(token=token)
     except SlackApiError as exc:
         raise SlackError(
-            502, "slack_refused", f"Slack refused the install: {exc.response.get('error')}"
+            "slack_refused", f"Slack refused the install: {exc.response.get('error')}", status=502
         ) from None
     except UNREACHABLE:
-        raise SlackError(502, "slack_unreachable", "Slack could not be reached; try again") from None
+        raise SlackError("slack_unreachable", "Slack could not be reached; try again", status=502) from None
     team = answer.get("team") or {}
     enterprise = answer.get("enterprise") or {}
     installation = SlackInstallation(
@@ -149,7 +149,7 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: s
         token_type=answer.get("token_type"),
     )
     if not isinstance(installation.team_id, str) or not selectors.SLACK_ID.fullmatch(installation.team_id):
-        raise SlackError(502, "slack_refused", "Slack named no workspace")
+        raise SlackError("slack_refused", "Slack named no workspace", status=502)
     DjangoInstallationStore(tenant, actor=actor).save(installation)
     with tenant_context(tenant):
         row = Installation.objects.get()

@@ -11,7 +11,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackClientError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from slackapp import crypto
 from slackapp.models import Installation
 
@@ -22,10 +22,8 @@ UNREACHABLE = (SlackClientError, OSError, http.client.HTTPException)
 
 
 class SlackError(DomainError):
-    """A refused Slack action, with a machine-readable code and a sentence a person can act on."""
-
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(status, code, detail)
+    """A refused Slack action, with a machine-readable code and a sentence a person can act on
+    (a kind of its own: the link flow catches Slack's refusals apart from the others)."""
 
 
 def configured() -> bool:

@@ -84,7 +84,9 @@ def wire_policy(tenant: Tenant, **overrides: Any) -> Any:
         "predicates": [{"arg": "amount", "op": ">", "value": 50}],
         "required_approvals": 1,
     }
-    return approvals.create_policy(tenant, actor="user:alice", **{**fields, **overrides})
+    return approvals.create_policy(
+        tenant, approvals.PolicyCreate.parse({**{**fields, **overrides}}), actor="user:alice"
+    )
 
 
 def vote(person: Person, approval_id: str, choice: str = "approve", note: str = "", **kwargs: Any) -> Any:

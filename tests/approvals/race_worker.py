@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from core.errors import DomainError
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -37,7 +39,7 @@ def main() -> None:
             tenant, config["approval_id"], member, "approve", actor=f"user:{config['email']}"
         )
         out["vote"] = row.status
-    except approvals.ApprovalError as refused:
+    except DomainError as refused:
         out["vote"] = refused.code
     call = GateRequest(
         saga_id=config["saga"],

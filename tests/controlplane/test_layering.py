@@ -22,20 +22,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Mechanisms every app stands on, owned by none: tenant scoping and RLS, the tenant's epoch,
     # post-commit work, timing, numbers, metrics, per-tenant snapshots, leased-work claims. Core
     # imports no app (test_core_imports_no_app): it knows a tenant only by its id and shape.
-    # The error classes sit with core: they are moving into it (core/errors.py, issue 25 step 5).
-    ("core", ["core", "controlplane.errors"]),
+    ("core", ["core"]),
     (
         "tenancy",
         [
             # Tenant, members and keys, who may do what, the view mixin, the fast routes' checks.
             "tenants",
             # Pieces of controlplane apps still import (CONTROLPLANE_IMPORTED below, which only
-            # shrinks): the error classes and their documented shape, the gate's store outages.
+            # shrinks): the error shape as documented, the gate's store outages.
             "controlplane.schema",  # the error shape as documented (imports only DRF)
             "controlplane.config",
             "controlplane.celery",
             "controlplane.tracing",  # imports only OpenTelemetry
-            # The gate's refusal while a store is down; imports controlplane.errors, the backend's
+            # The gate's refusal while a store is down; imports core.errors, the backend's
             # wait bound and, lazily, django.db and the drivers.
             "controlplane.availability",
             "controlplane.postgres",  # Django's PostgreSQL backend with a bounded pool wait
@@ -198,9 +197,8 @@ def test_imports_only_point_down() -> None:
 # Modules of controlplane (the wiring: settings, URLs, ASGI, Celery, health) that modules outside
 # it import today, each with why. The list only shrinks: move the piece into core, then delete it.
 CONTROLPLANE_IMPORTED: dict[str, str] = {
-    "controlplane.errors": "the error classes (moving to core.errors, issue 25 step 5)",
     "controlplane.schema": "ErrorSerializer, the error shape in the OpenAPI schema (goes with errors)",
-    "controlplane.availability": "the gate's refusal while a store is down (imports controlplane.errors)",
+    "controlplane.availability": "the gate's refusal while a store is down (imports core.errors)",
 }
 
 
@@ -234,8 +232,6 @@ def test_core_imports_no_app() -> None:
         if module.split(".")[0] == "core"
         for line, name in _imports(path)
         if name.split(".")[0] in APPS - {"core"}
-        # The error classes, until they move into core (issue 25 step 5): then delete this line.
-        and _app_module(name) != "controlplane.errors"
     }
     assert imported == set()
 

@@ -140,7 +140,9 @@ def objects(db: None) -> dict[str, Any]:
             ),
             actor="test",
         ).pk,
-        "policy_id": approvals.create_policy(acme, actor="test", name="p", tool="bank.*").pk,
+        "policy_id": approvals.create_policy(
+            acme, approvals.PolicyCreate.parse({"name": "p", "tool": "bank.*"}), actor="test"
+        ).pk,
         "witness_id": witnesses.add_witness(
             acme,
             name="w",

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from controlplane import availability
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest

@@ -101,11 +101,15 @@ def test_an_approval_policy_takes_the_decision_into_the_tenants_transaction(
 
     approvals.create_policy(
         tenant,
+        approvals.PolicyCreate.parse(
+            {
+                "name": "large wires",
+                "tool": "bank.*",
+                "predicates": [{"arg": "amount", "op": ">", "value": 50}],
+                "required_approvals": 1,
+            }
+        ),
         actor=ACTOR,
-        name="large wires",
-        tool="bank.*",
-        predicates=[{"arg": "amount", "op": ">", "value": 50}],
-        required_approvals=1,
     )
     assert ask(tenant, call(tool="bank.wire", amount=10))["decision"] == "allow"
     pending = ask(tenant, call(tool="bank.wire", amount=500))

@@ -158,7 +158,11 @@ def test_a_per_tool_or_per_agent_limit_counts_every_spelling_once(tenant_a: Tena
 
 
 def test_an_approval_policy_matches_every_spelling(tenant_a: Tenant) -> None:
-    approvals.create_policy(tenant_a, actor=ACTOR, name="wires", tool="bank.*", required_approvals=1)
+    approvals.create_policy(
+        tenant_a,
+        approvals.PolicyCreate.parse({"name": "wires", "tool": "bank.*", "required_approvals": 1}),
+        actor=ACTOR,
+    )
     for tool in ("BANK.wire", _fullwidth("bank.wire")):
         answer = services.evaluate(tenant_a, _call(tool, amount=5), actor=ACTOR, store=DatabaseStore())
         assert answer["decision"] == "pending_approval", (tool, answer)

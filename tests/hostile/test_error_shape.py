@@ -12,12 +12,10 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from audit.services import IngestRefused
-from controlplane.errors import DomainError, api_exception_handler, flatten_errors
+from core.errors import DomainError, api_exception_handler, flatten_errors
 from sagas import api as sagas_api
-from tenants.services import TenantError
 from tests.support.factories import Person
 from transparency.bundles import BundleUnavailable
-from transparency.proofs import ProofRequestError
 from transparency.services import IntegrationRefused
 
 
@@ -131,7 +129,7 @@ def test_anonymous_and_wrong_scope_answers_carry_an_error_code(alice: Person) ->
     ("error", "status", "body"),
     [
         (
-            IngestRefused(422, "broken_link", "record 3 does not link", seq=3, index=2),
+            IngestRefused("broken_link", "record 3 does not link", status=422, seq=3, index=2),
             422,
             {
                 "error": "chain_broken",
@@ -142,7 +140,7 @@ def test_anonymous_and_wrong_scope_answers_carry_an_error_code(alice: Person) ->
             },
         ),
         (
-            IngestRefused(409, "equivocation", "seq 3 is held with another hash", seq=3, index=0),
+            IngestRefused("equivocation", "seq 3 is held with another hash", status=409, seq=3, index=0),
             409,
             {
                 "error": "equivocation",
@@ -153,48 +151,50 @@ def test_anonymous_and_wrong_scope_answers_carry_an_error_code(alice: Person) ->
             },
         ),
         (
-            IngestRefused(400, "invalid", "records[0].seq: required", field="records[0].seq", index=0),
+            IngestRefused("invalid", "records[0].seq: required", field="records[0].seq", index=0),
             400,
             {"error": "invalid", "detail": "records[0].seq: required", "field": "records[0].seq"},
         ),
         (
-            TenantError("invitation_used", "token", "this invitation has already been used"),
+            DomainError(
+                "invitation_used", "this invitation has already been used", status=410, field="token"
+            ),
             410,
             {"error": "invitation_used", "detail": "this invitation has already been used", "field": "token"},
         ),
         (
-            TenantError("last_owner", "role", "keep one"),
+            DomainError("last_owner", "keep one", status=409, field="role"),
             409,
             {"error": "last_owner", "detail": "keep one", "field": "role"},
         ),
         (
-            ProofRequestError("index", "beyond the tree", "not_found"),
+            DomainError("not_found", "index: beyond the tree", status=404, field="index"),
             404,
             {"error": "not_found", "detail": "index: beyond the tree", "field": "index"},
         ),
         (
-            ProofRequestError("first", "too big"),
+            DomainError("invalid", "first: too big", field="first"),
             400,
             {"error": "invalid", "detail": "first: too big", "field": "first"},
         ),
         (
-            BundleUnavailable(409, "not_sealed", "no seal yet"),
+            BundleUnavailable("not_sealed", "no seal yet", status=409),
             409,
             {"error": "not_sealed", "detail": "no seal yet"},
         ),
         (
-            IntegrationRefused("the log shrank"),
+            IntegrationRefused("integration_refused", "the log shrank", status=500),
             500,
             {"error": "integration_refused", "detail": "the log shrank"},
         ),
         (
-            DomainError(413, "too_large", "over", limit=5),
+            DomainError("too_large", "over", status=413, context={"limit": 5}),
             413,
             {"error": "too_large", "detail": "over", "limit": 5},
         ),
         (
             # A context field may be called `status` (an export's), beside the HTTP status.
-            DomainError(409, "not_ready", "the export is running", status="running"),
+            DomainError("not_ready", "the export is running", status=409, context={"status": "running"}),
             409,
             {"error": "not_ready", "detail": "the export is running", "status": "running"},
         ),

@@ -546,11 +546,15 @@ def test_a_gate_call_with_nul_in_its_arguments_is_a_400(alice: Person, args: dic
 
     approvals.create_policy(
         alice.tenant,
+        approvals.PolicyCreate.parse(
+            {
+                "name": "large wires",
+                "tool": "bank.*",
+                "predicates": [{"arg": "amount", "op": ">", "value": 50}],
+                "required_approvals": 1,
+            }
+        ),
         actor="test",
-        name="large wires",
-        tool="bank.*",
-        predicates=[{"arg": "amount", "op": ">", "value": 50}],
-        required_approvals=1,
     )
     body = {"saga_id": "s", "step_id": "1", "tool": "bank.wire", "args": args}
     response = alice.key_client().post("/api/v1/gate/evaluate", body, format="json")

@@ -70,7 +70,7 @@ def test_an_unreconciled_compensation_is_an_exception(tenant_a: Tenant, agent_a:
 
 
 def test_a_log_without_a_checkpoint_has_no_certificate(tenant_a: Tenant) -> None:
-    from controlplane.errors import DomainError
+    from core.errors import DomainError
 
     with pytest.raises(DomainError) as refused:
         services.issue_certificate(tenant_a, timezone.now() - timedelta(hours=1), actor="test")

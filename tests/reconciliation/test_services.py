@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.scoping import tenant_context
 from reconciliation import selectors, services
 from reconciliation.models import CheckStatus, Reason

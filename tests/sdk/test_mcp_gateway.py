@@ -185,11 +185,10 @@ def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: 
     ann = make_person(tenant_a, "ann", Role.APPROVER)
     approvals.create_policy(
         tenant_a,
+        approvals.PolicyCreate.parse(
+            {"name": "invoices", "tool": "send_invoice", "predicates": [], "required_approvals": 1}
+        ),
         actor="user:alice",
-        name="invoices",
-        tool="send_invoice",
-        predicates=[],
-        required_approvals=1,
     )
 
     async def scenario(client: ClientSession) -> Any:
@@ -241,11 +240,10 @@ def test_an_approved_call_waits_with_progress_and_runs_once(shop: Shop, tenant_a
     ann = make_person(tenant_a, "ann", Role.APPROVER)
     approvals.create_policy(
         tenant_a,
+        approvals.PolicyCreate.parse(
+            {"name": "invoices", "tool": "send_invoice", "predicates": [], "required_approvals": 1}
+        ),
         actor="user:alice",
-        name="invoices",
-        tool="send_invoice",
-        predicates=[],
-        required_approvals=1,
     )
     progress: list[str] = []
 

@@ -91,7 +91,9 @@ def _acme_approval(tenant: Tenant) -> tuple[int, str]:
     with tenant_context(tenant):
         policy = ApprovalPolicy.objects.filter(name="sample-approval").first()
     policy = policy or approvals.create_policy(
-        tenant, actor="test", name="sample-approval", tool="approve.wire"
+        tenant,
+        approvals.PolicyCreate.parse({"name": "sample-approval", "tool": "approve.wire"}),
+        actor="test",
     )
     call = GateRequest(saga_id="sample-approval-saga", step_id="1", tool="approve.wire", args={"amount": 1})
     return policy.pk, fleet.evaluate(tenant, call, actor="test")["approval_id"]

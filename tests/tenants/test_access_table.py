@@ -415,7 +415,9 @@ def world(
             "cool_down_s": 30,
         }
         breaker = fleet.create_breaker(acme, fleet.BreakerCreate.parse(breaker_fields), actor="test")
-        approval_policy = approvals.create_policy(acme, actor="test", name="wires", tool="bank.*")
+        approval_policy = approvals.create_policy(
+            acme, approvals.PolicyCreate.parse({"name": "wires", "tool": "bank.*"}), actor="test"
+        )
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor="test")
         compensated_saga(writer, "acme-refunded")

@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from sagaplane.chain import verify_chain
 
+from core.errors import DomainError
 from core.scoping import tenant_context
 from frontend import invitations
 from tenants import services
@@ -117,10 +118,10 @@ def test_changing_a_role_records_old_and_new_and_the_same_role_records_nothing(
 def test_the_last_owner_is_refused_and_nothing_is_recorded(tenant_a: Tenant) -> None:
     founder = User.objects.get(email="founder@acme.example")
     before = len(server_stream(tenant_a))
-    with pytest.raises(services.TenantError) as refused:
+    with pytest.raises(DomainError) as refused:
         services.change_member_role(membership(tenant_a, founder), Role.ADMIN, actor="user:founder")
     assert refused.value.code == "last_owner"
-    with pytest.raises(services.TenantError) as refused:
+    with pytest.raises(DomainError) as refused:
         services.remove_member(membership(tenant_a, founder), actor="user:founder")
     assert refused.value.code == "last_owner"
     assert new_records(tenant_a, before) == []

@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from audit.models import Record
+from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants import services
 from tenants.models import Membership, Role, Tenant
@@ -90,7 +91,7 @@ def test_two_owners_acting_on_each_other_leave_one_owner(
             start.wait(DEADLINE_S)
             action(target)
             outcomes[name] = "ok"
-        except services.TenantError as exc:
+        except DomainError as exc:
             outcomes[name] = exc.code
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             outcomes[name] = repr(exc)

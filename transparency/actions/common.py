@@ -7,17 +7,15 @@ from typing import TypeVar
 
 from django.db import IntegrityError, transaction
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tenants.models import Tenant
 from transparency.models import SealState, TreeState
 
 
 class IntegrationRefused(DomainError):
     """The integrator found stored state it cannot extend consistently; nothing was signed.
-    The server's fault, never the client's (a 500 should one reach an API answer)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(500, "integration_refused", detail)
+    The server's fault, never the client's (a 500 should one reach an API answer). A kind of its
+    own: the integrating task catches it apart (raised as `integration_refused`, status 500)."""
 
 
 def always() -> bool:

@@ -142,7 +142,9 @@ def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
             # The newest the quorum of witnesses cosigned, so the export verifies under the policy.
             latest = witnesses.proving_checkpoint(0)
             if latest is None:
-                raise IntegrationRefused("the log has no signed checkpoint yet")
+                raise IntegrationRefused(
+                    "integration_refused", "the log has no signed checkpoint yet", status=500
+                )
             checkpoint = latest
             previous = (
                 Export.objects.filter(status=ExportStatus.DONE)

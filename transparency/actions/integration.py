@@ -57,12 +57,16 @@ def extend_and_sign(
     if target == state.size and last is not None and last.size == state.size and not force:
         return None
     if target < state.size:
-        raise IntegrationRefused(f"the log shrank from {state.size} to {target} leaves")
+        raise IntegrationRefused(
+            "integration_refused", f"the log shrank from {state.size} to {target} leaves", status=500
+        )
 
     try:
         compact = merkle.CompactRange(state.size, _split(state.compact_hashes))
     except merkle.MerkleError as exc:
-        raise IntegrationRefused(f"stored tree state is malformed: {exc}") from exc
+        raise IntegrationRefused(
+            "integration_refused", f"stored tree state is malformed: {exc}", status=500
+        ) from exc
     nodes = StoredNodes()
     with timing.phase("read_leaves"):  # and the stored frontier they extend
         frontier = merkle.perfect_subtrees(0, state.size)
@@ -70,12 +74,20 @@ def extend_and_sign(
         try:
             stored_frontier = [nodes.subtree_hash(level, index) for level, index in frontier]
         except merkle.TreeRangeError as exc:
-            raise IntegrationRefused(f"stored tree nodes are incomplete: {exc}") from exc
+            raise IntegrationRefused(
+                "integration_refused", f"stored tree nodes are incomplete: {exc}", status=500
+            ) from exc
         if tuple(stored_frontier) != compact.hashes:
-            raise IntegrationRefused("stored tree state disagrees with the stored tree nodes")
+            raise IntegrationRefused(
+                "integration_refused", "stored tree state disagrees with the stored tree nodes", status=500
+            )
         leaves = queries.leaf_hashes(tenant.pk, state.size, target)
     if len(leaves) != target - state.size or any(len(h) != merkle.HASH_SIZE for h in leaves):
-        raise IntegrationRefused(f"leaves {state.size}..{target} are not contiguous 32-byte hashes")
+        raise IntegrationRefused(
+            "integration_refused",
+            f"leaves {state.size}..{target} are not contiguous 32-byte hashes",
+            status=500,
+        )
     with timing.phase("compute_nodes"):
         new_nodes = compact.extend(leaves)
         nodes.add(new_nodes)
@@ -105,9 +117,15 @@ def _check_consistent(nodes: StoredNodes, last: Checkpoint, origin: str, target:
     try:
         previous = note.open_checkpoint(last.note, verifiers(), origin)
     except note.NoteError as exc:
-        raise IntegrationRefused(f"the last checkpoint does not verify: {exc}") from exc
+        raise IntegrationRefused(
+            "integration_refused", f"the last checkpoint does not verify: {exc}", status=500
+        ) from exc
     if previous.size > target:
-        raise IntegrationRefused(f"the last checkpoint has {previous.size} leaves, more than {target}")
+        raise IntegrationRefused(
+            "integration_refused",
+            f"the last checkpoint has {previous.size} leaves, more than {target}",
+            status=500,
+        )
     try:
         if previous.size == target:
             if previous.root_hash != root:
@@ -118,7 +136,9 @@ def _check_consistent(nodes: StoredNodes, last: Checkpoint, origin: str, target:
             merkle.verify_consistency(previous.size, target, proof, previous.root_hash, root)
     except merkle.MerkleError as exc:
         raise IntegrationRefused(
-            f"tree of {target} leaves is not consistent with the checkpoint of {previous.size}: {exc}"
+            "integration_refused",
+            f"tree of {target} leaves is not consistent with the checkpoint of {previous.size}: {exc}",
+            status=500,
         ) from exc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sagaplane import note
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.models import Tenant
 from transparency import keys
@@ -59,7 +59,7 @@ def sign_statement(tenant: Tenant, text: str) -> str:
         signers = key_signers()
     if not signers:
         raise DomainError(
-            404, "no_signing_key", "the log has no signing key yet (none before its first checkpoint)"
+            "no_signing_key", "the log has no signing key yet (none before its first checkpoint)", status=404
         )
     return note.sign_note(text, signers)
 

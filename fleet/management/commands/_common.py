@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tenants.models import Tenant
 
 

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
 from tenants.actors import cli_actor

@@ -2,6 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from core.errors import DomainError
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
 from tenants.actors import cli_actor
@@ -30,7 +31,7 @@ class Command(BaseCommand):
                 reason=options["reason"],
                 preemptive=options["preemptive"],
             )
-        except services.FleetError as exc:
+        except DomainError as exc:
             raise refused(exc) from None
         preemptive = " (preemptively: no record of it yet)" if row.preemptive else ""
         self.stdout.write(f"saga {row.saga_id} of {tenant.slug} is quarantined{preemptive}")

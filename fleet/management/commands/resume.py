@@ -2,6 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services
 from fleet.management.commands._common import refused, tenant_by_slug
@@ -29,7 +30,7 @@ class Command(BaseCommand):
         for halt_id in ids:
             try:
                 lifted = services.resume(tenant, halt_id, actor=cli_actor())
-            except services.FleetError as exc:
+            except DomainError as exc:
                 raise refused(exc) from None
             state = "lifted" if lifted is not None else "was not in force: nothing changed"
             self.stdout.write(f"halt {halt_id} of {tenant.slug} {state}")

@@ -2,6 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.errors import DomainError
 from tenants import services
 from tenants.actors import cli_actor
 from tenants.models import Scope, Tenant
@@ -28,7 +29,7 @@ class Command(BaseCommand):
             api_key, raw_key = services.create_api_key(
                 tenant, name=options["name"], scopes=scopes, actor=cli_actor()
             )
-        except services.TenantError as exc:
+        except DomainError as exc:
             raise CommandError(f"{exc.field}: {exc}") from exc
         self.stdout.write(f"created API key '{api_key.name}' with scopes {','.join(api_key.scopes)}")
         self.stdout.write("the key is shown once; only its hash is stored:")

@@ -2,6 +2,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.errors import DomainError
 from tenants import services
 from tenants.actors import cli_actor
 
@@ -24,6 +25,6 @@ class Command(BaseCommand):
                 options["owner_password"],
                 actor=cli_actor(),
             )
-        except services.TenantError as exc:
+        except DomainError as exc:
             raise CommandError(f"{exc.field}: {exc}") from exc
         self.stdout.write(f"created tenant {tenant.slug} owned by {options['owner_email']}")

@@ -3,10 +3,11 @@
 Every `/api/` and `/v1/` answer that is not 2xx is JSON `{"error": <code>, "detail": <sentence>,
 ...context}`: clients branch on `error` (stable, machine-readable); people read `detail`.
 
-- Domain code raises a `DomainError` (or one of its subclasses: `IngestRefused`, `TenantError`,
-  `BundleUnavailable`, `ProofRequestError`, `IntegrationRefused`), which knows its HTTP status,
-  code, sentence and extra fields; `api_exception_handler` (DRF's EXCEPTION_HANDLER) turns it into
-  the response. Views never convert errors by hand.
+- Domain code raises `DomainError(code, detail, *, status, field, context)` (a subclass only where
+  a caller catches that kind apart), which knows its HTTP status, code, sentence and extra fields;
+  `api_exception_handler` (DRF's EXCEPTION_HANDLER) turns it into the response, the dashboard's
+  form handlers show `detail` beside `field`, and the fast routes (core/fastroute.py) fall back to
+  the full stack, which renders it the same way. Views never convert errors by hand.
 - DRF's own exceptions get the same shape; validation errors also carry `field` (the first one at
   fault) and `fields` ({dotted field path: [reasons]}, nested serializers and list items
   flattened, so no Python repr ever reaches a client).
@@ -38,19 +39,30 @@ NUL = "\x00"
 
 
 class DomainError(Exception):
-    """A refusal the client can act on: HTTP `status`, machine-readable `code`, a sentence
-    (`detail`) and any context fields (`field`, `seq`, `index`, `limit`, ...) that go into the
-    body beside them. Subclasses name where they come from and may derive the body's `error`
-    and context differently (see `IngestRefused`)."""
+    """A refusal the client can act on: a machine-readable `code` (the body's `error`), a sentence
+    (`detail`), the HTTP `status` (400 unless said), the input at fault (`field`, in the body when
+    given) and any further `context` of the body (`limit`, `retry_after`, an export's `status`).
 
-    # Positional-only, so a context field may itself be called `status` (an export's status).
-    def __init__(self, status: int, code: str, detail: str, /, **extra: Any) -> None:
+    The one error class of the domain: code raises it with its own code rather than a class of its
+    own. A subclass exists only where a caller must catch that kind apart from the others
+    (`IngestRefused`, `PasskeyRefused`, `SlackError`, `IntegrationRefused`, `BundleUnavailable`,
+    `availability.Unavailable`); each takes this same signature."""
+
+    def __init__(
+        self,
+        code: str,
+        detail: str,
+        *,
+        status: int = 400,
+        field: str | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(detail)
-        self.status = status
         self.code = code
         self.detail = detail
-        self.extra = extra
-        self.field: str | None = extra.get("field")
+        self.status = status
+        self.field = field
+        self.extra = dict(context or {})
 
     @property
     def error(self) -> str:
@@ -59,7 +71,8 @@ class DomainError(Exception):
 
     def context(self) -> dict[str, Any]:
         """Fields of the body beside `error` and `detail`."""
-        return dict(self.extra)
+        named = {"field": self.field} if self.field else {}
+        return {**named, **self.extra}
 
     def body(self) -> dict[str, Any]:
         return {"error": self.error, "detail": self.detail, **self.context()}
