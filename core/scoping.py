@@ -80,34 +80,24 @@ def _transaction_failed() -> bool:
     return bool(raw.info.transaction_status == TransactionStatus.INERROR)
 
 
-def activate(tenant: Tenant) -> contextvars.Token:
-    """Make `tenant` current for the ORM and, inside the caller's transaction, for Postgres RLS.
-    The caller must hold a transaction (SET LOCAL lasts until it ends) and call `deactivate`."""
-    token = _current_tenant.set(tenant)
-    _set_local(TENANT_SETTING, str(tenant.pk))
-    return token
-
-
-def deactivate(token: contextvars.Token, *, transaction_ends: bool = False) -> None:
-    """Undo `activate`. `transaction_ends`: the caller's transaction commits or rolls back right
-    after (its outermost block), which ends the SET LOCAL by itself: no statement to undo it."""
-    _current_tenant.reset(token)
-    previous = _current_tenant.get()
-    if connection.in_atomic_block and not transaction_ends and not _transaction_failed():
-        _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
-
-
 @contextmanager
 def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
-    """Run a block as `tenant`, in one transaction. The way Celery tasks, management commands
-    and tests enter a tenant; views get it from the mixin."""
+    """Run a block as `tenant`, in one transaction: the tenant is current for the ORM and, by a
+    SET LOCAL in that transaction, for Postgres RLS. The way Celery tasks, management commands
+    and tests enter a tenant; views get it from the mixin. On the way out the previous tenant's
+    setting is restored, unless the transaction ends right after (the outermost block: its
+    commit or rollback ends the SET LOCAL) or can run no statement (its rollback undoes it)."""
     outermost = not connection.in_atomic_block
     with transaction.atomic():
-        token = activate(tenant)
+        token = _current_tenant.set(tenant)
+        _set_local(TENANT_SETTING, str(tenant.pk))
         try:
             yield tenant
         finally:
-            deactivate(token, transaction_ends=outermost)
+            _current_tenant.reset(token)
+            previous = _current_tenant.get()
+            if not outermost and not _transaction_failed():
+                _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
 
 
 @contextmanager
