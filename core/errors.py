@@ -6,7 +6,7 @@ Every `/api/` and `/v1/` answer that is not 2xx is JSON `{"error": <code>, "deta
 - Domain code raises `DomainError(code, detail, *, status, field, context)` (a subclass only where
   a caller catches that kind apart), which knows its HTTP status, code, sentence and extra fields;
   `api_exception_handler` (DRF's EXCEPTION_HANDLER) turns it into the response, the dashboard's
-  form handlers show `detail` beside `field`, and the fast routes (core/fastroute.py) fall back to
+  form handlers show `detail` beside `field`, and the fast routes (tenants/fastroute.py) fall back to
   the full stack, which renders it the same way. Views never convert errors by hand.
 - DRF's own exceptions get the same shape; validation errors also carry `field` (the first one at
   fault) and `fields` ({dotted field path: [reasons]}, nested serializers and list items
