@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from core.numbers import amount_text
+from tenants.models import ROLE_CAPABILITIES, Role
 
 register = template.Library()
 
@@ -76,6 +77,16 @@ def money(value: Any, currency: Any = None) -> str:
 def short_hash(value: Any, length: int = 12) -> str:
     text = str(value or "")
     return text[:length] + "…" if len(text) > length else text
+
+
+@register.filter
+def who_may(capability: Any) -> str:
+    """The roles that have `capability`, as a sentence names them: `fleet` -> "owners and admins"
+    (read from `tenants.models.ROLE_CAPABILITIES`, the one table of who may do what)."""
+    roles = [f"{label.lower()}s" for value, label in Role.choices if capability in ROLE_CAPABILITIES[value]]
+    if len(roles) < 2:
+        return "".join(roles) or "nobody"
+    return ", ".join(roles[:-1]) + " and " + roles[-1]
 
 
 @register.filter

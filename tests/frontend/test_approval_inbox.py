@@ -142,3 +142,31 @@ def test_the_navigation_counts_pending_requests_of_the_tenant_only(
     assert _client(carol).get("/approvals/pending-badge").content == b""
     assert 'id="approvals-pending"' in (carol_page := _client(carol).get("/sagas/").content.decode())
     assert "pending</span>" not in carol_page
+
+
+@pytest.mark.parametrize(
+    ("capability", "roles"),
+    [("fleet", "owners and admins"), ("approve", "owners, admins and approvers"), ("nothing", "nobody")],
+)
+def test_roles_are_named_from_the_capability_table(capability: str, roles: str) -> None:
+    from frontend.templatetags.sagaplane_ui import who_may
+
+    assert who_may(capability) == roles
+
+
+def test_a_role_without_the_action_is_told_who_has_it(agent: Agent, bob: Person, ann: Person) -> None:
+    wire_policy(agent.tenant, required_approvals=1)
+    approval_id = _ask(agent)["approval_id"]
+    viewer = _client(bob)
+    assert (
+        "Votes are cast by owners, admins and approvers."
+        in viewer.get(f"/approvals/{approval_id}/").content.decode()
+    )
+    assert (
+        "Approval policies are set by owners and admins"
+        in viewer.get("/approvals/policies/").content.decode()
+    )
+    fleet_page = _client(ann).get("/fleet/").content.decode()
+    assert "Budgets, rate limits and circuit breakers are set by owners and admins." in fleet_page
+    assert "kill switches are engaged" not in fleet_page  # an approver engages them
+    assert 'id="vote-role-note"' not in _client(ann).get(f"/approvals/{approval_id}/").content.decode()
