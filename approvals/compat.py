@@ -30,9 +30,10 @@ from approvals.actions import external
 from approvals.models import ApprovalRequest, Status
 from audit.hooks import AppendedRecords
 from audit.models import SERVER_STREAM_ID, Record
+from core.actors import api_key_prefix_of, shown_name
 from core.errors import DomainError
 from tenants.access import READ
-from tenants.actors import agent_saga_actor, api_key_prefix_of, shown_name
+from tenants.actors import agent_saga_actor
 from tenants.permissions import TenantScopedViewMixin
 
 log = logging.getLogger(__name__)

@@ -277,9 +277,9 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         # Nothing is decided yet: the full stack answers the call (and meets the same fault).
         log.warning("lean gate: handing a call on after an error", exc_info=True)
         return None
-    actor = api_key_actor(api_key.prefix)
+    actor = str(api_key_actor(api_key.prefix))  # as the request log names it
     try:
-        answer = services.evaluate(tenant, call, actor=actor, version=version)
+        answer = services.evaluate(tenant, call, actor=api_key_actor(api_key.prefix), version=version)
         payload = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         return 200, payload, tenant.slug, actor
     except availability.Unavailable as refusal:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from core.actors import Actor
 from core.scoping import Tenant
 
 Writer = Callable[..., object]
@@ -27,7 +28,7 @@ def register(writer: Writer) -> None:
 
 
 def append_server_records(
-    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: str
+    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: Actor
 ) -> None:
     """Record several changes (event, fields) of `tenant`, made by `actor`, as one batch."""
     if _writer is None:
@@ -35,6 +36,6 @@ def append_server_records(
     _writer(tenant, entries, actor=actor)
 
 
-def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
+def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: Actor) -> None:
     """Record one change of `tenant` (its event and fields), made by `actor`."""
     append_server_records(tenant, [(event, fields)], actor=actor)

@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane import availability
+from core.actors import Actor
 from core.errors import DomainError
 from core.longpoll import abandoned, pause, release_connection
 from fleet import selectors, services
@@ -139,7 +140,7 @@ def _uuid(value: Any, name: str) -> uuid.UUID:
     raise DomainError("invalid", f"{name}: a UUID", field=name)
 
 
-def _returned(tenant: Any, data: Any, actor: str, name: str) -> dict[str, Any]:
+def _returned(tenant: Any, data: Any, actor: Actor, name: str) -> dict[str, Any]:
     """Give one lease back (`{"lease_id", "used": {limit: amount}}`), as its route or a renewal."""
     if not isinstance(data, dict):
         raise DomainError("invalid", f"{name}: a JSON object", field=name)

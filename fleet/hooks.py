@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from core.actors import Actor
+
 if TYPE_CHECKING:
     from fleet.gate import Debit, GateRequest
     from tenants.models import Tenant
@@ -57,7 +59,9 @@ class ApprovalStep(Protocol):
         """A budget with on_cap=escalate refused the call: open (or find) its request."""
         ...
 
-    def consume(self, tenant: Tenant, requests: Sequence[str], *, authorization_id: str, actor: str) -> bool:
+    def consume(
+        self, tenant: Tenant, requests: Sequence[str], *, authorization_id: str, actor: Actor
+    ) -> bool:
         """Mark the approved requests used by this authorisation (False: one is no longer usable,
         the caller must refuse and roll back)."""
         ...

@@ -18,12 +18,13 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
+from core.actors import Actor
 from core.errors import DomainError
 from frontend import invitations
 from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants import selectors, services
 from tenants.access import MANAGE_KEYS, MANAGE_MEMBERS
-from tenants.actors import user_actor
+from tenants.actors import invitation_actor
 from tenants.models import ApiKey, Membership, Role, Scope
 from tenants.permissions import SESSION_TENANT_KEY
 
@@ -222,8 +223,8 @@ def revoke_key(request: MemberRequest, key_id: int) -> HttpResponse:
 # ------------------------------------------------------------------------------ accepting invites
 
 
-def _invited_by(invitation: invitations.Invitation) -> str:
-    return f"{user_actor(invitation.inviter.get_username())} (invitation)"
+def _invited_by(invitation: invitations.Invitation) -> Actor:
+    return invitation_actor(invitation.inviter.get_username())
 
 
 def _invitation_refused(request: HttpRequest, exc: DomainError) -> HttpResponse:

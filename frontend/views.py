@@ -23,6 +23,7 @@ from django.urls import resolve, reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from approvals import selectors as approval_selectors
+from core.actors import Actor
 from core.scoping import joined_tenant_context, tenant_context
 from tenants.access import AccessMap, allowed_methods, decide, rule_for
 from tenants.actors import user_actor
@@ -154,8 +155,8 @@ def member_page(access: AccessMap, section: str = "") -> Callable[[PageView], Pa
     return decorate
 
 
-def actor_of(request: HttpRequest) -> str:
-    """Who is acting, as written into audit records (same form as the API mixin's)."""
+def actor_of(request: HttpRequest) -> Actor:
+    """Who is acting (the same person as the API mixin's)."""
     return user_actor(request.user.get_username())
 
 

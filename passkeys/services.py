@@ -68,6 +68,7 @@ from webauthn.helpers.structs import (
 )
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from passkeys.models import Passkey, PasskeyAccount
 from tenants.models import Membership
@@ -259,7 +260,7 @@ def _clean_name(name: Any) -> str:
     return text
 
 
-def _record(user: User, event: str, fields: dict[str, Any], *, actor: str) -> None:
+def _record(user: User, event: str, fields: dict[str, Any], *, actor: Actor) -> None:
     """The change, in the server stream of every tenant the person belongs to (this transaction)."""
     subject = getattr(user, "email", "") or user.get_username()
     for membership in memberships_of(user):
@@ -281,7 +282,7 @@ def register(
     response_json: str | bytes | dict[str, Any],
     *,
     origins: Sequence[str] | None = None,
-    actor: str,
+    actor: Actor,
 ) -> Passkey:
     """Verify navigator.credentials.create()'s answer to a challenge issued to this person, and
     keep the credential under `name`."""
@@ -344,7 +345,7 @@ def _own_locked(user: User, passkey_id: int) -> Passkey:
     return passkey
 
 
-def rename(user: User, passkey_id: int, name: Any, *, actor: str) -> Passkey:
+def rename(user: User, passkey_id: int, name: Any, *, actor: Actor) -> Passkey:
     name = _clean_name(name)
     with transaction.atomic():
         passkey = _own_locked(user, passkey_id)
@@ -362,7 +363,7 @@ def rename(user: User, passkey_id: int, name: Any, *, actor: str) -> Passkey:
     return passkey
 
 
-def revoke(user: User, passkey_id: int, *, actor: str) -> Passkey:
+def revoke(user: User, passkey_id: int, *, actor: Actor) -> Passkey:
     """The passkey signs nothing from now on (sign-in, votes); it stays listed as revoked."""
     with transaction.atomic():
         passkey = _own_locked(user, passkey_id)

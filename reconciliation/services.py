@@ -32,6 +32,7 @@ from audit import selectors as audit_selectors
 from audit.jsonvalues import index_text
 from audit.services import flush_server_records
 from core.actionaudit import append_server_record, append_server_records
+from core.actors import Actor
 from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
@@ -45,13 +46,14 @@ from reconciliation.models import (
     ReconciliationCursor,
 )
 from sagas import selectors as saga_selectors
+from tenants.actors import system_actor
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
 VERDICT_EVENT = Event.RECONCILIATION_VERDICT
 RECHECK_EVENT = Event.RECONCILIATION_RECHECK
-PASS_ACTOR = "system:reconciliation"
+PASS_ACTOR = system_actor("reconciliation")
 COMPENSATED_EVENTS = (Event.COMPENSATED,)
 # One pass looks at most this many new leaves per tenant; the next tick goes on from there.
 SCAN_LEAVES = 50_000
@@ -83,7 +85,7 @@ def _decide(
     detail: str,
     *,
     observer: str,
-    actor: str,
+    actor: Actor,
     batch: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> None:
     """Give `check` its verdict and record it, in the caller's transaction (the row is locked).
@@ -272,7 +274,7 @@ def _handlers(value: Any) -> list[str]:
 
 
 def claim(
-    tenant: Tenant, *, handlers: Any, worker: str, limit: int = 10, actor: str
+    tenant: Tenant, *, handlers: Any, worker: str, limit: int = 10, actor: Actor
 ) -> list[ReconciliationCheck]:
     """Up to `limit` due checks for `handlers`, each claimed under a new fencing token with a
     lease. A check whose lease lapsed is claimable again (its old token is then stale). Claims are
@@ -285,7 +287,7 @@ def claim(
 # ----------------------------------------------------------------------------------- the webhook
 
 WEBHOOK_OBSERVER = "webhook"
-WEBHOOK_ACTOR = "system:reconciliation-webhook"
+WEBHOOK_ACTOR = system_actor("reconciliation-webhook")
 WEBHOOK_BATCH = 100
 
 
@@ -324,7 +326,7 @@ def report(
     reversed_: Any,
     detail: Any = "",
     error: bool = False,
-    actor: str,
+    actor: Actor,
 ) -> ReconciliationCheck:
     """The observer's answer for a check it holds: `reversed_` true (confirmed), false (drift) or
     None (unverifiable: it could not tell, or `error`: it failed). Refused unless `token` is the
@@ -340,7 +342,7 @@ def report(
 MAX_ANSWERS = 500
 
 
-def report_many(tenant: Tenant, answers: Any, *, actor: str) -> list[ReconciliationCheck | DomainError]:
+def report_many(tenant: Tenant, answers: Any, *, actor: Actor) -> list[ReconciliationCheck | DomainError]:
     """Several answers in one transaction and one server-stream append: `[{"id", "token",
     "reversed", "detail"?, "error"?}]`. Each is judged as `report` judges one (an answer whose
     token no longer holds its check records nothing and comes back as its error); a malformed item
@@ -377,7 +379,7 @@ def _answer_fields(token: Any, reversed_: Any, detail: Any, prefix: str) -> None
 
 
 def _report_all(
-    tenant: Tenant, items: list[tuple[uuid.UUID, int, bool | None, str, bool]], *, actor: str
+    tenant: Tenant, items: list[tuple[uuid.UUID, int, bool | None, str, bool]], *, actor: Actor
 ) -> list[ReconciliationCheck | DomainError]:
     with tenant_context(tenant):
         checks = {
@@ -432,7 +434,7 @@ def _report_all(
         return outcomes
 
 
-def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: str) -> ReconciliationCheck:
+def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: Actor) -> ReconciliationCheck:
     """Open a decided check again (after someone fixed the drift, or started the missing
     observer): a new deadline, the next claim gets a new token. Recorded with the verdict it
     replaces."""
@@ -484,7 +486,7 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = None, *, actor: str) -> str:
+def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = None, *, actor: Actor) -> str:
     """A signed statement (`sagaplane.certificate`, signed like a checkpoint by the tenant's log
     key) that every committed effect of the sagas active in [since, until) is accounted for,
     naming each exception. Handing one out is recorded in the server stream (range, counts, the

@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 
 from controlplane.schema import ErrorSerializer
 from core import longpoll
+from core.actors import Actor
 from core.errors import DomainError, per_item
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
@@ -101,7 +102,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
     def post(self, request: Request) -> Response:
         data = _body(request)
         handlers = _handlers(data.get("handlers"))
-        worker = _worker_name(data.get("worker")) or self.actor
+        worker = _worker_name(data.get("worker")) or str(self.actor)
         if "results" in data and self._reported is None:
             services.check_claim_terms(lease_s=data.get("lease_s"), max_jobs=data.get("max_jobs"))
             self._reported = _report(self.tenant, data["results"], actor=self.actor)
@@ -209,7 +210,7 @@ class ResultsView(TenantScopedViewMixin, APIView):
         return Response({"results": _report(self.tenant, data.get("results"), actor=self.actor)})
 
 
-def _report(tenant: Tenant, results: Any, *, actor: str) -> list[dict[str, Any]]:
+def _report(tenant: Tenant, results: Any, *, actor: Actor) -> list[dict[str, Any]]:
     """Record a worker's results (`services.report_many`): each item's answer, in order."""
     outcomes = services.report_many(tenant, results, actor=actor)
     return per_item(results, outcomes, lambda job: {"id": str(job.pk), "state": job.state})

@@ -17,6 +17,7 @@ from core.scoping import tenant_context
 from recovery import services, sweeper, webhook
 from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
 from recovery.models import Delivery, Webhook
+from tenants.actors import system_actor
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def deliver_webhook(tenant_id: int, job_id: str) -> str:
     )
     if job is None:
         return "not claimed"
-    actor = "system:recovery-webhook"
+    actor = system_actor("recovery-webhook")
     with tenant_context(tenant):
         hook = Webhook.objects.first()
         secret = services.webhook_secret(hook) if hook is not None else ""

@@ -19,12 +19,12 @@ from typing import Any
 from approvals import selectors as approval_selectors
 from approvals import services as approvals
 from approvals.models import Status, VoteChoice
+from core.actors import Actor, shown_name
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
 from slackapp import blocks, selectors, services
 from slackapp.models import Installation, MessageState
-from tenants.actors import shown_name
 from tenants.models import Membership, Tenant
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _page(request_id: str) -> str:
 
 
 def vote(
-    tenant: Tenant, membership: Membership, request_id: str, choice: str, *, note: str, actor: str
+    tenant: Tenant, membership: Membership, request_id: str, choice: str, *, note: str, actor: Actor
 ) -> str:
     """Vote as `membership`; the sentence to show the Slack user (privately)."""
     try:

@@ -16,12 +16,13 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from slack_sdk.webhook import WebhookClient
 
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
 from slackapp import blocks, crypto, decisions, selectors, services
 from slackapp.blocks import obj
-from tenants.actors import user_actor
+from tenants.actors import slack_actor
 from tenants.models import Membership, Tenant
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,10 @@ def _s(value: Any, limit: int = 64) -> str:
     return value if isinstance(value, str) and len(value) <= limit else ""
 
 
-def actor_of(membership: Membership) -> str:
-    """The actor written into audit records for a member acting from Slack: the same as the
-    dashboard's, so one person has one name in the evidence."""
-    return user_actor(membership.user.get_username())
+def actor_of(membership: Membership, slack_user_id: str) -> Actor:
+    """A member acting from Slack: stored as the dashboard's person, so one person has one name
+    in the evidence."""
+    return slack_actor(membership.user.get_username(), slack_user_id)
 
 
 def _ephemeral(tenant: Tenant, channel: str, user: str, text: str) -> None:
@@ -104,7 +105,9 @@ def interaction(tenant: Tenant, payload: dict[str, Any]) -> None:
     if membership is None:
         _ephemeral(tenant, channel, slack_user, _unlinked_text(tenant, team, slack_user))
         return
-    text = decisions.vote(tenant, membership, request_id, action_id, note="", actor=actor_of(membership))
+    text = decisions.vote(
+        tenant, membership, request_id, action_id, note="", actor=actor_of(membership, slack_user)
+    )
     _ephemeral(tenant, channel, slack_user, text)
 
 
@@ -140,7 +143,7 @@ def command_reply(tenant: Tenant, name: str, text: str, team: str, slack_user: s
             request_id[:128],
             choice,
             note=note.strip()[:NOTE_MAX],
-            actor=actor_of(membership),
+            actor=actor_of(membership, slack_user),
         )
     scope, _, reason = text.partition(" ")
     if not scope or not reason.strip():
@@ -151,7 +154,7 @@ def command_reply(tenant: Tenant, name: str, text: str, team: str, slack_user: s
         halt = fleet.halt(
             tenant,
             fleet.HaltCreate.parse({"scope": scope, "reason": reason.strip()[:HALT_REASON_MAX]}),
-            actor=actor_of(membership),
+            actor=actor_of(membership, slack_user),
         )
     except DomainError as exc:
         return f"Not halted: {exc.detail}"

@@ -1,54 +1,55 @@
-"""Who acts, as audit records name them: the one place an actor string is built or read.
-
-Requests name their person or key (`user:<name>`, `api-key:<prefix>`); an operator at a shell is
-`cli:<login name>`; work the system starts on its own is `system:<what>`; an agent-saga WAL's
-records are acted on as `agent-saga:<stream>`."""
+"""Who acts, built in one place: every `core.actors.Actor` comes from these functions (see
+`core.actors` for the kinds and their stored forms)."""
 
 from __future__ import annotations
 
 import getpass
 import os
 
-USER = "user:"
-API_KEY = "api-key:"
+from core.actors import Actor, ActorKind
 
 
-def user_actor(username: str) -> str:
-    """A person (signed in to the dashboard or the API, or linked from Slack), by their username:
-    one person has one name in the evidence whichever way they came in."""
-    return f"{USER}{username}"
+def user_actor(username: str) -> Actor:
+    """A person (signed in to the dashboard or the API), by their username."""
+    return Actor(ActorKind.USER, username)
 
 
-def api_key_actor(prefix: str) -> str:
+def slack_actor(username: str, slack_user_id: str) -> Actor:
+    """A Slack user acting as the member they are linked to (stored as that person: one person
+    has one name in the evidence whichever way they came in)."""
+    return Actor(ActorKind.SLACK, username, display=f"{username} (Slack {slack_user_id})")
+
+
+def invitation_actor(inviter_username: str) -> Actor:
+    """Whoever accepts an invitation, recorded as the member who invited them."""
+    return Actor(ActorKind.INVITATION, inviter_username)
+
+
+def api_key_actor(prefix: str) -> Actor:
     """An API key, by its public prefix."""
-    return f"{API_KEY}{prefix}"
+    return Actor(ActorKind.API_KEY, prefix)
 
 
-def system_actor(what: str) -> str:
+def system_actor(what: str) -> Actor:
     """Work the system does on its own account (`what` names the job)."""
-    return f"system:{what}"
+    return Actor(ActorKind.SYSTEM, what)
 
 
-def agent_saga_actor(stream_id: str) -> str:
+def named_actor(name: str) -> Actor:
+    """A constant name older records already use as it is (`gate`, `approvals-sweep`)."""
+    return Actor(ActorKind.NAMED, name)
+
+
+def agent_saga_actor(stream_id: str) -> Actor:
     """Records shipped in an agent-saga WAL, acted on as that stream."""
-    return f"agent-saga:{stream_id}"
+    return Actor(ActorKind.AGENT_SAGA, stream_id)
 
 
-def cli_actor() -> str:
+def cli_actor() -> Actor:
     """The operator running a management command, by their login name (the uid when the
     process has no name, as in some containers)."""
     try:
         name = getpass.getuser()
     except (KeyError, OSError):
         name = f"uid{os.getuid()}"
-    return f"cli:{name}"
-
-
-def shown_name(actor: str) -> str:
-    """How an actor is shown to people: a person by their name alone, anyone else as recorded."""
-    return actor.removeprefix(USER)
-
-
-def api_key_prefix_of(actor: str) -> str:
-    """The key prefix of an API-key actor ("" for any other actor)."""
-    return actor.removeprefix(API_KEY) if actor.startswith(API_KEY) else ""
+    return Actor(ActorKind.CLI, name)

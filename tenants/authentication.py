@@ -163,7 +163,7 @@ class ApiKeyPrincipal:
         self.api_key = api_key
         self.tenant = tenant
         self.pk = None
-        self.username = api_key_actor(api_key.prefix)
+        self.username = str(api_key_actor(api_key.prefix))
 
     def __str__(self) -> str:
         return self.username

@@ -26,6 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core import timing
+from core.actors import Actor
 from core.errors import DomainError
 from core.numbers import ascii_int
 from core.scoping import tenant_context, tenant_statements
@@ -166,8 +167,8 @@ class TenantScopedViewMixin(_ViewBase):
         self.tenant = membership.tenant
 
     @property
-    def actor(self) -> str:
-        """Who is acting, as written into audit records."""
+    def actor(self) -> Actor:
+        """Who is acting (audit records store `str(actor)`)."""
         if self.api_key is not None:
             return api_key_actor(self.api_key.prefix)
         return user_actor(self.request.user.get_username())

@@ -15,6 +15,7 @@ from sagaplane.events import Event
 
 from core import epoch, live
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
@@ -24,7 +25,7 @@ User = get_user_model()
 
 
 def create_tenant(
-    slug: str, name: str, owner_email: str, owner_password: str | None = None, *, actor: str
+    slug: str, name: str, owner_email: str, owner_password: str | None = None, *, actor: Actor
 ) -> Tenant:
     """A new tenant and its first owner. An existing account (matched by e-mail) becomes the owner
     as it is: a tenant action never changes anyone's credentials, so `owner_password` only sets
@@ -59,7 +60,7 @@ def _user_for_email(email: str, password: str | None) -> tuple[Any, bool]:
 
 
 def _record_member_added(
-    tenant: Tenant, user: Any, role: str, *, actor: str, account_created: bool, via: str | None = None
+    tenant: Tenant, user: Any, role: str, *, actor: Actor, account_created: bool, via: str | None = None
 ) -> None:
     fields: dict[str, Any] = {
         "user": user.get_username(),
@@ -78,7 +79,7 @@ def _check_role(role: str) -> None:
 
 
 def add_member(
-    tenant: Tenant, email: str, role: str, password: str | None = None, *, actor: str
+    tenant: Tenant, email: str, role: str, password: str | None = None, *, actor: Actor
 ) -> Membership:
     """Make the person with `email` a member with `role` (an account is created, with `password`,
     when none exists; an existing account's credentials are never touched). An existing member's
@@ -102,7 +103,7 @@ def create_api_key(
     scopes: list[str],
     expires_at: datetime | None = None,
     created_by: Any = None,
-    actor: str,
+    actor: Actor,
 ) -> tuple[ApiKey, str]:
     """A new key and its raw value. The raw value exists only in the return value: show it once."""
     unknown = sorted(set(scopes) - set(Scope.values))
@@ -139,7 +140,7 @@ def create_api_key(
     return api_key, raw_key
 
 
-def revoke_api_key(api_key: ApiKey, *, actor: str) -> ApiKey:
+def revoke_api_key(api_key: ApiKey, *, actor: Actor) -> ApiKey:
     """Revoke a key (the row stays, for the audit trail); revoking a revoked key is a no-op."""
     with tenant_context(api_key.tenant):
         locked = ApiKey.objects.select_for_update().get(pk=api_key.pk)
@@ -174,7 +175,7 @@ def accept_invitation(
     password: str | None = None,
     *,
     nonce: str,
-    actor: str,
+    actor: Actor,
 ) -> Membership:
     """A signed invitation was accepted: the person (created with `password` when new) joins
     `tenant` with `role`. An existing member keeps the role they already have (no change, no
@@ -243,7 +244,7 @@ def _other_owners(membership: Membership) -> bool:
     return Membership.objects.filter(role=Role.OWNER).exclude(pk=membership.pk).exists()
 
 
-def change_member_role(membership: Membership, role: str, *, actor: str) -> Membership:
+def change_member_role(membership: Membership, role: str, *, actor: Actor) -> Membership:
     """Give a member another role; the same role is a no-op. The last owner stays an owner
     (`last_owner`)."""
     _check_role(role)
@@ -269,7 +270,7 @@ def change_member_role(membership: Membership, role: str, *, actor: str) -> Memb
         return current
 
 
-def remove_member(membership: Membership, *, actor: str) -> None:
+def remove_member(membership: Membership, *, actor: Actor) -> None:
     """Remove a member; one already gone is a no-op. The last owner cannot go (`last_owner`)."""
     with tenant_context(membership.tenant):
         current = _lock_owners_and(membership)

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from django.http import HttpRequest, HttpResponse
 from rest_framework.renderers import JSONRenderer
 
+from core.actors import Actor
 from core.scoping import tenant_context, tenant_statements
 from tenants import fastroute
 from tenants.actors import api_key_actor
@@ -57,7 +58,7 @@ class _Answered:
     """What the request's log line reads from the view that answered (observability)."""
 
     tenant: Tenant
-    actor: str
+    actor: Actor
 
 
 class LeanProofMiddleware:

@@ -24,6 +24,7 @@ from sagaplane.leaf import leaf_data
 
 from audit import services as audit_services
 from audit.models import SERVER_STREAM_ID, Record, RecordPayload, Stream, TenantLog
+from core.actors import Actor
 from sagas.models import TERMINAL_STATUSES, Saga
 from tenants.models import Tenant
 
@@ -226,12 +227,12 @@ def server_stream_id() -> str:
     return SERVER_STREAM_ID
 
 
-def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> None:
+def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: Actor) -> None:
     """Append a chained record to the tenant's own server stream (gets the next leaf)."""
     audit_services.append_server_record(tenant, event, fields, actor=actor)
 
 
-def append_server_records(tenant: Tenant, entries: list[tuple[str, dict[str, Any]]], *, actor: str) -> int:
+def append_server_records(tenant: Tenant, entries: list[tuple[str, dict[str, Any]]], *, actor: Actor) -> int:
     """Append several chained records (event, fields) to the server stream as one batch; the
     first one's leaf index (the rest follow it contiguously)."""
     return audit_services.append_server_records(tenant, entries, actor=actor).rows[0].leaf_index

@@ -18,6 +18,7 @@ from sagaplane.events import Event
 
 from core import outbound
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.models import Tenant
@@ -57,7 +58,7 @@ def _check(name: Any, url: Any, vkey: Any) -> tuple[str, str, str]:
     return name, url.rstrip("/"), vkey.strip()
 
 
-def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: str) -> Witness:
+def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: Actor) -> Witness:
     """Send the tenant's checkpoints to this witness from now on (its first request starts at 0)."""
     name, url, vkey = _check(name, url, vkey)
     with tenant_context(tenant), transaction.atomic():
@@ -82,7 +83,7 @@ def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: str) -
     return witness
 
 
-def remove_witness(tenant: Tenant, witness_id: int, *, actor: str) -> None:
+def remove_witness(tenant: Tenant, witness_id: int, *, actor: Actor) -> None:
     """Stop asking this witness; its past cosignatures stay on the checkpoints they signed. The
     quorum is lowered to the witnesses left, if it was above (recorded with the removal)."""
     with tenant_context(tenant), transaction.atomic():
@@ -107,7 +108,7 @@ def _quorum_row(tenant: Tenant) -> WitnessQuorum:
     return row if row is not None else WitnessQuorum.objects.create(tenant=tenant)
 
 
-def set_quorum(tenant: Tenant, *, quorum: Any, actor: str) -> int:
+def set_quorum(tenant: Tenant, *, quorum: Any, actor: Actor) -> int:
     """How many witnesses must cosign (0: none required); at most the number of witnesses."""
     if not isinstance(quorum, int) or isinstance(quorum, bool) or quorum < 0:
         raise _invalid("quorum", "a whole number from 0 to the number of witnesses")

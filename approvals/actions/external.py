@@ -30,6 +30,7 @@ from sagaplane.events import Event
 
 from approvals.actions.requests import BUDGET_RULES, action_of, announce, decide, record, requester_of
 from approvals.models import ApprovalRequest, Source, Status
+from core.actors import Actor
 from core.scoping import tenant_context
 from fleet import services as fleet
 from tenants.actors import system_actor, user_actor
@@ -50,7 +51,7 @@ def open_external(
     reason: str,
     expires_at: datetime,
     api_key_prefix: str,
-    actor: str,
+    actor: Actor,
 ) -> ApprovalRequest:
     """The request for agent-saga's `external_id`: opened (one approval from approvers, admins or
     owners: BUDGET_RULES), found again for the same action, or refused for another (module
@@ -114,7 +115,7 @@ def open_external(
 
 
 def _known(
-    tenant: Tenant, external_id: str, action: dict[str, Any], digest: str, *, actor: str
+    tenant: Tenant, external_id: str, action: dict[str, Any], digest: str, *, actor: Actor
 ) -> ApprovalRequest | None:
     """The request already open for `external_id` (locked), after refusing another action for it."""
     existing = ApprovalRequest.objects.select_for_update().filter(external_id=external_id).first()
@@ -127,11 +128,11 @@ def _username(user_id: int | None) -> str | None:
     if user_id is None:
         return None
     name = get_user_model().objects.filter(pk=user_id).values_list("username", flat=True).first()
-    return user_actor(str(name))
+    return str(user_actor(str(name)))  # the request's decided_by
 
 
 def _refuse_conflict(
-    tenant: Tenant, row: ApprovalRequest, action: dict[str, Any], digest: str, *, actor: str
+    tenant: Tenant, row: ApprovalRequest, action: dict[str, Any], digest: str, *, actor: Actor
 ) -> None:
     """Another action under a known request id (inside the tenant, the row locked)."""
     record(
@@ -148,4 +149,4 @@ def _refuse_conflict(
     )
     if row.status in (Status.PENDING, Status.APPROVED):
         note = "another action was requested under this request id; no decision stands for it"
-        decide(tenant, row, Status.DENIED, timezone.now(), by=CONFLICT_ACTOR, note=note, actor=actor)
+        decide(tenant, row, Status.DENIED, timezone.now(), by=str(CONFLICT_ACTOR), note=note, actor=actor)

@@ -17,8 +17,10 @@ from approvals.actions.policies import matching_policy, rules_of
 from approvals.actions.requests import BUDGET_RULES, announce, open_request, record, seconds_left
 from approvals.actions.snapshot import enabled_policies
 from approvals.models import ApprovalPolicy, ApprovalRequest, Source, Status
+from core.actors import Actor
 from fleet import hooks as gate_hooks
 from fleet.gate import Debit, GateRequest, from_units
+from tenants.actors import named_actor
 from tenants.models import Tenant
 
 
@@ -71,7 +73,7 @@ def _verdict(rows: Sequence[ApprovalRequest]) -> gate_hooks.Verdict:
 class GateStep:
     """The gate's approval step (`fleet.hooks.ApprovalStep`)."""
 
-    actor = "gate"
+    actor = named_actor("gate")
 
     def governed_tools(self) -> list[str]:
         return sorted(set(ApprovalPolicy.objects.filter(enabled=True).values_list("tool", flat=True)))
@@ -123,7 +125,9 @@ class GateStep:
         )
         return _verdict([row])
 
-    def consume(self, tenant: Tenant, requests: Sequence[str], *, authorization_id: str, actor: str) -> bool:
+    def consume(
+        self, tenant: Tenant, requests: Sequence[str], *, authorization_id: str, actor: Actor
+    ) -> bool:
         now = timezone.now()
         for request_id in requests:
             taken = ApprovalRequest.objects.filter(

@@ -20,6 +20,7 @@ from approvals.actions.snapshot import forget_policies
 from approvals.inputs import NAME_MAX, PolicyTerms
 from approvals.models import ApprovalPolicy
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
@@ -169,7 +170,7 @@ def _name_not_taken(name: str) -> Iterator[None]:
         ) from None
 
 
-def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: str) -> ApprovalPolicy:
+def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: Actor) -> ApprovalPolicy:
     """A new policy (`terms` from `approvals.inputs.PolicyCreate`), recorded."""
     with tenant_context(tenant):
         fields = _policy_fields(terms)
@@ -179,7 +180,7 @@ def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: str) -> Approval
     return policy
 
 
-def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: str) -> ApprovalPolicy:
+def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: Actor) -> ApprovalPolicy:
     """Change a policy; its version moves on every edit, so a request opened under the old terms
     is never reused for a call under the new ones."""
     with tenant_context(tenant):
@@ -200,7 +201,7 @@ def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: 
     return policy
 
 
-def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
+def delete_policy(tenant: Tenant, policy_id: int, *, actor: Actor) -> None:
     with tenant_context(tenant):
         policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
         if policy is None:
@@ -210,7 +211,7 @@ def delete_policy(tenant: Tenant, policy_id: int, *, actor: str) -> None:
         _changed(tenant, Event.APPROVAL_POLICY_DELETED, policy_id, old, None, actor=actor)
 
 
-def _changed(tenant: Tenant, event: Event, policy_id: int, old: Any, new: Any, *, actor: str) -> None:
+def _changed(tenant: Tenant, event: Event, policy_id: int, old: Any, new: Any, *, actor: Actor) -> None:
     """A policy changed: its audit record (old and new values) in the caller's transaction, and
     every process' snapshot of the tenant's policies (the gate's and this app's) let go."""
     append_server_record(tenant, event, {"policy": policy_id, "old": old, "new": new}, actor=actor)

@@ -22,6 +22,7 @@ from approvals import hooks, wake
 from approvals.actions.policies import DEFAULT_ROLES
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status, Vote
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.postcommit import after_commit
 from fleet import services as fleet
 from fleet.gate import GateRequest
@@ -107,7 +108,7 @@ def vote_values(vote: Vote) -> dict[str, Any]:
     }
 
 
-def record(tenant: Tenant, event: str, row: ApprovalRequest, fields: dict[str, Any], *, actor: str) -> None:
+def record(tenant: Tenant, event: str, row: ApprovalRequest, fields: dict[str, Any], *, actor: Actor) -> None:
     """A request's record in the server stream: it carries the saga id (the saga's disclosure
     counts it) and the request and action it is about."""
     append_server_record(
@@ -166,7 +167,7 @@ def open_request(
     policy_key: str,
     amount: Any,
     limits: Sequence[str] = (),
-    actor: str,
+    actor: Actor,
 ) -> ApprovalRequest:
     """The request for this exact call: found (a retry), or opened and recorded."""
     action, digest = action_of(request.tool, request.args, amount, policy_key)
@@ -228,7 +229,7 @@ def open_request(
 
 
 def decide(
-    tenant: Tenant, row: ApprovalRequest, status: str, now: datetime, *, by: str, note: str, actor: str
+    tenant: Tenant, row: ApprovalRequest, status: str, now: datetime, *, by: str, note: str, actor: Actor
 ) -> None:
     row.status, row.decided_at, row.decided_by, row.note = status, now, by, note
     row.save(update_fields=["status", "decided_at", "decided_by", "note", "break_glass", "execute_by"])

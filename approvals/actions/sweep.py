@@ -12,13 +12,16 @@ from sagaplane.events import Event
 
 from approvals.actions.requests import announce, record, seconds_left
 from approvals.models import ApprovalRequest, Status
+from core.actors import Actor
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.models import Tenant
 
 SWEEP_BATCH = 500
+SWEEP_ACTOR = named_actor("approvals-sweep")
 
 
-def sweep(tenant: Tenant, *, now: datetime | None = None, actor: str = "approvals-sweep") -> dict[str, int]:
+def sweep(tenant: Tenant, *, now: datetime | None = None, actor: Actor = SWEEP_ACTOR) -> dict[str, int]:
     """Deadlines, warnings and escalation for one tenant (the beat runs it every few seconds):
     an open request past its deadline is expired (denied); one within `warn_before_s` of it is
     warned once; escalation levels whose delay has passed are reached in order; an approval not
@@ -36,7 +39,7 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, actor: str = "approval
     return done
 
 
-def _expire_overdue(tenant: Tenant, now: datetime, *, actor: str) -> int:
+def _expire_overdue(tenant: Tenant, now: datetime, *, actor: Actor) -> int:
     """Open requests past their deadline: expired, a denial."""
     expired = 0
     for row in ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__lte=now)[:SWEEP_BATCH]:
@@ -59,7 +62,7 @@ def _expire_overdue(tenant: Tenant, now: datetime, *, actor: str) -> int:
     return expired
 
 
-def _lapse_unused(tenant: Tenant, now: datetime, *, actor: str) -> int:
+def _lapse_unused(tenant: Tenant, now: datetime, *, actor: Actor) -> int:
     """Approvals not used within their execution window: lapsed."""
     lapsed = 0
     for row in ApprovalRequest.objects.filter(status=Status.APPROVED, execute_by__lte=now)[:SWEEP_BATCH]:
@@ -79,7 +82,7 @@ def _lapse_unused(tenant: Tenant, now: datetime, *, actor: str) -> int:
     return lapsed
 
 
-def _escalate(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: str) -> int:
+def _escalate(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: Actor) -> int:
     """Reach the escalation levels whose delay has passed (1: this request escalated now)."""
     elapsed = (now - row.created_at).total_seconds()
     levels = row.rules.get("escalation", [])
@@ -100,7 +103,7 @@ def _escalate(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: str
     return 1
 
 
-def _warn(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: str) -> int:
+def _warn(tenant: Tenant, row: ApprovalRequest, now: datetime, *, actor: Actor) -> int:
     """Warn once, `warn_before_s` before the deadline (1: this request warned now)."""
     warn_at = row.expires_at - timedelta(seconds=int(row.rules.get("warn_before_s", 0)))
     if (

@@ -17,6 +17,7 @@ from sagaplane.events import Event
 
 from approvals.actions.requests import announce, decide, record
 from approvals.models import ApprovalRequest, Status, Vote, VoteChallenge, VoteChoice
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.actors import user_actor
@@ -28,7 +29,8 @@ CHALLENGE_TTL = timedelta(minutes=5)
 
 
 def _voter(member: Membership) -> str:
-    return user_actor(member.user.get_username())
+    """The member as the vote and the request's decided_by store them."""
+    return str(user_actor(member.user.get_username()))
 
 
 def eligible(row: ApprovalRequest, member: Membership) -> bool:
@@ -88,7 +90,7 @@ def challenge_for(action_digest: str, nonce: bytes) -> str:
 
 
 def issue_vote_challenge(
-    tenant: Tenant, request_id: str, member: Membership, *, actor: str, break_glass: bool = False
+    tenant: Tenant, request_id: str, member: Membership, *, actor: Actor, break_glass: bool = False
 ) -> dict[str, Any]:
     """A single-use challenge for this member's passkey vote on this request (valid 5 minutes).
     The authenticator signs `challenge` (32 bytes, hex here); `vote(..., assertion=...)` consumes
@@ -156,7 +158,7 @@ def vote(
     choice: Any,
     note: Any = "",
     *,
-    actor: str,
+    actor: Actor,
     assertion: dict[str, Any] | None = None,
     break_glass: bool = False,
 ) -> ApprovalRequest:
@@ -199,7 +201,7 @@ def _count(
     assertion: dict[str, Any] | None,
     break_glass: bool,
     now: datetime,
-    actor: str,
+    actor: Actor,
 ) -> None:
     """Keep a checked vote (a member's second is refused) and its record; a deny denies the
     request, the approval that completes the count (or break-glass) approves it."""

@@ -12,6 +12,7 @@ from audit.actions.common import IngestRefused
 from audit.actions.server_stream import append_server_record
 from audit.actions.verification import held_by_hash
 from audit.models import Record, RecordPayload, Redaction, Stream
+from core.actors import Actor
 from core.scoping import tenant_context
 from tenants.models import Tenant
 
@@ -23,7 +24,7 @@ def redact(
     position: int | None = None,
     record_hash_: str | None = None,
     reason: str,
-    actor: str,
+    actor: Actor,
 ) -> Redaction:
     """Delete a record's payload and salt (the header, its hash and its leaf stay, so the chain and
     every proof still verify) and record who, when, why and which record in the server stream."""
@@ -54,7 +55,7 @@ def redact(
             actor=actor,
         )
         redaction = Redaction.objects.create(
-            tenant=tenant, record=record, reason=reason, actor=actor, server_record=server_record
+            tenant=tenant, record=record, reason=reason, actor=str(actor), server_record=server_record
         )
         hooks.payload_erased(tenant, record)
         return redaction

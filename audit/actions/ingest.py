@@ -16,6 +16,7 @@ from audit.actions.storage import ingest_into, lock_stream
 from audit.actions.verification import held_by_hash
 from audit.models import GENESIS, EquivocationAttempt, Record, RefusedBatch, Stream, StreamKind
 from core import timing
+from core.actors import Actor
 from core.scoping import tenant_context
 from tenants.models import Tenant
 
@@ -52,7 +53,7 @@ def _keep_evidence(
     )
 
 
-def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: str) -> IngestResult:
+def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: Actor) -> IngestResult:
     """Verify `records` against stream `stream_id`'s head and append them, all or nothing.
 
     Raises IngestRefused: 400 malformed (field named), 403 reserved stream, 409 equivocation (an
@@ -65,12 +66,12 @@ def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: str) -> Inges
         try:
             with transaction.atomic():
                 stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
-                return ingest_into(tenant, stream, batch, actor=actor)
+                return ingest_into(tenant, stream, batch, actor=str(actor))
         except IngestRefused as exc:
             if exc.status not in KEPT_REFUSALS:
                 raise
             # The batch is rolled back (savepoint), the evidence of the attempt is not.
-            _keep_evidence(tenant, exc, batch, actor, stream_id)
+            _keep_evidence(tenant, exc, batch, str(actor), stream_id)
             refused = exc
     raise refused
 
@@ -79,7 +80,7 @@ def compat_stream_name(first_hash: str) -> str:
     return f"as-{first_hash[:16]}"
 
 
-def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: str) -> list[IngestResult]:
+def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: Actor) -> list[IngestResult]:
     """agent-saga's push: records name no stream. A genesis record opens stream `as-<_h[:16]>`;
     the batch's first record, when not genesis, extends the stream whose head (or held record)
     it links to; everything else must chain on within the batch. All segments or none."""
@@ -98,12 +99,12 @@ def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: str) -> list[Inges
                 for segment in segments:
                     stream_id = _attach(segment[0])
                     stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
-                    results.append(ingest_into(tenant, stream, segment, actor=actor))
+                    results.append(ingest_into(tenant, stream, segment, actor=str(actor)))
                 return results
         except IngestRefused as exc:
             if exc.status not in KEPT_REFUSALS:
                 raise
-            _keep_evidence(tenant, exc, batch, actor, "agent-saga push")
+            _keep_evidence(tenant, exc, batch, str(actor), "agent-saga push")
             refused = exc
     raise refused
 

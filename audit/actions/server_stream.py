@@ -18,19 +18,20 @@ from audit.actions.storage import lock_stream, store_planned
 from audit.actions.verification import Plan
 from audit.models import SERVER_STREAM_ID, PendingServerRecord, Record, Stream, StreamKind
 from core import timing
+from core.actors import Actor
 from core.postcommit import after_commit
 from core.scoping import joined_tenant_context, tenant_context, tenant_statements
 from tenants.models import Tenant
 
 
-def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: str) -> Record:
+def append_server_record(tenant: Tenant, event: str, fields: dict[str, Any], *, actor: Actor) -> Record:
     """Append a chained record to the tenant's server stream, in the caller's transaction (so the
     audit record commits or rolls back with the change it records)."""
     return append_server_records(tenant, [(event, fields)], actor=actor).records[0]
 
 
 def append_server_records(
-    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: str
+    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: Actor
 ) -> IngestResult:
     """Append several chained records (event, fields) to the tenant's server stream as one batch,
     in the caller's transaction: one stream lock, one walk, one set-based store (the integrator's
@@ -42,7 +43,7 @@ def append_server_records(
         with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
             stream = lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
         result, _ = _chain_after_pending(
-            tenant, stream, [(str(event), _business(fields, actor), now) for event, fields in entries]
+            tenant, stream, [(str(event), _business(fields, str(actor)), now) for event, fields in entries]
         )
     _recheck_after_commit(tenant)
     return result
@@ -68,7 +69,7 @@ def _chain_after_pending(
 
 
 def queue_server_records(
-    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: str
+    tenant: Tenant, entries: Sequence[tuple[str, dict[str, Any]]], *, actor: Actor
 ) -> None:
     """Accept server-stream records with the caller's change (same transaction) and chain them in
     batches: group commit by time. They are written as `PendingServerRecord` rows (one INSERT);
@@ -85,12 +86,12 @@ def queue_server_records(
     deleted in the transaction that chains it), oldest first."""
     if not entries:
         return
-    now = time.time()
+    now, stored = time.time(), str(actor)
     with joined_tenant_context(tenant):
         PendingServerRecord.objects.bulk_create(
             [
                 PendingServerRecord(
-                    tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, actor)), ts=now
+                    tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, stored)), ts=now
                 )
                 for event, fields in entries
             ]

@@ -40,11 +40,12 @@ from fleet.breaker_counts import counts_for
 from fleet.gate import BreakerSpec, GateRequest
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from fleet.stores import StoreUnavailable
+from tenants.actors import system_actor
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
-BREAKER_ACTOR = "system:breaker"
+BREAKER_ACTOR = system_actor("breaker")
 # Whether a step's outcome record counts as a failure.
 FAILED_BY_EVENT: dict[str, bool] = {
     Event.STEP_COMMITTED: False,
@@ -73,7 +74,7 @@ def _move(tenant: Tenant, row: CircuitBreaker, new_state: str, reason: str, **fi
         old_state=old_state,
         new_state=new_state,
         reason=reason[:300],
-        actor=BREAKER_ACTOR,
+        actor=str(BREAKER_ACTOR),
         at=now,
     )
     record = {

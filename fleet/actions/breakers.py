@@ -11,6 +11,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.changes import changed_after_commit, create_policy, delete_policy
@@ -36,7 +37,7 @@ def breaker_values(breaker: CircuitBreaker) -> dict[str, Any]:
     }
 
 
-def create_breaker(tenant: Tenant, breaker: NewBreaker, *, actor: str) -> CircuitBreaker:
+def create_breaker(tenant: Tenant, breaker: NewBreaker, *, actor: Actor) -> CircuitBreaker:
     """A closed breaker for the tools matching `tool` (checked by `fleet.inputs.BreakerCreate`)."""
     return create_policy(
         tenant,
@@ -49,7 +50,7 @@ def create_breaker(tenant: Tenant, breaker: NewBreaker, *, actor: str) -> Circui
     )
 
 
-def update_breaker(tenant: Tenant, breaker_id: int, change: BreakerChange, *, actor: str) -> CircuitBreaker:
+def update_breaker(tenant: Tenant, breaker_id: int, change: BreakerChange, *, actor: Actor) -> CircuitBreaker:
     """Change the settings `change` names (checked by `fleet.inputs.BreakerUpdate`); a change of
     the tool or a threshold starts its counts afresh (its state stays). Nothing changed: nothing
     recorded."""
@@ -80,7 +81,7 @@ def update_breaker(tenant: Tenant, breaker_id: int, change: BreakerChange, *, ac
     return breaker
 
 
-def delete_breaker(tenant: Tenant, breaker_id: int, *, actor: str) -> None:
+def delete_breaker(tenant: Tenant, breaker_id: int, *, actor: Actor) -> None:
     delete_policy(
         tenant,
         CircuitBreaker,

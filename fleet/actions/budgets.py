@@ -6,6 +6,7 @@ from typing import Any
 
 from sagaplane.events import Event
 
+from core.actors import Actor
 from fleet import gate
 from fleet.actions.changes import create_policy, delete_policy
 from fleet.inputs import NewBudget
@@ -26,7 +27,7 @@ def budget_values(limit: BudgetLimit) -> dict[str, Any]:
     }
 
 
-def create_budget(tenant: Tenant, budget: NewBudget, *, actor: str) -> BudgetLimit:
+def create_budget(tenant: Tenant, budget: NewBudget, *, actor: Actor) -> BudgetLimit:
     """Create a budget (checked by `fleet.inputs.BudgetCreate`) and record it."""
     return create_policy(
         tenant,
@@ -47,7 +48,7 @@ def create_budget(tenant: Tenant, budget: NewBudget, *, actor: str) -> BudgetLim
     )
 
 
-def delete_budget(tenant: Tenant, budget_id: int, *, actor: str) -> None:
+def delete_budget(tenant: Tenant, budget_id: int, *, actor: Actor) -> None:
     delete_policy(
         tenant,
         BudgetLimit,

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from core import epoch
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.snapshot import forget_policies
@@ -47,7 +48,7 @@ def create_policy(
     model: type[Policy],
     fields: dict[str, Any],
     *,
-    actor: str,
+    actor: Actor,
     event: str,
     subject: str,
     values: Callable[[Policy], dict[str, Any]],
@@ -72,7 +73,7 @@ def delete_policy(
     model: type[BudgetLimit] | type[RateLimit] | type[CircuitBreaker],
     pk: int,
     *,
-    actor: str,
+    actor: Actor,
     event: str,
     subject: str,
     values: Callable[[Any], dict[str, Any]],

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from controlplane import availability
 from core import epoch, snapshots
+from core.actors import Actor
 from core.scoping import tenant_context
 from fleet import gate, hooks, queries
 from fleet.actions import breaker_states, snapshot
@@ -55,7 +56,7 @@ def evaluate(
     tenant: Tenant,
     request: GateRequest,
     *,
-    actor: str,
+    actor: Actor,
     store: LimitStore | None = None,
     version: Any = _UNREAD,
 ) -> Answer:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.changes import changed_after_commit
@@ -27,7 +28,7 @@ def halt_values(halt: Halt) -> dict[str, Any]:
     }
 
 
-def halt(tenant: Tenant, command: NewHalt, *, actor: str) -> Halt:
+def halt(tenant: Tenant, command: NewHalt, *, actor: Actor) -> Halt:
     """Put a kill switch in force (checked by `fleet.inputs.HaltCreate`; optional TTL)."""
     ttl_s = command.ttl_s
     now = timezone.now()
@@ -36,7 +37,7 @@ def halt(tenant: Tenant, command: NewHalt, *, actor: str) -> Halt:
             scope=command.scope,
             mode=command.mode,
             reason=command.reason,
-            actor=actor,
+            actor=str(actor),
             created_at=now,
             expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
         )
@@ -50,7 +51,7 @@ def halt(tenant: Tenant, command: NewHalt, *, actor: str) -> Halt:
     return row
 
 
-def resume(tenant: Tenant, halt_id: int, *, actor: str) -> Halt | None:
+def resume(tenant: Tenant, halt_id: int, *, actor: Actor) -> Halt | None:
     """Lift a halt; None when it was already lifted or had expired (a no-op records nothing)."""
     with tenant_context(tenant):
         row = Halt.objects.select_for_update().filter(pk=halt_id).first()
@@ -59,7 +60,7 @@ def resume(tenant: Tenant, halt_id: int, *, actor: str) -> Halt | None:
         now = timezone.now()
         if row.lifted_at is not None or (row.expires_at is not None and row.expires_at <= now):
             return None
-        row.lifted_at, row.lifted_by = now, actor
+        row.lifted_at, row.lifted_by = now, str(actor)
         row.save(update_fields=["lifted_at", "lifted_by"])
         append_server_record(
             tenant,

@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from controlplane import availability
 from core import epoch, snapshots
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import gate, hooks, leasestores
@@ -58,7 +59,7 @@ def grant(
     *,
     calls: int,
     lease_id: uuid.UUID,
-    actor: str,
+    actor: Actor,
     store: LimitStore | None = None,
 ) -> dict[str, Any]:
     """A lease of up to `calls` calls like `request` (its tool, agent and the arguments that scope
@@ -200,7 +201,7 @@ def give_back(
     lease_id: uuid.UUID,
     used: Mapping[str, Any],
     *,
-    actor: str,
+    actor: Actor,
     store: LimitStore | None = None,
 ) -> dict[str, Any] | None:
     """Record what the lease's holder used of each limit (`{limit name: amount}`, a limit not named

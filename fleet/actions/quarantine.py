@@ -7,6 +7,7 @@ from typing import Any
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.changes import changed_after_commit
@@ -16,7 +17,7 @@ from tenants.models import Tenant
 
 
 def quarantine(
-    tenant: Tenant, saga_id: Any, *, actor: str, reason: Any, preemptive: Any = False
+    tenant: Tenant, saga_id: Any, *, actor: Actor, reason: Any, preemptive: Any = False
 ) -> Quarantine:
     """Set one saga aside (the gate refuses its steps; recovery will skip it). A saga no record
     has named yet is refused (404 `saga_not_found`) unless `preemptive` asks for exactly that: the
@@ -39,7 +40,7 @@ def quarantine(
         existing = Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
         if existing is not None:
             return existing
-        row = Quarantine.objects.create(saga_id=saga_id, reason=reason, actor=actor, preemptive=unknown)
+        row = Quarantine.objects.create(saga_id=saga_id, reason=reason, actor=str(actor), preemptive=unknown)
         append_server_record(
             tenant,
             Event.SAGA_QUARANTINED,

@@ -6,6 +6,7 @@ from typing import Any
 
 from sagaplane.events import Event
 
+from core.actors import Actor
 from fleet.actions.changes import create_policy, delete_policy
 from fleet.inputs import NewRateLimit
 from fleet.models import RateLimit
@@ -23,7 +24,7 @@ def rate_limit_values(limit: RateLimit) -> dict[str, Any]:
     }
 
 
-def create_rate_limit(tenant: Tenant, rate_limit: NewRateLimit, *, actor: str) -> RateLimit:
+def create_rate_limit(tenant: Tenant, rate_limit: NewRateLimit, *, actor: Actor) -> RateLimit:
     """Create a rate limit (checked by `fleet.inputs.RateLimitCreate`) and record it."""
     return create_policy(
         tenant,
@@ -42,7 +43,7 @@ def create_rate_limit(tenant: Tenant, rate_limit: NewRateLimit, *, actor: str) -
     )
 
 
-def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: str) -> None:
+def delete_rate_limit(tenant: Tenant, rate_limit_id: int, *, actor: Actor) -> None:
     delete_policy(
         tenant,
         RateLimit,

@@ -22,6 +22,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane import availability
+from core.actors import Actor
 from core.scoping import NeedsDatabase, scoped_without_database, tenant_context
 from fleet import hooks, queries
 from fleet.gate import Debit, GateRequest
@@ -98,7 +99,7 @@ class _NotConsumable(Exception):
 
 
 class TransactionalWriter:
-    def __init__(self, tenant: Tenant, *, actor: str) -> None:
+    def __init__(self, tenant: Tenant, *, actor: Actor) -> None:
         self.tenant, self.actor = tenant, actor
 
     def reading(self) -> AbstractContextManager[Any]:

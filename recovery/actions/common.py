@@ -15,8 +15,9 @@ from recovery.models import (
     JobState,
     RunState,
 )
+from tenants.actors import system_actor
 
-SYSTEM_ACTOR = "system:recovery"
+SYSTEM_ACTOR = system_actor("recovery")
 DEFAULT_JOB_LEASE_S = 30.0
 MAX_JOB_LEASE_S = 300.0
 MAX_ATTEMPTS = 5

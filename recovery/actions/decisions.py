@@ -9,6 +9,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import selectors as fleet_selectors
@@ -37,7 +38,7 @@ def _job_for_decision(job_id: Any) -> tuple[Job, Run]:
     return job, run
 
 
-def retry(tenant: Tenant, job_id: Any, *, actor: str) -> Job:
+def retry(tenant: Tenant, job_id: Any, *, actor: Actor) -> Job:
     """An escalated job goes back to the workers with a fresh set of attempts."""
     with tenant_context(tenant):
         job, run = _job_for_decision(job_id)
@@ -73,7 +74,7 @@ def retry(tenant: Tenant, job_id: Any, *, actor: str) -> Job:
         return job
 
 
-def resolve(tenant: Tenant, job_id: Any, *, actor: str, note: Any) -> Job:
+def resolve(tenant: Tenant, job_id: Any, *, actor: Actor, note: Any) -> Job:
     """A human says this step is dealt with (refunded by hand, confirmed harmless, ...), with a note."""
     with tenant_context(tenant):
         job, run = _job_for_decision(job_id)
@@ -83,7 +84,7 @@ def resolve(tenant: Tenant, job_id: Any, *, actor: str, note: Any) -> Job:
         old = {"state": job.state, "escalation": job.escalation}
         job.state = JobState.RESOLVED
         job.note = text
-        job.resolved_by = actor
+        job.resolved_by = str(actor)
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "note", "resolved_by", "finished_at"])
         append_server_record(
@@ -103,7 +104,7 @@ def resolve(tenant: Tenant, job_id: Any, *, actor: str, note: Any) -> Job:
         return job
 
 
-def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> None:
+def quarantine(tenant: Tenant, saga_id: Any, *, actor: Actor, reason: Any) -> None:
     """Set the saga aside (fleet's quarantine: the gate refuses its steps) and cancel what recovery
     had queued for it. A job a worker holds now may still report its result."""
     fleet_services.quarantine(tenant, saga_id, actor=actor, reason=reason)
@@ -136,7 +137,7 @@ def quarantine(tenant: Tenant, saga_id: Any, *, actor: str, reason: Any) -> None
             )
 
 
-def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: str) -> Run:
+def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: Actor) -> Run:
     """ "Rollback to here": compensate every step after ordinal `to_step` (0: all), newest first,
     by the same workers. Refused while the agent holds its lease or another run is unfinished."""
     if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128:

@@ -15,6 +15,7 @@ from audit.services import (
     queue_server_records,
 )
 from core import timing
+from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import joined_tenant_context, tenant_context
 from recovery.actions.claims import JOBS, held, stale, token_of
@@ -32,7 +33,7 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 
 
-def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: str) -> Job:
+def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: Actor) -> Job:
     """Record a compensation as done, if `token` still holds the job (409 otherwise)."""
     (outcome,) = complete_many(tenant, [(job_id, token)], actor=actor)
     if isinstance(outcome, DomainError):
@@ -40,7 +41,9 @@ def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: str) -> Job:
     return outcome
 
 
-def complete_many(tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str) -> list[Job | DomainError]:
+def complete_many(
+    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: Actor
+) -> list[Job | DomainError]:
     """Record several compensations as done in one transaction: each (job id, token) whose token
     still holds its job is compensated, the others answer their error (404, 409 `stale_token`)
     and record nothing. One UPDATE for the jobs, one for their runs, and one server-stream batch
@@ -52,7 +55,7 @@ def complete_many(tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: st
 
 
 def complete_locked(
-    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: str
+    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: Actor
 ) -> list[Job | DomainError]:
     ids = [job_id for job_id, _ in items]
     with timing.phase("lock_jobs"):
@@ -123,7 +126,7 @@ def fail(
     job_id: Any,
     *,
     token: Any,
-    actor: str,
+    actor: Actor,
     error: Any,
     retryable: Any = True,
     reason: Any = None,
@@ -174,7 +177,7 @@ def fail(
 MAX_RESULTS = 500
 
 
-def report_many(tenant: Tenant, results: Any, *, actor: str) -> list[Job | DomainError]:
+def report_many(tenant: Tenant, results: Any, *, actor: Actor) -> list[Job | DomainError]:
     """Several results in one request and one transaction: `[{"id", "token", "ok": true} |
     {"id", "token", "ok": false, "error", "retryable"?, "reason"?}]`. Completions are recorded
     together (`complete_many`); each failure as `fail` records it. An item whose token no longer

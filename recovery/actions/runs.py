@@ -14,6 +14,7 @@ from sagaplane.events import Event
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 
 from core.actionaudit import append_server_records
+from core.actors import Actor
 from recovery import queries
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR, TEXT_MAX
 from recovery.actions.webhooks import wake_webhooks
@@ -110,7 +111,7 @@ class RunRequest:
     lease_expired_at: datetime | None
 
 
-def start_runs(tenant: Tenant, requests: Sequence[RunRequest], *, actor: str) -> list[Run]:
+def start_runs(tenant: Tenant, requests: Sequence[RunRequest], *, actor: Actor) -> list[Run]:
     """Queue, for each saga, one job per step after `to_ordinal` whose effect may stand (newest
     first), in set-based statements: the runs, their jobs, and one server-stream batch of
     RECOVERY_STARTED / RECOVERY_ESCALATED records. A saga with nothing to undo gets no run; one
@@ -136,7 +137,7 @@ def start_runs(tenant: Tenant, requests: Sequence[RunRequest], *, actor: str) ->
             saga_id=saga_id,
             kind=request.kind,
             to_ordinal=request.to_ordinal,
-            actor=actor,
+            actor=str(actor),
             lease_expired_at=request.lease_expired_at,
             state=RunState.ESCALATED if escalated else RunState.ACTIVE,
             frontier=max(p.ordinal for p in plans),
@@ -222,7 +223,7 @@ def escalate(
     why: str,
     detail: str,
     *,
-    actor: str,
+    actor: Actor,
     run: Run | None = None,
     evidence: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> None:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
@@ -22,7 +23,7 @@ from tenants.models import Tenant
 from transparency.keys import decrypt_seed, encrypt_seed
 
 
-def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -> tuple[Webhook, str]:
+def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: Actor) -> tuple[Webhook, str]:
     """Deliver compensations (of `handlers`, or all) to `url`. Returns the webhook and its new
     signing secret, shown this once."""
     from django.core.exceptions import ValidationError
@@ -53,7 +54,7 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
         if existing is not None:
             existing.delete()
         hook = Webhook.objects.create(
-            url=url, handlers=handlers, encrypted_secret=encrypt_seed(secret.encode()), actor=actor
+            url=url, handlers=handlers, encrypted_secret=encrypt_seed(secret.encode()), actor=str(actor)
         )
         append_server_record(
             tenant,
@@ -64,7 +65,7 @@ def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: str) -
     return hook, secret
 
 
-def delete_webhook(tenant: Tenant, *, actor: str) -> None:
+def delete_webhook(tenant: Tenant, *, actor: Actor) -> None:
     with tenant_context(tenant):
         existing = Webhook.objects.select_for_update().first()
         if existing is None:

@@ -19,6 +19,7 @@ from slack_sdk.oauth.installation_store.models.bot import Bot
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, configured, web_client
@@ -47,7 +48,7 @@ class DjangoInstallationStore(InstallationStore):
     """slack-sdk's installation store for one tenant: bot installations only, one workspace per
     tenant, the token encrypted (`slackapp.crypto`). Writes are audited as `actor`."""
 
-    def __init__(self, tenant: Tenant, *, actor: str) -> None:
+    def __init__(self, tenant: Tenant, *, actor: Actor) -> None:
         self.tenant = tenant
         self.actor = actor
 
@@ -77,7 +78,7 @@ class DjangoInstallationStore(InstallationStore):
                 installation.bot_token, tenant_id=self.tenant.pk, team_id=installation.team_id
             )
             row.installer_slack_user_id = installation.user_id or ""
-            row.installed_by = self.actor
+            row.installed_by = str(self.actor)
             row.installed_at = timezone.now()
             try:
                 with transaction.atomic():
@@ -158,7 +159,7 @@ class DjangoInstallationStore(InstallationStore):
         self.delete_installation(enterprise_id=enterprise_id, team_id=team_id)
 
 
-def uninstall(tenant: Tenant, *, actor: str) -> bool:
+def uninstall(tenant: Tenant, *, actor: Actor) -> bool:
     """Remove the app from the workspace (apps.uninstall, best effort) and forget the installation
     and its links. False when there was none."""
     with tenant_context(tenant):
@@ -215,7 +216,7 @@ def list_channels(tenant: Tenant) -> list[dict[str, str]]:
     return sorted(channels, key=lambda c: c["name"])
 
 
-def set_channel(tenant: Tenant, channel_id: Any, *, actor: str) -> Installation:
+def set_channel(tenant: Tenant, channel_id: Any, *, actor: Actor) -> Installation:
     """Where approval requests are posted: one of the workspace's channels, chosen by an owner."""
     channels = {c["id"]: c["name"] for c in list_channels(tenant)}
     if not isinstance(channel_id, str) or channel_id not in channels:
@@ -242,7 +243,7 @@ def set_channel(tenant: Tenant, channel_id: Any, *, actor: str) -> Installation:
     return row
 
 
-def set_email_matching(tenant: Tenant, enabled: bool, *, actor: str) -> None:
+def set_email_matching(tenant: Tenant, enabled: bool, *, actor: Actor) -> None:
     """Whether a Slack user whose verified e-mail is a member's acts as that member unlinked."""
     with tenant_context(tenant):
         row = Installation.objects.select_for_update().first()

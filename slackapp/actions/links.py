@@ -12,6 +12,7 @@ from django.urls import reverse
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, public_url, web_client
@@ -59,7 +60,7 @@ def link_url(tenant: Tenant, team_id: str, slack_user_id: str) -> str:
 
 
 def link_user(
-    tenant: Tenant, user: Any, *, team_id: str, slack_user_id: str, how: str, actor: str
+    tenant: Tenant, user: Any, *, team_id: str, slack_user_id: str, how: str, actor: Actor
 ) -> UserLink:
     """Link a Slack user of the tenant's workspace to this member (replacing the member's earlier
     link; a Slack user already linked to someone else must be unlinked first)."""
@@ -95,7 +96,7 @@ def link_user(
     return link
 
 
-def unlink_user(tenant: Tenant, user: Any, *, actor: str) -> bool:
+def unlink_user(tenant: Tenant, user: Any, *, actor: Actor) -> bool:
     with tenant_context(tenant):
         link = UserLink.objects.filter(user=user).first()
         if link is None:

@@ -18,6 +18,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.oauth import AuthorizeUrlGenerator, OAuthStateStore
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
 
+from core.actors import Actor
 from core.scoping import tenant_context
 from slackapp import selectors
 from slackapp.actions.installations import DjangoInstallationStore
@@ -104,7 +105,7 @@ def start_install(tenant: Tenant, user: Any) -> str:
     return authorize_url_generator().generate(state)
 
 
-def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: str) -> Installation:
+def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: Actor) -> Installation:
     """Slack's redirect back: the state must be one this member was issued (consumed here, once),
     then the code is exchanged for the bot token (oauth.v2.access), checked (auth.test) and stored
     encrypted (slack-sdk's flow, with `DjangoInstallationStore`)."""

@@ -140,7 +140,7 @@ def test_consecutive_failures_open_it_and_the_gate_refuses_circuit_open(tenant_a
     assert ask(tenant_a, "other", tool="email.send")["decision"] == "allow"
     assert history(tenant_a, row) == [("closed", "open")]
     record = server_stream(tenant_a)[-1]
-    assert record["event"] == "FLEET_BREAKER_TRANSITION" and record["actor"] == services.BREAKER_ACTOR
+    assert record["event"] == "FLEET_BREAKER_TRANSITION" and record["actor"] == str(services.BREAKER_ACTOR)
     assert record["old"] == {"state": "closed"} and record["new"] == {"state": "open"}
     assert "3 consecutive failures" in record["reason"]
 

@@ -123,7 +123,7 @@ def test_the_webhook_answers_checks_and_its_answers_are_verdicts(
         "voided": (CheckStatus.PENDING, ""),
     }
     records = [r for r in server_stream(tenant_a) if r["event"] == services.VERDICT_EVENT]
-    assert {r["actor"] for r in records} == {services.WEBHOOK_ACTOR}
+    assert {r["actor"] for r in records} == {str(services.WEBHOOK_ACTOR)}
     assert all(
         s["type"] == "reconciliation.check" and s["idempotency_key"].startswith("reconcile-")
         for s in state.seen

@@ -16,6 +16,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from tenants.models import Tenant
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 def request_export(
     tenant: Tenant,
     *,
-    actor: str,
+    actor: Actor,
     first: int | None = None,
     end: int | None = None,
     since: datetime | None = None,
@@ -39,7 +40,7 @@ def request_export(
     fills it in."""
     with tenant_context(tenant):
         export = Export.objects.create(
-            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=actor
+            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=str(actor)
         )
         append_server_record(
             tenant,
@@ -57,7 +58,7 @@ def request_export(
         return export
 
 
-def record_export_download(tenant: Tenant, export: Export, *, actor: str) -> None:
+def record_export_download(tenant: Tenant, export: Export, *, actor: Actor) -> None:
     """Who was handed which export (its range, checkpoint and digest), in the server stream. A
     download changes no state, so the record names what was disclosed instead of old and new
     values; the caller serves the file only after this is written in its transaction."""

@@ -7,6 +7,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
+from core.actors import Actor
 from core.scoping import tenant_context
 from tenants.models import Tenant
 from transparency.actions.integration import extend_and_sign, locked_state
@@ -14,7 +15,7 @@ from transparency.actions.signing import create_key
 from transparency.models import KeyStatus, LogSigningKey
 
 
-def rotate_signing_key(tenant: Tenant, *, actor: str) -> LogSigningKey:
+def rotate_signing_key(tenant: Tenant, *, actor: Actor) -> LogSigningKey:
     """A new active key; the old one co-signs ("retiring") until `finish_key_rotation`. The
     current tree is re-signed at once with both keys so the new key is usable immediately.
     Recorded (old and new key ids) in the tenant's server stream, in the same transaction."""
@@ -36,7 +37,7 @@ def rotate_signing_key(tenant: Tenant, *, actor: str) -> LogSigningKey:
         return new_key
 
 
-def finish_key_rotation(tenant: Tenant, *, actor: str) -> int:
+def finish_key_rotation(tenant: Tenant, *, actor: Actor) -> int:
     """Stop co-signing with retiring keys; they stay listed to verify old checkpoints. With no
     rotation under way this is a no-op (0, nothing recorded)."""
     with tenant_context(tenant):

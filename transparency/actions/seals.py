@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from audit.jsonvalues import index_text
 from core import timing
 from core.scoping import tenant_context
+from tenants.actors import system_actor
 from tenants.models import Tenant
 from transparency import cross_tenant, sources
 from transparency.actions.common import always, locked_row
@@ -49,7 +50,7 @@ def _seal_fields(records: Sequence[SagaRecord], saga_id: str) -> tuple[dict[str,
     return fields, current
 
 
-SEAL_ACTOR = "system:transparency"
+SEAL_ACTOR = system_actor("transparency")
 
 
 def _seal_stretch(tenant: Tenant, start: int, end: int) -> tuple[list[str], int | None]:

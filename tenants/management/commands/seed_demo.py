@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from core.scoping import tenant_context
 from tenants import services
+from tenants.actors import system_actor
 from tenants.models import Role, Tenant
 
 DEMO_AGENT = Path(__file__).resolve().parents[3] / "sdk" / "examples" / "demo_agent.py"
@@ -35,7 +36,7 @@ DEMO_BUDGET = {
 DEMO_RATE_LIMIT = {"name": "receipt e-mails", "tool": "send_receipt", "max_calls": 24, "window_s": 60}
 
 DEMO_SLUG = "demo"
-ACTOR = "system:seed_demo"
+ACTOR = system_actor("seed_demo")
 DEMO_PASSWORD = "sagaplane-demo"
 DEMO_PEOPLE = [
     ("owner@demo.sagaplane.local", Role.OWNER),

@@ -1,0 +1,62 @@
+"""The actor value object renders the very strings audit records have always stored, so older
+records, exports and the readers of stored actors stay valid."""
+
+from __future__ import annotations
+
+import getpass
+
+import pytest
+
+from core.actors import Actor, ActorKind, api_key_prefix_of, shown_name
+from tenants.actors import (
+    agent_saga_actor,
+    api_key_actor,
+    cli_actor,
+    invitation_actor,
+    named_actor,
+    slack_actor,
+    system_actor,
+    user_actor,
+)
+
+
+@pytest.mark.parametrize(
+    ("actor", "kind", "stored"),
+    [
+        (user_actor("alice"), ActorKind.USER, "user:alice"),
+        (slack_actor("alice", "U0ALICE"), ActorKind.SLACK, "user:alice"),
+        (invitation_actor("alice"), ActorKind.INVITATION, "user:alice (invitation)"),
+        (api_key_actor("sp_ab12"), ActorKind.API_KEY, "api-key:sp_ab12"),
+        (system_actor("recovery"), ActorKind.SYSTEM, "system:recovery"),
+        (agent_saga_actor("as-1f"), ActorKind.AGENT_SAGA, "agent-saga:as-1f"),
+        (named_actor("gate"), ActorKind.NAMED, "gate"),
+    ],
+)
+def test_each_kind_renders_its_stored_form(actor: Actor, kind: ActorKind, stored: str) -> None:
+    assert actor.kind is kind
+    assert str(actor) == stored
+
+
+def test_an_operator_at_a_shell_is_named_by_their_login() -> None:
+    assert str(cli_actor()) == f"cli:{getpass.getuser()}"
+
+
+def test_a_slack_user_is_the_same_person_in_the_evidence_but_shown_as_who_came_in() -> None:
+    from_slack, signed_in = slack_actor("alice", "U0ALICE"), user_actor("alice")
+    assert str(from_slack) == str(signed_in)
+    assert from_slack != signed_in  # the values differ: how they came in
+    assert shown_name(from_slack) == "alice (Slack U0ALICE)"
+    assert shown_name(signed_in) == shown_name("user:alice") == "alice"
+
+
+def test_stored_actors_are_read_back() -> None:
+    assert api_key_prefix_of(api_key_actor("sp_ab12")) == api_key_prefix_of("api-key:sp_ab12") == "sp_ab12"
+    assert api_key_prefix_of(user_actor("alice")) == api_key_prefix_of("gate") == ""
+    assert shown_name("system:recovery") == "system:recovery"
+
+
+def test_an_actor_is_a_frozen_value() -> None:
+    actor = user_actor("alice")
+    with pytest.raises(AttributeError):
+        actor.id = "mallory"  # type: ignore[misc]
+    assert actor == user_actor("alice") and hash(actor) == hash(user_actor("alice"))
