@@ -22,7 +22,7 @@ once); an error after it is a 500 in the API's error shape. The request id, the 
 and the gate metrics are kept as the observability middleware keeps them.
 
 While the database or Redis cannot be reached, every call is answered here, 503
-`control_plane_unavailable`, within a second (`controlplane.availability`): at once while the
+`control_plane_unavailable`, within a second (`core.availability`): at once while the
 store is known to be down, else once the call meets the outage (its wait for a pooled connection
 bounded); handing such a call on would only make the full stack meet it again, slowly.
 """
@@ -239,7 +239,7 @@ def _decide(raw_key: str, body: bytes, request_id: str) -> tuple[int, bytes, str
 
 
 def _answer(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
-    from controlplane import availability
+    from core import availability
 
     try:
         availability.guard()  # a store known to be down: refused at once, nothing read
@@ -252,8 +252,8 @@ def _answer(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
 def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
     from rest_framework.exceptions import APIException
 
-    from controlplane import availability
     from controlplane.parsers import check_storable, strict_loads
+    from core import availability
     from core.errors import DomainError
     from fleet import services
     from fleet.calls import gate_call
@@ -294,7 +294,7 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
 
 
 def _unavailable(refused: Exception) -> tuple[int, bytes, str, str]:
-    """503 `control_plane_unavailable` in the error shape (`controlplane.availability`)."""
+    """503 `control_plane_unavailable` in the error shape (`core.availability`)."""
     from core.errors import DomainError
 
     assert isinstance(refused, DomainError)

@@ -187,7 +187,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-sagaplane.sqlite3")}
 else:
     # Django's backend, plus a bound a call may set on its wait for a pooled connection (the gate
-    # answers within a second, refusing, when the database is unreachable: controlplane/availability.py).
+    # answers within a second, refusing, when the database is unreachable: core/availability.py).
     DATABASES["default"]["ENGINE"] = "controlplane.postgres"
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # with the pool, "close" returns it to the pool
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -95,7 +95,7 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
         call = gate_call(_body(request), self.api_key.prefix if self.api_key else "")
         return Response(services.evaluate(self.tenant, call, actor=self.actor))
 
-    # Fail closed, fast (controlplane/availability.py): while a store is known to be down the call
+    # Fail closed, fast (core/availability.py): while a store is known to be down the call
     # is refused before authentication reads anything; a call's wait for a pooled connection is
     # bounded; an outage met on the way (authentication included) is the same 503 refusal.
 

@@ -252,7 +252,7 @@ class RedisStore:
     def make_ready(self, tenants: Sequence[tuple[int, str]]) -> None:
         """Raise unless Redis answers; then have the counters of `tenants` (id, tag) ready: rebuilt
         from the ledger where Redis came back empty, behind one fence for all of them, or waited
-        for where another process is at it. (`controlplane.availability` probes an unreachable
+        for where another process is at it. (`core.availability` probes an unreachable
         store with this, refusing every call meanwhile.)"""
         self.client.ping()
         for (_, tag), ready in zip(tenants, self.rebuild_many(tenants), strict=True):

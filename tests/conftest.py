@@ -119,9 +119,9 @@ def _require_services(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _stores_reachable() -> None:
-    """Each test starts with no store marked unreachable (controlplane.availability): a test that
+    """Each test starts with no store marked unreachable (core.availability): a test that
     killed its own Redis or Postgres leaves no refusal behind."""
-    from controlplane import availability
+    from core import availability
 
     availability.reset()
 

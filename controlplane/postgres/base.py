@@ -1,5 +1,5 @@
 """Django's PostgreSQL backend, with one addition: a call may bound how long it waits for a pooled
-connection (`controlplane.availability.connection_wait`). The pool's own timeout
+connection (`core.availability.connection_wait`). The pool's own timeout
 (`DB_POOL_TIMEOUT`) is sized for a pool that is busy; a call that must answer within a second
 whatever happens (the gate) waits less, and is refused when the wait runs out."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.backends.postgresql import base
 
-from controlplane.postgres.wait import current
+from core.poolwait import current
 
 
 class _BoundedPool:

@@ -330,7 +330,7 @@ _STEPS: tuple[Callable[[_Call], Answer | Retake | None], ...] = (
 
 
 def _redis_probe(store: LimitStore) -> Callable[[], None] | None:
-    """What tells that the gate's Redis is back (controlplane.availability probes it while the
+    """What tells that the gate's Redis is back (core.availability probes it while the
     gate refuses): it answers and the counters of every tenant this process served recently are
     ready, so the first calls after it do not wait out a rebuild's fence (`RedisStore.make_ready`)."""
     if not isinstance(store, RedisStore):

@@ -29,14 +29,11 @@ LAYERS: list[tuple[str, list[str]]] = [
             # Tenant, members and keys, who may do what, the view mixin, the fast routes' checks.
             "tenants",
             # Pieces of controlplane apps still import (CONTROLPLANE_IMPORTED below, which only
-            # shrinks): the error shape as documented, the gate's store outages.
+            # shrinks): the error shape as documented.
             "controlplane.schema",  # the error shape as documented (imports only DRF)
             "controlplane.config",
             "controlplane.celery",
             "controlplane.tracing",  # imports only OpenTelemetry
-            # The gate's refusal while a store is down; imports core.errors, the backend's
-            # wait bound and, lazily, django.db and the drivers.
-            "controlplane.availability",
             "controlplane.postgres",  # Django's PostgreSQL backend with a bounded pool wait
         ],
     ),
@@ -198,7 +195,6 @@ def test_imports_only_point_down() -> None:
 # it import today, each with why. The list only shrinks: move the piece into core, then delete it.
 CONTROLPLANE_IMPORTED: dict[str, str] = {
     "controlplane.schema": "ErrorSerializer, the error shape in the OpenAPI schema (goes with errors)",
-    "controlplane.availability": "the gate's refusal while a store is down (imports core.errors)",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from controlplane import availability
+from core import availability
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services

@@ -186,7 +186,7 @@ def test_a_control_plane_whose_store_is_down_is_a_denial_with_its_reason_in_the_
     """The server's 503 `control_plane_unavailable` (its database unreachable: here marked so,
     its probe failing until the test lets it answer) is the agent's `GateDenied` with that
     reason, recorded as GATE_DENY; the step never ran. Once the store answers, the call is allowed."""
-    from controlplane import availability
+    from core import availability
 
     services.create_budget(
         alice.tenant,

@@ -1,4 +1,4 @@
-"""controlplane.availability: which errors are an outage, the refusal while a store is down, the
+"""core.availability: which errors are an outage, the refusal while a store is down, the
 probe that lifts it, and the bound on a call's wait for a pooled connection."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import redis
 from django.db import DatabaseError, IntegrityError, OperationalError, connection
 
-from controlplane import availability
+from core import availability
 from tests.support.waiting import wait_until
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from controlplane.postgres import wait
+from core import poolwait
 from core.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def is_down(store: str) -> bool:
 def connection_wait(seconds: float = CONNECTION_WAIT_S) -> AbstractContextManager[None]:
     """Inside the block, taking a pooled database connection waits at most `seconds`
     (the backend, controlplane/postgres, reads it)."""
-    return wait.bounded(seconds)
+    return poolwait.bounded(seconds)
 
 
 def outage(exc: BaseException) -> str | None:

@@ -1,6 +1,6 @@
 """How long the current call may wait for a pooled connection (None: the pool's own timeout).
-Set by `controlplane.availability.connection_wait`, read by this backend (base.py); a module of
-its own so the backend imports nothing of the API's."""
+Set by `core.availability.connection_wait`, read by the database backend
+(controlplane/postgres/base.py); a module of its own so the backend imports nothing of the API's."""
 
 from __future__ import annotations
 
