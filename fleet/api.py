@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import availability
+from core import availability
 from core.actors import Actor
 from core.errors import DomainError
 from core.longpoll import abandoned, pause, release_connection

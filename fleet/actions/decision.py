@@ -19,8 +19,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from controlplane import availability
-from core import epoch, snapshots
+from core import availability, epoch, snapshots
 from core.actors import Actor
 from core.scoping import tenant_context
 from fleet import gate, hooks, queries

@@ -30,8 +30,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane import availability
-from core import epoch, snapshots
+from core import availability, epoch, snapshots
 from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context

@@ -21,7 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane import availability
+from core import availability
 from core.actors import Actor
 from core.scoping import NeedsDatabase, scoped_without_database, tenant_context
 from fleet import hooks, queries
