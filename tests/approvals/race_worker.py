@@ -13,8 +13,6 @@ import json
 import os
 import sys
 
-from core.errors import DomainError
-
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -22,6 +20,7 @@ def main() -> None:
 
     django.setup()
     from approvals import services as approvals
+    from core.errors import DomainError
     from core.scoping import tenant_context
     from fleet import services as fleet
     from fleet.gate import GateRequest
