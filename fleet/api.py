@@ -214,12 +214,10 @@ class GateLeaseReturnView(TenantScopedViewMixin, APIView):
         request=inline_serializer("GateLeaseReturn", {"used": serializers.DictField(required=False)}),
         responses={200: _LEASE_ANSWER},
     )
-    def post(self, request: Request, lease_id: str) -> Response:
-        try:
-            uuid.UUID(lease_id)
-        except ValueError:
-            raise DomainError("not_found", "no such lease", status=404) from None
-        return Response(_returned(self.tenant, {**_body(request), "lease_id": lease_id}, self.actor, "body"))
+    def post(self, request: Request, lease_id: uuid.UUID) -> Response:
+        return Response(
+            _returned(self.tenant, {**_body(request), "lease_id": str(lease_id)}, self.actor, "body")
+        )
 
 
 # ------------------------------------------------------------------------------------ fleet status

@@ -40,3 +40,20 @@ def make_person(tenant: Tenant, name: str, role: str) -> Person:
     membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor="test")
     _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES, actor="test")
     return Person(membership.user, tenant, role, raw_key)
+
+
+def outstanding_lease(tenant: Tenant, saga_id: str) -> str:
+    """An outstanding budget lease of `tenant`'s that grants nothing (a ledger row: its id is what
+    a holder presents when it gives the lease back), made once per saga id."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from core.scoping import tenant_context
+    from fleet.models import GateLease
+
+    with tenant_context(tenant):
+        lease = GateLease.objects.filter(saga_id=saga_id).first() or GateLease.objects.create(
+            saga_id=saga_id, tool="sample.pay", granted_ms=0, expires_at=timezone.now() + timedelta(hours=1)
+        )
+    return str(lease.pk)

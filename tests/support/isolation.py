@@ -15,7 +15,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from core.scoping import tenant_context
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
-from tests.support.factories import Person
+from tests.support.factories import Person, outstanding_lease
 
 # Routes that are deliberately not tenant data.
 PUBLIC_ROUTES = {"healthz", "readyz", "schema", "api-docs", "api-redoc"}
@@ -138,6 +138,21 @@ def _acme_witness(tenant: Tenant) -> int:
     return witnesses.add_witness(tenant, name="acme-w", url="http://127.0.0.1:9", vkey=vkey, actor="test").pk
 
 
+def _acme_breaker(tenant: Tenant) -> int:
+    from fleet import services as fleet
+    from fleet.models import CircuitBreaker
+
+    with tenant_context(tenant):
+        existing = CircuitBreaker.objects.filter(name="sample-breaker").first()
+    if existing is not None:
+        return existing.pk
+    settings = {"consecutive_failures": 5, "failure_rate": "0.5", "min_volume": 10}
+    breaker = fleet.BreakerCreate.parse(
+        {"name": "sample-breaker", "tool": "sample.*", **settings, "window_s": 60, "cool_down_s": 30}
+    )
+    return fleet.create_breaker(tenant, breaker, actor="test").pk
+
+
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "pk": _acme_api_key_id,
     # transparency: acme's first hash tile, and an acme export
@@ -151,6 +166,8 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "budget_id": lambda tenant, alice: _acme_fleet(tenant)[0],
     "rate_limit_id": lambda tenant, alice: _acme_fleet(tenant)[1],
     "halt_id": lambda tenant, alice: _acme_fleet(tenant)[2],
+    "breaker_id": lambda tenant, alice: _acme_breaker(tenant),
+    "lease_id": lambda tenant, alice: outstanding_lease(tenant, "acme-leased"),
     # approvals: acme's own policy and request
     "policy_id": lambda tenant, alice: _acme_approval(tenant)[0],
     "approval_id": lambda tenant, alice: _acme_approval(tenant)[1],

@@ -43,6 +43,7 @@ from tenants.models import Role, Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
 from tests.support.chains import Writer
+from tests.support.factories import outstanding_lease
 from tests.support.transparency import settle
 from transparency import proofs, witnesses
 from transparency import services as transparency
@@ -172,6 +173,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/sagas/<str:saga_id>": Api({"GET": READ}),
     # fleet controls: the gate for agents, policies for `control` keys and the people who run them
     "api/v1/gate/evaluate": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
+    "api/v1/gate/leases": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
+    "api/v1/gate/leases/<uuid:lease_id>/return": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/fleet/status": Api({"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}),
     "api/v1/fleet/budgets": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
     "api/v1/fleet/budgets/<id:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
@@ -232,6 +235,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "invite/<str:token>": Public({"GET": 200, "POST": 200}),
     "sagas/": Page({"GET": EVERY_ROLE}),
     "sagas/rows": Page({"GET": EVERY_ROLE}),
+    "sagas/find": Page({"GET": EVERY_ROLE}),
     "sagas/<str:saga_id>/": Page({"GET": EVERY_ROLE}),
     "sagas/<str:saga_id>/timeline": Page({"GET": EVERY_ROLE}),
     "fleet/": Page({"GET": EVERY_ROLE}),
@@ -243,6 +247,8 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/breakers": Page({"POST": ADMINS}),
     "fleet/breakers/<id:breaker_id>/delete": Page({"POST": ADMINS}),
     "fleet/halts": Page({"POST": RISK_STAFF}),
+    "fleet/halts/history": Page({"GET": EVERY_ROLE}),
+    "fleet/denials/": Page({"GET": EVERY_ROLE}),
     "fleet/halts/<id:halt_id>/resume": Page({"POST": RISK_STAFF}),
     "recovery/": Page({"GET": EVERY_ROLE}),
     "recovery/jobs/<str:job_id>/retry": Page({"POST": RISK_STAFF}),
@@ -254,6 +260,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "approvals/": Page({"GET": EVERY_ROLE}),  # the queue, live
     "approvals/rows": Page({"GET": EVERY_ROLE}),
     "approvals/history/": Page({"GET": EVERY_ROLE}),
+    "approvals/pending-badge": Page({"GET": EVERY_ROLE}),
     "approvals/policies/": Page({"GET": EVERY_ROLE}),
     "approvals/policies/create": Page({"POST": ADMINS}),
     "approvals/policies/<id:policy_id>/toggle": Page({"POST": ADMINS}),
@@ -439,6 +446,7 @@ def world(
             "rate_limit_id": rate_limit.pk,
             "halt_id": halt.pk,
             "breaker_id": breaker.pk,
+            "lease_id": outstanding_lease(acme, "acme-leased"),
             "policy_id": approval_policy.pk,
             "approval_id": pending["approval_id"],
             "check_id": check.pk,
