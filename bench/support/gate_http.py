@@ -32,42 +32,25 @@ from bench.support.gate_common import (  # noqa: E402
 from bench.support.gate_inprocess import _warm_redis_marker
 from tests.support.probes import healthy
 from tests.support.processes import stop_group
+from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
 def _server_env(db_url: str, redis_url: str, data_dir: Path, store_name: str) -> dict[str, str]:
-    """The production configuration (as tests/hostile/production.py): runtime role only, real
-    secrets; plain http on loopback with the proxy's X-Forwarded-Proto, no redirect (the SDK's
-    long-poll speaks plain http to it)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_")) and k != "DATABASE_OWNER_URL"
-    }
-    env.update(
-        {
-            "SAGAPLANE_ENV": "production",
-            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-            "DATABASE_URL": db_url,
-            "REDIS_URL": redis_url,
-            "SECRET_KEY": os.environ["SECRET_KEY"],
-            "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
-            "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
-            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
-            "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
-            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
-            "SECURE_SSL_REDIRECT": "0",
-            "SAGAPLANE_DATA_DIR": str(data_dir),
-            "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
-            "STATIC_ROOT": str(data_dir / "static"),
-            "SAGAPLANE_GATE_STORE": store_name,
-            "LOG_LEVEL": "WARNING",
-        }
+    """The production configuration (tests/support/production_env.py) with this process' keys (so
+    what it made in process can be read by the server), no redirect (the SDK's long-poll speaks
+    plain http to it) and the limit store under measurement."""
+    return production_env(
+        db_url,
+        redis_url,
+        data_dir,
+        SECRET_KEY=os.environ["SECRET_KEY"],
+        SAGAPLANE_MASTER_KEY=os.environ["SAGAPLANE_MASTER_KEY"],
+        SECURE_SSL_REDIRECT="0",
+        SAGAPLANE_GATE_STORE=store_name,
     )
-    return env
 
 
 _server_pids: dict[str, int] = {}  # url -> the gunicorn master's pid (for its CPU seconds)

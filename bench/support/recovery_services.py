@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tests.support.probes import healthy, redis_answers
 from tests.support.processes import stop_group
+from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -74,32 +75,16 @@ def private_redis(folder: Path) -> Iterator[str]:
 
 
 def server_env(db_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "SAGAPLANE_", "DB_")) and k != "DATABASE_OWNER_URL"
-    }
-    env.update(
-        {
-            "SAGAPLANE_ENV": "production",
-            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-            "DATABASE_URL": db_url,
-            "REDIS_URL": redis_url,
-            "SECRET_KEY": os.environ["SECRET_KEY"],
-            "SAGAPLANE_MASTER_KEY": os.environ["SAGAPLANE_MASTER_KEY"],
-            "ALLOWED_HOSTS": "127.0.0.1,localhost",
-            "SAGAPLANE_WEBAUTHN_RP_ID": "localhost",  # passkeys need a host name, never an address
-            "SAGAPLANE_WEBAUTHN_ORIGINS": "https://localhost",
-            "CSRF_TRUSTED_ORIGINS": "https://127.0.0.1",
-            "SAGAPLANE_PUBLIC_URL": "https://127.0.0.1",
-            "SECURE_SSL_REDIRECT": "0",
-            "SAGAPLANE_DATA_DIR": str(data_dir),
-            "SAGAPLANE_EXPORT_DIR": str(data_dir / "exports"),
-            "STATIC_ROOT": str(data_dir / "static"),
-            "LOG_LEVEL": "WARNING",
-        }
+    """The production configuration (tests/support/production_env.py) with this process' keys and
+    no redirect."""
+    return production_env(
+        db_url,
+        redis_url,
+        data_dir,
+        SECRET_KEY=os.environ["SECRET_KEY"],
+        SAGAPLANE_MASTER_KEY=os.environ["SAGAPLANE_MASTER_KEY"],
+        SECURE_SSL_REDIRECT="0",
     )
-    return env
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -68,7 +68,8 @@ def test_production_starts_when_configured(tmp_path: Path) -> None:
     enforced outside the probes, HSTS behind the TLS proxy)."""
     import httpx
 
-    from tests.hostile.production import PROXY_HEADERS, control_plane, own_database, own_redis, production_env
+    from tests.hostile.production import PROXY_HEADERS, control_plane, own_database, own_redis
+    from tests.support.production_env import production_env
 
     with own_redis(tmp_path) as redis_server, own_database() as database:
         env = production_env(database.url, redis_server.url, tmp_path)

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.hostile.production import PROXY_HEADERS, control_plane, own_database, own_redis, production_env
+from tests.hostile.production import PROXY_HEADERS, control_plane, own_database, own_redis
+from tests.support.production_env import production_env
 
 
 @pytest.mark.slow

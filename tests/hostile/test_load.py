@@ -15,14 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.hostile.production import (
-    Chain,
-    ControlPlane,
-    control_plane,
-    own_database,
-    own_redis,
-    production_env,
-)
+from tests.hostile.production import Chain, ControlPlane, control_plane, own_database, own_redis
+from tests.support.production_env import production_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 

@@ -33,16 +33,9 @@ from cryptography.fernet import Fernet
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.hostile.production import (
-    ROOT,
-    VENV_BIN,
-    control_plane,
-    own_database,
-    own_redis,
-    pg_execute,
-    production_env,
-)
+from tests.hostile.production import ROOT, VENV_BIN, control_plane, own_database, own_redis, pg_execute
 from tests.support.processes import stop_group
+from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]

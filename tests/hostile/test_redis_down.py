@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile.production import Chain, control_plane, own_database, own_redis, production_env
+from tests.hostile.production import Chain, control_plane, own_database, own_redis
+from tests.support.production_env import production_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 

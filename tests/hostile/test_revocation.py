@@ -29,9 +29,9 @@ from tests.hostile.production import (
     manage,
     own_database,
     own_redis,
-    production_env,
     sign_in,
 )
+from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]

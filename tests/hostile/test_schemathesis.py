@@ -25,9 +25,9 @@ from tests.hostile.production import (
     manage,
     own_database,
     own_redis,
-    production_env,
     sign_in,
 )
+from tests.support.production_env import production_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 

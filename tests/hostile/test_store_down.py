@@ -24,17 +24,10 @@ import httpx
 import pytest
 from sagaplane.gate import Call, Gate, GateDenied
 
-from tests.hostile.production import (
-    PROXY_HEADERS,
-    OwnRedis,
-    control_plane,
-    manage,
-    own_redis,
-    pg_execute,
-    production_env,
-)
+from tests.hostile.production import PROXY_HEADERS, OwnRedis, control_plane, manage, own_redis, pg_execute
 from tests.recovery.live import Cluster, _roles, private_cluster
 from tests.support.probes import redis_answers
+from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]

@@ -33,10 +33,10 @@ from tests.hostile.production import (
     free_port,
     manage,
     own_redis,
-    production_env,
 )
 from tests.support.load import cpu_hogs
 from tests.support.processes import stop_group
+from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 DEADLINE = 60.0
