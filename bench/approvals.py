@@ -234,7 +234,7 @@ def agent_saga_peer(redis_url: str, agents: int, spacing_s: float) -> dict[str, 
 def _run(
     folder: Path, db_base: str, agents: int, spacing: float, workers: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    with gb._private_redis(folder) as redis_url:
+    with gb.private_redis(folder) as redis_url:
         db_url, owner_url = _database_urls(db_base, os.environ.get("DATABASE_OWNER_URL", ""))
         gb._setup_django(db_url, owner_url, redis_url, folder / "data")
         print(f"== approvals benchmark: {agents} waiting agents")

@@ -66,10 +66,10 @@ from bench.support.gate_common import (  # noqa: E402
     TARGET_INPROC_P99_MS,
     TARGET_P99_VS_FLOOR,
     _bench_database_urls,
-    _private_redis,
     _ratio,
     _show,
     perf,
+    private_redis,
 )
 from bench.support.gate_http import _gunicorn, _server_env, halt_reach, over_http  # noqa: E402
 from bench.support.gate_inprocess import (  # noqa: E402
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix=".bench-gate-", dir=ROOT / "bench"))
     result: dict[str, Any] = {}
     try:
-        with _private_redis(folder) as redis_url:
+        with private_redis(folder) as redis_url:
             db_url, owner_url = _bench_database_urls(db_base, os.environ.get("DATABASE_OWNER_URL", ""))
             _setup_django(db_url, owner_url, redis_url, folder / "data")
             from fleet import services

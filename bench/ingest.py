@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.probes import healthy  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _records(n: int, start_prev: str) -> list[dict[str, Any]]:
@@ -204,7 +198,7 @@ def main() -> None:
     key = _setup_tenant()
     streams = [_records(batches * size, "0" * 64) for _ in range(clients)]
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "DEBUG": "0", "LOG_LEVEL": "WARNING"}
     server = subprocess.Popen(

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
 
+from bench.support.gate_common import private_redis  # noqa: E402
 from bench.support.recovery_sagas import (  # noqa: E402
     HANDLER_S,
     LEASE_TTL,
@@ -63,7 +64,6 @@ from bench.support.recovery_services import (  # noqa: E402
     bench_database_urls,
     cpu_by_role,
     gunicorn,
-    private_redis,
     server_env,
 )
 

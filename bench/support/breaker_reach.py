@@ -16,38 +16,12 @@ import os
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-WATCHER = textwrap.dedent(
-    """
-    import sys, time
-    from sagaplane.gate import Call, Gate, GateDenied
-
-    gate = Gate(sys.argv[1], sys.argv[2]).start()
-    call = Call(saga_id="watch", step_id="1", tool="bench.charge", semantics="COMPENSABLE", args={})
-
-    def refused():
-        try:
-            gate.check(call)
-            return False
-        except GateDenied as denied:
-            if denied.reason != "circuit_open":
-                raise
-            return True
-
-    print("ready" if gate.status()["ready"] else "not-ready", flush=True)
-    for line in sys.stdin:
-        want = line.strip() == "until-open"
-        started = time.monotonic()
-        while refused() != want and time.monotonic() - started < 30:
-            time.sleep(0.001)
-        print(repr(time.time()) if refused() == want else "timeout", flush=True)
-    """
-)
+from bench.support.gate_http import WATCHER
 
 SETTINGS = {
     "name": "bench down",
@@ -78,7 +52,7 @@ def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
     _, key = tenant_services.create_api_key(tenant, name="agent", scopes=["gate", "ingest"], actor="bench")
     breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
     watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, url, key],
+        [sys.executable, "-c", WATCHER, url, key, "circuit_open"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -94,7 +68,7 @@ def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
         if watcher.stdout.readline().strip() != "ready":
             raise SystemExit("the SDK gate never read the fleet state")
         for trial in range(trials):
-            watcher.stdin.write("until-open\n")
+            watcher.stdin.write("until-refused\n")
             watcher.stdin.flush()
             records = []
             for event in ("STEP_INTENT", "STEP_FAILED"):
@@ -112,7 +86,7 @@ def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
             seconds.append(float(seen) - shipped)
             services.delete_breaker(tenant, breaker.pk, actor="bench")
             breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
-            watcher.stdin.write("until-closed\n")
+            watcher.stdin.write("until-allowed\n")
             watcher.stdin.flush()
             if watcher.stdout.readline().strip() == "timeout":
                 raise SystemExit("a closed breaker did not reach the SDK within 30 s")

@@ -4,7 +4,6 @@ measured runs' tenants and limits, and clients as threads."""
 from __future__ import annotations
 
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
 
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.probes import redis_answers  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
@@ -90,20 +90,14 @@ def _overspend_check(allowed: int, total: int, cap_units: int, ledger_units: int
 # ---------------------------------------------------------------------------------- own services
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
-def _private_redis(folder: Path) -> Iterator[str]:
+def private_redis(folder: Path) -> Iterator[str]:
     """A redis-server of the benchmark's own (no persistence), killed at the end."""
 
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (the benchmark starts its own Redis)")
-    port = _free_port()
+    port = free_port()
     work = folder / f"redis-{port}"
     work.mkdir(parents=True)
     process = subprocess.Popen(

@@ -24,12 +24,12 @@ from bench.support.gate_common import (  # noqa: E402
     ROOT,
     Run,
     _call_args,
-    _free_port,
     _overspend_check,
     _summary,
     perf,
 )
 from bench.support.gate_inprocess import _warm_redis_marker
+from tests.support.ports import free_port
 from tests.support.probes import healthy
 from tests.support.processes import stop_group
 from tests.support.production_env import production_env
@@ -83,7 +83,7 @@ def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
     subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
     )
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as log_file:
         process = subprocess.Popen(
@@ -220,6 +220,9 @@ def over_http(url: str, store_name: str, limits: int, clients: int, total: int) 
 
 # --------------------------------------------------------------------------------- halt propagation
 
+# An agent in a process of its own: `python -c WATCHER URL KEY REASON`; each line "until-refused"
+# or "until-allowed" on its stdin is answered with the time its own view of the fleet first did
+# so (refused for REASON, nothing else).
 WATCHER = textwrap.dedent(
     """
     import sys, time
@@ -233,13 +236,13 @@ WATCHER = textwrap.dedent(
             gate.check(call)
             return False
         except GateDenied as denied:
-            if denied.reason != "halted":
+            if denied.reason != sys.argv[3]:
                 raise
             return True
 
     print("ready" if gate.status()["ready"] else "not-ready", flush=True)
     for line in sys.stdin:
-        want = line.strip() == "until-halted"
+        want = line.strip() == "until-refused"
         started = time.monotonic()
         while refused() != want and time.monotonic() - started < 30:
             time.sleep(0.001)  # this agent's own view: no request, the long-poll thread keeps it
@@ -257,7 +260,7 @@ def halt_reach(url: str, trials: int) -> dict[str, Any]:
     run = Run(0, 2, keys=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "sdk")}
     watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, url, run.gate_key],
+        [sys.executable, "-c", WATCHER, url, run.gate_key, "halted"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -274,7 +277,7 @@ def halt_reach(url: str, trials: int) -> dict[str, Any]:
         if watcher.stdout.readline().strip() != "ready":
             raise SystemExit("the SDK gate never read the fleet state")
         for _ in range(trials):
-            watcher.stdin.write("until-halted\n")
+            watcher.stdin.write("until-refused\n")
             watcher.stdin.flush()
             engaged = time.time()
             response = operator.post("/api/v1/fleet/halts", json={"scope": "tool:bench.*", "reason": "bench"})
@@ -284,7 +287,7 @@ def halt_reach(url: str, trials: int) -> dict[str, Any]:
                 raise SystemExit("a halt did not reach the SDK within 30 s")
             seconds.append(float(seen) - engaged)
             assert operator.delete(f"/api/v1/fleet/halts/{response.json()['id']}").status_code == 204
-            watcher.stdin.write("until-resumed\n")
+            watcher.stdin.write("until-allowed\n")
             watcher.stdin.flush()
             if watcher.stdout.readline().strip() == "timeout":
                 raise SystemExit("a resume did not reach the SDK within 30 s")

@@ -15,10 +15,11 @@ import functools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 OWNER = "sagaplane_owner"
 RUNTIME = "sagaplane"
@@ -44,12 +45,6 @@ def production_settings(memory: int | None = None) -> dict[str, str]:
         "max_connections": "200",
         "listen_addresses": "127.0.0.1",
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -122,4 +117,4 @@ class PrivateServer:
 
 
 def private_server(folder: Path, memory: int | None = None) -> PrivateServer:
-    return PrivateServer(folder, _free_port(), production_settings(memory))
+    return PrivateServer(folder, free_port(), production_settings(memory))

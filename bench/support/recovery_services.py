@@ -4,9 +4,7 @@ a private Redis, the production server (gunicorn, 2 uvicorn workers) and the CPU
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.parse
@@ -14,18 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.probes import healthy, redis_answers
+from tests.support.ports import free_port
+from tests.support.probes import healthy
 from tests.support.processes import stop_group
 from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bench_database_urls() -> tuple[str, str]:
@@ -46,32 +39,6 @@ def bench_database_urls() -> tuple[str, str]:
         return urllib.parse.urlunsplit(urllib.parse.urlsplit(base)._replace(path=f"/{name}"))
 
     return swap(url), swap(owner)
-
-
-@contextmanager
-def private_redis(folder: Path) -> Iterator[str]:
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (the benchmark starts its own Redis)")
-    port = _free_port()
-    work = folder / f"redis-{port}"
-    work.mkdir(parents=True)
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=work,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_until(
-            lambda: redis_answers(url), f"redis-server on port {port} to start", deadline=30, alive=process
-        )
-        yield url
-    finally:
-        process.kill()
-        process.wait(timeout=30)
 
 
 def server_env(db_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
@@ -130,7 +97,7 @@ def cpu_by_role(server_pid: int, worker_pids: list[int], database: str) -> dict[
 @contextmanager
 def gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as log_file:
         process = subprocess.Popen(

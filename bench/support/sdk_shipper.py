@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import sagaplane as sp
 from sagaplane.segments import disk_usage
 
+from tests.support.ports import free_port
 from tests.support.probes import healthy
 from tests.support.waiting import wait_until
 
@@ -27,12 +27,6 @@ SHIP_REV = sp.tool(lambda x: x, name="ship_rev", semantics=sp.REVERSIBLE)
 
 
 # -- shipper -------------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
@@ -116,7 +110,7 @@ def shipper_throughput(
         wal.close()
     size = disk_usage(folder / "ship.wal")  # the live file and the segments it rolled over to
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [

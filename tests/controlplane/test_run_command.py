@@ -9,7 +9,6 @@ import os
 import re
 import selectors
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,15 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _read_until(process: subprocess.Popen, pattern: str, timeout: float) -> str:
@@ -77,7 +71,7 @@ class Started:
 
 
 def _start(tmp_path: Path) -> Started:
-    port = _free_port()
+    port = free_port()
     env = {
         k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL")
     }

@@ -9,7 +9,6 @@ ingest goes through the same server process over HTTP."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -25,6 +24,7 @@ import pytest
 from tests.conftest import unavailable
 from tests.hostile.production import as_owner
 from tests.slackapp.slack_server import FakeSlack, start
+from tests.support.ports import free_port
 from tests.support.probes import healthy
 from tests.support.waiting import wait_until
 
@@ -66,12 +66,6 @@ class LiveServer:
         )
         assert response.status_code == 200, response.text
         return response.json()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
@@ -171,7 +165,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, fake_slack: FakeSlac
         )
         api_key = key_out.strip().splitlines()[-1]
 
-        port = _free_port()
+        port = free_port()
         env["SAGAPLANE_PUBLIC_URL"] = f"http://127.0.0.1:{port}"  # where Slack sends the owner back
         log = data_dir / "server.log"
         with log.open("w") as log_file:

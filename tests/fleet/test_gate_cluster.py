@@ -26,7 +26,7 @@ from tests.fleet.concurrency import (
     run_clients,
     running_database_url,
 )
-from tests.hostile.production import free_port
+from tests.support.ports import free_port
 from tests.support.probes import redis_answers
 from tests.support.waiting import wait_until
 

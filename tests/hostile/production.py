@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import pytest
 from sagaplane.chain import GENESIS, stamp
 
 from tests.conftest import unavailable
+from tests.support.ports import free_port
 from tests.support.probes import healthy, redis_answers
 from tests.support.processes import stop_group
 from tests.support.waiting import wait_until
@@ -41,12 +41,6 @@ VENV_BIN = Path(sys.executable).parent
 STARTUP_DEADLINE = 90.0
 PROXY_HEADERS = {"X-Forwarded-Proto": "https"}
 OWNER_PASSWORD = "hostile-owner-password"  # control_plane creates the tenant's owner with it
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------ Redis

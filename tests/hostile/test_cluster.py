@@ -31,7 +31,8 @@ from sagaplane.merkle import verify_consistency
 from sagaplane.shipper import Backoff
 
 from tests.conftest import unavailable
-from tests.hostile.production import ROOT, as_owner, free_port, manage, own_database, own_redis, pg_execute
+from tests.hostile.production import ROOT, as_owner, manage, own_database, own_redis, pg_execute
+from tests.support.ports import free_port
 from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 

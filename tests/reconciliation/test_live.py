@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.hostile.production import as_owner, free_port, manage, own_database, own_redis
+from tests.hostile.production import as_owner, manage, own_database, own_redis
+from tests.support.ports import free_port
 from tests.support.probes import healthy
 from tests.support.waiting import wait_until
 

@@ -30,11 +30,11 @@ from tests.hostile.production import (
     VENV_BIN,
     ControlPlane,
     control_plane,
-    free_port,
     manage,
     own_redis,
 )
 from tests.support.load import cpu_hogs
+from tests.support.ports import free_port
 from tests.support.processes import stop_group
 from tests.support.production_env import production_env
 from tests.support.waiting import wait_until

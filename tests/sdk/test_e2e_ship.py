@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,6 +29,7 @@ from sagaplane.shipper import ShipperState
 from sagaplane_testkit import CRASHING_AGENT_PRELUDE, read_wal
 
 from tenants import services as tenant_services
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -368,19 +368,13 @@ def test_sigkilled_agent_loses_nothing_and_a_new_process_ships_the_rest_once(
 # -- 4. the control plane goes down during a run, then comes back -----------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
     """`uvicorn controlplane.asgi:application` as a child we can SIGKILL and restart on one port.
     Ready when uvicorn logs that it is listening (it logs after binding)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
         self.log: list[str] = []
