@@ -182,7 +182,9 @@ class Agent:
     """One agent: a WAL it keeps writing sagas to while its shipper sends them through nginx."""
 
     def __init__(self, folder: Path, n: int, url: str, api_key: str) -> None:
-        self.wal = sp.WAL(folder / f"agent-{n}.wal", fsync=False)
+        # One segment for the whole run (the default rolls over at 4 MiB, which a quiet machine
+        # reaches): the check below reads back every record the agent wrote from this one file.
+        self.wal = sp.WAL(folder / f"agent-{n}.wal", fsync=False, segment_bytes=1 << 30)
         self.shipper = sp.Shipper(
             self.wal.path, url=url, api_key=api_key, backoff=Backoff(base=0.05, cap=0.5), batch_size=50
         )
