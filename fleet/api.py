@@ -24,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.schema import ErrorSerializer
 from core import availability
 from core.actors import Actor
 from core.errors import DomainError
@@ -341,7 +342,7 @@ class BudgetListView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="fleet_budgets_create",
         request=services.BudgetCreate,
-        responses={201: serializers.DictField()},
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request) -> Response:
         budget = services.BudgetCreate.parse(request.data)
@@ -377,7 +378,7 @@ class RateLimitListView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="fleet_rate_limits_create",
         request=services.RateLimitCreate,
-        responses={201: serializers.DictField()},
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request) -> Response:
         rate_limit = services.RateLimitCreate.parse(request.data)

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.schema import ErrorSerializer
 from core.errors import DomainError
 from fleet import services
 from fleet.api import _LIST
@@ -71,7 +72,7 @@ class BreakerListView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="fleet_breakers_create",
         request=services.BreakerCreate,
-        responses={201: serializers.DictField()},
+        responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request) -> Response:
         breaker = services.create_breaker(
@@ -93,7 +94,7 @@ class BreakerDetailView(TenantScopedViewMixin, APIView):
     @extend_schema(
         operation_id="fleet_breakers_partial_update",
         request=services.BreakerUpdate,
-        responses={200: serializers.DictField()},
+        responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def patch(self, request: Request, breaker_id: int) -> Response:
         change = services.BreakerUpdate.parse(request.data)
