@@ -130,7 +130,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
         data = _body(request)
         worker = data.get("worker")
         if worker is None:
-            worker = self.actor
+            worker = str(self.actor)
         if not isinstance(worker, str) or len(worker) > NAME_MAX or "\x00" in worker:
             raise DomainError("invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
         limit = data.get("max", 10)

@@ -125,7 +125,8 @@ WORKER = textwrap.dedent(
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
     django.setup()
-    from controlplane.celery import app, keep_going
+    from controlplane.celery import app
+    from core.shutdown import keep_going
     from transparency.actions import integration
 
     queue, fd = sys.argv[1], int(sys.argv[2])
