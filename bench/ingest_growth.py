@@ -40,7 +40,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import scale  # noqa: E402  (bench/scale.py: the grower and the database plumbing)
+import scale  # noqa: E402  (bench/scale.py: the grower)
+
+from bench.support.scale_database import ANALYZED, TABLES, admin_url, beside, drop_database  # noqa: E402
 
 WINDOW = 100  # batches
 
@@ -51,10 +53,10 @@ def _database(label: str, reuse: bool) -> tuple[str, str, str]:
     import psycopg
 
     if not reuse:
-        with psycopg.connect(scale._admin(owner), autocommit=True) as c:
+        with psycopg.connect(admin_url(owner), autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             c.execute(f'CREATE DATABASE "{name}"')
-    return scale._beside(url, f"/{name}"), scale._beside(owner, f"/{name}"), name
+    return beside(url, f"/{name}"), beside(owner, f"/{name}"), name
 
 
 class Wal:
@@ -63,7 +65,7 @@ class Wal:
     def __init__(self, superuser_url: str, name: str) -> None:
         import psycopg
 
-        self.conn = psycopg.connect(scale._beside(superuser_url, f"/{name}"), autocommit=True)
+        self.conn = psycopg.connect(beside(superuser_url, f"/{name}"), autocommit=True)
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         self.oid = self.conn.execute("SELECT oid FROM pg_database WHERE datname = %s", [name]).fetchone()[0]
 
@@ -107,7 +109,7 @@ def _blocks() -> dict[str, int]:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT indexrelname, idx_blks_read FROM pg_statio_user_indexes WHERE relname = ANY(%s)",
-            [scale.TABLES],
+            [TABLES],
         )
         return dict(cursor.fetchall())
 
@@ -145,7 +147,7 @@ def window(grower: scale.Grower, wal: Wal, mark: int, batches: int) -> dict[str,
     per_rel: dict[str, list[int]] = {}
     big_phases: list[dict[str, float]] = []
     peer_phases: list[dict[str, float]] = []
-    blocks, checkpoints, load = _blocks(), wal.checkpoints(), scale._load()
+    blocks, checkpoints, load = _blocks(), wal.checkpoints(), os.getloadavg()[0]
     records = 0
     for _ in range(batches):
         start = wal.lsn()
@@ -183,8 +185,8 @@ def window(grower: scale.Grower, wal: Wal, mark: int, batches: int) -> dict[str,
         "phases_ms": {"big": _medians(big_phases), "peer": _medians(peer_phases)},
         "checkpoints": wal.checkpoints() - checkpoints,
         # The server's autovacuum setting and the ANALYZEs the growth made in its stead (scale.py).
-        "autovacuum": dict(scale.ANALYZED),
-        "load_average": [load, scale._load()],
+        "autovacuum": dict(ANALYZED),
+        "load_average": [load, os.getloadavg()[0]],
         "at": time.strftime("%H:%M:%S", time.gmtime()),
     }
 
@@ -235,7 +237,7 @@ def main() -> int:
                     connection.close_pool()
             connections.close_all()
             if not args.keep:
-                scale._drop(database[1], database[2])
+                drop_database(database[1], database[2])
     return 0
 
 
