@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                     if store_name == "redis":
                         halt = halt_reach(url, trials)
                         print(f"halt reaches an SDK gate: p50 {halt['p50_ms']} ms, max {halt['max_ms']} ms")
-                        breaker = breaker_reach(url, 5 if quick else 20, ROOT)
+                        breaker = breaker_reach(url, 5 if quick else 20)
                         reach = f"p50 {breaker['p50_ms']} ms, p95 {breaker['p95_ms']} ms"
                         load = f"load {breaker['load_average_1m_before']} on {breaker['cpus']} cores"
                         print(f"breaker open → SDK refusal: {reach} ({load})")

@@ -11,17 +11,14 @@ waited for until it allows again. The machine's 1-minute load average is recorde
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-from bench.support.gate_http import WATCHER
+from bench.support.gate_common import _pct
+from bench.support.gate_http import reach_ms
 
 SETTINGS = {
     "name": "bench down",
@@ -34,12 +31,7 @@ SETTINGS = {
 }
 
 
-def _pct(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
-
-
-def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
+def breaker_reach(url: str, trials: int) -> dict[str, Any]:
     """Time from shipping the failure that opens a breaker to an SDK in another process refusing."""
     import httpx
     from sagaplane.chain import GENESIS, stamp
@@ -51,50 +43,34 @@ def breaker_reach(url: str, trials: int, root: Path) -> dict[str, Any]:
     tenant = tenant_services.create_tenant(slug, "Breaker bench", f"owner@{slug}.example", actor="bench")
     _, key = tenant_services.create_api_key(tenant, name="agent", scopes=["gate", "ingest"], actor="bench")
     breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
-    watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, url, key, "circuit_open"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(root / "sdk")},
-    )
-    assert watcher.stdin is not None and watcher.stdout is not None
     agent = httpx.Client(
         base_url=url, headers={"Authorization": f"Bearer {key}", "X-Forwarded-Proto": "https"}, timeout=30
     )
-    head, seq, seconds = GENESIS, 0, []
+    chain = {"head": GENESIS, "seq": 0}
     load_before = os.getloadavg()[0]
+
+    def fail(trial: int) -> float:
+        records = []
+        for event in ("STEP_INTENT", "STEP_FAILED"):
+            chain["seq"] += 1
+            record = {"seq": chain["seq"], "ts": time.time(), "event": event, "saga_id": f"b{trial}"}
+            record.update(step_id="1", tool="bench.charge")
+            chain["head"] = stamp(record, chain["head"])
+            records.append(record)
+        shipped = time.time()
+        response = agent.post("/api/v1/streams/bench-agent/records", json={"records": records})
+        assert response.status_code == 200, response.text
+        return shipped
+
+    def close() -> None:
+        nonlocal breaker
+        services.delete_breaker(tenant, breaker.pk, actor="bench")
+        breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
+
     try:
-        if watcher.stdout.readline().strip() != "ready":
-            raise SystemExit("the SDK gate never read the fleet state")
-        for trial in range(trials):
-            watcher.stdin.write("until-refused\n")
-            watcher.stdin.flush()
-            records = []
-            for event in ("STEP_INTENT", "STEP_FAILED"):
-                seq += 1
-                record = {"seq": seq, "ts": time.time(), "event": event, "saga_id": f"b{trial}"}
-                record.update(step_id="1", tool="bench.charge")
-                head = stamp(record, head)
-                records.append(record)
-            shipped = time.time()
-            response = agent.post("/api/v1/streams/bench-agent/records", json={"records": records})
-            assert response.status_code == 200, response.text
-            seen = watcher.stdout.readline().strip()
-            if seen == "timeout":
-                raise SystemExit("an open breaker did not reach the SDK within 30 s")
-            seconds.append(float(seen) - shipped)
-            services.delete_breaker(tenant, breaker.pk, actor="bench")
-            breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
-            watcher.stdin.write("until-allowed\n")
-            watcher.stdin.flush()
-            if watcher.stdout.readline().strip() == "timeout":
-                raise SystemExit("a closed breaker did not reach the SDK within 30 s")
+        ms = reach_ms(url, key, "circuit_open", trials, trigger=fail, reset=close, what="an open breaker")
     finally:
         agent.close()
-        watcher.kill()
-        watcher.wait(timeout=30)
-    ms = [s * 1000 for s in seconds]
     return {
         "trials": trials,
         "p50_ms": round(statistics.median(ms), 1),

@@ -7,7 +7,6 @@ import asyncio
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import textwrap
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,8 @@ from bench.support.gate_common import (  # noqa: E402
     perf,
 )
 from bench.support.gate_inprocess import _warm_redis_marker
-from tests.support.ports import free_port
-from tests.support.probes import healthy
-from tests.support.processes import stop_group
+from tests.support.gunicorn import gunicorn
 from tests.support.production_env import production_env
-from tests.support.waiting import wait_until
 
 # ---------------------------------------------------------------------------------------------- HTTP
 
@@ -83,41 +79,12 @@ def _gunicorn(env: dict[str, str], workers: int, log: Path) -> Iterator[str]:
     subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
     )
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("w") as log_file:
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "gunicorn"),
-                "controlplane.asgi:application",
-                "-k",
-                "uvicorn.workers.UvicornWorker",
-                "--workers",
-                str(workers),
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--graceful-timeout",
-                "5",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_until(
-            lambda: healthy(url, {"X-Forwarded-Proto": "https"}),
-            "the control plane to start",
-            deadline=120,
-            alive=process,
-            context=lambda: log.read_text()[-3000:],
-        )
+    with gunicorn(env, log, workers=workers, probe_headers={"X-Forwarded-Proto": "https"}) as (url, process):
         _server_pids[url] = process.pid
-        yield url
-    finally:
-        _server_pids.pop(url, None)
-        stop_group(process, first=signal.SIGTERM)
+        try:
+            yield url
+        finally:
+            _server_pids.pop(url, None)
 
 
 async def _http_load(
@@ -251,6 +218,50 @@ WATCHER = textwrap.dedent(
 )
 
 
+def reach_ms(
+    url: str,
+    key: str,
+    refusal: str,
+    trials: int,
+    *,
+    trigger: Callable[[int], float],
+    reset: Callable[[], None],
+    what: str,
+) -> list[float]:
+    """How long `what` takes to reach an SDK in another process (WATCHER), in ms per trial: the
+    watcher waits until its tool is refused with `refusal`; `trigger(trial)` sets the cause off and
+    returns when; `reset()` clears it and the watcher waits until the tool is allowed again."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, url, key, refusal],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "sdk")},
+    )
+    assert watcher.stdin is not None and watcher.stdout is not None
+    seconds: list[float] = []
+    try:
+        if watcher.stdout.readline().strip() != "ready":
+            raise SystemExit("the SDK gate never read the fleet state")
+        for trial in range(trials):
+            watcher.stdin.write("until-refused\n")
+            watcher.stdin.flush()
+            started = trigger(trial)
+            seen = watcher.stdout.readline().strip()
+            if seen == "timeout":
+                raise SystemExit(f"{what} did not reach the SDK within 30 s")
+            seconds.append(float(seen) - started)
+            reset()
+            watcher.stdin.write("until-allowed\n")
+            watcher.stdin.flush()
+            if watcher.stdout.readline().strip() == "timeout":
+                raise SystemExit(f"the end of {what} did not reach the SDK within 30 s")
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=30)
+    return [s * 1000 for s in seconds]
+
+
 def halt_reach(url: str, trials: int) -> dict[str, Any]:
     """Engage a halt over the API; time until a waiting SDK Gate in another process refuses."""
     import httpx
@@ -258,44 +269,27 @@ def halt_reach(url: str, trials: int) -> dict[str, Any]:
     # No limit: the watched tool is ungoverned, so the SDK decides it locally from the long-polled
     # state (no request per check) and only the halt can refuse it.
     run = Run(0, 2, keys=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "sdk")}
-    watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, url, run.gate_key, "halted"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert watcher.stdin is not None and watcher.stdout is not None
     operator = httpx.Client(
         base_url=url,
         headers={"Authorization": f"Bearer {run.control_key}", "X-Forwarded-Proto": "https"},
         timeout=30,
     )
-    seconds: list[float] = []
+    halt_ids: list[str] = []
+
+    def engage(_trial: int) -> float:
+        engaged = time.time()
+        response = operator.post("/api/v1/fleet/halts", json={"scope": "tool:bench.*", "reason": "bench"})
+        assert response.status_code == 201, response.text
+        halt_ids.append(response.json()["id"])
+        return engaged
+
+    def lift() -> None:
+        assert operator.delete(f"/api/v1/fleet/halts/{halt_ids[-1]}").status_code == 204
+
     try:
-        if watcher.stdout.readline().strip() != "ready":
-            raise SystemExit("the SDK gate never read the fleet state")
-        for _ in range(trials):
-            watcher.stdin.write("until-refused\n")
-            watcher.stdin.flush()
-            engaged = time.time()
-            response = operator.post("/api/v1/fleet/halts", json={"scope": "tool:bench.*", "reason": "bench"})
-            assert response.status_code == 201, response.text
-            seen = watcher.stdout.readline().strip()
-            if seen == "timeout":
-                raise SystemExit("a halt did not reach the SDK within 30 s")
-            seconds.append(float(seen) - engaged)
-            assert operator.delete(f"/api/v1/fleet/halts/{response.json()['id']}").status_code == 204
-            watcher.stdin.write("until-allowed\n")
-            watcher.stdin.flush()
-            if watcher.stdout.readline().strip() == "timeout":
-                raise SystemExit("a resume did not reach the SDK within 30 s")
+        ms = reach_ms(url, run.gate_key, "halted", trials, trigger=engage, reset=lift, what="a halt")
     finally:
         operator.close()
-        watcher.kill()
-        watcher.wait(timeout=30)
-    ms = [s * 1000 for s in seconds]
     return {
         "trials": trials,
         "p50_ms": round(statistics.median(ms), 1),

@@ -4,19 +4,13 @@ a private Redis, the production server (gunicorn, 2 uvicorn workers) and the CPU
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.ports import free_port
-from tests.support.probes import healthy
-from tests.support.processes import stop_group
+from tests.support.gunicorn import gunicorn as serve
 from tests.support.production_env import production_env
-from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -96,37 +90,5 @@ def cpu_by_role(server_pid: int, worker_pids: list[int], database: str) -> dict[
 
 @contextmanager
 def gunicorn(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("w") as log_file:
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "gunicorn"),
-                "controlplane.asgi:application",
-                "-k",
-                "uvicorn.workers.UvicornWorker",
-                "--workers",
-                "2",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--graceful-timeout",
-                "5",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_until(
-            lambda: healthy(url),
-            "the control plane to start",
-            deadline=120,
-            alive=process,
-            context=lambda: log.read_text()[-3000:],
-        )
+    with serve(env, log, stop_grace_s=20) as (url, process):
         yield url, process.pid
-    finally:
-        stop_group(process, first=signal.SIGTERM, grace=20)

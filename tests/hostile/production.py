@@ -31,9 +31,9 @@ import pytest
 from sagaplane.chain import GENESIS, stamp
 
 from tests.conftest import unavailable
+from tests.support.gunicorn import gunicorn
 from tests.support.ports import free_port
-from tests.support.probes import healthy, redis_answers
-from tests.support.processes import stop_group
+from tests.support.probes import redis_answers
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,42 +208,17 @@ def control_plane(
     )
     out = manage(env, "create_api_key", "--tenant", tenant, "--name", "hostile", "--scopes", "ingest,read")
     api_key = out.strip().splitlines()[-1]
-    port = free_port()
-    log = Path(env["SAGAPLANE_DATA_DIR"]) / f"gunicorn-{port}.log"
-    with log.open("w") as log_file:
-        process = subprocess.Popen(
-            [
-                str(VENV_BIN / "gunicorn"),
-                "-c",
-                str(ROOT / "infra" / "gunicorn.conf.py"),
-                "controlplane.asgi:application",
-                "-k",
-                "uvicorn.workers.UvicornWorker",
-                "--workers",
-                str(workers),
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--graceful-timeout",
-                "10",
-            ],
-            cwd=ROOT,
-            env=serve_env or env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = ControlPlane(f"http://127.0.0.1:{port}", api_key, process, log)
-    try:
-        wait_until(
-            lambda: healthy(server.url, PROXY_HEADERS),
-            "gunicorn to answer /healthz",
-            deadline=STARTUP_DEADLINE,
-            alive=process,
-            context=server.log_tail,
-        )
-        yield server
-    finally:
-        stop_group(process, first=signal.SIGTERM)
+    log = Path(env["SAGAPLANE_DATA_DIR"]) / f"gunicorn-{uuid.uuid4().hex[:8]}.log"
+    with gunicorn(
+        serve_env or env,
+        log,
+        workers=workers,
+        probe_headers=PROXY_HEADERS,
+        graceful_timeout_s=10,
+        config=ROOT / "infra" / "gunicorn.conf.py",
+        deadline=STARTUP_DEADLINE,
+    ) as (url, process):
+        yield ControlPlane(url, api_key, process, log)
 
 
 def _cookies(response: httpx.Response) -> dict[str, str]:
