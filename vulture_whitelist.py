@@ -22,7 +22,7 @@ TransparencyConfig  # unused class (transparency/apps.py:4)
 run_validation  # unused method (core/inputs.py)
 
 # Django models: Meta options and fields (columns read by SQL, serializers, templates, the admin; Model._state).
-_.adding  # unused attribute (audit/bulk.py:146)
+_.adding  # unused attribute (audit/queries.py)
 output_field  # unused variable (audit/models.py:35)
 Meta  # unused class (audit/models.py:49)
 constraints  # unused variable (audit/models.py:50)

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from core.postcommit import after_commit
 
 if TYPE_CHECKING:
-    from audit.bulk import StoredRow
     from audit.models import Record
+    from audit.queries import StoredRow
     from tenants.models import Tenant
 
 

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 from django.db import connection, models, transaction
 from django.http import HttpRequest, HttpResponse
 
+from core.sql import is_postgres
+
 TENANT_SETTING = "sagaplane.tenant_id"
 
 
@@ -56,12 +58,8 @@ def current_tenant() -> Tenant:
     return tenant
 
 
-def _is_postgres() -> bool:
-    return connection.vendor == "postgresql"
-
-
 def _set_local(name: str, value: str) -> None:
-    if _is_postgres():
+    if is_postgres():
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
 
@@ -73,7 +71,7 @@ def _transaction_failed() -> bool:
     if connection.needs_rollback:
         return True
     raw = connection.connection
-    if not _is_postgres() or raw is None:
+    if not is_postgres() or raw is None:
         return False
     from psycopg.pq import TransactionStatus
 
@@ -126,7 +124,7 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
     of its own inside a transaction, and is refused outside one (it would run with no tenant).
     Each statement carries the tenant active when it runs, so a `tenant_context` or another
     `tenant_statements` nested inside runs as its own tenant. On SQLite this is `tenant_context`."""
-    if not _is_postgres():
+    if not is_postgres():
         with tenant_context(tenant):
             yield tenant
         return

@@ -20,6 +20,7 @@ from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, 
 
 from core.numbers import ascii_int
 from core.scoping import current_tenant
+from sagas import queries
 from sagas.models import Saga, SagaStatus, Step
 
 
@@ -194,15 +195,7 @@ def _first_by_tool(
     if len(found) == limit:
         return found
     ids = Step.objects.filter(tool=tool).order_by().values_list("saga_id", flat=True).distinct()
-    if connection.vendor != "postgresql":
-        return list(order(sagas.filter(pk__in=ids))[:limit])
-    listed = list(ids[: IDS_CAP + 1])
-    if len(listed) > IDS_CAP:  # common overall, yet not among the newest WALK: the planner decides
-        return list(order(sagas.filter(uses))[:limit])
-    # One array parameter, so the plan is primary-key lookups and a top-N sort (an IN list of
-    # thousands of parameters costs more to plan than to run: 22-120 ms against 17 at 10M records).
-    table = connection.ops.quote_name(Saga._meta.db_table)
-    return list(order(sagas.extra(where=[f"{table}.id = ANY(%s)"], params=[listed]))[:limit])
+    return list(order(queries.with_step_in(sagas, ids, uses, cap=IDS_CAP))[:limit])
 
 
 def newest_first(sagas: QuerySet[Saga]) -> QuerySet[Saga]:

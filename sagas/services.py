@@ -24,7 +24,7 @@ from audit.hooks import AppendedRecords, OnStored
 from audit.jsonvalues import index_json, index_text
 from core.postcommit import after_commit
 from core.scoping import tenant_context
-from sagas import bulk
+from sagas import queries
 from sagas.models import AGENT_NAME_MAX, Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
 
@@ -72,7 +72,7 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def _set_status(saga: bulk.SagaState, status: str) -> None:
+def _set_status(saga: queries.SagaState, status: str) -> None:
     if saga.status == SagaStatus.QUARANTINED:
         return  # a quarantine is lifted by a human (a later issue), never by the agent's own records
     if saga.status == SagaStatus.ROLLBACK_PARTIAL and status == SagaStatus.ROLLED_BACK:
@@ -81,8 +81,8 @@ def _set_status(saga: bulk.SagaState, status: str) -> None:
 
 
 def _apply_one(
-    saga: bulk.SagaState, record: Any, fields: dict[str, Any] | None, steps: dict[str, bulk.StepState]
-) -> bulk.StepState | None:
+    saga: queries.SagaState, record: Any, fields: dict[str, Any] | None, steps: dict[str, queries.StepState]
+) -> queries.StepState | None:
     """Fold one record into its saga (and step). Returns the step it touched, if any."""
     biz = fields or {}
     event = record.event
@@ -96,7 +96,7 @@ def _apply_one(
     saga.last_leaf_index = record.leaf_index
     if saga.started_at is None:
         saga.started_at = when
-    touched: bulk.StepState | None = None
+    touched: queries.StepState | None = None
     if event == Event.SAGA_START:
         # Index copies (audit.jsonvalues): the records keep the exact values.
         saga.name = index_text(str(biz.get("name") or saga.name)[:200])
@@ -112,7 +112,7 @@ def _apply_one(
     elif event in STEP_EVENTS and record.step_id:
         touched = steps.get(record.step_id)
         if touched is None:
-            touched = bulk.StepState(
+            touched = queries.StepState(
                 saga,
                 record.step_id,
                 ordinal=len(steps) + 1,
@@ -157,7 +157,7 @@ def agent_label(name: str) -> str:
     return _NOT_SHOWN.sub("", name).strip()[:AGENT_NAME_MAX]
 
 
-def _lease(saga: bulk.SagaState, when: datetime | None) -> None:
+def _lease(saga: queries.SagaState, when: datetime | None) -> None:
     if when is not None and (saga.last_lease_at is None or when > saga.last_lease_at):
         saga.last_lease_at = when
     if saga.last_lease_at is not None and saga.lease_ttl:
@@ -173,12 +173,12 @@ class _Fold:
 
     items: Sequence[Item]
     saga_ids: list[str]
-    sagas: dict[str, bulk.SagaState] = field(default_factory=dict)
+    sagas: dict[str, queries.SagaState] = field(default_factory=dict)
     before: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    new_sagas: list[bulk.SagaState] = field(default_factory=list)
-    existing: list[bulk.SagaState] = field(default_factory=list)
-    steps: list[bulk.StepState] = field(default_factory=list)
+    new_sagas: list[queries.SagaState] = field(default_factory=list)
+    existing: list[queries.SagaState] = field(default_factory=list)
+    steps: list[queries.StepState] = field(default_factory=list)
     snapshot: dict[str, tuple[int | None, int | None]] | None = None
 
     def changes(self) -> list[dict[str, Any]]:
@@ -202,20 +202,20 @@ def _fold(tenant: Tenant, items: Sequence[Item]) -> _Fold:
     # Steps are read only for the sagas whose records here are step records (what _apply_one
     # folds into a step); the rest of a saga's records touch only the saga row.
     stepping = {rec.saga_id for rec, _ in items if rec.saga_id and rec.step_id and rec.event in STEP_EVENTS}
-    sagas, steps = bulk.load(tenant.pk, saga_ids, steps_of=stepping)
+    sagas, steps = queries.load(tenant.pk, saga_ids, steps_of=stepping)
     fold.sagas = sagas
     fold.snapshot = {sid: (s.pk, s.last_leaf_index) for sid, s in sagas.items()}
     fold.before = {sid: s.status for sid, s in sagas.items()}
     counts = fold.counts = dict.fromkeys(saga_ids, 0)
     new_sagas = fold.new_sagas
-    new_steps: list[bulk.StepState] = []
-    dirty_steps: dict[int, bulk.StepState] = {}
+    new_steps: list[queries.StepState] = []
+    dirty_steps: dict[int, queries.StepState] = {}
     for record, fields in items:
         if not record.saga_id:
             continue
         saga = sagas.get(record.saga_id)
         if saga is None:
-            saga = bulk.SagaState(tenant.pk, record.saga_id, record.stream.stream_id)
+            saga = queries.SagaState(tenant.pk, record.saga_id, record.stream.stream_id)
             sagas[record.saga_id] = saga
             new_sagas.append(saga)
         counts[record.saga_id] += 1
@@ -240,7 +240,7 @@ def apply_records(tenant: Tenant, items: Sequence[Item]) -> list[dict[str, Any]]
     fold = _fold(tenant, items)
     if fold.saga_ids:
         # One upsert on Postgres (sagas then their touched steps); the ORM elsewhere.
-        bulk.save(tenant.pk, fold.new_sagas, fold.existing, fold.steps)
+        queries.save(tenant.pk, fold.new_sagas, fold.existing, fold.steps)
     return fold.changes()
 
 
@@ -248,7 +248,7 @@ def prepare_records(tenant: Tenant, items: Sequence[Item]) -> _Fold | None:
     """Ingest, before the tenant log lock: on Postgres, read and fold now, with each record's leaf
     index standing as a marker -(n+1) (the real indices are not known yet), so the locked section
     only checks and writes (`apply_prepared`). Elsewhere nothing happens early."""
-    if not bulk.is_postgres():
+    if not queries.guarded_save():
         return None
     for n, (record, _) in enumerate(items):
         record.leaf_index = -(n + 1)
@@ -265,7 +265,7 @@ def apply_prepared(
         return apply_records(tenant, items)
     if not fold.saga_ids:
         return []
-    if bulk.save(tenant.pk, fold.new_sagas, fold.existing, fold.steps, base=base, snapshot=fold.snapshot):
+    if queries.save(tenant.pk, fold.new_sagas, fold.existing, fold.steps, base=base, snapshot=fold.snapshot):
         return fold.changes()
     logger.info("saga projection changed while a batch was being verified; folding again under the lock")
     return apply_records(tenant, items)

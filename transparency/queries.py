@@ -25,8 +25,8 @@ from typing import Any
 from django.db import connection
 from sagaplane import merkle
 
-from audit.bulk import is_postgres, server_cursor
 from audit.models import Record
+from core.sql import is_postgres, server_cursor
 from transparency.models import Checkpoint, TreeNode
 
 # Rows per statement: bounds the size of one bind (a 1M-leaf backlog round writes ~2M nodes).

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit import bulk
+from audit import queries
 from audit.models import Record
 from core.errors import DomainError
 
@@ -51,7 +51,7 @@ class IngestResult:
     duplicates: int
     head_seq: int | None
     head_hash: str
-    rows: list[bulk.StoredRow] = field(default_factory=list)
+    rows: list[queries.StoredRow] = field(default_factory=list)
 
     @property
     def records(self) -> list[Record]:

@@ -4,18 +4,17 @@ indices, headers, payloads, the stream head) and handed to the subscribers of `a
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from django.utils import timezone
 from sagaplane.leaf import leaf_data
 from sagaplane.merkle import leaf_hash
 
-from audit import bulk, hooks
+from audit import hooks, queries
 from audit.actions.common import IngestRefused, IngestResult
 from audit.actions.parsing import Incoming
 from audit.actions.verification import Plan, plan_batch
 from audit.jsonvalues import index_text
-from audit.models import Stream, TenantLog
+from audit.models import Stream
 from core import timing
 from tenants.models import Tenant
 
@@ -39,14 +38,6 @@ def lock_stream(tenant: Tenant, stream_id: str, kind: str) -> Stream:
     return stream
 
 
-def _lock_log(tenant: Tenant) -> TenantLog:
-    log = TenantLog.objects.select_for_update().first()
-    if log is None:
-        TenantLog.objects.bulk_create([TenantLog(tenant=tenant)], ignore_conflicts=True)
-        log = TenantLog.objects.select_for_update().get()
-    return log
-
-
 def _verbatim(rec: Incoming) -> str:
     """Record.verbatim: the header text a column could not hold as sent (see the model)."""
     sent = {"event": rec.event, "_redacted": rec.redacted}
@@ -55,7 +46,7 @@ def _verbatim(rec: Incoming) -> str:
     return json.dumps({name: value for name, value in sent.items() if value})
 
 
-def _store(tenant: Tenant, stream: Stream, plan: Plan, *, actor: str) -> list[bulk.StoredRow]:
+def _store(tenant: Tenant, stream: Stream, plan: Plan, *, actor: str) -> list[queries.StoredRow]:
     """Append the planned records: leaf indices under the tenant log lock, headers then payloads,
     the stream head, and what the subscribers of `audit.hooks` do with them (the saga projection
     in the transaction; the live event and the integration request after commit).
@@ -66,7 +57,7 @@ def _store(tenant: Tenant, stream: Stream, plan: Plan, *, actor: str) -> list[bu
     stream_name = stream.stream_id
     with timing.phase("rows"):  # leaf hashes, payload JSON: no lock, no statement
         rows = [
-            bulk.StoredRow(
+            queries.StoredRow(
                 tenant.pk,
                 stream,
                 position,
@@ -98,37 +89,15 @@ def _store(tenant: Tenant, stream: Stream, plan: Plan, *, actor: str) -> list[bu
     with timing.phase("insert_payloads"):
         # No lock needed yet (same transaction): header ids and payloads; subscribers read and fold
         # now too (the saga projection, on Postgres), and re-check under the lock before they write.
-        bulk.prepare_records(rows)
+        queries.prepare_records(rows)
     with timing.phase("projection_fold"):
         on_stored = hooks.records_appending(appended)
-    if bulk.is_postgres():
-        with timing.phase("log_lock"):  # the tenant's appends serialise here (gapless leaf indices)
-            bulk.wait_for_log(tenant.pk)
+    queries.wait_for_log(tenant.pk)  # the tenant's appends serialise here (gapless leaf indices)
     with timing.phase("insert_locked"):
-        base = _append(tenant, stream, now, rows, plan)
+        base = queries.append(tenant.pk, stream, now, rows)
     with timing.phase("projection_write"):
         hooks.records_stored(appended, on_stored, base)
     return rows
-
-
-def _append(tenant: Tenant, stream: Stream, now: Any, rows: list[bulk.StoredRow], plan: Plan) -> int:
-    """Under the tenant log lock: leaf indices, headers, payloads, the stream head; returns the
-    first leaf index."""
-    base = bulk.lock_and_append(tenant.pk, stream, now, rows) if bulk.is_postgres() else None
-    if base is None and bulk.is_postgres():
-        _lock_log(tenant)  # the tenant's first records: create its log row
-        base = bulk.lock_and_append(tenant.pk, stream, now, rows)
-    if base is None:
-        log = _lock_log(tenant)
-        base = log.size
-        bulk.insert_records(tenant.pk, stream.pk, base, now, rows)
-        last_rec, last_pos = plan.new[-1]
-        Stream.objects.filter(pk=stream.pk).update(
-            head_hash=last_rec.h, head_seq=last_rec.seq, length=last_pos, updated_at=now
-        )
-        stream.head_hash, stream.head_seq, stream.length = last_rec.h, last_rec.seq, last_pos
-        TenantLog.objects.filter(pk=log.pk).update(size=base + len(rows))
-    return base
 
 
 def ingest_into(tenant: Tenant, stream: Stream, batch: list[Incoming], *, actor: str) -> IngestResult:

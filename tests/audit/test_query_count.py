@@ -1,5 +1,5 @@
 """The ingest request does a fixed number of queries, whatever the batch size: set-based writes
-(audit.bulk, sagas.bulk), no per-record or per-saga query (an N+1 would make large batches slow)."""
+(audit.queries, sagas.queries), no per-record or per-saga query (an N+1 would make large batches slow)."""
 
 from __future__ import annotations
 

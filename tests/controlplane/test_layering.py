@@ -138,14 +138,12 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     # Witness pages read and change witnesses through the module that owns them.
     ("frontend.evidence_views", "transparency.witnesses"): "the witness policy",
     ("frontend.witness_views", "transparency.witnesses"): "witness administration",
-    # The evidence store's JSON value and bulk-insert helpers, shared by the apps above it.
+    # The evidence store's JSON value helpers, shared by the apps above it.
     ("reconciliation.services", "audit.jsonvalues"): "JSON value checks",
     ("sagas.api", "audit.jsonvalues"): "JSON value checks",
     ("sagas.services", "audit.jsonvalues"): "JSON value checks",
     ("transparency.bundles", "audit.jsonvalues"): "JSON value checks",
     ("transparency.actions.seals", "audit.jsonvalues"): "JSON value checks",
-    ("sagas.bulk", "audit.bulk"): "the set-based insert",
-    ("transparency.queries", "audit.bulk"): "the set-based insert",
     # Reconciliation posts its verdicts with recovery's signed webhook sender.
     ("reconciliation.tasks", "recovery.webhook"): "the signed webhook",
     # Recovery keeps webhook secrets encrypted under the master keys, as the log's signing seed is.
@@ -268,6 +266,46 @@ def test_the_gate_imports_nothing_of_approvals() -> None:
         if name.split(".")[0] == "approvals"
     }
     assert imported == set()
+
+
+def _asks_which_database(path: Path) -> list[int]:
+    """Lines of `path` that ask which database this is: a `.vendor` or an `is_postgres`."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if (isinstance(node, ast.Attribute) and node.attr in ("vendor", "is_postgres"))
+        or (isinstance(node, ast.Name) and node.id == "is_postgres")
+        or (isinstance(node, ast.alias) and node.name == "is_postgres")
+    )
+
+
+def vendor_branches() -> list[str]:
+    """Where a module other than an app's `queries`, core or a migration asks which database this is."""
+    return [
+        f"{path.relative_to(ROOT)}:{line}"
+        for module, path in _modules()
+        if module.split(".")[0] != "core"
+        and module.split(".")[-1] != "queries"
+        and "migrations" not in module.split(".")
+        for line in _asks_which_database(path)
+    ]
+
+
+def test_sql_for_one_database_is_in_the_apps_queries_modules() -> None:
+    # Each app's SQL written for one database is in its queries.py, each query with a parity test
+    # (tests/<app>/test_queries.py, run on Postgres and on SQLite); the rest speaks the ORM.
+    assert vendor_branches() == []
+
+
+def test_a_vendor_branch_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sagas").mkdir()
+    (tmp_path / "sagas" / "fast.py").write_text(
+        "from django.db import connection\nfrom core.sql import is_postgres\n"
+        "def f():\n    return connection.vendor == 'postgresql' or is_postgres()\n"
+    )
+    (tmp_path / "sagas" / "queries.py").write_text("from core.sql import is_postgres\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert vendor_branches() == ["sagas/fast.py:2", "sagas/fast.py:4", "sagas/fast.py:4"]
 
 
 @pytest.mark.parametrize(

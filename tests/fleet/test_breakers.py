@@ -250,8 +250,8 @@ def test_a_change_of_threshold_counts_afresh_and_is_recorded(tenant_a: Tenant, s
 def test_a_tenant_without_breakers_reads_nothing_more_for_its_outcomes(
     tenant_a: Tenant, store: Any, django_assert_num_queries: Any
 ) -> None:
-    from audit.bulk import StoredRow
     from audit.hooks import AppendedRecords
+    from audit.queries import StoredRow
 
     Agent(tenant_a).outcome("STEP_COMMITTED")  # the policies are now held by this process
     row = StoredRow.__new__(StoredRow)

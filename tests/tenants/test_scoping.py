@@ -200,7 +200,7 @@ def test_statement_scoped_block_in_a_transaction_leaves_no_setting_behind(
 def test_a_statement_that_cannot_carry_the_tenant_is_refused_outside_a_transaction(
     transactional_db: None, tenant_a: Tenant, alice: Person
 ) -> None:
-    from audit.bulk import server_cursor
+    from core.sql import server_cursor
 
     with tenant_statements(tenant_a):
         with pytest.raises(TenantScopeError), server_cursor() as cursor:

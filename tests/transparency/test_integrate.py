@@ -307,17 +307,17 @@ def test_integrate_fully_stops_at_the_log_size_without_an_empty_round(
 def test_a_seal_batch_reads_no_steps(
     tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sagas import bulk
+    from sagas import queries
 
     writer_a.saga("done", steps=3)
     asked: list[list[int]] = []
-    real = bulk._select_steps
+    real = queries._select_steps
 
     def recorded(tenant_id: int, saga_pks: list[int]) -> Any:
         asked.append(list(saga_pks))
         return real(tenant_id, saga_pks)
 
-    monkeypatch.setattr(bulk, "_select_steps", recorded)
+    monkeypatch.setattr(queries, "_select_steps", recorded)
     settle(tenant_a)  # integrates and appends the saga's seal (a record about the saga, no step)
     assert asked and all(pks == [] for pks in asked)
     asked.clear()

@@ -1,4 +1,6 @@
-"""Set-based writes for the ingest hot path.
+"""The evidence store's SQL written for one database, all of it (issue 25): the set-based writes of
+the ingest hot path. Each query answers the same on every database (tests/audit/test_queries.py
+runs each on Postgres and on SQLite); elsewhere the store speaks the ORM.
 
 On Postgres every batch is one statement per table family, with the values sent as typed arrays
 and expanded by `unnest` on the server (server-side binding on the Django connection's own psycopg
@@ -6,9 +8,10 @@ connection, so the statement runs inside the caller's transaction and under the 
 setting; the row-level-security WITH CHECK clause still applies to every row). On any other backend
 (SQLite for the embedded demo and the fast test suite) the same rows go through `executemany`.
 
-Nothing here decides anything: `audit.services` verifies and plans, this module only writes what it
-is given. Queries go through Django's cursor wrapper, so `CaptureQueriesContext` and the debug log
-see them like any ORM query.
+Nothing here decides anything: `audit.actions` verifies and plans, this module only writes what it
+is given. The tenant is each query's argument (or its rows' column), never left to the active
+scope: on SQLite nothing else would filter them. Queries go through Django's cursor wrapper, so
+`CaptureQueriesContext` and the debug log see them like any ORM query.
 """
 
 from __future__ import annotations
@@ -20,22 +23,9 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, Model
 
-
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
-
-
-def server_cursor() -> Any:
-    """A server-side-binding psycopg cursor on Django's connection (same transaction), wrapped
-    like Django's own cursors (error translation, query logging)."""
-    import psycopg
-
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
-    # django-stubs types these as taking a CursorWrapper; Django passes them the DB-API cursor.
-    if connection.queries_logged:
-        return connection.make_debug_cursor(raw)  # type: ignore[arg-type]
-    return connection.make_cursor(raw)  # type: ignore[arg-type]
+from audit.models import Record, RecordPayload, Stream, TenantLog
+from core import timing
+from core.sql import is_postgres, server_cursor
 
 
 def _column(model: type[Model], name: str) -> str:
@@ -117,9 +107,7 @@ class StoredRow:
         self.salt = salt
         self.verbatim = verbatim  # see Record.verbatim
 
-    def as_record(self) -> Any:
-        from audit.models import Record
-
+    def as_record(self) -> Record:
         if self.received_at is None:
             raise RuntimeError("as_record() is for a row that has been stored")
         record = Record(
@@ -193,15 +181,42 @@ def prepare_records(rows: Sequence[StoredRow]) -> None:
         row.pk = pk
 
 
-def insert_records(
-    tenant_id: int, stream_pk: int, first_leaf: int, now: datetime, rows: Sequence[StoredRow]
-) -> None:
-    """The SQLite path (Postgres appends with `lock_and_append`): the headers at leaf indices
-    first_leaf.. in row order, then their payloads. The caller holds the tenant log lock."""
+def append(tenant_id: int, stream: Stream, now: datetime, rows: Sequence[StoredRow]) -> int:
+    """Under the tenant log lock (taken here, held until commit): the headers at leaf indices
+    base.. in row order, their payloads (on Postgres already written by `prepare_records`), the
+    tenant log's size and the stream head moved to the last row. Returns base, the first leaf
+    index. On Postgres one statement (a second after the tenant's log row is created, for its
+    first records); elsewhere the ORM's lock and updates around one `executemany` per table."""
+    if is_postgres():
+        base = _lock_and_append(tenant_id, stream, now, rows)
+        if base is None:
+            _lock_log(tenant_id)  # the tenant's first records: create its log row
+            base = _lock_and_append(tenant_id, stream, now, rows)
+        if base is None:  # pragma: no cover - the row was created and locked just above
+            raise RuntimeError("the tenant's log row is missing")
+        return base
+    log = _lock_log(tenant_id)
+    base = log.size
     for offset, row in enumerate(rows):
-        row.leaf_index = first_leaf + offset
+        row.leaf_index = base + offset
         row.received_at = now
     _insert_sqlite(rows)
+    last = rows[-1]
+    Stream.objects.filter(tenant_id=tenant_id, pk=stream.pk).update(
+        head_hash=last.h, head_seq=last.seq, length=last.position, updated_at=now
+    )
+    stream.head_hash, stream.head_seq, stream.length = last.h, last.seq, last.position
+    TenantLog.objects.filter(tenant_id=tenant_id, pk=log.pk).update(size=base + len(rows))
+    return base
+
+
+def _lock_log(tenant_id: int) -> TenantLog:
+    """The tenant's log row, locked until the transaction ends (created on its first records)."""
+    log = TenantLog.objects.select_for_update().filter(tenant_id=tenant_id).first()
+    if log is None:
+        TenantLog.objects.bulk_create([TenantLog(tenant_id=tenant_id)], ignore_conflicts=True)
+        log = TenantLog.objects.select_for_update().get(tenant_id=tenant_id)
+    return log
 
 
 _LOCK_AND_APPEND = """
@@ -236,13 +251,16 @@ SELECT base FROM log
 def wait_for_log(tenant_id: int) -> None:
     """Postgres: take the tenant log row lock (held until commit) in a statement of its own, so
     that waiting for it -- behind the other appends of the tenant, each holding it through its
-    insert, projection write and commit -- is measured apart from the append (`log_lock`).
-    `lock_and_append` then takes the lock this transaction already holds."""
-    with server_cursor() as cursor:
+    insert, projection write and commit -- is measured apart from the append (phase `log_lock`);
+    `append` then takes the lock this transaction already holds. Elsewhere nothing: `append`
+    takes the lock (SQLite's write transactions already run one at a time)."""
+    if not is_postgres():
+        return
+    with timing.phase("log_lock"), server_cursor() as cursor:  # the tenant's appends serialise here
         cursor.execute("SELECT 1 FROM audit_tenantlog WHERE tenant_id = %s FOR UPDATE", [tenant_id])
 
 
-def lock_and_append(tenant_id: int, stream: Any, now: datetime, rows: Sequence[StoredRow]) -> int | None:
+def _lock_and_append(tenant_id: int, stream: Stream, now: datetime, rows: Sequence[StoredRow]) -> int | None:
     """Postgres, in one statement: take the tenant log row lock (UPDATE, held until commit) and
     advance its size, append the headers at leaf indices base.. in row order, and move the stream
     head to the last row. Returns base, or None when the tenant has no log row yet (nothing was
@@ -289,8 +307,6 @@ def _insert_sqlite(rows: Sequence[StoredRow]) -> None:
     """SQLite: the headers then their payloads, each one `executemany` of a plain INSERT (no model
     instances; the ORM's bulk_create spent most of an embedded ingest building SQL). The ids are
     read back by (stream, position): the write transaction is IMMEDIATE, so nobody else inserts."""
-    from audit.models import Record, RecordPayload
-
     if not rows:
         return
     meta = Record._meta

@@ -1,10 +1,19 @@
-"""Writing the folded projection: one statement per batch on Postgres, the ORM elsewhere.
+"""The saga projection's SQL written for one database, all of it (issue 25): each query answers the
+same on every database (tests/sagas/test_queries.py runs each on Postgres and on SQLite);
+elsewhere the projection speaks the ORM.
 
-`sagas.services.apply_records` decides every value (in Python, from the records, under the
-tenant log lock); this module only persists the sagas and steps a batch touched. On Postgres that
-is a single upsert: sagas `INSERT ... ON CONFLICT (tenant, saga_id) DO UPDATE`, then their touched
-steps `INSERT ... ON CONFLICT (saga, step_id) DO UPDATE`, in one round trip, inside the ingest
-transaction and under the tenant's row-level security.
+- `load` and `save`: reading and writing the folded projection, one statement per batch on
+  Postgres, the ORM elsewhere. `sagas.services.apply_records` decides every value (in Python,
+  from the records, under the tenant log lock); `save` only persists the sagas and steps a batch
+  touched. On Postgres that is a single upsert: sagas `INSERT ... ON CONFLICT (tenant, saga_id) DO
+  UPDATE`, then their touched steps `INSERT ... ON CONFLICT (saga, step_id) DO UPDATE`, in one
+  round trip, inside the ingest transaction and under the tenant's row-level security; guarded
+  (`guarded_save`) by what a fold made before the tenant log lock read.
+- `with_step_in`: the sagas among a query whose id a list of saga ids holds, as one array
+  parameter on Postgres.
+
+The tenant is each query's argument, never left to the active scope alone: these run inside the
+caller's tenant transaction, and on SQLite nothing else would filter them.
 """
 
 from __future__ import annotations
@@ -14,7 +23,10 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from audit.bulk import is_postgres, server_cursor
+from django.db import connection
+from django.db.models import Exists, QuerySet
+
+from core.sql import is_postgres, server_cursor
 from sagas.models import Saga, SagaStatus, Step, StepStatus
 
 SAGA_FIELDS = [
@@ -192,7 +204,8 @@ _STEP_COLUMNS = ["id", "saga_id", "step_id", "ordinal", "first_leaf_index", *STE
 
 def _select_sagas(tenant_id: int, saga_ids: Sequence[str]) -> list[tuple[Any, ...]]:
     if not is_postgres():
-        return list(Saga.objects.filter(saga_id__in=list(saga_ids)).values_list(*_SAGA_COLUMNS))
+        found = Saga.objects.filter(tenant_id=tenant_id, saga_id__in=list(saga_ids))
+        return list(found.values_list(*_SAGA_COLUMNS))
     # One array parameter instead of an IN list of hundreds (the ORM builds those slowly); the
     # tenant condition uses the (tenant, saga_id) unique index, and RLS applies as well.
     with server_cursor() as cursor:
@@ -207,7 +220,7 @@ def _select_sagas(tenant_id: int, saga_ids: Sequence[str]) -> list[tuple[Any, ..
 def _select_steps(tenant_id: int, saga_pks: list[int]) -> list[tuple[Any, ...]]:
     if not is_postgres():
         return list(
-            Step.objects.filter(saga_id__in=saga_pks)
+            Step.objects.filter(tenant_id=tenant_id, saga_id__in=saga_pks)
             .order_by("saga_id", "ordinal")
             .values_list(*_STEP_COLUMNS)
         )
@@ -222,6 +235,13 @@ def _select_steps(tenant_id: int, saga_pks: list[int]) -> list[tuple[Any, ...]]:
         )
         rows = cursor.fetchall()
     return [(*r[:at], None if r[at] is None else json.loads(r[at]), *r[at + 1 :]) for r in rows]
+
+
+def guarded_save() -> bool:
+    """Whether `save` takes a `snapshot`: writes a fold made before the tenant log lock only if the
+    sagas it read are unchanged (Postgres, one guarded statement). Elsewhere folds are made under
+    the lock, and nothing is folded early."""
+    return is_postgres()
 
 
 def save(
@@ -239,7 +259,7 @@ def save(
     answer whether it wrote; leaf markers -(n+1) become base + n."""
     if is_postgres():
         return _save_postgres(tenant_id, [*new_sagas, *existing], steps, base, snapshot)
-    if snapshot is not None:  # pragma: no cover - callers fold early on Postgres only
+    if snapshot is not None:  # pragma: no cover - callers fold early on Postgres only (guarded_save)
         raise ValueError("a guarded save is for Postgres")
     _save_orm(tenant_id, new_sagas, existing, steps)
     return True
@@ -333,3 +353,21 @@ def _save_postgres(
     for saga in sagas:
         saga.pk = ids[saga.saga_id]
     return True
+
+
+def with_step_in(
+    sagas: QuerySet[Saga], saga_pks: QuerySet[Step, int], uses: Exists, *, cap: int
+) -> QuerySet[Saga]:
+    """The sagas among `sagas` whose id `saga_pks` (the tenant's steps' saga ids) lists, unordered.
+    Postgres: when the list has at most `cap` ids, read them first and pass them as one array
+    parameter, so the plan is primary-key lookups and a top-N sort (an IN list of thousands of
+    parameters costs more to plan than to run: 22-120 ms against 17 at 10M records); past `cap`,
+    `uses` (the same steps, as a probe of each saga) and the planner decides. Elsewhere a subquery.
+    `sagas` and `saga_pks` are the active tenant's (TenantScopedModel)."""
+    if not is_postgres():
+        return sagas.filter(pk__in=saga_pks)
+    listed = list(saga_pks[: cap + 1])
+    if len(listed) > cap:  # common overall, yet not among the newest walked: the planner decides
+        return sagas.filter(uses)
+    table = connection.ops.quote_name(Saga._meta.db_table)
+    return sagas.extra(where=[f"{table}.id = ANY(%s)"], params=[listed])
