@@ -63,6 +63,7 @@ _ANSWER = inline_serializer(
         "limit": serializers.CharField(required=False),
         "remaining": serializers.CharField(required=False),
         "retry_after": serializers.IntegerField(required=False, allow_null=True),
+        "reservation": serializers.DictField(required=False),
     },
 )
 
@@ -88,6 +89,7 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
                 "tags": serializers.ListField(child=serializers.CharField(), required=False),
                 "idempotency_key": serializers.CharField(required=False),
                 "reason": serializers.CharField(required=False, max_length=500),
+                "reserve": serializers.CharField(required=False),
             },
         ),
         responses={200: _ANSWER},
@@ -219,6 +221,48 @@ class GateLeaseReturnView(TenantScopedViewMixin, APIView):
         return Response(
             _returned(self.tenant, {**_body(request), "lease_id": str(lease_id)}, self.actor, "body")
         )
+
+
+# ------------------------------------------------------------------------------------ reservations
+
+_SETTLEMENT = inline_serializer(
+    "GateReservation",
+    {
+        "id": serializers.UUIDField(),
+        "state": serializers.ChoiceField(choices=["open", "settled"]),
+        "reserved": serializers.CharField(),
+        "actual": serializers.CharField(required=False),
+        "overrun": serializers.CharField(required=False),
+        "settled_by": serializers.CharField(required=False),
+    },
+)
+
+
+class GateReservationSettleView(TenantScopedViewMixin, APIView):
+    """Settle a reservation (an allow asked with `reserve`) at `{"actual": amount}`: the difference
+    returns to its budgets, an actual above the reserve is an overrun, counted. Once: a settled
+    reservation answers its settlement again (agents usually settle in their WAL's step records)."""
+
+    access = {"POST": GATE}
+
+    @extend_schema(
+        operation_id="gate_reservation_settle",
+        request=inline_serializer("GateSettle", {"actual": serializers.CharField()}),
+        responses={200: _SETTLEMENT, 404: ErrorSerializer},
+    )
+    def post(self, request: Request, reservation_id: uuid.UUID) -> Response:
+        data = _body(request)
+        if "actual" not in data:
+            raise DomainError("invalid", "actual: the amount the call really cost", field="actual")
+        try:
+            answer = services.settle_reservation(
+                self.tenant, reservation_id, data["actual"], actor=self.actor
+            )
+        except ValueError as exc:
+            raise DomainError("invalid", f"actual: {exc}", field="actual") from None
+        if answer is None:
+            raise DomainError("not_found", "no such reservation", status=404)
+        return Response(answer)
 
 
 # ------------------------------------------------------------------------------------ fleet status

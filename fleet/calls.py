@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import DomainError
-from fleet.gate import GateRequest
+from fleet.gate import GateRequest, amount_sent, to_units
 
 TEXT_MAX = 200
 REASON_MAX = 500  # the requester's reason, shown to approvers (ApprovalRequest.reason)
@@ -36,7 +36,18 @@ def gate_call(data: dict[str, Any], api_key_prefix: str) -> GateRequest:
         api_key_prefix=api_key_prefix,
         client_idempotency_key=_text(data, "idempotency_key", required=False),
         reason=_text(data, "reason", required=False, limit=REASON_MAX),
+        reserve=_reserve(data),
     )
+
+
+def _reserve(data: dict[str, Any]) -> int | None:
+    """`reserve`: the estimate a reservation debits (a JSON number or a decimal string), in units."""
+    if "reserve" not in data:
+        return None
+    try:
+        return to_units(amount_sent(data["reserve"]))
+    except ValueError as exc:
+        raise DomainError("invalid", f"reserve: {exc}", field="reserve") from None
 
 
 def _text(data: dict[str, Any], name: str, *, required: bool = True, limit: int = TEXT_MAX) -> str:

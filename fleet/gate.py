@@ -42,6 +42,9 @@ class GateRequest:
     api_key_prefix: str = ""
     client_idempotency_key: str = ""
     reason: str = ""  # the requester's words for an approver (not part of the call's identity)
+    # A reservation (ARCHITECTURE §8.3, reserve then settle): the caller's estimate in units, debited
+    # from every budget the call meets instead of its argument, settled later with the real amount.
+    reserve: int | None = None
 
     @cached_property  # (a frozen dataclass without slots: the value lands in the instance's dict)
     def args_digest(self) -> str:
@@ -129,6 +132,17 @@ def to_units(value: Any) -> int:
     return int((number * SCALE).to_integral_value(rounding=ROUND_CEILING))
 
 
+def amount_sent(value: Any) -> Any:
+    """An amount as a client sends it: a JSON number, or a decimal string (exact, as answers give
+    amounts); `to_units` then refuses what is not a finite non-negative number."""
+    if isinstance(value, str) and len(value) <= 40:
+        try:
+            return Decimal(value)
+        except InvalidOperation:
+            raise ValueError("must be a number") from None
+    return value
+
+
 def from_units(units: int | float) -> str:
     """Units back to a decimal string for answers (no float rounding on the way out)."""
     return format((Decimal(int(units)) / SCALE).normalize(), "f") if units else "0"
@@ -176,6 +190,10 @@ def debit_for(limit: LimitSpec, request: GateRequest, *, tenant_tag: str) -> Deb
     key = f"sp:{{{tenant_tag}}}:{limit.kind[0]}:{limit.id}:{limit.window_s}:{digest}"
     if limit.kind == "rate":
         return Debit(key, "rate", limit.name, scope, 1, limit.cap_units, limit.window_s * 1000)
+    if request.reserve is not None:  # the estimate stands for the amount (the call may not name it)
+        return Debit(
+            key, "budget", limit.name, scope, request.reserve, limit.cap_units, limit.window_s * 1000
+        )
     if limit.argument not in request.args:
         raise InvalidArgument(
             limit.name, limit.argument, f"argument '{limit.argument}' is missing (limit '{limit.name}')"

@@ -19,6 +19,7 @@ from django.db import models
 from django.utils import timezone
 
 from core.scoping import TenantScopedModel
+from fleet.gate import from_units
 
 
 class OnCap(models.TextChoices):
@@ -146,8 +147,28 @@ class GateDecision(TenantScopedModel):
             answer: dict[str, Any] = {"decision": "allow", "authorization_id": str(self.id)}
             if self.detail.get("approvals"):
                 answer["approvals"] = list(self.detail["approvals"])  # the approvals it consumed
+            if self.detail.get("reservation"):
+                answer["reservation"] = reservation_answer(self)
             return answer
         return {"decision": Decision(self.decision).value, "reason": self.reason, **self.detail}
+
+
+def reservation_answer(row: GateDecision) -> dict[str, Any]:
+    """A reservation as answers show it (ARCHITECTURE §8.3): its id (the authorisation's), state,
+    the estimate reserved and, once settled, the actual amount and the overrun (what the actual
+    exceeded the reserve by, counted against every budget it debited)."""
+    held = row.detail["reservation"]
+    answer: dict[str, Any] = {
+        "id": str(row.id),
+        "state": held["state"],
+        "reserved": from_units(int(held["reserved"])),
+    }
+    if held["state"] == "settled":
+        actual = int(held["actual"])
+        answer["actual"] = from_units(actual)
+        answer["overrun"] = from_units(max(0, actual - int(held["reserved"])))
+        answer["settled_by"] = held.get("settled_by", "")
+    return answer
 
 
 class LimitCounter(TenantScopedModel):

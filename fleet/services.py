@@ -33,6 +33,8 @@ from fleet.actions.ledger import (
 )
 from fleet.actions.quarantine import quarantine
 from fleet.actions.rate_limits import create_rate_limit, delete_rate_limit, rate_limit_values
+from fleet.actions.reservations import settle as settle_reservation
+from fleet.actions.reservations import settle_saga as settle_saga_reservations
 from fleet.actions.snapshot import (
     breaker_spec,
     breakers_not_closed,
@@ -107,6 +109,8 @@ __all__ = [
     "recent_denials",
     "resume",
     "set_store",
+    "settle_reservation",
+    "settle_saga_reservations",
     "spend_since",
     "status_entries",
     "version_key",

@@ -6,6 +6,11 @@ urlpatterns = [
     path("gate/evaluate", api.GateEvaluateView.as_view(), name="gate-evaluate"),
     path("gate/leases", api.GateLeaseView.as_view(), name="gate-leases"),
     path("gate/leases/<uuid:lease_id>/return", api.GateLeaseReturnView.as_view(), name="gate-lease-return"),
+    path(
+        "gate/reservations/<uuid:reservation_id>/settle",
+        api.GateReservationSettleView.as_view(),
+        name="gate-reservation-settle",
+    ),
     path("fleet/status", api.FleetStatusView.as_view(), name="fleet-status"),
     path("fleet/budgets", api.BudgetListView.as_view(), name="fleet-budgets"),
     path("fleet/budgets/<id:budget_id>", api.BudgetDetailView.as_view(), name="fleet-budget"),

@@ -23,7 +23,7 @@ from core import availability, epoch, snapshots
 from core.actors import Actor
 from core.scoping import tenant_context
 from fleet import gate, hooks, queries
-from fleet.actions import breaker_states, snapshot
+from fleet.actions import breaker_states, reservations, snapshot
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.actions.writers import (
@@ -272,7 +272,11 @@ def _debit_and_record(call: _Call) -> Answer:
         # Too late to be sure a rebuild fenced us in: refuse (the Redis debit stays, erring
         # toward refusal).
         return writer.deny(request, "limit_store_unavailable", retry_after=1)
-    return writer.allow(request, decision_id, debits, call.verdict.requests, call.step)
+    # A reservation keeps the store's clock at the debit: the bucket it settles in (a retry whose
+    # first row never committed has no clock from the store: this process' stands in).
+    store_ms = outcome.now_ms or int(time.time() * 1000)
+    reservation = reservations.opened(request, debits, store_ms)
+    return writer.allow(request, decision_id, debits, call.verdict.requests, call.step, detail=reservation)
 
 
 def _refused_by_store(call: _Call, outcome: Outcome, debits: Sequence[Debit]) -> Answer:

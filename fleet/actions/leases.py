@@ -105,6 +105,8 @@ def grant(
 def _why_per_call(policies: Policies, request: GateRequest) -> str:
     """Why a per-call decision could answer a call this lease would cover differently ("" when
     none)."""
+    if request.reserve is not None:
+        return "reservation"  # an estimate settled later: reserved per call
     now = timezone.now()
     for halt in policies.halts:
         if (halt.expires_at is None or halt.expires_at > now) and gate.halt_matches(halt.scope, request):

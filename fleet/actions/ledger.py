@@ -17,18 +17,22 @@ from tenants.models import Tenant
 def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[str, Any]]:
     """Spend per scope of one budget over its window, read from the ledger (the durable truth):
     allowed calls, plus every lease granted in the window — all it was granted while outstanding
-    (`leased` says how much of `used` that is), what its holder used once returned."""
+    (`leased` says how much of `used` that is), what its holder used once returned; a reservation
+    at its reserve while open (`reserved`), at its actual once settled (`settled`, and `overrun`:
+    what actuals exceeded their reserves by, counted in `used`)."""
     now = now or timezone.now()
     since = now - timedelta(seconds=limit.window_s)
     totals: dict[str, int] = {}
     leased: dict[str, int] = {}
+    held: dict[str, dict[str, int]] = {"reserved": {}, "settled": {}, "overrun": {}}
     rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
-        "debits", flat=True
+        "debits", "detail"
     )
-    for debits in rows.iterator():
+    for debits, detail in rows.iterator():
         for debit in debits:
             if debit.get("kind") == "budget" and debit.get("limit") == limit.name:
                 totals[debit["scope"]] = totals.get(debit["scope"], 0) + int(debit["amount"])
+                _count_reservation(held, debit["scope"], detail.get("reservation"))
     for lease in GateLease.objects.filter(granted_at__gte=since):
         for debit, units in zip(lease.debits, lease.counted(), strict=True):
             if debit.get("limit") == limit.name:
@@ -41,11 +45,24 @@ def budget_usage(limit: BudgetLimit, now: datetime | None = None) -> list[dict[s
             "scope": scope,
             "used": gate.from_units(used),
             "leased": gate.from_units(leased.get(scope, 0)),
+            **{kind: gate.from_units(units.get(scope, 0)) for kind, units in held.items()},
             "cap": gate.from_units(cap),
             "ratio": used / cap if cap else 1,
         }
         for scope, used in sorted(totals.items())
     ]
+
+
+def _count_reservation(held: dict[str, dict[str, int]], scope: str, reservation: Any) -> None:
+    if not reservation:
+        return
+    if reservation["state"] == "open":
+        held["reserved"][scope] = held["reserved"].get(scope, 0) + int(reservation["reserved"])
+        return
+    actual = int(reservation["actual"])
+    held["settled"][scope] = held["settled"].get(scope, 0) + actual
+    over = max(0, actual - int(reservation["reserved"]))
+    held["overrun"][scope] = held["overrun"].get(scope, 0) + over
 
 
 def rate_usage(limit: RateLimit, now: datetime | None = None) -> list[dict[str, Any]]:

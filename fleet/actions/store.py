@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -52,18 +53,25 @@ def gate_tag(tenant: Tenant) -> str:
 
 def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
     """The tenant's allowed decisions and leases since `since_ms` (what a Redis rebuild replays): a
-    lease as what it counts (`GateLease.counted`) in the bucket of its grant."""
+    lease as what it counts (`GateLease.counted`) in the bucket of its grant, a reservation as
+    its debits hold (the reserve while open, the actual once settled) in the bucket of its debit."""
     tenant = Tenant.objects.get(pk=tenant_id)
     since = datetime.fromtimestamp(since_ms / 1000, tz=timezone.get_current_timezone())
     with tenant_context(tenant):
         rows = GateDecision.objects.filter(decision=Decision.ALLOW, decided_at__gte=since).values_list(
-            "id", "idempotency_key", "decided_at", "debits"
+            "id", "idempotency_key", "decided_at", "debits", "detail"
         )
         entries = [
-            LedgerEntry(str(pk), key, int(decided_at.timestamp() * 1000), debits)
-            for pk, key, decided_at, debits in rows.iterator()
+            LedgerEntry(str(pk), key, _debited_ms(decided_at, detail), debits)
+            for pk, key, decided_at, debits, detail in rows.iterator()
         ]
         for lease in GateLease.objects.filter(granted_ms__gte=since_ms):
             debits = [{**d, "amount": units} for d, units in zip(lease.debits, lease.counted(), strict=True)]
             entries.append(LedgerEntry(str(lease.pk), f"lease:{lease.pk}", lease.granted_ms, debits))
         return entries
+
+
+def _debited_ms(decided_at: datetime, detail: dict[str, Any]) -> int:
+    """When an allow debited the store: a reservation keeps the store's clock (where it settles)."""
+    held = detail.get("reservation") if isinstance(detail, dict) else None
+    return int(held["store_ms"]) if held else int(decided_at.timestamp() * 1000)

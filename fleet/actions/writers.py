@@ -63,8 +63,11 @@ class Writer(Protocol):
         debits: Sequence[Debit],
         approvals: Sequence[str],
         step: hooks.ApprovalStep | None,
+        *,
+        detail: dict[str, Any] | None = None,
     ) -> Answer:
-        """Record the allow (consuming `approvals` with it) and answer it."""
+        """Record the allow (consuming `approvals` with it, `detail` beside them: a reservation's)
+        and answer it."""
         ...
 
 
@@ -120,6 +123,8 @@ class TransactionalWriter:
         debits: Sequence[Debit],
         approvals: Sequence[str],
         step: hooks.ApprovalStep | None,
+        *,
+        detail: dict[str, Any] | None = None,
     ) -> Answer:
         try:
             with transaction.atomic():
@@ -134,7 +139,7 @@ class TransactionalWriter:
                     args_digest=request.args_digest,
                     decision=Decision.ALLOW,
                     debits=[d.as_ledger() for d in debits],
-                    detail={"approvals": list(approvals)} if approvals else {},
+                    detail={**(detail or {}), **({"approvals": list(approvals)} if approvals else {})},
                 )
                 if (
                     approvals
@@ -184,9 +189,13 @@ class LeanWriter:
         debits: Sequence[Debit],
         approvals: Sequence[str],
         step: hooks.ApprovalStep | None,
+        *,
+        detail: dict[str, Any] | None = None,
     ) -> Answer:
         assert not approvals  # an approval to consume retakes the decision transactionally
-        return write_lean(self.tenant, request, Decision.ALLOW, decision_id=decision_id, debits=debits)
+        return write_lean(
+            self.tenant, request, Decision.ALLOW, decision_id=decision_id, debits=debits, detail=detail
+        )
 
 
 def write_lean(
@@ -232,4 +241,4 @@ def write_lean(
         with tenant_context(tenant):
             first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
         return first.answer()
-    return {"decision": "allow", "authorization_id": str(row_id)}
+    return GateDecision(id=row_id, decision=Decision.ALLOW, detail=detail).answer()

@@ -21,6 +21,7 @@ from .client import AuthenticationError, Client, ConfigurationError, SagaplaneEr
 from .credentials import EnvSecrets, Secret, SecretError, SecretUnresolved, secret
 from .gate import GateDenied, guarantees
 from .reconcile import ReconcileWorker, reconciler, registered_reconcilers
+from .reservations import settle
 from .retry import Retry
 from .runtime import Runtime, configure, get_runtime, shutdown, status
 from .saga import (
@@ -109,6 +110,7 @@ __all__ = [
     "resolve_compensator",
     "saga",
     "secret",
+    "settle",
     "shutdown",
     "tool",
     "undo",

@@ -94,6 +94,7 @@ class Call:
     agent: str = ""
     tags: Sequence[str] = ()
     reason: str = ""  # shown to approvers (sp.tool(..., reason=)); not part of the call's identity
+    reserve: str | None = None  # the estimate reserved instead of the budgets' argument
 
 
 @dataclass
@@ -286,7 +287,8 @@ class Gate:
         # (only the server knows which sagas ran before it), a breaker's trial or an unnamed
         # quarantine may apply.
         leasing = (
-            not (draining or trial or state.quarantined_truncated) and call.saga_id not in state.quarantined
+            not (draining or trial or state.quarantined_truncated or call.reserve is not None)
+            and call.saga_id not in state.quarantined
         )
         if self.leases is not None and leasing:
             held = self.leases.decide(call.saga_id, call.tool, call.agent, call.args)
@@ -303,6 +305,8 @@ class Gate:
         }
         if call.reason:
             body["reason"] = call.reason
+        if call.reserve is not None:
+            body["reserve"] = call.reserve
         answer = self._evaluate(body)
         if answer.get("decision") == "pending_approval":
             if not wait_for_approvals.get():

@@ -66,6 +66,9 @@ def _outcome_fields(step: Step) -> dict[str, Any]:
         fields["attempts"] = step.attempts
     if step.fallback:
         fields["fallback"] = step.fallback
+    if step.reservation_id and step.actual is not None:
+        # sp.settle(): the control plane settles the reservation when this record is shipped.
+        fields["settle"] = {"reservation_id": step.reservation_id, "actual": step.actual}
     return fields
 
 
@@ -144,6 +147,8 @@ def gate_allow(wal: WAL, step: Step, answer: dict[str, Any]) -> None:
     }
     if answer.get("approvals"):
         fields["approvals"] = answer["approvals"]  # the approvals this authorisation used
+    if answer.get("reservation"):
+        fields["reservation"] = answer["reservation"]  # the estimate reserved (sagaplane.reservations)
     if answer.get("lease"):
         # Decided in process on a budget lease: what it took of each limit (sagaplane.leases).
         fields["lease"], fields["debits"] = answer["lease"], answer.get("debits", {})

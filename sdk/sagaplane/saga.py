@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextvars import Token
 from typing import Any, Literal, TypeVar, cast
 
-from . import credentials, records, retry, rollback, tracing
+from . import credentials, records, reservations, retry, rollback, tracing
 from .chain import token_hex
 from .context import (
     active_saga,
@@ -327,6 +327,7 @@ class Saga:
             call_id=tool_call_id.get(),
             secret_args=shown is not bound,
             reason=spec.reason_for(shown),
+            reserve=spec.reserve_for(shown),
         )
 
     def scrub(self, text: str) -> str:
@@ -344,6 +345,7 @@ class Saga:
     def _intent(self, step: Step) -> int:
         mark = records.intent(self.wal, step)
         self.steps.append(step)
+        reservations.running_step.set(step)  # what sp.settle() settles, in this context
         return mark
 
     def _committed(self, spec: ToolSpec, step: Step, result: Any) -> int:
@@ -369,11 +371,15 @@ class Saga:
             dict(step.kwargs) if step.gate_args is None else step.gate_args,
             self.wal.agent or "",
             reason=step.reason,
+            reserve=step.reserve,
         )
 
     def _gate_answered(self, step: Step, answer: dict[str, Any] | None) -> None:
         step.decision = "allowed_locally" if answer is None else "allow"
         if answer is not None:
+            reservation = answer.get("reservation")
+            if isinstance(reservation, dict):
+                step.reservation_id = str(reservation.get("id") or "")
             records.gate_allow(self.wal, step, answer)
 
     def _gate_denied(self, step: Step, denied: GateDenied) -> GateDenied:

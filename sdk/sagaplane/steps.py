@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import reservations
 from .context import active_saga
 from .credentials import Resolved
 from .semantics import COMPENSABLE, IRREVERSIBLE, Compensation, Semantics, accepts_kwarg, idempotency_key
@@ -91,6 +92,9 @@ class Step:
     secret_args: bool = False  # its arguments hold credential references (sagaplane.credentials)
     fallback: str = ""  # the tool that completed it when its own attempts failed (sagaplane.retry)
     reason: str = ""  # the requester's words for approvers, sent with the gate call (not logged)
+    reserve: str | None = None  # the estimate the gate reserves (sagaplane.reservations)
+    reservation_id: str = ""  # the reservation the gate opened for it
+    actual: str | None = None  # what sp.settle() said it really cost
 
     @property
     def idempotency_key(self) -> str:
@@ -131,6 +135,12 @@ class ToolSpec:
     # Why the agent makes this call, for the people who approve it: text, or a function of the
     # call's (bound) kwargs. Sent with the gate call; the server keeps at most 500 characters.
     reason: str | Callable[[dict[str, Any]], str] | None = None
+    # The estimate the gate reserves instead of the budgets' argument, from the call's (bound)
+    # kwargs; the tool settles the real amount with sp.settle(actual) (sagaplane.reservations).
+    reserve: Callable[..., Any] | None = None
+
+    def reserve_for(self, bound: dict[str, Any]) -> str | None:
+        return None if self.reserve is None else reservations.amount(self.reserve(**bound), "reserve")
 
     def reason_for(self, bound: dict[str, Any]) -> str:
         text = self.reason(bound) if callable(self.reason) else self.reason
@@ -237,6 +247,7 @@ def tool(
     retry: Retry | None = None,
     fallback: Callable[..., Any] | str | None = None,
     reason: str | Callable[[dict[str, Any]], str] | None = None,
+    reserve: Callable[..., Any] | None = None,
 ) -> Any:
     """Wrap a tool so each call inside a saga becomes a logged, compensable step.
 
@@ -247,6 +258,8 @@ def tool(
     arguments once the attempts are exhausted (sagaplane.retry). Outside a saga the tool runs untouched.
     `reason` is why the agent makes the call, shown first to whoever must approve it: text, or a
     function of the call's arguments (`reason=lambda kw: f"invoice {kw['invoice']}"`).
+    `reserve=lambda **kw: estimate` reserves the estimate at the gate instead of the budgets'
+    argument; the tool settles the real cost with `sp.settle(actual)` (sagaplane.reservations).
     """
     sem = Semantics(semantics)
     then: ToolSpec | str | None = None
@@ -268,6 +281,7 @@ def tool(
             retry=retry,
             fallback=then,
             reason=reason,
+            reserve=reserve,
         )
         _TOOLS[spec.name] = spec
         wrapped = _wrap(target, spec)

@@ -57,3 +57,22 @@ def outstanding_lease(tenant: Tenant, saga_id: str) -> str:
             saga_id=saga_id, tool="sample.pay", granted_ms=0, expires_at=timezone.now() + timedelta(hours=1)
         )
     return str(lease.pk)
+
+
+def open_reservation(tenant: Tenant, saga_id: str) -> str:
+    """An open reservation of `tenant`'s that reserved nothing (an allow's ledger row: its id is
+    what the agent presents when it settles), made once per saga id."""
+    from core.scoping import tenant_context
+    from fleet.models import Decision, GateDecision
+
+    with tenant_context(tenant):
+        row = GateDecision.objects.filter(saga_id=saga_id).first() or GateDecision.objects.create(
+            idempotency_key=f"reservation-{saga_id}",
+            saga_id=saga_id,
+            step_id="1",
+            tool="sample.pay",
+            args_digest="0" * 64,
+            decision=Decision.ALLOW,
+            detail={"reservation": {"state": "open", "reserved": 0, "store_ms": 0}},
+        )
+    return str(row.pk)

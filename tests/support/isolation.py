@@ -15,7 +15,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from core.scoping import tenant_context
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
-from tests.support.factories import Person, outstanding_lease
+from tests.support.factories import Person, open_reservation, outstanding_lease
 
 # Routes that are deliberately not tenant data.
 PUBLIC_ROUTES = {"healthz", "readyz", "schema", "api-docs", "api-redoc"}
@@ -168,6 +168,7 @@ SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
     "halt_id": lambda tenant, alice: _acme_fleet(tenant)[2],
     "breaker_id": lambda tenant, alice: _acme_breaker(tenant),
     "lease_id": lambda tenant, alice: outstanding_lease(tenant, "acme-leased"),
+    "reservation_id": lambda tenant, alice: open_reservation(tenant, "acme-reserved"),
     # approvals: acme's own policy and request
     "policy_id": lambda tenant, alice: _acme_approval(tenant)[0],
     "approval_id": lambda tenant, alice: _acme_approval(tenant)[1],

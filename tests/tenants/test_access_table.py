@@ -43,7 +43,7 @@ from tenants.models import Role, Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
 from tests.support.chains import Writer
-from tests.support.factories import outstanding_lease
+from tests.support.factories import open_reservation, outstanding_lease
 from tests.support.transparency import settle
 from transparency import proofs, witnesses
 from transparency import services as transparency
@@ -175,6 +175,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/gate/evaluate": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/gate/leases": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/gate/leases/<uuid:lease_id>/return": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
+    "api/v1/gate/reservations/<uuid:reservation_id>/settle": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/fleet/status": Api({"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}),
     "api/v1/fleet/budgets": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
     "api/v1/fleet/budgets/<id:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
@@ -447,6 +448,7 @@ def world(
             "halt_id": halt.pk,
             "breaker_id": breaker.pk,
             "lease_id": outstanding_lease(acme, "acme-leased"),
+            "reservation_id": open_reservation(acme, "acme-reserved"),
             "policy_id": approval_policy.pk,
             "approval_id": pending["approval_id"],
             "check_id": check.pk,
