@@ -24,6 +24,8 @@ from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 from tests.support.factories import Person
 
+NO_RESERVATIONS = {"reserved": "0", "settled": "0", "overrun": "0"}
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -75,7 +77,14 @@ def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, c
     assert answer["fleet_nodes"] == 3
     usage = {b["name"]: b["usage"] for b in answer["budgets"]}
     assert usage["daily stripe"] == [
-        {"scope": "fleet", "used": "49999.5", "leased": "0", "cap": "50000", "ratio": 0.99999}
+        {
+            "scope": "fleet",
+            "used": "49999.5",
+            "leased": "0",
+            **NO_RESERVATIONS,
+            "cap": "50000",
+            "ratio": 0.99999,
+        }
     ]
     # The window: a spend older than it is not counted.
     with tenant_context(alice.tenant):
