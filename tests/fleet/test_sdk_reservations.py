@@ -44,7 +44,7 @@ def test_reserve_then_settle_through_the_wal(
     def call_model(prompt: str, max_tokens: int, settle: bool = True) -> str:
         if settle:
             sp.settle(usage["tokens"])
-        return prompt.upper()
+        return prompt.upper()[:max_tokens]
 
     complete = sp.tool(
         call_model, name="llm.complete", semantics=sp.REVERSIBLE, reserve=lambda **kw: kw["max_tokens"]
