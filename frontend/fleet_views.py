@@ -92,12 +92,6 @@ def _gauge(usage: dict[str, Any]) -> dict[str, Any]:
         "cap_text": _amount(str(usage["cap"])),
         # Of what is used, units held by outstanding budget leases (counted whole until returned).
         "leased_text": _amount(str(usage.get("leased", "0"))) if usage.get("leased", "0") != "0" else "",
-        # Reservations (reserve, then settle): open ones at their estimate, settled ones at their
-        # actual amount, and what actuals exceeded their estimates by (counted in `used`).
-        **{
-            f"{kind}_text": _amount(str(usage.get(kind, "0"))) if usage.get(kind, "0") != "0" else ""
-            for kind in ("reserved", "settled", "overrun")
-        },
         "percent": min(100, round(ratio * 100)),
         "high": str(Decimal(str(usage["cap"])) * Decimal("0.8")),
         "level": "full" if ratio >= 0.999 else ("high" if ratio >= 0.8 else "ok"),
