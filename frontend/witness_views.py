@@ -25,13 +25,10 @@ def _back() -> HttpResponse:
 def witness_add(request: MemberRequest) -> HttpResponse:
     post = request.POST
     try:
-        witness = witnesses.add_witness(
-            request.tenant,
-            name=post.get("name", "").strip(),
-            url=post.get("url", "").strip(),
-            vkey=post.get("vkey", "").strip(),
-            actor=actor_of(request),
+        new = witnesses.WitnessAdd.parse(
+            {name: post.get(name, "").strip() for name in ("name", "url", "vkey")}
         )
+        witness = witnesses.add_witness(request.tenant, new, actor=actor_of(request))
     except DomainError as refused:
         messages.error(request, f"Witness not added: {refused.detail}")
         return _back()
@@ -57,9 +54,8 @@ def witness_quorum(request: MemberRequest) -> HttpResponse:
     raw = request.POST.get("quorum", "").strip()
     number = ascii_int(raw, max_digits=9)
     try:
-        quorum = witnesses.set_quorum(
-            request.tenant, quorum=raw if number is None else number, actor=actor_of(request)
-        )
+        terms = witnesses.QuorumSet.parse({"quorum": raw if number is None else number})
+        quorum = witnesses.set_quorum(request.tenant, terms, actor=actor_of(request))
     except DomainError as refused:
         messages.error(request, f"Quorum not set: {refused.detail}")
         return _back()

@@ -16,7 +16,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.schema import ErrorSerializer
-from core.errors import DomainError
 from tenants.access import READ, WITNESSES_CHANGE
 from tenants.permissions import TenantScopedViewMixin
 from transparency import witnesses
@@ -68,12 +67,10 @@ class WitnessListView(TenantScopedViewMixin, APIView):
             }
         )
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT, 409: ErrorSerializer})
+    @extend_schema(request=witnesses.WitnessAdd, responses={201: OpenApiTypes.OBJECT, 409: ErrorSerializer})
     def post(self, request: Request) -> Response:
-        body = request.data if isinstance(request.data, dict) else {}
-        witness = witnesses.add_witness(
-            self.tenant, name=body.get("name"), url=body.get("url"), vkey=body.get("vkey"), actor=self.actor
-        )
+        body = request.data if isinstance(request.data, dict) else {}  # anything else: every field missing
+        witness = witnesses.add_witness(self.tenant, witnesses.WitnessAdd.parse(body), actor=self.actor)
         return Response(witness_json(witness), status=status.HTTP_201_CREATED)
 
 
@@ -93,14 +90,11 @@ class WitnessQuorumView(TenantScopedViewMixin, APIView):
 
     access = {"PUT": WITNESSES_CHANGE}
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=witnesses.QuorumSet, responses=OpenApiTypes.OBJECT)
     def put(self, request: Request) -> Response:
-        body = request.data if isinstance(request.data, dict) else {}
-        if "quorum" not in body:
-            raise DomainError("invalid", "quorum: required", field="quorum")
-        return Response(
-            {"quorum": witnesses.set_quorum(self.tenant, quorum=body["quorum"], actor=self.actor)}
-        )
+        body = request.data if isinstance(request.data, dict) else {}  # anything else: quorum missing
+        terms = witnesses.QuorumSet.parse(body)
+        return Response({"quorum": witnesses.set_quorum(self.tenant, terms, actor=self.actor)})
 
 
 class WitnessCheckpointsView(TenantScopedViewMixin, APIView):

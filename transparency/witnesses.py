@@ -7,60 +7,37 @@ to them. Their URLs pass the outbound-address guard when configured and again at
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from django.core.exceptions import ValidationError
-from django.core.validators import URLValidator
 from django.db import IntegrityError, transaction
-from sagaplane import cosignature, note, policy
+from sagaplane import policy
 from sagaplane.events import Event
 
-from core import outbound
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.models import Tenant
 from transparency import keys
+
+# The commands' inputs, re-exported for the pages (which reach witnesses through this module).
+from transparency.inputs import NewWitness as NewWitness
+from transparency.inputs import Quorum as Quorum
+from transparency.inputs import QuorumSet as QuorumSet
+from transparency.inputs import WitnessAdd as WitnessAdd
 from transparency.models import Checkpoint, Cosignature, Witness, WitnessQuorum, WitnessRefusal
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MAX_WITNESSES = 32  # tlog-policy implementations must support at least 32 witnesses
-
-
-def _invalid(field: str, detail: str, code: str = "invalid") -> DomainError:
-    return DomainError(code, f"{field}: {detail}", field=field)
 
 
 def _witness_values(witness: Witness) -> dict[str, Any]:
     return {"name": witness.name, "url": witness.url, "vkey": witness.vkey}
 
 
-def _check(name: Any, url: Any, vkey: Any) -> tuple[str, str, str]:
-    if not isinstance(name, str) or not NAME.match(name) or name in ("none", "witnesses"):
-        raise _invalid("name", "1-64 letters, digits, '.', '_' or '-' (not 'none' or 'witnesses')")
-    if not isinstance(url, str) or len(url) > 500:
-        raise _invalid("url", "the witness's submission prefix, an http(s) URL of at most 500 characters")
-    try:
-        URLValidator(schemes=["http", "https"])(url)
-    except ValidationError:
-        raise _invalid("url", "the witness's submission prefix, an http(s) URL") from None
-    unsafe = outbound.check_url(url)
-    if unsafe:
-        raise _invalid("url", unsafe, "unsafe_url")
-    if not isinstance(vkey, str) or len(vkey) > 4000:
-        raise _invalid("vkey", "a C2SP cosigner verifier key (name+keyid+base64)")
-    try:
-        cosignature.parse_cosigner_vkey(vkey.strip())
-    except note.NoteError as exc:
-        raise _invalid("vkey", f"not a cosigner vkey (Ed25519 0x04 or ML-DSA-44 0x06): {exc}") from None
-    return name, url.rstrip("/"), vkey.strip()
-
-
-def add_witness(tenant: Tenant, *, name: Any, url: Any, vkey: Any, actor: Actor) -> Witness:
-    """Send the tenant's checkpoints to this witness from now on (its first request starts at 0)."""
-    name, url, vkey = _check(name, url, vkey)
+def add_witness(tenant: Tenant, new: NewWitness, *, actor: Actor) -> Witness:
+    """Send the tenant's checkpoints to this witness from now on (its first request starts at 0);
+    `new` from `WitnessAdd`."""
+    name, url, vkey = new.name, new.url, new.vkey
     with tenant_context(tenant), transaction.atomic():
         if Witness.objects.count() >= MAX_WITNESSES:
             raise DomainError(
@@ -108,14 +85,14 @@ def _quorum_row(tenant: Tenant) -> WitnessQuorum:
     return row if row is not None else WitnessQuorum.objects.create(tenant=tenant)
 
 
-def set_quorum(tenant: Tenant, *, quorum: Any, actor: Actor) -> int:
-    """How many witnesses must cosign (0: none required); at most the number of witnesses."""
-    if not isinstance(quorum, int) or isinstance(quorum, bool) or quorum < 0:
-        raise _invalid("quorum", "a whole number from 0 to the number of witnesses")
+def set_quorum(tenant: Tenant, terms: Quorum, *, actor: Actor) -> int:
+    """How many witnesses must cosign (0: none required); at most the number of witnesses.
+    `terms` from `QuorumSet`."""
+    quorum = terms.quorum
     with tenant_context(tenant), transaction.atomic():
         count = Witness.objects.count()
         if quorum > count:
-            raise _invalid("quorum", f"at most the number of witnesses ({count})")
+            raise DomainError("invalid", f"quorum: at most the number of witnesses ({count})", field="quorum")
         row = _quorum_row(tenant)
         old = row.quorum
         if old != quorum:

@@ -38,8 +38,9 @@ def _start_witnesses(tenant: Any, folder: Path) -> list[Any]:
     origin = keys.log_origin(tenant)
     running = [start_witness(folder / f"w{i}", f"bench.witness/w{i}", [(origin, vkey)]) for i in (1, 2)]
     for i, w in enumerate(running, start=1):
-        witnesses.add_witness(tenant, name=f"w{i}", url=w.url, vkey=w.vkey, actor="system:bench")
-    witnesses.set_quorum(tenant, quorum=2, actor="system:bench")
+        new = witnesses.WitnessAdd.parse({"name": f"w{i}", "url": w.url, "vkey": w.vkey})
+        witnesses.add_witness(tenant, new, actor="system:bench")
+    witnesses.set_quorum(tenant, witnesses.Quorum(2), actor="system:bench")
     return running
 
 

@@ -145,9 +145,13 @@ def objects(db: None) -> dict[str, Any]:
         ).pk,
         "witness_id": witnesses.add_witness(
             acme,
-            name="w",
-            url="http://127.0.0.1:9/",
-            vkey=cosignature.generate_cosigner("witness.test/ids").verifier.encode(),
+            witnesses.WitnessAdd.parse(
+                {
+                    "name": "w",
+                    "url": "http://127.0.0.1:9/",
+                    "vkey": cosignature.generate_cosigner("witness.test/ids").verifier.encode(),
+                }
+            ),
             actor="test",
         ).pk,
         "level": 0,

@@ -135,7 +135,8 @@ def _acme_witness(tenant: Tenant) -> int:
     if existing is not None:
         return existing.pk
     vkey = cosignature.generate_cosigner("witness.test/acme").verifier.encode()
-    return witnesses.add_witness(tenant, name="acme-w", url="http://127.0.0.1:9", vkey=vkey, actor="test").pk
+    new = witnesses.WitnessAdd.parse({"name": "acme-w", "url": "http://127.0.0.1:9", "vkey": vkey})
+    return witnesses.add_witness(tenant, new, actor="test").pk
 
 
 def _acme_breaker(tenant: Tenant) -> int:

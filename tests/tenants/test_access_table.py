@@ -432,7 +432,9 @@ def world(
         (check,) = reconciliation.scan(acme)
         recovery_job = escalated_job(acme)
         witness = witnesses.add_witness(
-            acme, name="w1", url="http://127.0.0.1:9/", vkey=_witness_vkey(), actor="test"
+            acme,
+            witnesses.WitnessAdd.parse({"name": "w1", "url": "http://127.0.0.1:9/", "vkey": _witness_vkey()}),
+            actor="test",
         )
         by_route = {
             "integrations/slack/link/<str:token>": {"token": slack.link_token(acme, "T0ACME", "U0LINK")}
