@@ -335,20 +335,12 @@ class WebhookView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_webhook_set",
-        request=inline_serializer(
-            "RecoveryWebhook",
-            {
-                "url": serializers.URLField(),
-                "handlers": serializers.ListField(child=serializers.CharField(), required=False),
-            },
-        ),
+        request=services.WebhookSet,
         responses={200: serializers.DictField()},
     )
     def put(self, request: Request) -> Response:
-        data = _body(request)
-        hook, secret = services.set_webhook(
-            self.tenant, url=data.get("url"), handlers=data.get("handlers"), actor=self.actor
-        )
+        new = services.WebhookSet.parse(request.data)
+        hook, secret = services.set_webhook(self.tenant, new, actor=self.actor)
         return Response({"url": hook.url, "handlers": hook.handlers, "secret": secret})
 
     @extend_schema(operation_id="recovery_webhook_destroy", responses={204: None})

@@ -11,10 +11,13 @@ from recovery.actions.leases import watch_appended
 from recovery.actions.results import complete, fail, report_many
 from recovery.actions.takeover import sweep, take_over_on_claim, unclaimed_after
 from recovery.actions.webhooks import delete_webhook, set_webhook, webhook_secret
+from recovery.inputs import NewWebhook, WebhookSet
 
 __all__ = [
     "MAX_ATTEMPTS",
     "SYSTEM_ACTOR",
+    "NewWebhook",
+    "WebhookSet",
     "check_claim_terms",
     "claim",
     "claim_many",

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
-from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from recovery.actions.common import claimable
+from recovery.inputs import NewWebhook
 from recovery.models import (
     Delivery,
     Run,
@@ -23,30 +22,12 @@ from tenants.models import Tenant
 from transparency.keys import decrypt_seed, encrypt_seed
 
 
-def set_webhook(tenant: Tenant, *, url: Any, handlers: Any = None, actor: Actor) -> tuple[Webhook, str]:
-    """Deliver compensations (of `handlers`, or all) to `url`. Returns the webhook and its new
-    signing secret, shown this once."""
-    from django.core.exceptions import ValidationError
-    from django.core.validators import URLValidator
+def set_webhook(tenant: Tenant, new: NewWebhook, *, actor: Actor) -> tuple[Webhook, str]:
+    """Deliver compensations (of `new.handlers`, or all) to `new.url` (`new` from `WebhookSet`).
+    Returns the webhook and its new signing secret, shown this once."""
+    from recovery.webhook import new_secret
 
-    if not isinstance(url, str) or len(url) > 500:
-        raise DomainError("invalid", "url: an http(s) URL of at most 500 characters", field="url")
-    try:
-        URLValidator(schemes=["http", "https"])(url)
-    except ValidationError:
-        raise DomainError("invalid", "url: an http(s) URL of at most 500 characters", field="url") from None
-    from recovery.webhook import check_url, new_secret
-
-    unsafe = check_url(url)
-    if unsafe:
-        raise DomainError("unsafe_url", f"url: {unsafe}", field="url")
-    handlers = [] if handlers is None else handlers
-    if (
-        not isinstance(handlers, list)
-        or len(handlers) > 100
-        or not all(isinstance(h, str) and 0 < len(h) <= 200 and "\x00" not in h for h in handlers)
-    ):
-        raise DomainError("invalid", "handlers: a list of up to 100 handler names", field="handlers")
+    url, handlers = new.url, list(new.handlers)
     secret = new_secret()
     with tenant_context(tenant):
         existing = Webhook.objects.select_for_update().first()

@@ -109,7 +109,9 @@ def test_the_webhook_answers_checks_and_its_answers_are_verdicts(
     tenant_a: Tenant, agent_a: Writer, receiver: tuple[Receiver, str]
 ) -> None:
     state, url = receiver
-    _, state.secret = recovery.set_webhook(tenant_a, url=url, handlers=["shop.refund"], actor="test")
+    _, state.secret = recovery.set_webhook(
+        tenant_a, recovery.WebhookSet.parse({"url": url, "handlers": ["shop.refund"]}), actor="test"
+    )
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     compensated_saga(agent_a, "refund-lost", charges=["ch_lost"])
     compensated_saga(agent_a, "voided", handler="shop.void")  # not the webhook's: left for SDK observers
@@ -135,7 +137,9 @@ def test_a_failed_delivery_is_retried_under_a_new_token(
 ) -> None:
     settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     state, url = receiver
-    _, state.secret = recovery.set_webhook(tenant_a, url=url, actor="test")  # every handler
+    _, state.secret = recovery.set_webhook(
+        tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test"
+    )  # every handler
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     services.scan(tenant_a)
     state.fail_next = 1
@@ -153,7 +157,7 @@ def test_an_answer_without_a_verdict_is_unverifiable(
     tenant_a: Tenant, agent_a: Writer, receiver: tuple[Receiver, str]
 ) -> None:
     state, url = receiver
-    _, state.secret = recovery.set_webhook(tenant_a, url=url, actor="test")
+    _, state.secret = recovery.set_webhook(tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test")
     state.without_verdict = True
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     services.scan(tenant_a)

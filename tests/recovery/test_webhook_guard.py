@@ -129,7 +129,8 @@ def test_a_delivery_to_a_private_address_is_a_failed_attempt_then_escalates(
     """Set while allowed (or the name resolved elsewhere then): each delivery checks again."""
     tenant = alice.tenant
     settings.SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = True
-    services.set_webhook(tenant, url=f"http://127.0.0.1:{receiver.server_port}/hook", actor="test")
+    url = f"http://127.0.0.1:{receiver.server_port}/hook"
+    services.set_webhook(tenant, services.WebhookSet.parse({"url": url}), actor="test")
     crashed(writer_a, "ssrf", steps=1)
     sweep_later(tenant)
     settings.SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = False
