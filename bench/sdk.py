@@ -249,6 +249,19 @@ def as_steps(folder: Path, tool_fn: Callable[..., Any], n: int) -> dict[str, flo
 GROUP_STEPS = 5  # COMPENSABLE steps per saga
 
 
+def _group_result(concurrency: int, sagas: int, elapsed: float, fsyncs: int) -> dict[str, float]:
+    steps = sagas * GROUP_STEPS
+    return {
+        "concurrency": concurrency,
+        "sagas": sagas,
+        "steps": steps,
+        "seconds": round(elapsed, 4),
+        "steps_per_s": round(steps / elapsed, 1),
+        "fsyncs": fsyncs,
+        "steps_per_fsync": round(steps / max(1, fsyncs), 2),
+    }
+
+
 def sp_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
     wal = sp.WAL(folder / f"sp-group-{concurrency}.wal")
     per_thread = max(1, sagas_total // concurrency)
@@ -271,16 +284,7 @@ def sp_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, floa
     elapsed = perf() - t
     fsyncs = wal.fsyncs
     wal.close()
-    steps = per_thread * concurrency * GROUP_STEPS
-    return {
-        "concurrency": concurrency,
-        "sagas": per_thread * concurrency,
-        "steps": steps,
-        "seconds": round(elapsed, 4),
-        "steps_per_s": round(steps / elapsed, 1),
-        "fsyncs": fsyncs,
-        "steps_per_fsync": round(steps / max(1, fsyncs), 2),
-    }
+    return _group_result(concurrency, per_thread * concurrency, elapsed, fsyncs)
 
 
 def sp_group_async(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
@@ -307,16 +311,7 @@ def sp_group_async(folder: Path, concurrency: int, sagas_total: int) -> dict[str
         return elapsed, fsyncs
 
     elapsed, fsyncs = asyncio.run(run())
-    steps = per_task * concurrency * GROUP_STEPS
-    return {
-        "concurrency": concurrency,
-        "sagas": per_task * concurrency,
-        "steps": steps,
-        "seconds": round(elapsed, 4),
-        "steps_per_s": round(steps / elapsed, 1),
-        "fsyncs": fsyncs,
-        "steps_per_fsync": round(steps / max(1, fsyncs), 2),
-    }
+    return _group_result(concurrency, per_task * concurrency, elapsed, fsyncs)
 
 
 def as_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, float]:
@@ -340,16 +335,7 @@ def as_group(folder: Path, concurrency: int, sagas_total: int) -> dict[str, floa
         return elapsed, cycles
 
     elapsed, cycles = asyncio.run(run())
-    steps = per_task * concurrency * GROUP_STEPS
-    return {
-        "concurrency": concurrency,
-        "sagas": per_task * concurrency,
-        "steps": steps,
-        "seconds": round(elapsed, 4),
-        "steps_per_s": round(steps / elapsed, 1),
-        "fsyncs": cycles,
-        "steps_per_fsync": round(steps / max(1, cycles), 2),
-    }
+    return _group_result(concurrency, per_task * concurrency, elapsed, cycles)
 
 
 # -- main ------------------------------------------------------------------------------------------

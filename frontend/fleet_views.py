@@ -1,4 +1,4 @@
-"""The Fleet page: the sagas' overview (`saga_views.fleet_overview`) and the gate's controls —
+"""The Fleet page: the sagas' overview (`fleet_chart.fleet_overview`) and the gate's controls —
 budget and rate-limit gauges over their windows, recent denials with their reasons, the kill
 switches in force, the circuit breakers with their state and history — with the forms that
 change them.
@@ -31,7 +31,7 @@ from core.numbers import ascii_int
 from fleet import services
 from fleet.gate import from_units, to_units
 from fleet.models import BudgetLimit, CircuitBreaker, GateDecision, Halt, HaltMode, OnCap, RateLimit
-from frontend.saga_views import fleet_overview
+from frontend.fleet_chart import fleet_overview
 from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants.access import FLEET_CONTROL, FLEET_HALT, FLEET_VIEW, READ
 from tenants.models import ROLE_CAPABILITIES

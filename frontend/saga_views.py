@@ -7,7 +7,6 @@ Each page has a fragment URL that app.js fetches again when a `saga.event` arriv
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +37,7 @@ SINCE_CHOICES = [
     ("7d", "Last 7 days"),
     ("30d", "Last 30 days"),
 ]
-_SINCE = {
+SINCE = {
     "1h": timedelta(hours=1),
     "24h": timedelta(days=1),
     "7d": timedelta(days=7),
@@ -70,7 +69,7 @@ class Filters:
             status=status if status in SagaStatus.values else "",
             tool=get.get("tool", "").strip()[:200],
             stream=get.get("stream", "").strip()[:200],
-            since=since if since in _SINCE else "",
+            since=since if since in SINCE else "",
         )
 
     def query(self, **override: str) -> str:
@@ -84,7 +83,7 @@ def _since(filters: Filters, now: datetime) -> QuerySet[Saga]:
     """The sagas active in the filter's window: a bound of every index range the page reads."""
     sagas = selectors.all_sagas()
     if filters.since:
-        sagas = sagas.filter(last_activity_at__gte=now - _SINCE[filters.since])
+        sagas = sagas.filter(last_activity_at__gte=now - SINCE[filters.since])
     return sagas
 
 
@@ -453,142 +452,3 @@ def saga_detail(request: MemberRequest, saga_id: str) -> HttpResponse:
 def saga_timeline(request: MemberRequest, saga_id: str) -> HttpResponse:
     context = {**_detail_context(request, saga_id), "caps": _caps(request)}
     return render(request, "frontend/_saga_timeline.html", context)
-
-
-# ----------------------------------------------------------------------------------------- fleet
-
-FLEET_WINDOWS = [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")]
-MATRIX_OUTCOMES = [
-    StepStatus.COMMITTED,
-    StepStatus.COMPENSATED,
-    StepStatus.COMPENSATION_FAILED,
-    StepStatus.UNKNOWN,
-    StepStatus.ORPHANED,
-    StepStatus.INTENT,
-]
-SPARSE_BELOW = 5
-MAX_LANES = 25
-CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, TOP, BOTTOM = 960, 170, 30, 10, 34
-
-
-def _active_span(saga: Saga, now: datetime) -> tuple[datetime, datetime]:
-    """When a saga began and when it was last active, as the chart draws it. The chart's sagas
-    have both (the selector returns started sagas active in the window); one with neither would
-    be drawn at `now`."""
-    begin = saga.started_at or saga.last_activity_at or now
-    return begin, saga.last_activity_at or begin
-
-
-def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> dict[str, Any]:
-    lanes: dict[str, list[Saga]] = defaultdict(list)
-    for saga in sagas:
-        lanes[saga.stream_id].append(saga)
-    names = sorted(lanes, key=lambda n: max(_active_span(s, now)[1] for s in lanes[n]), reverse=True)
-    names = names[:MAX_LANES]
-    span = max((end - start).total_seconds(), 1.0)
-    plot = CHART_WIDTH - LABEL_WIDTH - 10
-
-    def x(moment: datetime) -> float:
-        return round(LABEL_WIDTH + plot * min(max((moment - start).total_seconds() / span, 0.0), 1.0), 1)
-
-    rows = []
-    for i, name in enumerate(names):
-        y = TOP + i * LANE_HEIGHT
-        bars = []
-        for saga in lanes[name]:
-            begin, finish = _active_span(saga, now)
-            status = saga.effective_status(now)
-            x0, x1 = x(begin), x(finish)
-            bars.append(
-                {
-                    "saga": saga,
-                    "status": status,
-                    "label": dict(SagaStatus.choices).get(status, status),
-                    "x": x0,
-                    "w": max(x1 - x0, 3.0),
-                    "end": max(x1, x0 + 3.0),
-                    "rollback": status in (SagaStatus.ROLLED_BACK, SagaStatus.ROLLBACK_PARTIAL),
-                }
-            )
-        # The lane is the stream; it is labelled with the agent's own name when it gave one.
-        agent = next((saga.agent for saga in reversed(lanes[name]) if saga.agent), "")
-        label = agent or name
-        rows.append(
-            {
-                "name": name,
-                "title": f"{agent} · {name}" if agent else name,
-                "short": label if len(label) <= 22 else label[:21] + "…",
-                "y": y,
-                "bar_y": y + 7,
-                "text_y": y + 19,
-                "bars": bars,
-            }
-        )
-    height = TOP + len(names) * LANE_HEIGHT + BOTTOM
-    ticks = []
-    for k in range(6):
-        moment = start + (end - start) * k / 5
-        fmt = "%H:%M:%S" if span <= 3600 else ("%H:%M" if span <= 2 * 86400 else "%m-%d %H:%M")
-        anchor = "start" if k == 0 else ("end" if k == 5 else "middle")
-        ticks.append({"x": x(moment), "label": moment.strftime(fmt), "anchor": anchor})
-    return {
-        "rows": rows,
-        "width": CHART_WIDTH,
-        "height": height,
-        "ticks": ticks,
-        "axis_y": height - BOTTOM + 4,
-        "tick_text_y": height - BOTTOM + 20,
-        "label_x": 8,
-        "plot_left": LABEL_WIDTH,
-        "plot_right": CHART_WIDTH - 10,
-        "plot_width": plot,
-        "hidden_lanes": max(len(lanes) - MAX_LANES, 0),
-    }
-
-
-def _matrix(outcomes: list[tuple[str, str, int]]) -> dict[str, Any]:
-    table: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(MATRIX_OUTCOMES, 0))
-    for tool, status, n in outcomes:
-        if status in MATRIX_OUTCOMES:
-            table[tool or "(no tool)"][status] += n
-    rows = []
-    for tool in sorted(table):
-        counts = table[tool]
-        total = sum(counts.values())
-        cells = []
-        for outcome in MATRIX_OUTCOMES:
-            n = counts[outcome]
-            if n < SPARSE_BELOW:
-                cells.append({"n": n, "sparse": True, "text": str(n), "heat": 0})
-            else:
-                share = n / total
-                cells.append(
-                    {"n": n, "sparse": False, "text": f"{share:.0%}", "heat": min(4, 1 + int(share * 4))}
-                )
-        rows.append({"tool": tool, "total": total, "cells": cells})
-    return {"rows": rows, "outcomes": [(o, OUTCOME_LABEL[o]) for o in MATRIX_OUTCOMES]}
-
-
-def fleet_overview(request: HttpRequest) -> dict[str, Any]:
-    """The Fleet page's saga half (chart and outcome matrix); `frontend.fleet_views` renders the
-    page with the gate's half (gauges, denials, kill switches, forms)."""
-    now = timezone.now()
-    window = request.GET.get("window", "24h")
-    window = window if window in _SINCE else "24h"
-    since = now - _SINCE[window]
-    sagas = selectors.started_sagas_active_since(since, limit=2000)
-    chart = None
-    if sagas:
-        # Zoom to the activity actually in the window, with a little air on the left.
-        first = min(_active_span(s, now)[0] for s in sagas)
-        start = max(since, first - (now - first) * 0.05)
-        chart = _chart(sagas, start, now, now)
-    return {
-        "chart": chart,
-        "matrix": _matrix(selectors.step_outcomes_by_tool(since)),
-        "window": window,
-        "windows": FLEET_WINDOWS,
-        "saga_total": len(sagas),
-        "sparse_below": SPARSE_BELOW,
-        "statuses": SagaStatus.choices,
-    }

@@ -129,6 +129,28 @@ def test_fleet_matrix_shows_rates_from_five(alice: Person) -> None:
     assert re.search(r'class="heat-4" title="5 steps">100%<', matrix)
 
 
+def test_a_busy_lane_draws_columns_linking_to_its_sagas(alice: Person) -> None:
+    """Past BARS_PER_LANE sagas a lane draws one bar per column of start time, at most SLOTS, its
+    colour the worst outcome it holds; the bar links to those sagas in the list."""
+    from frontend.fleet_chart import BARS_PER_LANE, SLOTS
+
+    writer = Writer()
+    records: list[dict] = []
+    for n in range(BARS_PER_LANE + 5):
+        saga_id, forward = saga_forward(writer, name=f"busy-{n}")
+        records += forward + (saga_rollback(writer, saga_id, fail_last=True) if n == 7 else [])
+    ship(alice, "agent-busy", records)
+    body = browser(alice).get(reverse("fleet")).content.decode()
+    lane = body.split('data-stream="agent-busy"')[1].split("</g>")[0]
+    bars = re.findall(r'<a href="([^"]+)" class="bar-link">\s*<title>([^<]+)</title>', lane)
+    assert 1 <= len(bars) <= SLOTS
+    assert sum(int(title.split()[0]) for _, title in bars) == BARS_PER_LANE + 5
+    worst = [href for href, _ in bars if "status=rollback_partial" in href]
+    assert worst == ["/sagas/?stream=agent-busy&amp;status=rollback_partial"]
+    listed = browser(alice).get("/sagas/?stream=agent-busy&status=rollback_partial").content.decode()
+    assert re.findall(r'<tr data-saga="([^"]+)"', listed) and "busy-7" in listed
+
+
 def test_evidence_streams(alice: Person, acme_sagas: dict[str, str]) -> None:
     body = browser(alice).get(reverse("evidence")).content.decode()
     assert 'data-stream="agent-1"' in body and 'data-stream="agent-2"' in body
