@@ -49,6 +49,25 @@ class ApprovalPolicy(TenantScopedModel):
         return self.name
 
 
+class PolicyVersion(TenantScopedModel):
+    """One version of an approval policy as it was written: its terms (`policy_values`), who made
+    it and when. Written with the change, in its transaction; kept when the policy is deleted (the
+    requests it opened name its versions)."""
+
+    policy_pk = models.PositiveIntegerField()
+    version = models.PositiveIntegerField()
+    terms = models.JSONField(default=dict)
+    actor = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "policy_pk", "version"], name="one_row_per_policy_version"
+            )
+        ]
+
+
 class Status(models.TextChoices):
     PENDING = "pending", "Pending"
     APPROVED = "approved", "Approved"

@@ -3,12 +3,17 @@ the Slack app, so no page queries approvals' tables on its own."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
+from approvals.actions.policies import call_matches
 from approvals.actions.requests import vote_values
-from approvals.models import ApprovalPolicy, ApprovalRequest, Status, Vote
+from approvals.models import ApprovalPolicy, ApprovalRequest, PolicyVersion, Status, Vote
+from audit import selectors as audit_selectors
+from audit.selectors import StepCall
 
 ID_MAX = 64  # a request id is 32 hex digits; a longer one in a URL names nothing
 DECIDED = [Status.APPROVED, Status.DENIED, Status.EXPIRED, Status.LAPSED, Status.CONSUMED]
@@ -82,3 +87,33 @@ def policies() -> list[ApprovalPolicy]:
 
 def policy(policy_id: int) -> ApprovalPolicy | None:
     return ApprovalPolicy.objects.filter(pk=policy_id).first()
+
+
+def policy_versions(policy_id: int, limit: int = 200) -> list[PolicyVersion]:
+    """A policy's kept versions, the newest first (kept since versions were recorded)."""
+    rows = PolicyVersion.objects.filter(policy_pk=policy_id).order_by("-version")
+    return list(rows[:limit])
+
+
+PREVIEW_SCAN = 5000  # records read at most, whatever the log's size
+PREVIEW_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What terms would have matched among the last day's step calls: how many of how many read,
+    a few examples, and whether older calls of the day were beyond the records read."""
+
+    matched: int
+    read: int
+    examples: list[StepCall]
+    partial: bool
+
+
+def would_match(tool: str, semantics: list[str], conditions: list[dict[str, Any]]) -> Preview:
+    """The terms (checked: `approvals.inputs`) against the tenant's step calls of the last 24 hours,
+    as their agents recorded them (bounded: `PREVIEW_SCAN` records)."""
+    since = timezone.now() - timedelta(days=1)
+    calls, partial = audit_selectors.step_calls_since(since, PREVIEW_SCAN)
+    matched = [c for c in calls if call_matches(tool, semantics, conditions, c.tool, c.semantics, c.kwargs)]
+    return Preview(len(matched), len(calls), matched[:PREVIEW_EXAMPLES], partial)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,3 +85,61 @@ def headers_between(start: int, end: int, events: tuple[str, ...]) -> list[Recor
         .values_list("leaf_index", "stream__stream_id", "event", "saga_id", "step_id", "tool")
     )
     return [RecordHeader(*row) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    """A step's call as its agent recorded it (STEP_INTENT or STEP_REFUSED): tool, semantics and
+    arguments by name."""
+
+    saga_id: str
+    step_id: str
+    tool: str
+    semantics: str
+    kwargs: dict[str, Any]
+    received_at: Any
+
+
+STEP_CALL_EVENTS = ("STEP_INTENT", "STEP_REFUSED")
+
+
+def step_calls_since(since: Any, scan: int) -> tuple[list[StepCall], bool]:
+    """The steps' calls received since `since`, newest first, read from at most the newest `scan`
+    records of the log (a range of the leaf index: bounded whatever the log's size), one per step;
+    and whether the range ended before `since` was reached (older calls not read)."""
+    size = log_size()
+    start = max(0, size - scan)
+    headers = list(
+        Record.objects.filter(leaf_index__gte=start, event__in=STEP_CALL_EVENTS, received_at__gte=since)
+        .order_by("-leaf_index")
+        .values_list("pk", "saga_id", "step_id", "tool", "received_at")
+    )
+    payloads = dict(
+        RecordPayload.objects.filter(record_id__in=[h[0] for h in headers]).values_list(
+            "record_id", "fields_json"
+        )
+    )
+    seen: set[tuple[str, str]] = set()
+    calls = []
+    for pk, saga_id, step_id, tool, received_at in headers:
+        if (saga_id, step_id) in seen or pk not in payloads:  # an erased payload: no arguments
+            continue
+        seen.add((saga_id, step_id))
+        try:
+            fields = json.loads(payloads[pk])
+        except ValueError:
+            continue
+        kwargs = fields.get("kwargs") if isinstance(fields, dict) else None
+        semantics = fields.get("semantics") if isinstance(fields, dict) else ""
+        calls.append(
+            StepCall(
+                saga_id,
+                step_id,
+                tool,
+                semantics if isinstance(semantics, str) else "",
+                kwargs if isinstance(kwargs, dict) else {},
+                received_at,
+            )
+        )
+    truncated = start > 0 and not Record.objects.filter(leaf_index=start - 1, received_at__lt=since).exists()
+    return calls, truncated

@@ -16,7 +16,7 @@ from fleet.actions.breaker_states import (
     trip,
 )
 from fleet.actions.breakers import breaker_values, create_breaker, delete_breaker, update_breaker
-from fleet.actions.budgets import budget_values, create_budget, delete_budget
+from fleet.actions.budgets import budget_values, create_budget, delete_budget, update_budget
 from fleet.actions.changes import policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
@@ -32,7 +32,12 @@ from fleet.actions.ledger import (
     spend_since,
 )
 from fleet.actions.quarantine import quarantine
-from fleet.actions.rate_limits import create_rate_limit, delete_rate_limit, rate_limit_values
+from fleet.actions.rate_limits import (
+    create_rate_limit,
+    delete_rate_limit,
+    rate_limit_values,
+    update_rate_limit,
+)
 from fleet.actions.reservations import settle as settle_reservation
 from fleet.actions.reservations import settle_saga as settle_saga_reservations
 from fleet.actions.snapshot import (
@@ -79,6 +84,8 @@ __all__ = [
     "settle_trial",
     "trip",
     "update_breaker",
+    "update_budget",
+    "update_rate_limit",
     "HaltCreate",
     "NewBudget",
     "NewHalt",

@@ -33,11 +33,10 @@ from approvals import selectors
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
 from core.errors import DomainError
-from core.numbers import amount_text, ascii_int
+from core.numbers import amount_text
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services as passkeys
-from tenants.access import APPROVAL_POLICIES_CHANGE, APPROVAL_POLICIES_VIEW, APPROVAL_VOTE, READ, decide
-from tenants.models import Role
+from tenants.access import APPROVAL_VOTE, READ
 
 QUEUE_LIMIT = 200
 HISTORY_LIMIT = 200
@@ -210,122 +209,3 @@ def vote(request: MemberRequest, approval_id: str) -> HttpResponse:
     if _wants_json(request):
         return JsonResponse({"redirect": url, "status": decided.status})
     return redirect(url)
-
-
-# -------------------------------------------------------------------------------------- policies
-
-SEMANTICS_CHOICES = ["IRREVERSIBLE", "COMPENSABLE", "REVERSIBLE", "PREVIEW"]
-ROLE_CHOICES = [Role.APPROVER.value, Role.ADMIN.value, Role.OWNER.value]
-MINUTES_MAX_CHARS = 8
-
-
-def _minutes(form: Any, field: str, default: int) -> int:
-    raw = str(form.get(field, "") or "").strip()
-    if not raw:
-        return default * 60
-    minutes = ascii_int(raw, max_digits=MINUTES_MAX_CHARS)
-    if minutes is None:
-        raise DomainError("invalid", f"{field}: a whole number of minutes", field=field)
-    return minutes * 60
-
-
-def _json_list(form: Any, field: str) -> list[Any]:
-    raw = str(form.get(field, "") or "").strip() or "[]"
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise DomainError("invalid", f"{field}: a JSON list", field=field) from None
-    if not isinstance(value, list):
-        raise DomainError("invalid", f"{field}: a JSON list", field=field)
-    return value
-
-
-def _policy_form(form: Any) -> dict[str, Any]:
-    """The create form as the API's body (`approvals.services.PolicyCreate` checks it): what is
-    presentation only (minutes, checkboxes, a comma-separated list, JSON typed in a box) converted."""
-    required = ascii_int(str(form.get("required_approvals", "1") or "1").strip(), max_digits=3)
-    if required is None:
-        raise DomainError("invalid", "required_approvals: a whole number", field="required_approvals")
-    members = [m.strip() for m in str(form.get("eligible_members", "") or "").split(",") if m.strip()]
-    return {
-        "name": str(form.get("name", "")).strip(),
-        "tool": str(form.get("tool", "") or "*").strip(),
-        "semantics": [s for s in form.getlist("semantics") if isinstance(s, str)],
-        "predicates": _json_list(form, "predicates"),
-        "required_approvals": required,
-        "eligible_roles": [r for r in form.getlist("eligible_roles") if isinstance(r, str)],
-        "eligible_members": members,
-        "passkey_only": form.get("passkey_only") == "on",
-        "ttl_s": _minutes(form, "ttl_minutes", 60),
-        "execution_window_s": _minutes(form, "execution_window_minutes", 5),
-        "warn_before_s": _minutes(form, "warn_before_minutes", 5),
-        "escalation": _json_list(form, "escalation"),
-    }
-
-
-def _policies_page(
-    request: MemberRequest, *, values: dict[str, Any] | None = None, error: Any = None
-) -> HttpResponse:
-    rows = [
-        {**approvals.policy_values(p), "id": p.pk, "predicates_json": json.dumps(p.predicates)}
-        for p in selectors.policies()
-    ]
-    return page(
-        request,
-        "frontend/approval_policies.html",
-        {
-            "policies": rows,
-            "values": values or {"eligible_roles": ROLE_CHOICES, "required_approvals": "1"},
-            "error": error,
-            "semantics_choices": SEMANTICS_CHOICES,
-            "role_choices": ROLE_CHOICES,
-            "may_change": decide(APPROVAL_POLICIES_CHANGE, membership=request.membership) is None,
-        },
-        section="approvals",
-        status=400 if error is not None else 200,
-    )
-
-
-@member_page({"GET": APPROVAL_POLICIES_VIEW}, section="approvals")
-def policies(request: MemberRequest) -> HttpResponse:
-    return _policies_page(request)
-
-
-@member_page({"POST": APPROVAL_POLICIES_CHANGE}, section="approvals")
-def policy_create(request: MemberRequest) -> HttpResponse:
-    form = request.POST
-    try:
-        terms = approvals.PolicyCreate.parse(_policy_form(form))
-        policy = approvals.create_policy(request.tenant, terms, actor=actor_of(request))
-    except DomainError as exc:
-        values: dict[str, Any] = {key: form.get(key, "") for key in form}
-        values["semantics"] = form.getlist("semantics")
-        values["eligible_roles"] = form.getlist("eligible_roles")
-        return _policies_page(request, values=values, error=exc)
-    messages.success(request, f"Approval policy '{policy.name}' created.")
-    return redirect("approval-policies-page")
-
-
-@member_page({"POST": APPROVAL_POLICIES_CHANGE}, section="approvals")
-def policy_toggle(request: MemberRequest, policy_id: int) -> HttpResponse:
-    policy = selectors.policy(policy_id)
-    if policy is None:
-        raise Http404("no such approval policy")
-    terms = approvals.PolicyTerms(enabled=not policy.enabled)
-    approvals.update_policy(request.tenant, policy.pk, terms, actor=actor_of(request))
-    messages.success(
-        request, f"Approval policy '{policy.name}' {'disabled' if policy.enabled else 'enabled'}."
-    )
-    return redirect("approval-policies-page")
-
-
-@member_page({"POST": APPROVAL_POLICIES_CHANGE}, section="approvals")
-def policy_delete(request: MemberRequest, policy_id: int) -> HttpResponse:
-    try:
-        approvals.delete_policy(request.tenant, policy_id, actor=actor_of(request))
-    except DomainError as exc:
-        if exc.status == 404:
-            raise Http404("no such approval policy") from None
-        raise
-    messages.success(request, "Approval policy deleted; requests it opened keep its terms.")
-    return redirect("approval-policies-page")

@@ -267,29 +267,118 @@ def _done(request: MemberRequest, text: str) -> HttpResponse:
 # ------------------------------------------------------------------------------------ changing
 
 
+def _budget_body(post: Any, name: str | None = None) -> dict[str, Any]:
+    """The budget form as the API's body (an Edit keeps the budget's name)."""
+    return {
+        "name": name if name is not None else post.get("name", "").strip(),
+        "tool": post.get("tool", "").strip(),
+        "argument": post.get("argument", "").strip(),
+        "max_total": post.get("max_total", "").strip().replace(",", ""),
+        "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
+        "per": _per(post),
+        "on_cap": post.get("on_cap", OnCap.DENY),
+    }
+
+
+def _budget_text(limit: BudgetLimit) -> str:
+    return (
+        f"at most {_amount(_cap(limit))} of {limit.argument} per "
+        f"{duration_label(limit.window_s)} on {limit.tool}"
+    )
+
+
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
 def budget_create(request: MemberRequest) -> HttpResponse:
-    post = request.POST
     try:
-        budget = services.BudgetCreate.parse(
-            {
-                "name": post.get("name", "").strip(),
-                "tool": post.get("tool", "").strip(),
-                "argument": post.get("argument", "").strip(),
-                "max_total": post.get("max_total", "").strip().replace(",", ""),
-                "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
-                "per": _per(post),
-                "on_cap": post.get("on_cap", OnCap.DENY),
-            }
-        )
+        budget = services.BudgetCreate.parse(_budget_body(request.POST))
         limit = services.create_budget(request.tenant, budget, actor=actor_of(request))
     except DomainError as exc:
         return _refused(request, "budget", exc)
-    return _done(
-        request,
-        f"Budget '{limit.name}' set: at most {_amount(_cap(limit))} of {limit.argument} per "
-        f"{duration_label(limit.window_s)} on {limit.tool}.",
-    )
+    return _done(request, f"Budget '{limit.name}' set: {_budget_text(limit)}.")
+
+
+def _window_values(seconds: int) -> dict[str, str]:
+    """A window as the form asks it: in the largest unit that divides it."""
+    for value, _, size in reversed(UNITS):
+        if seconds % size == 0:
+            return {"window": str(seconds // size), "window_unit": value}
+    return {"window": str(seconds), "window_unit": "s"}
+
+
+def _per_values(per: list[str]) -> dict[str, Any]:
+    fixed = [p for p in per if not p.startswith("arg:")]
+    arguments = [p.removeprefix("arg:") for p in per if p.startswith("arg:")]
+    return {"per": fixed, "per_args": ", ".join(arguments)}
+
+
+def _edit_page(
+    request: MemberRequest, kind: str, limit: BudgetLimit | RateLimit, state: FormState, status: int = 200
+) -> HttpResponse:
+    budget = isinstance(limit, BudgetLimit)
+    context = {
+        "kind": kind,
+        "kind_label": "budget" if budget else "rate limit",
+        "editing": limit,
+        "now_text": _budget_text(limit) if isinstance(limit, BudgetLimit) else _rate_text(limit),
+        "f": state,
+        "action": reverse(f"fleet-{'budget' if budget else 'rate-limit'}-edit", args=[limit.pk]),
+        "units": UNITS,
+        "per_choices": PER_CHOICES,
+        "on_cap_choices": OnCap.choices,
+    }
+    return page(request, "frontend/fleet_limit_edit.html", context, section="fleet", status=status)
+
+
+def _edit_refused(request: MemberRequest, kind: str, limit: Any, exc: DomainError) -> HttpResponse:
+    state = FormState(values=request.POST.dict(), errors={str(exc.field): exc.detail})
+    state.values["per"] = request.POST.getlist("per")
+    return _edit_page(request, kind, limit, state, status=exc.status)
+
+
+@member_page({"GET": FLEET_CONTROL, "POST": FLEET_CONTROL}, section="fleet")
+def budget_edit(request: MemberRequest, budget_id: int) -> HttpResponse:
+    """A budget's terms in its form; saving sets them (its name stays)."""
+    limit = BudgetLimit.objects.filter(pk=budget_id).first()  # another tenant's id: not found
+    if limit is None:
+        raise Http404("no such budget")
+    if request.method != "POST":
+        values = {
+            "tool": limit.tool,
+            "argument": limit.argument,
+            "max_total": _cap(limit),
+            "on_cap": limit.on_cap,
+            **_window_values(limit.window_s),
+            **_per_values(list(limit.per)),
+        }
+        return _edit_page(request, "budget", limit, FormState(values=values))
+    try:
+        budget = services.BudgetCreate.parse(_budget_body(request.POST, limit.name))
+        changed = services.update_budget(request.tenant, limit.pk, budget, actor=actor_of(request))
+    except DomainError as exc:
+        return _edit_refused(request, "budget", limit, exc)
+    return _done(request, f"Budget '{changed.name}' saved: {_budget_text(changed)}.")
+
+
+@member_page({"GET": FLEET_CONTROL, "POST": FLEET_CONTROL}, section="fleet")
+def rate_limit_edit(request: MemberRequest, rate_limit_id: int) -> HttpResponse:
+    """A rate limit's terms in its form; saving sets them (its name stays)."""
+    limit = RateLimit.objects.filter(pk=rate_limit_id).first()
+    if limit is None:
+        raise Http404("no such rate limit")
+    if request.method != "POST":
+        values = {
+            "tool": limit.tool,
+            "max_calls": str(limit.max_calls),
+            **_window_values(limit.window_s),
+            **_per_values(list(limit.per)),
+        }
+        return _edit_page(request, "rate", limit, FormState(values=values))
+    try:
+        rate_limit = services.RateLimitCreate.parse(_rate_body(request.POST, limit.name))
+        changed = services.update_rate_limit(request.tenant, limit.pk, rate_limit, actor=actor_of(request))
+    except DomainError as exc:
+        return _edit_refused(request, "rate", limit, exc)
+    return _done(request, f"Rate limit '{changed.name}' saved: {_rate_text(changed)}.")
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
@@ -301,27 +390,29 @@ def budget_delete(request: MemberRequest, budget_id: int) -> HttpResponse:
     return _done(request, f"Budget '{limit.name}' deleted.")
 
 
+def _rate_body(post: Any, name: str | None = None) -> dict[str, Any]:
+    """The rate-limit form as the API's body (an Edit keeps the rate limit's name)."""
+    return {
+        "name": name if name is not None else post.get("name", "").strip(),
+        "tool": post.get("tool", "").strip(),
+        "max_calls": _whole(post.get("max_calls", "")),
+        "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
+        "per": _per(post),
+    }
+
+
+def _rate_text(limit: RateLimit) -> str:
+    return f"at most {limit.max_calls} calls per {duration_label(limit.window_s)} on {limit.tool}"
+
+
 @member_page({"POST": FLEET_CONTROL}, section="fleet")
 def rate_limit_create(request: MemberRequest) -> HttpResponse:
-    post = request.POST
     try:
-        rate_limit = services.RateLimitCreate.parse(
-            {
-                "name": post.get("name", "").strip(),
-                "tool": post.get("tool", "").strip(),
-                "max_calls": _whole(post.get("max_calls", "")),
-                "window_s": _duration(post, "window", "window_s", "invalid_window", required=True),
-                "per": _per(post),
-            }
-        )
+        rate_limit = services.RateLimitCreate.parse(_rate_body(request.POST))
         limit = services.create_rate_limit(request.tenant, rate_limit, actor=actor_of(request))
     except DomainError as exc:
         return _refused(request, "rate", exc)
-    return _done(
-        request,
-        f"Rate limit '{limit.name}' set: at most {limit.max_calls} calls per "
-        f"{duration_label(limit.window_s)} on {limit.tool}.",
-    )
+    return _done(request, f"Rate limit '{limit.name}' set: {_rate_text(limit)}.")
 
 
 @member_page({"POST": FLEET_CONTROL}, section="fleet")

@@ -18,7 +18,7 @@ from sagaplane.events import Event
 from approvals import predicates
 from approvals.actions.snapshot import forget_policies
 from approvals.inputs import NAME_MAX, PolicyTerms
-from approvals.models import ApprovalPolicy
+from approvals.models import ApprovalPolicy, PolicyVersion
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
@@ -177,6 +177,7 @@ def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: Actor) -> Approv
         with _name_not_taken(fields["name"]):
             policy = ApprovalPolicy.objects.create(**fields)
         _changed(tenant, Event.APPROVAL_POLICY_CREATED, policy.pk, None, policy_values(policy), actor=actor)
+        _keep_version(policy, actor)
     return policy
 
 
@@ -198,6 +199,7 @@ def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: 
             policy.save()
         policy.refresh_from_db()
         _changed(tenant, Event.APPROVAL_POLICY_UPDATED, policy.pk, old, policy_values(policy), actor=actor)
+        _keep_version(policy, actor)
     return policy
 
 
@@ -217,6 +219,17 @@ def _changed(tenant: Tenant, event: Event, policy_id: int, old: Any, new: Any, *
     append_server_record(tenant, event, {"policy": policy_id, "old": old, "new": new}, actor=actor)
     fleet.policies_changed(tenant)
     forget_policies(tenant)
+
+
+def _keep_version(policy: ApprovalPolicy, actor: Actor) -> None:
+    """The version just written, kept for the policy's history (in the change's transaction)."""
+    PolicyVersion.objects.create(
+        policy_pk=policy.pk,
+        version=policy.version,
+        terms=policy_values(policy),
+        actor=str(actor),
+        created_at=policy.updated_at,
+    )
 
 
 def rules_of(policy: ApprovalPolicy) -> dict[str, Any]:
@@ -239,9 +252,24 @@ def matching_policy(policies: Iterable[ApprovalPolicy], request: GateRequest) ->
         p
         for p in policies
         if p.enabled
-        and tool_matches(p.tool, request.tool)
-        and (not p.semantics or request.semantics in p.semantics)
-        and predicates.matches(p.predicates, request.args)
+        and call_matches(p.tool, p.semantics, p.predicates, request.tool, request.semantics, request.args)
     ]
     found.sort(key=lambda p: (-p.required_approvals, p.pk))
     return found[0] if found else None
+
+
+def call_matches(
+    tool_glob: str,
+    semantics: list[str],
+    conditions: list[dict[str, Any]],
+    tool: str,
+    call_semantics: str,
+    args: Any,
+) -> bool:
+    """A call (its tool, semantics and arguments) is one the terms govern: the gate's test, and the
+    rule builder's preview against past calls."""
+    return (
+        tool_matches(tool_glob, tool)
+        and (not semantics or call_semantics in semantics)
+        and predicates.matches(conditions, args)
+    )

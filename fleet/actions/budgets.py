@@ -1,4 +1,4 @@
-"""Budgets: create and delete (each recorded with old and new values, in one transaction)."""
+"""Budgets: create, change and delete (each recorded with old and new values, in one transaction)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from sagaplane.events import Event
 
 from core.actors import Actor
 from fleet import gate
-from fleet.actions.changes import create_policy, delete_policy
+from fleet.actions.changes import create_policy, delete_policy, update_policy
 from fleet.inputs import NewBudget
 from fleet.models import BudgetLimit
 from tenants.models import Tenant
@@ -27,22 +27,41 @@ def budget_values(limit: BudgetLimit) -> dict[str, Any]:
     }
 
 
+def _fields(budget: NewBudget) -> dict[str, Any]:
+    return {
+        "name": budget.name,
+        "tool": budget.tool,
+        "argument": budget.argument,
+        "max_total": budget.max_total,
+        "window_s": budget.window_s,
+        "per": list(budget.per),
+        "on_cap": budget.on_cap,
+    }
+
+
 def create_budget(tenant: Tenant, budget: NewBudget, *, actor: Actor) -> BudgetLimit:
     """Create a budget (checked by `fleet.inputs.BudgetCreate`) and record it."""
     return create_policy(
         tenant,
         BudgetLimit,
-        {
-            "name": budget.name,
-            "tool": budget.tool,
-            "argument": budget.argument,
-            "max_total": budget.max_total,
-            "window_s": budget.window_s,
-            "per": list(budget.per),
-            "on_cap": budget.on_cap,
-        },
+        _fields(budget),
         actor=actor,
         event=Event.FLEET_BUDGET_CREATED,
+        subject="budget",
+        values=budget_values,
+    )
+
+
+def update_budget(tenant: Tenant, budget_id: int, budget: NewBudget, *, actor: Actor) -> BudgetLimit:
+    """Set a budget's terms (checked by `fleet.inputs.BudgetCreate`; its name stays) and record the
+    change. A new window counts afresh (the counters are per window); a new cap applies at once."""
+    return update_policy(
+        tenant,
+        BudgetLimit,
+        budget_id,
+        _fields(budget),
+        actor=actor,
+        event=Event.FLEET_BUDGET_UPDATED,
         subject="budget",
         values=budget_values,
     )

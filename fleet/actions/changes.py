@@ -68,6 +68,38 @@ def create_policy(
     return limit
 
 
+def update_policy(
+    tenant: Tenant,
+    model: type[Policy],
+    pk: int,
+    fields: dict[str, Any],
+    *,
+    actor: Actor,
+    event: str,
+    subject: str,
+    values: Callable[[Policy], dict[str, Any]],
+) -> Policy:
+    """Set every field of one budget or rate limit (its name stays: the ledger's debits and the
+    denials name it) and record old and new values (one transaction); nothing changed: nothing
+    recorded. The gate re-reads the tenant's policies once it commits."""
+    what = subject.replace("_", " ")
+    with tenant_context(tenant):
+        limit = model.objects.select_for_update().filter(pk=pk).first()
+        if limit is None:
+            raise DomainError("not_found", f"no such {what}", status=404, field="id")
+        old = values(limit)
+        for name, value in fields.items():
+            if name != "name":
+                setattr(limit, name, value)
+        new = values(limit)
+        if new == old:
+            return limit
+        limit.save()
+        append_server_record(tenant, event, {subject: pk, "old": old, "new": new}, actor=actor)
+        changed_after_commit(tenant)
+    return limit
+
+
 def delete_policy(
     tenant: Tenant,
     model: type[BudgetLimit] | type[RateLimit] | type[CircuitBreaker],

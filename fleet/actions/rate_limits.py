@@ -1,4 +1,4 @@
-"""Rate limits: create and delete (each recorded with old and new values, in one transaction)."""
+"""Rate limits: create, change and delete (each recorded with old and new values, in one transaction)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from sagaplane.events import Event
 
 from core.actors import Actor
-from fleet.actions.changes import create_policy, delete_policy
+from fleet.actions.changes import create_policy, delete_policy, update_policy
 from fleet.inputs import NewRateLimit
 from fleet.models import RateLimit
 from tenants.models import Tenant
@@ -24,20 +24,41 @@ def rate_limit_values(limit: RateLimit) -> dict[str, Any]:
     }
 
 
+def _fields(rate_limit: NewRateLimit) -> dict[str, Any]:
+    return {
+        "name": rate_limit.name,
+        "tool": rate_limit.tool,
+        "max_calls": rate_limit.max_calls,
+        "window_s": rate_limit.window_s,
+        "per": list(rate_limit.per),
+    }
+
+
 def create_rate_limit(tenant: Tenant, rate_limit: NewRateLimit, *, actor: Actor) -> RateLimit:
     """Create a rate limit (checked by `fleet.inputs.RateLimitCreate`) and record it."""
     return create_policy(
         tenant,
         RateLimit,
-        {
-            "name": rate_limit.name,
-            "tool": rate_limit.tool,
-            "max_calls": rate_limit.max_calls,
-            "window_s": rate_limit.window_s,
-            "per": list(rate_limit.per),
-        },
+        _fields(rate_limit),
         actor=actor,
         event=Event.FLEET_RATE_LIMIT_CREATED,
+        subject="rate_limit",
+        values=rate_limit_values,
+    )
+
+
+def update_rate_limit(
+    tenant: Tenant, rate_limit_id: int, rate_limit: NewRateLimit, *, actor: Actor
+) -> RateLimit:
+    """Set a rate limit's terms (checked by `fleet.inputs.RateLimitCreate`; its name stays) and
+    record the change. A new window counts afresh (the counters are per window)."""
+    return update_policy(
+        tenant,
+        RateLimit,
+        rate_limit_id,
+        _fields(rate_limit),
+        actor=actor,
+        event=Event.FLEET_RATE_LIMIT_UPDATED,
         subject="rate_limit",
         values=rate_limit_values,
     )

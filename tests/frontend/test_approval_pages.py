@@ -261,7 +261,10 @@ def test_admins_set_approval_policies_from_the_page_and_everyone_sees_them(
         "name": "large wires",
         "tool": "bank.*",
         "semantics": ["IRREVERSIBLE"],
-        "predicates": '[{"arg": "amount", "op": ">", "value": 10000}]',
+        "conditions": "1",
+        "c0_arg": "amount",
+        "c0_op": ">",
+        "c0_value": "10,000",
         "required_approvals": "2",
         "eligible_roles": ["approver", "owner"],
         "eligible_members": "ann@acme.example",
@@ -269,14 +272,14 @@ def test_admins_set_approval_policies_from_the_page_and_everyone_sees_them(
         "ttl_minutes": "30",
         "execution_window_minutes": "2",
         "warn_before_minutes": "5",
-        "escalation": '[{"after_s": 600, "roles": ["admin"]}]',
+        "levels": "1",
+        "e0_after": "10",
+        "e0_roles": ["admin"],
     }
-    bad = owner.post("/approvals/policies/create", {**form, "predicates": "[{"})
-    assert bad.status_code == 400 and b"predicates: a JSON list" in bad.content
-    assert b"large wires" in bad.content  # the form as typed
-    unknown = owner.post(
-        "/approvals/policies/create", {**form, "predicates": '[{"arg": "amount", "op": "~"}]'}
-    )
+    bad = owner.post("/approvals/policies/create", {**form, "c0_value": "lots"})
+    assert bad.status_code == 400 and b"predicates[0].value: a finite number" in bad.content
+    assert b"large wires" in bad.content and b'value="lots"' in bad.content  # the form as typed
+    unknown = owner.post("/approvals/policies/create", {**form, "c0_op": "~"})
     assert unknown.status_code == 400
     with tenant_context(tenant_a):
         assert not ApprovalPolicy.objects.exists()
@@ -287,6 +290,8 @@ def test_admins_set_approval_policies_from_the_page_and_everyone_sees_them(
     assert (policy.tool, policy.semantics, policy.required_approvals) == ("bank.*", ["IRREVERSIBLE"], 2)
     assert (policy.passkey_only, policy.ttl_s, policy.execution_window_s) == (True, 1800, 120)
     assert policy.eligible_members == [ann.user.pk] and policy.escalation[0]["roles"] == ["admin"]
+    assert policy.predicates == [{"arg": "amount", "op": ">", "value": 10000}]
+    assert policy.escalation[0]["after_s"] == 600
     created = [r for r in server_stream(tenant_a) if r["event"] == "APPROVAL_POLICY_CREATED"]
     assert created[-1]["actor"] == f"user:{alice.user.email}" and created[-1]["new"]["name"] == "large wires"
 
