@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from audit import selectors as audit_selectors
 from frontend.views import MemberRequest, actor_of, member_page, page
+from sagas import selectors as saga_selectors
 from tenants.access import AUDIT, WITNESSES_CHANGE
 from transparency import selectors as log_selectors
 from transparency import services as transparency
@@ -38,9 +39,19 @@ def _export_view(export: Export) -> dict[str, Any]:
     }
 
 
+def _agents_by_stream() -> dict[str, str]:
+    """The names agents give themselves, by stream (from their recent sagas), beside the ids."""
+    names: dict[str, list[str]] = {}
+    for stream_id, agent in saga_selectors.recent_stream_agents():
+        names.setdefault(stream_id, []).append(agent)
+    return {stream_id: ", ".join(agents) for stream_id, agents in names.items()}
+
+
 @member_page({"GET": AUDIT}, section="evidence")
 def evidence(request: MemberRequest) -> HttpResponse:
     log_size = audit_selectors.log_size()
+    streams = audit_selectors.stream_statuses(streams=200, refusals=500, refusals_each=5)
+    agents = _agents_by_stream()
     checkpoint = log_selectors.latest_checkpoint()
     keys = log_selectors.verifier_keys()
     context: dict[str, Any] = {
@@ -49,7 +60,7 @@ def evidence(request: MemberRequest) -> HttpResponse:
         "verifier_key": keys[0] if keys else "",
         "other_keys": keys[1:],
         "unsigned": log_size - (checkpoint.size if checkpoint else 0),
-        "streams": audit_selectors.stream_statuses(streams=200, refusals=500, refusals_each=5),
+        "streams": [(row, agents.get(row.stream.stream_id, "")) for row in streams],
         "exports": [_export_view(e) for e in log_selectors.recent_exports(EXPORTS_SHOWN)],
         "witnesses": witnesses.witnesses(),
         "quorum": witnesses.quorum(),

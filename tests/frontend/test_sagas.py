@@ -154,3 +154,13 @@ def test_a_busy_lane_draws_columns_linking_to_its_sagas(alice: Person) -> None:
 def test_evidence_streams(alice: Person, acme_sagas: dict[str, str]) -> None:
     body = browser(alice).get(reverse("evidence")).content.decode()
     assert 'data-stream="agent-1"' in body and 'data-stream="agent-2"' in body
+
+
+def test_evidence_names_each_stream_by_its_agent(alice: Person, acme_sagas: dict[str, str]) -> None:
+    writer = Writer()
+    ship(alice, "agent-7", saga_forward(writer, agent="billing-bot")[1])
+    body = browser(alice).get(reverse("evidence")).content.decode()
+    row = body.split('data-stream="agent-7"')[1].split("</th>")[0]
+    assert '<strong class="stream-agent">billing-bot</strong>' in row and "<code>agent-7</code>" in row
+    unnamed = body.split('data-stream="agent-1"')[1].split("</th>")[0]
+    assert "stream-agent" not in unnamed
