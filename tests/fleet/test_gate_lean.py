@@ -306,3 +306,22 @@ def test_the_gate_route_has_djangos_headers_for_its_request_class(
         assert {"x-content-type-options", "x-frame-options", "referrer-policy"} <= set(fast.headers)
     assert served.django_calls == 1 + 1 + 2  # the other class, this class' first call, the two direct ones
     assert fastroute.FastRoute("gate-evaluate", "POST").path == PATH  # the route table's path
+
+
+def test_a_reservation_on_the_lean_path_is_recorded_with_its_bucket_and_settles(
+    tenant: Tenant, store: RedisStore
+) -> None:
+    services.create_budget(
+        tenant,
+        services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
+        actor=ACTOR,
+    )
+    answer = ask(tenant, {**call(), "reserve": 40 * 10_000})  # no amount: the estimate stands for it
+    assert answer["reservation"] == {"id": answer["authorization_id"], "state": "open", "reserved": "40"}
+    (row,) = [r for r in ledger(tenant) if str(r.pk) == answer["authorization_id"]]
+    assert row.detail["reservation"]["store_ms"] > 0 and row.debits[0]["amount"] == 40 * 10_000
+    assert ask(tenant, call(amount=61))["decision"] == "deny"
+    settled = services.settle_reservation(tenant, row.pk, "10", actor=ACTOR)
+    assert settled is not None and settled["actual"] == "10"
+    assert ask(tenant, call(amount=91))["decision"] == "deny"
+    assert ask(tenant, call(amount=90))["decision"] == "allow"
