@@ -232,6 +232,7 @@ class Governor:
             retry=rule.retry,
             fallback=self._fallback(rule),
             fallback_args=_fallback_args(rule),
+            reserve=rule.estimate if rule.reserve else None,
         )
         if len(self._specs) < 10_000:  # tool names come from outside: the cache is bounded
             self._specs[key] = spec
@@ -240,6 +241,7 @@ class Governor:
     def _checked(self, rule: ToolRule, out: Any) -> Any:
         if self.is_error(out):
             raise (ToolFailedNotApplied if rule.on_error == "not_applied" else ToolFailed)(out)
+        rule.settle_with(self.view_result(out))  # `settle`: the actual the result names
         return out
 
     def _perform_async(self, rule: ToolRule) -> Callable[..., Any]:

@@ -41,7 +41,9 @@ names; a result the tool marks as an error is `ToolFailed`); `fallback` (optiona
 and none may have applied, with the call's own arguments when `arguments` is left out (its
 templates read `{args.…}` only); `secret` (optional): `["api_key", ...]`, arguments whose values
 are credential references' names, resolved at call time and recorded as references
-(sagaplane.credentials).
+(sagaplane.credentials). `reserve` / `settle` (optional; sagaplane.reservations): the estimate the
+gate reserves, a template over `args` (`"{args.max_tokens}"`), and the actual settled from the
+`result` (`"{result.usage.total_tokens}"`; unreadable: settled at the estimate at the saga's end).
 
 Templates: a string that is exactly one `{args.<path>}`, `{result.<path>}` or `{state.<path>}`
 is replaced by that value with its type (a number stays a number, an object an object); inside
@@ -56,6 +58,7 @@ unbuildable: the step has no inverse and recovery escalates it to a person.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -64,14 +67,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import names
+from ..reservations import settle
 from ..retry import BACKOFFS, Retry
 from ..semantics import COMPENSABLE, IRREVERSIBLE, PREVIEW, REVERSIBLE, Semantics
 
+logger = logging.getLogger("sagaplane.integrations")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = frozenset({"name", "default", "tools"})
-TOOL_KEYS = frozenset(
-    {"semantics", "compensate", "capture", "gate_args", "on_error", "retry", "fallback", "secret"}
-)
+TOOL_KEYS = frozenset({"semantics", "compensate", "capture", "gate_args", "on_error", "retry", "fallback"})
+TOOL_KEYS |= {"secret", "reserve", "settle"}
 RETRY_KEYS = frozenset({"max_attempts", "backoff", "base_s", "cap_s", "jitter", "retry_on", "no_retry_on"})
 MAX_ATTEMPTS = 100
 _ERROR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -194,6 +198,22 @@ class ToolRule:
     fallback: CallTemplate | None = None  # arguments {} and `same_arguments`: the call's own
     fallback_same_arguments: bool = True
     secret: tuple[str, ...] = ()  # arguments whose values are credential references
+    reserve: str | None = None  # a template over args: the estimate the gate reserves
+    settle: str | None = None  # a template over result: the actual amount settled
+
+    def estimate(self, **arguments: Any) -> Any:
+        return render(self.reserve, {"args": arguments})
+
+    def settle_with(self, result: Any) -> None:
+        """sp.settle() with the amount `settle` reads (unreadable: settled at the saga's end)."""
+        if self.settle is None:
+            return
+        try:
+            settle(render(self.settle, {"result": result}))
+        except (TemplateError, ValueError, RuntimeError) as exc:
+            logger.warning(
+                "tools.%s.settle: %s (settled at its estimate when the saga ends)", self.pattern, exc
+            )
 
 
 @dataclass(frozen=True)
@@ -421,6 +441,12 @@ class _Parser:
             self.roots((*where, "fallback"), fallback, {"args"})
             if names.same_name(fallback.tool, tool):
                 raise self.fail((*where, "fallback"), f"tools.{tool}.fallback: another tool than {tool!r}")
+        reserve, settled = (
+            self.amount(where, spec, "reserve", {"args"}),
+            self.amount(where, spec, "settle", {"result"}),
+        )
+        if settled is not None and reserve is None:
+            raise self.fail((*where, "settle"), f"tools.{tool}.settle: settles what `reserve` reserved")
         same = not isinstance(spec.get("fallback"), dict) or "arguments" not in spec["fallback"]
         return ToolRule(
             tool,
@@ -434,7 +460,20 @@ class _Parser:
             fallback=fallback,
             fallback_same_arguments=same,
             secret=self.secret(where, spec.get("secret")),
+            reserve=reserve,
+            settle=settled,
         )
+
+    def amount(self, where: tuple[str, ...], spec: dict[str, Any], key: str, allowed: set[str]) -> str | None:
+        value = spec.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise self.fail(
+                (*where, key), f'tools.{where[1]}.{key}: a template such as "{{args.max_tokens}}"'
+            )
+        self.roots((*where, key), CallTemplate("", {key: value}), allowed)
+        return value
 
     def retry(self, where: tuple[str, ...], value: Any) -> Retry | None:
         """`retry = { max_attempts = 3, backoff = "exponential", base_s = 0.2, cap_s = 5, jitter = true,
