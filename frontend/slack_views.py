@@ -131,7 +131,13 @@ def link(request: MemberRequest, token: str) -> HttpResponse:
     if row is None or row.team_id != team_id:
         error = "This Slack workspace is no longer connected to the tenant."
         return page(request, "frontend/slack_link.html", {"error": error}, status=409)
-    context = {"team": row.team_name or team_id, "slack_user_id": slack_user_id, "token": token}
+    name = services.ask_slack_name(request.tenant, slack_user_id)
+    context = {
+        "team": row.team_name or team_id,
+        "slack_user_id": slack_user_id,
+        "slack_name": name,
+        "token": token,
+    }
     if request.method == "POST":
         try:
             services.link_user(
@@ -141,6 +147,7 @@ def link(request: MemberRequest, token: str) -> HttpResponse:
                 slack_user_id=slack_user_id,
                 how="confirmed",
                 actor=actor_of(request),
+                name=name,
             )
         except SlackError as exc:
             return page(

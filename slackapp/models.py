@@ -59,11 +59,17 @@ class OAuthState(TenantScopedModel):
     expires_at = models.DateTimeField()
 
 
+SLACK_NAME_MAX = 200
+
+
 class UserLink(TenantScopedModel):
     """A Slack user of the tenant's workspace acting as one member."""
 
     team_id = models.CharField(max_length=32)
     slack_user_id = models.CharField(max_length=32)
+    # The name Slack showed for the user when they linked (users.info): for people reading the
+    # Slack page, never for deciding anything; "" when Slack could not be asked.
+    slack_name = models.CharField(max_length=SLACK_NAME_MAX, blank=True, default="")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     how = models.CharField(max_length=16)  # "confirmed" (the link page) or "email"
     linked_at = models.DateTimeField(default=timezone.now)

@@ -19,6 +19,7 @@ from slackapp.actions.installations import (
     uninstall,
 )
 from slackapp.actions.links import (
+    ask_slack_name,
     link_token,
     link_url,
     link_user,
@@ -52,6 +53,7 @@ __all__ = [
     "SlackError",
     "StateStore",
     "bot_token",
+    "ask_slack_name",
     "claim_message_post",
     "configured",
     "finish_install",

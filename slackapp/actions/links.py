@@ -16,7 +16,7 @@ from core.actors import Actor
 from core.scoping import tenant_context
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, public_url, web_client
-from slackapp.models import Installation, UserLink
+from slackapp.models import SLACK_NAME_MAX, Installation, UserLink
 from tenants.actors import system_actor
 from tenants.models import Membership, Tenant
 
@@ -59,11 +59,49 @@ def link_url(tenant: Tenant, team_id: str, slack_user_id: str) -> str:
     return public_url(reverse("slack-link", args=[link_token(tenant, team_id, slack_user_id)]))
 
 
+def slack_name(slack_user: dict[str, Any]) -> str:
+    """The name Slack shows for a user (users.info's `user`): display name, else real name, else
+    handle; "" when it gives none."""
+    profile = slack_user.get("profile") or {}
+    for name in (
+        profile.get("display_name"),
+        profile.get("real_name"),
+        slack_user.get("real_name"),
+        slack_user.get("name"),
+    ):
+        if isinstance(name, str) and name.strip():
+            return name.strip()[:SLACK_NAME_MAX]
+    return ""
+
+
+def ask_slack_name(tenant: Tenant, slack_user_id: str) -> str:
+    """The Slack user's name as the workspace shows it, asked with the tenant's bot token; "" when
+    Slack cannot be asked (the link is made all the same, shown by its id)."""
+    with tenant_context(tenant):
+        row = Installation.objects.first()
+    if row is None:
+        return ""
+    try:
+        info = web_client(bot_token(row)).users_info(user=slack_user_id)
+    except (*UNREACHABLE, crypto.TokenUnreadable):
+        log.warning("slack: users.info failed for %s", slack_user_id, exc_info=True)
+        return ""
+    return slack_name(info.get("user") or {})
+
+
 def link_user(
-    tenant: Tenant, user: Any, *, team_id: str, slack_user_id: str, how: str, actor: Actor
+    tenant: Tenant,
+    user: Any,
+    *,
+    team_id: str,
+    slack_user_id: str,
+    how: str,
+    actor: Actor,
+    name: str = "",
 ) -> UserLink:
     """Link a Slack user of the tenant's workspace to this member (replacing the member's earlier
-    link; a Slack user already linked to someone else must be unlinked first)."""
+    link; a Slack user already linked to someone else must be unlinked first). `name`: what Slack
+    calls them (`ask_slack_name`), shown beside the id."""
     with tenant_context(tenant):
         row = Installation.objects.first()
         if row is None or row.team_id != team_id:
@@ -74,6 +112,9 @@ def link_user(
             raise SlackError("not_a_member", "only a member of the tenant can be linked", status=404)
         taken = UserLink.objects.filter(team_id=team_id, slack_user_id=slack_user_id).first()
         if taken is not None and taken.user_id == user.pk:
+            if name and taken.slack_name != name:
+                taken.slack_name = name
+                taken.save(update_fields=["slack_name"])
             return taken
         if taken is not None:
             raise SlackError("slack_user_taken", "this Slack user is linked to another member", status=409)
@@ -82,14 +123,21 @@ def link_user(
         if previous is not None:
             old = {"team_id": previous.team_id, "slack_user_id": previous.slack_user_id}
             previous.delete()
-        link = UserLink.objects.create(team_id=team_id, slack_user_id=slack_user_id, user=user, how=how)
+        link = UserLink.objects.create(
+            team_id=team_id, slack_user_id=slack_user_id, slack_name=name[:SLACK_NAME_MAX], user=user, how=how
+        )
         append_server_record(
             tenant,
             Event.SLACK_USER_LINKED,
             {
                 "member": user.get_username(),
                 "old": old,
-                "new": {"team_id": team_id, "slack_user_id": slack_user_id, "how": how},
+                "new": {
+                    "team_id": team_id,
+                    "slack_user_id": slack_user_id,
+                    "name": link.slack_name,
+                    "how": how,
+                },
             },
             actor=actor,
         )
@@ -151,6 +199,7 @@ def member_for(tenant: Tenant, team_id: str, slack_user_id: str) -> Membership |
                     slack_user_id=slack_user_id,
                     how="email",
                     actor=system_actor(f"slack-email-match:{slack_user_id}"),
+                    name=slack_name(user),
                 )
         except SlackError:
             return None  # the member is linked to someone else already: the explicit link wins

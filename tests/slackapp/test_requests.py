@@ -188,11 +188,40 @@ def test_the_link_flow_needs_the_member_to_sign_in_and_confirm(installed: FakeSl
     with tenant_context(alice.tenant):
         (link,) = UserLink.objects.all()
     assert (link.slack_user_id, link.user_id, link.how) == ("U0ALICE", alice.user.pk, "confirmed")
+    assert link.slack_name == ""  # Slack knew no such user: the link is shown by its id
     (record,) = [r for r in server_stream(alice.tenant) if r["event"] == "SLACK_USER_LINKED"]
-    assert record["new"] == {"team_id": installed.team_id, "slack_user_id": "U0ALICE", "how": "confirmed"}
+    assert record["new"] == {
+        "team_id": installed.team_id,
+        "slack_user_id": "U0ALICE",
+        "name": "",
+        "how": "confirmed",
+    }
     # Now the same person's command acts as alice.
     signed_post(Client(), installed, "/slack/commands", command_body(installed, *HALT, user="U0ALICE"))
     assert len(_halts(alice)) == 1
+
+
+def test_a_link_keeps_the_name_slack_shows(installed: FakeSlack, alice: Person) -> None:
+    """The Slack user's name (users.info, asked with the tenant's bot token) is shown on the link
+    page, kept on the link and in its audit record, and listed on the Slack page beside the id."""
+    installed.users["U0ALICE"] = {
+        "id": "U0ALICE",
+        "name": "alice.l",
+        "real_name": "Alice L.",
+        "profile": {"display_name": "Alice Liddell <script>"},
+    }
+    path = services.link_url(alice.tenant, installed.team_id, "U0ALICE").removeprefix("http://testserver")
+    client = browser(alice.user)
+    shown = client.get(path).content.decode()
+    assert '<strong id="slack-name">Alice Liddell &lt;script&gt;</strong>' in shown
+    assert client.post(path).status_code == 200
+    with tenant_context(alice.tenant):
+        (link,) = UserLink.objects.all()
+    assert link.slack_name == "Alice Liddell <script>"
+    (record,) = [r for r in server_stream(alice.tenant) if r["event"] == "SLACK_USER_LINKED"]
+    assert record["new"]["name"] == "Alice Liddell <script>"
+    listed = client.get("/integrations/slack/").content.decode()
+    assert '<strong class="slack-name">Alice Liddell &lt;script&gt;</strong> <code>U0ALICE</code>' in listed
 
 
 def test_a_link_for_one_tenant_cannot_be_confirmed_in_another(
