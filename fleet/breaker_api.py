@@ -1,6 +1,7 @@
 """Circuit breakers over HTTP (`/api/v1/fleet/breakers`, shapes in docs/ARCHITECTURE.md §8.3):
-list and create, one breaker with its history, change and delete. Reads for the `control` scope
-or any member, changes for `control` keys and members whose role may change the fleet."""
+list and create, one breaker with its history, change and delete; and the tenant's gate settings
+(`/api/v1/fleet/settings`: the lease TTL). Reads for the `control` scope or any member, changes for
+`control` keys and members whose role may change the fleet."""
 
 from __future__ import annotations
 
@@ -105,3 +106,23 @@ class BreakerDetailView(TenantScopedViewMixin, APIView):
     def delete(self, request: Request, breaker_id: int) -> Response:
         services.delete_breaker(self.tenant, breaker_id, actor=self.actor)
         return Response(status=204)
+
+
+class FleetSettingsView(TenantScopedViewMixin, APIView):
+    """The tenant's gate settings: `lease_ttl_ms` (how long a budget lease lives; null: the
+    default) and the one in force."""
+
+    access = {"GET": FLEET_VIEW, "PATCH": FLEET_CONTROL}
+
+    @extend_schema(operation_id="fleet_settings_retrieve", responses={200: serializers.DictField()})
+    def get(self, request: Request) -> Response:
+        return Response(services.fleet_settings_values(self.tenant))
+
+    @extend_schema(
+        operation_id="fleet_settings_partial_update",
+        request=services.FleetSettingsUpdate,
+        responses={200: serializers.DictField(), 400: ErrorSerializer},
+    )
+    def patch(self, request: Request) -> Response:
+        change = services.FleetSettingsUpdate.parse(request.data)
+        return Response(services.set_fleet_settings(self.tenant, change, actor=self.actor))

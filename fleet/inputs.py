@@ -278,3 +278,30 @@ class BreakerUpdate(Input[BreakerChange]):
     min_volume = _whole("min_volume", "invalid_min_volume", MAX_VOLUME, False)
     window_s = _whole("window_s", "invalid_window", MAX_WINDOW_S, False)
     cool_down_s = _whole("cool_down_s", "invalid_cool_down", MAX_WINDOW_S, False)
+
+
+LEASE_TTL_MIN_MS = 100
+LEASE_TTL_MAX_MS = 60_000
+
+
+@dataclass(frozen=True)
+class FleetSettingsChange:
+    """The tenant's gate settings: `lease_ttl_ms`, how long a budget lease lives unless renewed
+    (None: the deployment's default, 1 s)."""
+
+    lease_ttl_ms: int | None
+
+
+class FleetSettingsUpdate(Input[FleetSettingsChange]):
+    """A change of the tenant's gate settings (every field named; null: the default)."""
+
+    command = FleetSettingsChange
+
+    lease_ttl_ms = Whole(
+        code="invalid_lease_ttl",
+        message=f"lease_ttl_ms must be a whole number of milliseconds from {LEASE_TTL_MIN_MS} to "
+        f"{LEASE_TTL_MAX_MS}, or null for the default",
+        min_value=LEASE_TTL_MIN_MS,
+        max_value=LEASE_TTL_MAX_MS,
+        allow_null=True,
+    )

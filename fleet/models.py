@@ -302,3 +302,16 @@ class GateLease(TenantScopedModel):
         if self.state == LeaseState.OUTSTANDING or self.used is None:
             return [int(d["amount"]) for d in self.debits]
         return [int(u) for u in self.used]
+
+
+class FleetSettings(TenantScopedModel):
+    """The tenant's settings of the gate (at most one row; none: every default). Changed only by
+    `fleet.services.set_fleet_settings`, recorded with old and new values."""
+
+    # How long a budget lease lives unless renewed (ARCHITECTURE §8.3); None: the deployment's
+    # SAGAPLANE_LEASE_TTL_MS (1 s).
+    lease_ttl_ms = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_fleet_settings_per_tenant")]

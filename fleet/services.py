@@ -1,8 +1,8 @@
 """The fleet's public face for other apps, its views and commands: every state change of the fleet
 context, and the gate itself. The code lives in `fleet.actions`, one module per aggregate.
 
-Policy changes (budgets, rate limits, circuit breakers, halts, quarantines) take a keyword-only
-`actor` and append their record (old and new values) to the tenant's server stream in the same transaction.
+Policy changes (budgets, rate limits, circuit breakers, halts, quarantines, the gate's settings)
+take a keyword-only `actor` and append their record (old and new values) to the tenant's server stream in the same transaction.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from fleet.actions.rate_limits import (
 )
 from fleet.actions.reservations import settle as settle_reservation
 from fleet.actions.reservations import settle_saga as settle_saga_reservations
+from fleet.actions.settings import fleet_settings_values, set_fleet_settings
 from fleet.actions.snapshot import (
     breaker_spec,
     breakers_not_closed,
@@ -54,6 +55,8 @@ from fleet.inputs import (
     BreakerCreate,
     BreakerUpdate,
     BudgetCreate,
+    FleetSettingsChange,
+    FleetSettingsUpdate,
     HaltCreate,
     NewBreaker,
     NewBudget,
@@ -71,6 +74,10 @@ __all__ = [
     "BreakerCreate",
     "BreakerUpdate",
     "BudgetCreate",
+    "FleetSettingsChange",
+    "FleetSettingsUpdate",
+    "fleet_settings_values",
+    "set_fleet_settings",
     "LEASE_MAX_CALLS",
     "DatabaseStore",
     "NewBreaker",

@@ -18,6 +18,7 @@ urlpatterns = [
     path("fleet/rate-limits/<id:rate_limit_id>", api.RateLimitDetailView.as_view(), name="fleet-rate-limit"),
     path("fleet/breakers", breaker_api.BreakerListView.as_view(), name="fleet-breakers"),
     path("fleet/breakers/<id:breaker_id>", breaker_api.BreakerDetailView.as_view(), name="fleet-breaker"),
+    path("fleet/settings", breaker_api.FleetSettingsView.as_view(), name="fleet-settings"),
     path("fleet/halts", api.HaltListView.as_view(), name="fleet-halts"),
     path("fleet/halts/<id:halt_id>", api.HaltDetailView.as_view(), name="fleet-halt"),
     path("sagas/<str:saga_id>/quarantine", api.QuarantineView.as_view(), name="saga-quarantine"),

@@ -7,7 +7,7 @@ Every change goes through `fleet.services` (actor `user:<name>`), which validate
 it in the tenant's server stream; a refusal (`DomainError`) is shown beside the field it names, with
 the form as it was typed, and changes nothing. Each route declares its rule with the same named
 rules as the API (`tenants.access`): everyone sees, FLEET_CONTROL (owners, admins) changes budgets,
-rate limits and circuit breakers, FLEET_HALT (owners, admins, approvers) halts and resumes. The
+rate limits, circuit breakers and the lease TTL, FLEET_HALT (owners, admins, approvers) halts and resumes. The
 controls are also a fragment (`fleet-controls`) that app.js fetches again every few seconds, so
 the gauges move live.
 """
@@ -209,6 +209,7 @@ def _fleet_page(
         "per_choices": PER_CHOICES,
         "controls_url": reverse("fleet-controls"),
         "refresh_seconds": REFRESH_SECONDS,
+        "gate_settings": services.fleet_settings_values(request.tenant),
     }
     return page(request, "frontend/fleet.html", context, section="fleet", status=status)
 
@@ -504,3 +505,18 @@ def breaker_delete(request: MemberRequest, breaker_id: int) -> HttpResponse:
         raise Http404("no such breaker")
     services.delete_breaker(request.tenant, breaker.pk, actor=actor_of(request))
     return _done(request, f"Circuit breaker '{breaker.name}' deleted.")
+
+
+@member_page({"POST": FLEET_CONTROL}, section="fleet")
+def settings_update(request: MemberRequest) -> HttpResponse:
+    """The lease TTL, typed in milliseconds (blank: the default)."""
+    typed = request.POST.get("lease_ttl_ms", "").strip().replace(",", "")
+    try:
+        change = services.FleetSettingsUpdate.parse({"lease_ttl_ms": _whole(typed) if typed else None})
+        now = services.set_fleet_settings(request.tenant, change, actor=actor_of(request))
+    except DomainError as exc:
+        return _refused(request, "settings", exc)
+    chosen = "the default, " if now["lease_ttl_ms"] is None else ""
+    return _done(
+        request, f"Budget leases now live {chosen}{now['lease_ttl_ms_effective']} ms unless renewed."
+    )

@@ -60,6 +60,7 @@ urlpatterns = [
         fleet_views.breaker_delete,
         name="fleet-breaker-delete",
     ),
+    path("fleet/settings", fleet_views.settings_update, name="fleet-settings-update"),
     path("fleet/halts", fleet_views.halt_create, name="fleet-halt-create"),
     path("fleet/halts/history", kill_switch_views.halt_history, name="fleet-halt-history"),
     path("fleet/denials/", kill_switch_views.denials, name="fleet-denials"),

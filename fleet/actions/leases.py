@@ -26,7 +26,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -35,6 +34,7 @@ from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import gate, hooks, leasestores
+from fleet.actions.settings import default_lease_ttl_ms
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest, InvalidArgument
@@ -47,9 +47,10 @@ log = logging.getLogger(__name__)
 MAX_CALLS = 10_000  # one lease covers at most this many calls' amounts
 
 
-def ttl_ms() -> int:
-    """How long a lease lives unless renewed (SAGAPLANE_LEASE_TTL_MS, default 1 s)."""
-    return int(getattr(settings, "SAGAPLANE_LEASE_TTL_MS", 1000))
+def ttl_ms(policies: Policies) -> int:
+    """How long a lease lives unless renewed: the tenant's setting (`fleet.actions.settings`),
+    else the deployment's SAGAPLANE_LEASE_TTL_MS (default 1 s)."""
+    return policies.lease_ttl_ms or default_lease_ttl_ms()
 
 
 def grant(
@@ -154,7 +155,7 @@ def _record(
         ],
         granted_ms=granted.now_ms,
         granted_at=granted_at,
-        expires_at=granted_at + timedelta(milliseconds=ttl_ms()),
+        expires_at=granted_at + timedelta(milliseconds=ttl_ms(policies)),
     )
 
 

@@ -12,7 +12,15 @@ from django.utils import timezone
 from core.snapshots import SnapshotCache
 from fleet import gate, hooks
 from fleet.gate import BreakerSpec, LimitSpec
-from fleet.models import BreakerState, BudgetLimit, CircuitBreaker, Halt, Quarantine, RateLimit
+from fleet.models import (
+    BreakerState,
+    BudgetLimit,
+    CircuitBreaker,
+    FleetSettings,
+    Halt,
+    Quarantine,
+    RateLimit,
+)
 from tenants.models import Tenant
 
 
@@ -99,6 +107,7 @@ class Policies:
     halts: list[Halt]
     quarantined: frozenset[str]
     breakers: list[BreakerSpec]
+    lease_ttl_ms: int | None = None  # the tenant's own (FleetSettings); None: the default
 
 
 _SNAPSHOTS: SnapshotCache[Policies] = SnapshotCache()
@@ -132,6 +141,7 @@ def _read() -> Policies:
             Quarantine.objects.filter(released_at__isnull=True).values_list("saga_id", flat=True)
         ),
         breakers=breaker_specs(),
+        lease_ttl_ms=FleetSettings.objects.values_list("lease_ttl_ms", flat=True).first(),
     )
 
 

@@ -185,6 +185,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/fleet/breakers/<id:breaker_id>": Api(
         {"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}
     ),
+    "api/v1/fleet/settings": Api({"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE}),
     "api/v1/fleet/halts": Api({"GET": FLEET_VIEW, "POST": HALTERS}),
     "api/v1/fleet/halts/<id:halt_id>": Api({"DELETE": HALTERS}),
     "api/v1/sagas/<str:saga_id>/quarantine": Api({"POST": HALTERS}),
@@ -249,6 +250,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "fleet/rate-limits/<id:rate_limit_id>/delete": Page({"POST": ADMINS}),
     "fleet/breakers": Page({"POST": ADMINS}),
     "fleet/breakers/<id:breaker_id>/delete": Page({"POST": ADMINS}),
+    "fleet/settings": Page({"POST": ADMINS}),
     "fleet/halts": Page({"POST": RISK_STAFF}),
     "fleet/halts/history": Page({"GET": EVERY_ROLE}),
     "fleet/denials/": Page({"GET": EVERY_ROLE}),
