@@ -2,8 +2,8 @@
 is the truth, no broker or lock service decides who holds what).
 
 A row of leased work (a recovery job, a reconciliation check, the posting of a Slack channel
-message) has a state, an integer fencing token, a holder and the end of its lease. A claim
-is one statement, a conditional UPDATE:
+message, the settlement of an expired budget lease) has a state, an integer fencing token, a
+holder and the end of its lease. A claim is one statement, a conditional UPDATE:
 
     WITH picked (pk, token) AS (<the caller's candidates, ordered and limited,
                                  locked FOR UPDATE SKIP LOCKED where rows can be locked>)

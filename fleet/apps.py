@@ -7,10 +7,14 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         from audit import hooks as audit_hooks
-        from fleet.actions import breaker_states, reservations
+        from fleet import cross_tenant  # noqa: F401  declares the settlement's cross-tenant function
+        from fleet.actions import breaker_states, lease_settlement, reservations
 
         # Circuit breakers count the step outcomes agents ship, once their batch has committed.
         audit_hooks.after_records_committed(breaker_states.outcomes_committed)
         # Settlements and saga ends shipped in agents' WALs settle reservations, in the ingest's
         # transaction (an accepted record is never lost).
         audit_hooks.on_records_appended(reservations.records_appended)
+        # A lease's decisions the holder's WAL shipped are counted with their records, so a lease
+        # its holder never returned is settled at what was shipped.
+        audit_hooks.on_records_appended(lease_settlement.watch_appended)

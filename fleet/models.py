@@ -270,6 +270,7 @@ class BreakerTally(TenantScopedModel):
 class LeaseState(models.TextChoices):
     OUTSTANDING = "outstanding", "Outstanding: every granted unit counted"
     RETURNED = "returned", "Returned: what was used counted, the rest given back"
+    SETTLED = "settled", "Settled after expiry: what its holder's shipped WAL proves used counted"
 
 
 class GateLease(TenantScopedModel):
@@ -293,9 +294,23 @@ class GateLease(TenantScopedModel):
     granted_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     returned_at = models.DateTimeField(null=True, blank=True)
+    # Settlement of a lease its holder never returned (`fleet.actions.lease_settlement`, leased
+    # work claimed through `core.claims`): due at `settle_after` (its expiry plus a grace for the
+    # holder's WAL to ship), which a claim moves on by the claim's lease; `settle_token` is the
+    # claim's fencing token, `settler` who holds it.
+    settle_after = models.DateTimeField(null=True, blank=True)
+    settle_token = models.BigIntegerField(default=0)
+    settler = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "granted_at"], name="fleet_lease_granted")]
+        indexes = [
+            models.Index(fields=["tenant", "granted_at"], name="fleet_lease_granted"),
+            models.Index(
+                fields=["settle_after"],
+                condition=models.Q(state="outstanding"),
+                name="fleet_lease_settle_due",
+            ),
+        ]
 
     def counted(self) -> list[int]:
         """Units each debit holds in the counters: all granted while outstanding, else those used."""
@@ -315,3 +330,19 @@ class FleetSettings(TenantScopedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant"], name="one_fleet_settings_per_tenant")]
+
+
+class LeaseUse(TenantScopedModel):
+    """One decision an agent's SDK took on a budget lease, as its shipped WAL proves it: a
+    GATE_ALLOW record naming the lease, counted in the ingest transaction that stores the record
+    (`fleet.actions.lease_settlement.watch_appended`). What a lease its holder never returned is
+    settled at. `debits`: {limit name: units} as the record said (amounts that are not amounts
+    left out). No foreign key: a record may name a lease that does not exist (never counted)."""
+
+    lease_id = models.UUIDField()
+    saga_id = models.CharField(max_length=128, blank=True, default="")
+    debits = models.JSONField(default=dict)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "lease_id"], name="fleet_lease_use_lease")]

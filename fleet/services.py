@@ -2,7 +2,8 @@
 context, and the gate itself. The code lives in `fleet.actions`, one module per aggregate.
 
 Policy changes (budgets, rate limits, circuit breakers, halts, quarantines, the gate's settings)
-take a keyword-only `actor` and append their record (old and new values) to the tenant's server stream in the same transaction.
+take a keyword-only `actor` and append their record (old and new values) to the tenant's server
+stream in the same transaction.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from fleet.actions.budgets import budget_values, create_budget, delete_budget, u
 from fleet.actions.changes import policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
+from fleet.actions.lease_settlement import settle_expired as settle_expired_leases
+from fleet.actions.lease_settlement import shipped_use as lease_shipped_use
 from fleet.actions.leases import MAX_CALLS as LEASE_MAX_CALLS
 from fleet.actions.leases import give_back as give_back_lease
 from fleet.actions.leases import grant as grant_lease
@@ -109,6 +112,8 @@ __all__ = [
     "gate_tag",
     "get_store",
     "give_back_lease",
+    "lease_shipped_use",
+    "settle_expired_leases",
     "governed_tools",
     "grant_lease",
     "halt",

@@ -8,7 +8,8 @@ unrun, and dead agents' sagas were never taken over. Now it is a thread of the b
 in front of the thread. Workers' claims take over their own tenant's expired leases as well
 (`services.take_over_on_claim`); this loop is what takes them over when no worker claims
 (webhooks, sagas with no handler), escalates, wakes webhook deliveries and chains what results
-left pending.
+left pending. The same thread settles the budget leases their holders never returned
+(`fleet.tasks.settle_expired_leases`), after the recovery sweep of each pass.
 
 Each pass records when it finished (`SweepPass`); its age is the sweep's lag, read by `/metrics`
 (`sagaplane_recovery_sweep_lag_seconds`), `/readyz` (detail) and the dashboard (a banner past
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from django.db import DatabaseError, close_old_connections
@@ -70,19 +72,29 @@ def status(now: datetime | None = None) -> dict[str, object]:
     return {"status": "lagging" if lag > LAG_WARN_S else "ok", "lag_s": round(lag, 1)}
 
 
-def _loop(stop: threading.Event) -> None:
+def passes() -> list[Callable[[], object]]:
+    """What each pass runs, in order, each on its own: recovery's sweep, then the settlement of
+    budget leases their holders never returned (fleet; the same promise: every second however
+    busy the workers are)."""
+    from fleet.tasks import settle_expired_leases
     from recovery.tasks import sweep_all
 
+    return [sweep_all, settle_expired_leases]
+
+
+def _loop(stop: threading.Event) -> None:
+    work = passes()
     while not stop.is_set():
         began = time.monotonic()
-        try:
-            sweep_all()
-        except DatabaseError:
-            log.warning("recovery sweep pass failed (database); the next pass retries", exc_info=True)
-        except Exception:
-            log.exception("recovery sweep pass failed; the next pass retries")
-        finally:
-            close_old_connections()  # a connection broken by an outage is replaced, not reused
+        for one in work:
+            try:
+                one()
+            except DatabaseError:
+                log.warning("sweep pass %s failed (database); the next pass retries", one, exc_info=True)
+            except Exception:
+                log.exception("sweep pass %s failed; the next pass retries", one)
+            finally:
+                close_old_connections()  # a connection broken by an outage is replaced, not reused
         stop.wait(max(0.0, EVERY_S - (time.monotonic() - began)))
 
 

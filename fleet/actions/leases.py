@@ -8,11 +8,12 @@ of its calls so that it decides them in process, and given back with what it use
   limit on it (GCRA is decided per call), a budget that escalates, an argument that cannot be
   counted, and a budget with too little left for the share a lease may take, all answer
   `per_call`: the agent asks the gate per call, as without leases. A lease never refuses.
-- `give_back` records what the holder used (at most what was granted) and returns the rest to
-  the counters; once per lease (a retried give-back answers the first).
+- `give_back` records what the holder used (more than granted: an overrun, counted) and returns
+  the rest to the counters; once per lease (a retried give-back answers the first).
 - The ledger holds every lease: outstanding, it counts all it was granted (also after it
-  expired: a holder that died has its units counted until its window passes), returned, what
-  was used.
+  expired, until it is returned or settled: `fleet.actions.lease_settlement` settles a lease its
+  holder never returned at what the holder's shipped WAL proves it used), returned or settled,
+  what was used.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import gate, hooks, leasestores
-from fleet.actions.settings import default_lease_ttl_ms
+from fleet.actions.settings import default_lease_ttl_ms, settle_grace_ms
 from fleet.actions.snapshot import Policies, held_policies, read_policies
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest, InvalidArgument
@@ -136,6 +137,7 @@ def _record(
 ) -> GateLease:
     specs = {s.name: s for s in policies.specs if s.kind == "budget"}
     granted_at = datetime.fromtimestamp(granted.now_ms / 1000, tz=timezone.get_current_timezone())
+    expires_at = granted_at + timedelta(milliseconds=ttl_ms(policies))
     return GateLease.objects.create(
         id=lease_id,
         saga_id=request.saga_id,
@@ -155,7 +157,8 @@ def _record(
         ],
         granted_ms=granted.now_ms,
         granted_at=granted_at,
-        expires_at=granted_at + timedelta(milliseconds=ttl_ms(policies)),
+        expires_at=expires_at,
+        settle_after=expires_at + timedelta(milliseconds=settle_grace_ms()),
     )
 
 
@@ -208,42 +211,76 @@ def give_back(
 ) -> dict[str, Any] | None:
     """Record what the lease's holder used of each limit (`{limit name: amount}`, a limit not named
     used nothing) and give the rest back; more than granted is an overrun, recorded and counted
-    against the limit, never refused (the effect happened). None: no such lease.
-    Raises ValueError naming a limit whose amount is not an amount."""
+    against the limit, never refused (the effect happened). A lease settled after its expiry
+    (`fleet.actions.lease_settlement`) counts what its holder reports beyond what was settled as
+    an overrun. None: no such lease. Raises ValueError naming a limit whose amount is not one."""
     store = store or get_store()
     with tenant_context(tenant), transaction.atomic():
         row = GateLease.objects.select_for_update().filter(pk=lease_id).first()
         if row is None:
             return None
-        if row.state != LeaseState.OUTSTANDING:
+        if row.state == LeaseState.RETURNED:
             return _answer(row)
-        names = {d["limit"] for d in row.debits}
-        unknown = sorted(set(used) - names)
-        if unknown:
-            raise ValueError(f"used: no limit '{unknown[0]}' in this lease")
-        spent: list[int] = []
-        for d in row.debits:
-            try:
-                amount = gate.to_units(_amount(used.get(d["limit"], 0)))
-            except ValueError as exc:
-                raise ValueError(f"used.{d['limit']}: {exc}") from None
-            spent.append(amount)  # more than granted: an overrun, counted (the effect happened)
-        debits = [_debit(d) for d in row.debits]
-        unused = [int(d["amount"]) - s for d, s in zip(row.debits, spent, strict=True)]
-        try:
-            leasestores.give_back(
-                store, gate_tag(tenant), str(row.id), debits, [int(d["bucket"]) for d in row.debits], unused
-            )
-        except StoreUnavailable as exc:
-            if any(u < 0 for u in unused):
-                # An overrun must be counted where the next decision reads, not only in the
-                # ledger: nothing recorded, the holder asks again (503).
-                detail = "the overrun could not be counted now: give the lease back again"
-                raise DomainError("limit_store_unavailable", detail, status=503, field="used") from exc
-            log.warning("gate: lease %s not given back: %s", row.id, exc)  # stays counted (refusal-biased)
-        row.used, row.state, row.returned_at = spent, LeaseState.RETURNED, timezone.now()
-        row.save(update_fields=["used", "state", "returned_at"])
+        spent = _spent(row, used)
+        if row.state == LeaseState.SETTLED:
+            _count_late(tenant, row, spent, store)
+        else:
+            close(tenant, row, spent, store=store, state=LeaseState.RETURNED)
         return _answer(row)
+
+
+def _spent(row: GateLease, used: Mapping[str, Any]) -> list[int]:
+    names = {d["limit"] for d in row.debits}
+    unknown = sorted(set(used) - names)
+    if unknown:
+        raise ValueError(f"used: no limit '{unknown[0]}' in this lease")
+    spent: list[int] = []
+    for d in row.debits:
+        try:
+            spent.append(gate.to_units(_amount(used.get(d["limit"], 0))))
+        except ValueError as exc:
+            raise ValueError(f"used.{d['limit']}: {exc}") from None
+    return spent  # more than granted: an overrun, counted (the effect happened)
+
+
+def close(tenant: Tenant, row: GateLease, spent: list[int], *, store: LimitStore, state: str) -> None:
+    """Record `spent` (units per debit) on the locked outstanding `row` and give the rest back to
+    the counters. When Redis cannot take an overrun now (or, settling, anything), nothing is
+    recorded: DomainError 503, to be done again."""
+    debits = [_debit(d) for d in row.debits]
+    unused = [int(d["amount"]) - s for d, s in zip(row.debits, spent, strict=True)]
+    buckets = [int(d["bucket"]) for d in row.debits]
+    try:
+        leasestores.give_back(store, gate_tag(tenant), str(row.id), debits, buckets, unused)
+    except StoreUnavailable as exc:
+        if state == LeaseState.SETTLED or any(u < 0 for u in unused):
+            # An overrun must be counted where the next decision reads, not only in the
+            # ledger: nothing recorded, the holder asks again (503).
+            detail = "the overrun could not be counted now: give the lease back again"
+            raise DomainError("limit_store_unavailable", detail, status=503, field="used") from exc
+        log.warning("gate: lease %s not given back: %s", row.id, exc)  # stays counted (refusal-biased)
+    row.used, row.state, row.returned_at = spent, state, timezone.now()
+    row.save(update_fields=["used", "state", "returned_at"])
+
+
+def _count_late(tenant: Tenant, row: GateLease, spent: list[int], store: LimitStore) -> None:
+    """A holder's return after its lease was settled: what it reports beyond what was settled is
+    an overrun, counted in the grant's bucket and the ledger (the effects happened)."""
+    settled = [int(u) for u in row.used or []]
+    extra = [max(0, s - u) for s, u in zip(spent, settled, strict=True)]
+    if not any(extra):
+        return
+    debits = [_debit(d) for d in row.debits]
+    buckets = [int(d["bucket"]) for d in row.debits]
+    total = sum(settled) + sum(extra)
+    try:
+        late = f"{row.id}:late:{total}"
+        leasestores.give_back(store, gate_tag(tenant), late, debits, buckets, [-e for e in extra])
+    except StoreUnavailable as exc:
+        detail = "the overrun could not be counted now: give the lease back again"
+        raise DomainError("limit_store_unavailable", detail, status=503, field="used") from exc
+    row.used = [u + e for u, e in zip(settled, extra, strict=True)]
+    row.save(update_fields=["used"])
 
 
 def _amount(value: Any) -> Any:

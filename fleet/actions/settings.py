@@ -27,6 +27,13 @@ def default_lease_ttl_ms() -> int:
     return int(getattr(settings, "SAGAPLANE_LEASE_TTL_MS", 1000))
 
 
+def settle_grace_ms() -> int:
+    """How long after its expiry a lease its holder never returned is settled from its shipped WAL
+    (SAGAPLANE_LEASE_SETTLE_GRACE_MS, default 2 s: what the holder's shipper sent before it died
+    has been ingested by then)."""
+    return int(getattr(settings, "SAGAPLANE_LEASE_SETTLE_GRACE_MS", 2000))
+
+
 def stored_lease_ttl_ms() -> int | None:
     """The active tenant's own lease TTL (None: it set none). Inside its tenant context."""
     row = FleetSettings.objects.first()
