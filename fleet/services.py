@@ -21,6 +21,7 @@ from fleet.actions.budgets import budget_values, create_budget, delete_budget, u
 from fleet.actions.changes import policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
+from fleet.actions.lease_settlement import settle_all as settle_all_expired_leases
 from fleet.actions.lease_settlement import settle_expired as settle_expired_leases
 from fleet.actions.lease_settlement import shipped_use as lease_shipped_use
 from fleet.actions.leases import MAX_CALLS as LEASE_MAX_CALLS
@@ -113,6 +114,7 @@ __all__ = [
     "get_store",
     "give_back_lease",
     "lease_shipped_use",
+    "settle_all_expired_leases",
     "settle_expired_leases",
     "governed_tools",
     "grant_lease",

@@ -9,7 +9,7 @@ in front of the thread. Workers' claims take over their own tenant's expired lea
 (`services.take_over_on_claim`); this loop is what takes them over when no worker claims
 (webhooks, sagas with no handler), escalates, wakes webhook deliveries and chains what results
 left pending. The same thread settles the budget leases their holders never returned
-(`fleet.tasks.settle_expired_leases`), after the recovery sweep of each pass.
+(`fleet.services.settle_all_expired_leases`), after the recovery sweep of each pass.
 
 Each pass records when it finished (`SweepPass`); its age is the sweep's lag, read by `/metrics`
 (`sagaplane_recovery_sweep_lag_seconds`), `/readyz` (detail) and the dashboard (a banner past
@@ -76,10 +76,10 @@ def passes() -> list[Callable[[], object]]:
     """What each pass runs, in order, each on its own: recovery's sweep, then the settlement of
     budget leases their holders never returned (fleet; the same promise: every second however
     busy the workers are)."""
-    from fleet.tasks import settle_expired_leases
+    from fleet.services import settle_all_expired_leases
     from recovery.tasks import sweep_all
 
-    return [sweep_all, settle_expired_leases]
+    return [sweep_all, settle_all_expired_leases]
 
 
 def _loop(stop: threading.Event) -> None:

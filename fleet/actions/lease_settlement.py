@@ -5,7 +5,8 @@ what the holder's shipped WAL proves it used, the rest given back.
   GATE_ALLOW record that names a lease (the SDK's decision on it, written before the effect) is a
   `LeaseUse` row committed with the record, so what was shipped is what is counted. A record whose
   lease is not a UUID is not one; an amount that is not an amount is left out.
-- `settle_expired` (the beat process' sweep thread, `fleet.tasks.settle_expired_leases`): claims
+- `settle_expired` (every tenant's: `settle_all`, run every second by the beat process' sweep
+  thread, recovery/sweeper.py, and by the task `fleet.settle_expired_leases`): claims
   the tenant's outstanding leases past `settle_after` (expiry plus a grace for the shipper) through
   the one leased-work claim (`core.claims`: a fencing token, a 30 s claim), then settles each in
   its own transaction under the row's lock: used = the sum of its `LeaseUse` debits per limit
@@ -33,6 +34,7 @@ from core.scoping import tenant_context
 from fleet import gate
 from fleet.actions.leases import close
 from fleet.actions.store import get_store
+from fleet.cross_tenant import tenants_with_leases_due
 from fleet.models import GateLease, LeaseState, LeaseUse
 from fleet.stores import LimitStore
 from tenants.models import Tenant
@@ -126,6 +128,22 @@ def settle_expired(tenant: Tenant, *, now: datetime | None = None, store: LimitS
             shape=("fleet-lease-settlement", tenant.pk),
         )
     return sum(_settle(tenant, row.pk, row.settle_token, store) for row in taken)
+
+
+def settle_all(now: datetime | None = None) -> int:
+    """Every tenant's leases due by `now` (`fleet.cross_tenant`); how many were settled. A tenant
+    whose settlement fails is logged and left for the next pass."""
+    now = now or timezone.now()
+    settled = 0
+    for tenant_id in tenants_with_leases_due(now):
+        tenant = Tenant.objects.filter(pk=tenant_id).first()
+        if tenant is None:
+            continue
+        try:
+            settled += settle_expired(tenant, now=now)
+        except Exception:
+            log.exception("lease settlement of tenant %s failed; the next pass retries", tenant_id)
+    return settled
 
 
 def _settle(tenant: Tenant, lease_id: uuid.UUID, token: int, store: LimitStore | None) -> bool:

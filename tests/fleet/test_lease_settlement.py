@@ -175,6 +175,15 @@ def test_a_holders_return_wins_and_a_late_one_counts_its_excess(tenant_a: Tenant
     assert again["used"] == {"tokens": "3"} and _usage(tenant_a)["used"] == "4"
 
 
-def test_the_settlement_runs_in_the_sweep_thread_beside_recovery() -> None:
-    names = [getattr(one, "name", "") for one in sweeper.passes()]
-    assert names == ["recovery.sweep", "fleet.settle_expired_leases"]
+def test_every_tenants_due_leases_are_settled_in_the_sweep_thread_beside_recovery(
+    tenant_a: Tenant, tenant_b: Tenant
+) -> None:
+    for tenant in (tenant_a, tenant_b):
+        _budget(tenant)
+    due = max(_due(_grant(tenant), tenant) for tenant in (tenant_a, tenant_b))
+    assert services.settle_all_expired_leases(now=due) == 2
+    assert _outstanding(tenant_a) == [] and _outstanding(tenant_b) == []
+
+    from recovery.tasks import sweep_all
+
+    assert sweeper.passes() == [sweep_all, services.settle_all_expired_leases]
