@@ -130,9 +130,11 @@ def predicates_of(builder: Builder) -> list[Any]:
     return (builder.kept or []) + built
 
 
-def escalation_of(builder: Builder) -> list[dict[str, Any]]:
-    """The escalation levels the rows say (blank levels left out), minutes as seconds."""
-    levels = []
+def escalation_of(builder: Builder, ttl_s: int) -> list[dict[str, Any]]:
+    """The escalation levels the rows say (blank levels left out), minutes as seconds; each level
+    later than the one before and before the time to decide, said in minutes as they were asked
+    (the service checks the same in seconds)."""
+    levels: list[dict[str, Any]] = []
     for n, level in enumerate(builder.levels):
         members = [m.strip() for m in level["members"].split(",") if m.strip()]
         if not level["after"].strip() and not level["roles"] and not members:
@@ -141,6 +143,15 @@ def escalation_of(builder: Builder) -> list[dict[str, Any]]:
         if minutes is None or minutes < 1:
             raise DomainError(
                 "invalid", f"escalation level {n + 1}: after a whole number of minutes", field="escalation"
+            )
+        earliest = levels[-1]["after_s"] // 60 + 1 if levels else 1
+        latest = (ttl_s - 1) // 60
+        if not earliest <= minutes <= latest:
+            raise DomainError(
+                "invalid",
+                f"escalation level {n + 1}: after {earliest} to {latest} minutes (later than the level "
+                f"above, before the time to decide: {minutes_text(ttl_s)})",
+                field="escalation",
             )
         levels.append({"after_s": minutes * 60, "roles": level["roles"], "members": members})
     return levels

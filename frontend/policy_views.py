@@ -133,6 +133,7 @@ def policy_body(form: Any, rows: builder.Builder) -> dict[str, Any]:
     if required is None:
         raise DomainError("invalid", "required_approvals: a whole number", field="required_approvals")
     members = [m.strip() for m in str(form.get("eligible_members", "") or "").split(",") if m.strip()]
+    ttl_s = _minutes(form, "ttl_minutes", 60)
     return {
         "name": str(form.get("name", "")).strip(),
         "tool": str(form.get("tool", "") or "*").strip(),
@@ -142,10 +143,10 @@ def policy_body(form: Any, rows: builder.Builder) -> dict[str, Any]:
         "eligible_roles": [r for r in form.getlist("eligible_roles") if isinstance(r, str)],
         "eligible_members": members,
         "passkey_only": form.get("passkey_only") == "on",
-        "ttl_s": _minutes(form, "ttl_minutes", 60),
+        "ttl_s": ttl_s,
         "execution_window_s": _minutes(form, "execution_window_minutes", 5),
         "warn_before_s": _minutes(form, "warn_before_minutes", 5),
-        "escalation": builder.escalation_of(rows),
+        "escalation": builder.escalation_of(rows, ttl_s),
     }
 
 

@@ -166,6 +166,7 @@ def test_the_preview_counts_this_tenants_calls_of_the_last_day(
         {"ttl_minutes": "٣"},
         {"builder": "remove-condition-99999"},
         {"builder": "remove-level-x"},
+        {"e0_after": "90"},
     ],
 )
 def test_hostile_rows_are_refused_beside_the_form(
@@ -177,6 +178,12 @@ def test_hostile_rows_are_refused_beside_the_form(
         assert answer.status_code in (200, 302, 400), answer.status_code  # never a 5xx
     with tenant_context(tenant_a):
         assert ApprovalPolicy.objects.filter(name="big charges").count() <= 1
+
+
+def test_escalation_is_asked_and_refused_in_minutes(alice: Person) -> None:
+    late = browser(alice).post("/approvals/policies/create", {**FORM, "e0_after": "90"})
+    assert late.status_code == 400
+    assert b"escalation level 1: after 1 to 89 minutes" in late.content and b"90 min" in late.content
 
 
 def test_readers_see_the_history_but_cannot_edit(alice: Person, bob: Person, tenant_a: Tenant) -> None:
