@@ -2,17 +2,22 @@
 the consent page of the local Slack stand-in, on another origin (a form posted to the server and
 redirected there was blocked by `form-action 'self'`: the button did nothing in Chromium); "Allow"
 brings the owner back, installed; the channel is chosen, e-mail matching turned on, and Slack
-uninstalled, all on the page. "Cancel" on Slack's page installs nothing."""
+uninstalled, all on the page. "Cancel" on Slack's page installs nothing. A Slack user links
+themselves to a member through the link they are sent, and is listed by their Slack name."""
 
 from __future__ import annotations
 
+import uuid
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
+from tests.slackapp.conftest import command_body
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +89,44 @@ def test_add_to_slack_reaches_the_consent_page_on_another_origin_and_installs(
     expect(page.get_by_text("Slack uninstalled")).to_be_visible()
     expect(page.get_by_role("link", name="Add to Slack")).to_be_visible()
     assert len(blocked) == 1 and "form-action" in blocked[0]  # the control's, nothing else
+
+
+def test_a_slack_user_links_themselves_and_the_slack_page_names_them(
+    new_page, control_plane: LiveServer, fake_slack: FakeSlack
+) -> None:
+    """An unlinked Slack user's command is answered privately with a link; the member opens it,
+    sees who asks (the name Slack shows for them), confirms, and the Slack page lists the link by
+    that name beside the Slack id."""
+    page = new_page()
+    sign_in(page, OWNER)
+    page.goto("/integrations/slack/")
+    if page.get_by_role("link", name="Add to Slack").count():
+        page.get_by_role("link", name="Add to Slack").click()
+        page.get_by_role("link", name="Allow").click()
+        expect(page.get_by_text(f"Slack installed in {fake_slack.team_name}")).to_be_visible()
+    user = f"U0E2E{uuid.uuid4().hex[:6].upper()}"
+    fake_slack.users[user] = {"id": user, "name": "eve", "profile": {"display_name": "Eve Example"}}
+    answered_before = len(fake_slack.called("response_url"))
+    body = command_body(fake_slack, "/saga-status", "", user=user)
+    signature = {k.removeprefix("HTTP_").replace("_", "-"): v for k, v in fake_slack.sign(body).items()}
+    answer = httpx.post(
+        f"{control_plane.url}/slack/commands",
+        content=body,
+        headers={**signature, "Content-Type": "application/x-www-form-urlencoded"},
+        timeout=20,
+    )
+    assert answer.status_code == 200, answer.text
+
+    def link_reply() -> str:
+        texts = [str(c.params.get("text", "")) for c in fake_slack.called("response_url")[answered_before:]]
+        return next((text for text in texts if "/integrations/slack/link/" in text), "")
+
+    reply = wait_until(link_reply, "the private answer with the link", deadline=60)
+    link = reply[reply.index("/integrations/slack/link/") : reply.index("|")]
+    page.goto(link)
+    expect(page.locator("#slack-name")).to_have_text("Eve Example")
+    page.locator("#slack-link-confirm").click()
+    expect(page.locator("#slack-linked")).to_contain_text("Eve Example")
+    page.goto("/integrations/slack/")
+    expect(page.locator(".slack-link", has_text=user)).to_contain_text("Eve Example")
+    screenshot(page, "slack-linked-by-name")
