@@ -1,6 +1,6 @@
 """The kill switches' history and the gate's refusals, filterable (issue 29, item 3): two pages
-beside the Fleet page, both read through `fleet.selectors`, keyset-paginated (Older, by the last
-row's time and id, as the saga list), every member (READ), the active tenant only.
+beside the Fleet page, both read through `fleet.selectors`, keyset-paginated by `frontend.paging`
+(Next, by the last row's time and id), every member (READ), the active tenant only.
 
 - `/fleet/halts/history`: every kill switch, engaged, lifted or lapsed, by whom and why.
 - `/fleet/denials/`: the gate's refusals by tool, agent, reason and time range. The agent's own
@@ -10,22 +10,19 @@ row's time and id, as the saga list), every member (READ), the active tenant onl
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime, timedelta
-from typing import Any
-from urllib.parse import urlencode
+from datetime import datetime, timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from core.numbers import ascii_int
 from fleet import selectors
 from fleet.models import Halt
+from frontend import paging
 from frontend.fleet_views import _why
 from frontend.views import MemberRequest, member_page, page
 from tenants.access import READ
 
-PAGE_SIZE = 50
+PAGE_SIZE = paging.PAGE_SIZE
 RANGES = [
     ("1h", "Last hour", 1),
     ("24h", "Last 24 hours", 24),
@@ -47,23 +44,6 @@ REASONS = [
 TEXT_MAX = 200
 
 
-def _before(request: HttpRequest, *, integer_id: bool) -> tuple[datetime, Any] | None:
-    """The `before=<ISO time>~<id>` of an Older link; anything else is the first page."""
-    moment, _, key = request.GET.get("before", "").rpartition("~")
-    try:
-        when = datetime.fromisoformat(moment)
-        ident: Any = ascii_int(key) if integer_id else uuid.UUID(key)
-    except ValueError:
-        return None
-    if ident is None or when.tzinfo is None:
-        return None
-    return when.astimezone(UTC), ident
-
-
-def _older(query: dict[str, str], when: datetime, ident: Any) -> str:
-    return "?" + urlencode({**{k: v for k, v in query.items() if v}, "before": f"{when.isoformat()}~{ident}"})
-
-
 def _halt_state(halt: Halt, now: datetime) -> tuple[str, str]:
     if halt.lifted_at is not None:
         return "lifted", "Lifted"
@@ -75,14 +55,11 @@ def _halt_state(halt: Halt, now: datetime) -> tuple[str, str]:
 @member_page({"GET": READ}, section="fleet")
 def halt_history(request: MemberRequest) -> HttpResponse:
     now = timezone.now()
-    halts = selectors.halt_history(before=_before(request, integer_id=True), limit=PAGE_SIZE + 1)
-    shown = halts[:PAGE_SIZE]
-    rows = [{"halt": h, "state": _halt_state(h, now)} for h in shown]
-    older = _older({}, shown[-1].created_at, shown[-1].pk) if len(halts) > PAGE_SIZE else ""
-    first = "?" if request.GET.get("before") else ""
-    return page(
-        request, "frontend/halt_history.html", {"rows": rows, "older": older, "first": first}, section="fleet"
-    )
+    halts = selectors.halt_history(before=paging.cursor(request, integer_id=True), limit=PAGE_SIZE + 1)
+    found = paging.links(request, {}, halts, lambda h: h.created_at, PAGE_SIZE)
+    rows = [{"halt": h, "state": _halt_state(h, now)} for h in found.rows]
+    context = {"rows": rows, "pages": found}
+    return page(request, "frontend/halt_history.html", context, section="fleet")
 
 
 def _filters(request: HttpRequest) -> dict[str, str]:
@@ -106,19 +83,16 @@ def denials(request: MemberRequest) -> HttpResponse:
         agent=filters["agent"],
         reason=filters["reason"],
         since=timezone.now() - timedelta(hours=hours) if hours else None,
-        before=_before(request, integer_id=False),
+        before=paging.cursor(request),
         limit=PAGE_SIZE + 1,
     )
-    shown = found[:PAGE_SIZE]
-    older = _older(filters, shown[-1].decided_at, shown[-1].pk) if len(found) > PAGE_SIZE else ""
-    newest = "?" + urlencode({k: v for k, v in filters.items() if v})
+    shown = paging.links(request, filters, found, lambda d: d.decided_at, PAGE_SIZE)
     context = {
-        "rows": [{"d": d, "why": _why(d)} for d in shown],
+        "rows": [{"d": d, "why": _why(d)} for d in shown.rows],
         "filters": filters,
         "filtered": any(filters.values()),
         "reasons": REASONS,
         "ranges": [(key, label) for key, label, _ in RANGES],
-        "older": older,
-        "first": newest if request.GET.get("before") else "",
+        "pages": shown,
     }
     return page(request, "frontend/denials.html", context, section="fleet")

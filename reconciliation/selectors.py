@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from core.errors import DomainError
-from reconciliation.models import OPEN_STATUSES, VERDICTS, CheckStatus, ReconciliationCheck
+from reconciliation.models import VERDICTS, CheckStatus, Reason, ReconciliationCheck
 from sagas import selectors as saga_selectors
 from sagas.models import StepStatus
 
@@ -137,17 +138,6 @@ def report(since: datetime, until: datetime | None = None) -> Report:
     return out
 
 
-def checks_needing_attention(limit: int = 200) -> list[ReconciliationCheck]:
-    """Drift first, then unverifiable, newest verdicts first (the drift report page)."""
-    rows = list(ReconciliationCheck.objects.filter(status=CheckStatus.DRIFT).order_by("-decided_at")[:limit])
-    rows += list(
-        ReconciliationCheck.objects.filter(status=CheckStatus.UNVERIFIABLE).order_by("-decided_at")[
-            : max(0, limit - len(rows))
-        ]
-    )
-    return rows
-
-
 def status_counts() -> dict[str, int]:
     from django.db.models import Count
 
@@ -157,8 +147,25 @@ def status_counts() -> dict[str, int]:
     return counts
 
 
-def open_checks(limit: int = 50) -> list[ReconciliationCheck]:
-    return list(ReconciliationCheck.objects.filter(status__in=OPEN_STATUSES).order_by("deadline")[:limit])
+def checks_in(statuses: Iterable[str]) -> QuerySet[ReconciliationCheck]:
+    """The checks in any of `statuses`, unordered (the page orders and bounds them)."""
+    return ReconciliationCheck.objects.filter(status__in=list(statuses))
+
+
+def unobserved_handlers(limit: int = 5) -> list[tuple[str, int]]:
+    """The handlers whose checks went unverifiable because no observer claimed them, the most
+    such checks first: what a tenant has to run an observer for (the page's guidance)."""
+    from django.db.models import Count
+
+    rows = (
+        ReconciliationCheck.objects.filter(status=CheckStatus.UNVERIFIABLE, reason=Reason.NO_OBSERVER)
+        .exclude(handler="")
+        .order_by()
+        .values("handler")
+        .annotate(n=Count("pk"))
+        .order_by("-n", "handler")[:limit]
+    )
+    return [(row["handler"], row["n"]) for row in rows]
 
 
 def check(check_id: Any) -> ReconciliationCheck | None:

@@ -3,6 +3,7 @@ amounts with their currency, short hashes."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -99,3 +100,14 @@ def event_label(value: Any) -> str:
 def spaced(value: Any) -> str:
     """`rollback_partial` -> `rollback partial`."""
     return str(value or "").replace("_", " ")
+
+
+@register.filter
+def argvalue(value: Any) -> str:
+    """An argument's value as a person reads it, not as Python prints it: a string as itself, no
+    value as "none", anything else as JSON (`true`, `[1, 2]`, `{"a": 1}`)."""
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

@@ -25,6 +25,7 @@ PAGES = [
     "/approvals/policies/",
     "/recovery/",
     "/reconciliation/",
+    "/reconciliation/?show=open",
     "/evidence/",
     "/administration/members/",
     "/account/passkeys/",

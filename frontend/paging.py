@@ -1,0 +1,117 @@
+"""The console's one way to page a list: keyset pages of a bounded size in a stable order (a time,
+then the primary key to break ties), with First page / Previous / Next links that carry the list's filters.
+
+A page link is `before=<ISO time>~<id>` (the rows after the cursor in the list's order: Next) or
+`after=<ISO time>~<id>` (the rows before it: Previous). Anything else in either parameter — a negative,
+a word, a huge number, a time without a zone — is the first page (a person's stale or mangled link
+still lands on the list, never on an error). Offsets are not used: a page stays the same rows while
+new ones arrive, and a deep page costs what the first costs (the index on the time serves both).
+
+Lists whose selector takes a cursor (`fleet.selectors.denials`, `halt_history`) read it with
+`cursor(...)` and link with `links(...)`; a queryset is paged whole by `keyset(...)`."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db.models import Model, Q, QuerySet
+from django.http import HttpRequest
+
+from core.numbers import ascii_int
+
+PAGE_SIZE = 50
+CURSOR_MAX = 120  # an ISO time with zone and a UUID fit; longer is not a cursor
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[Any]
+    older: str = ""  # the link to the next rows in the list's order, "" on the last page
+    newer: str = ""  # the link to the previous rows, "" on the first page
+    newest: str = ""  # the link to the first page, "" on the first page
+
+
+def cursor(
+    request: HttpRequest, name: str = "before", *, integer_id: bool = False
+) -> tuple[datetime, Any] | None:
+    """The `<ISO time>~<id>` in `?<name>=`, or None (the first page) for anything else."""
+    raw = request.GET.get(name, "")
+    if not raw or len(raw) > CURSOR_MAX:
+        return None
+    moment, _, key = raw.rpartition("~")
+    try:
+        when = datetime.fromisoformat(moment)
+        ident: Any = ascii_int(key, max_digits=18) if integer_id else uuid.UUID(key)
+    except ValueError:
+        return None
+    if ident is None or when.tzinfo is None:
+        return None
+    return when.astimezone(UTC), ident
+
+
+def link(query: dict[str, str], name: str, when: datetime, ident: Any) -> str:
+    """A page link keeping the list's non-empty filters."""
+    return "?" + urlencode({**{k: v for k, v in query.items() if v}, name: f"{when.isoformat()}~{ident}"})
+
+
+def first(query: dict[str, str]) -> str:
+    return "?" + urlencode({k: v for k, v in query.items() if v})
+
+
+def links(
+    request: HttpRequest, query: dict[str, str], found: list[Any], time_of: Any, size: int = PAGE_SIZE
+) -> Page:
+    """The page of a selector asked for `size + 1` rows after the `before` cursor: its rows and links."""
+    shown = found[:size]
+    older = link(query, "before", time_of(shown[-1]), shown[-1].pk) if len(found) > size else ""
+    paged = bool(request.GET.get("before") or request.GET.get("after"))
+    return Page(shown, older=older, newest=first(query) if paged else "")
+
+
+def keyset(
+    request: HttpRequest,
+    rows: QuerySet[Any],
+    time_field: str,
+    query: dict[str, str],
+    *,
+    size: int = PAGE_SIZE,
+) -> Page:
+    """One page of `rows` ordered by (`time_field`, pk), the latest first, after the `before`
+    cursor (Next) or just before the `after` cursor (Previous); rows with no time are left out."""
+    rows = rows.filter(**{f"{time_field}__isnull": False})
+    ahead = cursor(request, "before")
+    behind = None if ahead else cursor(request, "after")
+    if behind is not None:  # the rows just before the cursor, read backwards, shown in order
+        got = list(rows.filter(_past(time_field, "gt", *behind)).order_by(time_field, "pk")[: size + 1])
+        shown = list(reversed(got[:size]))
+        has_newer, has_older = len(got) > size, True
+    else:
+        ordered = rows.order_by(f"-{time_field}", "-pk")
+        if ahead is not None:
+            ordered = ordered.filter(_past(time_field, "lt", *ahead))
+        got = list(ordered[: size + 1])
+        shown = got[:size]
+        has_newer, has_older = ahead is not None, len(got) > size
+    if not shown:
+        return Page([], newest=first(query) if ahead or behind else "")
+    top, bottom = shown[0], shown[-1]
+    return Page(
+        shown,
+        older=link(query, "before", _time(bottom, time_field), bottom.pk) if has_older else "",
+        newer=link(query, "after", _time(top, time_field), top.pk) if has_newer else "",
+        newest=first(query) if has_newer else "",
+    )
+
+
+def _past(time_field: str, op: str, when: datetime, ident: Any) -> Q:
+    return Q(**{f"{time_field}__{op}": when}) | Q(**{time_field: when, f"pk__{op}": ident})
+
+
+def _time(row: Model, time_field: str) -> datetime:
+    value = getattr(row, time_field)
+    assert isinstance(value, datetime)
+    return value
