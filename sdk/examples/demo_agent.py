@@ -26,7 +26,15 @@ from typing import Any
 
 import sagaplane as sp
 
-STATE: dict[str, Any] = {"inventory": {"sku-1": 50, "sku-2": 50}, "charges": {}, "shipments": {}}
+STATE: dict[str, Any] = {
+    "inventory": {"sku-1": 50, "sku-2": 50},
+    "charges": {},
+    "shipments": {},
+    "payouts": {},
+    "payout_ids": set(),
+    "refunded": set(),  # the "payment provider's" refunds, as its observer reads them
+    "cancelled": set(),  # the "carrier's" cancelled shipments
+}
 RNG = random.Random(0)
 FLAKY_REFUNDS: set[str] = set()  # charge ids whose refund the "payment provider" refuses
 
@@ -41,11 +49,40 @@ def refund(charge_id: str, idempotency_key: str) -> None:
     if charge_id in FLAKY_REFUNDS:
         raise ConnectionError(f"payment provider timed out refunding {charge_id}")
     STATE["charges"].pop(charge_id, None)
+    STATE["refunded"].add(charge_id)
 
 
 @sp.compensator("demo.cancel_shipment")
 def cancel_shipment(shipment_id: str, idempotency_key: str) -> None:
     STATE["shipments"].pop(shipment_id, None)
+    STATE["cancelled"].add(shipment_id)
+
+
+@sp.compensator("demo.reverse_payout")
+def reverse_payout(payout_id: str, idempotency_key: str) -> None:
+    STATE["payouts"].pop(payout_id, None)
+
+
+# Observers (`@sp.reconciler`): after a rollback, the control plane asks whether each compensated
+# effect is really reversed. These read this process's stand-in "provider" state; an effect from
+# another run (the seeded history) is one they cannot see: None, unverifiable, never assumed fine.
+@sp.reconciler("demo.refund")
+def refund_landed(charge_id: str) -> bool | None:
+    if charge_id in STATE["refunded"]:
+        return True
+    return False if charge_id in STATE["charges"] else None
+
+
+@sp.reconciler("demo.cancel_shipment")
+def shipment_cancelled(shipment_id: str) -> bool | None:
+    if shipment_id in STATE["cancelled"]:
+        return True
+    return False if shipment_id in STATE["shipments"] else None
+
+
+@sp.reconciler("demo.reverse_payout")
+def payout_reversed(payout_id: str) -> bool | None:
+    return None if payout_id not in STATE["payout_ids"] else payout_id not in STATE["payouts"]
 
 
 @sp.tool(semantics=sp.PREVIEW)
@@ -75,6 +112,19 @@ def create_shipment(customer: str, sku: str) -> str:
     shipment_id = f"shp_{RNG.getrandbits(32):08x}"
     STATE["shipments"][shipment_id] = customer
     return shipment_id
+
+
+@sp.tool(
+    semantics=sp.COMPENSABLE,
+    compensate=lambda r: sp.undo("demo.reverse_payout", payout_id=r),
+    reason=lambda a: f"monthly invoice of {a['supplier']}, due today",
+)
+def pay_supplier(supplier: str, amount_cents: int, currency: str = "USD") -> str:
+    """Needs a person's approval in the demo tenant (`seed_demo`'s approval policy)."""
+    payout_id = f"po_{RNG.getrandbits(32):08x}"
+    STATE["payouts"][payout_id] = amount_cents
+    STATE["payout_ids"].add(payout_id)
+    return payout_id
 
 
 @sp.tool(semantics=sp.IRREVERSIBLE)
@@ -111,6 +161,37 @@ def checkout(i: int) -> str:
         return f"{saga.saga_id}: aborted ({aborted.cause!r}); {aborted.report.summary()}"
 
 
+def supplier_payout(i: int) -> str:
+    """A payout waiting for an approver (the demo's approval policy): the call waits until someone
+    approves it on the Approvals page (then it runs), denies it, or lets it expire (both refuse)."""
+    supplier = ["Acme Paper", "Northwind Freight", "Globex Cloud"][i % 3]
+    try:
+        with sp.saga(name="supplier payout") as saga:
+            pay_supplier(supplier, RNG.randint(200, 900) * 100, currency="USD")
+        return f"{saga.saga_id}: payout approved and sent"
+    except sp.SagaAborted as aborted:
+        return f"{saga.saga_id}: payout not sent ({aborted.cause!r})"
+
+
+def keep_paying_suppliers(stop: threading.Event, quiet: bool, pause: float) -> None:
+    """One payout at a time, beside the checkouts (each waits for people for as long as it takes)."""
+    i = 0
+    while not stop.is_set():
+        line = supplier_payout(i)
+        i += 1
+        if not quiet:
+            print(line, flush=True)
+        stop.wait(pause)  # a demo's pacing, not synchronisation
+
+
+def keep_observing(stop: threading.Event) -> None:
+    """Answer the control plane's reconciliation checks for this process's compensations."""
+    worker = sp.ReconcileWorker(name="demo-agent observer")
+    threading.Thread(target=worker.run, name="demo-observer", daemon=True).start()
+    stop.wait()
+    worker.stop()
+
+
 def default_wal() -> str:
     wal_dir = os.environ.get("SAGAPLANE_WAL_DIR")
     if wal_dir:
@@ -139,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     if args.forever:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        if not args.no_ship and os.environ.get("SAGAPLANE_URL"):
+            threading.Thread(target=keep_observing, args=(stop,), name="observer", daemon=True).start()
+            payouts = (stop, args.quiet, max(args.pause, 1.0) * 20)
+            threading.Thread(target=keep_paying_suppliers, args=payouts, name="payouts", daemon=True).start()
     i = 0
     while not stop.is_set() and (args.forever or i < args.sagas):
         try:

@@ -70,3 +70,54 @@ def test_seed_demo_sets_a_budget_and_a_rate_limit_on_the_demo_agents_tools_once(
     ]
     allowed = calls.count("allow")
     assert calls == ["allow"] * allowed + ["deny"] * (20 - allowed) and 0 < allowed < 20
+
+
+def test_seed_demo_sets_an_approval_policy_the_demo_agents_payouts_meet(
+    db: None, settings: Any, tmp_path: Path
+) -> None:
+    """Approvals show life in the demo: every supplier payout the demo agent asks for waits for a
+    person (`pay_supplier` is one of its tools, `amount_cents` its argument), made once."""
+    from approvals.models import ApprovalPolicy
+
+    settings.DATA_DIR = tmp_path
+    for _ in range(2):
+        call_command("seed_demo", "--sagas", "0", stdout=StringIO())
+    tenant = Tenant.objects.get(slug="demo")
+    with tenant_context(tenant):
+        policy = ApprovalPolicy.objects.get()
+    tools = _tool_arguments()
+    assert policy.tool in tools and policy.enabled
+    assert all(p["arg"] in tools[policy.tool] for p in policy.predicates)
+    answer = services.evaluate(
+        tenant,
+        GateRequest(
+            saga_id="p1", step_id="1", tool=policy.tool, args={"supplier": "s", "amount_cents": 20_000}
+        ),
+        actor="test",
+    )
+    assert answer["decision"] == "pending_approval", answer
+
+
+def test_the_demo_agent_observes_its_compensations() -> None:
+    """Reconciliation shows life in the demo: each compensation the demo agent can check in its own
+    state has an observer (`@sp.reconciler`) of the same name."""
+    source = DEMO_AGENT.read_text()
+    tree = ast.parse(source)
+    names = {
+        kind: {
+            d.args[0].value
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef)
+            for d in node.decorator_list
+            if isinstance(d, ast.Call)
+            and getattr(d.func, "attr", "") == kind
+            and isinstance(d.args[0], ast.Constant)
+        }
+        for kind in ("compensator", "reconciler")
+    }
+    assert (
+        {"demo.refund", "demo.cancel_shipment", "demo.reverse_payout"}
+        <= names["reconciler"]
+        <= names["compensator"]
+    )
+    assert "ReconcileWorker(" in source

@@ -34,6 +34,16 @@ DEMO_BUDGET = {
     "window_s": 60,
 }
 DEMO_RATE_LIMIT = {"name": "receipt e-mails", "tool": "send_receipt", "max_calls": 24, "window_s": 60}
+# Every supplier payout waits for one approver: the demo agent asks for one about every half
+# minute, and waits for a decision (its request expires unanswered after 15 minutes).
+DEMO_APPROVAL_POLICY = {
+    "name": "supplier payouts",
+    "tool": "pay_supplier",
+    "predicates": [{"arg": "amount_cents", "op": ">=", "value": 10_000}],
+    "required_approvals": 1,
+    "eligible_roles": ["owner", "admin", "approver"],
+    "ttl_s": 900,
+}
 
 DEMO_SLUG = "demo"
 ACTOR = system_actor("seed_demo")
@@ -82,13 +92,19 @@ class Command(BaseCommand):
 
 
 def _seed_policies(tenant: Tenant) -> None:
-    """The demo's budget and rate limit, once (a second run keeps what exists, even if changed)."""
+    """The demo's budget, rate limit and approval policy, once (a second run keeps what exists,
+    even if changed)."""
+    from approvals import services as approvals
+    from approvals.models import ApprovalPolicy
     from fleet import services as fleet
     from fleet.models import BudgetLimit, RateLimit
 
     with tenant_context(tenant):
         has_budget = BudgetLimit.objects.filter(name=DEMO_BUDGET["name"]).exists()
         has_rate_limit = RateLimit.objects.filter(name=DEMO_RATE_LIMIT["name"]).exists()
+        has_policy = ApprovalPolicy.objects.filter(name=DEMO_APPROVAL_POLICY["name"]).exists()
+    if not has_policy:
+        approvals.create_policy(tenant, approvals.PolicyCreate.parse(DEMO_APPROVAL_POLICY), actor=ACTOR)
     if not has_budget:
         fleet.create_budget(tenant, fleet.BudgetCreate.parse(DEMO_BUDGET), actor=ACTOR)
     if not has_rate_limit:
