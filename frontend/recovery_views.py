@@ -62,6 +62,8 @@ def recovery(request: MemberRequest) -> HttpResponse:
             j for j in selectors.jobs()[:50] if j.state in (JobState.COMPENSATED, JobState.RESOLVED)
         ],
         "may_decide": may_decide(request.membership),
+        "me": request.user.get_username(),
+        "assignees": services.assignees() if queue else [],
     }
     return page(request, "frontend/recovery.html", context, section="recovery")
 
@@ -104,6 +106,21 @@ def job_resolve(request: MemberRequest, job_id: str) -> HttpResponse:
         messages.error(request, f"Not resolved: {refused.detail}")
         return _back(request)
     messages.success(request, f"Marked resolved: {job.tool or job.step_id} of {job.saga_id}.")
+    return _back(request)
+
+
+@member_page({"POST": RECOVERY_DECIDE}, section="recovery")
+def job_assign(request: MemberRequest, job_id: str) -> HttpResponse:
+    """Take up a job (acknowledge: the signed-in person) or hand it to another member, or to nobody."""
+    job = _job(job_id)
+    assignee = request.POST.get("assignee", "")
+    try:
+        services.assign(request.tenant, job.pk, actor=actor_of(request), assignee=assignee)
+    except DomainError as refused:
+        messages.error(request, f"Not assigned: {refused.detail}")
+        return _back(request)
+    who = "you" if assignee.strip() == request.user.get_username() else assignee.strip() or "nobody"
+    messages.success(request, f"{job.tool or job.step_id} of {job.saga_id} is now with {who}.")
     return _back(request)
 
 

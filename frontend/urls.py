@@ -68,6 +68,7 @@ urlpatterns = [
     path("recovery/", recovery_views.recovery, name="recovery"),
     path("recovery/jobs/<str:job_id>/retry", recovery_views.job_retry, name="recovery-job-retry-page"),
     path("recovery/jobs/<str:job_id>/resolve", recovery_views.job_resolve, name="recovery-job-resolve-page"),
+    path("recovery/jobs/<str:job_id>/assign", recovery_views.job_assign, name="recovery-job-assign-page"),
     path(
         "recovery/sagas/<str:saga_id>/quarantine",
         recovery_views.saga_quarantine,

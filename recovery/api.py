@@ -300,6 +300,23 @@ class ResolveView(TenantScopedViewMixin, APIView):
         return Response(selectors.job_json(job))
 
 
+class AssignView(TenantScopedViewMixin, APIView):
+    """Take up an escalated job: `{"assignee": "<member's username>"}` (a member who may decide
+    recovery; acknowledging is naming yourself), or `""` for nobody. Recorded (RECOVERY_ASSIGNED)."""
+
+    access = {"POST": RECOVERY_DECIDE}
+
+    @extend_schema(
+        operation_id="recovery_job_assign",
+        request=inline_serializer("RecoveryAssign", {"assignee": serializers.CharField(allow_blank=True)}),
+        responses={200: serializers.DictField(), 409: ErrorSerializer},
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = _body(request)
+        job = services.assign(self.tenant, _uuid(job_id), actor=self.actor, assignee=data.get("assignee"))
+        return Response(selectors.job_json(job))
+
+
 class RollbackView(TenantScopedViewMixin, APIView):
     """ "Rollback to here": `{"to_step": N}` compensates every step after step N (0: all), newest
     first, by the recovery workers. 409 while the agent holds its lease or a run is unfinished."""

@@ -135,6 +135,10 @@ class Job(TenantScopedModel):
     escalated_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True, default="")
     resolved_by = models.CharField(max_length=200, blank=True, default="")
+    # Who has taken up an escalated job (acknowledged it, or was handed it): a member who may
+    # decide recovery, by username; "" while nobody has (recovery.actions.decisions.assign).
+    assignee = models.CharField(max_length=200, blank=True, default="")
+    assigned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step_id"], name="one_job_per_step_per_run")]

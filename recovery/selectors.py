@@ -53,6 +53,8 @@ def job_json(job: Job) -> dict[str, Any]:
         "last_error": job.last_error,
         "note": job.note,
         "resolved_by": job.resolved_by,
+        "assignee": job.assignee,
+        "assigned_at": job.assigned_at.isoformat() if job.assigned_at else None,
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
     }

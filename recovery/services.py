@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from recovery.actions.claims import check_claim_terms, claim, claim_many, heartbeat
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR
-from recovery.actions.decisions import quarantine, resolve, retry, rollback_to
+from recovery.actions.decisions import assign, assignees, quarantine, resolve, retry, rollback_to
 from recovery.actions.leases import watch_appended
 from recovery.actions.results import complete, fail, report_many
 from recovery.actions.takeover import sweep, take_over_on_claim, unclaimed_after
@@ -18,6 +18,8 @@ __all__ = [
     "SYSTEM_ACTOR",
     "NewWebhook",
     "WebhookSet",
+    "assign",
+    "assignees",
     "check_claim_terms",
     "claim",
     "claim_many",

@@ -11,6 +11,7 @@ urlpatterns = [
     path("recovery/jobs/<str:job_id>/heartbeat", api.HeartbeatView.as_view(), name="recovery-job-heartbeat"),
     path("recovery/jobs/<str:job_id>/retry", api.RetryView.as_view(), name="recovery-job-retry"),
     path("recovery/jobs/<str:job_id>/resolve", api.ResolveView.as_view(), name="recovery-job-resolve"),
+    path("recovery/jobs/<str:job_id>/assign", api.AssignView.as_view(), name="recovery-job-assign"),
     path("recovery/webhook", api.WebhookView.as_view(), name="recovery-webhook"),
     path("sagas/<str:saga_id>/rollback", api.RollbackView.as_view(), name="saga-rollback"),
 ]

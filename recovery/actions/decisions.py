@@ -104,6 +104,56 @@ def resolve(tenant: Tenant, job_id: Any, *, actor: Actor, note: Any) -> Job:
         return job
 
 
+ASSIGNEE_MAX = 200
+
+
+def assignees() -> list[str]:
+    """The active tenant's members who may decide recovery (and so take up a job), by username."""
+    from tenants.access import RECOVERY_DECIDE, decide
+    from tenants.selectors import members
+
+    return [m.user.get_username() for m in members() if decide(RECOVERY_DECIDE, membership=m) is None]
+
+
+def assign(tenant: Tenant, job_id: Any, *, actor: Actor, assignee: Any) -> Job:
+    """Someone takes up an escalated job: acknowledges it (the acting person names themself) or
+    hands it to another member who may decide recovery; "" hands it back to nobody. Recorded
+    (RECOVERY_ASSIGNED, old and new) in the same transaction."""
+    with tenant_context(tenant), transaction.atomic():
+        job, _ = _job_for_decision(job_id)  # another tenant's job: not found, whatever the body
+        if not isinstance(assignee, str) or len(assignee) > ASSIGNEE_MAX:
+            raise DomainError("invalid", 'assignee: a member\'s username, or "" for nobody', field="assignee")
+        name = assignee.strip()
+        if job.state != JobState.ESCALATED:
+            raise DomainError(
+                "not_escalated", f"this job is {job.state}, not waiting for a human", status=409
+            )
+        if name and name not in assignees():
+            raise DomainError(
+                "not_assignable",
+                "assignee: not a member of this tenant who may decide recovery",
+                field="assignee",
+            )
+        old = {
+            "assignee": job.assignee,
+            "assigned_at": job.assigned_at.isoformat() if job.assigned_at else None,
+        }
+        job.assignee = name
+        job.assigned_at = timezone.now() if name else None
+        job.save(update_fields=["assignee", "assigned_at"])
+        new = {
+            "assignee": job.assignee,
+            "assigned_at": job.assigned_at.isoformat() if job.assigned_at else None,
+        }
+        append_server_record(
+            tenant,
+            Event.RECOVERY_ASSIGNED,
+            {"saga_id": job.saga_id, "step_id": job.step_id, "job_id": str(job.pk), "old": old, "new": new},
+            actor=actor,
+        )
+        return job
+
+
 def quarantine(tenant: Tenant, saga_id: Any, *, actor: Actor, reason: Any) -> None:
     """Set the saga aside (fleet's quarantine: the gate refuses its steps) and cancel what recovery
     had queued for it. A job a worker holds now may still report its result."""

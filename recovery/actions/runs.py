@@ -197,6 +197,8 @@ def _job_row(tenant: Tenant, run: Run, plan: _Plan, delivery: str, now: datetime
         "escalated_at": now if plan.escalation else None,
         "note": "",
         "resolved_by": "",
+        "assignee": "",
+        "assigned_at": None,
     }
 
 

@@ -207,6 +207,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/recovery/jobs/<str:job_id>/heartbeat": Api({"POST": RECOVER}),
     "api/v1/recovery/jobs/<str:job_id>/retry": Api({"POST": HALTERS}),
     "api/v1/recovery/jobs/<str:job_id>/resolve": Api({"POST": HALTERS}),
+    "api/v1/recovery/jobs/<str:job_id>/assign": Api({"POST": HALTERS}),
     "api/v1/recovery/webhook": Api({"GET": FLEET_CHANGE, "PUT": FLEET_CHANGE, "DELETE": FLEET_CHANGE}),
     "api/v1/sagas/<str:saga_id>/rollback": Api({"POST": HALTERS}),
     # approvals: policies like the fleet's; the queue for readers; votes by people who may approve
@@ -258,6 +259,7 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "recovery/": Page({"GET": EVERY_ROLE}),
     "recovery/jobs/<str:job_id>/retry": Page({"POST": RISK_STAFF}),
     "recovery/jobs/<str:job_id>/resolve": Page({"POST": RISK_STAFF}),
+    "recovery/jobs/<str:job_id>/assign": Page({"POST": RISK_STAFF}),
     "recovery/sagas/<str:saga_id>/quarantine": Page({"POST": RISK_STAFF}),
     "sagas/<str:saga_id>/rollback": Page({"POST": RISK_STAFF}),
     "reconciliation/": Page({"GET": EVERY_ROLE}),
