@@ -10,8 +10,8 @@ deliveries) and HTTP long-polls (SDK workers) only wake the claimers.
 Every result and decision is appended to the tenant's server stream in the same transaction,
 carrying the saga id, so the saga projection shows it and the evidence keeps it:
 RECOVERY_STARTED / RECOVERY_ESCALATED (a saga taken over), COMPENSATED / COMPENSATION_FAILED (a
-job's result), RECOVERY_RETRY / RECOVERY_RESOLVED / RECOVERY_CANCELLED (a human's decision) and
-ROLLBACK_END (a run finished).
+job's result), RECOVERY_RETRY / RECOVERY_RESOLVED / RECOVERY_CANCELLED / RECOVERY_ASSIGNED (a
+human's decision) and ROLLBACK_END (a run finished).
 
 Modules: `leases` (the lease watch), `runs` (starting and advancing runs, escalation),
 `takeover` (the sweep, takeover on claim), `claims` (claims, heartbeat, token checks),
