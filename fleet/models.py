@@ -139,7 +139,15 @@ class GateDecision(TenantScopedModel):
                 name="one_allow_per_idempotency_key",
             )
         ]
-        indexes = [models.Index(fields=["tenant", "decision", "decided_at"], name="fleet_decision_recent")]
+        indexes = [
+            models.Index(fields=["tenant", "decision", "decided_at"], name="fleet_decision_recent"),
+            # A saga's open reservations, read when its end is ingested (fleet.actions.reservations).
+            models.Index(
+                fields=["tenant", "saga_id"],
+                condition=models.Q(detail__reservation__state="open"),
+                name="fleet_open_reservations",
+            ),
+        ]
 
     def answer(self) -> dict[str, Any]:
         """The gate's JSON answer for this decision (the same for every retry)."""

@@ -29,13 +29,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import joined_tenant_context, tenant_context
 from fleet import gate, leasestores
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest
@@ -78,7 +79,9 @@ def settle(
         )
         if row is None or not row.detail.get("reservation"):
             return None
-        return _settle_row(tenant, row, units, actor=actor, settled_by=settled_by, store=store)
+        answer = _settle_row(tenant, row, units, actor=actor, settled_by=settled_by, store=store)
+        row.save(update_fields=["debits", "detail"])
+        return answer
 
 
 def _settle_row(
@@ -125,60 +128,71 @@ def _settle_row(
             "settled_at": timezone.now().isoformat(),
         },
     }
-    row.save(update_fields=["debits", "detail"])
     return reservation_answer(row)
 
 
 def settle_saga(tenant: Tenant, saga_id: str, *, actor: Actor) -> int:
     """Settle the saga's open reservations at their reserve (its end was ingested); how many."""
     with tenant_context(tenant), transaction.atomic():
-        rows = GateDecision.objects.select_for_update().filter(
-            saga_id=saga_id, decision=Decision.ALLOW, detail__reservation__state=OPEN
-        )
-        settled = 0
-        for row in rows:
-            _settle_row(
-                tenant,
-                row,
-                int(row.detail["reservation"]["reserved"]),
-                actor=actor,
-                settled_by="saga_end",
-                store=None,
-            )
-            settled += 1
-        return settled
+        return _settle_batch(tenant, {}, {saga_id}, actor=actor)
+
+
+def _settle_batch(tenant: Tenant, settlements: dict[str, Any], ended: set[str], *, actor: Actor) -> int:
+    """In the caller's transaction, as the tenant: settle each reservation named in `settlements`
+    ({id: actual}) at its actual, then what is left open of the `ended` sagas' at their reserve.
+    Set-based: one locking read and one write, whatever the number. How many were settled."""
+    named = Q(pk__in=list(settlements)) if settlements else Q(pk__in=[])
+    ends = Q(saga_id__in=sorted(ended), detail__reservation__state=OPEN) if ended else Q(pk__in=[])
+    rows = list(GateDecision.objects.select_for_update().filter(named | ends, decision=Decision.ALLOW))
+    changed = []
+    for row in sorted(rows, key=lambda r: str(r.pk) not in settlements):  # named ones first
+        held = row.detail.get("reservation")
+        if not held or held["state"] != OPEN:
+            continue
+        if str(row.pk) in settlements:
+            try:
+                units, how = gate.to_units(gate.amount_sent(settlements[str(row.pk)])), "wal"
+            except ValueError as exc:
+                log.warning("gate: settlement of %s in a shipped record ignored: %s", row.pk, exc)
+                if row.saga_id not in ended:
+                    continue
+                units, how = int(held["reserved"]), "saga_end"
+        elif row.saga_id in ended:
+            units, how = int(held["reserved"]), "saga_end"
+        else:
+            continue
+        _settle_row(tenant, row, units, actor=actor, settled_by=how, store=None)
+        changed.append(row)
+    if changed:
+        GateDecision.objects.bulk_update(changed, ["debits", "detail"])
+    return len(changed)
 
 
 def records_appended(appended: AppendedRecords) -> OnStored:
     """`audit.hooks` subscriber, in the ingest's transaction: a step outcome naming a settlement
     (`settle: {"reservation_id", "actual"}`) settles it, a saga's end record settles what is left
-    of its reservations at their reserve, in record order. A settlement that cannot be applied now
-    (an overrun with the limit store down) fails the batch: the agent ships it again. One whose
-    reservation is unknown, or whose actual is not an amount, is ignored (the record is kept)."""
-    work: list[tuple[str, Any]] = []
+    of its reservations at their reserve (one locking read for the whole batch). A settlement
+    that cannot be applied now (an overrun with the limit store down) fails the batch: the agent
+    ships it again. One whose reservation is unknown, or whose actual is not an amount, is
+    ignored (the record is kept)."""
+    settlements: dict[str, Any] = {}
+    ended: set[str] = set()
     for row, fields in appended.items:
         settlement = fields.get("settle") if isinstance(fields, dict) else None
         if isinstance(settlement, dict):
-            work.append(("settle", settlement))
+            try:
+                settlements[str(uuid.UUID(str(settlement.get("reservation_id"))[:40]))] = settlement.get(
+                    "actual"
+                )
+            except ValueError:
+                log.warning("gate: a settlement names no reservation id: ignored")
         elif row.event in SAGA_ENDS and row.saga_id:
-            work.append(("end", row.saga_id))
+            ended.add(row.saga_id)
 
     def stored(_base: int) -> None:
-        for kind, item in work:
-            if kind == "end":
-                settle_saga(appended.tenant, item, actor=_shipper(appended))
-                continue
-            try:
-                reservation_id = uuid.UUID(str(item.get("reservation_id"))[:40])
-                settle(
-                    appended.tenant,
-                    reservation_id,
-                    item.get("actual"),
-                    actor=_shipper(appended),
-                    settled_by="wal",
-                )
-            except ValueError as exc:
-                log.warning("gate: settlement in a shipped record ignored: %s", exc)
+        if settlements or ended:
+            with joined_tenant_context(appended.tenant):
+                _settle_batch(appended.tenant, settlements, ended, actor=_shipper(appended))
 
     return stored
 
