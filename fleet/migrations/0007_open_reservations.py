@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleet', '0004_gatelease'),
+        ('fleet', '0006_lease_settlement'),
         ('tenants', '0002_invitation_use'),
     ]
 
