@@ -27,6 +27,8 @@ from fleet.stores import DatabaseStore
 from recovery import sweeper
 from tenants.models import Tenant
 from tests.fleet.concurrency import ROOT
+from tests.fleet.test_leases import _redis_store, private_redis  # noqa: F401  (the fixture)
+from tests.hostile.production import OwnRedis
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.chains import Writer
 from tests.support.waiting import wait_until
@@ -173,6 +175,25 @@ def test_a_holders_return_wins_and_a_late_one_counts_its_excess(tenant_a: Tenant
     assert _usage(tenant_a)["used"] == "4"
     again = services.give_back_lease(tenant_a, settled, {"tokens": 3}, actor=ACTOR)
     assert again["used"] == {"tokens": "3"} and _usage(tenant_a)["used"] == "4"
+
+
+def test_on_redis_the_counters_the_next_decision_reads_agree_with_the_settlement(
+    tenant_a: Tenant,
+    private_redis: OwnRedis,  # noqa: F811
+) -> None:
+    services.set_store(_redis_store(private_redis))
+    _budget(tenant_a)
+    settled = _grant(tenant_a, calls=100)
+    _ship_uses(tenant_a, {"tokens": "1"}, {"tokens": "1"}, lease=str(settled))
+    assert services.settle_expired_leases(tenant_a, now=_due(settled, tenant_a)) == 1
+    late = services.give_back_lease(tenant_a, settled, {"tokens": 5}, actor=ACTOR)
+    assert late["used"] == {"tokens": "5"} and _usage(tenant_a)["used"] == "5"
+
+    def ask(amount: int) -> str:
+        request = GateRequest(saga_id=f"s-{uuid.uuid4()}", step_id="1", tool="llm.x", args={"amount": amount})
+        return str(services.evaluate(tenant_a, request, actor=ACTOR)["decision"])
+
+    assert ask(996) == "deny" and ask(995) == "allow" and ask(1) == "deny"  # 5 spent, the rest back
 
 
 def test_every_tenants_due_leases_are_settled_in_the_sweep_thread_beside_recovery(
