@@ -162,9 +162,10 @@ def main() -> int:
     start = time.perf_counter()
     answered = 0
     while answered < n:
-        checks = services.claim(
-            tenant, handlers=["shop.refund"], worker="bench", limit=50, actor="api-key:bench"
+        terms = services.ReconciliationClaim.parse(
+            {"handlers": ["shop.refund"], "worker": "bench", "max": 50}
         )
+        checks = services.claim(tenant, terms, actor="api-key:bench")
         assert checks, "ran out of checks before answering all"
         for check in checks:
             drift = int(check.kwargs["charge_id"][3:]) % 10 == 0

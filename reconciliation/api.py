@@ -26,14 +26,12 @@ from rest_framework.views import APIView
 from controlplane.schema import ErrorSerializer
 from core import longpoll
 from core.errors import DomainError, per_item
-from core.numbers import finite_number
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
 from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE
 from tenants.permissions import TenantScopedViewMixin
 
 POLL_S = 0.25
-NAME_MAX = 200
 _EPOCH = re.compile(r"\d{1,11}(\.\d{1,6})?")
 # Earliest and latest moments a range may name: anything else is a typo, not a range.
 _FIRST = datetime(2000, 1, 1, tzinfo=UTC)
@@ -115,34 +113,12 @@ class ClaimView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="reconciliation_claim",
-        request=inline_serializer(
-            "ReconciliationClaim",
-            {
-                "handlers": serializers.ListField(child=serializers.CharField()),
-                "worker": serializers.CharField(required=False),
-                "max": serializers.IntegerField(required=False),
-                "wait": serializers.FloatField(required=False),
-            },
-        ),
+        request=services.ReconciliationClaim,
         responses={200: inline_serializer("ReconciliationClaimed", {"checks": serializers.ListField()})},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
-        worker = data.get("worker")
-        if worker is None:
-            worker = str(self.actor)
-        if not isinstance(worker, str) or len(worker) > NAME_MAX or "\x00" in worker:
-            raise DomainError("invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
-        limit = data.get("max", 10)
-        if type(limit) is not int or not 1 <= limit <= services.MAX_CLAIM:
-            raise DomainError("invalid", f"max: an integer from 1 to {services.MAX_CLAIM}", field="max")
-        wait = data.get("wait", 0)
-        if not finite_number(wait) or wait < 0:
-            raise DomainError("invalid", "wait: seconds from 0 (at most 25 are waited)", field="wait")
-        handlers = data.get("handlers")
-        if isinstance(handlers, list) and any(isinstance(h, str) and "\x00" in h for h in handlers):
-            raise DomainError("invalid", "handlers: names without NUL", field="handlers")
-        checks = services.claim(self.tenant, handlers=handlers, worker=worker, limit=limit, actor=self.actor)
+        terms = services.ReconciliationClaim.parse(request.data)
+        checks = services.claim(self.tenant, terms, actor=self.actor)
         return Response({"checks": [check_json(c) for c in checks]})
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:

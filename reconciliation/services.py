@@ -37,6 +37,8 @@ from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from reconciliation import cross_tenant
+from reconciliation.inputs import HANDLER_MAX, MAX_CLAIM, ClaimTerms
+from reconciliation.inputs import ReconciliationClaim as ReconciliationClaim  # for the API
 from reconciliation.leases import CHECKS, WORKER_MAX, claim_due
 from reconciliation.models import (
     OPEN_STATUSES,
@@ -57,9 +59,7 @@ PASS_ACTOR = system_actor("reconciliation")
 COMPENSATED_EVENTS = (Event.COMPENSATED,)
 # One pass looks at most this many new leaves per tenant; the next tick goes on from there.
 SCAN_LEAVES = 50_000
-MAX_CLAIM = 50
 DETAIL_MAX = 500
-HANDLER_MAX = 200
 
 
 def _delay() -> timedelta:
@@ -261,27 +261,14 @@ def tenants_to_reconcile(now: datetime | None = None) -> list[int]:
 # ---------------------------------------------------------------------------------- observers
 
 
-def _handlers(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value:
-        raise DomainError("invalid", "handlers: a non-empty list of handler names", field="handlers")
-    if len(value) > 200:
-        raise DomainError("invalid", "handlers: at most 200 names", field="handlers")
-    if not all(isinstance(h, str) and 0 < len(h) <= HANDLER_MAX for h in value):
-        raise DomainError(
-            "invalid", f"handlers: each a name of 1 to {HANDLER_MAX} characters", field="handlers"
-        )
-    return list(dict.fromkeys(value))
-
-
-def claim(
-    tenant: Tenant, *, handlers: Any, worker: str, limit: int = 10, actor: Actor
-) -> list[ReconciliationCheck]:
-    """Up to `limit` due checks for `handlers`, each claimed under a new fencing token with a
-    lease. A check whose lease lapsed is claimable again (its old token is then stale). Claims are
-    operational, not evidence: the verdict's record names the observer and the token it held."""
-    names = _handlers(handlers)
+def claim(tenant: Tenant, terms: ClaimTerms, *, actor: Actor) -> list[ReconciliationCheck]:
+    """Up to `terms.max` due checks for `terms.handlers` (`terms` from `ReconciliationClaim`), each
+    claimed under a new fencing token with a lease, for `terms.worker` (None: the actor). A check
+    whose lease lapsed is claimable again (its old token is then stale). Claims are operational,
+    not evidence: the verdict's record names the observer and the token it held."""
+    worker = str(actor) if terms.worker is None else terms.worker
     with tenant_context(tenant):
-        return claim_due(names, worker=worker, limit=max(1, min(int(limit), MAX_CLAIM)))
+        return claim_due(list(terms.handlers), worker=worker, limit=max(1, min(terms.max, MAX_CLAIM)))
 
 
 # ----------------------------------------------------------------------------------- the webhook

@@ -33,7 +33,11 @@ def verdicts(tenant_a: Tenant, agent_a: Writer) -> dict[str, str]:
     compensated_saga(agent_a, "refund-unknown", charges=["ch_u"])
     compensated_saga(agent_a, "closure-only", handler=None)
     services.scan(tenant_a)
-    checks = services.claim(tenant_a, handlers=["shop.refund"], worker="observer-1", actor="api-key:w")
+    checks = services.claim(
+        tenant_a,
+        services.ReconciliationClaim.parse({"handlers": ["shop.refund"], "worker": "observer-1"}),
+        actor="api-key:w",
+    )
     answers = {"ch_d": False, "ch_ok": True, "ch_u": None}
     ids = {}
     for check in checks:

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("no_delay")
 
 
 def _claim(tenant: Tenant, handlers: list[str] | None = None, worker: str = "w1") -> list:
-    return services.claim(tenant, handlers=handlers or ["shop.refund"], worker=worker, actor="api-key:test")
+    terms = services.ReconciliationClaim.parse({"handlers": handlers or ["shop.refund"], "worker": worker})
+    return services.claim(tenant, terms, actor="api-key:test")
 
 
 def test_each_compensated_step_becomes_one_check_for_its_handler(tenant_a: Tenant, agent_a: Writer) -> None:
@@ -188,4 +189,8 @@ def test_hostile_report_values_are_refused(tenant_a: Tenant, agent_a: Writer) ->
         services.report(tenant_a, uuid.uuid4(), token=1, reversed_=True, actor="api-key:w")
     for handlers in ([], "shop.refund", [1], ["x" * 201], None):
         with pytest.raises(DomainError):
-            services.claim(tenant_a, handlers=handlers, worker="w", actor="api-key:w")
+            services.claim(
+                tenant_a,
+                services.ReconciliationClaim.parse({"handlers": handlers, "worker": "w"}),
+                actor="api-key:w",
+            )
