@@ -48,6 +48,8 @@ def _row(tenant: Tenant, run: Run, **changes: object) -> dict[str, object]:
         "escalated_at": None,
         "note": "",
         "resolved_by": "",
+        "assignee": "",
+        "assigned_at": None,
     }
     row.update(changes)
     return row
