@@ -28,6 +28,7 @@ from approvals import selectors, services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.schema import ErrorSerializer
 from core.errors import DomainError
+from core.inputs import json_object
 from core.longpoll import abandoned, release_connection
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
@@ -40,13 +41,6 @@ from tenants.permissions import TenantScopedViewMixin
 
 MAX_WAIT_S = 25.0
 _LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
-
-
-def _body(request: Request) -> dict[str, Any]:
-    data = request.data
-    if not isinstance(data, dict):
-        raise DomainError("invalid", "the body must be a JSON object", field="body")
-    return data
 
 
 def _policy_json(policy: ApprovalPolicy) -> dict[str, Any]:
@@ -168,7 +162,7 @@ class VoteView(TenantScopedViewMixin, APIView):
         responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         break_glass = data.get("break_glass", False)
         if not isinstance(break_glass, bool):
             raise DomainError("invalid", "break_glass: true or false", field="break_glass")

@@ -32,6 +32,16 @@ C = TypeVar("C")
 NUL = "\x00"
 
 
+def json_object(data: object) -> dict[str, Any]:
+    """A request's body (`request.data`) as the JSON object every command takes, else the 400
+    naming the body."""
+    if isinstance(data, dict):
+        return data
+    if isinstance(data, Mapping):
+        return dict(data)
+    raise DomainError("invalid", "the body must be a JSON object", field="body")
+
+
 class Input(serializers.Serializer, Generic[C]):
     """A command's input: its strict fields, and the dataclass its validated values make."""
 
@@ -46,9 +56,7 @@ class Input(serializers.Serializer, Generic[C]):
     def parse(cls: type[Input[C]], data: object) -> C:
         """`data` (a JSON body, or what a form handler built) as the command, or a `DomainError`
         naming the first field at fault. Fields the input does not declare are ignored."""
-        if not isinstance(data, Mapping):
-            raise DomainError("invalid", "the body must be a JSON object", field="body")
-        serializer = cls(data=data)
+        serializer = cls(data=json_object(data))
         serializer.is_valid(raise_exception=True)  # the fields raise DomainError themselves
         return serializer.to_command()
 

@@ -28,6 +28,7 @@ from controlplane.schema import ErrorSerializer
 from core import availability
 from core.actors import Actor
 from core.errors import DomainError
+from core.inputs import json_object
 from core.longpoll import abandoned, pause, release_connection
 from fleet import selectors, services
 from fleet.calls import gate_call
@@ -39,13 +40,6 @@ MAX_WAIT_S = 25.0
 # The status names at most this many quarantined sagas (an SDK holding budget leases decides no
 # call of a saga named there in process; past it, `quarantined_truncated`: none at all).
 QUARANTINED_SHOWN = 1000
-
-
-def _body(request: Request) -> dict[str, Any]:
-    data = request.data
-    if not isinstance(data, dict):
-        raise DomainError("invalid", "the body must be a JSON object", field="body")
-    return data
 
 
 # A list of objects (spectacular renders a bare ListField response as an object).
@@ -95,7 +89,7 @@ class GateEvaluateView(TenantScopedViewMixin, APIView):
         responses={200: _ANSWER},
     )
     def post(self, request: Request) -> Response:
-        call = gate_call(_body(request), self.api_key.prefix if self.api_key else "")
+        call = gate_call(json_object(request.data), self.api_key.prefix if self.api_key else "")
         return Response(services.evaluate(self.tenant, call, actor=self.actor))
 
     # Fail closed, fast (core/availability.py): while a store is known to be down the call
@@ -187,7 +181,7 @@ class GateLeaseView(TenantScopedViewMixin, APIView):
         responses={200: _LEASE_ANSWER},
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         lease_id = _uuid(data.get("lease_id"), "lease_id")
         calls = data.get("calls")
         if (
@@ -219,7 +213,9 @@ class GateLeaseReturnView(TenantScopedViewMixin, APIView):
     )
     def post(self, request: Request, lease_id: uuid.UUID) -> Response:
         return Response(
-            _returned(self.tenant, {**_body(request), "lease_id": str(lease_id)}, self.actor, "body")
+            _returned(
+                self.tenant, {**json_object(request.data), "lease_id": str(lease_id)}, self.actor, "body"
+            )
         )
 
 
@@ -251,7 +247,7 @@ class GateReservationSettleView(TenantScopedViewMixin, APIView):
         responses={200: _SETTLEMENT, 404: ErrorSerializer},
     )
     def post(self, request: Request, reservation_id: uuid.UUID) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         if "actual" not in data:
             raise DomainError("invalid", "actual: the amount the call really cost", field="actual")
         try:
@@ -482,7 +478,7 @@ class QuarantineView(TenantScopedViewMixin, APIView):
     )
     def post(self, request: Request, saga_id: str) -> Response:
         """A saga no record has named yet is 404 `saga_not_found`, unless `preemptive: true`."""
-        data = _body(request)
+        data = json_object(request.data)
         row = services.quarantine(
             self.tenant,
             saga_id,

@@ -26,6 +26,7 @@ from rest_framework.views import APIView
 from controlplane.schema import ErrorSerializer
 from core import longpoll
 from core.errors import DomainError, per_item
+from core.inputs import json_object
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
 from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE
@@ -36,13 +37,6 @@ _EPOCH = re.compile(r"\d{1,11}(\.\d{1,6})?")
 # Earliest and latest moments a range may name: anything else is a typo, not a range.
 _FIRST = datetime(2000, 1, 1, tzinfo=UTC)
 _LAST = datetime(9000, 1, 1, tzinfo=UTC)
-
-
-def _body(request: Request) -> dict[str, Any]:
-    data = request.data
-    if not isinstance(data, dict):
-        raise DomainError("invalid", "the body must be a JSON object", field="body")
-    return data
 
 
 def parse_moment(raw: str | None, name: str, *, required: bool) -> datetime | None:
@@ -162,7 +156,7 @@ class ReportView(TenantScopedViewMixin, APIView):
         responses={200: _VERDICT, 409: ErrorSerializer},
     )
     def post(self, request: Request, check_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         if "reversed" not in data:
             raise DomainError("invalid", "reversed: required (true, false or null)", field="reversed")
         error = data.get("error", False)
@@ -200,7 +194,7 @@ class AnswersView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         answers: Any = data.get("answers")
         outcomes = services.report_many(self.tenant, answers, actor=self.actor)
         return Response(

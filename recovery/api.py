@@ -21,6 +21,7 @@ from controlplane.schema import ErrorSerializer
 from core import longpoll
 from core.actors import Actor
 from core.errors import DomainError, per_item
+from core.inputs import json_object
 from recovery import selectors, services
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
 from tenants.models import Tenant
@@ -29,13 +30,6 @@ from tenants.permissions import TenantScopedViewMixin
 POLL_S = 0.1
 MAX_HANDLERS = 500
 NAME_MAX = 200
-
-
-def _body(request: Request) -> dict[str, Any]:
-    data = request.data
-    if not isinstance(data, dict):
-        raise DomainError("invalid", "the body must be a JSON object", field="body")
-    return data
 
 
 def _handlers(value: Any) -> list[str]:
@@ -100,7 +94,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         handlers = _handlers(data.get("handlers"))
         worker = _worker_name(data.get("worker")) or str(self.actor)
         if "results" in data and self._reported is None:
@@ -147,7 +141,7 @@ class CompleteView(TenantScopedViewMixin, APIView):
         responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         job = services.complete(self.tenant, _uuid(job_id), token=data.get("token"), actor=self.actor)
         return Response({"id": str(job.pk), "state": job.state})
 
@@ -172,7 +166,7 @@ class FailView(TenantScopedViewMixin, APIView):
         responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         job = services.fail(
             self.tenant,
             _uuid(job_id),
@@ -206,7 +200,7 @@ class ResultsView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         return Response({"results": _report(self.tenant, data.get("results"), actor=self.actor)})
 
 
@@ -230,7 +224,7 @@ class HeartbeatView(TenantScopedViewMixin, APIView):
         responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         job = services.heartbeat(
             self.tenant, _uuid(job_id), token=data.get("token"), lease_s=data.get("lease_s")
         )
@@ -295,7 +289,7 @@ class ResolveView(TenantScopedViewMixin, APIView):
         responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         job = services.resolve(self.tenant, _uuid(job_id), actor=self.actor, note=data.get("note"))
         return Response(selectors.job_json(job))
 
@@ -312,7 +306,7 @@ class AssignView(TenantScopedViewMixin, APIView):
         responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         job = services.assign(self.tenant, _uuid(job_id), actor=self.actor, assignee=data.get("assignee"))
         return Response(selectors.job_json(job))
 
@@ -329,7 +323,7 @@ class RollbackView(TenantScopedViewMixin, APIView):
         responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, saga_id: str) -> Response:
-        data = _body(request)
+        data = json_object(request.data)
         run = services.rollback_to(self.tenant, saga_id, data.get("to_step"), actor=self.actor)
         return Response(
             {"run_id": run.pk, "saga_id": run.saga_id, "to_step": run.to_ordinal, "state": run.state},
