@@ -24,7 +24,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import transaction
@@ -237,7 +236,7 @@ def _spent(row: GateLease, used: Mapping[str, Any]) -> list[int]:
     spent: list[int] = []
     for d in row.debits:
         try:
-            spent.append(gate.to_units(_amount(used.get(d["limit"], 0))))
+            spent.append(gate.to_units(gate.amount_sent(used.get(d["limit"], 0))))
         except ValueError as exc:
             raise ValueError(f"used.{d['limit']}: {exc}") from None
     return spent  # more than granted: an overrun, counted (the effect happened)
@@ -281,16 +280,6 @@ def _count_late(tenant: Tenant, row: GateLease, spent: list[int], store: LimitSt
         raise DomainError("limit_store_unavailable", detail, status=503, field="used") from exc
     row.used = [u + e for u, e in zip(settled, extra, strict=True)]
     row.save(update_fields=["used"])
-
-
-def _amount(value: Any) -> Any:
-    """An amount as sent: a JSON number, or a decimal string (exact, as answers give amounts)."""
-    if isinstance(value, str) and len(value) <= 40:
-        try:
-            return Decimal(value)
-        except InvalidOperation:
-            raise ValueError("must be a number") from None
-    return value
 
 
 def _debit(d: Mapping[str, Any]) -> Debit:
