@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import tracing
 from ._files import atomic_write_json, cursor_path, read_json
@@ -354,28 +354,36 @@ class Shipper:
             raise RetryLater(str(exc)) from exc
         span.end(response.status)
         self.last_response = response
+        if not response.ok:
+            self._next = None
+            self._refused(batch, response)
+        self._acknowledged(batch, response)
+        return batch.count
+
+    def _acknowledged(self, batch: Batch, response: Response) -> None:
+        """The batch is stored: move the cursor past it and tell who listens."""
+        body = response.body if isinstance(response.body, dict) else {}
+        self.accepted += int(body.get("accepted", 0) or 0)
+        self.duplicates += int(body.get("duplicates", 0) or 0)
+        last = batch.last or {}
+        with self._cond:
+            self.cursor.offset = batch.end
+            self.cursor.hash = last.get(HASH_FIELD)
+            self.cursor.seq = last.get("seq")
+            self.cursor.shipped += batch.count
+            self._save_cursor()
+            self._cond.notify_all()
+        for listener in list(self._ack_listeners):
+            try:  # e.g. WAL.acknowledge: what the control plane holds may leave
+                listener(batch.end)
+            except Exception:  # housekeeping never stops shipping
+                logger.exception("sagaplane shipper: an acknowledgement listener failed")
+        if self.on_batch is not None:
+            self.on_batch(batch.count, response)
+
+    def _refused(self, batch: Batch, response: Response) -> NoReturn:
+        """The batch was not stored: RetryLater when sending again may succeed, else ShipFailed."""
         status = response.status
-        if response.ok:
-            body = response.body if isinstance(response.body, dict) else {}
-            self.accepted += int(body.get("accepted", 0) or 0)
-            self.duplicates += int(body.get("duplicates", 0) or 0)
-            last = batch.last or {}
-            with self._cond:
-                self.cursor.offset = batch.end
-                self.cursor.hash = last.get(HASH_FIELD)
-                self.cursor.seq = last.get("seq")
-                self.cursor.shipped += batch.count
-                self._save_cursor()
-                self._cond.notify_all()
-            for listener in list(self._ack_listeners):
-                try:  # e.g. WAL.acknowledge: what the control plane holds may leave
-                    listener(batch.end)
-                except Exception:  # housekeeping never stops shipping
-                    logger.exception("sagaplane shipper: an acknowledgement listener failed")
-            if self.on_batch is not None:
-                self.on_batch(batch.count, response)
-            return batch.count
-        self._next = None
         if status == 413:
             self._shrink(batch, response)
             raise RetryLater(
