@@ -12,24 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import OWNER, sign_in
+from tests.support.console import PAGES
 
 pytestmark = pytest.mark.e2e
 AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
-PAGES = [
-    "/sagas/",
-    "/fleet/",
-    "/fleet/halts/history",
-    "/fleet/denials/",
-    "/approvals/",
-    "/approvals/history/",
-    "/approvals/policies/",
-    "/recovery/",
-    "/reconciliation/",
-    "/reconciliation/?show=open",
-    "/evidence/",
-    "/administration/members/",
-    "/account/passkeys/",
-]
 SERIOUS = ("serious", "critical")
 RUN_AXE = """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations.map(
   v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" ")).slice(0, 3)}))"""

@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 
 from audit import services as audit_services
 from core.rls import database_owner
+from tests.support.console import PAGES as CONSOLE_PAGES
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
 
@@ -35,24 +36,13 @@ STREAMS = 10
 BATCH_RECORDS = 1000
 SAMPLES = 15
 TARGET_P95_MS = 300.0
+# The navigation's pages, a filtered list and one saga's page and timeline.
 PAGES = [
-    "/sagas/",
+    *CONSOLE_PAGES,
     "/sagas/?status=completed&tool=charge_card",
     "/sagas/rows",
     "/sagas/p-00007/",
     "/sagas/p-00007/timeline",
-    "/fleet/",
-    "/fleet/halts/history",
-    "/fleet/denials/",
-    "/approvals/",
-    "/approvals/history/",
-    "/approvals/policies/",
-    "/recovery/",
-    "/reconciliation/",
-    "/evidence/",
-    "/administration/members/",
-    "/administration/keys/",
-    "/account/passkeys/",
 ]
 # Slack for what a page may add besides its rows: a cache filled on one request and not the other.
 QUERY_SLACK = 3
