@@ -5,6 +5,7 @@ and the kept assertions verifying offline with the SDK."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,6 +98,9 @@ def test_the_queue_and_the_request_show_the_action_in_full(agent: Agent, ann: Pe
     queue = client.get("/approvals/").content.decode()
     assert f'data-approval="{approval_id}"' in queue and 'data-live-url="/approvals/rows"' in queue
     assert f'data-approval="{approval_id}"' in client.get("/approvals/rows").content.decode()
+    # The time left reads as people say it ("in 59 minutes"), its instant in the title, not ISO text.
+    left = re.search(r'<time datetime="[^"]+" title="[^"]+ UTC" data-relative>([^<]+)</time>', queue)
+    assert left is not None and left.group(1).startswith("in "), queue
     page = client.get(f"/approvals/{approval_id}/").content.decode()
     for shown in ("bank.wire", "250000", "ACME GmbH", "EUR", "large wires", "0 of 2", "passkey only", "s1"):
         assert shown in page, shown
