@@ -119,10 +119,11 @@ def create_shipment(customer: str, sku: str) -> str:
     compensate=lambda r: sp.undo("demo.reverse_payout", payout_id=r),
     reason=lambda a: f"monthly invoice of {a['supplier']}, due today",
 )
-def pay_supplier(supplier: str, amount_cents: int, currency: str = "USD") -> str:
-    """Needs a person's approval in the demo tenant (`seed_demo`'s approval policy)."""
+def pay_supplier(supplier: str, amount: int, currency: str = "USD") -> str:
+    """Needs a person's approval in the demo tenant (`seed_demo`'s approval policy). `amount` and
+    `currency` are what an approval request shows (e.g. "4,500 USD")."""
     payout_id = f"po_{RNG.getrandbits(32):08x}"
-    STATE["payouts"][payout_id] = amount_cents
+    STATE["payouts"][payout_id] = amount
     STATE["payout_ids"].add(payout_id)
     return payout_id
 
@@ -167,7 +168,7 @@ def supplier_payout(i: int) -> str:
     supplier = ["Acme Paper", "Northwind Freight", "Globex Cloud"][i % 3]
     try:
         with sp.saga(name="supplier payout") as saga:
-            pay_supplier(supplier, RNG.randint(200, 900) * 100, currency="USD")
+            pay_supplier(supplier, RNG.randint(20, 90) * 100, currency="USD")
         return f"{saga.saga_id}: payout approved and sent"
     except sp.SagaAborted as aborted:
         return f"{saga.saga_id}: payout not sent ({aborted.cause!r})"

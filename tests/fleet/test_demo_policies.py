@@ -76,7 +76,7 @@ def test_seed_demo_sets_an_approval_policy_the_demo_agents_payouts_meet(
     db: None, settings: Any, tmp_path: Path
 ) -> None:
     """Approvals show life in the demo: every supplier payout the demo agent asks for waits for a
-    person (`pay_supplier` is one of its tools, `amount_cents` its argument), made once."""
+    person (`pay_supplier` is one of its tools, `amount` its argument), made once."""
     from approvals.models import ApprovalPolicy
 
     settings.DATA_DIR = tmp_path
@@ -91,7 +91,7 @@ def test_seed_demo_sets_an_approval_policy_the_demo_agents_payouts_meet(
     answer = services.evaluate(
         tenant,
         GateRequest(
-            saga_id="p1", step_id="1", tool=policy.tool, args={"supplier": "s", "amount_cents": 20_000}
+            saga_id="p1", step_id="1", tool=policy.tool, args={"supplier": "s", "amount": 2_000, "currency": "USD"}
         ),
         actor="test",
     )

@@ -39,7 +39,7 @@ DEMO_RATE_LIMIT = {"name": "receipt e-mails", "tool": "send_receipt", "max_calls
 DEMO_APPROVAL_POLICY = {
     "name": "supplier payouts",
     "tool": "pay_supplier",
-    "predicates": [{"arg": "amount_cents", "op": ">=", "value": 10_000}],
+    "predicates": [{"arg": "amount", "op": ">=", "value": 100}],
     "required_approvals": 1,
     "eligible_roles": ["owner", "admin", "approver"],
     "ttl_s": 900,
