@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals.actions.policies import call_matches
@@ -43,10 +44,9 @@ def pending_count() -> int:
     return ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__gt=timezone.now()).count()
 
 
-def decided(limit: int) -> list[ApprovalRequest]:
-    """The history: decided requests, the latest decision first."""
-    rows = ApprovalRequest.objects.filter(status__in=DECIDED)
-    return list(rows.order_by("-decided_at", "-created_at", "pk")[:limit])
+def decided() -> QuerySet[ApprovalRequest]:
+    """The history: decided requests (the console pages them, the latest decision first)."""
+    return ApprovalRequest.objects.filter(status__in=DECIDED)
 
 
 def votes(row: ApprovalRequest, *, choice: str | None = None) -> list[Vote]:

@@ -34,12 +34,12 @@ from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status
 from core.errors import DomainError
 from core.numbers import amount_text
+from frontend import paging
 from frontend.views import MemberRequest, actor_of, member_page, page
 from passkeys import services as passkeys
 from tenants.access import APPROVAL_VOTE, READ
 
 QUEUE_LIMIT = 200
-HISTORY_LIMIT = 200
 
 
 def _request_or_404(approval_id: str) -> ApprovalRequest:
@@ -85,12 +85,13 @@ def pending_badge(request: MemberRequest) -> HttpResponse:
 
 @member_page({"GET": READ}, section="approvals")
 def history(request: MemberRequest) -> HttpResponse:
-    rows = selectors.decided(HISTORY_LIMIT)
+    found = paging.keyset(request, selectors.decided(), "decided_at", {}, text_id=True)
     return page(
         request,
         "frontend/approval_history.html",
         {
-            "rows": [_row(row, request.membership) for row in rows],
+            "rows": [_row(row, request.membership) for row in found.rows],
+            "pages": found,
             "break_glass": selectors.break_glass_uses(),
         },
         section="approvals",

@@ -24,7 +24,8 @@ from django.http import HttpRequest
 from core.numbers import ascii_int
 
 PAGE_SIZE = 50
-CURSOR_MAX = 120  # an ISO time with zone and a UUID fit; longer is not a cursor
+CURSOR_MAX = 120  # an ISO time with zone and a UUID (or a text id) fit; longer is not a cursor
+TEXT_ID_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,17 +36,30 @@ class Page:
     newest: str = ""  # the link to the first page, "" on the first page
 
 
+def _text_id(key: str) -> str | None:
+    """A text primary key as the console's links carry it: 1-64 ASCII letters, digits, '-' or '_'."""
+    return (
+        key
+        if 0 < len(key) <= TEXT_ID_MAX and key.isascii() and key.replace("-", "").replace("_", "").isalnum()
+        else None
+    )
+
+
 def cursor(
-    request: HttpRequest, name: str = "before", *, integer_id: bool = False
+    request: HttpRequest, name: str = "before", *, integer_id: bool = False, text_id: bool = False
 ) -> tuple[datetime, Any] | None:
-    """The `<ISO time>~<id>` in `?<name>=`, or None (the first page) for anything else."""
+    """The `<ISO time>~<id>` in `?<name>=`, or None (the first page) for anything else. The id is a
+    UUID unless the list's primary key is an integer (`integer_id`) or text (`text_id`)."""
     raw = request.GET.get(name, "")
     if not raw or len(raw) > CURSOR_MAX:
         return None
     moment, _, key = raw.rpartition("~")
     try:
         when = datetime.fromisoformat(moment)
-        ident: Any = ascii_int(key, max_digits=18) if integer_id else uuid.UUID(key)
+        if integer_id:
+            ident: Any = ascii_int(key, max_digits=18)
+        else:
+            ident = _text_id(key) if text_id else uuid.UUID(key)
     except ValueError:
         return None
     if ident is None or when.tzinfo is None:
@@ -79,12 +93,13 @@ def keyset(
     query: dict[str, str],
     *,
     size: int = PAGE_SIZE,
+    text_id: bool = False,
 ) -> Page:
     """One page of `rows` ordered by (`time_field`, pk), the latest first, after the `before`
     cursor (Next) or just before the `after` cursor (Previous); rows with no time are left out."""
     rows = rows.filter(**{f"{time_field}__isnull": False})
-    ahead = cursor(request, "before")
-    behind = None if ahead else cursor(request, "after")
+    ahead = cursor(request, "before", text_id=text_id)
+    behind = None if ahead else cursor(request, "after", text_id=text_id)
     if behind is not None:  # the rows just before the cursor, read backwards, shown in order
         got = list(rows.filter(_past(time_field, "gt", *behind)).order_by(time_field, "pk")[: size + 1])
         shown = list(reversed(got[:size]))
