@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection
 
 from core.scoping import TENANT_SETTING
+from core.sql import is_postgres
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
 
@@ -55,7 +56,7 @@ _ON_SQLITE = _INSERT.format(values=", ".join(["%s"] * len(_LEDGER_COLUMNS))) + _
 def one_statement_ledger() -> bool:
     """Whether `insert_decision` saves a round trip over the ORM's transaction (Postgres: the
     tenant's setting, the row and its commit in one batch). The lean gate path runs only there."""
-    return connection.vendor == "postgresql"
+    return is_postgres()
 
 
 def insert_decision(
@@ -89,7 +90,7 @@ def insert_decision(
         decided_at,
     ]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if is_postgres():
             durable = None if decision == Decision.ALLOW else "off"  # an allow: as configured
             cursor.execute(_ON_POSTGRES, [str(tenant_id), durable, *values])
             cursor.nextset()

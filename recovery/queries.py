@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import connection
 
+from core.sql import is_postgres
 from recovery.models import Job
 from tenants.models import Tenant
 
@@ -33,7 +34,7 @@ def insert_jobs(rows: list[dict[str, Any]]) -> None:
         return
     if set(rows[0]) != _JOB_COLUMNS:  # the model gained or lost a column: keep this in step
         raise RuntimeError(f"job rows name {sorted(set(rows[0]) ^ _JOB_COLUMNS)} wrongly")
-    if connection.vendor != "postgresql":
+    if not is_postgres():
         Job.objects.bulk_create([Job(**row) for row in rows])
         return
     table = connection.ops.quote_name(Job._meta.db_table)
@@ -61,7 +62,7 @@ def takeover_turn(tenant: Tenant) -> bool:
     """Inside a transaction: whether this transaction may take the tenant's expired leases over
     now. Postgres: a transaction-scoped advisory lock per tenant, tried, never waited for (the
     other taker is doing it). SQLite: always (write transactions already run one at a time)."""
-    if connection.vendor != "postgresql":
+    if not is_postgres():
         return True
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_TAKEOVER_LOCK_CLASS, tenant.pk % 2**31])
