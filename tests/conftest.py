@@ -87,6 +87,40 @@ def _drop_when_released(teardown: Any, patience_s: float = 60.0) -> None:
             time.sleep(0.5)  # cleanup only: waiting for another process to close its session
 
 
+FLUSH_ATTEMPTS = 5
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _flush_outlasts_a_live_server_reader() -> Iterator[None]:
+    """A transactional test ends with `flush` (TRUNCATE of every table). A live-server thread may
+    still be answering a request the test's agent sent before it exited (a status long-poll reads
+    the database for up to 25 s: the threaded test server, unlike ASGI, cannot tell its client
+    left). TRUNCATE's exclusive locks and that thread's reads can then deadlock, and Postgres
+    aborts the TRUNCATE: the test's data stayed, and the next test's set-up failed on it. The
+    flush is tried again, as any deadlock victim is; other errors still fail the test."""
+    import time
+
+    from django.core.management.base import CommandError
+    from django.db.utils import OperationalError
+    from django.test import TransactionTestCase
+
+    original = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
+
+    def teardown(self: TransactionTestCase) -> None:
+        for attempt in range(FLUSH_ATTEMPTS):
+            try:
+                original(self)
+                return
+            except (CommandError, OperationalError) as exc:
+                if "deadlock detected" not in str(exc) or attempt == FLUSH_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))  # a deadlock victim's back-off, not a wait for an event
+
+    setattr(TransactionTestCase, "_fixture_teardown", teardown)  # noqa: B010 (a private hook)
+    yield
+    setattr(TransactionTestCase, "_fixture_teardown", original)  # noqa: B010
+
+
 def _let_the_runtime_role_flush() -> None:
     """Transactional tests end with Django's `flush` (TRUNCATE), run on the test's connection, as
     the runtime role. TRUNCATE is granted here, in the test database only: production's runtime
