@@ -91,7 +91,10 @@ def test_seed_demo_sets_an_approval_policy_the_demo_agents_payouts_meet(
     answer = services.evaluate(
         tenant,
         GateRequest(
-            saga_id="p1", step_id="1", tool=policy.tool, args={"supplier": "s", "amount": 2_000, "currency": "USD"}
+            saga_id="p1",
+            step_id="1",
+            tool=policy.tool,
+            args={"supplier": "s", "amount": 2_000, "currency": "USD"},
         ),
         actor="test",
     )
