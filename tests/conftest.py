@@ -67,27 +67,31 @@ def django_db_setup(
             _drop_when_released(lambda: teardown_databases(databases, verbosity=verbosity))
 
 
-def _drop_when_released(teardown: Any, patience_s: float = 60.0) -> None:
-    """Drop the test database once the last session on it has closed. A live-server thread or a
-    child process a test started can still be closing its connection when the session ends;
-    Postgres then refuses the DROP ("is being accessed by other users"), which failed a run whose
-    every test had passed. Other errors, or sessions that outlive the patience, still fail it."""
+def _retried_while(refusal: str, action: Any, *, patience_s: float) -> None:
+    """Run `action`; while Postgres refuses it with `refusal` (another session still holds what it
+    needs), try again until `patience_s` has passed. Other errors fail at once."""
     import time
 
+    from django.core.management.base import CommandError
     from django.db.utils import OperationalError
 
     deadline = time.monotonic() + patience_s
     while True:
         try:
-            teardown()
+            action()
             return
-        except OperationalError as exc:
-            if "being accessed by other users" not in str(exc) or time.monotonic() > deadline:
+        except (CommandError, OperationalError) as exc:
+            if refusal not in str(exc) or time.monotonic() > deadline:
                 raise
-            time.sleep(0.5)  # cleanup only: waiting for another process to close its session
+            time.sleep(0.5)  # cleanup only: the other session finishing, not an event awaited
 
 
-FLUSH_ATTEMPTS = 5
+def _drop_when_released(teardown: Any, patience_s: float = 60.0) -> None:
+    """Drop the test database once the last session on it has closed. A live-server thread or a
+    child process a test started can still be closing its connection when the session ends;
+    Postgres then refuses the DROP ("is being accessed by other users"), which failed a run whose
+    every test had passed. Other errors, or sessions that outlive the patience, still fail it."""
+    _retried_while("being accessed by other users", teardown, patience_s=patience_s)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -98,23 +102,12 @@ def _flush_outlasts_a_live_server_reader() -> Iterator[None]:
     left). TRUNCATE's exclusive locks and that thread's reads can then deadlock, and Postgres
     aborts the TRUNCATE: the test's data stayed, and the next test's set-up failed on it. The
     flush is tried again, as any deadlock victim is; other errors still fail the test."""
-    import time
-
-    from django.core.management.base import CommandError
-    from django.db.utils import OperationalError
     from django.test import TransactionTestCase
 
     original = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
     def teardown(self: TransactionTestCase) -> None:
-        for attempt in range(FLUSH_ATTEMPTS):
-            try:
-                original(self)
-                return
-            except (CommandError, OperationalError) as exc:
-                if "deadlock detected" not in str(exc) or attempt == FLUSH_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))  # a deadlock victim's back-off, not a wait for an event
+        _retried_while("deadlock detected", lambda: original(self), patience_s=10.0)
 
     setattr(TransactionTestCase, "_fixture_teardown", teardown)  # noqa: B010 (a private hook)
     yield
