@@ -11,6 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from frontend.fleet_chart import BARS_PER_LANE, SLOTS
 from frontend.saga_views import PAGE_SIZE
 from tests.e2e.conftest import (
     AUDITOR,
@@ -202,17 +203,28 @@ def test_owner_creates_a_key_in_the_browser_and_an_agent_uses_it(new_page, contr
 def test_fleet_evidence_and_phone_width(new_page, control_plane: LiveServer) -> None:
     writer = Writer()
     for _ in range(3):
-        saga_id, records = saga_forward(writer, name="fleet-saga")
+        saga_id, records = saga_forward(writer, name="fleet-saga", agent="fleet-bot")
         control_plane.ship("e2e-fleet", records + saga_rollback(writer, saga_id))
+    # A busy lane: past BARS_PER_LANE sagas it is drawn as columns linking to the filtered list.
+    busy, records = Writer(), []
+    for n in range(BARS_PER_LANE + 5):
+        records += saga_forward(busy, saga_id=f"e2e-busy-{n:03d}", name="busy-saga")[1]
+    control_plane.ship("e2e-busy", records)
     page = new_page()
     sign_in(page, AUDITOR)
     page.goto("/fleet/")
     expect(page.locator("#fleet-chart .lane-row[data-stream='e2e-fleet']")).to_be_visible()
     expect(page.locator("#fleet-chart .rollback-mark").first).to_be_visible()
     expect(page.locator("#outcome-matrix")).to_be_visible()
+    columns = page.locator("#fleet-chart .lane-row[data-stream='e2e-busy'] a.bar-link")
+    assert 1 <= columns.count() <= SLOTS
     screenshot(page, "07-fleet")
+    columns.first.click()
+    expect(page).to_have_url(re.compile(r"/sagas/\?stream=e2e-busy&status=running"))
+    expect(page.locator("#sagas-table tr[data-saga^='e2e-busy-']").first).to_be_visible()
     page.goto("/evidence/")
-    expect(page.locator("#streams-table tr[data-stream='e2e-fleet']")).to_be_visible()
+    fleet_row = page.locator("#streams-table tr[data-stream='e2e-fleet']")
+    expect(fleet_row.locator(".stream-agent")).to_have_text("fleet-bot")
     screenshot(page, "08-evidence")
     phone = new_page(width=390, height=844)
     sign_in(phone, OWNER)
