@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sagaplane.events import Event
@@ -28,15 +29,8 @@ def budget_values(limit: BudgetLimit) -> dict[str, Any]:
 
 
 def _fields(budget: NewBudget) -> dict[str, Any]:
-    return {
-        "name": budget.name,
-        "tool": budget.tool,
-        "argument": budget.argument,
-        "max_total": budget.max_total,
-        "window_s": budget.window_s,
-        "per": list(budget.per),
-        "on_cap": budget.on_cap,
-    }
+    """The command's terms as the model's columns (they share their names; `per` is stored as a list)."""
+    return {**asdict(budget), "per": list(budget.per)}
 
 
 def create_budget(tenant: Tenant, budget: NewBudget, *, actor: Actor) -> BudgetLimit:

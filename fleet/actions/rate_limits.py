@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sagaplane.events import Event
@@ -25,13 +26,8 @@ def rate_limit_values(limit: RateLimit) -> dict[str, Any]:
 
 
 def _fields(rate_limit: NewRateLimit) -> dict[str, Any]:
-    return {
-        "name": rate_limit.name,
-        "tool": rate_limit.tool,
-        "max_calls": rate_limit.max_calls,
-        "window_s": rate_limit.window_s,
-        "per": list(rate_limit.per),
-    }
+    """The command's terms as the model's columns (they share their names; `per` is stored as a list)."""
+    return {**asdict(rate_limit), "per": list(rate_limit.per)}
 
 
 def create_rate_limit(tenant: Tenant, rate_limit: NewRateLimit, *, actor: Actor) -> RateLimit:
