@@ -210,3 +210,15 @@ def _fresh_cache() -> None:
 def _fast_password_hashing(settings: Any) -> None:
     # PBKDF2's deliberate slowness protects real passwords; in tests it only slows the suite.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def database_store() -> Iterator[None]:
+    """The gate counts in the database store for the test: the shared Redis stays untouched (the
+    stores have their own tests). Modules use it with `pytest.mark.usefixtures("database_store")`."""
+    from fleet import services as fleet
+    from fleet.stores import DatabaseStore
+
+    fleet.set_store(DatabaseStore())
+    yield
+    fleet.set_store(None)

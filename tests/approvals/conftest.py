@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,17 +12,15 @@ from approvals import services as approvals
 from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest
-from fleet.stores import DatabaseStore
 from tenants import services as tenants
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
 
 
 @pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    fleet.set_store(DatabaseStore())
-    yield
-    fleet.set_store(None)
+def _database_store(database_store: None) -> None:
+    """Every approvals test runs on the database store (tests/conftest.database_store)."""
+    return database_store
 
 
 def member(person: Person) -> Membership:

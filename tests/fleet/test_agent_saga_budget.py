@@ -8,7 +8,6 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,20 +19,12 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import GateDecision
-from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 from tests.support.factories import Person
 
 NO_RESERVATIONS = {"reserved": "0", "settled": "0", "overrun": "0"}
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("database_store")]
 
 
 def _client(live_server: Any, person: Person) -> SagaCloudClient:

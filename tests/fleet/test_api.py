@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from rest_framework.test import APIClient
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import GateDecision
-from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
 from tests.support.factories import Person, make_person
@@ -26,12 +24,7 @@ EVALUATE = "/api/v1/gate/evaluate"
 STATUS = "/api/v1/fleet/status"
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    # Store behaviour is tested on both stores in test_gate; here the shared Redis stays untouched.
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def key_client(tenant: Tenant, *scopes: str) -> APIClient:

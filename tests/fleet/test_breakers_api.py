@@ -4,7 +4,6 @@ other's breakers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -14,9 +13,7 @@ from django.core.management.base import CommandError
 from rest_framework.test import APIClient
 
 from core.scoping import tenant_context
-from fleet import services
 from fleet.models import BreakerTransition, CircuitBreaker
-from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
@@ -34,11 +31,7 @@ GOOD: dict[str, Any] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def key_client(tenant: Tenant, *scopes: str) -> APIClient:

@@ -6,7 +6,6 @@ trial through and refuses the next; the trial's success closes it for everyone."
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,16 +17,10 @@ from core import epoch
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import CircuitBreaker, Decision, GateDecision
-from fleet.stores import DatabaseStore
 from tests.support.chains import Writer
 from tests.support.waiting import wait_until
 
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def refusal(gate: Gate, saga: str) -> str | None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -16,17 +15,12 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, RateLimit
-from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 
 DEMO_AGENT = Path(__file__).resolve().parents[2] / "sdk" / "examples" / "demo_agent.py"
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def _tool_arguments() -> dict[str, list[str]]:

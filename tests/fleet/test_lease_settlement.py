@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease, LeaseState, LeaseUse
-from fleet.stores import DatabaseStore
 from recovery import sweeper
 from tenants.models import Tenant
 from tests.fleet.concurrency import ROOT
@@ -37,11 +35,7 @@ ACTOR = "test:settlement"
 UNIT = 10_000  # one amount of 1, in the gate's units
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def _budget(tenant: Tenant) -> None:

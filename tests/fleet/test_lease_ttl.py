@@ -5,7 +5,6 @@ those who may change the fleet change it, and one tenant's setting is not anothe
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import FleetSettings
-from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
@@ -26,11 +24,7 @@ SETTINGS = "/api/v1/fleet/settings"
 ACTOR = "test:lease-ttl"
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def _budget(tenant: Tenant) -> None:

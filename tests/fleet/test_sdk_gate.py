@@ -11,7 +11,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from sagaplane.client import Client
 from sagaplane.gate import Gate
 
 from fleet import services
-from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 
@@ -63,11 +61,7 @@ AGENT = textwrap.dedent(
 )
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ once, and a lease that cannot be renewed allows nothing past its TTL (fail close
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,17 +17,11 @@ from sagaplane.leases import LeaseHolder
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, GateLease, LeaseState
-from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 from tests.support.waiting import wait_until
 
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ the ledger shows reserved, settled and overrun."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,10 @@ import sagaplane as sp
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, GateDecision
-from fleet.stores import DatabaseStore
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def test_reserve_then_settle_through_the_wal(

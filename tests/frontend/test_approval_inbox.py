@@ -4,7 +4,6 @@ follows the request's state, and the navigation's pending count, scoped to the t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,22 +14,14 @@ from core.numbers import amount_text
 from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.calls import gate_call
-from fleet.stores import DatabaseStore
 from tenants import services as tenants
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 REASON = "Supplier invoice 2026-114, due today"
-
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    fleet.set_store(DatabaseStore())
-    yield
-    fleet.set_store(None)
 
 
 @pytest.fixture

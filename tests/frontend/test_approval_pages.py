@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,8 +14,6 @@ from sagaplane.approval import verify_vote_record
 
 from approvals.models import ApprovalRequest, Status, Vote
 from core.scoping import tenant_context
-from fleet import services as fleet
-from fleet.stores import DatabaseStore
 from passkeys import services as passkeys
 from tenants import services as tenants
 from tenants.models import Role, Tenant
@@ -25,14 +22,7 @@ from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    fleet.set_store(DatabaseStore())
-    yield
-    fleet.set_store(None)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
 
 @pytest.fixture

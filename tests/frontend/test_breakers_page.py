@@ -4,7 +4,6 @@ transitions is shown, and a third tenant sees and deletes nothing of two tenants
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +12,6 @@ from django.test import Client
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerTransition, CircuitBreaker
-from fleet.stores import DatabaseStore
 from tenants import services as tenant_services
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
@@ -32,11 +30,7 @@ FORM = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def browser(person: Person) -> Client:

@@ -4,7 +4,6 @@ kill-switch panel, and the forms — by role, with hostile input, and across ten
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,18 +14,11 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateDecision, Halt, RateLimit
-from fleet.stores import DatabaseStore
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
 
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    # The gate's stores have their own tests; here the shared Redis stays untouched.
-    services.set_store(DatabaseStore())
-    yield
-    services.set_store(None)
+pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def browser(person: Person) -> Client:

@@ -5,7 +5,6 @@ both keyset-paginated, and another tenant seeing none of it."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -17,18 +16,10 @@ from fleet import services as fleet
 from fleet.gate import GateRequest
 from fleet.inputs import NewHalt
 from fleet.models import GateDecision, Halt
-from fleet.stores import DatabaseStore
 from frontend import kill_switch_views
 from tests.support.factories import Person
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _database_store() -> Iterator[None]:
-    fleet.set_store(DatabaseStore())
-    yield
-    fleet.set_store(None)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
 
 def browser(person: Person) -> Client:
