@@ -60,6 +60,24 @@ class Input(serializers.Serializer, Generic[C]):
         serializer.is_valid(raise_exception=True)  # the fields raise DomainError themselves
         return serializer.to_command()
 
+    @classmethod
+    def parse_change(
+        cls: type[Input[C]], current: Mapping[str, Any], data: object, *, fixed: Sequence[str] = ()
+    ) -> C:
+        """A partial change (a PATCH body) of what `current` holds (its values as this input takes
+        them), as the whole command: the fields `data` names replace the current ones and the whole
+        is checked as by `parse`. A field the input does not declare, or a `fixed` one given another
+        value, is refused (naming it) rather than ignored: nothing would change it."""
+        change = json_object(data)
+        declared = cls().fields
+        for name, value in change.items():
+            if name not in declared:
+                shown = name[:100]
+                raise DomainError("unknown_field", f"{shown}: not a field of this resource", field=shown)
+            if name in fixed and value != current.get(name):
+                raise DomainError("immutable_field", f"{name}: cannot be changed", field=name)
+        return cls.parse({**current, **change})
+
 
 def _refuse(field: serializers.Field, code: str, message: str) -> NoReturn:
     raise DomainError(code, message, field=field.field_name)

@@ -391,7 +391,7 @@ class BudgetListView(TenantScopedViewMixin, APIView):
 
 
 class BudgetDetailView(TenantScopedViewMixin, APIView):
-    access = {"GET": FLEET_VIEW, "DELETE": FLEET_CONTROL}
+    access = {"GET": FLEET_VIEW, "PATCH": FLEET_CONTROL, "DELETE": FLEET_CONTROL}
 
     @extend_schema(operation_id="fleet_budgets_retrieve", responses={200: serializers.DictField()})
     def get(self, request: Request, budget_id: int) -> Response:
@@ -399,6 +399,20 @@ class BudgetDetailView(TenantScopedViewMixin, APIView):
         if limit is None:
             raise DomainError("not_found", "no such budget", status=404)
         return Response(_budget_json(limit))
+
+    @extend_schema(
+        operation_id="fleet_budgets_partial_update",
+        request=services.BudgetCreate,
+        responses={200: serializers.DictField(), 400: ErrorSerializer, 404: ErrorSerializer},
+    )
+    def patch(self, request: Request, budget_id: int) -> Response:
+        """Change some of a budget's terms (its name stays), as the Fleet page's Edit does."""
+        limit = BudgetLimit.objects.select_for_update().filter(pk=budget_id).first()
+        if limit is None:
+            raise DomainError("not_found", "no such budget", status=404, field="id")
+        current = services.budget_values(limit)
+        budget = services.BudgetCreate.parse_change(current, request.data, fixed=("name",))
+        return Response(_budget_json(services.update_budget(self.tenant, limit.pk, budget, actor=self.actor)))
 
     @extend_schema(operation_id="fleet_budgets_destroy", responses={204: None})
     def delete(self, request: Request, budget_id: int) -> Response:
@@ -427,7 +441,22 @@ class RateLimitListView(TenantScopedViewMixin, APIView):
 
 
 class RateLimitDetailView(TenantScopedViewMixin, APIView):
-    access = {"DELETE": FLEET_CONTROL}
+    access = {"PATCH": FLEET_CONTROL, "DELETE": FLEET_CONTROL}
+
+    @extend_schema(
+        operation_id="fleet_rate_limits_partial_update",
+        request=services.RateLimitCreate,
+        responses={200: serializers.DictField(), 400: ErrorSerializer, 404: ErrorSerializer},
+    )
+    def patch(self, request: Request, rate_limit_id: int) -> Response:
+        """Change some of a rate limit's terms (its name stays), as the Fleet page's Edit does."""
+        limit = RateLimit.objects.select_for_update().filter(pk=rate_limit_id).first()
+        if limit is None:
+            raise DomainError("not_found", "no such rate limit", status=404, field="id")
+        current = services.rate_limit_values(limit)
+        rate_limit = services.RateLimitCreate.parse_change(current, request.data, fixed=("name",))
+        changed = services.update_rate_limit(self.tenant, limit.pk, rate_limit, actor=self.actor)
+        return Response(_rate_json(changed))
 
     @extend_schema(operation_id="fleet_rate_limits_destroy", responses={204: None})
     def delete(self, request: Request, rate_limit_id: int) -> Response:

@@ -178,9 +178,11 @@ EXPECTED: dict[str, Api | Page | Public | Signed | SignedIn | AdminSite] = {
     "api/v1/gate/reservations/<uuid:reservation_id>/settle": Api({"POST": Allowed(keys=frozenset({"gate"}))}),
     "api/v1/fleet/status": Api({"GET": Allowed(keys=frozenset({"gate"}), roles=EVERY_ROLE)}),
     "api/v1/fleet/budgets": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/fleet/budgets/<id:budget_id>": Api({"GET": FLEET_VIEW, "DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/budgets/<id:budget_id>": Api(
+        {"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}
+    ),
     "api/v1/fleet/rate-limits": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
-    "api/v1/fleet/rate-limits/<id:rate_limit_id>": Api({"DELETE": FLEET_CHANGE}),
+    "api/v1/fleet/rate-limits/<id:rate_limit_id>": Api({"PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}),
     "api/v1/fleet/breakers": Api({"GET": FLEET_VIEW, "POST": FLEET_CHANGE}),
     "api/v1/fleet/breakers/<id:breaker_id>": Api(
         {"GET": FLEET_VIEW, "PATCH": FLEET_CHANGE, "DELETE": FLEET_CHANGE}
