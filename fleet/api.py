@@ -53,6 +53,9 @@ _ANSWER = inline_serializer(
     {
         "decision": serializers.ChoiceField(choices=["allow", "deny", "pending_approval"]),
         "authorization_id": serializers.UUIDField(required=False),
+        # A refusal's own id: the SDK keeps the answer in its GATE_DENY, so the denials list
+        # shows a refusal the agent records once (fleet.actions.agent_denials).
+        "decision_id": serializers.UUIDField(required=False),
         "reason": serializers.CharField(required=False),
         "limit": serializers.CharField(required=False),
         "remaining": serializers.CharField(required=False),

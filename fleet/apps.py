@@ -8,7 +8,7 @@ class FleetConfig(AppConfig):
     def ready(self) -> None:
         from audit import hooks as audit_hooks
         from fleet import cross_tenant  # noqa: F401  declares the settlement's cross-tenant function
-        from fleet.actions import breaker_states, lease_settlement, reservations
+        from fleet.actions import agent_denials, breaker_states, lease_settlement, reservations
 
         # Circuit breakers count the step outcomes agents ship, once their batch has committed.
         audit_hooks.after_records_committed(breaker_states.outcomes_committed)
@@ -18,3 +18,6 @@ class FleetConfig(AppConfig):
         # A lease's decisions the holder's WAL shipped are counted with their records, so a lease
         # its holder never returned is settled at what was shipped.
         audit_hooks.on_records_appended(lease_settlement.watch_appended)
+        # Refusals the agent's SDK made on its own (its GATE_DENY records) join the gate's in the
+        # denials, in the ingest's transaction.
+        audit_hooks.on_records_appended(agent_denials.watch_appended)

@@ -110,6 +110,15 @@ class Decision(models.TextChoices):
     PENDING_APPROVAL = "pending_approval", "Pending approval"
 
 
+class Source(models.TextChoices):
+    """Who refused: the gate (a decision it answered), or the agent's SDK on its own view (a halt
+    or open breaker in its last fleet state, an unreachable control plane, a tool outside its
+    policy), known from the GATE_DENY record its WAL shipped (`fleet.actions.agent_denials`)."""
+
+    SERVER = "server", "Gate"
+    AGENT = "agent", "Agent's SDK"
+
+
 class GateDecision(TenantScopedModel):
     """One answer of the gate. Allowed decisions are the budget ledger (never deleted); denials are
     kept for the dashboard's recent denials."""
@@ -128,6 +137,13 @@ class GateDecision(TenantScopedModel):
     # [{"key": <counter key>, "limit": <name>, "kind": "budget" | "rate", "amount": <str>}]
     debits = models.JSONField(default=list)
     decided_at = models.DateTimeField(default=timezone.now)
+    # A refusal the agent's SDK made on its own is projected here from its shipped GATE_DENY
+    # (source "agent", with the WAL's stream); the database defaults keep the gate's one-statement
+    # insert (fleet.queries) unchanged.
+    source = models.CharField(
+        max_length=10, choices=Source.choices, default=Source.SERVER, db_default=Source.SERVER.value
+    )
+    stream_id = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [
@@ -158,7 +174,14 @@ class GateDecision(TenantScopedModel):
             if self.detail.get("reservation"):
                 answer["reservation"] = reservation_answer(self)
             return answer
-        return {"decision": Decision(self.decision).value, "reason": self.reason, **self.detail}
+        # A refusal names its row: the agent's GATE_DENY record keeps the answer, so the
+        # projection of shipped refusals knows the gate already has this one.
+        return {
+            "decision": Decision(self.decision).value,
+            "reason": self.reason,
+            **self.detail,
+            "decision_id": str(self.id),
+        }
 
 
 def reservation_answer(row: GateDecision) -> dict[str, Any]:

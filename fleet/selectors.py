@@ -40,16 +40,19 @@ def denials(
     tool: str = "",
     agent: str = "",
     reason: str = "",
+    source: str = "",
     since: datetime | None = None,
     before: tuple[datetime, Any] | None = None,
     limit: int = 50,
 ) -> list[GateDecision]:
-    """The gate's refusals, the latest first, narrowed by tool, agent, reason and time; `before`
-    is the (decided_at, id) of the last one of the page before (keyset)."""
+    """Every refusal, the gate's and those the agents' SDKs made on their own (`source`, projected
+    from their GATE_DENY records by `fleet.actions.agent_denials`), the latest first, narrowed by
+    tool, agent, reason, source and time; `before` is the (decided_at, id) of the last one of the
+    page before (keyset)."""
     rows = GateDecision.objects.filter(decision=Decision.DENY)
     if since is not None:
         rows = rows.filter(decided_at__gte=since)
-    for column, value in (("tool", tool), ("agent", agent), ("reason", reason)):
+    for column, value in (("tool", tool), ("agent", agent), ("reason", reason), ("source", source)):
         if value:
             rows = rows.filter(**{column: value})
     if before is not None:

@@ -150,6 +150,8 @@ def _why(denial: GateDecision) -> str:
         return f"kill switch {d.get('scope')}: {d.get('halt_reason')}"
     if reason == "invalid_argument":
         return str(d.get("message") or "an argument could not be counted")
+    if reason in ("control_plane_unreachable", "gate_unreachable", "not_in_policy"):
+        return str(d.get("message") or reason)  # the agent's SDK refused it on its own
     if reason == "quarantined":
         return "the saga is quarantined"
     if reason == "circuit_open":

@@ -3,10 +3,11 @@ beside the Fleet page, both read through `fleet.selectors`, keyset-paginated by 
 (Next, by the last row's time and id), every member (READ), the active tenant only.
 
 - `/fleet/halts/history`: every kill switch, engaged, lifted or lapsed, by whom and why.
-- `/fleet/denials/`: the gate's refusals by tool, agent, reason and time range. The agent's own
-  refusals (its SDK's view of a halt, an IRREVERSIBLE step nobody confirmed) are not gate
-  decisions: they reach the control plane as the agent's GATE_DENY / STEP_REFUSED records, shown
-  on their saga's timeline (`frontend.saga_story`)."""
+- `/fleet/denials/`: every refusal by tool, agent, reason, source and time range: the gate's, and
+  those an agent's SDK made on its own view (a halt or open breaker in its fleet state, an
+  unreachable control plane), projected from its shipped GATE_DENY records
+  (`fleet.actions.agent_denials`). An IRREVERSIBLE step nobody confirmed (STEP_REFUSED) is not a
+  refusal of the gate's kind: it stays on its saga's timeline (`frontend.saga_story`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from fleet import selectors
-from fleet.models import Halt
+from fleet.models import Halt, Source
 from frontend import paging
 from frontend.fleet_views import _why
 from frontend.views import MemberRequest, member_page, page
@@ -40,6 +41,9 @@ REASONS = [
     ("approval_expired", "Approval expired"),
     ("invalid_argument", "Argument not countable"),
     ("limit_store_unavailable", "Limit store unavailable"),
+    ("control_plane_unreachable", "Control plane unreachable (SDK)"),
+    ("gate_unreachable", "Gate unreachable (SDK)"),
+    ("not_in_policy", "Tool not in policy (SDK)"),
 ]
 TEXT_MAX = 200
 
@@ -66,10 +70,12 @@ def _filters(request: HttpRequest) -> dict[str, str]:
     get = request.GET
     reason = get.get("reason", "")
     since = get.get("since", "")
+    source = get.get("source", "")
     return {
         "tool": get.get("tool", "").strip()[:TEXT_MAX],
         "agent": get.get("agent", "").strip()[:TEXT_MAX],
         "reason": reason if reason in dict(REASONS) else "",
+        "source": source if source in Source.values else "",
         "since": since if since in {r[0] for r in RANGES} else "",
     }
 
@@ -82,6 +88,7 @@ def denials(request: MemberRequest) -> HttpResponse:
         tool=filters["tool"],
         agent=filters["agent"],
         reason=filters["reason"],
+        source=filters["source"],
         since=timezone.now() - timedelta(hours=hours) if hours else None,
         before=paging.cursor(request),
         limit=PAGE_SIZE + 1,
@@ -92,6 +99,7 @@ def denials(request: MemberRequest) -> HttpResponse:
         "filters": filters,
         "filtered": any(filters.values()),
         "reasons": REASONS,
+        "sources": Source.choices,
         "ranges": [(key, label) for key, label, _ in RANGES],
         "pages": shown,
     }

@@ -234,7 +234,7 @@ def write_lean(
             return {"decision": "deny", "reason": reason, **detail}
         return {"decision": "deny", "reason": "limit_store_unavailable", "retry_after": 1}
     if decision == Decision.DENY:
-        return {"decision": "deny", "reason": reason, **detail}
+        return {"decision": "deny", "reason": reason, **detail, "decision_id": str(row_id)}
     if not inserted:
         # The same call allowed meanwhile (a retry racing itself): the first allow stands; this
         # debit stays counted, erring toward refusal.

@@ -55,7 +55,7 @@ def test_a_kill_switch_leaves_history_and_its_refusals_are_found(new_page, contr
     page.get_by_label("Tool").fill("ledger.post")
     page.get_by_label("Reason").select_option("halted")
     page.get_by_label("Tool").press("Enter")  # the form submits from the keyboard
-    expect(page).to_have_url("/fleet/denials/?tool=ledger.post&agent=&reason=halted&since=")
+    expect(page).to_have_url("/fleet/denials/?tool=ledger.post&agent=&reason=halted&source=&since=")
     found = page.locator('#denials-table tr[data-tool="ledger.post"]')
     expect(found.first).to_contain_text("reconciliation mismatch")
     expect(found.first).to_contain_text("ops-bot")

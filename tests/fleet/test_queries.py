@@ -56,7 +56,12 @@ def test_insert_decision_keeps_one_allow_per_call_and_every_refusal(tenants: tup
         assert set(rows) == {first_id, refusal_id}
         assert rows[first_id].answer() == {"decision": "allow", "authorization_id": str(first_id)}
         assert rows[first_id].debits == [{"kind": "budget", "limit": "daily", "scope": "fleet", "amount": 5}]
-        assert rows[refusal_id].answer() == {"decision": "deny", "reason": "halted", "retry_after": None}
+        assert rows[refusal_id].answer() == {
+            "decision": "deny",
+            "reason": "halted",
+            "retry_after": None,
+            "decision_id": str(refusal_id),
+        }
         assert rows[refusal_id].idempotency_key == call.idempotency_key
     with tenant_context(other):
         assert [row.pk for row in GateDecision.objects.all()] == [elsewhere_id]

@@ -93,7 +93,9 @@ def test_gauges_show_used_over_cap_and_denials_their_reason(alice: Person) -> No
             "text": "40,000 / 50,000",
         }
         denial = re.search(
-            r'<tr data-reason="budget_exceeded" data-tool="stripe.charge">.*?</tr>', body, re.S
+            r'<tr data-reason="budget_exceeded" data-tool="stripe.charge" data-source="server">.*?</tr>',
+            body,
+            re.S,
         )
         assert denial and "budget &#x27;daily stripe&#x27; (fleet): 20,000 asked, 10,000 left" in denial[0]
     fragment = owner.get(reverse("fleet-controls")).content.decode()
