@@ -98,6 +98,27 @@ def tenant_context(tenant: Tenant) -> Iterator[Tenant]:
                 _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
 
 
+def require_tenant(tenant: Tenant) -> Tenant:
+    """Assert that the caller entered `tenant` (services and actions: the transport enters it once,
+    the view mixin, `tenants.entry.tenant_task` or `tenants.entry.command_tenant`; an action never
+    opens a scope of its own). Scoped means `tenant` is the ORM's active tenant and Postgres sees it
+    too: inside a transaction (the `tenant_context` that set it) or a statement-scoped block whose
+    statements each carry it (`tenant_statements`). No round trip. Raises TenantScopeError."""
+    active = _current_tenant.get()
+    if active is None or active.pk != tenant.pk:
+        raise TenantScopeError(
+            f"tenant {tenant.pk} is not the active one: enter it at the transport "
+            "(view mixin, tenant_task, command_tenant, or tenant_context in a test)"
+        )
+    if not connection.in_atomic_block and not _statements_carry_tenant():
+        raise TenantScopeError(f"tenant {tenant.pk} is active outside a transaction")
+    return tenant
+
+
+def _statements_carry_tenant() -> bool:
+    return any(getattr(wrapper, "carries_tenant", False) for wrapper in connection.execute_wrappers)
+
+
 @contextmanager
 def joined_tenant_context(tenant: Tenant) -> Iterator[Tenant]:
     """`tenant_context`, except inside a transaction that already runs as `tenant` (a view's):
@@ -130,7 +151,7 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
         return
     import psycopg
 
-    if any(getattr(wrapper, "carries_tenant", False) for wrapper in connection.execute_wrappers):
+    if _statements_carry_tenant():
         # Nested in another statement-scoped block on this connection: its wrapper already sends
         # the tenant active at each statement (a second wrapper would prefix the outer one's
         # set_config last, and every statement in here would run as the outer tenant).
@@ -149,9 +170,7 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
         # this one must run its statements as its own tenant; none active runs as no tenant.
         nonlocal sent_in_transaction
         active = _current_tenant.get()
-        prefix = (
-            f"SELECT set_config('{TENANT_SETTING}', '{int(active.pk) if active is not None else ''}', true); "
-        )
+        prefix = statement_prefix(active.pk if active is not None else None)
         raw = context["cursor"].cursor
         in_transaction = connection.in_atomic_block
         sent_in_transaction = sent_in_transaction or in_transaction
@@ -176,6 +195,20 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
             # A caller's transaction (a test's) would keep the SET LOCAL after the block.
             previous = _current_tenant.get()
             _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
+
+
+def statement_prefix(tenant_pk: int | None, *, synchronous_commit_off: bool = False) -> str:
+    """The statement-scoped fast path's one piece of SQL (Postgres): `SELECT set_config(...); `
+    sent in the same simple-protocol message as the statement after it, so that statement runs as
+    the tenant (row-level security) in the message's implicit transaction, or the caller's, and
+    the setting ends with it. Used by `tenant_statements` for every statement of its block and by
+    hand-written batches (fleet's ledger insert). `synchronous_commit_off`: that transaction's
+    commit does not wait for the WAL flush (a row worth no fsync). No tenant: runs as none."""
+    tenant = str(int(tenant_pk)) if tenant_pk is not None else ""
+    settings = f"set_config('{TENANT_SETTING}', '{tenant}', true)"
+    if synchronous_commit_off:
+        settings += ", set_config('synchronous_commit', 'off', true)"
+    return f"SELECT {settings}; "
 
 
 class NeedsDatabase(Exception):

@@ -2,7 +2,7 @@
 costs the hot path more than the statement itself. Each query answers the same on Postgres and
 SQLite (tests/fleet/test_queries.py runs each on both), and each takes the tenant as its first
 argument: its rows are the tenant's, and on Postgres its row-level security setting is set by the
-same statement (`_ON_POSTGRES`), so no caller adds a tenant filter by hand.
+same statement (core.scoping's `statement_prefix`), so no caller adds a tenant filter by hand.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection
 
-from core.scoping import TENANT_SETTING
+from core.scoping import statement_prefix
 from core.sql import is_postgres
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
@@ -44,11 +44,9 @@ _ONCE = "ON CONFLICT (tenant_id, idempotency_key) WHERE decision = 'allow' DO NO
 # keeps its own GATE_DENY): its commit does not wait for the WAL flush (synchronous_commit off
 # for that transaction alone), so refusals cost no fsync; an allow's commits as the server is
 # configured (waiting for the flush, and for synchronous standbys where there are).
+# The settings are core.scoping's statement prefix, the one statement-scoped path.
 _ON_POSTGRES = (
-    f"SELECT set_config('{TENANT_SETTING}', %s, true), "
-    "set_config('synchronous_commit', coalesce(%s, current_setting('synchronous_commit')), true); "
-    + _INSERT.format(values="%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s")
-    + _ONCE
+    _INSERT.format(values="%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s") + _ONCE
 )
 _ON_SQLITE = _INSERT.format(values=", ".join(["%s"] * len(_LEDGER_COLUMNS))) + _ONCE
 
@@ -91,8 +89,9 @@ def insert_decision(
     ]
     with connection.cursor() as cursor:
         if is_postgres():
-            durable = None if decision == Decision.ALLOW else "off"  # an allow: as configured
-            cursor.execute(_ON_POSTGRES, [str(tenant_id), durable, *values])
+            # An allow commits as configured; a refusal does not wait for the flush.
+            prefix = statement_prefix(tenant_id, synchronous_commit_off=decision != Decision.ALLOW)
+            cursor.execute(prefix + _ON_POSTGRES, values)
             cursor.nextset()
         else:
             values[0] = row_id.hex  # how Django stores a UUID there

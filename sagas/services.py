@@ -23,7 +23,7 @@ from sagaplane.events import Event
 from audit.hooks import AppendedRecords, OnStored
 from audit.jsonvalues import index_json, index_text
 from core.postcommit import after_commit
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from sagas import queries
 from sagas.models import AGENT_NAME_MAX, Saga, SagaStatus, Step, StepStatus
 from tenants.models import Tenant
@@ -301,35 +301,35 @@ def rebuild_saga(tenant: Tenant, saga_id: str) -> None:
     """Recompute one saga from its records (after an erasure changed what they say)."""
     from audit.models import Record
 
-    with tenant_context(tenant):
-        Saga.objects.filter(saga_id=saga_id).delete()
-        records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
-        payloads = _payloads_for(records)
-        apply_records(tenant, [(r, payloads.get(r.pk)) for r in records])
+    require_tenant(tenant)
+    Saga.objects.filter(saga_id=saga_id).delete()
+    records = list(Record.objects.select_related("stream").filter(saga_id=saga_id).order_by("leaf_index"))
+    payloads = _payloads_for(records)
+    apply_records(tenant, [(r, payloads.get(r.pk)) for r in records])
 
 
 def rebuild_tenant(tenant: Tenant, *, chunk: int = 2000) -> int:
     """Drop and recompute the tenant's whole projection from its records, in leaf order."""
     from audit.models import Record
 
-    with tenant_context(tenant):
-        Step.objects.all().delete()
-        Saga.objects.all().delete()
-        done = 0
-        last = -1
-        while True:
-            records = list(
-                Record.objects.select_related("stream")
-                .filter(leaf_index__gt=last)
-                .exclude(saga_id="")
-                .order_by("leaf_index")[:chunk]
-            )
-            if not records:
-                return done
-            payloads = _payloads_for(records)
-            apply_records(tenant, [(r, payloads.get(r.pk)) for r in records])
-            done += len(records)
-            last = records[-1].leaf_index
+    require_tenant(tenant)
+    Step.objects.all().delete()
+    Saga.objects.all().delete()
+    done = 0
+    last = -1
+    while True:
+        records = list(
+            Record.objects.select_related("stream")
+            .filter(leaf_index__gt=last)
+            .exclude(saga_id="")
+            .order_by("leaf_index")[:chunk]
+        )
+        if not records:
+            return done
+        payloads = _payloads_for(records)
+        apply_records(tenant, [(r, payloads.get(r.pk)) for r in records])
+        done += len(records)
+        last = records[-1].leaf_index
 
 
 # -- live events -----------------------------------------------------------------------------------

@@ -11,13 +11,14 @@ from celery import shared_task
 from slack_sdk.errors import SlackRequestError
 
 from slackapp import decisions, handlers, services
+from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
 
 def _tenant(tenant_id: int) -> Tenant | None:
-    return Tenant.objects.filter(pk=tenant_id).first()
+    return tenant_by_id(tenant_id)
 
 
 @shared_task(name="slackapp.handle_interaction", ignore_result=True)
@@ -52,22 +53,20 @@ _RETRY: dict[str, Any] = {
 }
 
 
+# Each waits on Slack between its transactions: the tenant is looked up, not entered.
 @shared_task(name="slackapp.post_request", ignore_result=True, **_RETRY)
-def post_request(tenant_id: int, request_id: str) -> None:
-    tenant = _tenant(tenant_id)
-    if tenant is not None:
-        decisions.post_request(tenant, request_id)
+@tenant_task(transaction=False)
+def post_request(tenant: Tenant, request_id: str) -> None:
+    decisions.post_request(tenant, request_id)
 
 
 @shared_task(name="slackapp.refresh_request", ignore_result=True, **_RETRY)
-def refresh_request(tenant_id: int, request_id: str) -> None:
-    tenant = _tenant(tenant_id)
-    if tenant is not None:
-        decisions.refresh_request(tenant, request_id)
+@tenant_task(transaction=False)
+def refresh_request(tenant: Tenant, request_id: str) -> None:
+    decisions.refresh_request(tenant, request_id)
 
 
 @shared_task(name="slackapp.notify_request", ignore_result=True, **_RETRY)
-def notify_request(tenant_id: int, request_id: str, kind: str, detail: dict[str, Any]) -> None:
-    tenant = _tenant(tenant_id)
-    if tenant is not None:
-        decisions.notify(tenant, request_id, kind, detail)
+@tenant_task(transaction=False)
+def notify_request(tenant: Tenant, request_id: str, kind: str, detail: dict[str, Any]) -> None:
+    decisions.notify(tenant, request_id, kind, detail)

@@ -115,7 +115,10 @@ PUBLIC_MODULES = frozenset({"services", "selectors", "hooks", "models", "apps"})
 GROUND = frozenset(
     ["core"]
     + [name for _, names in LAYERS[:2] for name in names if name.split(".")[0] == "controlplane"]
-    + [f"tenants.{name}" for name in ("access", "permissions", "actors", "authentication", "fastroute")]
+    + [
+        f"tenants.{name}"
+        for name in ("access", "permissions", "actors", "authentication", "fastroute", "entry")
+    ]
 )
 # (importing module, imported module) pairs that pass another app's public modules today, each
 # with why. The list only shrinks: fix the import, then delete its entry.
@@ -347,3 +350,127 @@ def test_an_import_past_the_public_modules_is_reported(
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert imports_past_public_modules() == {("frontend.page", "fleet.stores"): ["frontend/page.py:4"]}
+
+
+# -- entering a tenant --------------------------------------------------------------------------
+# A tenant is entered once per transport (docs/ARCHITECTURE.md §1): a request by the view mixin, a
+# Celery task by tenants.entry.tenant_task, a command by tenants.entry.command_tenant; services and
+# actions assert the scope (core.scoping.require_tenant) and never open one. `tenant_context` (and
+# `joined_tenant_context`) appear only in the mechanism and the transports; a walker that crosses
+# tenants on purpose (a beat task: the sweeps, the integrator) is a task entering one after another.
+ENTERS_TENANTS = ("tenant_context", "joined_tenant_context")
+TRANSPORT_SUFFIXES = ("tasks", "api", "views", "consumers")
+TENANT_ENTRY_MODULES: dict[str, str] = {
+    "core.scoping": "the mechanism",
+    "tenants.entry": "the task decorator and the command helper",
+    "tenants.permissions": "the view mixin",
+    "tenants.authentication": "an API key is looked up before its tenant is known, then entered",
+    "transparency.lean": "the proofs' fast route (a transport beside the view mixin)",
+}
+# Services and actions that still open a scope of their own. The list only shrinks: make the
+# transports that call the module enter the tenant, assert it in the module, delete the entry.
+NOT_YET_CONVERTED: frozenset[str] = frozenset(
+    {
+        "approvals.actions.external",
+        "approvals.actions.policies",
+        "approvals.actions.sweep",
+        "approvals.actions.votes",
+        "approvals.compat",
+        "audit.actions.erasure",
+        "audit.actions.ingest",
+        "audit.actions.server_stream",
+        "fleet.actions.breaker_states",
+        "fleet.actions.breakers",
+        "fleet.actions.changes",
+        "fleet.actions.decision",
+        "fleet.actions.halts",
+        "fleet.actions.lease_settlement",
+        "fleet.actions.leases",
+        "fleet.actions.ledger",
+        "fleet.actions.quarantine",
+        "fleet.actions.reservations",
+        "fleet.actions.settings",
+        "fleet.actions.store",
+        "fleet.actions.writers",
+        "reconciliation.services",
+        "recovery.actions.claims",
+        "recovery.actions.decisions",
+        "recovery.actions.results",
+        "recovery.actions.takeover",
+        "recovery.actions.webhooks",
+        "slackapp.actions.installations",
+        "slackapp.actions.links",
+        "slackapp.actions.messages",
+        "slackapp.actions.oauth",
+        "slackapp.decisions",
+        "slackapp.handlers",
+        "slackapp.hooks",
+        "tenants.selectors",
+        "tenants.services",
+        "transparency.actions.exports",
+        "transparency.actions.integration",
+        "transparency.actions.rotation",
+        "transparency.actions.seals",
+        "transparency.actions.signing",
+        "transparency.bundles",
+        "transparency.cosigning",
+        "transparency.selectors",
+        "transparency.witnesses",
+    }
+)
+
+
+def _is_transport(module: str) -> bool:
+    parts = module.split(".")
+    return (
+        module in TENANT_ENTRY_MODULES
+        or parts[0] in ("frontend", "controlplane")  # pages and wiring: requests
+        or "commands" in parts[:-1]  # management commands
+        or parts[-1] in TRANSPORT_SUFFIXES
+        or parts[-1].endswith("_views")
+    )
+
+
+def _enters_tenants(path: Path) -> list[int]:
+    """Lines of `path` that name `tenant_context` or `joined_tenant_context` (a call, an import)."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if (isinstance(node, ast.Name) and node.id in ENTERS_TENANTS)
+        or (isinstance(node, ast.Attribute) and node.attr in ENTERS_TENANTS)
+        or (isinstance(node, ast.ImportFrom) and any(a.name in ENTERS_TENANTS for a in node.names))
+    )
+
+
+def modules_entering_tenants() -> dict[str, list[str]]:
+    """module -> where, for every module other than a transport or a walker that enters a tenant."""
+    return {
+        module: [f"{path.relative_to(ROOT)}:{line}" for line in lines]
+        for module, path in _modules()
+        if "migrations" not in module.split(".") and not _is_transport(module)
+        for lines in [_enters_tenants(path)]
+        if lines
+    }
+
+
+def test_services_assert_the_tenant_instead_of_entering_it() -> None:
+    new = {m: where for m, where in modules_entering_tenants().items() if m not in NOT_YET_CONVERTED}
+    assert new == {}, "enter the tenant at the transport; assert it with core.scoping.require_tenant"
+
+
+def test_the_unconverted_services_only_shrink() -> None:
+    gone = sorted(NOT_YET_CONVERTED - set(modules_entering_tenants()))
+    assert gone == [], "these modules enter no tenant now: delete their NOT_YET_CONVERTED entries"
+
+
+def test_a_service_entering_a_tenant_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sagas" / "management" / "commands").mkdir(parents=True)
+    (tmp_path / "sagas" / "fresh.py").write_text(
+        "from core import scoping\n\ndef f(t):\n    with scoping.tenant_context(t):\n        pass\n"
+    )
+    (tmp_path / "sagas" / "tasks.py").write_text("from core.scoping import tenant_context\n")
+    (tmp_path / "sagas" / "management" / "commands" / "go.py").write_text(
+        "from core.scoping import joined_tenant_context\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert modules_entering_tenants() == {"sagas.fresh": ["sagas/fresh.py:4"]}

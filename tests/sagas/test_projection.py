@@ -97,7 +97,8 @@ def test_rebuild_equals_incremental(tenant_a: Tenant, tenant_b: Tenant) -> None:
     services.ingest(tenant_b, "r1", chain(saga_records("b1")), actor="test")
     incremental_a, incremental_b = _dump(tenant_a), _dump(tenant_b)
     assert len(incremental_a[0]) == 4 and incremental_a[1]
-    rebuild_tenant(tenant_a, chunk=3)
+    with tenant_context(tenant_a):
+        rebuild_tenant(tenant_a, chunk=3)
     assert _dump(tenant_a) == incremental_a
     call_command("rebuild_sagas", "--tenant", "acme")
     assert _dump(tenant_a) == incremental_a

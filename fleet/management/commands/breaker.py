@@ -3,11 +3,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import DomainError
-from core.scoping import tenant_context
 from fleet import services
-from fleet.management.commands._common import refused, tenant_by_slug
+from fleet.management.commands._common import refused
 from fleet.models import CircuitBreaker
 from tenants.actors import cli_actor
+from tenants.entry import command_tenant
 
 
 class Command(BaseCommand):
@@ -29,32 +29,35 @@ class Command(BaseCommand):
         delete.add_argument("--name", required=True)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenant = tenant_by_slug(options["tenant"])
-        action = options["action"]
-        try:
-            if action == "create":
-                fields = {
-                    "name": options["name"],
-                    "tool": options["tool"],
-                    "consecutive_failures": options["consecutive_failures"],
-                    "failure_rate": options["failure_rate"],
-                    "min_volume": options["min_volume"],
-                    "window_s": options["window"],
-                    "cool_down_s": options["cool_down"],
-                }
-                row = services.create_breaker(tenant, services.BreakerCreate.parse(fields), actor=cli_actor())
-                self.stdout.write(f"breaker {row.name} on {row.tool} created for {tenant.slug} (id {row.pk})")
-                return
-            with tenant_context(tenant):
+        with command_tenant(options["tenant"]) as tenant:
+            action = options["action"]
+            try:
+                if action == "create":
+                    fields = {
+                        "name": options["name"],
+                        "tool": options["tool"],
+                        "consecutive_failures": options["consecutive_failures"],
+                        "failure_rate": options["failure_rate"],
+                        "min_volume": options["min_volume"],
+                        "window_s": options["window"],
+                        "cool_down_s": options["cool_down"],
+                    }
+                    row = services.create_breaker(
+                        tenant, services.BreakerCreate.parse(fields), actor=cli_actor()
+                    )
+                    self.stdout.write(
+                        f"breaker {row.name} on {row.tool} created for {tenant.slug} (id {row.pk})"
+                    )
+                    return
                 rows = list(CircuitBreaker.objects.order_by("name"))
-            if action == "list":
-                for row in rows:
-                    self.stdout.write(f"{row.name}\t{row.tool}\t{services.breaker_phase(row)}")
-                return
-            match = [row for row in rows if row.name == options["name"]]
-            if not match:
-                raise CommandError(f"name: no breaker named '{options['name']}'")
-            services.delete_breaker(tenant, match[0].pk, actor=cli_actor())
-            self.stdout.write(f"breaker {options['name']} deleted for {tenant.slug}")
-        except DomainError as exc:
-            raise refused(exc) from None
+                if action == "list":
+                    for row in rows:
+                        self.stdout.write(f"{row.name}\t{row.tool}\t{services.breaker_phase(row)}")
+                    return
+                match = [row for row in rows if row.name == options["name"]]
+                if not match:
+                    raise CommandError(f"name: no breaker named '{options['name']}'")
+                services.delete_breaker(tenant, match[0].pk, actor=cli_actor())
+                self.stdout.write(f"breaker {options['name']} deleted for {tenant.slug}")
+            except DomainError as exc:
+                raise refused(exc) from None

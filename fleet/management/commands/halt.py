@@ -4,8 +4,9 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from core.errors import DomainError
 from fleet import services
-from fleet.management.commands._common import refused, tenant_by_slug
+from fleet.management.commands._common import refused
 from tenants.actors import cli_actor
+from tenants.entry import command_tenant
 
 
 class Command(BaseCommand):
@@ -19,21 +20,21 @@ class Command(BaseCommand):
         parser.add_argument("--ttl", type=int, default=None, help="lift by itself after this many seconds")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenant = tenant_by_slug(options["tenant"])
-        try:
-            row = services.halt(
-                tenant,
-                services.HaltCreate.parse(
-                    {
-                        "scope": options["scope"],
-                        "reason": options["reason"],
-                        "mode": options["mode"],
-                        "ttl_s": options["ttl"],
-                    }
-                ),
-                actor=cli_actor(),
-            )
-        except DomainError as exc:
-            raise refused(exc) from None
-        until = f" until {row.expires_at.isoformat()}" if row.expires_at else ""
-        self.stdout.write(f"{row.mode} {row.scope} in force for {tenant.slug}{until} (id {row.pk})")
+        with command_tenant(options["tenant"]) as tenant:
+            try:
+                row = services.halt(
+                    tenant,
+                    services.HaltCreate.parse(
+                        {
+                            "scope": options["scope"],
+                            "reason": options["reason"],
+                            "mode": options["mode"],
+                            "ttl_s": options["ttl"],
+                        }
+                    ),
+                    actor=cli_actor(),
+                )
+            except DomainError as exc:
+                raise refused(exc) from None
+            until = f" until {row.expires_at.isoformat()}" if row.expires_at else ""
+            self.stdout.write(f"{row.mode} {row.scope} in force for {tenant.slug}{until} (id {row.pk})")

@@ -4,8 +4,9 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from core.errors import DomainError
 from fleet import services
-from fleet.management.commands._common import refused, tenant_by_slug
+from fleet.management.commands._common import refused
 from tenants.actors import cli_actor
+from tenants.entry import command_tenant
 
 
 class Command(BaseCommand):
@@ -22,16 +23,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenant = tenant_by_slug(options["tenant"])
-        try:
-            row = services.quarantine(
-                tenant,
-                options["saga_id"],
-                actor=cli_actor(),
-                reason=options["reason"],
-                preemptive=options["preemptive"],
-            )
-        except DomainError as exc:
-            raise refused(exc) from None
-        preemptive = " (preemptively: no record of it yet)" if row.preemptive else ""
-        self.stdout.write(f"saga {row.saga_id} of {tenant.slug} is quarantined{preemptive}")
+        with command_tenant(options["tenant"]) as tenant:
+            try:
+                row = services.quarantine(
+                    tenant,
+                    options["saga_id"],
+                    actor=cli_actor(),
+                    reason=options["reason"],
+                    preemptive=options["preemptive"],
+                )
+            except DomainError as exc:
+                raise refused(exc) from None
+            preemptive = " (preemptively: no record of it yet)" if row.preemptive else ""
+            self.stdout.write(f"saga {row.saga_id} of {tenant.slug} is quarantined{preemptive}")

@@ -3,8 +3,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from fleet import services
-from fleet.management.commands._common import tenant_by_slug
 from fleet.stores import RedisStore
+from tenants.entry import tenant_by_slug
 from tenants.models import Tenant
 
 

@@ -3,10 +3,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import DomainError
-from core.scoping import tenant_context
 from fleet import services
-from fleet.management.commands._common import refused, tenant_by_slug
+from fleet.management.commands._common import refused
 from tenants.actors import cli_actor
+from tenants.entry import command_tenant
 
 
 class Command(BaseCommand):
@@ -19,18 +19,17 @@ class Command(BaseCommand):
         which.add_argument("--scope", help="lift every halt in force with exactly this scope")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenant = tenant_by_slug(options["tenant"])
-        if options["id"] is not None:
-            ids = [options["id"]]
-        else:
-            with tenant_context(tenant):
+        with command_tenant(options["tenant"]) as tenant:
+            if options["id"] is not None:
+                ids = [options["id"]]
+            else:
                 ids = [h.pk for h in services.halts_in_force() if h.scope == options["scope"]]
-            if not ids:
-                raise CommandError(f"scope: no halt in force with scope '{options['scope']}'")
-        for halt_id in ids:
-            try:
-                lifted = services.resume(tenant, halt_id, actor=cli_actor())
-            except DomainError as exc:
-                raise refused(exc) from None
-            state = "lifted" if lifted is not None else "was not in force: nothing changed"
-            self.stdout.write(f"halt {halt_id} of {tenant.slug} {state}")
+                if not ids:
+                    raise CommandError(f"scope: no halt in force with scope '{options['scope']}'")
+            for halt_id in ids:
+                try:
+                    lifted = services.resume(tenant, halt_id, actor=cli_actor())
+                except DomainError as exc:
+                    raise refused(exc) from None
+                state = "lifted" if lifted is not None else "was not in force: nothing changed"
+                self.stdout.write(f"halt {halt_id} of {tenant.slug} {state}")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
+from core.scoping import tenant_context
 from sagas.services import rebuild_tenant
+from tenants.entry import tenant_by_slug
 from tenants.models import Tenant
 
 
@@ -17,11 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="slug of the one tenant to rebuild (default: all)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenants = Tenant.objects.order_by("pk")
-        if options.get("tenant"):
-            tenants = tenants.filter(slug=options["tenant"])
-            if not tenants.exists():
-                raise CommandError(f"no tenant '{options['tenant']}'")
-        for tenant in tenants:
-            count = rebuild_tenant(tenant)
+        slug = options.get("tenant")
+        tenants = [tenant_by_slug(slug)] if slug else list(Tenant.objects.order_by("pk"))
+        for tenant in tenants:  # each in its own transaction
+            with tenant_context(tenant):
+                count = rebuild_tenant(tenant)
             self.stdout.write(f"{tenant.slug}: {count} saga record(s) replayed")

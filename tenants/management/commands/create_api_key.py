@@ -5,7 +5,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from core.errors import DomainError
 from tenants import services
 from tenants.actors import cli_actor
-from tenants.models import Scope, Tenant
+from tenants.entry import command_tenant
+from tenants.models import Scope
 
 
 class Command(BaseCommand):
@@ -21,14 +22,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenant = Tenant.objects.filter(slug=options["tenant"]).first()
-        if tenant is None:
-            raise CommandError(f"tenant: no tenant with slug '{options['tenant']}'")
         scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]
         try:
-            api_key, raw_key = services.create_api_key(
-                tenant, name=options["name"], scopes=scopes, actor=cli_actor()
-            )
+            with command_tenant(options["tenant"]) as tenant:
+                api_key, raw_key = services.create_api_key(
+                    tenant, name=options["name"], scopes=scopes, actor=cli_actor()
+                )
         except DomainError as exc:
             raise CommandError(f"{exc.field}: {exc}") from exc
         self.stdout.write(f"created API key '{api_key.name}' with scopes {','.join(api_key.scopes)}")

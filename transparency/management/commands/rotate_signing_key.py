@@ -1,10 +1,9 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
-from core.scoping import tenant_context
 from tenants.actors import cli_actor
-from tenants.models import Tenant
+from tenants.entry import command_tenant
 from transparency import services
 
 
@@ -23,20 +22,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenant = Tenant.objects.filter(slug=options["tenant"]).first()
-        if tenant is None:
-            raise CommandError(f"tenant: no tenant with slug '{options['tenant']}'")
-        if options["finish"]:
-            retired = services.finish_key_rotation(tenant, actor=cli_actor())
-            if retired:
-                self.stdout.write(f"retired {retired} key(s) of {tenant.slug}; the active key signs alone")
-            else:
-                self.stdout.write(f"no rotation under way for {tenant.slug}: nothing changed")
-            return
-        key = services.rotate_signing_key(tenant, actor=cli_actor())
+        with command_tenant(options["tenant"]) as tenant:
+            if options["finish"]:
+                retired = services.finish_key_rotation(tenant, actor=cli_actor())
+                if retired:
+                    self.stdout.write(
+                        f"retired {retired} key(s) of {tenant.slug}; the active key signs alone"
+                    )
+                else:
+                    self.stdout.write(f"no rotation under way for {tenant.slug}: nothing changed")
+                return
+            key = services.rotate_signing_key(tenant, actor=cli_actor())
+            verifier_keys = services.current_verifier_keys()
         self.stdout.write(f"new signing key {key.key_id} is active for {tenant.slug}; the old key co-signs")
         self.stdout.write("verifier keys (give the new one to verifiers, then run again with --finish):")
-        with tenant_context(tenant):
-            verifier_keys = services.current_verifier_keys()
         for verifier_key in verifier_keys:
             self.stdout.write(verifier_key)
