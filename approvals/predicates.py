@@ -1,8 +1,9 @@
 """The small predicate language of approval policies: JSON data, validated, never evaluated as code.
 
 A policy's `predicates` is a list; the call matches when every item holds. An item is either a
-comparison `{"arg": <name>, "op": <op>, "value": <value>}` or `{"any": [<item>, ...]}` (at least
-one holds). Operators:
+comparison `{"arg": <name>, "op": <op>, "value": <value>}`, a group `{"any": [<item>, ...]}` (at least
+one holds) or `{"all": [<item>, ...]}` (every one holds: `(a and b) or c` is
+`[{"any": [{"all": [a, b]}, c]}]`); groups nest at most two deep. Operators:
 
 - `>`, `>=`, `<`, `<=`, `==`, `!=` against a number (`==` / `!=` also against a string or a bool);
 - `in`, `not_in` against a list of at most 200 strings, numbers or bools;
@@ -26,6 +27,7 @@ COMPARISONS = (">", ">=", "<", "<=", "==", "!=")
 MEMBERSHIP = ("in", "not_in")
 DOMAINS = ("domain_in", "domain_not_in")
 OPS = COMPARISONS + MEMBERSHIP + DOMAINS
+GROUPS = ("any", "all")
 MAX_ITEMS = 20
 MAX_LIST = 200
 MAX_DEPTH = 3
@@ -78,16 +80,17 @@ def validate(predicates: Any, *, depth: int = 0, where: str = "predicates") -> l
         here = f"{where}[{n}]"
         if not isinstance(item, dict):
             raise InvalidPredicate(f"{here}: an object")
-        if set(item) == {"any"}:
+        if len(item) == 1 and set(item) <= set(GROUPS):
+            (kind,) = item
             if depth + 1 >= MAX_DEPTH:
                 raise InvalidPredicate(f"{here}: nested at most {MAX_DEPTH - 1} levels deep")
-            inner = validate(item["any"], depth=depth + 1, where=f"{here}.any")
+            inner = validate(item[kind], depth=depth + 1, where=f"{here}.{kind}")
             if not inner:
-                raise InvalidPredicate(f"{here}.any: at least one predicate")
-            out.append({"any": inner})
+                raise InvalidPredicate(f"{here}.{kind}: at least one predicate")
+            out.append({kind: inner})
             continue
         if set(item) != {"arg", "op", "value"}:
-            raise InvalidPredicate(f'{here}: {{"arg", "op", "value"}} or {{"any": [...]}}')
+            raise InvalidPredicate(f'{here}: {{"arg", "op", "value"}}, {{"any": [...]}} or {{"all": [...]}}')
         arg, op, value = item["arg"], item["op"], item["value"]
         if not isinstance(arg, str) or not 0 < len(arg) <= NAME_MAX or "\x00" in arg:
             raise InvalidPredicate(f"{here}.arg: an argument name of 1 to {NAME_MAX} characters")
@@ -139,6 +142,8 @@ def _equal(left: Any, right: Any) -> bool:
 def _holds(item: Mapping[str, Any], args: Mapping[str, Any]) -> bool:
     if "any" in item:
         return any(_holds(inner, args) for inner in item["any"])
+    if "all" in item:
+        return all(_holds(inner, args) for inner in item["all"])
     name, op, value = item["arg"], item["op"], item["value"]
     if name not in args:
         return True  # unknown: ask

@@ -5,12 +5,16 @@ check it: one validation), and a policy's terms back to rows for its Edit form.
 
 Nothing is typed as JSON. A value is read as a number when it spells one (`10000`, `2.5`), as
 true or false when it says so, else as text; a list (`is one of`, domains) is comma-separated.
-Rows joined by "or" form an `{"any": [...]}` group. A policy whose predicates nest a group in a
-group (only the API can make one) keeps them: its form shows them and changes the rest.
+Rows joined by "or" form an `{"any": [...]}` group. A group of rows ("all of" or "any of" them:
+`{"all": [...]}` / `{"any": [...]}`) takes a row's place in that chain, so `(a and b) or c` is a
+group of a and b with c joined by "or". A policy whose predicates the rows cannot show as they are
+(a group in a group, only the API can make one) keeps them: its form shows them read-only and
+changes the rest.
 
-The rows are plain form fields (`c<n>_arg`, `c<n>_op`, `c<n>_value`, `c<n>_join`; `e<n>_after`,
-`e<n>_roles`, `e<n>_members`) with their count in `conditions` / `levels`; adding or removing a
-row is a submit button (`builder`), so the builder needs no script under the CSP.
+The rows are plain form fields (`c<n>_arg`, `c<n>_op`, `c<n>_value`, `c<n>_join`, `c<n>_group`;
+`g<k>_mode`; `e<n>_after`, `e<n>_roles`, `e<n>_members`) with their count in `conditions` /
+`levels`; adding or removing a row or a group is a submit button (`builder`), so the builder needs
+no script under the CSP.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from core.errors import DomainError
 from core.numbers import ascii_int
 
 MAX_CONDITIONS = 20
+MAX_GROUPS = 10
+GROUP_MODES = [("all", "all of these hold"), ("any", "any of these holds")]
 MAX_LEVELS = 5
 MINUTES_MAX_DIGITS = 8
 # (operator, how it reads, what its value is: "number", "scalar", "list" or "domains")
@@ -53,6 +59,29 @@ class Builder:
     conditions: list[dict[str, Any]] = field(default_factory=list)
     levels: list[dict[str, Any]] = field(default_factory=list)
     kept: list[dict[str, Any]] | None = None  # predicates the rows cannot show, kept as they are
+    modes: dict[int, str] = field(default_factory=dict)  # each group's "all" or "any"
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The rows as the form shows them: a row alone (`group` None) or a group with its rows
+        and its place among the groups (`number`, from 1), each row with its index `n`, in order
+        (a group where its first row is)."""
+        shown: list[dict[str, Any]] = []
+        groups: dict[int, dict[str, Any]] = {}
+        for n, row in enumerate(self.conditions):
+            k = row.get("group")
+            if k is None:
+                shown.append({"group": None, "rows": [{**row, "n": n}]})
+            elif k in groups:
+                groups[k]["rows"].append({**row, "n": n})
+            else:
+                groups[k] = {
+                    "group": k,
+                    "number": len(groups) + 1,
+                    "mode": self.modes.get(k, "all"),
+                    "rows": [{**row, "n": n}],
+                }
+                shown.append(groups[k])
+        return shown
 
 
 # ------------------------------------------------------------------------------- value spelling
@@ -85,6 +114,11 @@ def _count(post: Any, name: str, high: int) -> int:
     return min(ascii_int(str(post.get(name, "") or "").strip(), max_digits=3) or 0, high)
 
 
+def _group(post: Any, n: int) -> int | None:
+    k = ascii_int(str(post.get(f"c{n}_group", "") or "").strip(), max_digits=2)
+    return k if k is not None and 0 <= k < MAX_GROUPS else None
+
+
 def posted(post: Any) -> Builder:
     """The rows as posted (blank rows kept, so the form shows what was typed)."""
     conditions = [
@@ -93,9 +127,12 @@ def posted(post: Any) -> Builder:
             "op": str(post.get(f"c{n}_op", "") or "")[:20],
             "value": str(post.get(f"c{n}_value", "") or "")[:5000],
             "join": "or" if post.get(f"c{n}_join") == "or" and n > 0 else "and",
+            "group": _group(post, n),
         }
         for n in range(_count(post, "conditions", MAX_CONDITIONS))
     ]
+    groups = {_group(post, n) for n in range(len(conditions))}
+    modes = {k: "any" if post.get(f"g{k}_mode") == "any" else "all" for k in groups if k is not None}
     levels = [
         {
             "after": str(post.get(f"e{n}_after", "") or "")[:20],
@@ -104,29 +141,42 @@ def posted(post: Any) -> Builder:
         }
         for n in range(_count(post, "levels", MAX_LEVELS))
     ]
-    return Builder(conditions=conditions, levels=levels)
+    return Builder(conditions=conditions, levels=levels, modes=modes)
+
+
+def _blank(row: dict[str, Any]) -> bool:
+    return not row["arg"].strip() and not row["value"].strip()
+
+
+def _comparison(row: dict[str, Any]) -> dict[str, Any]:
+    op = row["op"]
+    if op in LIST_OPERATORS:
+        value: Any = [_value(v) for v in row["value"].split(",") if v.strip()]
+    elif op in NUMBER_OPERATORS:  # 10,000 and 10 000 read as the number they group
+        value = _value(re.sub(r"[ ,_]", "", row["value"]))
+    else:
+        value = _value(row["value"])
+    return {"arg": row["arg"].strip(), "op": op, "value": value}
 
 
 def predicates_of(builder: Builder) -> list[Any]:
-    """The predicate list the rows say (blank rows left out): each row a comparison, rows joined by
-    "or" one `any` group. The values are handed on as read; `approvals.predicates` judges them."""
-    groups: list[list[dict[str, Any]]] = []
-    for row in builder.conditions:
-        if not row["arg"].strip() and not row["value"].strip():
+    """The predicate list the rows say (blank rows, and groups of blank rows, left out): each row a
+    comparison, each group `{mode: [its rows]}`, rows and groups joined by "or" one `any` group.
+    The values are handed on as read; `approvals.predicates` judges them."""
+    runs: list[list[dict[str, Any]]] = []
+    for shown in builder.entries():
+        filled = [row for row in shown["rows"] if not _blank(row)]
+        if not filled:
             continue
-        op = row["op"]
-        if op in LIST_OPERATORS:
-            value: Any = [_value(v) for v in row["value"].split(",") if v.strip()]
-        elif op in NUMBER_OPERATORS:  # 10,000 and 10 000 read as the number they group
-            value = _value(re.sub(r"[ ,_]", "", row["value"]))
+        if shown["group"] is None:
+            item = _comparison(filled[0])
         else:
-            value = _value(row["value"])
-        item = {"arg": row["arg"].strip(), "op": op, "value": value}
-        if row["join"] == "or" and groups:
-            groups[-1].append(item)
+            item = {shown["mode"]: [_comparison(row) for row in filled]}
+        if shown["rows"][0]["join"] == "or" and runs:
+            runs[-1].append(item)
         else:
-            groups.append([item])
-    built: list[Any] = [g[0] if len(g) == 1 else {"any": g} for g in groups]
+            runs.append([item])
+    built: list[Any] = [run[0] if len(run) == 1 else {"any": run} for run in runs]
     return (builder.kept or []) + built
 
 
@@ -160,28 +210,47 @@ def escalation_of(builder: Builder, ttl_s: int) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------- body → rows
 
 
-def _rows(predicates: list[Any]) -> list[dict[str, Any]] | None:
-    """The rows showing `predicates`, or None when a group nests a group."""
+def _row(item: dict[str, Any], join: str, group: int | None) -> dict[str, Any]:
+    return {
+        "arg": item["arg"],
+        "op": item["op"],
+        "value": _spelled(item["value"]),
+        "join": join,
+        "group": group,
+    }
+
+
+def _kind(item: dict[str, Any]) -> str | None:
+    """The item's group kind ("any", "all"), or None for a comparison."""
+    return next((kind for kind in ("any", "all") if kind in item), None)
+
+
+def _rows(predicates: list[Any]) -> tuple[list[dict[str, Any]], dict[int, str]] | None:
+    """The rows (and their groups' modes) that give `predicates` back exactly, or None when the
+    rows cannot: a group holding a group, unless it is an "or" chain of two or more."""
     rows: list[dict[str, Any]] = []
+    modes: dict[int, str] = {}
     for item in predicates:
-        items = item.get("any", [item])
-        if any("any" in inner for inner in items):
-            return None
-        for n, inner in enumerate(items):
-            rows.append(
-                {
-                    "arg": inner["arg"],
-                    "op": inner["op"],
-                    "value": _spelled(inner["value"]),
-                    "join": "or" if n > 0 else "and",
-                }
-            )
-    return rows
+        kind = _kind(item)
+        # An "any" of two or more is rows (or groups) joined by "or"; of one, a group of its own.
+        chain = item["any"] if kind == "any" and len(item["any"]) > 1 else [item]
+        for n, inner in enumerate(chain):
+            join = "or" if n > 0 else "and"
+            inner_kind = _kind(inner)
+            if inner_kind is None:
+                rows.append(_row(inner, join, None))
+                continue
+            if any(_kind(leaf) for leaf in inner[inner_kind]) or len(modes) >= MAX_GROUPS:
+                return None
+            k = len(modes)
+            modes[k] = inner_kind
+            rows.extend(_row(leaf, join, k) for leaf in inner[inner_kind])
+    return rows, modes
 
 
 def stored(predicates: list[Any], escalation: list[dict[str, Any]], emails: dict[int, str]) -> Builder:
     """A policy's predicates and escalation as the Edit form's rows (members by e-mail)."""
-    rows = _rows(predicates)
+    shown = _rows(predicates)
     levels = [
         {
             "after": str(level["after_s"] // 60)
@@ -192,30 +261,57 @@ def stored(predicates: list[Any], escalation: list[dict[str, Any]], emails: dict
         }
         for level in escalation
     ]
-    if rows is None:
+    if shown is None or len(shown[0]) > MAX_CONDITIONS:
         return Builder(conditions=[], levels=levels, kept=list(predicates))
-    return Builder(conditions=rows, levels=levels)
+    return Builder(conditions=shown[0], levels=levels, modes=shown[1])
+
+
+def _index(action: str, prefix: str) -> int | None:
+    return ascii_int(action.removeprefix(prefix), max_digits=3) if action.startswith(prefix) else None
+
+
+def _conditions_after(builder: Builder, action: str) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """The condition rows (and group modes) after adding or removing one row or group."""
+    conditions, modes = list(builder.conditions), dict(builder.modes)
+    blank: dict[str, Any] = {"arg": "", "op": ">", "value": "", "join": "and", "group": None}
+    removed = _index(action, "remove-condition-")
+    if removed is not None and removed < len(conditions):
+        row = conditions.pop(removed)
+        after = conditions[removed] if removed < len(conditions) else None
+        first = removed == 0 or conditions[removed - 1].get("group") != row.get("group")
+        if (
+            first
+            and after is not None
+            and row.get("group") is not None
+            and after.get("group") == row["group"]
+        ):
+            conditions[removed] = {**after, "join": row["join"]}  # the group keeps its join
+    room = len(conditions) < MAX_CONDITIONS
+    grown = _index(action, "add-to-group-")
+    if grown is not None and room and any(c.get("group") == grown for c in conditions):
+        last = max(n for n, c in enumerate(conditions) if c.get("group") == grown)
+        conditions.insert(last + 1, {**blank, "group": grown})
+    free = [k for k in range(MAX_GROUPS) if all(c.get("group") != k for c in conditions)]
+    if action == "add-group" and room and free:
+        conditions.append({**blank, "group": free[0]})
+        modes[free[0]] = "all"
+    if (action == "add-condition" or not conditions) and len(conditions) < MAX_CONDITIONS:
+        conditions.append(dict(blank))
+    if conditions:
+        conditions[0] = {**conditions[0], "join": "and"}
+    return conditions, modes
 
 
 def shown(builder: Builder, action: str = "") -> Builder:
     """The rows to render: after an add or remove (`action`), with one blank row to fill."""
-    conditions, levels = list(builder.conditions), list(builder.levels)
-    if action.startswith("remove-condition-"):
-        n = ascii_int(action.rsplit("-", 1)[1], max_digits=3)
-        if n is not None and n < len(conditions):
-            del conditions[n]
-    if action.startswith("remove-level-"):
-        n = ascii_int(action.rsplit("-", 1)[1], max_digits=3)
-        if n is not None and n < len(levels):
-            del levels[n]
-    blank_condition = {"arg": "", "op": ">", "value": "", "join": "and"}
-    if (action == "add-condition" or not conditions) and len(conditions) < MAX_CONDITIONS:
-        conditions.append(dict(blank_condition))
+    conditions, modes = _conditions_after(builder, action)
+    levels = list(builder.levels)
+    removed = _index(action, "remove-level-")
+    if removed is not None and removed < len(levels):
+        del levels[removed]
     if action == "add-level" and len(levels) < MAX_LEVELS:
         levels.append({"after": "", "roles": [], "members": ""})
-    if conditions:
-        conditions[0] = {**conditions[0], "join": "and"}
-    return Builder(conditions=conditions, levels=levels, kept=builder.kept)
+    return Builder(conditions=conditions, levels=levels, kept=builder.kept, modes=modes)
 
 
 # ------------------------------------------------------------------------------- reading
@@ -227,6 +323,8 @@ def sentence(predicates: list[Any]) -> str:
     def one(item: dict[str, Any]) -> str:
         if "any" in item:
             return "(" + " or ".join(one(inner) for inner in item["any"]) + ")"
+        if "all" in item:
+            return "(" + " and ".join(one(inner) for inner in item["all"]) + ")"
         return f"{item['arg']} {OPERATOR_TEXT.get(item['op'], item['op'])} {_spelled(item['value'])}"
 
     return " and ".join(one(item) for item in predicates)

@@ -16,6 +16,7 @@ create, edit, preview, enable, disable and delete (APPROVAL_POLICIES_CHANGE).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import messages
@@ -200,6 +201,8 @@ def _form_context(
         "operators": builder.OPERATORS,
         "common_arguments": builder.COMMON_ARGUMENTS,
         "kept_sentence": builder.sentence(rows.kept) if rows.kept else "",
+        "kept_json": json.dumps(rows.kept, indent=2) if rows.kept else "",
+        "group_modes": builder.GROUP_MODES,
         "semantics_choices": SEMANTICS_CHOICES,
         "role_choices": ROLE_CHOICES,
         "may_change": decide(APPROVAL_POLICIES_CHANGE, membership=request.membership) is None,

@@ -38,6 +38,22 @@ OUTSIDE = [{"arg": "to", "op": "domain_not_in", "value": ["acme.example", "Partn
         ([{"any": [*BIG, *OUTSIDE]}], {"amount": 5, "to": "a@acme.example"}, False),
         ([{"any": [*BIG, *OUTSIDE]}], {"amount": 5, "to": "a@evil.example"}, True),
         ([*BIG, *CURRENCY], {"amount": 20000, "currency": "GBP"}, False),
+        # (big and in USD/EUR) or outside: an "all" group inside an "any" one.
+        (
+            [{"any": [{"all": [*BIG, *CURRENCY]}, *OUTSIDE]}],
+            {"amount": 20000, "currency": "GBP", "to": "a@acme.example"},
+            False,
+        ),
+        (
+            [{"any": [{"all": [*BIG, *CURRENCY]}, *OUTSIDE]}],
+            {"amount": 20000, "currency": "USD", "to": "a@acme.example"},
+            True,
+        ),
+        (
+            [{"any": [{"all": [*BIG, *CURRENCY]}, *OUTSIDE]}],
+            {"amount": 5, "currency": "GBP", "to": "a@evil.example"},
+            True,
+        ),
         ([], {"anything": 1}, True),
     ],
 )
@@ -60,6 +76,10 @@ def test_predicates(predicates: list[dict[str, Any]], args: dict[str, Any], need
         [{"arg": "a", "op": ">", "value": 1, "extra": 1}],
         [{"any": []}],
         [{"any": [{"any": [{"any": BIG}]}]}],
+        [{"any": [{"all": [{"any": BIG}]}]}],
+        [{"all": []}],
+        [{"all": BIG, "any": BIG}],
+        [{"every": BIG}],
         [BIG[0]] * 21,
     ],
 )

@@ -110,6 +110,73 @@ def test_a_policy_is_built_previewed_edited_and_its_history_read(new_page) -> No
     assert blocked == []
 
 
+def test_a_rule_with_a_group_is_built_previewed_saved_and_opens_as_it_was(new_page) -> None:  # type: ignore[no-untyped-def]
+    page = new_page(height=1400)
+    blocked = _csp_watched(page)
+    sign_in(page, OWNER)
+    page.goto("/approvals/policies/")
+    form = page.locator("#policy-form")
+    form.get_by_label("Name", exact=True).fill("e2e grouped charges")
+    form.get_by_label("Tools (glob)").fill("charge_card")
+    # (amount_cents at least 1 and at most 10,000,000) or currency one of XTS: a group, then a row.
+    form.get_by_role("button", name="Add a group").click()
+    form = page.locator("#policy-form")
+    form.get_by_role("button", name="Remove condition 1").click()  # the blank row above the group
+    form = page.locator("#policy-form")
+    form.get_by_label("Argument of condition 1").fill("amount_cents")
+    form.get_by_label("Operator of condition 1").select_option(label="is at least")
+    form.get_by_label("Value of condition 1").fill("1")
+    form.get_by_role("button", name="Add a condition to group 1").click()
+    form = page.locator("#policy-form")
+    expect(form.get_by_label("Value of condition 1")).to_have_value("1")  # as typed
+    form.get_by_label("Argument of condition 2").fill("amount_cents")
+    form.get_by_label("Operator of condition 2").select_option(label="is at most")
+    form.get_by_label("Value of condition 2").fill("10,000,000")
+    form.get_by_label("Group 1 holds when").select_option(label="all of these hold")
+    form.get_by_role("button", name="Add a condition", exact=True).click()
+    form = page.locator("#policy-form")
+    form.get_by_label("Condition 3 joins the one above with").select_option("or")
+    form.get_by_label("Argument of condition 3").fill("currency")
+    form.get_by_label("Operator of condition 3").select_option(label="is one of")
+    form.get_by_label("Value of condition 3").fill("XTS")
+    rule = "((amount_cents is at least 1 and amount_cents is at most 10000000) or currency is one of XTS)"
+
+    form.get_by_role("button", name="Preview matches").click()
+    preview = page.locator("#policy-preview")
+    expect(preview).to_contain_text(
+        re.compile(r"Would match: [1-9][0-9]* of [1-9][0-9]* calls? in the last 24 hours")
+    )
+    expect(preview).to_contain_text(rule)
+    expect(page.locator("#preview-examples li").first).to_contain_text("charge_card")
+    assert _serious(page) == []
+    screenshot(page, "rules-policy-group-preview")
+
+    page.locator("#policy-form").get_by_role("button", name="Create policy").click()
+    expect(page.get_by_text("Approval policy 'e2e grouped charges' created.")).to_be_visible()
+    row = page.locator('#policies-table tr[data-policy="e2e grouped charges"]')
+    try:
+        expect(row).to_contain_text(rule)
+        row.get_by_role("link", name="Edit e2e grouped charges").click()
+        form = page.locator("#policy-form")
+        expect(form.locator(".builder-group")).to_have_count(1)
+        expect(form.get_by_label("Group 1 holds when")).to_have_value("all")
+        expect(form.get_by_label("Value of condition 2")).to_have_value("10000000")
+        expect(form.get_by_label("Condition 3 joins the one above with")).to_have_value("or")
+        expect(page.locator("#kept-predicates")).to_have_count(0)
+        assert _serious(page) == []
+        screenshot(page, "rules-policy-group-edit")
+    finally:
+        # The session's server is shared: no other test's charges may wait for this policy.
+        page.goto("/approvals/policies/")
+        page.locator('#policies-table tr[data-policy="e2e grouped charges"]').get_by_role(
+            "button", name="Disable e2e grouped charges"
+        ).click()
+        expect(page.locator('#policies-table tr[data-policy="e2e grouped charges"]')).to_contain_text(
+            "disabled"
+        )
+    assert blocked == []
+
+
 def test_a_budget_and_a_rate_limit_are_edited_from_their_forms(new_page) -> None:  # type: ignore[no-untyped-def]
     page = new_page(height=1400)
     blocked = _csp_watched(page)
