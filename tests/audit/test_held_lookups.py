@@ -85,16 +85,16 @@ def test_agent_saga_push_of_an_old_segment_attaches_to_its_stream(alice: Person,
 @pytest.mark.parametrize("position", [2, 6, 7, 13])
 def test_redaction_by_hash_finds_the_record_on_either_side(alice: Person, position: int) -> None:
     records = _across_a_block_boundary(alice, "r")
-    redaction = services.redact(
-        alice.tenant, "r", record_hash_=records[position - 1]["_h"], reason="GDPR", actor="test"
-    )
-    assert redaction.record.position == position
-    # another stream's record, by its hash, is not this stream's
     with tenant_context(alice.tenant):
+        redaction = services.redact(
+            alice.tenant, "r", record_hash_=records[position - 1]["_h"], reason="GDPR", actor="test"
+        )
+        assert redaction.record.position == position
+        # another stream's record, by its hash, is not this stream's
         other = Record.objects.filter(stream__stream_id="later").values_list("h", flat=True).first()
-    assert other is not None
-    with pytest.raises(services.IngestRefused) as refused:
-        services.redact(alice.tenant, "r", record_hash_=other, reason="GDPR", actor="test")
+        assert other is not None
+        with pytest.raises(services.IngestRefused) as refused:
+            services.redact(alice.tenant, "r", record_hash_=other, reason="GDPR", actor="test")
     assert refused.value.status == 404
     with tenant_context(alice.tenant):
         assert Redaction.objects.count() == 1

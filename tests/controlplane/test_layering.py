@@ -376,7 +376,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "approvals.actions.sweep",
         "approvals.actions.votes",
         "approvals.compat",
-        "audit.actions.erasure",
         "audit.actions.ingest",
         "audit.actions.server_stream",
         "fleet.actions.breaker_states",

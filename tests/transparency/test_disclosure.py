@@ -13,6 +13,7 @@ from sagaplane import cli, note
 from sagaplane.disclosure import VerificationError, verify_disclosure
 
 from audit import services as audit_services
+from core.scoping import tenant_context
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
@@ -159,7 +160,10 @@ def test_erasure_keeps_the_disclosure_verifying(
     world: dict[str, Any], tenant_a: Tenant, alice: Person
 ) -> None:
     step = world["bundle"]["records"][1]
-    audit_services.redact(tenant_a, step["stream"], position=step["position"], reason="gdpr", actor="test")
+    with tenant_context(tenant_a):
+        audit_services.redact(
+            tenant_a, step["stream"], position=step["position"], reason="gdpr", actor="test"
+        )
     settle(tenant_a)
     bundle = _fetch(alice, "pay-1")
     report = verify_disclosure(bundle, world["key"])
