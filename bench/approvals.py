@@ -38,6 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tenants.inputs import NewApiKey
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_gate", ROOT / "bench" / "gate.py")
 assert _spec is not None and _spec.loader is not None
@@ -97,7 +99,7 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor="bench")
     with tenant_context(tenant):
         risk = Membership.objects.select_related("user", "tenant").get(user__email=f"risk@{slug}.example")
-    _, key = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="bench")
+    _, key = tenant_services.create_api_key(tenant, NewApiKey(name="agent", scopes=["gate"]), actor="bench")
 
     # Warm the tenant's Redis state (its first call rebuilds it from the ledger) outside the timing.
     warm = Gate(url, key)

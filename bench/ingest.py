@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tenants.inputs import NewApiKey
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -95,7 +97,9 @@ def _setup_tenant() -> str:
     tenant = services.create_tenant(
         slug, "Bench", f"owner@{slug}.example", "bench-password-123", actor="system:bench"
     )
-    _, key = services.create_api_key(tenant, name="bench", scopes=["ingest", "read"], actor="system:bench")
+    _, key = services.create_api_key(
+        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor="system:bench"
+    )
     return key
 
 

@@ -47,6 +47,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tenants.inputs import NewApiKey
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
@@ -157,7 +159,9 @@ def ours(
 
     slug = f"rb{k}x{int(time.time() * 1000) % 10**9}"
     tenant = tenant_services.create_tenant(slug, "Bench", f"owner@{slug}.example", actor="system:bench")
-    _, key = tenant_services.create_api_key(tenant, name="bench", scopes=["recovery"], actor="system:bench")
+    _, key = tenant_services.create_api_key(
+        tenant, NewApiKey(name="bench", scopes=["recovery"]), actor="system:bench"
+    )
     tag = f"{k}-c{concurrency}{'-' + beat if beat else ''}"
     ledger = folder / f"ledger-{tag}"
     ledger.mkdir()
@@ -320,7 +324,9 @@ def deployed_phases(
 
     slug = f"flood{int(time.time() * 1000) % 10**9}"
     tenant = tenant_services.create_tenant(slug, "Flood", f"owner@{slug}.example", actor="system:bench")
-    _, key = tenant_services.create_api_key(tenant, name="flood", scopes=["ingest"], actor="system:bench")
+    _, key = tenant_services.create_api_key(
+        tenant, NewApiKey(name="flood", scopes=["ingest"]), actor="system:bench"
+    )
     out = []
     with celery_with_beat(env, folder):
         for phase in ("quiet", "saturated"):

@@ -55,6 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tenants.inputs import NewApiKey
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
@@ -271,7 +273,9 @@ def _client_for(tenant: Any) -> Any:
 
     from tenants import services as tenant_services
 
-    _, raw = tenant_services.create_api_key(tenant, name="bench", scopes=["ingest", "read"], actor="bench")
+    _, raw = tenant_services.create_api_key(
+        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor="bench"
+    )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client

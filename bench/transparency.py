@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tenants.inputs import NewApiKey
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -106,7 +108,9 @@ def main() -> int:
     tenant = Tenant.objects.filter(slug=slug).first() or tenant_services.create_tenant(
         slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor="system:bench"
     )
-    _, api_key = tenant_services.create_api_key(tenant, name="bench", scopes=["read"], actor="system:bench")
+    _, api_key = tenant_services.create_api_key(
+        tenant, NewApiKey(name="bench", scopes=["read"]), actor="system:bench"
+    )
 
     # -- build the log through ingest (records without saga_id: the projection is not measured here)
     # A stream of this run's own: a reused tenant's earlier streams keep their chains.

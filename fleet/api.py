@@ -502,22 +502,17 @@ class QuarantineView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="sagas_quarantine",
-        request=inline_serializer(
-            "QuarantineCreate",
-            {"reason": serializers.CharField(), "preemptive": serializers.BooleanField(required=False)},
-        ),
+        request=services.QuarantineCreate,
         responses={201: serializers.DictField()},
     )
     def post(self, request: Request, saga_id: str) -> Response:
         """A saga no record has named yet is 404 `saga_not_found`, unless `preemptive: true`."""
         data = json_object(request.data)
-        row = services.quarantine(
-            self.tenant,
-            saga_id,
-            actor=self.actor,
-            reason=data.get("reason"),
-            preemptive=data.get("preemptive", False),
-        )
+        # 404 before the body is judged, unless the body asks for preemptive (or names a wrong
+        # flag, refused as such by the input).
+        services.refuse_unknown_saga(saga_id, preemptive=data.get("preemptive", False) is not False)
+        terms = services.QuarantineCreate.parse(data)
+        row = services.quarantine(self.tenant, saga_id, terms, actor=self.actor)
         return Response(
             {"saga_id": row.saga_id, "reason": row.reason, "actor": row.actor, "preemptive": row.preemptive},
             status=201,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from core.inputs import Amount, Choice, Input, Strings, Text, Whole
+from core.inputs import Amount, Choice, Flag, Input, Strings, Text, Whole
 from fleet import gate
 from fleet.models import HaltMode, OnCap
 
@@ -305,3 +305,25 @@ class FleetSettingsUpdate(Input[FleetSettingsChange]):
         max_value=LEASE_TTL_MAX_MS,
         allow_null=True,
     )
+
+
+# ------------------------------------------------------------------------------------ quarantine
+
+
+@dataclass(frozen=True)
+class QuarantineTerms:
+    """Why a saga is set aside; `preemptive` asks to set aside one no record has named yet."""
+
+    reason: str
+    preemptive: bool = False
+
+
+class QuarantineCreate(Input[QuarantineTerms]):
+    """`{"reason", "preemptive"?}`: a saga no record has named yet is 404 `saga_not_found` unless
+    `preemptive` is true."""
+
+    command = QuarantineTerms
+    MISSING_IS_WRONG = True  # a missing reason is refused as a wrong one
+
+    preemptive = Flag(code="invalid_preemptive", message="preemptive must be true or false", required=False)
+    reason = _reason()

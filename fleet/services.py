@@ -35,7 +35,7 @@ from fleet.actions.ledger import (
     recent_denials,
     spend_since,
 )
-from fleet.actions.quarantine import quarantine
+from fleet.actions.quarantine import quarantine, refuse_unknown_saga
 from fleet.actions.rate_limits import (
     create_rate_limit,
     delete_rate_limit,
@@ -66,6 +66,8 @@ from fleet.inputs import (
     NewBudget,
     NewHalt,
     NewRateLimit,
+    QuarantineCreate,
+    QuarantineTerms,
     RateLimitCreate,
 )
 from fleet.stores import DatabaseStore
@@ -101,6 +103,8 @@ __all__ = [
     "NewBudget",
     "NewHalt",
     "NewRateLimit",
+    "QuarantineCreate",
+    "QuarantineTerms",
     "RateLimitCreate",
     "budget_usage",
     "budget_values",
@@ -125,6 +129,7 @@ __all__ = [
     "policies_changed",
     "prune_denials",
     "quarantine",
+    "refuse_unknown_saga",
     "rate_limit_values",
     "rate_usage",
     "recent_denials",

@@ -194,14 +194,15 @@ def create_key(request: MemberRequest) -> HttpResponse:
         return _keys_page(request, form=form)
     days = form.cleaned_data.get("expires_in_days")
     expires_at = timezone.now() + timedelta(days=int(days)) if days else None
+    body = {
+        "name": form.cleaned_data["name"],
+        "scopes": list(form.cleaned_data["scopes"]),
+        "expires_at": expires_at.isoformat() if expires_at else None,
+    }
     try:
+        new = services.ApiKeyCreate.parse(body)
         api_key, raw_key = services.create_api_key(
-            request.tenant,
-            name=form.cleaned_data["name"],
-            scopes=form.cleaned_data["scopes"],
-            expires_at=expires_at,
-            created_by=request.user,
-            actor=actor_of(request),
+            request.tenant, new, created_by=request.user, actor=actor_of(request)
         )
     except DomainError as exc:
         form.add_error(None, str(exc))

@@ -99,9 +99,8 @@ def job_retry(request: MemberRequest, job_id: str) -> HttpResponse:
 def job_resolve(request: MemberRequest, job_id: str) -> HttpResponse:
     job = _job(job_id)
     try:
-        services.resolve(
-            request.tenant, job.pk, actor=actor_of(request), note=request.POST.get("note", "").strip()
-        )
+        resolution = services.ResolveJob.parse({"note": request.POST.get("note", "").strip()})
+        services.resolve(request.tenant, job.pk, resolution, actor=actor_of(request))
     except DomainError as refused:
         messages.error(request, f"Not resolved: {refused.detail}")
         return _back(request)
@@ -129,9 +128,8 @@ def saga_quarantine(request: MemberRequest, saga_id: str) -> HttpResponse:
     if not Saga.objects.filter(saga_id=saga_id).exists():
         raise Http404("no such saga")
     try:
-        services.quarantine(
-            request.tenant, saga_id, actor=actor_of(request), reason=request.POST.get("reason", "").strip()
-        )
+        terms = services.QuarantineCreate.parse({"reason": request.POST.get("reason", "").strip()})
+        services.quarantine(request.tenant, saga_id, terms, actor=actor_of(request))
     except DomainError as refused:
         messages.error(request, f"Not quarantined: {refused.detail}")
         return _back(request)
@@ -150,7 +148,8 @@ def saga_rollback(request: MemberRequest, saga_id: str) -> HttpResponse:
     parsed = ascii_int(raw, max_digits=8)
     to_step = -1 if parsed is None else parsed
     try:
-        run = services.rollback_to(request.tenant, saga_id, to_step, actor=actor_of(request))
+        rollback = services.RollbackSaga.parse({"to_step": to_step})
+        run = services.rollback_to(request.tenant, saga_id, rollback, actor=actor_of(request))
     except DomainError as refused:
         messages.error(request, f"Not rolled back: {refused.detail}")
         return redirect(detail)

@@ -23,6 +23,7 @@ from core.actors import Actor
 from core.errors import DomainError, per_item
 from core.inputs import json_object
 from recovery import selectors, services
+from sagas import selectors as saga_selectors
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
 from tenants.models import Tenant
 from tenants.permissions import TenantScopedViewMixin
@@ -231,6 +232,14 @@ class HeartbeatView(TenantScopedViewMixin, APIView):
         return Response({"id": str(job.pk), "state": job.state})
 
 
+def _existing_job(value: str) -> Any:
+    """The id of the active tenant's job `value` names, else 404."""
+    job = selectors.job(_uuid(value))
+    if job is None:
+        raise DomainError("not_found", "no such recovery job", status=404)
+    return job.pk
+
+
 def _uuid(value: str) -> Any:
     import uuid
 
@@ -285,12 +294,13 @@ class ResolveView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_job_resolve",
-        request=inline_serializer("RecoveryResolve", {"note": serializers.CharField()}),
+        request=services.ResolveJob,
         responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = json_object(request.data)
-        job = services.resolve(self.tenant, _uuid(job_id), actor=self.actor, note=data.get("note"))
+        job_pk = _existing_job(job_id)  # 404 before the body is judged
+        resolution = services.ResolveJob.parse(request.data)
+        job = services.resolve(self.tenant, job_pk, resolution, actor=self.actor)
         return Response(selectors.job_json(job))
 
 
@@ -319,12 +329,14 @@ class RollbackView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="sagas_rollback",
-        request=inline_serializer("SagaRollback", {"to_step": serializers.IntegerField()}),
+        request=services.RollbackSaga,
         responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, saga_id: str) -> Response:
-        data = json_object(request.data)
-        run = services.rollback_to(self.tenant, saga_id, data.get("to_step"), actor=self.actor)
+        if saga_selectors.saga(saga_id) is None:  # 404 before the body is judged
+            raise DomainError("not_found", "no such saga", status=404)
+        rollback = services.RollbackSaga.parse(request.data)
+        run = services.rollback_to(self.tenant, saga_id, rollback, actor=self.actor)
         return Response(
             {"run_id": run.pk, "saga_id": run.saga_id, "to_step": run.to_ordinal, "state": run.state},
             status=201,

@@ -1,7 +1,7 @@
 """Recovery's commands as typed inputs (`core.inputs`): the API's body, the service's signature and
-the OpenAPI schema, for the commands whose every check is on a field of their own. (The job and
-saga decisions judge their body after finding the job or saga, a 404 first: their checks stay in
-the services.)"""
+the OpenAPI schema (the webhook, a human's resolution of a job, "rollback to here"). The views judge
+a decision's body once the path's job or saga is found (another tenant's id is a 404 whatever the
+body says). Retrying a job takes no body."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from django.core.validators import URLValidator
 from rest_framework import serializers
 
 from core.errors import DomainError
-from core.inputs import Input, Strings
+from core.inputs import Input, Strings, Text, Whole
 from core.outbound import check_url
 
 URL_MAX = 500
 MAX_HANDLERS = 100
 HANDLER_MAX = 200
+NOTE_MAX = 2000  # recovery.actions.common.TEXT_MAX
+STEP_MAX = 10**8 - 1  # the dashboard's form takes up to 8 digits
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,40 @@ class WebhookSet(Input[NewWebhook]):
         allow_null=True,
         required=False,
     )
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A human dealt with an escalated or pending step: `note` says how (recorded)."""
+
+    note: str
+
+
+class ResolveJob(Input[Resolution]):
+    """`{"note"}`: 1 to 2000 characters, not only blanks."""
+
+    command = Resolution
+    MISSING_IS_WRONG = True
+
+    note = Text(
+        code="invalid",
+        message=f"note: a non-empty string of at most {NOTE_MAX} characters",
+        max_length=NOTE_MAX,
+        stripped=True,
+    )
+
+
+@dataclass(frozen=True)
+class RollbackTo:
+    """Compensate every step after ordinal `to_step` (0: every step), newest first."""
+
+    to_step: int
+
+
+class RollbackSaga(Input[RollbackTo]):
+    """`{"to_step": N}`: a whole step number from 0."""
+
+    command = RollbackTo
+    MISSING_IS_WRONG = True
+
+    to_step = Whole(code="invalid", message="to_step: a step number from 0", min_value=0, max_value=STEP_MAX)

@@ -4,6 +4,7 @@ model); this module only re-exports them, so callers have one stable place to im
 
 from __future__ import annotations
 
+from fleet.services import QuarantineCreate
 from recovery.actions.claims import check_claim_terms, claim, claim_many, heartbeat
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR
 from recovery.actions.decisions import assign, assignees, quarantine, resolve, retry, rollback_to
@@ -11,12 +12,17 @@ from recovery.actions.leases import watch_appended
 from recovery.actions.results import complete, fail, report_many
 from recovery.actions.takeover import sweep, take_over_on_claim, unclaimed_after
 from recovery.actions.webhooks import delete_webhook, set_webhook, webhook_secret
-from recovery.inputs import NewWebhook, WebhookSet
+from recovery.inputs import NewWebhook, Resolution, ResolveJob, RollbackSaga, RollbackTo, WebhookSet
 
 __all__ = [
     "MAX_ATTEMPTS",
     "SYSTEM_ACTOR",
     "NewWebhook",
+    "QuarantineCreate",
+    "Resolution",
+    "ResolveJob",
+    "RollbackSaga",
+    "RollbackTo",
     "WebhookSet",
     "assign",
     "assignees",

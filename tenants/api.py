@@ -65,16 +65,14 @@ class ApiKeyListView(TenantScopedViewMixin, generics.ListCreateAPIView):
     def get_queryset(self) -> Any:
         return ApiKey.objects.order_by("-created_at")
 
+    @extend_schema(request=services.ApiKeyCreate, responses={201: ApiKeySerializer})
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return self.create(request, *args, **kwargs)
+
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        new = services.ApiKeyCreate.parse(request.data)
         api_key, raw_key = services.create_api_key(
-            self.tenant,
-            name=serializer.validated_data["name"],
-            scopes=serializer.validated_data["scopes"],
-            expires_at=serializer.validated_data.get("expires_at"),
-            created_by=request.user,
-            actor=self.actor,
+            self.tenant, new, created_by=request.user, actor=self.actor
         )
         return Response({**ApiKeySerializer(api_key).data, "key": raw_key}, status=status.HTTP_201_CREATED)
 

@@ -4,7 +4,6 @@ its audit record (appended to the tenant's server stream) commits or rolls back 
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -19,7 +18,9 @@ from core.actors import Actor
 from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import tenant_context
-from tenants.models import ApiKey, InvitationUse, Membership, Role, Scope, Tenant, hash_api_key
+from tenants.inputs import ApiKeyCreate as ApiKeyCreate
+from tenants.inputs import NewApiKey as NewApiKey
+from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant, hash_api_key
 
 User = get_user_model()
 
@@ -97,20 +98,10 @@ def add_member(
 
 
 def create_api_key(
-    tenant: Tenant,
-    *,
-    name: str,
-    scopes: list[str],
-    expires_at: datetime | None = None,
-    created_by: Any = None,
-    actor: Actor,
+    tenant: Tenant, new: NewApiKey, *, created_by: Any = None, actor: Actor
 ) -> tuple[ApiKey, str]:
     """A new key and its raw value. The raw value exists only in the return value: show it once."""
-    unknown = sorted(set(scopes) - set(Scope.values))
-    if unknown or not scopes:
-        raise DomainError(
-            "invalid_scope", f"scopes must be a non-empty subset of {', '.join(Scope.values)}", field="scopes"
-        )
+    name, scopes, expires_at = new.name, new.scopes, new.expires_at
     if expires_at is not None and expires_at <= timezone.now():
         raise DomainError("invalid_expiry", "expires_at must be in the future", field="expires_at")
     prefix, raw_key = ApiKey.generate()

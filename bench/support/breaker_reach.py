@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.support.gate_common import _pct
 from bench.support.gate_http import reach_ms
+from tenants.inputs import NewApiKey
 
 SETTINGS = {
     "name": "bench down",
@@ -41,7 +42,9 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
 
     slug = f"breaker-{uuid.uuid4().hex[:10]}"
     tenant = tenant_services.create_tenant(slug, "Breaker bench", f"owner@{slug}.example", actor="bench")
-    _, key = tenant_services.create_api_key(tenant, name="agent", scopes=["gate", "ingest"], actor="bench")
+    _, key = tenant_services.create_api_key(
+        tenant, NewApiKey(name="agent", scopes=["gate", "ingest"]), actor="bench"
+    )
     breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
     agent = httpx.Client(
         base_url=url, headers={"Authorization": f"Bearer {key}", "X-Forwarded-Proto": "https"}, timeout=30

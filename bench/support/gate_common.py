@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tenants.inputs import NewApiKey
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
@@ -199,10 +201,10 @@ class Run:
         self.gate_key = self.control_key = ""
         if keys:
             _, self.gate_key = tenant_services.create_api_key(
-                self.tenant, name="agent", scopes=["gate"], actor="bench"
+                self.tenant, NewApiKey(name="agent", scopes=["gate"]), actor="bench"
             )
             _, self.control_key = tenant_services.create_api_key(
-                self.tenant, name="operator", scopes=["control"], actor="bench"
+                self.tenant, NewApiKey(name="operator", scopes=["control"]), actor="bench"
             )
 
     def ledger_spent(self) -> int:

@@ -14,8 +14,8 @@ from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
-from recovery.actions.common import text_field
 from recovery.actions.runs import RunRequest, maybe_finish, start_runs
+from recovery.inputs import Resolution, RollbackTo
 from recovery.models import (
     UNFINISHED_RUN_STATES,
     Job,
@@ -74,11 +74,11 @@ def retry(tenant: Tenant, job_id: Any, *, actor: Actor) -> Job:
         return job
 
 
-def resolve(tenant: Tenant, job_id: Any, *, actor: Actor, note: Any) -> Job:
+def resolve(tenant: Tenant, job_id: Any, resolution: Resolution, *, actor: Actor) -> Job:
     """A human says this step is dealt with (refunded by hand, confirmed harmless, ...), with a note."""
+    text = resolution.note
     with tenant_context(tenant):
         job, run = _job_for_decision(job_id)
-        text = text_field(note, "note", required=True)
         if job.state not in (JobState.ESCALATED, JobState.PENDING):
             raise DomainError("not_open", f"this job is {job.state}: nothing to resolve", status=409)
         old = {"state": job.state, "escalation": job.escalation}
@@ -154,10 +154,10 @@ def assign(tenant: Tenant, job_id: Any, *, actor: Actor, assignee: Any) -> Job:
         return job
 
 
-def quarantine(tenant: Tenant, saga_id: Any, *, actor: Actor, reason: Any) -> None:
+def quarantine(tenant: Tenant, saga_id: Any, terms: fleet_services.QuarantineTerms, *, actor: Actor) -> None:
     """Set the saga aside (fleet's quarantine: the gate refuses its steps) and cancel what recovery
     had queued for it. A job a worker holds now may still report its result."""
-    fleet_services.quarantine(tenant, saga_id, actor=actor, reason=reason)
+    fleet_services.quarantine(tenant, saga_id, terms, actor=actor)
     with tenant_context(tenant):
         for run in Run.objects.select_for_update().filter(saga_id=saga_id, state__in=UNFINISHED_RUN_STATES):
             cancelled = list(
@@ -187,7 +187,7 @@ def quarantine(tenant: Tenant, saga_id: Any, *, actor: Actor, reason: Any) -> No
             )
 
 
-def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: Actor) -> Run:
+def rollback_to(tenant: Tenant, saga_id: Any, rollback: RollbackTo, *, actor: Actor) -> Run:
     """ "Rollback to here": compensate every step after ordinal `to_step` (0: all), newest first,
     by the same workers. Refused while the agent holds its lease or another run is unfinished."""
     if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128:
@@ -196,8 +196,6 @@ def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: Actor) -> 
         saga = saga_selectors.saga(saga_id)
         if saga is None:
             raise DomainError("not_found", "no such saga", status=404)
-        if type(to_step) is not int or to_step < 0:
-            raise DomainError("invalid", "to_step: a step number from 0", field="to_step")
         if fleet_selectors.is_quarantined(saga_id):
             raise DomainError("quarantined", "this saga is quarantined: recovery leaves it alone", status=409)
         now = timezone.now()
@@ -217,7 +215,8 @@ def rollback_to(tenant: Tenant, saga_id: Any, to_step: Any, *, actor: Actor) -> 
             lease.state = LeaseState.SWEPT  # the sweep must not start a second run for it
             lease.swept_at = now
             lease.save(update_fields=["state", "swept_at"])
-        request = RunRequest(saga, saga_selectors.steps_of(saga), RunKind.ROLLBACK_TO, to_step, None)
+        steps = saga_selectors.steps_of(saga)
+        request = RunRequest(saga, steps, RunKind.ROLLBACK_TO, rollback.to_step, None)
         try:
             with transaction.atomic():
                 runs = start_runs(tenant, [request], actor=actor)

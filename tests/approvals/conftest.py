@@ -13,6 +13,7 @@ from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from tenants import services as tenants
+from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
 
@@ -54,7 +55,7 @@ class Agent:
 def agent(alice: Person) -> Agent:
     """The payments agent's key, created by alice: she is the requester of what it asks."""
     key, raw = tenants.create_api_key(
-        alice.tenant, name="payments-bot", scopes=ALL_SCOPES, created_by=alice.user, actor="test"
+        alice.tenant, NewApiKey(name="payments-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
     )
     return Agent(alice.tenant, key.prefix, raw)
 

@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 
 from tenants import services as tenants
+from tenants.inputs import NewApiKey
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.factories import ALL_SCOPES, Person
 from tests.support.live_events import events_socket, session_cookie
@@ -36,7 +37,9 @@ def test_a_request_opened_and_decided_is_heard_by_its_tenant_only(
 ) -> None:
     wire_policy(agent.tenant)
     wire_policy(carol.tenant)
-    key, raw = tenants.create_api_key(carol.tenant, name="bravo-bot", scopes=ALL_SCOPES, actor="test")
+    key, raw = tenants.create_api_key(
+        carol.tenant, NewApiKey(name="bravo-bot", scopes=ALL_SCOPES), actor="test"
+    )
     bravo = Agent(carol.tenant, key.prefix, raw)
     cookies = session_cookie(alice), session_cookie(carol)
 

@@ -14,6 +14,7 @@ from sagaplane.chain import GAP_EVENT, GENESIS, redact_record, stamp, verify_cha
 from audit import services
 from audit.models import EquivocationAttempt, Record, RecordPayload, RefusedBatch, Stream, TenantLog
 from core.scoping import tenant_context
+from tenants.inputs import NewApiKey
 from tests.support.chains import chain, restamp, saga_records, snapshot
 from tests.support.factories import Person
 
@@ -306,7 +307,9 @@ def test_server_stream_is_not_writable_by_agents(alice: Person) -> None:
 def test_ingest_needs_the_ingest_scope_and_keys_only(alice: Person, tenant_a: Any) -> None:
     from tenants import services as tenant_services
 
-    _, read_only = tenant_services.create_api_key(tenant_a, name="ro", scopes=["read"], actor="test")
+    _, read_only = tenant_services.create_api_key(
+        tenant_a, NewApiKey(name="ro", scopes=["read"]), actor="test"
+    )
     client = alice.key_client()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {read_only}")
     assert client.post(URL.format("x"), {"records": chain(saga_records())}, format="json").status_code == 403

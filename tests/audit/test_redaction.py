@@ -11,6 +11,7 @@ from audit import services
 from audit.models import Record, RecordPayload, Redaction
 from core.scoping import tenant_context
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person, make_person
@@ -88,7 +89,9 @@ def test_unknown_record_is_404(alice: Person, carol: Person) -> None:
 
 
 def test_admin_actions_are_in_the_server_stream(alice: Person, tenant_a: Any) -> None:
-    api_key, raw = tenant_services.create_api_key(tenant_a, name="ci", scopes=["read"], actor="user:alice")
+    api_key, raw = tenant_services.create_api_key(
+        tenant_a, NewApiKey(name="ci", scopes=["read"]), actor="user:alice"
+    )
     tenant_services.revoke_api_key(api_key, actor="user:alice")
     server = _stream(tenant_a, "server")
     created = next(r for r in server if r["event"] == "ADMIN_API_KEY_CREATED" and r["name"] == "ci")

@@ -30,6 +30,7 @@ from approvals import services as approvals
 from core.numbers import IdConverter, ascii_int
 from fleet import services as fleet
 from tenants import services
+from tenants.inputs import NewApiKey
 from tenants.models import Role
 from transparency import witnesses
 
@@ -108,7 +109,7 @@ def _spelled(number: int, zero: str) -> str:
 @pytest.fixture
 def objects(db: None) -> dict[str, Any]:
     acme = services.create_tenant("acme", "Acme", "owner@acme.example", actor="test")
-    spare, _ = services.create_api_key(acme, name="spare", scopes=["read"], actor="test")
+    spare, _ = services.create_api_key(acme, NewApiKey(name="spare", scopes=["read"]), actor="test")
     member = services.add_member(acme, "viewer@acme.example", Role.VIEWER, actor="test")
     owner = services.add_member(acme, "boss@acme.example", Role.OWNER, actor="test")
     return {

@@ -15,6 +15,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.models import GateDecision
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.support.factories import Person, make_person
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("database_store")
 
 def key_client(tenant: Tenant, *scopes: str) -> APIClient:
     _, raw = tenant_services.create_api_key(
-        tenant, name="-".join(scopes) or "none", scopes=list(scopes), actor="test"
+        tenant, NewApiKey(name="-".join(scopes) or "none", scopes=list(scopes)), actor="test"
     )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

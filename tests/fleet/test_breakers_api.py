@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from core.scoping import tenant_context
 from fleet.models import BreakerTransition, CircuitBreaker
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
@@ -35,7 +36,9 @@ pytestmark = pytest.mark.usefixtures("database_store")
 
 
 def key_client(tenant: Tenant, *scopes: str) -> APIClient:
-    _, raw = tenant_services.create_api_key(tenant, name="-".join(scopes), scopes=list(scopes), actor="test")
+    _, raw = tenant_services.create_api_key(
+        tenant, NewApiKey(name="-".join(scopes), scopes=list(scopes)), actor="test"
+    )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client

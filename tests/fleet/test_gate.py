@@ -238,7 +238,12 @@ def test_drain_lets_a_running_saga_finish_and_refuses_a_new_one(tenant_a: Tenant
 
 
 def test_a_quarantined_saga_is_refused(tenant_a: Tenant, store: LimitStore) -> None:
-    services.quarantine(tenant_a, "suspect", actor=ACTOR, reason="looping", preemptive=True)
+    services.quarantine(
+        tenant_a,
+        "suspect",
+        services.QuarantineCreate.parse({"reason": "looping", "preemptive": True}),
+        actor=ACTOR,
+    )
     assert ask(tenant_a, store, call(tool="crm.insert", saga="suspect"))["reason"] == "quarantined"
     assert ask(tenant_a, store, call(tool="crm.insert", saga="other"))["decision"] == "allow"
 
@@ -476,5 +481,7 @@ def test_a_policy_change_reaches_the_next_call_at_once(tenant_a: Tenant, store: 
     )
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"
     assert ask(tenant_a, store, call(tool="crm.insert"))["reason"] == "rate_limited"
-    services.quarantine(tenant_a, "held", actor=ACTOR, reason="r", preemptive=True)
+    services.quarantine(
+        tenant_a, "held", services.QuarantineCreate.parse({"reason": "r", "preemptive": True}), actor=ACTOR
+    )
     assert ask(tenant_a, store, call(tool="x", saga="held"))["reason"] == "quarantined"

@@ -28,6 +28,7 @@ from fleet.models import Decision
 from fleet.stores import RedisStore, marker_key
 from tenants import fastroute
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.fleet.concurrency import running_database_url
 from tests.fleet.lean import ACTOR, ask, ledger
@@ -168,7 +169,9 @@ def test_a_policy_change_reaches_another_process_on_its_next_call(
         actor=ACTOR,
     )
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "budget_exceeded"
-    services.quarantine(tenant, "held", actor=ACTOR, reason="r", preemptive=True)
+    services.quarantine(
+        tenant, "held", services.QuarantineCreate.parse({"reason": "r", "preemptive": True}), actor=ACTOR
+    )
     quarantined = {**call(tool="crm.insert"), "saga_id": "held"}
     assert tell(worker, "decide " + json.dumps(quarantined))["reason"] == "quarantined"
 
@@ -176,7 +179,9 @@ def test_a_policy_change_reaches_another_process_on_its_next_call(
 def test_a_revoked_key_is_refused_by_another_process_on_its_next_request(
     tenant: Tenant, worker: subprocess.Popen[str]
 ) -> None:
-    api_key, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
+    api_key, raw = tenant_services.create_api_key(
+        tenant, NewApiKey(name="agent", scopes=["gate"]), actor="test"
+    )
     assert tell(worker, f"verify {raw}") == {"ok": True}  # the worker now holds the key
     assert tell(worker, f"verify {raw}") == {"ok": True}
     assert tell(worker, f"verify {raw[:-1]}x")["error"] == "invalid_api_key"  # the secret is checked
@@ -239,8 +244,12 @@ def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
     )
-    api_key, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
-    _, reader = tenant_services.create_api_key(tenant, name="reader", scopes=["read"], actor="test")
+    api_key, raw = tenant_services.create_api_key(
+        tenant, NewApiKey(name="agent", scopes=["gate"]), actor="test"
+    )
+    _, reader = tenant_services.create_api_key(
+        tenant, NewApiKey(name="reader", scopes=["read"]), actor="test"
+    )
     served = Served()
 
     by_django = served.post(call(amount=10), raw)
@@ -283,7 +292,7 @@ def test_the_gate_route_has_djangos_headers_for_its_request_class(
     settings.SECURE_HSTS_SECONDS = 3600  # SecurityMiddleware sends HSTS over https only
     settings.SECURE_PROXY_SSL_HEADER = None  # the class is the scheme of the call itself
     monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
-    _, raw = tenant_services.create_api_key(tenant, name="agent", scopes=["gate"], actor="test")
+    _, raw = tenant_services.create_api_key(tenant, NewApiKey(name="agent", scopes=["gate"]), actor="test")
     served = Served()
     assert served.post(call(amount=1), raw, scheme="https" if scheme == "http" else "http").status_code == 200
     assert served.django_calls == 1  # the other class is learnt first

@@ -16,6 +16,7 @@ from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import FleetSettings
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
@@ -108,11 +109,15 @@ def test_who_may_change_it(alice: Person) -> None:
     approver = make_person(alice.tenant, "apu", Role.APPROVER)
     assert approver.session_client().get(SETTINGS).status_code == 200
     assert approver.session_client().patch(SETTINGS, {"lease_ttl_ms": 500}, format="json").status_code == 403
-    _, raw = tenant_services.create_api_key(alice.tenant, name="gate", scopes=["gate"], actor="test")
+    _, raw = tenant_services.create_api_key(
+        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor="test"
+    )
     gate_key = APIClient()
     gate_key.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert gate_key.patch(SETTINGS, {"lease_ttl_ms": 500}, format="json").status_code == 403
-    _, raw = tenant_services.create_api_key(alice.tenant, name="control", scopes=["control"], actor="test")
+    _, raw = tenant_services.create_api_key(
+        alice.tenant, NewApiKey(name="control", scopes=["control"]), actor="test"
+    )
     control = APIClient()
     control.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     changed = control.patch(SETTINGS, {"lease_ttl_ms": 500}, format="json")

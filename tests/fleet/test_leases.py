@@ -24,6 +24,7 @@ from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease
 from fleet.stores import DatabaseStore, LimitStore, RedisStore
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.factories import Person
@@ -143,7 +144,12 @@ def test_what_a_per_call_decision_could_answer_differently_is_never_leased(
         actor=ACTOR,
     )
     assert lease(tenant_a, 1, tool="llm.chat", amount=1)["reason"] == "rate_limited_per_call"
-    services.quarantine(tenant_a, "saga-q", actor=ACTOR, reason="odd", preemptive=True)
+    services.quarantine(
+        tenant_a,
+        "saga-q",
+        services.QuarantineCreate.parse({"reason": "odd", "preemptive": True}),
+        actor=ACTOR,
+    )
     assert (
         services.grant_lease(
             tenant_a, call(saga="saga-q", amount=1), calls=1, lease_id=uuid.uuid4(), actor=ACTOR
@@ -203,7 +209,7 @@ def test_leases_over_http(tenant_a: Tenant, store: LimitStore) -> None:
         ),
         actor=ACTOR,
     )
-    _, raw = tenant_services.create_api_key(tenant_a, name="gate", scopes=["gate"], actor="test")
+    _, raw = tenant_services.create_api_key(tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor="test")
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     body = {"saga_id": "s1", "tool": "llm.complete", "args": {"amount": 1, "model": "m"}, "agent": "w"}

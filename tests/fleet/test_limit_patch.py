@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from core.scoping import tenant_context
 from fleet.models import BudgetLimit, RateLimit
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person
@@ -28,7 +29,9 @@ RATE = {"name": "mail pace", "tool": "email.*", "max_calls": 5, "window_s": 60}
 
 
 def key_client(tenant: Tenant, *scopes: str) -> APIClient:
-    _, raw = tenant_services.create_api_key(tenant, name="-".join(scopes), scopes=list(scopes), actor="test")
+    _, raw = tenant_services.create_api_key(
+        tenant, NewApiKey(name="-".join(scopes), scopes=list(scopes)), actor="test"
+    )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client

@@ -16,6 +16,7 @@ from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateDecision
 from fleet.stores import LimitStore
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.fleet import test_leases
 from tests.hostile.production import OwnRedis
@@ -145,7 +146,7 @@ def test_settling_over_http_refuses_hostile_input_and_other_tenants(
     tenant_a: Tenant, tenant_b: Tenant, store: LimitStore
 ) -> None:
     _budget(tenant_a)
-    _, raw = tenant_services.create_api_key(tenant_a, name="gate", scopes=["gate"], actor="test")
+    _, raw = tenant_services.create_api_key(tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor="test")
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     body = {"saga_id": "h", "step_id": "1", "tool": "llm.complete", "args": {}, "agent": "w"}
@@ -174,7 +175,9 @@ def test_settling_over_http_refuses_hostile_input_and_other_tenants(
         f"/api/v1/gate/reservations/{plain.json()['authorization_id']}/settle", {"actual": 0}, format="json"
     )
     assert not_reserved.status_code == 404
-    _, other_raw = tenant_services.create_api_key(tenant_b, name="gate", scopes=["gate"], actor="test")
+    _, other_raw = tenant_services.create_api_key(
+        tenant_b, NewApiKey(name="gate", scopes=["gate"]), actor="test"
+    )
     other = APIClient()
     other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_raw}")
     assert other.post(path, {"actual": 0}, format="json").status_code == 404

@@ -15,6 +15,7 @@ from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.calls import gate_call
 from tenants import services as tenants
+from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
@@ -27,7 +28,7 @@ REASON = "Supplier invoice 2026-114, due today"
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     key, raw = tenants.create_api_key(
-        alice.tenant, name="payments-bot", scopes=ALL_SCOPES, created_by=alice.user, actor="test"
+        alice.tenant, NewApiKey(name="payments-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
     )
     return Agent(alice.tenant, key.prefix, raw)
 

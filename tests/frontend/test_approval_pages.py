@@ -16,6 +16,7 @@ from approvals.models import ApprovalRequest, Status, Vote
 from core.scoping import tenant_context
 from passkeys import services as passkeys
 from tenants import services as tenants
+from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, wire_policy
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     key, raw = tenants.create_api_key(
-        alice.tenant, name="payments-bot", scopes=ALL_SCOPES, created_by=alice.user, actor="test"
+        alice.tenant, NewApiKey(name="payments-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
     )
     return Agent(alice.tenant, key.prefix, raw)
 

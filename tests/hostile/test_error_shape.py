@@ -66,18 +66,28 @@ def test_an_unhandled_error_is_a_json_500_that_leaks_nothing(
     assert "hunter2" not in response.content.decode()
 
 
-def test_validation_errors_name_nested_fields_without_python_reprs(alice: Person) -> None:
+def test_validation_errors_name_their_field_without_python_reprs(alice: Person) -> None:
+    # A DRF serializer's refusal (a redaction's body); nested paths: test_flatten_errors_gives_dotted_paths.
     response = alice.session_client().post(
-        "/api/v1/keys", {"name": "k", "scopes": ["read", "bogus"]}, format="json"
+        "/api/v1/audit/redactions", {"stream": "s", "position": "first", "reason": "r"}, format="json"
     )
     assert response.status_code == 400
     body = _shape(response)
     text = response.content.decode()
     assert "ErrorDetail" not in text and "{1:" not in text
     assert body["error"] == "invalid"
-    assert body["field"] == "scopes.1"
-    assert body["detail"].startswith("scopes.1: ")
-    assert list(body["fields"]) == ["scopes.1"]
+    assert body["field"] == "position"
+    assert body["detail"].startswith("position: ")
+    assert list(body["fields"]) == ["position"]
+
+
+def test_a_typed_input_names_the_list_at_fault(alice: Person) -> None:
+    response = alice.session_client().post(
+        "/api/v1/keys", {"name": "k", "scopes": ["read", "bogus"]}, format="json"
+    )
+    assert response.status_code == 400
+    assert "ErrorDetail" not in response.content.decode()
+    assert (_shape(response)["error"], _shape(response)["field"]) == ("invalid_scope", "scopes")
 
 
 def test_flatten_errors_gives_dotted_paths() -> None:

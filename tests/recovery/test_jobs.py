@@ -120,7 +120,9 @@ def test_an_ended_or_quarantined_saga_is_left_alone(alice: Person, writer_a: Wri
     tenant = alice.tenant
     crashed(writer_a, "done", steps=1, end="SAGA_COMPLETE")
     crashed(writer_a, "aside", steps=1)
-    fleet.quarantine(tenant, "aside", actor="test", reason="looking into it")
+    fleet.quarantine(
+        tenant, "aside", fleet.QuarantineCreate.parse({"reason": "looking into it"}), actor="test"
+    )
     assert sweep_later(tenant)["taken_over"] == 0
     with tenant_context(tenant):
         assert not Run.objects.exists()
@@ -189,7 +191,9 @@ def test_steps_needing_a_human_hold_the_saga(alice: Person, writer_a: Writer) ->
     job = claim(worker)  # the irreversible saga's remaining step now runs
     assert job is not None and job["saga_id"] == "irrev" and job["step"] == 1
     # Quarantine from the queue: the rest of that saga is cancelled.
-    services.quarantine(tenant, "nohandler", actor="user:alice", reason="fraud review")
+    services.quarantine(
+        tenant, "nohandler", services.QuarantineCreate.parse({"reason": "fraud review"}), actor="user:alice"
+    )
     with tenant_context(tenant):
         assert set(Job.objects.filter(saga_id="nohandler").values_list("state", flat=True)) == {
             JobState.CANCELLED

@@ -29,6 +29,7 @@ from sagaplane.shipper import ShipperState
 from sagaplane_testkit import CRASHING_AGENT_PRELUDE, read_wal
 
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -433,11 +434,12 @@ def _bootstrap_sqlite(data_dir: Path, env: dict[str, str]) -> str:
         django.setup()
         from django.core.management import call_command
         from tenants import services
+        from tenants.inputs import NewApiKey
         call_command("migrate", verbosity=0)
         tenant = services.create_tenant(
             "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor="test"
         )
-        print(services.create_api_key(tenant, name="agent", scopes=["ingest", "read"], actor="test")[1])
+        print(services.create_api_key(tenant, NewApiKey("agent", ("ingest", "read")), actor="test")[1])
         """
     )
     out = subprocess.run(
@@ -462,7 +464,9 @@ def killable_server(transactional_db: None, tmp_path: Path) -> Any:
         tenant = tenant_services.create_tenant(
             "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor="test"
         )
-        key = tenant_services.create_api_key(tenant, name="agent", scopes=["ingest", "read"], actor="test")[1]
+        key = tenant_services.create_api_key(
+            tenant, NewApiKey(name="agent", scopes=["ingest", "read"]), actor="test"
+        )[1]
     else:
         # The SQLite test database lives in this process's memory: give the server its own file.
         env.pop("DATABASE_URL", None)
@@ -535,10 +539,10 @@ def test_wrong_scope_and_revoked_keys_raise_authentication_error(
         reserve(1)
     wal.close()
     read_only_key = tenant_services.create_api_key(
-        alice.tenant, name="reader", scopes=["read"], actor="test"
+        alice.tenant, NewApiKey(name="reader", scopes=["read"]), actor="test"
     )[1]
     revoked, revoked_key = tenant_services.create_api_key(
-        alice.tenant, name="old", scopes=["ingest", "read"], actor="test"
+        alice.tenant, NewApiKey(name="old", scopes=["ingest", "read"]), actor="test"
     )
     tenant_services.revoke_api_key(revoked, actor="test")
 

@@ -30,6 +30,7 @@ from recovery import services as recovery
 from recovery.models import Job
 from sagas.models import Saga, Step
 from tenants import services as tenants
+from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
 from tests.support.waiting import wait_until
@@ -90,7 +91,7 @@ class Shop:
 @pytest.fixture
 def agent_key(tenant_a: Tenant, alice: Person) -> str:
     _, raw = tenants.create_api_key(
-        tenant_a, name="mcp-gateway", scopes=ALL_SCOPES, created_by=alice.user, actor="test"
+        tenant_a, NewApiKey(name="mcp-gateway", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
     )
     return raw
 

@@ -9,6 +9,7 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from tenants import services
+from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 
 ALL_SCOPES = ["ingest", "gate", "read", "recovery", "audit", "control"]
@@ -38,7 +39,9 @@ class Person:
 
 def make_person(tenant: Tenant, name: str, role: str) -> Person:
     membership = services.add_member(tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor="test")
-    _, raw_key = services.create_api_key(tenant, name=f"{name}-agent", scopes=ALL_SCOPES, actor="test")
+    _, raw_key = services.create_api_key(
+        tenant, NewApiKey(name=f"{name}-agent", scopes=ALL_SCOPES), actor="test"
+    )
     return Person(membership.user, tenant, role, raw_key)
 
 

@@ -13,6 +13,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from core.scoping import tenant_context
+from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
 from tests.support.factories import Person, open_reservation, outstanding_lease
@@ -334,7 +335,7 @@ def _grow(tenant: Tenant) -> None:
 
     suffix = uuid.uuid4().hex[:8]
     ingest(tenant, f"st-grown-{suffix}", chain(saga_records(name=f"grown-{suffix}")), actor="test")
-    services.create_api_key(tenant, name=f"grown-{suffix}", scopes=["read"], actor="test")
+    services.create_api_key(tenant, NewApiKey(name=f"grown-{suffix}", scopes=["read"]), actor="test")
     services.add_member(tenant, f"grown-{suffix}@{tenant.slug}.example", "viewer", "x" * 12, actor="test")
     with tenant_context(tenant):
         Export.objects.create(tenant=tenant, requested_by="test")

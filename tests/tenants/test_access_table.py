@@ -39,6 +39,7 @@ from frontend import invitations
 from reconciliation import services as reconciliation
 from slackapp import services as slack
 from tenants import services
+from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
@@ -391,7 +392,9 @@ def world(
         bravo = services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", actor="test")
         clients: dict[str, Client] = {"anonymous": Client()}
         for scope in KEY_SCOPES:
-            _, raw = services.create_api_key(acme, name=f"only-{scope}", scopes=[scope], actor="test")
+            _, raw = services.create_api_key(
+                acme, NewApiKey(name=f"only-{scope}", scopes=[scope]), actor="test"
+            )
             clients[f"key:{scope}"] = _client(key=raw)
         for role in ROLES:
             member = services.add_member(acme, f"{role}@acme.example", role, actor="test")
@@ -409,7 +412,7 @@ def world(
         size = proofs_size(acme)
         export = transparency.request_export(acme, actor="test")
         transparency.build_export(acme, export.pk)
-        spare, _ = services.create_api_key(acme, name="spare", scopes=["read"], actor="test")
+        spare, _ = services.create_api_key(acme, NewApiKey(name="spare", scopes=["read"]), actor="test")
         target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor="test")
         inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor="test")
         budget = fleet.create_budget(

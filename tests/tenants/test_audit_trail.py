@@ -19,6 +19,7 @@ from core.errors import DomainError
 from core.scoping import tenant_context
 from frontend import invitations
 from tenants import services
+from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import PASSWORD, Person
@@ -215,7 +216,9 @@ def test_member_pages_record_the_signed_in_actor(alice: Person, bob: Person) -> 
 
 def test_api_key_creation_and_revocation_record_old_and_new(tenant_a: Tenant) -> None:
     before = len(server_stream(tenant_a))
-    api_key, raw = services.create_api_key(tenant_a, name="ci", scopes=["read", "ingest"], actor="user:x")
+    api_key, raw = services.create_api_key(
+        tenant_a, NewApiKey(name="ci", scopes=["read", "ingest"]), actor="user:x"
+    )
     created = only_new_record(tenant_a, before)
     assert created["event"] == "ADMIN_API_KEY_CREATED" and created["actor"] == "user:x"
     assert created["prefix"] == api_key.prefix and created["name"] == "ci"

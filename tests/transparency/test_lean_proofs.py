@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from core.scoping import tenant_context
 from tenants import fastroute
 from tenants import services as tenant_services
+from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
@@ -119,9 +120,9 @@ def test_each_tenant_gets_its_own_log_on_the_lean_path(
 
 
 def _scoped_key(tenant: Tenant, scopes: list[str]) -> str:
-    return tenant_services.create_api_key(tenant, name=f"k-{'-'.join(scopes)}", scopes=scopes, actor="test")[
-        1
-    ]
+    return tenant_services.create_api_key(
+        tenant, NewApiKey(name=f"k-{'-'.join(scopes)}", scopes=scopes), actor="test"
+    )[1]
 
 
 def test_every_refusal_is_the_full_stacks_in_its_error_shape(

@@ -25,13 +25,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with command_tenant(options["tenant"]) as tenant:
             try:
-                row = services.quarantine(
-                    tenant,
-                    options["saga_id"],
-                    actor=cli_actor(),
-                    reason=options["reason"],
-                    preemptive=options["preemptive"],
+                terms = services.QuarantineCreate.parse(
+                    {"reason": options["reason"], "preemptive": options["preemptive"]}
                 )
+                row = services.quarantine(tenant, options["saga_id"], terms, actor=cli_actor())
             except DomainError as exc:
                 raise refused(exc) from None
             preemptive = " (preemptively: no record of it yet)" if row.preemptive else ""

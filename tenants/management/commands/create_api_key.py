@@ -26,7 +26,9 @@ class Command(BaseCommand):
         try:
             with command_tenant(options["tenant"]) as tenant:
                 api_key, raw_key = services.create_api_key(
-                    tenant, name=options["name"], scopes=scopes, actor=cli_actor()
+                    tenant,
+                    services.ApiKeyCreate.parse({"name": options["name"], "scopes": scopes}),
+                    actor=cli_actor(),
                 )
         except DomainError as exc:
             raise CommandError(f"{exc.field}: {exc}") from exc

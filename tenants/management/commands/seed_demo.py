@@ -77,7 +77,7 @@ class Command(BaseCommand):
         key_file = demo_key_path()
         if not key_file.exists():
             _, raw_key = services.create_api_key(
-                tenant, name="demo-agent", scopes=["ingest", "gate", "read", "recovery"], actor=ACTOR
+                tenant, services.NewApiKey("demo-agent", ("ingest", "gate", "read", "recovery")), actor=ACTOR
             )
             key_file.write_text(raw_key)
             key_file.chmod(0o600)
