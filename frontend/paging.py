@@ -8,7 +8,10 @@ still lands on the list, never on an error). Offsets are not used: a page stays 
 new ones arrive, and a deep page costs what the first costs (the index on the time serves both).
 
 Lists whose selector takes a cursor (`fleet.selectors.denials`, `halt_history`) read it with
-`cursor(...)` and link with `links(...)`; a queryset is paged whole by `keyset(...)`."""
+`cursor(...)` and link with `links(...)`; a queryset is paged whole by `keyset(...)`. A page with
+several lists (Recovery) names each one's parameters (`queue_before=`, ...) and passes the others'
+in `query`, so paging one list keeps the others where they were; a list read oldest first (the
+human queue) pages the same way in that order (`ascending`)."""
 
 from __future__ import annotations
 
@@ -94,20 +97,29 @@ def keyset(
     *,
     size: int = PAGE_SIZE,
     text_id: bool = False,
+    integer_id: bool = False,
+    name: str = "",
+    ascending: bool = False,
 ) -> Page:
-    """One page of `rows` ordered by (`time_field`, pk), the latest first, after the `before`
-    cursor (Next) or just before the `after` cursor (Previous); rows with no time are left out."""
+    """One page of `rows` ordered by (`time_field`, pk), the latest first (the oldest with
+    `ascending`), after the `<name>before` cursor (Next) or just before the `<name>after` cursor
+    (Previous); rows with no time are left out."""
     rows = rows.filter(**{f"{time_field}__isnull": False})
-    ahead = cursor(request, "before", text_id=text_id)
-    behind = None if ahead else cursor(request, "after", text_id=text_id)
+    ahead = cursor(request, f"{name}before", text_id=text_id, integer_id=integer_id)
+    behind = None if ahead else cursor(request, f"{name}after", text_id=text_id, integer_id=integer_id)
+    onward, back = ("gt", "lt") if ascending else ("lt", "gt")
+    order = [time_field, "pk"]
+    reverse = [f"-{time_field}", "-pk"]
+    if not ascending:
+        order, reverse = reverse, order
     if behind is not None:  # the rows just before the cursor, read backwards, shown in order
-        got = list(rows.filter(_past(time_field, "gt", *behind)).order_by(time_field, "pk")[: size + 1])
+        got = list(rows.filter(_past(time_field, back, *behind)).order_by(*reverse)[: size + 1])
         shown = list(reversed(got[:size]))
         has_newer, has_older = len(got) > size, True
     else:
-        ordered = rows.order_by(f"-{time_field}", "-pk")
+        ordered = rows.order_by(*order)
         if ahead is not None:
-            ordered = ordered.filter(_past(time_field, "lt", *ahead))
+            ordered = ordered.filter(_past(time_field, onward, *ahead))
         got = list(ordered[: size + 1])
         shown = got[:size]
         has_newer, has_older = ahead is not None, len(got) > size
@@ -116,8 +128,8 @@ def keyset(
     top, bottom = shown[0], shown[-1]
     return Page(
         shown,
-        older=link(query, "before", _time(bottom, time_field), bottom.pk) if has_older else "",
-        newer=link(query, "after", _time(top, time_field), top.pk) if has_newer else "",
+        older=link(query, f"{name}before", _time(bottom, time_field), bottom.pk) if has_older else "",
+        newer=link(query, f"{name}after", _time(top, time_field), top.pk) if has_newer else "",
         newest=first(query) if has_newer else "",
     )
 

@@ -11,15 +11,18 @@ member) to see, RECOVERY_DECIDE (risk staff) to decide."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import QuerySet
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
 from core.errors import DomainError
 from core.numbers import ascii_int
+from frontend import paging
 from frontend.views import MemberRequest, actor_of, member_page, page
 from recovery import selectors, services, sweeper
 from recovery.models import Escalation, JobState
@@ -27,7 +30,15 @@ from sagas.models import Saga, StepStatus
 from tenants.access import RECOVERY_DECIDE, RECOVERY_VIEW, decide
 from tenants.models import Membership
 
-SHOWN = 200
+PAGE_SIZE = paging.PAGE_SIZE
+# The page's lists, each paged by `frontend.paging` (its rows, time, oldest first?): the human
+# queue oldest first (the longest waiting on top), the others the latest first.
+LISTS: dict[str, tuple[Callable[[], QuerySet[Any]], str, bool]] = {
+    "queue": (selectors.human_queue, "escalated_at", True),
+    "partial": (selectors.partial_rollbacks, "last_activity_at", False),
+    "flight": (selectors.in_flight, "created_at", False),
+    "done": (selectors.finished, "finished_at", False),
+}
 NEEDS_HUMAN_CAP = 10_000  # as the Sagas banner counts
 # Why a step waits for a human, in words (Escalation values → explanation).
 WHY = {
@@ -47,20 +58,40 @@ def may_decide(membership: Membership) -> bool:
     return decide(RECOVERY_DECIDE, membership=membership) is None
 
 
+def _pages(request: MemberRequest) -> dict[str, paging.Page]:
+    """The page's four lists, each paged on its own (`<list>_before=` / `_after=`): a link of one
+    keeps the others' places."""
+    names = [f"{name}_{way}" for name in LISTS for way in ("before", "after")]
+    held = {key: request.GET[key] for key in names if request.GET.get(key)}
+    pages = {}
+    for name, (rows, time_field, ascending) in LISTS.items():
+        others = {k: v for k, v in held.items() if not k.startswith(f"{name}_")}
+        pages[name] = paging.keyset(
+            request,
+            rows(),
+            time_field,
+            others,
+            size=PAGE_SIZE,
+            integer_id=name == "partial",
+            name=f"{name}_",
+            ascending=ascending,
+        )
+    return pages
+
+
 @member_page({"GET": RECOVERY_VIEW}, section="recovery")
 def recovery(request: MemberRequest) -> HttpResponse:
-    queue = list(selectors.human_queue()[:SHOWN])
+    pages = _pages(request)
+    queue = pages["queue"].rows
     context = {
         "queue": [{"job": job, "why": WHY.get(Escalation(job.escalation), job.escalation)} for job in queue],
         # The Sagas banner's count, from the same selector: the two pages cannot disagree.
         "needs_human": selectors.needs_human_count(NEEDS_HUMAN_CAP),
-        "partial": selectors.partial_rollbacks(SHOWN),
+        "partial": pages["partial"].rows,
         "sweep": sweeper.status(),
-        "in_flight": list(selectors.jobs(state=JobState.CLAIMED)[:SHOWN])
-        + list(selectors.jobs(state=JobState.PENDING)[:SHOWN]),
-        "finished": [
-            j for j in selectors.jobs()[:50] if j.state in (JobState.COMPENSATED, JobState.RESOLVED)
-        ],
+        "in_flight": pages["flight"].rows,
+        "finished": pages["done"].rows,
+        "pages": pages,
         "may_decide": may_decide(request.membership),
         "me": request.user.get_username(),
         "assignees": services.assignees() if queue else [],

@@ -147,6 +147,13 @@ class Job(TenantScopedModel):
             models.Index(fields=["run", "ordinal"], name="recovery_job_order"),
             models.Index(fields=["tenant", "saga_id"], name="recovery_job_saga"),
             models.Index(fields=["state", "lease_expires_at"], name="recovery_job_lease"),
+            # The Recovery page's "Recently finished", paged by (finished_at, id): the one list
+            # of jobs that grows for ever.
+            models.Index(
+                fields=["tenant", "finished_at", "id"],
+                condition=models.Q(state__in=["compensated", "resolved"]),
+                name="recovery_job_finished",
+            ),
         ]
 
 

@@ -150,14 +150,24 @@ def needing_human(sagas: list[Saga]) -> set[str]:
     return {saga.saga_id for saga in sagas if saga.status == SagaStatus.ROLLBACK_PARTIAL} | escalated
 
 
-def partial_rollbacks(limit: int) -> list[Saga]:
+def partial_rollbacks() -> QuerySet[Saga]:
     """Sagas whose rollback ended partial with no recovery run waiting (those are in the human
-    queue by their steps), most recent first."""
-    escalated = escalated_saga_ids(limit)
-    return list(
-        saga_selectors.newest_first(
-            Saga.objects.filter(status=SagaStatus.ROLLBACK_PARTIAL).exclude(saga_id__in=escalated)
-        )[:limit]
+    queue by their steps), most recent first (the Recovery page pages it)."""
+    escalated = Run.objects.filter(state=RunState.ESCALATED).values("saga_id")
+    return saga_selectors.newest_first(
+        Saga.objects.filter(status=SagaStatus.ROLLBACK_PARTIAL).exclude(saga_id__in=escalated)
+    )
+
+
+def in_flight() -> QuerySet[Job]:
+    """Compensations waiting for a worker or running, the latest first."""
+    return Job.objects.filter(state__in=[JobState.CLAIMED, JobState.PENDING]).order_by("-created_at", "-pk")
+
+
+def finished() -> QuerySet[Job]:
+    """Compensations done by a worker or resolved by a person, the latest finished first."""
+    return Job.objects.filter(state__in=[JobState.COMPENSATED, JobState.RESOLVED]).order_by(
+        "-finished_at", "-pk"
     )
 
 

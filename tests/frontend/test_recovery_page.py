@@ -105,3 +105,77 @@ def test_another_tenant_sees_nothing(alice: Person, carol: Person, writer: Write
     assert outsider.post("/recovery/sagas/acme-only/quarantine", {"reason": "x"}).status_code == 404
     with tenant_context(alice.tenant):
         assert Job.objects.get().state == JobState.ESCALATED
+
+
+def _pager(body: str, label: str) -> dict[str, str]:
+    """The links of the pager named `label`: {"First page" | "‹ Previous" | "Next ›": href}."""
+    import html
+    import re
+
+    nav = re.search(rf'<nav class="pager" aria-label="{label}">(.*?)</nav>', body, re.S)
+    if nav is None:
+        return {}
+    return {
+        html.unescape(text): html.unescape(href)
+        for href, text in re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', nav[1])
+    }
+
+
+def test_the_lists_page_by_keyset_each_keeping_the_others_place(
+    alice: Person, carol: Person, writer: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from frontend import recovery_views
+
+    monkeypatch.setattr(recovery_views, "PAGE_SIZE", 2)
+    tenant = alice.tenant
+    for n in range(6):
+        crashed(writer, f"stuck-{n}", steps=1, handler=None)  # no handler: each waits for a human
+    sweep_later(tenant)
+    with tenant_context(tenant):
+        oldest_first = list(
+            Job.objects.filter(state=JobState.ESCALATED)
+            .order_by("escalated_at", "pk")
+            .values_list("saga_id", flat=True)
+        )
+    assert len(oldest_first) == 6
+    owner, seen, url = browser(alice), [], "/recovery/"
+    queue = "Pages of the steps waiting for a human"
+    while url:
+        body = owner.get(url).content.decode()
+        rows = re.findall(r'<tr data-job="[^"]+" data-saga="([^"]+)"', body)
+        assert 0 < len(rows) <= 2
+        seen += rows
+        links = _pager(body, queue)
+        url = "/recovery/" + links["Next ›"].split("#")[0] if "Next ›" in links else ""
+    assert seen == oldest_first  # three pages, the longest waiting first, none twice
+    # From the last page, Previous shows the two before it.
+    assert set(links) == {"First page", "‹ Previous"}
+    back = owner.get("/recovery/" + links["‹ Previous"].split("#")[0]).content.decode()
+    assert re.findall(r'<tr data-job="[^"]+" data-saga="([^"]+)"', back) == oldest_first[2:4]
+    assert _pager(back, queue)["First page"] == "?#queue"
+    # Resolving three makes a second page of finished ones; paging it keeps the queue's place.
+    with tenant_context(tenant):
+        resolved = list(Job.objects.filter(saga_id__in=oldest_first[:3]))
+    for job in resolved:
+        owner.post(f"/recovery/jobs/{job.pk}/resolve", {"note": "refunded by hand"})
+    body = owner.get("/recovery/").content.decode()
+    queue_next = _pager(body, queue)["Next ›"].split("#")[0]
+    middle = owner.get("/recovery/" + queue_next).content.decode()
+    done_next = _pager(middle, "Pages of finished compensations")["Next ›"]
+    assert "queue_before=" in done_next and "done_before=" in done_next and done_next.endswith("#done")
+    last = owner.get("/recovery/" + done_next.split("#")[0]).content.decode()
+    assert re.findall(r'<tr data-job="[^"]+" data-saga="([^"]+)"', last) == re.findall(
+        r'<tr data-job="[^"]+" data-saga="([^"]+)"', middle
+    )  # the queue stayed on its page
+    finished = re.search(r'<ul id="finished">(.*?)</ul>', last, re.S)
+    assert finished and len(re.findall(r"<li>", finished[1])) == 1, finished  # the third one, alone
+    # A mangled cursor is the first page; another tenant sees none of it.
+    assert (
+        'data-saga="stuck-' in owner.get("/recovery/?queue_before=yesterday~1&done_after=-1").content.decode()
+    )
+    other = (
+        browser(carol).get("/recovery/?queue_before=" + queue_next.split("queue_before=")[1]).content.decode()
+    )
+    assert "stuck-" not in other
