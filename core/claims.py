@@ -2,8 +2,8 @@
 is the truth, no broker or lock service decides who holds what).
 
 A row of leased work (a recovery job, a reconciliation check, the posting of a Slack channel
-message, the settlement of an expired budget lease) has a state, an integer fencing token, a
-holder and the end of its lease. A claim is one statement, a conditional UPDATE:
+message, the settlement of an expired budget lease, the build of a WORM export) has a state, an
+integer fencing token, a holder and the end of its lease. A claim is one statement, a conditional UPDATE:
 
     WITH picked (pk, token) AS (<the caller's candidates, ordered and limited,
                                  locked FOR UPDATE SKIP LOCKED where rows can be locked>)
@@ -36,7 +36,8 @@ and is used as a datetime value of the filters (its positions are found by a sen
                  now=timezone.now(), holder=name, lease_until=now + LEASE, limit=10,
                  shape=("deliveries", tenant.pk))
 
-and check a result's token with `DELIVERIES.holds(row, token)` on the row locked for update.
+and check a result's token with `DELIVERIES.holds(row, token)` on the row locked for update, or
+write as the holder with `DELIVERIES.held(queryset, token).update(...)` (a conditional UPDATE).
 `also` sets more columns in the same UPDATE: a value, `Increment()` (+1) or `SetIfNull(value)`.
 The returned rows come in the candidates' order (plain fields of the model only).
 """
@@ -76,15 +77,16 @@ class SetIfNull:
 @dataclass(frozen=True)
 class Leased(Generic[M]):
     """Which columns of `model` carry the lease: the state column, the state a claim leaves the
-    row in, the states a claim may take it from, the fencing token, the holder and the lease's
-    end (field names)."""
+    row in, the states a claim may take it from, the fencing token, the holder (None: the row
+    names none) and the lease's end (field names). A row whose lease is a sign of life instead
+    (an export's heartbeat: stale a window later) gets the claim's moment as `lease_until`."""
 
     model: type[M]
     state: str
     claimed: str
     claimable: tuple[str, ...]
     token: str
-    holder: str
+    holder: str | None
     lease: str
     holder_max: int = 200
     _statements: OrderedDict[Hashable, _Compiled | None] = field(
@@ -95,6 +97,11 @@ class Leased(Generic[M]):
     def holds(self, row: M, token: object) -> bool:
         """Whether `token` is the row's current fencing token and the row is still claimed."""
         return getattr(row, self.state) == self.claimed and getattr(row, self.token) == token
+
+    def held(self, rows: models.QuerySet[M], token: object) -> models.QuerySet[M]:
+        """`rows` while still claimed with `token`: a holder's conditional write (`.update(...)`)
+        through this changes nothing once its lease lapsed and the row was claimed again."""
+        return rows.filter(**{self.state: self.claimed, self.token: token})
 
 
 @dataclass(frozen=True)
@@ -191,8 +198,11 @@ def _update(
 
     sets = [f"{column(leased.state)} = %s", f"{column(leased.token)} = {table}.{column(leased.token)} + 1"]
     params: list[Any] = [leased.claimed]
-    sets += [f"{column(leased.holder)} = %s", f"{column(leased.lease)} = %s"]
-    params += [holder[: leased.holder_max], _adapt(leased.model, leased.lease, lease_until, connection)]
+    if leased.holder is not None:
+        sets.append(f"{column(leased.holder)} = %s")
+        params.append(holder[: leased.holder_max])
+    sets.append(f"{column(leased.lease)} = %s")
+    params.append(_adapt(leased.model, leased.lease, lease_until, connection))
     for name, value in also.items():
         if isinstance(value, Increment):
             sets.append(f"{column(name)} = {table}.{column(name)} + 1")

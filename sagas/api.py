@@ -21,6 +21,7 @@ from core.errors import DomainError
 from core.numbers import ascii_int
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
+from sagas.queries import SAGA_FIELDS
 from sagas.services import mask_credentials
 from tenants.access import READ
 from tenants.permissions import TenantScopedViewMixin
@@ -32,23 +33,8 @@ class SagaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Saga
-        fields = [
-            "saga_id",
-            "name",
-            "agent",
-            "stream_id",
-            "status",
-            "recorded_status",
-            "started_at",
-            "last_activity_at",
-            "last_lease_at",
-            "lease_ttl",
-            "lease_expires_at",
-            "last_event",
-            "record_count",
-            "first_leaf_index",
-            "last_leaf_index",
-        ]
+        # The projected columns (one list: sagas/queries.py); `status` is the effective one.
+        fields = ["saga_id", "stream_id", "recorded_status", *SAGA_FIELDS]
 
     def get_status(self, saga: Saga) -> str:
         return saga.effective_status(self.context.get("now"))

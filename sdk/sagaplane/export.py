@@ -280,9 +280,7 @@ def _scan_lines(text: str, pos: int, start: int, stop: int, first: int, heads: _
             elif record_hash(ph, seq, ts, event, cd) != h:
                 raise _Slow
             # h now equals a lowercase hex digest, so it needs no escaping in the leaf data.
-            suffix = suffixes.get(stream)
-            if suffix is None:
-                suffix = suffixes[stream] = f',"stream":{enc(stream)},"v":1}}'
+            suffix = suffixes.get(stream) or suffixes.setdefault(stream, f',"stream":{enc(stream)},"v":1}}')
             leaf = sha256(f'\x00{{"h":"{h}","pos":{position!r}{suffix}'.encode()).digest()
         except Exception:
             # Not proven here (or a check failed): the reference code decides this line, and
@@ -291,8 +289,7 @@ def _scan_lines(text: str, pos: int, start: int, stop: int, first: int, heads: _
             leaf, stream, position, full = _check_line(line, i, first + i)
             red, h, ph = full.get(REDACTED_FIELD), full[HASH_FIELD], full[PREV_FIELD]
         append(leaf)
-        if red:
-            redacted += 1
+        redacted += 1 if red else 0
         head = heads.get(stream)
         if head is None:
             firsts[stream] = (position, ph)
@@ -455,6 +452,31 @@ def _check_records_parallel(
     return merkle.CompactRange(size, stack), heads, chunk.redacted + tail_redacted
 
 
+def _previous_size(
+    manifest: dict[str, Any], cp: note.Checkpoint, key_list: list[str | note.Verifier]
+) -> int | None:
+    """The size of the previous export's checkpoint the manifest names (None: it names none), once
+    `cp` is proven consistent with it."""
+    previous = manifest.get("previous")
+    if previous is None:
+        return None
+    if not isinstance(previous, dict):
+        raise VerificationError("manifest.previous is malformed")
+    prev_cp = open_signed(previous.get("checkpoint"), key_list, manifest.get("origin"))
+    try:
+        if prev_cp.size == cp.size:
+            if prev_cp.root_hash != cp.root_hash:
+                raise merkle.ProofError("same size, different root")
+        elif prev_cp.size > 0:
+            proof = [unb64(h, "previous consistency hash") for h in previous.get("consistency") or []]
+            merkle.verify_consistency(prev_cp.size, cp.size, proof, prev_cp.root_hash, cp.root_hash)
+    except merkle.ProofError as exc:
+        raise VerificationError(
+            f"this checkpoint is not consistent with the previous export's (size {prev_cp.size}): {exc}"
+        ) from None
+    return int(prev_cp.size)
+
+
 def verify_export_files(
     files: dict[str, bytes],
     keys: str | note.Verifier | Iterable[str | note.Verifier],
@@ -517,24 +539,7 @@ def verify_export_files(
     if declared != actual:
         raise VerificationError("manifest.stream_heads do not match the last record of each stream")
 
-    previous_size = None
-    previous = manifest.get("previous")
-    if previous is not None:
-        if not isinstance(previous, dict):
-            raise VerificationError("manifest.previous is malformed")
-        prev_cp = open_signed(previous.get("checkpoint"), key_list, manifest.get("origin"))
-        try:
-            if prev_cp.size == cp.size:
-                if prev_cp.root_hash != cp.root_hash:
-                    raise merkle.ProofError("same size, different root")
-            elif prev_cp.size > 0:
-                proof = [unb64(h, "previous consistency hash") for h in previous.get("consistency") or []]
-                merkle.verify_consistency(prev_cp.size, cp.size, proof, prev_cp.root_hash, cp.root_hash)
-        except merkle.ProofError as exc:
-            raise VerificationError(
-                f"this checkpoint is not consistent with the previous export's (size {prev_cp.size}): {exc}"
-            ) from None
-        previous_size = prev_cp.size
+    previous_size = _previous_size(manifest, cp, key_list)
     return ExportReport(cp.origin, first, end, cp.size, count, redacted, previous_size)
 
 

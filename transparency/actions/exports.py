@@ -1,6 +1,7 @@
-"""WORM exports: requested (recorded in the server stream), claimed by a build attempt (fenced on
-its number), built in short transactions with visible progress, published write-once, and swept
-when a build goes quiet (re-queued, or failed after SAGAPLANE_EXPORT_MAX_ATTEMPTS)."""
+"""WORM exports: requested (recorded in the server stream), claimed by a build attempt as leased
+work (`core.claims`: the attempt number is the fencing token, the heartbeat the sign of life),
+built in short transactions with visible progress, published write-once, and swept when a build
+goes quiet (re-queued, or failed after SAGAPLANE_EXPORT_MAX_ATTEMPTS)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
+from core.claims import Leased, claim
 from core.postcommit import after_commit
 from core.scoping import tenant_context
 from tenants.models import Tenant
@@ -25,6 +27,18 @@ from transparency.actions.common import IntegrationRefused
 from transparency.models import Checkpoint, Export, ExportStatus
 
 log = logging.getLogger(__name__)
+
+# A build holds its export while it is running with its attempt number; the sweep (not a lapsed
+# lease) hands a quiet one back by queueing it again, so only a queued export is claimable.
+BUILDS: Leased[Export] = Leased(
+    Export,
+    state="status",
+    claimed=ExportStatus.RUNNING,
+    claimable=(ExportStatus.QUEUED,),
+    token="attempts",
+    holder=None,
+    lease="heartbeat_at",
+)
 
 
 def request_export(
@@ -95,7 +109,7 @@ def record_export_progress(tenant: Tenant, export_id: Any, attempt: int, done: i
     """Progress is its own short transaction so pollers (and the stale sweep) see it while the
     build runs. Fenced on `attempt`: a build the sweep has replaced writes nothing."""
     with tenant_context(tenant):
-        Export.objects.filter(pk=export_id, status=ExportStatus.RUNNING, attempts=attempt).update(
+        BUILDS.held(Export.objects.filter(pk=export_id), attempt).update(
             records_done=done, records_total=total, heartbeat_at=timezone.now()
         )
 
@@ -105,7 +119,7 @@ def finish_export(tenant: Tenant, export_id: Any, attempt: int, **fields: Any) -
     export, i.e. the sweep re-queued or failed it meanwhile."""
     with tenant_context(tenant):
         return bool(
-            Export.objects.filter(pk=export_id, status=ExportStatus.RUNNING, attempts=attempt).update(
+            BUILDS.held(Export.objects.filter(pk=export_id), attempt).update(
                 finished_at=timezone.now(), heartbeat_at=timezone.now(), **fields
             )
         )
@@ -122,11 +136,10 @@ class ExportClaim:
 
 
 def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
-    """Mark a queued export running as the next attempt (one transaction; a conditional UPDATE, so
-    a duplicate or redelivered message finds nothing to claim). The first claim fixes the range,
-    checkpoint and predecessor; a retry reuses them, so every attempt builds the same bundle."""
-    from transparency.bundles import resolve_range
-
+    """Mark a queued export running as the next attempt (`BUILDS`: one conditional UPDATE raising
+    the attempt number, so a duplicate or redelivered message finds nothing to claim). The first
+    claim fixes the range, checkpoint and predecessor; a retry reuses them, so every attempt builds
+    the same bundle."""
     with tenant_context(tenant):
         # Lock only the export row (Postgres refuses FOR UPDATE across the nullable joins).
         export = (
@@ -136,39 +149,46 @@ def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
         )
         if export.status != ExportStatus.QUEUED:
             return None
-        if export.checkpoint is not None and export.first is not None and export.end is not None:
-            checkpoint, previous = export.checkpoint, export.previous
-            first, end = export.first, export.end
-        else:
-            # The newest the quorum of witnesses cosigned, so the export verifies under the policy.
-            latest = witnesses.proving_checkpoint(0)
-            if latest is None:
-                raise IntegrationRefused(
-                    "integration_refused", "the log has no signed checkpoint yet", status=500
-                )
-            checkpoint = latest
-            previous = (
-                Export.objects.filter(status=ExportStatus.DONE)
-                .exclude(pk=export.pk)
-                .order_by("-finished_at")
-                .first()
-            )
-            first, end = resolve_range(tenant, export, checkpoint)
-        attempt = export.attempts + 1
-        claimed = Export.objects.filter(
-            pk=export.pk, status=ExportStatus.QUEUED, attempts=export.attempts
-        ).update(
-            status=ExportStatus.RUNNING,
-            first=first,
-            end=end,
-            checkpoint=checkpoint,
-            previous=previous,
-            records_done=0,
-            records_total=end - first,
-            attempts=attempt,
-            heartbeat_at=timezone.now(),
+        checkpoint, previous, first, end = _bundle_terms(tenant, export)
+        now = timezone.now()
+        taken = claim(
+            BUILDS,
+            lambda _now: Export.objects.filter(pk=export.pk).order_by("pk"),
+            now=now,
+            holder="",
+            lease_until=now,
+            limit=1,
+            shape=("export", tenant.pk, export.pk),
+            also={
+                "first": first,
+                "end": end,
+                "checkpoint": checkpoint.pk,
+                "previous": previous.pk if previous is not None else None,
+                "records_done": 0,
+                "records_total": end - first,
+            },
         )
-        return ExportClaim(export, checkpoint, previous, first, end, attempt) if claimed else None
+        if not taken:
+            return None
+        return ExportClaim(export, checkpoint, previous, first, end, taken[0].attempts)
+
+
+def _bundle_terms(tenant: Tenant, export: Export) -> tuple[Checkpoint, Export | None, int, int]:
+    """The checkpoint, predecessor and leaf range every attempt of `export` builds: fixed by its
+    first claim, reused by a retry."""
+    from transparency.bundles import resolve_range
+
+    if export.checkpoint is not None and export.first is not None and export.end is not None:
+        return export.checkpoint, export.previous, export.first, export.end
+    # The newest the quorum of witnesses cosigned, so the export verifies under the policy.
+    latest = witnesses.proving_checkpoint(0)
+    if latest is None:
+        raise IntegrationRefused("integration_refused", "the log has no signed checkpoint yet", status=500)
+    previous = (
+        Export.objects.filter(status=ExportStatus.DONE).exclude(pk=export.pk).order_by("-finished_at").first()
+    )
+    first, end = resolve_range(tenant, export, latest)
+    return latest, previous, first, end
 
 
 def _fail_unclaimed(tenant: Tenant, export_id: Any, reason: str) -> None:
