@@ -52,7 +52,9 @@ def test_an_open_saga_is_an_exception_until_a_person_resolves_it(tenant_a: Tenan
     recovery.sweep(tenant_a, now=timezone.now() + timedelta(minutes=5))  # the lease lapsed: taken over
     with tenant_context(tenant_a):
         (job,) = recovery_selectors.human_queue()  # irreversible, no inverse: for a person
-    recovery.resolve(tenant_a, job.pk, actor="user:risk", note="wire recalled by phone with the bank")
+    recovery.resolve(
+        tenant_a, job.pk, recovery.Resolution("wire recalled by phone with the bank"), actor="user:risk"
+    )
     with tenant_context(tenant_a):
         resolved = recovery_selectors.job(job.pk)
         assert resolved is not None and resolved.state == JobState.RESOLVED
