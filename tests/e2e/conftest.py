@@ -321,3 +321,18 @@ def register_passkey(page: Any, name: str) -> None:
     page.get_by_label("Name").fill(name)
     page.get_by_role("button", name="Register passkey").click()
     expect(page.locator(f'#passkeys-table tr[data-passkey="{name}"]')).to_contain_text("active")
+
+
+def confirm_dialog(page, text: str, *, action: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Answer the console's confirmation dialog (app.js): it is open, says `text` (and names
+    `action` on its confirm button, when given), and its confirm button is clicked once."""
+    from playwright.sync_api import expect
+
+    dialog = page.locator("dialog#confirm-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text(text)
+    ok = dialog.locator("#confirm-dialog-ok")
+    if action is not None:
+        expect(ok).to_have_text(action)
+    ok.click()
+    expect(dialog).to_be_hidden()

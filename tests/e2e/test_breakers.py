@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import CAROL, LIVE_TIMEOUT, OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import CAROL, LIVE_TIMEOUT, OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 from tests.support.chains import chain
 
 pytestmark = pytest.mark.e2e
@@ -92,7 +92,9 @@ def test_owner_sets_a_breaker_that_agents_failures_open_and_the_page_shows_it(
     expect(other.locator('[data-breaker="vendor down"]')).to_have_count(0)
     assert "vendor down" not in other.content()
 
-    page.once("dialog", lambda dialog: dialog.accept())
     panel.get_by_role("button", name="Delete circuit breaker vendor down").click()
+    confirm_dialog(
+        page, "Delete the circuit breaker 'vendor down'?", action="Delete circuit breaker vendor down"
+    )
     expect(page.get_by_text("Circuit breaker 'vendor down' deleted.")).to_be_visible()
     assert gate(control_plane, "deleted", "vendor.pay")["decision"] == "allow"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, RISK, VIEWER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import OWNER, RISK, VIEWER, LiveServer, confirm_dialog, screenshot, sign_in
 from tests.e2e.test_console_a11y import RUN_AXE, SERIOUS
 from tests.support.sagadata import Writer
 
@@ -62,8 +62,8 @@ def test_a_step_that_needs_a_human_is_acknowledged_and_assigned(new_page, contro
     page = new_page(height=1200)
     sign_in(page, OWNER)
     page.goto(f"/sagas/{saga_id}/")
-    page.on("dialog", lambda dialog: dialog.accept())
     page.locator("#rollback-to-1").click()
+    confirm_dialog(page, "Compensate every step after step 1, newest first", action="Rollback to here")
     page.goto("/recovery/")
     row = page.locator(f'#human-queue tr[data-saga="{saga_id}"]')
     expect(row).to_contain_text("Nobody yet")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import CAROL, OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import CAROL, OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 
@@ -40,8 +40,10 @@ def test_a_kill_switch_leaves_history_and_its_refusals_are_found(new_page, contr
     expect(panel).to_contain_text("reconciliation mismatch")
     refused = _ask(control_plane, "ledger.post")
     assert (refused["decision"], refused["reason"]) == ("deny", "halted")
-    page.once("dialog", lambda dialog: dialog.accept())
     panel.get_by_role("button", name="Resume tool:ledger.*").click()
+    confirm_dialog(
+        page, "Resume tool:ledger.*? Agents may act on it again at once.", action="Resume tool:ledger.*"
+    )
     expect(panel).to_have_count(0)
 
     page.get_by_role("link", name="History: every kill switch").click()

@@ -20,6 +20,7 @@ from tests.e2e.conftest import (
     OWNER,
     VIEWER,
     LiveServer,
+    confirm_dialog,
     screenshot,
     sign_in,
     wait_live,
@@ -195,8 +196,8 @@ def test_owner_creates_a_key_in_the_browser_and_an_agent_uses_it(new_page, contr
     page.goto("/administration/keys/")
     row = page.locator("#keys-table tr", has_text="browser-made")
     expect(row).not_to_contain_text("never")  # last used is now set
-    page.once("dialog", lambda dialog: dialog.accept())
     row.get_by_role("button", name=re.compile("Revoke")).click()
+    confirm_dialog(page, "Revoke browser-made? Agents using it stop working at once.")
     expect(page.locator("#keys-table tr", has_text="browser-made")).to_contain_text("revoked")
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import LIVE_TIMEOUT, OWNER, VIEWER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import LIVE_TIMEOUT, OWNER, VIEWER, LiveServer, confirm_dialog, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 
@@ -92,8 +92,8 @@ def test_owner_sets_a_budget_and_a_halt_and_agents_are_held_to_both(
     expect(viewer.locator("#gate form")).to_have_count(0)
 
     # Resume from the panel: email.* flows again.
-    page.once("dialog", lambda dialog: dialog.accept())
     panel.get_by_role("button", name="Resume tool:email.*").click()
+    confirm_dialog(page, "Resume tool:email.*?", action="Resume tool:email.*")
     expect(page.locator("#no-halts")).to_be_visible()
     assert gate(control_plane, 7, "email.send", to="a@b.example")["decision"] == "allow"
 

@@ -22,6 +22,7 @@ from tests.e2e.conftest import (
     PASSWORD,
     RISK,
     LiveServer,
+    confirm_dialog,
     passkey_browser,
     register_passkey,
     screenshot,
@@ -91,8 +92,8 @@ def test_an_invited_person_joins_two_tenants_switches_signs_out_and_is_changed_a
     row.get_by_label(f"Role for {email}").select_option("approver")
     row.get_by_role("button", name="Change role").click()
     expect(owner.locator(f'#members-table tr[data-member="{email}"]')).to_contain_text("Approver")
-    owner.once("dialog", lambda dialog: dialog.accept())
     owner.locator(f'#members-table tr[data-member="{email}"]').get_by_role("button", name="Remove").click()
+    confirm_dialog(owner, f"Remove {email} from")
     expect(owner.locator(f'#members-table tr[data-member="{email}"]')).to_have_count(0)
     screenshot(owner, "flows-members")
 
@@ -122,11 +123,11 @@ def test_a_rate_limit_and_a_budget_are_set_and_deleted_on_the_fleet_page(
     expect(page.get_by_text("Budget 'e2e spend' set")).to_be_visible()
     expect(page.locator('[data-budget="e2e spend"]')).to_be_visible()
 
-    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Delete rate limit e2e pace").click()
+    confirm_dialog(page, "Delete the rate limit 'e2e pace'?")
     expect(page.get_by_text("Rate limit 'e2e pace' deleted.")).to_be_visible()
-    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Delete budget e2e spend").click()
+    confirm_dialog(page, "Delete the budget 'e2e spend'?")
     expect(page.get_by_text("Budget 'e2e spend' deleted.")).to_be_visible()
     expect(page.locator('[data-budget="e2e spend"]')).to_have_count(0)
 
@@ -148,8 +149,8 @@ def test_an_approval_policy_is_disabled_enabled_and_deleted(new_page, control_pl
         "button", name="Enable e2e refunds"
     ).click()
     expect(page.locator('#policies-table tr[data-policy="e2e refunds"]')).to_contain_text("enabled")
-    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Delete e2e refunds").click()
+    confirm_dialog(page, "Delete the policy e2e refunds?", action="Delete e2e refunds")
     expect(page.locator('#policies-table tr[data-policy="e2e refunds"]')).to_have_count(0)
 
 
@@ -163,8 +164,8 @@ def test_a_passkey_is_registered_renamed_and_revoked(browser_instance, control_p
         row.get_by_role("button", name="Rename e2e laptop").click()
         renamed = page.locator('#passkeys-table tr[data-passkey="e2e desktop"]')
         expect(renamed).to_contain_text("active")
-        page.once("dialog", lambda dialog: dialog.accept())
         renamed.get_by_role("button", name="Revoke e2e desktop").click()
+        confirm_dialog(page, "Revoke e2e desktop? It will sign nothing from now on.")
         expect(page.locator('#passkeys-table tr[data-passkey="e2e desktop"]')).to_contain_text("revoked")
         screenshot(page, "flows-passkeys")
     finally:
@@ -200,8 +201,8 @@ def _rolled_back_to_step_1(page, server: LiveServer, name: str) -> str:  # type:
     records.append(writer.record("SAGA_COMPLETE", saga_id=saga_id, clean=True))
     server.ship(f"e2e-{name}", records)
     page.goto(f"/sagas/{saga_id}/")
-    page.once("dialog", lambda dialog: dialog.accept())
     page.locator("#rollback-to-1").click()
+    confirm_dialog(page, "Compensate every step after step 1, newest first")
     expect(page.locator("#saga-status")).to_have_attribute("data-status", "recovering")
     return saga_id
 
@@ -232,8 +233,8 @@ def test_the_recovery_page_retries_resolves_and_quarantines(new_page, control_pl
     page.goto("/recovery/")
     row = page.locator(f'#human-queue tr[data-job="{third["id"]}"]')
     row.get_by_label("Reason").fill("fraud suspected")
-    page.once("dialog", lambda dialog: dialog.accept())
     row.get_by_role("button", name="Quarantine saga").click()
+    confirm_dialog(page, f"Quarantine {other}? Recovery stops")
     expect(page.get_by_text(f"Quarantined {other}")).to_be_visible()
     screenshot(page, "flows-recovery")
 
@@ -276,6 +277,6 @@ def test_an_approver_denies_a_request_and_history_shows_it(new_page, control_pla
         "data-status", "denied"
     )
     screenshot(risk, "flows-approval-denied")
-    owner.once("dialog", lambda dialog: dialog.accept())
     owner.get_by_role("button", name="Delete e2e payouts").click()
+    confirm_dialog(owner, "Delete the policy e2e payouts?")
     expect(owner.locator('#policies-table tr[data-policy="e2e payouts"]')).to_have_count(0)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.sagadata import Writer
 
@@ -260,7 +260,7 @@ def test_an_owner_breaks_glass_on_a_pending_request(new_page, control_plane: Liv
         expect(page.locator("#break-glass-list")).to_contain_text("patient transfer cannot wait")
     finally:
         page.goto("/approvals/policies/")
-        page.once("dialog", lambda dialog: dialog.accept())
         page.get_by_role("button", name="Delete e2e wires").click()
+        confirm_dialog(page, "Delete the policy e2e wires?")
         expect(page.locator('#policies-table tr[data-policy="e2e wires"]')).to_have_count(0)
     assert blocked == []

@@ -10,7 +10,16 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import LIVE_TIMEOUT, OWNER, VIEWER, LiveServer, screenshot, sign_in, wait_live
+from tests.e2e.conftest import (
+    LIVE_TIMEOUT,
+    OWNER,
+    VIEWER,
+    LiveServer,
+    confirm_dialog,
+    screenshot,
+    sign_in,
+    wait_live,
+)
 from tests.support.sagadata import Writer, saga_forward
 
 pytestmark = pytest.mark.e2e
@@ -56,8 +65,8 @@ def test_rollback_to_here_runs_live_on_the_timeline(new_page, control_plane: Liv
     page.goto(f"/sagas/{saga_id}/")
     expect(page.locator("#saga-status")).to_have_attribute("data-status", "completed")
     expect(page.locator("#rollback-to-2")).to_have_count(0)  # nothing after the last step
-    page.on("dialog", lambda dialog: dialog.accept())
     page.locator("#rollback-to-1").click()
+    confirm_dialog(page, "Compensate every step after step 1, newest first")
     expect(page.locator("#saga-status")).to_have_attribute("data-status", "recovering", timeout=LIVE_TIMEOUT)
     jobs = page.locator("#recovery-jobs > li")
     expect(jobs).to_have_count(1)

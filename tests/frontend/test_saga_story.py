@@ -123,8 +123,8 @@ def test_rollback_over_an_irreversible_step_warns_first(alice: Person) -> None:
     warning = re.search(r'id="rollback-warning-1">(.*?)</span>', body)
     assert warning and "step 2 (bank.wire) cannot be undone (IRREVERSIBLE)" in warning.group(1)
     assert 'id="rollback-warning-2"' not in body  # after step 2, nothing irreversible is met
-    confirm = re.search(r'data-confirm="([^"]*)"(?:(?!</form>).)*id="rollback-to-1"', body, re.S)
-    assert confirm and "Warning: step 2 (bank.wire)" in confirm.group(1)
+    confirm = re.search(r'data-confirm-warning="([^"]*)"(?:(?!</form>).)*id="rollback-to-1"', body, re.S)
+    assert confirm and "step 2 (bank.wire) cannot be undone" in confirm.group(1)
 
 
 def test_find_a_saga_by_id_in_this_tenant_only(alice: Person, carol: Person) -> None:

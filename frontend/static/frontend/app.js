@@ -1,4 +1,4 @@
-/* Sagaplane dashboard: relative times, copy buttons, confirmations, live refresh over the
+/* Sagaplane dashboard: relative times, copy buttons, confirmation dialogs, live refresh over the
    websocket, polling of export progress. Served as a static file (CSP: no inline script). */
 (function () {
   "use strict";
@@ -59,9 +59,76 @@
     var button = ev.target.closest("button[data-copy]");
     if (button) { ev.preventDefault(); copyText(button); }
   });
+
+  // ---- confirmations: <form data-confirm="what happens" [data-confirm-warning="..."]> asks in a
+  // modal <dialog> (showModal: the browser traps focus; Escape cancels) named after the button
+  // pressed: Cancel has the focus, the button's own label confirms. Confirm submits the form once
+  // through requestSubmit(submitter) (validation runs, the button's name/value is kept); Cancel and
+  // Escape submit nothing; focus goes back to the button. Without script the form just submits.
+  var confirming = null; // {form, submitter, opener} while the dialog is open
+  function confirmDialog() {
+    var dialog = document.getElementById("confirm-dialog");
+    if (dialog) return dialog;
+    dialog = document.createElement("dialog");
+    dialog.id = "confirm-dialog";
+    dialog.className = "confirm-dialog";
+    dialog.setAttribute("aria-labelledby", "confirm-dialog-title");
+    dialog.setAttribute("aria-describedby", "confirm-dialog-text confirm-dialog-warning");
+    dialog.innerHTML =
+      '<h2 id="confirm-dialog-title"></h2><p id="confirm-dialog-text"></p>' +
+      '<p id="confirm-dialog-warning" class="confirm-warning" hidden></p>' +
+      '<form method="dialog" class="confirm-actions">' +
+      '<button type="submit" value="cancel" id="confirm-dialog-cancel">Cancel</button>' +
+      '<button type="submit" value="confirm" id="confirm-dialog-ok" class="danger"></button></form>';
+    dialog.addEventListener("close", confirmClosed);
+    document.body.appendChild(dialog);
+    return dialog;
+  }
+  function actionLabel(button) {
+    if (!button) return "Confirm";
+    var label = button.getAttribute("aria-label") || button.textContent || button.value || "";
+    return label.replace(/\s+/g, " ").trim() || "Confirm";
+  }
+  function askToConfirm(form, submitter) {
+    var dialog = confirmDialog();
+    var label = actionLabel(submitter);
+    var warning = form.getAttribute("data-confirm-warning") || "";
+    confirming = { form: form, submitter: submitter, opener: submitter || document.activeElement };
+    dialog.querySelector("#confirm-dialog-title").textContent = label + "?";
+    dialog.querySelector("#confirm-dialog-text").textContent = form.getAttribute("data-confirm");
+    var warn = dialog.querySelector("#confirm-dialog-warning");
+    warn.textContent = warning ? "⚠ Warning: " + warning : "";
+    warn.hidden = !warning;
+    dialog.querySelector("#confirm-dialog-ok").textContent = label;
+    dialog.returnValue = "";
+    dialog.showModal();
+    dialog.querySelector("#confirm-dialog-cancel").focus();
+  }
+  function confirmClosed() {
+    var dialog = document.getElementById("confirm-dialog");
+    var asked = confirming;
+    confirming = null;
+    if (!asked) return;
+    if (asked.opener && asked.opener.isConnected) asked.opener.focus();
+    if (dialog.returnValue === "confirm" && asked.form.isConnected) {
+      asked.form.setAttribute("data-confirmed", "1"); // lets this one submission through
+      if (asked.submitter) asked.form.requestSubmit(asked.submitter);
+      else asked.form.requestSubmit();
+      asked.form.removeAttribute("data-confirmed");
+      return;
+    }
+    // Regions not refreshed while the dialog was open (its form inside them) catch up now.
+    document.querySelectorAll("[data-held]").forEach(function (region) {
+      region.removeAttribute("data-held");
+      fetchInto(region, region.hasAttribute("data-refresh-url") ? "data-refresh-url" : "data-live-url");
+    });
+  }
   document.addEventListener("submit", function (ev) {
     var form = ev.target.closest("form[data-confirm]");
-    if (form && !window.confirm(form.getAttribute("data-confirm"))) ev.preventDefault();
+    if (!form) return;
+    if (form.getAttribute("data-confirmed") === "1") return;
+    ev.preventDefault();
+    if (!confirming) askToConfirm(form, ev.submitter);
   });
 
   // ---- live regions: <div data-live-url="/sagas/rows?..." [data-live-saga="id"] [data-live-on="type"]>
@@ -88,22 +155,51 @@
       });
     }, 150);
   }
+  // The form a confirmation dialog asks about is not replaced under it: fetched once it closes.
+  function held(region) {
+    if (!confirming || !region.contains(confirming.form)) return false;
+    region.setAttribute("data-held", "1");
+    return true;
+  }
   function fetchInto(region, attribute) {
+    if (held(region)) return Promise.resolve(null);
     var url = region.getAttribute(attribute || "data-live-url");
     return fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
       .then(function (html) {
+        if (held(region)) return null; // a dialog opened while this was on its way
         // Keep open inspectors open across a refresh.
         var open = {};
         region.querySelectorAll("details[open][id]").forEach(function (d) { open[d.id] = true; });
+        var focused = focusSignature(region);
         region.innerHTML = html;
         region.querySelectorAll("details[id]").forEach(function (d) { if (open[d.id]) d.open = true; });
+        refocus(region, focused);
         refreshTimes(region);
         whenStale(region);
         region.dispatchEvent(new CustomEvent("live:updated", { bubbles: true }));
         return true;
       })
       .catch(function () { return false; /* next event or reconnect tries again */ });
+  }
+
+  // ---- focus survives a refresh: the same control (same id, name, label and text) is focused
+  // again in the new fragment; never a different one (Enter must not press another button).
+  var FOCUSABLE = "a[href], button, input, select, textarea, summary";
+  function signature(el) {
+    return [el.tagName, el.id, el.getAttribute("name"), el.getAttribute("aria-label"),
+            el.textContent.replace(/\s+/g, " ").trim()].join("|");
+  }
+  function focusSignature(region) {
+    var el = document.activeElement;
+    return el && el !== region && region.contains(el) ? signature(el) : null;
+  }
+  function refocus(region, wanted) {
+    if (!wanted) return;
+    var match = Array.prototype.filter.call(region.querySelectorAll(FOCUSABLE), function (el) {
+      return signature(el) === wanted;
+    });
+    if (match.length === 1) match[0].focus();
   }
 
   // ---- a live region whose fragment holds <span data-stale-at="ISO"> is fetched again a moment
@@ -129,6 +225,7 @@
       busy = true;
       fetchInto(region, "data-refresh-url").then(function (ok) {
         busy = false;
+        if (ok === null) return; // held under a confirmation dialog
         document.querySelectorAll("[data-refresh-status]").forEach(function (el) {
           el.setAttribute("data-state", ok ? "live" : "offline");
           el.textContent = ok ? "Live" : "Reconnecting…";
