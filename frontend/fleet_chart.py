@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from frontend.saga_views import OUTCOME_LABEL, SINCE
 from sagas import selectors
-from sagas.models import Saga, SagaStatus, StepStatus
+from sagas.models import SagaStatus, StepStatus
+from sagas.selectors import StartedSaga
 
 FLEET_WINDOWS = [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")]
 MATRIX_OUTCOMES = [
@@ -47,7 +48,7 @@ SEVERITY = [
 CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, TOP, BOTTOM = 960, 170, 30, 10, 34
 
 
-def _active_span(saga: Saga, now: datetime) -> tuple[datetime, datetime]:
+def _active_span(saga: StartedSaga, now: datetime) -> tuple[datetime, datetime]:
     """When a saga began and when it was last active, as the chart draws it. The chart's sagas
     have both (the selector returns started sagas active in the window); one with neither would
     be drawn at `now`."""
@@ -73,13 +74,13 @@ def _bar(href: str, title: str, status: str, x0: float, x1: float) -> dict[str, 
     }
 
 
-def _bars(lane: list[Saga], now: datetime, x: Callable[[datetime], float]) -> list[dict[str, Any]]:
+def _bars(lane: list[StartedSaga], now: datetime, x: Callable[[datetime], float]) -> list[dict[str, Any]]:
     """One bar per saga, from its start to its last activity, linking to the saga."""
     labels = dict(SagaStatus.choices)
     out = []
     for saga in lane:
         begin, finish = _active_span(saga, now)
-        status = saga.effective_status(now)
+        status = saga.status
         title = f"{saga.name or saga.saga_id} — {labels.get(status, status)}"
         out.append(_bar(reverse("saga-detail", args=[saga.saga_id]), title, status, x(begin), x(finish)))
     return out
@@ -87,7 +88,7 @@ def _bars(lane: list[Saga], now: datetime, x: Callable[[datetime], float]) -> li
 
 def _slots(
     stream: str,
-    lane: list[Saga],
+    lane: list[StartedSaga],
     start: datetime,
     span: float,
     now: datetime,
@@ -100,7 +101,7 @@ def _slots(
     for saga in lane:
         begin, _ = _active_span(saga, now)
         slot = min(max(int((begin - start).total_seconds() / width), 0), SLOTS - 1)
-        counts[slot][saga.effective_status(now)] += 1
+        counts[slot][saga.status] += 1
     labels = dict(SagaStatus.choices)
     out = []
     for slot, count in enumerate(counts):
@@ -117,8 +118,8 @@ def _slots(
     return out
 
 
-def _chart(sagas: list[Saga], start: datetime, end: datetime, now: datetime) -> dict[str, Any]:
-    lanes: dict[str, list[Saga]] = defaultdict(list)
+def _chart(sagas: list[StartedSaga], start: datetime, end: datetime, now: datetime) -> dict[str, Any]:
+    lanes: dict[str, list[StartedSaga]] = defaultdict(list)
     for saga in sagas:
         lanes[saga.stream_id].append(saga)
     names = sorted(lanes, key=lambda n: max(_active_span(s, now)[1] for s in lanes[n]), reverse=True)
@@ -200,7 +201,7 @@ def fleet_overview(request: HttpRequest) -> dict[str, Any]:
     window = request.GET.get("window", "24h")
     window = window if window in SINCE else "24h"
     since = now - SINCE[window]
-    sagas = selectors.started_sagas_active_since(since, limit=2000)
+    sagas = selectors.started_sagas_active_since(since, limit=2000, now=now)
     chart = None
     if sagas:
         # Zoom to the activity actually in the window, with a little air on the left.

@@ -3,7 +3,8 @@ projection's models themselves). Every query runs under the active tenant (Tenan
 
 A saga's *effective* status is what the records say, except that a running saga whose lease has
 lapsed is orphaned (time passing is not a record, so it is not projected): `Saga.effective_status`
-answers it for one saga and `with_effective_status` as a query; a test holds the two together.
+answers it for one saga and `with_effective_status` as a query (`started_sagas_active_since`
+selects it by the same `_lapsed`); a test holds them together.
 """
 
 from __future__ import annotations
@@ -16,7 +17,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Case,
+    CharField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
 
 from core.numbers import ascii_int
 from core.scoping import current_tenant
@@ -302,13 +316,33 @@ def recent_stream_agents(sample: int = 2_000) -> list[tuple[str, str]]:
     return sorted({(stream_id, agent) for stream_id, agent in recent if agent})
 
 
-def started_sagas_active_since(since: datetime, limit: int) -> list[Saga]:
-    """Sagas with a start, active since `since`, in order of start (at most `limit`)."""
-    return list(
+@dataclass(frozen=True, slots=True)
+class StartedSaga:
+    """A saga as the Fleet page's chart draws it, with its effective status at the query's `now`."""
+
+    saga_id: str
+    name: str
+    stream_id: str
+    agent: str
+    status: str
+    started_at: datetime | None
+    last_activity_at: datetime | None
+
+
+def started_sagas_active_since(since: datetime, limit: int, now: datetime) -> list[StartedSaga]:
+    """Sagas with a start, active since `since`, in order of start (at most `limit`): only what
+    the chart draws, its effective status decided in the query (thousands of rows: no models)."""
+    effective = Case(
+        When(_lapsed(now), then=Value(SagaStatus.ORPHANED)), default=F("status"), output_field=CharField()
+    )
+    rows = (
         Saga.objects.filter(last_activity_at__gte=since)
         .exclude(started_at=None)
-        .order_by("started_at")[:limit]
+        .order_by("started_at")
+        .annotate(effective=effective)
+        .values_list("saga_id", "name", "stream_id", "agent", "effective", "started_at", "last_activity_at")
     )
+    return [StartedSaga(*row) for row in rows[:limit]]
 
 
 def step_outcomes_by_tool(active_since: datetime) -> list[tuple[str, str, int]]:

@@ -1,18 +1,22 @@
-"""One effective status: the API's `status` filter, the saga list page's filter and
-`Saga.effective_status` agree on every saga, including both ways of being orphaned (a running saga
-whose lease lapsed, and a saga whose projection stores `orphaned`)."""
+"""One effective status: the API's `status` filter, the saga list page's filter, the Fleet chart's
+sagas (`started_sagas_active_since`) and `Saga.effective_status` agree on every saga, including
+both ways of being orphaned (a running saga whose lease lapsed, and a saga whose projection stores
+`orphaned`)."""
 
 from __future__ import annotations
 
 import re
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.test import Client
+from django.utils import timezone
 from sagaplane.chain import GENESIS, stamp
 
 from audit import services as audit_services
 from core.scoping import tenant_context
+from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from tests.support.factories import Person
 
@@ -62,6 +66,13 @@ def _by_model(person: Person, status: str) -> set[str]:
         return {saga.saga_id for saga in Saga.objects.all() if saga.effective_status() == status}
 
 
+def _charted(person: Person, status: str) -> set[str]:
+    now = timezone.now()
+    with tenant_context(person.tenant):
+        sagas = selectors.started_sagas_active_since(now - timedelta(days=1), 100, now)
+    return {saga.saga_id for saga in sagas if saga.status == status}
+
+
 def test_api_page_and_model_agree_on_every_status(alice: Person) -> None:
     _ship(alice)
     expected = {
@@ -74,6 +85,7 @@ def test_api_page_and_model_agree_on_every_status(alice: Person) -> None:
         assert _by_model(alice, status) == sagas, status
         assert _from_api(alice, status) == sagas, status
         assert _from_page(alice, status) == sagas, status
+        assert _charted(alice, status) == sagas, status
 
 
 def test_the_api_reports_the_status_it_filters_on(alice: Person) -> None:
