@@ -32,6 +32,7 @@ from audit.hooks import AppendedRecords
 from audit.models import SERVER_STREAM_ID, Record
 from core.actors import api_key_prefix_of, shown_name
 from core.errors import DomainError
+from core.scoping import tenant_context
 from tenants.access import READ
 from tenants.actors import agent_saga_actor
 from tenants.permissions import TenantScopedViewMixin
@@ -93,31 +94,23 @@ def requests_from_wal(appended: AppendedRecords) -> None:
         context: dict[str, Any] = raw if isinstance(raw, dict) else {}
         tool = str(fields.get("tool") or "unknown")[:200]
         rule = str(fields.get("rule") or "")[:80]
-        try:
-            external.open_external(
-                appended.tenant,
-                external_id=external_id,
-                saga_id=_saga_of_in_tenant(appended, row),
-                step_id=str(fields.get("step_id") or "")[:128],
-                tool=tool,
-                args=context,
-                rule=rule,
-                reason=str(fields.get("reason") or "")[:500],
-                expires_at=_deadline(fields.get("expires_at")),
-                api_key_prefix=shipper,
-                actor=agent_saga_actor(appended.stream_id),
-            )
+        try:  # each request its own transaction: one refused does not stop the others
+            with tenant_context(appended.tenant):
+                external.open_external(
+                    appended.tenant,
+                    external_id=external_id,
+                    saga_id=str(row.saga_id) if row.saga_id else _saga_of(row.stream, row.position),
+                    step_id=str(fields.get("step_id") or "")[:128],
+                    tool=tool,
+                    args=context,
+                    rule=rule,
+                    reason=str(fields.get("reason") or "")[:500],
+                    expires_at=_deadline(fields.get("expires_at")),
+                    api_key_prefix=shipper,
+                    actor=agent_saga_actor(appended.stream_id),
+                )
         except Exception:
             log.warning("agent-saga approval %s could not join the queue", external_id, exc_info=True)
-
-
-def _saga_of_in_tenant(appended: AppendedRecords, row: Any) -> str:
-    from core.scoping import tenant_context
-
-    if row.saga_id:
-        return str(row.saga_id)
-    with tenant_context(appended.tenant):
-        return _saga_of(row.stream, row.position)
 
 
 def as_agent_saga(row: ApprovalRequest) -> dict[str, Any]:

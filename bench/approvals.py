@@ -89,13 +89,14 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
 
     slug = f"appr-{uuid.uuid4().hex[:10]}"
     tenant = tenant_services.create_tenant(slug, "Approvals bench", f"owner@{slug}.example", actor="bench")
-    approvals.create_policy(
-        tenant,
-        approvals.PolicyCreate.parse(
-            {"name": "wires", "tool": "bench.wire", "eligible_roles": ["approver"], "ttl_s": 600}
-        ),
-        actor="bench",
-    )
+    with tenant_context(tenant):
+        approvals.create_policy(
+            tenant,
+            approvals.PolicyCreate.parse(
+                {"name": "wires", "tool": "bench.wire", "eligible_roles": ["approver"], "ttl_s": 600}
+            ),
+            actor="bench",
+        )
     tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor="bench")
     with tenant_context(tenant):
         risk = Membership.objects.select_related("user", "tenant").get(user__email=f"risk@{slug}.example")
@@ -157,7 +158,8 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     hooks.on_approval_event(on_decided)
     try:
         for n in range(agents):
-            approvals.vote(tenant, pending[n], risk, "approve", actor="user:risk")
+            with tenant_context(tenant):  # a vote, its own transaction, as the page's
+                approvals.vote(tenant, pending[n], risk, "approve", actor="user:risk")
             time.sleep(spacing_s)
     finally:
         hooks._hooks.remove(on_decided)

@@ -46,7 +46,8 @@ def vote(
 ) -> str:
     """Vote as `membership`; the sentence to show the Slack user (privately)."""
     try:
-        row = approvals.vote(tenant, request_id, membership, choice, note, actor=actor)
+        with tenant_context(tenant):  # the vote's transaction; the answer to Slack waits outside it
+            row = approvals.vote(tenant, request_id, membership, choice, note, actor=actor)
     except DomainError as exc:
         if exc.code == "passkey_required":
             return (

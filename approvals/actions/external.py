@@ -31,7 +31,7 @@ from sagaplane.events import Event
 from approvals.actions.requests import BUDGET_RULES, action_of, announce, decide, record, requester_of
 from approvals.models import ApprovalRequest, Source, Status
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import services as fleet
 from tenants.actors import system_actor, user_actor
 from tenants.models import Tenant
@@ -58,59 +58,59 @@ def open_external(
     docstring). `api_key_prefix`: the key that shipped the record ("" when none did)."""
     safe_args = json.loads(json.dumps(dict(args), default=str))
     action, digest = action_of(tool, safe_args, safe_args.get("amount"), f"agent-saga:{rule}")
-    with tenant_context(tenant):
-        existing = _known(tenant, external_id, action, digest, actor=actor)
-        if existing is not None:
-            return existing
-        request_id = hashlib.sha256(
-            canonical([fleet.gate_tag(tenant), "agent-saga", external_id])
-        ).hexdigest()[:32]
-        now = timezone.now()
-        rules = {**BUDGET_RULES, "ttl_s": max(1, int((expires_at - now).total_seconds()))}
-        requester = requester_of(api_key_prefix)
-        try:
-            with transaction.atomic():
-                row = ApprovalRequest.objects.create(
-                    id=request_id,
-                    source=Source.AGENT_SAGA,
-                    external_id=external_id,
-                    saga_id=saga_id,
-                    step_id=step_id,
-                    tool=tool,
-                    args=safe_args,
-                    args_digest=hashlib.sha256(canonical(safe_args)).hexdigest(),
-                    action=action,
-                    action_digest=digest,
-                    policy_name=rule or "agent-saga",
-                    rules=rules,
-                    api_key_prefix=api_key_prefix,
-                    requester_user_id=requester,
-                    required=1,
-                    note=reason,
-                    created_at=now,
-                    expires_at=expires_at,
-                )
-        except IntegrityError:  # the same record racing itself: judged against the first
-            found = _known(tenant, external_id, action, digest, actor=actor)
-            assert found is not None  # the unique (tenant, external_id) row that refused this one
-            return found
-        record(
-            tenant,
-            Event.APPROVAL_REQUESTED,
-            row,
-            {
-                "source": Source.AGENT_SAGA.value,
-                "external_id": external_id,
-                "action": action,
-                "policy": row.policy_name,
-                "required": 1,
-                "expires_at": expires_at.isoformat(),
-                "api_key": api_key_prefix,
-                "requester": _username(requester),
-            },
-            actor=actor,
-        )
-        announce(tenant, row, "created")
+    require_tenant(tenant)
+    existing = _known(tenant, external_id, action, digest, actor=actor)
+    if existing is not None:
+        return existing
+    request_id = hashlib.sha256(canonical([fleet.gate_tag(tenant), "agent-saga", external_id])).hexdigest()[
+        :32
+    ]
+    now = timezone.now()
+    rules = {**BUDGET_RULES, "ttl_s": max(1, int((expires_at - now).total_seconds()))}
+    requester = requester_of(api_key_prefix)
+    try:
+        with transaction.atomic():
+            row = ApprovalRequest.objects.create(
+                id=request_id,
+                source=Source.AGENT_SAGA,
+                external_id=external_id,
+                saga_id=saga_id,
+                step_id=step_id,
+                tool=tool,
+                args=safe_args,
+                args_digest=hashlib.sha256(canonical(safe_args)).hexdigest(),
+                action=action,
+                action_digest=digest,
+                policy_name=rule or "agent-saga",
+                rules=rules,
+                api_key_prefix=api_key_prefix,
+                requester_user_id=requester,
+                required=1,
+                note=reason,
+                created_at=now,
+                expires_at=expires_at,
+            )
+    except IntegrityError:  # the same record racing itself: judged against the first
+        found = _known(tenant, external_id, action, digest, actor=actor)
+        assert found is not None  # the unique (tenant, external_id) row that refused this one
+        return found
+    record(
+        tenant,
+        Event.APPROVAL_REQUESTED,
+        row,
+        {
+            "source": Source.AGENT_SAGA.value,
+            "external_id": external_id,
+            "action": action,
+            "policy": row.policy_name,
+            "required": 1,
+            "expires_at": expires_at.isoformat(),
+            "api_key": api_key_prefix,
+            "requester": _username(requester),
+        },
+        actor=actor,
+    )
+    announce(tenant, row, "created")
     return row
 
 

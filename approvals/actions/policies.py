@@ -22,7 +22,7 @@ from approvals.models import ApprovalPolicy, PolicyVersion
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import services as fleet
 from fleet.gate import GateRequest, tool_matches
 from tenants.models import Membership, Role, Tenant
@@ -172,7 +172,8 @@ def _name_not_taken(name: str) -> Iterator[None]:
 
 def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: Actor) -> ApprovalPolicy:
     """A new policy (`terms` from `approvals.inputs.PolicyCreate`), recorded."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         fields = _policy_fields(terms)
         with _name_not_taken(fields["name"]):
             policy = ApprovalPolicy.objects.create(**fields)
@@ -184,7 +185,8 @@ def create_policy(tenant: Tenant, terms: PolicyTerms, *, actor: Actor) -> Approv
 def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: Actor) -> ApprovalPolicy:
     """Change a policy; its version moves on every edit, so a request opened under the old terms
     is never reused for a call under the new ones."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
         if policy is None:
             raise DomainError("not_found", "no such approval policy", status=404)
@@ -204,7 +206,8 @@ def update_policy(tenant: Tenant, policy_id: int, terms: PolicyTerms, *, actor: 
 
 
 def delete_policy(tenant: Tenant, policy_id: int, *, actor: Actor) -> None:
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         policy = ApprovalPolicy.objects.select_for_update().filter(pk=policy_id).first()
         if policy is None:
             raise DomainError("not_found", "no such approval policy", status=404)

@@ -13,7 +13,7 @@ from sagaplane.events import Event
 from approvals.actions.requests import announce, record, seconds_left
 from approvals.models import ApprovalRequest, Status
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.actors import named_actor
 from tenants.models import Tenant
 
@@ -28,14 +28,14 @@ def sweep(tenant: Tenant, *, now: datetime | None = None, actor: Actor = SWEEP_A
     used in its execution window lapses."""
     now = now or timezone.now()
     done = {"expired": 0, "warned": 0, "escalated": 0, "lapsed": 0}
-    with tenant_context(tenant):
-        done["expired"] = _expire_overdue(tenant, now, actor=actor)
-        done["lapsed"] = _lapse_unused(tenant, now, actor=actor)
-        for row in ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__gt=now).order_by(
-            "expires_at"
-        )[:SWEEP_BATCH]:
-            done["escalated"] += _escalate(tenant, row, now, actor=actor)
-            done["warned"] += _warn(tenant, row, now, actor=actor)
+    require_tenant(tenant)
+    done["expired"] = _expire_overdue(tenant, now, actor=actor)
+    done["lapsed"] = _lapse_unused(tenant, now, actor=actor)
+    for row in ApprovalRequest.objects.filter(status=Status.PENDING, expires_at__gt=now).order_by(
+        "expires_at"
+    )[:SWEEP_BATCH]:
+        done["escalated"] += _escalate(tenant, row, now, actor=actor)
+        done["warned"] += _warn(tenant, row, now, actor=actor)
     return done
 
 

@@ -19,7 +19,7 @@ from approvals.actions.requests import announce, decide, record
 from approvals.models import ApprovalRequest, Status, Vote, VoteChallenge, VoteChoice
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.actors import user_actor
 from tenants.models import Membership, Tenant
 
@@ -96,7 +96,8 @@ def issue_vote_challenge(
     The authenticator signs `challenge` (32 bytes, hex here); `vote(..., assertion=...)` consumes
     it. The passkeys app verifies the WebAuthn assertion against these bytes."""
     now = timezone.now()
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         row = ApprovalRequest.objects.filter(pk=request_id).first()
         if row is None:
             raise DomainError("not_found", "no such approval request", status=404)
@@ -168,7 +169,8 @@ def vote(
     assertion the passkeys app has verified against a challenge from `issue_vote_challenge`.
     Racing votes are serialised on the request's row: it is decided once."""
     now = timezone.now()
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         current = _member_here(tenant, member)
         row = ApprovalRequest.objects.select_for_update().filter(pk=request_id).first()
         if row is None:

@@ -16,6 +16,7 @@ from tenants import services as tenants
 from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
+from tests.support.scoping import in_tenant
 
 
 @pytest.fixture(autouse=True)
@@ -82,12 +83,22 @@ def wire_policy(tenant: Tenant, **overrides: Any) -> Any:
         "predicates": [{"arg": "amount", "op": ">", "value": 50}],
         "required_approvals": 1,
     }
-    return approvals.create_policy(
-        tenant, approvals.PolicyCreate.parse({**{**fields, **overrides}}), actor="user:alice"
+    return in_tenant(
+        approvals.create_policy,
+        tenant,
+        approvals.PolicyCreate.parse({**{**fields, **overrides}}),
+        actor="user:alice",
     )
 
 
 def vote(person: Person, approval_id: str, choice: str = "approve", note: str = "", **kwargs: Any) -> Any:
-    return approvals.vote(
-        person.tenant, approval_id, member(person), choice, note, actor=f"user:{person.user.email}", **kwargs
+    return in_tenant(
+        approvals.vote,
+        person.tenant,
+        approval_id,
+        member(person),
+        choice,
+        note,
+        actor=f"user:{person.user.email}",
+        **kwargs,
     )

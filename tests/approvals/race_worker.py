@@ -34,9 +34,10 @@ def main() -> None:
     sys.stdin.readline()
     out: dict[str, object] = {}
     try:
-        row = approvals.vote(
-            tenant, config["approval_id"], member, "approve", actor=f"user:{config['email']}"
-        )
+        with tenant_context(tenant):
+            row = approvals.vote(
+                tenant, config["approval_id"], member, "approve", actor=f"user:{config['email']}"
+            )
         out["vote"] = row.status
     except DomainError as refused:
         out["vote"] = refused.code

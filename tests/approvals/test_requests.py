@@ -22,6 +22,7 @@ from fleet import services as fleet
 from tests.approvals.conftest import Agent, member, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from transparency import sources
 
 pytestmark = pytest.mark.django_db
@@ -79,7 +80,7 @@ def test_an_approval_not_used_in_its_execution_window_is_refused(agent: Agent, a
         )
     refused = agent.ask(amount=100)
     assert refused["decision"] == "deny" and refused["reason"] == "approval_expired"
-    assert approvals.sweep(agent.tenant)["lapsed"] == 1
+    assert in_tenant(approvals.sweep, agent.tenant)["lapsed"] == 1
     assert agent.ask(amount=100)["reason"] == "approval_expired"
 
 
@@ -101,7 +102,9 @@ def test_a_member_of_another_tenant_cannot_vote_and_sees_nothing(agent: Agent, c
     wire_policy(agent.tenant)
     pending = agent.ask(amount=100)
     with pytest.raises(DomainError) as refused:
-        approvals.vote(agent.tenant, pending["approval_id"], member(carol), "approve", actor="user:carol")
+        in_tenant(
+            approvals.vote, agent.tenant, pending["approval_id"], member(carol), "approve", actor="user:carol"
+        )
     assert refused.value.status == 403
     with pytest.raises(DomainError) as unknown:
         vote(carol, pending["approval_id"])  # in her own tenant there is no such request
@@ -180,7 +183,9 @@ def test_passkey_only_policies_take_a_verified_assertion_on_a_fresh_challenge(
     with pytest.raises(DomainError) as bare:
         vote(ann, pending["approval_id"])
     assert bare.value.code == "passkey_required"
-    issued = approvals.issue_vote_challenge(ann.tenant, pending["approval_id"], member(ann), actor="user:ann")
+    issued = in_tenant(
+        approvals.issue_vote_challenge, ann.tenant, pending["approval_id"], member(ann), actor="user:ann"
+    )
     with tenant_context(agent.tenant):
         digest = ApprovalRequest.objects.get(pk=pending["approval_id"]).action_digest
     assert issued["challenge"] == approvals.challenge_for(digest, bytes.fromhex(issued["nonce"]))
@@ -199,7 +204,9 @@ def test_passkey_only_policies_take_a_verified_assertion_on_a_fresh_challenge(
 def test_a_challenge_is_used_once(agent: Agent, ann: Person, ben: Person) -> None:
     wire_policy(agent.tenant, passkey_only=True, required_approvals=2)
     pending = agent.ask(amount=100)
-    issued = approvals.issue_vote_challenge(ann.tenant, pending["approval_id"], member(ann), actor="user:ann")
+    issued = in_tenant(
+        approvals.issue_vote_challenge, ann.tenant, pending["approval_id"], member(ann), actor="user:ann"
+    )
     vote(ann, pending["approval_id"], assertion={"challenge": issued["challenge"]})
     with tenant_context(agent.tenant):
         ApprovalRequest.objects.filter(pk=pending["approval_id"]).update(approvals=0)
@@ -221,15 +228,17 @@ def test_the_deadline_denies_and_approvers_were_warned_first(
         start = timezone.now()
         callbacks = django_capture_on_commit_callbacks(execute=True)
         callbacks.__enter__()
-        assert approvals.sweep(agent.tenant, now=start + timedelta(seconds=100)) == {
+        assert in_tenant(approvals.sweep, agent.tenant, now=start + timedelta(seconds=100)) == {
             "expired": 0,
             "warned": 0,
             "escalated": 0,
             "lapsed": 0,
         }
-        assert approvals.sweep(agent.tenant, now=start + timedelta(seconds=500))["warned"] == 1
-        assert approvals.sweep(agent.tenant, now=start + timedelta(seconds=550))["warned"] == 0  # once
-        assert approvals.sweep(agent.tenant, now=start + timedelta(seconds=601))["expired"] == 1
+        assert in_tenant(approvals.sweep, agent.tenant, now=start + timedelta(seconds=500))["warned"] == 1
+        assert (
+            in_tenant(approvals.sweep, agent.tenant, now=start + timedelta(seconds=550))["warned"] == 0
+        )  # once
+        assert in_tenant(approvals.sweep, agent.tenant, now=start + timedelta(seconds=601))["expired"] == 1
         callbacks.__exit__(None, None, None)
     finally:
         hooks._hooks.remove(hook)
@@ -251,7 +260,9 @@ def test_escalation_widens_who_may_approve(agent: Agent, ann: Person, adam: Pers
     pending = agent.ask(amount=100)
     with pytest.raises(DomainError):
         vote(ann, pending["approval_id"])
-    assert approvals.sweep(agent.tenant, now=timezone.now() + timedelta(seconds=61))["escalated"] == 1
+    assert (
+        in_tenant(approvals.sweep, agent.tenant, now=timezone.now() + timedelta(seconds=61))["escalated"] == 1
+    )
     assert vote(ann, pending["approval_id"]).status == Status.APPROVED
     escalated = _records(ann, "APPROVAL_ESCALATED")
     assert escalated[0]["level"] == 1 and escalated[0]["roles"] == ["approver"]
@@ -297,8 +308,12 @@ def test_editing_a_policy_moves_its_version_and_records_old_and_new(
 ) -> None:
     policy = wire_policy(agent.tenant)
     before = agent.ask(amount=100)
-    updated = approvals.update_policy(
-        agent.tenant, policy.pk, approvals.PolicyChange.parse({"required_approvals": 2}), actor="user:alice"
+    updated = in_tenant(
+        approvals.update_policy,
+        agent.tenant,
+        policy.pk,
+        approvals.PolicyChange.parse({"required_approvals": 2}),
+        actor="user:alice",
     )
     assert updated.version == 2
     after = agent.ask(amount=100)
@@ -307,14 +322,15 @@ def test_editing_a_policy_moves_its_version_and_records_old_and_new(
     assert change["old"]["required_approvals"] == 1 and change["new"]["required_approvals"] == 2
     assert change["old"]["version"] == 1 and change["new"]["version"] == 2
     with pytest.raises(DomainError) as bad:
-        approvals.update_policy(
+        in_tenant(
+            approvals.update_policy,
             agent.tenant,
             policy.pk,
             approvals.PolicyChange.parse({"predicates": "amount > 1"}),
             actor="user:alice",
         )
     assert bad.value.code == "invalid_predicate"
-    approvals.delete_policy(agent.tenant, policy.pk, actor="user:alice")
+    in_tenant(approvals.delete_policy, agent.tenant, policy.pk, actor="user:alice")
     assert agent.ask(amount=100, saga="s9")["decision"] == "allow"
     assert _records(alice, "APPROVAL_POLICY_DELETED")[0]["old"]["name"] == "large wires"
 

@@ -32,6 +32,7 @@ from fleet import services as fleet
 from tenants import services
 from tenants.inputs import NewApiKey
 from tenants.models import Role
+from tests.support.scoping import in_tenant
 from transparency import witnesses
 
 # Path parameters spelled as text on purpose: none of them is an integer id.
@@ -141,8 +142,11 @@ def objects(db: None) -> dict[str, Any]:
             ),
             actor="test",
         ).pk,
-        "policy_id": approvals.create_policy(
-            acme, approvals.PolicyCreate.parse({"name": "p", "tool": "bank.*"}), actor="test"
+        "policy_id": in_tenant(
+            approvals.create_policy,
+            acme,
+            approvals.PolicyCreate.parse({"name": "p", "tool": "bank.*"}),
+            actor="test",
         ).pk,
         "witness_id": witnesses.add_witness(
             acme,

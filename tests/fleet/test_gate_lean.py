@@ -33,6 +33,7 @@ from tenants.models import Tenant
 from tests.fleet.concurrency import running_database_url
 from tests.fleet.lean import ACTOR, ask, ledger
 from tests.hostile.production import OwnRedis
+from tests.support.scoping import in_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -100,7 +101,8 @@ def test_an_approval_policy_takes_the_decision_into_the_tenants_transaction(
 ) -> None:
     from approvals import services as approvals
 
-    approvals.create_policy(
+    in_tenant(
+        approvals.create_policy,
         tenant,
         approvals.PolicyCreate.parse(
             {

@@ -23,6 +23,7 @@ from fleet.gate import GateRequest, halt_matches, tool_matches
 from fleet.models import GateDecision, Halt
 from fleet.stores import DatabaseStore
 from tenants.models import Tenant
+from tests.support.scoping import in_tenant
 
 ACTOR = "test:names"
 
@@ -158,7 +159,8 @@ def test_a_per_tool_or_per_agent_limit_counts_every_spelling_once(tenant_a: Tena
 
 
 def test_an_approval_policy_matches_every_spelling(tenant_a: Tenant) -> None:
-    approvals.create_policy(
+    in_tenant(
+        approvals.create_policy,
         tenant_a,
         approvals.PolicyCreate.parse({"name": "wires", "tool": "bank.*", "required_approvals": 1}),
         actor=ACTOR,

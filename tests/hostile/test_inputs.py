@@ -27,6 +27,7 @@ from tenants import services
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant
 from tests.support.factories import PASSWORD, Person
 from tests.support.inputs import HOSTILE_CURSORS, _b64
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 API_NUL = [
@@ -544,7 +545,8 @@ def test_a_gate_call_with_nul_in_its_arguments_is_a_400(alice: Person, args: dic
     """With an approval policy applying, the arguments went into a jsonb column: a 500 on Postgres."""
     from approvals import services as approvals
 
-    approvals.create_policy(
+    in_tenant(
+        approvals.create_policy,
         alice.tenant,
         approvals.PolicyCreate.parse(
             {

@@ -33,6 +33,7 @@ from tenants import services as tenants
 from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -184,7 +185,8 @@ def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: 
         actor="user:alice",
     )
     ann = make_person(tenant_a, "ann", Role.APPROVER)
-    approvals.create_policy(
+    in_tenant(
+        approvals.create_policy,
         tenant_a,
         approvals.PolicyCreate.parse(
             {"name": "invoices", "tool": "send_invoice", "predicates": [], "required_approvals": 1}
@@ -234,12 +236,13 @@ def pending(tenant: Tenant) -> Any:
 def vote(person: Person, row: Any, choice: str) -> None:
     with tenant_context(person.tenant):
         member = Membership.objects.select_related("user", "tenant").get(user=person.user)
-    approvals.vote(person.tenant, row.pk, member, choice, "", actor=f"user:{person.user.email}")
+    in_tenant(approvals.vote, person.tenant, row.pk, member, choice, "", actor=f"user:{person.user.email}")
 
 
 def test_an_approved_call_waits_with_progress_and_runs_once(shop: Shop, tenant_a: Tenant) -> None:
     ann = make_person(tenant_a, "ann", Role.APPROVER)
-    approvals.create_policy(
+    in_tenant(
+        approvals.create_policy,
         tenant_a,
         approvals.PolicyCreate.parse(
             {"name": "invoices", "tool": "send_invoice", "predicates": [], "required_approvals": 1}

@@ -28,6 +28,7 @@ from tests.slackapp.conftest import browser, click_body, command_body, install, 
 from tests.slackapp.slack_server import FakeSlack, Message
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 Commit = Callable[..., AbstractContextManager[Any]]
 
@@ -238,7 +239,7 @@ def test_escalation_mentions_the_next_people_and_the_warning_comes_before_expiry
         escalation=[{"after_s": 60, "roles": ["admin"]}],
     )
     with committed():
-        approvals.sweep(agent.tenant, now=timezone.now() + timedelta(seconds=61))
+        in_tenant(approvals.sweep, agent.tenant, now=timezone.now() + timedelta(seconds=61))
     message = _message(channel)
     replies = [c for c in channel.called("chat.postMessage") if c.params.get("thread_ts") == message.ts]
     assert (
@@ -247,11 +248,11 @@ def test_escalation_mentions_the_next_people_and_the_warning_comes_before_expiry
         and "Escalated" in replies[0].params["text"]
     )
     with committed():
-        approvals.sweep(agent.tenant, now=timezone.now() + timedelta(seconds=500))
+        in_tenant(approvals.sweep, agent.tenant, now=timezone.now() + timedelta(seconds=500))
     replies = [c for c in channel.called("chat.postMessage") if c.params.get("thread_ts") == message.ts]
     assert len(replies) == 2 and "expires in about" in replies[1].params["text"]
     with committed():
-        approvals.sweep(agent.tenant, now=timezone.now() + timedelta(seconds=601))
+        in_tenant(approvals.sweep, agent.tenant, now=timezone.now() + timedelta(seconds=601))
     assert "Expired" in json.dumps(_message(channel).blocks) and _actions(_message(channel)) == []
 
 

@@ -17,6 +17,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
 from tests.support.factories import Person, open_reservation, outstanding_lease
+from tests.support.scoping import in_tenant
 
 # Routes that are deliberately not tenant data.
 PUBLIC_ROUTES = {"healthz", "readyz", "schema", "api-docs", "api-redoc"}
@@ -91,7 +92,8 @@ def _acme_approval(tenant: Tenant) -> tuple[int, str]:
 
     with tenant_context(tenant):
         policy = ApprovalPolicy.objects.filter(name="sample-approval").first()
-    policy = policy or approvals.create_policy(
+    policy = policy or in_tenant(
+        approvals.create_policy,
         tenant,
         approvals.PolicyCreate.parse({"name": "sample-approval", "tool": "approve.wire"}),
         actor="test",

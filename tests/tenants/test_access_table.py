@@ -45,6 +45,7 @@ from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
 from tests.support.chains import Writer
 from tests.support.factories import open_reservation, outstanding_lease
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import proofs, witnesses
 from transparency import services as transparency
@@ -436,8 +437,11 @@ def world(
             "cool_down_s": 30,
         }
         breaker = fleet.create_breaker(acme, fleet.BreakerCreate.parse(breaker_fields), actor="test")
-        approval_policy = approvals.create_policy(
-            acme, approvals.PolicyCreate.parse({"name": "wires", "tool": "bank.*"}), actor="test"
+        approval_policy = in_tenant(
+            approvals.create_policy,
+            acme,
+            approvals.PolicyCreate.parse({"name": "wires", "tool": "bank.*"}),
+            actor="test",
         )
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor="test")
