@@ -14,9 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from core.scoping import tenant_context
 from tenants import services
 from tenants.actors import system_actor
+from tenants.entry import command_tenant
 from tenants.models import Role, Tenant
 
 DEMO_AGENT = Path(__file__).resolve().parents[3] / "sdk" / "examples" / "demo_agent.py"
@@ -46,6 +46,7 @@ DEMO_APPROVAL_POLICY = {
 }
 
 DEMO_SLUG = "demo"
+DEMO_KEY = services.NewApiKey("demo-agent", ("ingest", "gate", "read", "recovery"))
 ACTOR = system_actor("seed_demo")
 DEMO_PASSWORD = "sagaplane-demo"
 DEMO_PEOPLE = [
@@ -69,22 +70,26 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         password = options["password"]
-        tenant = Tenant.objects.filter(slug=DEMO_SLUG).first()
-        if tenant is None:
-            tenant = services.create_tenant(DEMO_SLUG, "Demo Co", DEMO_PEOPLE[0][0], password, actor=ACTOR)
-        for email, role in DEMO_PEOPLE:
-            services.add_member(tenant, email, role, password, actor=ACTOR)
+        if not Tenant.objects.filter(slug=DEMO_SLUG).exists():
+            services.create_tenant(DEMO_SLUG, "Demo Co", DEMO_PEOPLE[0][0], password, actor=ACTOR)
         key_file = demo_key_path()
-        if not key_file.exists():
-            _, raw_key = services.create_api_key(
-                tenant, services.NewApiKey("demo-agent", ("ingest", "gate", "read", "recovery")), actor=ACTOR
-            )
+        raw_key = ""
+        # The tenant entered as every command enters it (the services assert the scope).
+        with command_tenant(DEMO_SLUG) as tenant:
+            for email, role in DEMO_PEOPLE:
+                services.add_member(tenant, email, role, password, actor=ACTOR)
+            if not key_file.exists():
+                _, raw_key = services.create_api_key(tenant, DEMO_KEY, actor=ACTOR)
+            _seed_policies(tenant)
+            history = bool(options["sagas"]) and not _has_sagas()
+        if raw_key:  # written once the key is committed
             key_file.write_text(raw_key)
             key_file.chmod(0o600)
-        _seed_policies(tenant)
-        if options["sagas"] and not _has_sagas(tenant):
-            count = _seed_history(tenant, options["sagas"])
-            self.stdout.write(f"ingested a first history of {count} records from the demo agent")
+        if history:
+            records = _demo_agent_records(options["sagas"])  # another process: no transaction held
+            with command_tenant(DEMO_SLUG) as tenant:
+                _ingest_history(tenant, records)
+            self.stdout.write(f"ingested a first history of {len(records[1])} records from the demo agent")
         self.stdout.write(f"demo tenant '{DEMO_SLUG}' ready; sign in as any of (password {password}):")
         for email, role in DEMO_PEOPLE:
             self.stdout.write(f"  {role:<9} {email}")
@@ -93,35 +98,29 @@ class Command(BaseCommand):
 
 def _seed_policies(tenant: Tenant) -> None:
     """The demo's budget, rate limit and approval policy, once (a second run keeps what exists,
-    even if changed)."""
+    even if changed). Inside the tenant."""
     from approvals import services as approvals
     from approvals.models import ApprovalPolicy
     from fleet import services as fleet
     from fleet.models import BudgetLimit, RateLimit
 
-    with tenant_context(tenant):
-        has_budget = BudgetLimit.objects.filter(name=DEMO_BUDGET["name"]).exists()
-        has_rate_limit = RateLimit.objects.filter(name=DEMO_RATE_LIMIT["name"]).exists()
-        has_policy = ApprovalPolicy.objects.filter(name=DEMO_APPROVAL_POLICY["name"]).exists()
-    if not has_policy:
+    if not ApprovalPolicy.objects.filter(name=DEMO_APPROVAL_POLICY["name"]).exists():
         approvals.create_policy(tenant, approvals.PolicyCreate.parse(DEMO_APPROVAL_POLICY), actor=ACTOR)
-    if not has_budget:
+    if not BudgetLimit.objects.filter(name=DEMO_BUDGET["name"]).exists():
         fleet.create_budget(tenant, fleet.BudgetCreate.parse(DEMO_BUDGET), actor=ACTOR)
-    if not has_rate_limit:
+    if not RateLimit.objects.filter(name=DEMO_RATE_LIMIT["name"]).exists():
         fleet.create_rate_limit(tenant, fleet.RateLimitCreate.parse(DEMO_RATE_LIMIT), actor=ACTOR)
 
 
-def _has_sagas(tenant: Tenant) -> bool:
+def _has_sagas() -> bool:
     from sagas.models import Saga
 
-    with tenant_context(tenant):
-        return Saga.objects.exists()
+    return Saga.objects.exists()
 
 
-def _seed_history(tenant: Tenant, sagas: int) -> int:
+def _demo_agent_records(sagas: int) -> tuple[str, list[Any]]:
+    """The WAL's stream id and records of the real demo agent run for `sagas` sagas, not shipped."""
     from sagaplane.walfile import read_all, stream_id_for
-
-    from audit.services import ingest
 
     wal = Path(settings.DATA_DIR) / "seed-agent" / "demo-agent.wal"
     wal.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +132,11 @@ def _seed_history(tenant: Tenant, sagas: int) -> int:
         timeout=120,
     )
     entries, _ = read_all(wal)
-    records = [entry.record for entry in entries if entry.record is not None]
-    ingest(tenant, stream_id_for(wal), records, actor=ACTOR)
-    return len(records)
+    return stream_id_for(wal), [entry.record for entry in entries if entry.record is not None]
+
+
+def _ingest_history(tenant: Tenant, records: tuple[str, list[Any]]) -> None:
+    from audit.services import ingest
+
+    stream_id, rows = records
+    ingest(tenant, stream_id, rows, actor=ACTOR)
