@@ -14,6 +14,7 @@ from core.scoping import tenant_context
 from core.shutdown import keep_going
 from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
+from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def reconcile() -> dict[str, int]:
     for tenant_id in services.tenants_to_reconcile():
         if not keep_going():
             break
-        tenant = Tenant.objects.filter(pk=tenant_id).first()
+        tenant = tenant_by_id(tenant_id)
         if tenant is None:
             continue
         try:
@@ -56,7 +57,8 @@ def delivery_body(check: ReconciliationCheck) -> bytes:
 @shared_task(
     name="reconciliation.deliver_check", ignore_result=True, acks_late=True, reject_on_worker_lost=True
 )
-def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
+@tenant_task(transaction=False)  # the POST waits outside any transaction
+def deliver_check(tenant: Tenant, check_id: str, token: int) -> str:
     """POST one claimed check to the tenant's webhook, signed as recovery's deliveries are
     (Standard Webhooks headers, the same secret), and record its answer `{"reversed": true | false |
     null}` with the token the claim took. A failed delivery records nothing: the claim lapses and
@@ -65,9 +67,6 @@ def deliver_check(tenant_id: int, check_id: str, token: int) -> str:
     from recovery import services as recovery_services
     from recovery import webhook
 
-    tenant = Tenant.objects.filter(pk=tenant_id).first()
-    if tenant is None:
-        return "no tenant"
     with tenant_context(tenant):
         check = ReconciliationCheck.objects.filter(pk=check_id).first()
         hook = recovery_selectors.webhook()

@@ -18,6 +18,7 @@ from recovery import services, sweeper, webhook
 from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
 from recovery.models import Delivery, Webhook
 from tenants.actors import system_actor
+from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def sweep_all() -> int:
     due = set(tenants_with_recovery_due(now))
     due |= set(tenants_with_unclaimed_jobs(now - services.unclaimed_after()))
     for tenant_id in sorted(due):
-        tenant = Tenant.objects.filter(pk=tenant_id).first()
+        tenant = tenant_by_id(tenant_id)
         if tenant is None:
             continue
         try:
@@ -57,12 +58,10 @@ def delivery_body(job: object) -> bytes:
 
 
 @shared_task(name="recovery.deliver_webhook", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def deliver_webhook(tenant_id: int, job_id: str) -> str:
+@tenant_task(transaction=False)  # the POST waits outside any transaction
+def deliver_webhook(tenant: Tenant, job_id: str) -> str:
     """Claim the job (as any worker would), POST it signed, and record the answer with the token
     the claim returned. Nothing to do when the claim fails: someone holds it, or it is not due."""
-    tenant = Tenant.objects.filter(pk=tenant_id).first()
-    if tenant is None:
-        return "no tenant"
     job = services.claim(
         tenant,
         worker="webhook",
