@@ -365,6 +365,7 @@ TENANT_ENTRY_MODULES: dict[str, str] = {
     "tenants.entry": "the task decorator and the command helper",
     "tenants.permissions": "the view mixin",
     "approvals.compat": "agent-saga's requests, opened after an ingest commits, each its own transaction",
+    "tenants.selectors": "an API key's row, read in the tenant a cross-tenant question found for it",
     "tenants.authentication": "an API key is looked up before its tenant is known, then entered",
     "transparency.lean": "the proofs' fast route (a transport beside the view mixin)",
 }
@@ -400,7 +401,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "slackapp.decisions",
         "slackapp.handlers",
         "slackapp.hooks",
-        "tenants.selectors",
         "tenants.services",
         "transparency.actions.exports",
         "transparency.actions.integration",
