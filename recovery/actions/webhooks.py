@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import uuid
 
+from django.db import transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.postcommit import after_commit
-from core.scoping import tenant_context
+from core.scoping import require_tenant, tenant_context
 from recovery.actions.common import claimable
 from recovery.inputs import NewWebhook
 from recovery.models import (
@@ -29,7 +30,8 @@ def set_webhook(tenant: Tenant, new: NewWebhook, *, actor: Actor) -> tuple[Webho
 
     url, handlers = new.url, list(new.handlers)
     secret = new_secret()
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         existing = Webhook.objects.select_for_update().first()
         old = None if existing is None else {"url": existing.url, "handlers": existing.handlers}
         if existing is not None:
@@ -47,7 +49,8 @@ def set_webhook(tenant: Tenant, new: NewWebhook, *, actor: Actor) -> tuple[Webho
 
 
 def delete_webhook(tenant: Tenant, *, actor: Actor) -> None:
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         existing = Webhook.objects.select_for_update().first()
         if existing is None:
             return

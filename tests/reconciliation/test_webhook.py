@@ -26,6 +26,7 @@ from recovery import services as recovery
 from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("no_delay")
 
@@ -109,8 +110,11 @@ def test_the_webhook_answers_checks_and_its_answers_are_verdicts(
     tenant_a: Tenant, agent_a: Writer, receiver: tuple[Receiver, str]
 ) -> None:
     state, url = receiver
-    _, state.secret = recovery.set_webhook(
-        tenant_a, recovery.WebhookSet.parse({"url": url, "handlers": ["shop.refund"]}), actor="test"
+    _, state.secret = in_tenant(
+        recovery.set_webhook,
+        tenant_a,
+        recovery.WebhookSet.parse({"url": url, "handlers": ["shop.refund"]}),
+        actor="test",
     )
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     compensated_saga(agent_a, "refund-lost", charges=["ch_lost"])
@@ -137,8 +141,8 @@ def test_a_failed_delivery_is_retried_under_a_new_token(
 ) -> None:
     settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     state, url = receiver
-    _, state.secret = recovery.set_webhook(
-        tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test"
+    _, state.secret = in_tenant(
+        recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test"
     )  # every handler
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     services.scan(tenant_a)
@@ -157,7 +161,9 @@ def test_an_answer_without_a_verdict_is_unverifiable(
     tenant_a: Tenant, agent_a: Writer, receiver: tuple[Receiver, str]
 ) -> None:
     state, url = receiver
-    _, state.secret = recovery.set_webhook(tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test")
+    _, state.secret = in_tenant(
+        recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test"
+    )
     state.without_verdict = True
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     services.scan(tenant_a)

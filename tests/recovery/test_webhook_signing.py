@@ -22,6 +22,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from recovery import services, webhook
 from tenants.models import Tenant
+from tests.support.scoping import in_tenant
 
 
 class Receiver(ThreadingHTTPServer):
@@ -111,8 +112,11 @@ def test_the_deprecated_header_is_still_sent_and_verifies(receiver: Receiver) ->
 
 @pytest.mark.django_db
 def test_the_secret_is_in_the_standards_form(tenant_a: Tenant) -> None:
-    _, secret = services.set_webhook(
-        tenant_a, services.WebhookSet.parse({"url": "https://93.184.216.34/hook"}), actor="test"
+    _, secret = in_tenant(
+        services.set_webhook,
+        tenant_a,
+        services.WebhookSet.parse({"url": "https://93.184.216.34/hook"}),
+        actor="test",
     )
     assert secret.startswith("whsec_")
     key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
