@@ -9,15 +9,13 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from rest_framework.test import APIClient
 
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import GateDecision
 from tenants import services as tenant_services
-from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
-from tests.support.factories import Person, make_person
+from tests.support.factories import Person, make_person, scoped_key_client
 
 NO_RESERVATIONS = {"reserved": "0", "settled": "0", "overrun": "0"}
 
@@ -26,15 +24,6 @@ STATUS = "/api/v1/fleet/status"
 
 
 pytestmark = pytest.mark.usefixtures("database_store")
-
-
-def key_client(tenant: Tenant, *scopes: str) -> APIClient:
-    _, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="-".join(scopes) or "none", scopes=list(scopes)), actor="test"
-    )
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return client
 
 
 def gate_call(n: int, tool: str = "stripe.charge", **args: Any) -> dict[str, Any]:
@@ -49,7 +38,7 @@ def test_an_agent_is_held_to_a_budget_set_by_an_owner(alice: Person) -> None:
         format="json",
     )
     assert created.status_code == 201, created.json()
-    agent = key_client(alice.tenant, "gate")
+    agent = scoped_key_client(alice.tenant, "gate")
     answers = [agent.post(EVALUATE, gate_call(n, amount=20_000), format="json") for n in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert [a.json()["decision"] for a in answers] == ["allow", "allow", "deny"]
@@ -84,7 +73,7 @@ def test_an_agent_is_held_to_a_budget_set_by_an_owner(alice: Person) -> None:
 def test_a_malformed_gate_call_is_a_400_naming_its_field_and_records_nothing(
     alice: Person, body: Any, field: str
 ) -> None:
-    response = key_client(alice.tenant, "gate").post(EVALUATE, body, format="json")
+    response = scoped_key_client(alice.tenant, "gate").post(EVALUATE, body, format="json")
     assert response.status_code == 400
     assert response.json()["error"] == "invalid" and response.json()["field"] == field
     with tenant_context(alice.tenant):
@@ -97,7 +86,7 @@ def test_uncountable_amounts_over_http_are_refused(alice: Person) -> None:
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 60}),
         actor="test",
     )
-    agent = key_client(alice.tenant, "gate")
+    agent = scoped_key_client(alice.tenant, "gate")
     for n, amount in enumerate([-5, "12", True, None, 10**30, 1e308]):
         answer = agent.post(EVALUATE, gate_call(n, amount=amount), format="json").json()
         assert answer["decision"] == "deny" and answer["reason"] == "invalid_argument", amount
@@ -115,14 +104,19 @@ def test_who_may_do_what(alice: Person, tenant_a: Tenant) -> None:
     halt = approver.post("/api/v1/fleet/halts", {"scope": "tool:email.*", "reason": "spam"}, format="json")
     assert halt.status_code == 201 and halt.json()["actor"] == "user:april@acme.example"
     assert (
-        key_client(tenant_a, "read").post("/api/v1/fleet/budgets", budget, format="json").status_code == 403
-    )
-    assert (
-        key_client(tenant_a, "gate").post("/api/v1/fleet/halts", {"scope": "*", "reason": "r"}).status_code
+        scoped_key_client(tenant_a, "read").post("/api/v1/fleet/budgets", budget, format="json").status_code
         == 403
     )
     assert (
-        key_client(tenant_a, "control").post("/api/v1/fleet/budgets", budget, format="json").status_code
+        scoped_key_client(tenant_a, "gate")
+        .post("/api/v1/fleet/halts", {"scope": "*", "reason": "r"})
+        .status_code
+        == 403
+    )
+    assert (
+        scoped_key_client(tenant_a, "control")
+        .post("/api/v1/fleet/budgets", budget, format="json")
+        .status_code
         == 201
     )
     assert alice.session_client().post(EVALUATE, gate_call(1), format="json").status_code == 403
@@ -139,7 +133,7 @@ def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
     tenant = tenant_services.create_tenant(
         "poll", "Poll", "owner@poll.example", "correct-horse-battery", actor="test"
     )
-    agent = key_client(tenant, "gate")
+    agent = scoped_key_client(tenant, "gate")
     first = agent.get(STATUS).json()
     assert first["halts"] == []
     result: dict[str, Any] = {}
@@ -186,7 +180,7 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
     from fleet import api
 
     tenant = tenant_services.create_tenant("race", "Race", "owner@race.example", actor="test")
-    agent = key_client(tenant, "gate")
+    agent = scoped_key_client(tenant, "gate")
     before = agent.get(STATUS).json()
     reads = 0
 
@@ -212,7 +206,7 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
 
 
 def test_the_long_poll_refuses_a_bad_wait(alice: Person) -> None:
-    agent = key_client(alice.tenant, "gate")
+    agent = scoped_key_client(alice.tenant, "gate")
     for wait in ["soon", "nan", "-1"]:
         response = agent.get(STATUS, {"wait": wait})
         assert response.status_code == 400 and response.json()["field"] == "wait", wait
@@ -230,8 +224,10 @@ def test_a_third_tenant_sees_and_touches_nothing(alice: Person, carol: Person) -
     assert owner_c.get(f"/api/v1/fleet/budgets/{budget.json()['id']}").status_code == 404
     assert owner_c.delete(f"/api/v1/fleet/halts/{halt.json()['id']}").status_code == 404
     assert owner_c.delete(f"/api/v1/fleet/budgets/{budget.json()['id']}").status_code == 404
-    status_c = key_client(carol.tenant, "gate").get(STATUS).json()
+    status_c = scoped_key_client(carol.tenant, "gate").get(STATUS).json()
     assert status_c["halts"] == [] and status_c["governed_tools"] == []
-    allowed = key_client(carol.tenant, "gate").post(EVALUATE, gate_call(1, amount=10), format="json").json()
+    allowed = (
+        scoped_key_client(carol.tenant, "gate").post(EVALUATE, gate_call(1, amount=10), format="json").json()
+    )
     assert allowed["decision"] == "allow"  # a's halt and budget do not touch c
     assert [h["reason"] for h in owner_a.get("/api/v1/fleet/halts").json()] == ["a's incident"]

@@ -10,15 +10,13 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from rest_framework.test import APIClient
 
 from core.scoping import tenant_context
 from fleet.models import BreakerTransition, CircuitBreaker
 from tenants import services as tenant_services
-from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
-from tests.support.factories import Person, make_person
+from tests.support.factories import Person, make_person, scoped_key_client
 
 BREAKERS = "/api/v1/fleet/breakers"
 GOOD: dict[str, Any] = {
@@ -33,15 +31,6 @@ GOOD: dict[str, Any] = {
 
 
 pytestmark = pytest.mark.usefixtures("database_store")
-
-
-def key_client(tenant: Tenant, *scopes: str) -> APIClient:
-    _, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="-".join(scopes), scopes=list(scopes)), actor="test"
-    )
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return client
 
 
 def count(tenant: Tenant) -> tuple[int, int, int]:
@@ -82,12 +71,12 @@ def test_readers_read_and_only_owners_admins_and_control_keys_change(alice: Pers
     admin = make_person(tenant_a, "ada", Role.ADMIN).session_client()
     assert viewer.post(BREAKERS, GOOD, format="json").status_code == 403
     assert approver.post(BREAKERS, GOOD, format="json").status_code == 403
-    assert key_client(tenant_a, "gate").post(BREAKERS, GOOD, format="json").status_code == 403
+    assert scoped_key_client(tenant_a, "gate").post(BREAKERS, GOOD, format="json").status_code == 403
     made = admin.post(BREAKERS, GOOD, format="json").json()
     assert viewer.get(f"{BREAKERS}/{made['id']}").status_code == 200
     assert viewer.patch(f"{BREAKERS}/{made['id']}", {"min_volume": 1}, format="json").status_code == 403
     assert approver.delete(f"{BREAKERS}/{made['id']}").status_code == 403
-    control = key_client(tenant_a, "control")
+    control = scoped_key_client(tenant_a, "control")
     assert control.patch(f"{BREAKERS}/{made['id']}", {"min_volume": 1}, format="json").status_code == 200
     assert control.delete(f"{BREAKERS}/{made['id']}").status_code == 204
 
@@ -184,7 +173,7 @@ def test_a_third_tenant_sees_and_touches_nothing_of_two_tenants_breakers(
         assert dave.get(detail).status_code == 404
         assert dave.patch(detail, {"min_volume": 1}, format="json").status_code == 404
         assert dave.delete(detail).status_code == 404
-    assert key_client(third, "gate").get("/api/v1/fleet/status").json()["breakers"] == []
+    assert scoped_key_client(third, "gate").get("/api/v1/fleet/status").json()["breakers"] == []
     assert [x["name"] for x in alice.session_client().get(BREAKERS).json()] == ["a-only"]
     assert [x["name"] for x in carol.session_client().get(BREAKERS).json()] == ["b-only"]
     assert alice.session_client().get(f"{BREAKERS}/{b['id']}").status_code == 404

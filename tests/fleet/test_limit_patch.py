@@ -9,15 +9,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from rest_framework.test import APIClient
 
 from core.scoping import tenant_context
 from fleet.models import BudgetLimit, RateLimit
-from tenants import services as tenant_services
-from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.support.chains import server_stream
-from tests.support.factories import Person
+from tests.support.factories import Person, scoped_key_client
 
 pytestmark = pytest.mark.usefixtures("database_store")
 
@@ -26,15 +23,6 @@ BUDGETS = "/api/v1/fleet/budgets"
 RATES = "/api/v1/fleet/rate-limits"
 BUDGET = {"name": "card spend", "tool": "stripe.*", "max_total": "100", "window_s": 3600, "per": ["agent"]}
 RATE = {"name": "mail pace", "tool": "email.*", "max_calls": 5, "window_s": 60}
-
-
-def key_client(tenant: Tenant, *scopes: str) -> APIClient:
-    _, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="-".join(scopes), scopes=list(scopes)), actor="test"
-    )
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    return client
 
 
 def _ids(person: Person) -> tuple[int, int]:
@@ -96,8 +84,8 @@ def test_a_patch_changes_the_named_terms_keeps_the_rest_and_is_audited(alice: Pe
 
 def test_the_gate_holds_the_next_call_to_the_new_terms(alice: Person) -> None:
     budget_id, rate_id = _ids(alice)
-    agent = key_client(alice.tenant, "gate")
-    control = key_client(alice.tenant, "control")
+    agent = scoped_key_client(alice.tenant, "gate")
+    control = scoped_key_client(alice.tenant, "control")
 
     def decision(n: int, amount: int) -> str:
         answer = agent.post(EVALUATE, _call(n, "stripe.charge", amount=amount), format="json").json()
@@ -173,13 +161,13 @@ def test_readers_keys_without_control_and_other_tenants_change_nothing(
     before = _terms(alice.tenant)
     change = {"max_total": 1}
     assert bob.session_client().patch(f"{BUDGETS}/{budget_id}", change, format="json").status_code == 403
-    gate_key = key_client(alice.tenant, "gate", "read")
+    gate_key = scoped_key_client(alice.tenant, "gate", "read")
     assert gate_key.patch(f"{RATES}/{rate_id}", {"max_calls": 1}, format="json").status_code == 403
     outsider = carol.session_client()
     for path, body in ((f"{BUDGETS}/{budget_id}", change), (f"{RATES}/{rate_id}", {"max_calls": 1})):
         answer = outsider.patch(path, body, format="json")
         assert answer.status_code == 404 and answer.json()["error"] == "not_found"
-    outsider_key = key_client(carol.tenant, "control")
+    outsider_key = scoped_key_client(carol.tenant, "control")
     assert outsider_key.patch(f"{BUDGETS}/{budget_id}", change, format="json").status_code == 404
     assert _terms(alice.tenant) == before
     with tenant_context(carol.tenant):

@@ -45,6 +45,17 @@ def make_person(tenant: Tenant, name: str, role: str) -> Person:
     return Person(membership.user, tenant, role, raw_key)
 
 
+def scoped_key_client(tenant: Tenant, *scopes: str) -> APIClient:
+    """A client presenting a new API key of `tenant`'s with exactly `scopes` (none: a key that may
+    do nothing)."""
+    _, raw = services.create_api_key(
+        tenant, NewApiKey(name="-".join(scopes) or "none", scopes=list(scopes)), actor="test"
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
 def outstanding_lease(tenant: Tenant, saga_id: str) -> str:
     """An outstanding budget lease of `tenant`'s that grants nothing (a ledger row: its id is what
     a holder presents when it gives the lease back), made once per saga id."""
