@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet.actions.changes import changed_after_commit
 from fleet.inputs import FleetSettingsChange
 from fleet.models import FleetSettings
@@ -43,8 +44,8 @@ def stored_lease_ttl_ms() -> int | None:
 def fleet_settings_values(tenant: Tenant) -> dict[str, Any]:
     """The tenant's gate settings as the API, the page and the audit records show them: what it
     set (`lease_ttl_ms`, null for the default) and what is in force (`lease_ttl_ms_effective`)."""
-    with tenant_context(tenant):
-        stored = stored_lease_ttl_ms()
+    require_tenant(tenant)
+    stored = stored_lease_ttl_ms()
     return {"lease_ttl_ms": stored, "lease_ttl_ms_effective": stored or default_lease_ttl_ms()}
 
 
@@ -52,7 +53,8 @@ def set_fleet_settings(tenant: Tenant, change: FleetSettingsChange, *, actor: Ac
     """Set the tenant's gate settings (checked by `fleet.inputs.FleetSettingsUpdate`); recorded as
     FLEET_SETTINGS_UPDATED with old and new values in the same transaction. Leases granted before
     keep the TTL they were granted with (at most the old one). Nothing changed: nothing recorded."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         row = FleetSettings.objects.select_for_update().first()
         if row is None:
             FleetSettings.objects.bulk_create([FleetSettings(tenant=tenant)], ignore_conflicts=True)

@@ -385,7 +385,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "fleet.actions.ledger",
         "fleet.actions.quarantine",
         "fleet.actions.reservations",
-        "fleet.actions.settings",
         "fleet.actions.store",
         "fleet.actions.writers",
         "reconciliation.services",

@@ -29,6 +29,7 @@ from tests.fleet.test_leases import _redis_store, private_redis  # noqa: F401  (
 from tests.hostile.production import OwnRedis
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.chains import Writer
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 ACTOR = "test:settlement"
@@ -59,7 +60,9 @@ def test_a_killed_agents_lease_is_settled_at_what_its_wal_shipped(
     tenant: Tenant = alice.tenant
     _budget(tenant)
     # A long TTL: "before expiry" below is certain whatever the machine's load.
-    services.set_fleet_settings(tenant, services.FleetSettingsChange(lease_ttl_ms=60_000), actor=ACTOR)
+    in_tenant(
+        services.set_fleet_settings, tenant, services.FleetSettingsChange(lease_ttl_ms=60_000), actor=ACTOR
+    )
     wal = tmp_path / "dying.wal"
     env = {**os.environ, "SAGAPLANE_URL": live_server.url, "SAGAPLANE_API_KEY": alice.api_key}
     agent = subprocess.Popen(
