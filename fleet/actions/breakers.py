@@ -13,7 +13,7 @@ from sagaplane.events import Event
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet.actions.changes import changed_after_commit, create_policy, delete_policy
 from fleet.inputs import BreakerChange, NewBreaker
 from fleet.models import CircuitBreaker
@@ -55,7 +55,8 @@ def update_breaker(tenant: Tenant, breaker_id: int, change: BreakerChange, *, ac
     the tool or a threshold starts its counts afresh (its state stays). Nothing changed: nothing
     recorded."""
     changes = {name: getattr(change, name) for name in FIELDS if getattr(change, name) is not None}
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         breaker = CircuitBreaker.objects.select_for_update().filter(pk=breaker_id).first()
         if breaker is None:
             raise DomainError("not_found", "no such breaker", status=404, field="id")

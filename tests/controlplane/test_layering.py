@@ -376,7 +376,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "audit.actions.ingest",
         "audit.actions.server_stream",
         "fleet.actions.breaker_states",
-        "fleet.actions.breakers",
         "fleet.actions.changes",
         "fleet.actions.decision",
         "fleet.actions.halts",

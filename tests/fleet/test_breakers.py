@@ -21,6 +21,7 @@ from fleet.stores import DatabaseStore, RedisStore
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.chains import Writer, server_stream
+from tests.support.scoping import in_tenant
 
 SETTINGS: dict[str, Any] = {
     "name": "stripe down",
@@ -235,8 +236,12 @@ def test_a_change_of_threshold_counts_afresh_and_is_recorded(tenant_a: Tenant, s
     row = breaker(tenant_a, consecutive_failures=2)
     agent = Agent(tenant_a)
     agent.outcome("STEP_FAILED")
-    services.update_breaker(
-        tenant_a, row.pk, services.BreakerUpdate.parse({"consecutive_failures": 3}), actor="test"
+    in_tenant(
+        services.update_breaker,
+        tenant_a,
+        row.pk,
+        services.BreakerUpdate.parse({"consecutive_failures": 3}),
+        actor="test",
     )
     agent.outcome("STEP_FAILED")
     agent.outcome("STEP_FAILED")
