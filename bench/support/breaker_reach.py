@@ -37,6 +37,7 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
     import httpx
     from sagaplane.chain import GENESIS, stamp
 
+    from core.scoping import tenant_context
     from fleet import services
     from tenants import services as tenant_services
 
@@ -45,7 +46,8 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
     _, key = tenant_services.create_api_key(
         tenant, NewApiKey(name="agent", scopes=["gate", "ingest"]), actor="bench"
     )
-    breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
+    with tenant_context(tenant):  # the breaker actions assert the tenant's scope
+        breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
     agent = httpx.Client(
         base_url=url, headers={"Authorization": f"Bearer {key}", "X-Forwarded-Proto": "https"}, timeout=30
     )
@@ -67,8 +69,9 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
 
     def close() -> None:
         nonlocal breaker
-        services.delete_breaker(tenant, breaker.pk, actor="bench")
-        breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
+        with tenant_context(tenant):
+            services.delete_breaker(tenant, breaker.pk, actor="bench")
+            breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
 
     try:
         ms = reach_ms(url, key, "circuit_open", trials, trigger=fail, reset=close, what="an open breaker")
