@@ -18,6 +18,7 @@ from django.core.cache import cache
 from core import timing
 from core.scoping import tenant_context
 from core.shutdown import keep_going
+from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
 from transparency import cosigning, hooks, services
 from transparency.models import TreeState, Witness
@@ -171,7 +172,8 @@ def _coalesced(
 
 
 @shared_task(name="transparency.integrate_tenant", ignore_result=True)
-def integrate_tenant(tenant_id: int) -> int:
+@tenant_task(transaction=False)  # each pass its own transactions
+def integrate_tenant(tenant: Tenant) -> int:
     """Integrate the tenant's accepted leaves (records and seals alike) and sign one checkpoint
     per pass (a backlog larger than an integration chunk signs one per chunk). Sealing is not
     this task's: `seal_tenant` runs beside it and requests an integration when it appended seals.
@@ -179,7 +181,6 @@ def integrate_tenant(tenant_id: int) -> int:
 
     A worker shutting down stops this between chunks (each committed and signed) and the rest is
     requested again, for the next worker. Coalesced per tenant (`_coalesced`)."""
-    tenant = Tenant.objects.get(pk=tenant_id)
     _coalesced(tenant, INTEGRATE, _integrate_pass, lambda t: f"{_integrated_size(t)} leaves")
     return _integrated_size(tenant)
 
@@ -208,12 +209,12 @@ def _has_witnesses(tenant: Tenant) -> bool:
 
 
 @shared_task(name="transparency.cosign_tenant", ignore_result=True)
-def cosign_tenant(tenant_id: int) -> int:
+@tenant_task(transaction=False)  # each pass its own transactions
+def cosign_tenant(tenant: Tenant) -> int:
     """Send the latest checkpoint to every witness that has not cosigned it and keep the answers
     (`transparency.cosigning`). Coalesced per tenant like the integrator: a pass requested while
     one runs is taken by it, so however many checkpoints were signed meanwhile, the next pass sends
     only the latest (with a proof from each witness's size). Returns how many cosigned."""
-    tenant = Tenant.objects.get(pk=tenant_id)
     cosigned = 0
 
     def one_pass(tenant: Tenant) -> bool:
@@ -227,7 +228,8 @@ def cosign_tenant(tenant_id: int) -> int:
 
 
 @shared_task(name="transparency.seal_tenant", ignore_result=True)
-def seal_tenant(tenant_id: int) -> int:
+@tenant_task(transaction=False)  # each pass its own transactions
+def seal_tenant(tenant: Tenant) -> int:
     """Seal the sagas the tenant's new leaves finished (seal passes off the seal watermark, each
     one transaction under the SealState lock, beside the integrator). When a pass appended seals
     it requests an integration: the seals are leaves to sign. Returns how many seals this call
@@ -236,7 +238,6 @@ def seal_tenant(tenant_id: int) -> int:
     A crash between sealing and signing is healed by the beat (`integrate_grown_tenants`), which
     finds the unintegrated seals like any other leaves; a crash mid-pass rolls back whole and the
     beat finds the watermark behind the log."""
-    tenant = Tenant.objects.get(pk=tenant_id)
     appended = 0
 
     def one_pass(tenant: Tenant) -> bool:
@@ -290,4 +291,6 @@ def sweep_stale_exports() -> dict[str, list[str]]:
 
 @shared_task(name="transparency.build_export", ignore_result=True)
 def build_export(export_id: str, tenant_id: int) -> None:
-    services.build_export(Tenant.objects.get(pk=tenant_id), export_id)
+    tenant = tenant_by_id(tenant_id)  # the export's arguments put the tenant second
+    if tenant is not None:
+        services.build_export(tenant, export_id)
