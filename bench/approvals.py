@@ -38,6 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor, user_actor
 from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,19 +89,23 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     from tenants.models import Membership, Role
 
     slug = f"appr-{uuid.uuid4().hex[:10]}"
-    tenant = tenant_services.create_tenant(slug, "Approvals bench", f"owner@{slug}.example", actor="bench")
+    tenant = tenant_services.create_tenant(
+        slug, "Approvals bench", f"owner@{slug}.example", actor=system_actor("bench")
+    )
     with tenant_context(tenant):
         approvals.create_policy(
             tenant,
             approvals.PolicyCreate.parse(
                 {"name": "wires", "tool": "bench.wire", "eligible_roles": ["approver"], "ttl_s": 600}
             ),
-            actor="bench",
+            actor=system_actor("bench"),
         )
-    tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor="bench")
+    tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor=system_actor("bench"))
     with tenant_context(tenant):
         risk = Membership.objects.select_related("user", "tenant").get(user__email=f"risk@{slug}.example")
-    _, key = tenant_services.create_api_key(tenant, NewApiKey(name="agent", scopes=["gate"]), actor="bench")
+    _, key = tenant_services.create_api_key(
+        tenant, NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
+    )
 
     # Warm the tenant's Redis state (its first call rebuilds it from the ledger) outside the timing.
     warm = Gate(url, key)
@@ -159,7 +164,7 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     try:
         for n in range(agents):
             with tenant_context(tenant):  # a vote, its own transaction, as the page's
-                approvals.vote(tenant, pending[n], risk, "approve", actor="user:risk")
+                approvals.vote(tenant, pending[n], risk, "approve", actor=user_actor("risk"))
             time.sleep(spacing_s)
     finally:
         hooks._hooks.remove(on_decided)

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
 from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,10 +96,10 @@ def _setup_tenant() -> str:
 
     slug = f"bench-{uuid.uuid4().hex[:8]}"
     tenant = services.create_tenant(
-        slug, "Bench", f"owner@{slug}.example", "bench-password-123", actor="system:bench"
+        slug, "Bench", f"owner@{slug}.example", "bench-password-123", actor=system_actor("bench")
     )
     _, key = services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor="system:bench"
+        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
     )
     return key
 

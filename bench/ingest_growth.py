@@ -35,6 +35,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sdk"))
@@ -123,7 +125,7 @@ def _ingest(grower: scale.Grower, phases: list[dict[str, float]] | None = None) 
     stream, records = grower.batch()
     start = time.perf_counter()
     with timing.collecting() as marked:
-        services.ingest(grower.tenant, stream, records, actor="bench")
+        services.ingest(grower.tenant, stream, records, actor=system_actor("bench"))
     took = time.perf_counter() - start
     if phases is not None:
         phases.append(marked)

@@ -30,6 +30,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import api_key_actor, system_actor
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -127,7 +129,9 @@ def main() -> int:
     from transparency import services as transparency
 
     slug = f"bench{int(time.time())}"
-    tenant = tenant_services.create_tenant(slug, "Bench", f"owner@{slug}.example", actor="system:bench")
+    tenant = tenant_services.create_tenant(
+        slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench")
+    )
     since = timezone.now() - timedelta(minutes=1)
 
     # -- the peer for the pass: ingesting the records it reads
@@ -141,7 +145,7 @@ def main() -> int:
                 record = {"seq": seq, "ts": time.time(), "event": event, **fields}
                 head = stamp(record, head)
                 batch.append(record)
-        audit_services.ingest(tenant, "bench-agent", batch, actor="bench")
+        audit_services.ingest(tenant, "bench-agent", batch, actor=system_actor("bench"))
     ingest_s = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -165,17 +169,21 @@ def main() -> int:
         terms = services.ReconciliationClaim.parse(
             {"handlers": ["shop.refund"], "worker": "bench", "max": 50}
         )
-        checks = services.claim(tenant, terms, actor="api-key:bench")
+        checks = services.claim(tenant, terms, actor=api_key_actor("bench"))
         assert checks, "ran out of checks before answering all"
         for check in checks:
             drift = int(check.kwargs["charge_id"][3:]) % 10 == 0
-            services.report(tenant, check.pk, token=check.token, reversed_=not drift, actor="api-key:bench")
+            services.report(
+                tenant, check.pk, token=check.token, reversed_=not drift, actor=api_key_actor("bench")
+            )
         answered += len(checks)
     observe_s = time.perf_counter() - start
 
     start = time.perf_counter()
     for i in range(n):
-        append_server_record(tenant, "BENCH_PEER", {"saga_id": f"bench-{i}", "i": i}, actor="system:bench")
+        append_server_record(
+            tenant, "BENCH_PEER", {"saga_id": f"bench-{i}", "i": i}, actor=system_actor("bench")
+        )
     append_s = time.perf_counter() - start
 
     # -- the range report and the certificate over all N, against reading the steps alone
@@ -190,7 +198,7 @@ def main() -> int:
     assert len(steps) == n
     transparency.integrate_fully(tenant)
     start = time.perf_counter()
-    note = services.issue_certificate(tenant, since, actor="system:bench")
+    note = services.issue_certificate(tenant, since, actor=system_actor("bench"))
     certificate_s = time.perf_counter() - start
     with tenant_context(tenant):
         keys = transparency.current_verifier_keys()

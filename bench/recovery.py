@@ -47,6 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
 from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,9 +159,11 @@ def ours(
     from tenants import services as tenant_services
 
     slug = f"rb{k}x{int(time.time() * 1000) % 10**9}"
-    tenant = tenant_services.create_tenant(slug, "Bench", f"owner@{slug}.example", actor="system:bench")
+    tenant = tenant_services.create_tenant(
+        slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench")
+    )
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["recovery"]), actor="system:bench"
+        tenant, NewApiKey(name="bench", scopes=["recovery"]), actor=system_actor("bench")
     )
     tag = f"{k}-c{concurrency}{'-' + beat if beat else ''}"
     ledger = folder / f"ledger-{tag}"
@@ -168,7 +171,9 @@ def ours(
     (folder / "benchhandlers.py").write_text(HANDLERS)
     records = saga_records(n, slug, ts=time.time())
     for first in range(0, len(records), 700):
-        audit_services.ingest(tenant, f"agent-{slug}", records[first : first + 700], actor="bench")
+        audit_services.ingest(
+            tenant, f"agent-{slug}", records[first : first + 700], actor=system_actor("bench")
+        )
 
     env = {
         k_: v
@@ -323,9 +328,11 @@ def deployed_phases(
     from tenants import services as tenant_services
 
     slug = f"flood{int(time.time() * 1000) % 10**9}"
-    tenant = tenant_services.create_tenant(slug, "Flood", f"owner@{slug}.example", actor="system:bench")
+    tenant = tenant_services.create_tenant(
+        slug, "Flood", f"owner@{slug}.example", actor=system_actor("bench")
+    )
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="flood", scopes=["ingest"]), actor="system:bench"
+        tenant, NewApiKey(name="flood", scopes=["ingest"]), actor=system_actor("bench")
     )
     out = []
     with celery_with_beat(env, folder):

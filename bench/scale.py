@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
 from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,7 +167,7 @@ class Grower:
 
         stream, records = self.batch()
         start = time.perf_counter()
-        services.ingest(self.tenant, stream, records, actor="bench")
+        services.ingest(self.tenant, stream, records, actor=system_actor("bench"))
         took = time.perf_counter() - start
         self.total += len(records)
         self.since_integrate += 1
@@ -274,7 +275,7 @@ def _client_for(tenant: Any) -> Any:
     from tenants import services as tenant_services
 
     _, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor="bench"
+        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
     )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
@@ -286,7 +287,9 @@ def _tenant(slug: str) -> Any:
     from tenants.models import Tenant
 
     found = Tenant.objects.filter(slug=slug).first()
-    return found or tenant_services.create_tenant(slug, slug.title(), f"owner@{slug}.example", actor="bench")
+    return found or tenant_services.create_tenant(
+        slug, slug.title(), f"owner@{slug}.example", actor=system_actor("bench")
+    )
 
 
 def grow(

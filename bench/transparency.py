@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
 from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +86,7 @@ def main() -> int:
 
         slug = f"benchs{int(time.time())}"
         tenant = tenant_services.create_tenant(
-            slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor="system:bench"
+            slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor=system_actor("bench")
         )
         print(json.dumps(sustained_phase(tenant, *sustained_shape), indent=2))
         return 0
@@ -106,10 +107,10 @@ def main() -> int:
 
     slug = args.tenant or f"bench{int(time.time())}"
     tenant = Tenant.objects.filter(slug=slug).first() or tenant_services.create_tenant(
-        slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor="system:bench"
+        slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor=system_actor("bench")
     )
     _, api_key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["read"]), actor="system:bench"
+        tenant, NewApiKey(name="bench", scopes=["read"]), actor=system_actor("bench")
     )
 
     # -- build the log through ingest (records without saga_id: the projection is not measured here)
@@ -128,7 +129,7 @@ def main() -> int:
             record = {"seq": seq, "ts": 1700000000.0 + seq, "event": "STEP_COMMITTED", "tool": "t", "i": seq}
             head = stamp(record, head, salt="00" * 16)
             batch.append(record)
-        audit_services.ingest(tenant, stream, batch, actor="bench")
+        audit_services.ingest(tenant, stream, batch, actor=system_actor("bench"))
     ingest_s = time.perf_counter() - build_start
 
     start = time.perf_counter()
@@ -252,7 +253,7 @@ def main() -> int:
             head = stamp(record, head, salt="00" * 16)
             batch.append(record)
         start = time.perf_counter()
-        audit_services.ingest(tenant, stream, batch, actor="bench")
+        audit_services.ingest(tenant, stream, batch, actor=system_actor("bench"))
         tasks.integrate_tenant(tenant.pk)
         latencies.append(time.perf_counter() - start)
 
@@ -265,7 +266,7 @@ def main() -> int:
 
     # -- WORM export and its offline verification
     export_n = size if args.quick else min(size, 200_000)
-    export = services.request_export(tenant, actor="system:bench", first=0, end=export_n)
+    export = services.request_export(tenant, actor=system_actor("bench"), first=0, end=export_n)
     start = time.perf_counter()
     services.build_export(tenant, export.pk)
     export_build_s = time.perf_counter() - start

@@ -45,9 +45,11 @@ def agent_saga_actor(stream_id: str) -> Actor:
     return Actor(ActorKind.AGENT_SAGA, stream_id)
 
 
-def cli_actor() -> Actor:
-    """The operator running a management command, by their login name (the uid when the
-    process has no name, as in some containers)."""
+def cli_actor(login: str | None = None) -> Actor:
+    """The operator running a management command, by their login name (None: this process's,
+    or its uid when it has no name, as in some containers)."""
+    if login is not None:
+        return Actor(ActorKind.CLI, login)
     try:
         name = getpass.getuser()
     except (KeyError, OSError):

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 
 from tenants import services
+from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.factories import PASSWORD, Person, make_person
 
@@ -165,12 +166,16 @@ def _no_remembered_api_keys() -> None:
 
 @pytest.fixture
 def tenant_a(db: None) -> Tenant:
-    return services.create_tenant("acme", "Acme Payments", "founder@acme.example", PASSWORD, actor="test")
+    return services.create_tenant(
+        "acme", "Acme Payments", "founder@acme.example", PASSWORD, actor=named_actor("test")
+    )
 
 
 @pytest.fixture
 def tenant_b(db: None) -> Tenant:
-    return services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", PASSWORD, actor="test")
+    return services.create_tenant(
+        "bravo", "Bravo Logistics", "founder@bravo.example", PASSWORD, actor=named_actor("test")
+    )
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.support.gate_common import _pct
 from bench.support.gate_http import reach_ms
+from tenants.actors import system_actor
 from tenants.inputs import NewApiKey
 
 SETTINGS = {
@@ -42,12 +43,16 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
     from tenants import services as tenant_services
 
     slug = f"breaker-{uuid.uuid4().hex[:10]}"
-    tenant = tenant_services.create_tenant(slug, "Breaker bench", f"owner@{slug}.example", actor="bench")
+    tenant = tenant_services.create_tenant(
+        slug, "Breaker bench", f"owner@{slug}.example", actor=system_actor("bench")
+    )
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="agent", scopes=["gate", "ingest"]), actor="bench"
+        tenant, NewApiKey(name="agent", scopes=["gate", "ingest"]), actor=system_actor("bench")
     )
     with tenant_context(tenant):  # the breaker actions assert the tenant's scope
-        breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
+        breaker = services.create_breaker(
+            tenant, services.BreakerCreate.parse(SETTINGS), actor=system_actor("bench")
+        )
     agent = httpx.Client(
         base_url=url, headers={"Authorization": f"Bearer {key}", "X-Forwarded-Proto": "https"}, timeout=30
     )
@@ -70,8 +75,10 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
     def close() -> None:
         nonlocal breaker
         with tenant_context(tenant):
-            services.delete_breaker(tenant, breaker.pk, actor="bench")
-            breaker = services.create_breaker(tenant, services.BreakerCreate.parse(SETTINGS), actor="bench")
+            services.delete_breaker(tenant, breaker.pk, actor=system_actor("bench"))
+            breaker = services.create_breaker(
+                tenant, services.BreakerCreate.parse(SETTINGS), actor=system_actor("bench")
+            )
 
     try:
         ms = reach_ms(url, key, "circuit_open", trials, trigger=fail, reset=close, what="an open breaker")

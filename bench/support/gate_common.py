@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
 from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ class Run:
         self.cap = AMOUNT * (total // 2)
         slug = f"gate-{uuid.uuid4().hex[:10]}"
         self.tenant = tenant_services.create_tenant(
-            slug, "Gate bench", f"owner@{slug}.example", actor="bench"
+            slug, "Gate bench", f"owner@{slug}.example", actor=system_actor("bench")
         )
         if limits == 5:
             for name, per in (("per-currency", ["arg:currency"]), ("per-agent", ["agent"])):
@@ -172,7 +173,7 @@ class Run:
                             "per": per,
                         }
                     ),
-                    actor="bench",
+                    actor=system_actor("bench"),
                 )
         if limits:
             # Created last of the budgets: a refusal comes after the others were checked.
@@ -181,7 +182,7 @@ class Run:
                 services.BudgetCreate.parse(
                     {"name": "fleet", "tool": "bench.*", "max_total": self.cap, "window_s": WINDOW_S}
                 ),
-                actor="bench",
+                actor=system_actor("bench"),
             )
         if limits == 5:
             for name, per in (("calls", []), ("per-tool-calls", ["tool"])):
@@ -196,15 +197,15 @@ class Run:
                             "per": per,
                         }
                     ),
-                    actor="bench",
+                    actor=system_actor("bench"),
                 )
         self.gate_key = self.control_key = ""
         if keys:
             _, self.gate_key = tenant_services.create_api_key(
-                self.tenant, NewApiKey(name="agent", scopes=["gate"]), actor="bench"
+                self.tenant, NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
             )
             _, self.control_key = tenant_services.create_api_key(
-                self.tenant, NewApiKey(name="operator", scopes=["control"]), actor="bench"
+                self.tenant, NewApiKey(name="operator", scopes=["control"]), actor=system_actor("bench")
             )
 
     def ledger_spent(self) -> int:

@@ -21,6 +21,7 @@ from bench.support.gate_common import (  # noqa: E402
     _threads,
     perf,
 )
+from tenants.actors import system_actor
 
 # ------------------------------------------------------------------------------------------- peers
 
@@ -232,7 +233,10 @@ def in_process(store_name: str, limits: int, clients: int, total: int) -> dict[s
             args=_call_args(n),
             agent=f"agent-{n % 4}",
         )
-        return services.evaluate(run.tenant, request, actor="bench", store=store)["decision"] == "allow"
+        return (
+            services.evaluate(run.tenant, request, actor=system_actor("bench"), store=store)["decision"]
+            == "allow"
+        )
 
     per_client = total // clients
     # After each decision its connection goes back to the pool, as at the end of a request (the
@@ -261,10 +265,12 @@ def queries_per_decision(store_name: str, limits: int) -> int:
     if store_name == "redis":
         _warm_redis_marker(run.tenant)
     warm = GateRequest(saga_id="w", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
-    services.evaluate(run.tenant, warm, actor="bench", store=store)  # policies now held, as in a run
+    services.evaluate(
+        run.tenant, warm, actor=system_actor("bench"), store=store
+    )  # policies now held, as in a run
     request = GateRequest(saga_id="q", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
     with CaptureQueriesContext(connection) as captured:
-        answer = services.evaluate(run.tenant, request, actor="bench", store=store)
+        answer = services.evaluate(run.tenant, request, actor=system_actor("bench"), store=store)
     assert answer["decision"] == "allow", answer
     return len(captured.captured_queries)
 
@@ -286,7 +292,7 @@ def profile_decision(decisions: int) -> dict[str, Any]:
         request = GateRequest(
             saga_id=f"p-{i}", step_id="1", tool="bench.charge", args=_call_args(0), agent="a"
         )
-        services.evaluate(run.tenant, request, actor="bench", store=store)
+        services.evaluate(run.tenant, request, actor=system_actor("bench"), store=store)
 
     decide(-1)
     wall, cpu = perf(), time.process_time()

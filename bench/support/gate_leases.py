@@ -26,6 +26,7 @@ from sagaplane.client import Response, TransportError
 from sagaplane.leases import LeaseHolder
 
 from bench.support.gate_common import _pct
+from tenants.actors import system_actor
 
 AGENTS = 64
 
@@ -98,18 +99,25 @@ def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> 
 
     started = time.process_time()
     for n in range(decisions):
-        assert services.evaluate(tenant, request(n), actor="bench", store=store)["decision"] == "allow"
+        assert (
+            services.evaluate(tenant, request(n), actor=system_actor("bench"), store=store)["decision"]
+            == "allow"
+        )
     per_call_ms = (time.process_time() - started) * 1000 / decisions
     served, grants = 0, 0
     started = time.process_time()
     while served < decisions * 4:
         answer = services.grant_lease(
-            tenant, request(0), calls=256, lease_id=uuid.uuid4(), actor="bench", store=store
+            tenant, request(0), calls=256, lease_id=uuid.uuid4(), actor=system_actor("bench"), store=store
         )
         assert answer["decision"] == "lease", answer
         granted = int(float(answer["limits"][0]["granted"]))
         services.give_back_lease(
-            tenant, uuid.UUID(answer["lease_id"]), {"tokens": granted}, actor="bench", store=store
+            tenant,
+            uuid.UUID(answer["lease_id"]),
+            {"tokens": granted},
+            actor=system_actor("bench"),
+            store=store,
         )
         served, grants = served + granted, grants + 1
     lease_ms = (time.process_time() - started) * 1000 / served
@@ -151,16 +159,18 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
             saga_id=f"o-{n}", step_id=str(uuid.uuid4()), tool="cap.spend", args={"amount": 1}
         )
         answer = services.grant_lease(
-            tenant, request, calls=8, lease_id=uuid.uuid4(), actor="bench", store=store
+            tenant, request, calls=8, lease_id=uuid.uuid4(), actor=system_actor("bench"), store=store
         )
         if answer["decision"] == "lease":
             granted = int(float(answer["limits"][0]["granted"]))
             with lock:
                 performed[n] += granted
             lease_id = uuid.UUID(answer["lease_id"])
-            services.give_back_lease(tenant, lease_id, {"capped": granted}, actor="bench", store=store)
+            services.give_back_lease(
+                tenant, lease_id, {"capped": granted}, actor=system_actor("bench"), store=store
+            )
             return 0
-        decided = services.evaluate(tenant, request, actor="bench", store=store)
+        decided = services.evaluate(tenant, request, actor=system_actor("bench"), store=store)
         if decided["decision"] == "allow":
             with lock:
                 performed[n] += 1
@@ -187,18 +197,20 @@ def measure(services: Any, quick: bool) -> dict[str, Any]:
     from tenants import services as tenant_services
 
     slug = f"leases-{uuid.uuid4().hex[:10]}"
-    tenant = tenant_services.create_tenant(slug, "Lease bench", f"owner@{slug}.example", actor="bench")
+    tenant = tenant_services.create_tenant(
+        slug, "Lease bench", f"owner@{slug}.example", actor=system_actor("bench")
+    )
     day = 86_400
     services.create_budget(
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 10**9, "window_s": day}),
-        actor="bench",
+        actor=system_actor("bench"),
     )
     cap = 500 if quick else 5_000
     services.create_budget(
         tenant,
         services.BudgetCreate.parse({"name": "capped", "tool": "cap.*", "max_total": cap, "window_s": day}),
-        actor="bench",
+        actor=system_actor("bench"),
     )
     store = services.get_store()
     decision = held_lease_decision(20_000 if quick else 200_000)

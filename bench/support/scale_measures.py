@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.support.scale_database import analyze_sagas, table_sizes, tool_plans
+from tenants.actors import system_actor
 
 EXPORT_WINDOW = 100_000
 
@@ -158,7 +159,7 @@ def export_rates(tenant: Any, signed: int, tmp: str) -> dict[str, Any]:
     from transparency.storage import get_storage
 
     first = max(0, signed - EXPORT_WINDOW)
-    export = services.request_export(tenant, actor="system:bench", first=first, end=signed)
+    export = services.request_export(tenant, actor=system_actor("bench"), first=first, end=signed)
     start = time.perf_counter()
     services.build_export(tenant, export.pk)
     build_s = time.perf_counter() - start

@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from tenants.actors import system_actor
+
 
 def pct_ms(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
@@ -47,7 +49,7 @@ def _sustained_client(
         seq += size
         for record in batch:
             head = stamp(record, head, salt="00" * 16)
-        result = audit_services.ingest(tenant, f"sustained-{n}-{run}", batch, actor="bench")
+        result = audit_services.ingest(tenant, f"sustained-{n}-{run}", batch, actor=system_actor("bench"))
         finished = [r["saga_id"] for r in batch if r["event"] == "SAGA_COMPLETE"]
         reports.put((time.time(), result.rows[-1].leaf_index, finished))
     reports.put(None)

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tenants.actors import system_actor
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,8 +41,8 @@ def _start_witnesses(tenant: Any, folder: Path) -> list[Any]:
     running = [start_witness(folder / f"w{i}", f"bench.witness/w{i}", [(origin, vkey)]) for i in (1, 2)]
     for i, w in enumerate(running, start=1):
         new = witnesses.WitnessAdd.parse({"name": f"w{i}", "url": w.url, "vkey": w.vkey})
-        witnesses.add_witness(tenant, new, actor="system:bench")
-    witnesses.set_quorum(tenant, witnesses.Quorum(2), actor="system:bench")
+        witnesses.add_witness(tenant, new, actor=system_actor("bench"))
+    witnesses.set_quorum(tenant, witnesses.Quorum(2), actor=system_actor("bench"))
     return running
 
 

@@ -13,6 +13,7 @@ from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.gate import GateRequest
 from tenants import services as tenants
+from tenants.actors import api_key_actor, named_actor, user_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
@@ -49,14 +50,17 @@ class Agent:
             api_key_prefix=self.prefix,
             client_idempotency_key=key,
         )
-        return fleet.evaluate(self.tenant, call, actor=f"api-key:{self.prefix}")
+        return fleet.evaluate(self.tenant, call, actor=api_key_actor(self.prefix))
 
 
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     """The payments agent's key, created by alice: she is the requester of what it asks."""
     key, raw = tenants.create_api_key(
-        alice.tenant, NewApiKey(name="payments-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
+        alice.tenant,
+        NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
+        created_by=alice.user,
+        actor=named_actor("test"),
     )
     return Agent(alice.tenant, key.prefix, raw)
 
@@ -87,7 +91,7 @@ def wire_policy(tenant: Tenant, **overrides: Any) -> Any:
         approvals.create_policy,
         tenant,
         approvals.PolicyCreate.parse({**{**fields, **overrides}}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
 
 
@@ -99,6 +103,6 @@ def vote(person: Person, approval_id: str, choice: str = "approve", note: str = 
         member(person),
         choice,
         note,
-        actor=f"user:{person.user.email}",
+        actor=user_actor(person.user.email),
         **kwargs,
     )

@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from tenants.actors import named_actor, user_actor
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -36,7 +38,7 @@ def main() -> None:
     try:
         with tenant_context(tenant):
             row = approvals.vote(
-                tenant, config["approval_id"], member, "approve", actor=f"user:{config['email']}"
+                tenant, config["approval_id"], member, "approve", actor=user_actor(config["email"])
             )
         out["vote"] = row.status
     except DomainError as refused:
@@ -50,7 +52,7 @@ def main() -> None:
         api_key_prefix=config["prefix"],
         client_idempotency_key=config["key"],
     )
-    out["gate"] = fleet.evaluate(tenant, call, actor="race")
+    out["gate"] = fleet.evaluate(tenant, call, actor=named_actor("race"))
     print(json.dumps(out), flush=True)
 
 

@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 
 from tenants import services as tenants
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.factories import ALL_SCOPES, Person
@@ -38,7 +39,7 @@ def test_a_request_opened_and_decided_is_heard_by_its_tenant_only(
     wire_policy(agent.tenant)
     wire_policy(carol.tenant)
     key, raw = tenants.create_api_key(
-        carol.tenant, NewApiKey(name="bravo-bot", scopes=ALL_SCOPES), actor="test"
+        carol.tenant, NewApiKey(name="bravo-bot", scopes=ALL_SCOPES), actor=named_actor("test")
     )
     bravo = Agent(carol.tenant, key.prefix, raw)
     cookies = session_cookie(alice), session_cookie(carol)

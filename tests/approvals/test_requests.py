@@ -19,6 +19,7 @@ from approvals.models import ApprovalRequest, Status
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
+from tenants.actors import named_actor, user_actor
 from tests.approvals.conftest import Agent, member, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import Person
@@ -103,7 +104,12 @@ def test_a_member_of_another_tenant_cannot_vote_and_sees_nothing(agent: Agent, c
     pending = agent.ask(amount=100)
     with pytest.raises(DomainError) as refused:
         in_tenant(
-            approvals.vote, agent.tenant, pending["approval_id"], member(carol), "approve", actor="user:carol"
+            approvals.vote,
+            agent.tenant,
+            pending["approval_id"],
+            member(carol),
+            "approve",
+            actor=user_actor("carol"),
         )
     assert refused.value.status == 403
     with pytest.raises(DomainError) as unknown:
@@ -184,7 +190,11 @@ def test_passkey_only_policies_take_a_verified_assertion_on_a_fresh_challenge(
         vote(ann, pending["approval_id"])
     assert bare.value.code == "passkey_required"
     issued = in_tenant(
-        approvals.issue_vote_challenge, ann.tenant, pending["approval_id"], member(ann), actor="user:ann"
+        approvals.issue_vote_challenge,
+        ann.tenant,
+        pending["approval_id"],
+        member(ann),
+        actor=user_actor("ann"),
     )
     with tenant_context(agent.tenant):
         digest = ApprovalRequest.objects.get(pk=pending["approval_id"]).action_digest
@@ -205,7 +215,11 @@ def test_a_challenge_is_used_once(agent: Agent, ann: Person, ben: Person) -> Non
     wire_policy(agent.tenant, passkey_only=True, required_approvals=2)
     pending = agent.ask(amount=100)
     issued = in_tenant(
-        approvals.issue_vote_challenge, ann.tenant, pending["approval_id"], member(ann), actor="user:ann"
+        approvals.issue_vote_challenge,
+        ann.tenant,
+        pending["approval_id"],
+        member(ann),
+        actor=user_actor("ann"),
     )
     vote(ann, pending["approval_id"], assertion={"challenge": issued["challenge"]})
     with tenant_context(agent.tenant):
@@ -274,7 +288,7 @@ def test_a_budget_that_escalates_opens_a_request_instead_of_denying(agent: Agent
         fleet.BudgetCreate.parse(
             {"name": "daily", "tool": "bank.*", "max_total": 1000, "window_s": 86400, "on_cap": "escalate"}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     assert agent.ask(amount=900)["decision"] == "allow"
     over = agent.ask(amount=500, saga="s2")
@@ -288,7 +302,7 @@ def test_a_budget_that_escalates_opens_a_request_instead_of_denying(agent: Agent
     fleet.create_budget(
         agent.tenant,
         fleet.BudgetCreate.parse({"name": "hard", "tool": "crm.*", "max_total": 10, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     assert agent.ask("crm.refund", amount=20, saga="s4")["reason"] == "budget_exceeded"
 
@@ -313,7 +327,7 @@ def test_editing_a_policy_moves_its_version_and_records_old_and_new(
         agent.tenant,
         policy.pk,
         approvals.PolicyChange.parse({"required_approvals": 2}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     assert updated.version == 2
     after = agent.ask(amount=100)
@@ -327,10 +341,10 @@ def test_editing_a_policy_moves_its_version_and_records_old_and_new(
             agent.tenant,
             policy.pk,
             approvals.PolicyChange.parse({"predicates": "amount > 1"}),
-            actor="user:alice",
+            actor=user_actor("alice"),
         )
     assert bad.value.code == "invalid_predicate"
-    in_tenant(approvals.delete_policy, agent.tenant, policy.pk, actor="user:alice")
+    in_tenant(approvals.delete_policy, agent.tenant, policy.pk, actor=user_actor("alice"))
     assert agent.ask(amount=100, saga="s9")["decision"] == "allow"
     assert _records(alice, "APPROVAL_POLICY_DELETED")[0]["old"]["name"] == "large wires"
 

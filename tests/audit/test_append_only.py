@@ -8,6 +8,7 @@ from django.db import DatabaseError, connection, transaction
 from audit import services
 from audit.models import Record
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import chain, saga_records
 
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.postgres]
 
 @pytest.fixture
 def held(tenant_a: Tenant) -> Record:
-    services.ingest(tenant_a, "ao", chain(saga_records()), actor="test")
+    services.ingest(tenant_a, "ao", chain(saga_records()), actor=named_actor("test"))
     with tenant_context(tenant_a):
         return Record.objects.get(stream__stream_id="ao", position=2)
 

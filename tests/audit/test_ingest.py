@@ -14,6 +14,7 @@ from sagaplane.chain import GAP_EVENT, GENESIS, redact_record, stamp, verify_cha
 from audit import services
 from audit.models import EquivocationAttempt, Record, RecordPayload, RefusedBatch, Stream, TenantLog
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tests.support.chains import chain, restamp, saga_records, snapshot
 from tests.support.factories import Person
@@ -308,7 +309,7 @@ def test_ingest_needs_the_ingest_scope_and_keys_only(alice: Person, tenant_a: An
     from tenants import services as tenant_services
 
     _, read_only = tenant_services.create_api_key(
-        tenant_a, NewApiKey(name="ro", scopes=["read"]), actor="test"
+        tenant_a, NewApiKey(name="ro", scopes=["read"]), actor=named_actor("test")
     )
     client = alice.key_client()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {read_only}")

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import Record, RecordPayload, Stream
 from core.scoping import tenant_context
 from sagas.models import Saga, Step
+from tenants.actors import named_actor
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 
@@ -118,7 +119,9 @@ def test_saga_changed_between_early_fold_and_lock_is_folded_again(
         fold = original(tenant, items)
         if not interfered:
             interfered.append(True)
-            audit_services.append_server_record(tenant, "APPROVAL_GRANTED", {"saga_id": saga_id}, actor="t")
+            audit_services.append_server_record(
+                tenant, "APPROVAL_GRANTED", {"saga_id": saga_id}, actor=named_actor("t")
+            )
         return fold
 
     monkeypatch.setattr(sagas_services, "prepare_records", fold_then_interfere)

@@ -11,6 +11,7 @@ from audit import services
 from audit.models import Record, RecordPayload, Redaction
 from core.scoping import tenant_context
 from tenants import services as tenant_services
+from tenants.actors import named_actor, user_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
@@ -29,7 +30,7 @@ def _stream(tenant: Any, stream_id: str) -> list[dict[str, Any]]:
 
 def test_owner_erases_a_record_and_the_chain_still_verifies(alice: Person) -> None:
     records = chain(saga_records("er", steps=2))
-    services.ingest(alice.tenant, "er", records, actor="test")
+    services.ingest(alice.tenant, "er", records, actor=named_actor("test"))
     response = alice.session_client().post(
         URL, {"stream": "er", "position": 3, "reason": "GDPR art. 17"}, format="json"
     )
@@ -58,7 +59,7 @@ def test_owner_erases_a_record_and_the_chain_still_verifies(alice: Person) -> No
 
 
 def test_who_may_erase(alice: Person, bob: Person, tenant_a: Any) -> None:
-    services.ingest(alice.tenant, "w", chain(saga_records()), actor="test")
+    services.ingest(alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
     payload = {"stream": "w", "position": 1, "reason": "r"}
     assert bob.session_client().post(URL, payload, format="json").status_code == 403  # viewer
     assert alice.key_client().post(URL, payload, format="json").status_code == 403  # API keys never
@@ -75,13 +76,13 @@ def test_who_may_erase(alice: Person, bob: Person, tenant_a: Any) -> None:
     ],
 )
 def test_bad_requests(alice: Person, payload: dict) -> None:
-    services.ingest(alice.tenant, "w", chain(saga_records()), actor="test")
+    services.ingest(alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
     response = alice.session_client().post(URL, payload, format="json")
     assert response.status_code == 400 and response.json()["field"] in ("reason", "position")
 
 
 def test_unknown_record_is_404(alice: Person, carol: Person) -> None:
-    services.ingest(alice.tenant, "w", chain(saga_records()), actor="test")
+    services.ingest(alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
     response = carol.session_client().post(URL, {"stream": "w", "position": 1, "reason": "r"}, format="json")
     assert response.status_code == 404
     with tenant_context(alice.tenant):
@@ -90,9 +91,9 @@ def test_unknown_record_is_404(alice: Person, carol: Person) -> None:
 
 def test_admin_actions_are_in_the_server_stream(alice: Person, tenant_a: Any) -> None:
     api_key, raw = tenant_services.create_api_key(
-        tenant_a, NewApiKey(name="ci", scopes=["read"]), actor="user:alice"
+        tenant_a, NewApiKey(name="ci", scopes=["read"]), actor=user_actor("alice")
     )
-    tenant_services.revoke_api_key(api_key, actor="user:alice")
+    tenant_services.revoke_api_key(api_key, actor=user_actor("alice"))
     server = _stream(tenant_a, "server")
     created = next(r for r in server if r["event"] == "ADMIN_API_KEY_CREATED" and r["name"] == "ci")
     assert created["prefix"] == api_key.prefix and created["new"]["scopes"] == ["read"]

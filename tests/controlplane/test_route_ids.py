@@ -30,6 +30,7 @@ from approvals import services as approvals
 from core.numbers import IdConverter, ascii_int
 from fleet import services as fleet
 from tenants import services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role
 from tests.support.scoping import in_tenant
@@ -109,23 +110,29 @@ def _spelled(number: int, zero: str) -> str:
 
 @pytest.fixture
 def objects(db: None) -> dict[str, Any]:
-    acme = services.create_tenant("acme", "Acme", "owner@acme.example", actor="test")
-    spare, _ = services.create_api_key(acme, NewApiKey(name="spare", scopes=["read"]), actor="test")
-    member = services.add_member(acme, "viewer@acme.example", Role.VIEWER, actor="test")
-    owner = services.add_member(acme, "boss@acme.example", Role.OWNER, actor="test")
+    acme = services.create_tenant("acme", "Acme", "owner@acme.example", actor=named_actor("test"))
+    spare, _ = services.create_api_key(
+        acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
+    )
+    member = services.add_member(acme, "viewer@acme.example", Role.VIEWER, actor=named_actor("test"))
+    owner = services.add_member(acme, "boss@acme.example", Role.OWNER, actor=named_actor("test"))
     return {
         "owner": owner.user,
         "pk": spare.pk,
         "key_id": spare.pk,
         "membership_id": member.pk,
         "budget_id": fleet.create_budget(
-            acme, fleet.BudgetCreate.parse({"name": "b", "max_total": 100, "window_s": 60}), actor="test"
+            acme,
+            fleet.BudgetCreate.parse({"name": "b", "max_total": 100, "window_s": 60}),
+            actor=named_actor("test"),
         ).pk,
         "rate_limit_id": fleet.create_rate_limit(
-            acme, fleet.RateLimitCreate.parse({"name": "r", "max_calls": 10, "window_s": 60}), actor="test"
+            acme,
+            fleet.RateLimitCreate.parse({"name": "r", "max_calls": 10, "window_s": 60}),
+            actor=named_actor("test"),
         ).pk,
         "halt_id": fleet.halt(
-            acme, fleet.HaltCreate.parse({"scope": "tool:x.*", "reason": "ids"}), actor="test"
+            acme, fleet.HaltCreate.parse({"scope": "tool:x.*", "reason": "ids"}), actor=named_actor("test")
         ).pk,
         "breaker_id": fleet.create_breaker(
             acme,
@@ -140,13 +147,13 @@ def objects(db: None) -> dict[str, Any]:
                     "cool_down_s": 30,
                 }
             ),
-            actor="test",
+            actor=named_actor("test"),
         ).pk,
         "policy_id": in_tenant(
             approvals.create_policy,
             acme,
             approvals.PolicyCreate.parse({"name": "p", "tool": "bank.*"}),
-            actor="test",
+            actor=named_actor("test"),
         ).pk,
         "witness_id": witnesses.add_witness(
             acme,
@@ -157,7 +164,7 @@ def objects(db: None) -> dict[str, Any]:
                     "vkey": cosignature.generate_cosigner("witness.test/ids").verifier.encode(),
                 }
             ),
-            actor="test",
+            actor=named_actor("test"),
         ).pk,
         "level": 0,
         "tile": "000.p/1",

@@ -24,6 +24,7 @@ from fleet.stores import DatabaseStore
 from reconciliation import services as reconciliation_services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from recovery.models import Job, JobState, Run, RunKind, RunState
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
@@ -184,7 +185,7 @@ def _recovery_jobs(tenant: Tenant, states: list[str]) -> None:
     with tenant_context(tenant):
         for n, state in enumerate(states):
             run = Run.objects.create(
-                saga_id=f"saga-{n}", kind=RunKind.CRASH, state=RunState.DONE, actor="test"
+                saga_id=f"saga-{n}", kind=RunKind.CRASH, state=RunState.DONE, actor=named_actor("test")
             )
             Job.objects.create(
                 run=run,

@@ -16,6 +16,8 @@ import sys
 import threading
 from typing import Any
 
+from tenants.actors import named_actor
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -33,14 +35,14 @@ def main() -> None:
         from tenants import services as tenant_services
 
         tenant = tenant_services.create_tenant(
-            config["tenant"], "Gate test", "owner@gate.example", actor="test"
+            config["tenant"], "Gate test", "owner@gate.example", actor=named_actor("test")
         )
         services.create_budget(
             tenant,
             services.BudgetCreate.parse(
                 {"name": "fleet", "tool": "stripe.*", "max_total": config["max_total"], "window_s": 86400}
             ),
-            actor="test",
+            actor=named_actor("test"),
         )
         print(tenant.pk, flush=True)
         return
@@ -75,7 +77,7 @@ def main() -> None:
                     args={"amount": config["amount"]},
                 )
                 try:
-                    answer = services.evaluate(tenant, request, actor="test", store=store)
+                    answer = services.evaluate(tenant, request, actor=named_actor("test"), store=store)
                 except Exception as exc:  # never an answer: the test names it
                     answer = {"decision": "raised", "reason": repr(exc)[:500]}
                 with lock:

@@ -11,9 +11,10 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import GateDecision
+from tenants.actors import named_actor
 from tenants.models import Tenant
 
-ACTOR = "test:lean"
+ACTOR = named_actor("test:lean")
 
 
 def ask(tenant: Tenant, fields: dict[str, Any]) -> dict[str, Any]:

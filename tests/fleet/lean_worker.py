@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from tenants.actors import named_actor
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -40,7 +42,7 @@ def main() -> None:
         command, _, argument = line.strip().partition(" ")
         if command == "decide":
             request = GateRequest(**json.loads(argument))
-            answer = services.evaluate(tenant, request, actor="worker", store=store)
+            answer = services.evaluate(tenant, request, actor=named_actor("worker"), store=store)
         elif command == "verify":
             try:
                 verify_api_key(argument)

@@ -22,6 +22,8 @@ import time
 import uuid
 from typing import Any
 
+from tenants.actors import named_actor
+
 DEADLINE_S = 90.0
 
 
@@ -87,7 +89,9 @@ def _turn(
     services: Any, tenant: Any, store: Any, request: Any, effect: Any, count: Any, refusals: int
 ) -> int:
     """One lease used up and given back, or one per-call decision. Returns the refusals in a row."""
-    answer = services.grant_lease(tenant, request, calls=4, lease_id=uuid.uuid4(), actor="test", store=store)
+    answer = services.grant_lease(
+        tenant, request, calls=4, lease_id=uuid.uuid4(), actor=named_actor("test"), store=store
+    )
     if answer["decision"] == "lease":
         count("leases")
         granted = int(float(answer["limits"][0]["granted"]) * 10_000)
@@ -99,11 +103,15 @@ def _turn(
             count("on_lease")
         used_text = str(used / 10_000)
         services.give_back_lease(
-            tenant, uuid.UUID(answer["lease_id"]), {"fleet": used_text}, actor="test", store=store
+            tenant,
+            uuid.UUID(answer["lease_id"]),
+            {"fleet": used_text},
+            actor=named_actor("test"),
+            store=store,
         )
         return 0
     request = dataclasses.replace(request, step_id=str(uuid.uuid4()))
-    decided = services.evaluate(tenant, request, actor="test", store=store)
+    decided = services.evaluate(tenant, request, actor=named_actor("test"), store=store)
     if decided["decision"] == "allow":
         effect()
         count("per_call")

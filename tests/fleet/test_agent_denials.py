@@ -22,6 +22,7 @@ from fleet import services as fleet
 from fleet.gate import GateRequest
 from fleet.inputs import NewHalt
 from fleet.models import GateDecision
+from tenants.actors import api_key_actor, user_actor
 from tests.support.chains import T0, chain
 from tests.support.factories import Person
 
@@ -58,10 +59,12 @@ def _start(saga_id: str, agent: str) -> dict[str, Any]:
 
 
 def test_a_shipped_local_refusal_is_listed_once_beside_the_gates(alice: Person, carol: Person) -> None:
-    fleet.halt(alice.tenant, NewHalt(scope="tool:payroll.*", reason="payroll freeze"), actor="user:alice")
+    fleet.halt(
+        alice.tenant, NewHalt(scope="tool:payroll.*", reason="payroll freeze"), actor=user_actor("alice")
+    )
     saga_id = uuid.uuid4().hex
     call = GateRequest(saga_id=saga_id, step_id="s1", tool="payroll.run", args={}, agent="payroll-bot")
-    refused = fleet.evaluate(alice.tenant, call, actor="api-key:test")  # the gate's own refusal
+    refused = fleet.evaluate(alice.tenant, call, actor=api_key_actor("test"))  # the gate's own refusal
     assert refused["decision"] == "deny" and refused["decision_id"]
     _ship(
         alice,

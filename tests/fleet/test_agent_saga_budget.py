@@ -19,6 +19,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import GateDecision
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.factories import Person
 
@@ -37,7 +38,7 @@ def _budget(live_server: Any, person: Person, window: float | None = None) -> di
 
 def _ask(tenant: Tenant, n: int, agent: str, tool: str = "stripe.charge", **args: Any) -> str:
     call = GateRequest(saga_id=f"s-{agent}-{n}", step_id="1", tool=tool, args=args, agent=agent)
-    return services.evaluate(tenant, call, actor="test")["decision"]
+    return services.evaluate(tenant, call, actor=named_actor("test"))["decision"]
 
 
 def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, carol: Person) -> None:
@@ -48,7 +49,7 @@ def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, c
         services.BudgetCreate.parse(
             {"name": "daily stripe", "tool": "stripe.*", "max_total": 50_000, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     # A second budget on the same calls: a call it also matches is still spent once.
     services.create_budget(
@@ -56,7 +57,7 @@ def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, c
         services.BudgetCreate.parse(
             {"name": "big cards", "tool": "stripe.*", "max_total": 10**9, "window_s": 3600}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     decisions = [_ask(alice.tenant, n, "billing-bot", amount=20_000) for n in range(3)]
     decisions.append(_ask(alice.tenant, 9, "refund-bot", amount=9_999.5))

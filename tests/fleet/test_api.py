@@ -14,6 +14,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.models import GateDecision
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.factories import Person, make_person, scoped_key_client
 
@@ -84,7 +85,7 @@ def test_uncountable_amounts_over_http_are_refused(alice: Person) -> None:
     services.create_budget(
         alice.tenant,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     agent = scoped_key_client(alice.tenant, "gate")
     for n, amount in enumerate([-5, "12", True, None, 10**30, 1e308]):
@@ -131,7 +132,7 @@ def test_who_may_do_what(alice: Person, tenant_a: Tenant) -> None:
 @pytest.mark.postgres
 def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
     tenant = tenant_services.create_tenant(
-        "poll", "Poll", "owner@poll.example", "correct-horse-battery", actor="test"
+        "poll", "Poll", "owner@poll.example", "correct-horse-battery", actor=named_actor("test")
     )
     agent = scoped_key_client(tenant, "gate")
     first = agent.get(STATUS).json()
@@ -149,7 +150,9 @@ def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
     waiter = threading.Thread(target=wait)
     waiter.start()
     services.halt(
-        tenant, services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}), actor="test"
+        tenant,
+        services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}),
+        actor=named_actor("test"),
     )
     waiter.join(timeout=60)
     answer = result["answer"]
@@ -179,7 +182,7 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
     once-a-second re-read. The counter is read before the state, so the change wakes the wait."""
     from fleet import api
 
-    tenant = tenant_services.create_tenant("race", "Race", "owner@race.example", actor="test")
+    tenant = tenant_services.create_tenant("race", "Race", "owner@race.example", actor=named_actor("test"))
     agent = scoped_key_client(tenant, "gate")
     before = agent.get(STATUS).json()
     reads = 0
@@ -192,7 +195,7 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
             services.halt(
                 tenant,
                 services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}),
-                actor="test",
+                actor=named_actor("test"),
             )
         return state
 

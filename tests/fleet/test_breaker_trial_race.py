@@ -16,6 +16,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tests.fleet.concurrency import PROCESSES, THREADS, child_env, run_clients, running_database_url
 from tests.hostile.production import own_redis
 
@@ -27,7 +28,9 @@ from tests.hostile.production import own_redis
 def test_half_open_admits_exactly_one_trial_across_4_processes(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
-    tenant = tenant_services.create_tenant("trial-race", "Trial race", "owner@trial.example", actor="test")
+    tenant = tenant_services.create_tenant(
+        "trial-race", "Trial race", "owner@trial.example", actor=named_actor("test")
+    )
     fields = {
         "name": "vendor down",
         "tool": "vendor.*",
@@ -37,7 +40,7 @@ def test_half_open_admits_exactly_one_trial_across_4_processes(
         "window_s": 60,
         "cool_down_s": 60,
     }
-    row = services.create_breaker(tenant, services.BreakerCreate.parse(fields), actor="test")
+    row = services.create_breaker(tenant, services.BreakerCreate.parse(fields), actor=named_actor("test"))
     assert services.trip(tenant, services.breaker_spec(row), "opened by the test")
     with tenant_context(tenant):  # the cool-down is over
         CircuitBreaker.objects.filter(pk=row.pk).update(opened_at=timezone.now() - timedelta(seconds=61))

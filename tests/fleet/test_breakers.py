@@ -18,6 +18,7 @@ from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from fleet.stores import DatabaseStore, RedisStore
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.chains import Writer, server_stream
@@ -86,12 +87,12 @@ class Agent:
 
 def ask(tenant: Tenant, saga: str, tool: str = "stripe.charge", step: str = "1") -> dict[str, Any]:
     request = GateRequest(saga_id=saga, step_id=step, tool=tool, args={})
-    return services.evaluate(tenant, request, actor="test")
+    return services.evaluate(tenant, request, actor=named_actor("test"))
 
 
 def breaker(tenant: Tenant, **changes: Any) -> CircuitBreaker:
     return services.create_breaker(
-        tenant, services.BreakerCreate.parse({**SETTINGS, **changes}), actor="test"
+        tenant, services.BreakerCreate.parse({**SETTINGS, **changes}), actor=named_actor("test")
     )
 
 
@@ -241,7 +242,7 @@ def test_a_change_of_threshold_counts_afresh_and_is_recorded(tenant_a: Tenant, s
         tenant_a,
         row.pk,
         services.BreakerUpdate.parse({"consecutive_failures": 3}),
-        actor="test",
+        actor=named_actor("test"),
     )
     agent.outcome("STEP_FAILED")
     agent.outcome("STEP_FAILED")

@@ -17,6 +17,7 @@ from core import epoch
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import CircuitBreaker, Decision, GateDecision
+from tenants.actors import named_actor
 from tests.support.chains import Writer
 from tests.support.waiting import wait_until
 
@@ -48,7 +49,9 @@ def test_an_open_breaker_reaches_the_sdk_which_refuses_locally_then_one_trial_cl
         "window_s": 60,
         "cool_down_s": 60,
     }
-    row = services.create_breaker(alice.tenant, services.BreakerCreate.parse(fields), actor="test")
+    row = services.create_breaker(
+        alice.tenant, services.BreakerCreate.parse(fields), actor=named_actor("test")
+    )
     gate = Gate(live_server.url, alice.api_key, poll_wait=5).start()
     try:
         assert refusal(gate, "before") is None  # closed: not governed, no request

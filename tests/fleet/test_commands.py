@@ -16,6 +16,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.stores import RedisStore, marker_key
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.hostile.production import own_redis
 from tests.support.chains import server_stream
@@ -29,7 +30,7 @@ def run(*args: str) -> str:
 
 def ask(tenant: Tenant, tool: str, saga: str = "s", **args: object) -> dict[str, object]:
     request = GateRequest(saga_id=saga, step_id=f"{tool}-{len(args)}", tool=tool, args=args)
-    return services.evaluate(tenant, request, actor="test", store=services.DatabaseStore())
+    return services.evaluate(tenant, request, actor=named_actor("test"), store=services.DatabaseStore())
 
 
 def test_halt_then_resume_by_scope(tenant_a: Tenant) -> None:
@@ -79,14 +80,14 @@ def test_rebuild_limits_rebuilds_from_the_ledger(tenant_a: Tenant, redis_store: 
     services.create_budget(
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 10, "window_s": 3600}),
-        actor="test",
+        actor=named_actor("test"),
     )
     first = GateRequest(saga_id="s", step_id="1", tool="x", args={"amount": 8})
-    assert services.evaluate(tenant_a, first, actor="test")["decision"] == "allow"
+    assert services.evaluate(tenant_a, first, actor=named_actor("test"))["decision"] == "allow"
     redis_store.client.flushall()
     redis_store.client.set(
         marker_key(services.gate_tag(tenant_a)), "1"
     )  # a store that *looks* ready but lost its counters
     assert "acme: rebuilt" in run("rebuild_limits", "--tenant", "acme")
     second = GateRequest(saga_id="s", step_id="2", tool="x", args={"amount": 3})
-    assert services.evaluate(tenant_a, second, actor="test")["reason"] == "budget_exceeded"
+    assert services.evaluate(tenant_a, second, actor=named_actor("test"))["reason"] == "budget_exceeded"

@@ -15,6 +15,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, RateLimit
+from tenants.actors import named_actor
 from tenants.models import Tenant
 
 DEMO_AGENT = Path(__file__).resolve().parents[2] / "sdk" / "examples" / "demo_agent.py"
@@ -58,7 +59,7 @@ def test_seed_demo_sets_a_budget_and_a_rate_limit_on_the_demo_agents_tools_once(
                 tool=budget.tool,
                 args={"customer": "c", budget.argument: 19_996},
             ),
-            actor="test",
+            actor=named_actor("test"),
         )["decision"]
         for n in range(20)
     ]
@@ -90,7 +91,7 @@ def test_seed_demo_sets_an_approval_policy_the_demo_agents_payouts_meet(
             tool=policy.tool,
             args={"supplier": "s", "amount": 2_000, "currency": "USD"},
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     assert answer["decision"] == "pending_approval", answer
 

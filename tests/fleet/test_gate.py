@@ -20,10 +20,11 @@ from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision, LimitCounter
 from fleet.stores import DatabaseStore, LimitStore, RedisStore, marker_key
+from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 
-ACTOR = "test:gate"
+ACTOR = named_actor("test:gate")
 
 
 @pytest.fixture(scope="module")
@@ -278,16 +279,16 @@ def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
     budget = services.create_budget(
         tenant_a,
         services.BudgetCreate.parse({"name": "daily", "max_total": "50000", "window_s": 86400}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     halt = services.halt(
         tenant_a,
         services.HaltCreate.parse({"scope": "tool:email.*", "reason": "spam", "ttl_s": 600}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
-    services.resume(tenant_a, halt.pk, actor="user:bob")
-    assert services.resume(tenant_a, halt.pk, actor="user:bob") is None  # a no-op records nothing
-    services.delete_budget(tenant_a, budget.pk, actor="user:alice")
+    services.resume(tenant_a, halt.pk, actor=user_actor("bob"))
+    assert services.resume(tenant_a, halt.pk, actor=user_actor("bob")) is None  # a no-op records nothing
+    services.delete_budget(tenant_a, budget.pk, actor=user_actor("alice"))
     events = [(r["event"], r["actor"], r["old"], r["new"]) for r in server_stream(tenant_a)[-4:]]
     assert events[0][0:3] == ("FLEET_BUDGET_CREATED", "user:alice", None)
     assert events[0][3]["max_total"] == "50000"

@@ -17,6 +17,7 @@ from fleet import services
 from fleet.gate import GateRequest
 from fleet.stores import RedisStore
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tests.fleet.concurrency import (
     AMOUNT,
     CAP,
@@ -128,20 +129,20 @@ def test_the_gate_script_runs_unchanged_on_a_cluster(tenant_a: object, redis_clu
     services.create_budget(
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 10, "window_s": 3600}),
-        actor="test",
+        actor=named_actor("test"),
     )
     services.create_rate_limit(
         tenant_a,
         services.RateLimitCreate.parse(
             {"name": "r", "tool": "*", "max_calls": 100, "window_s": 60, "per": ["agent"]}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     answers = [
         services.evaluate(
             tenant_a,
             GateRequest(saga_id="s", step_id=str(n), tool="x", args={"amount": 4}, agent=f"a{n % 3}"),
-            actor="test",
+            actor=named_actor("test"),
             store=store,
         )
         for n in range(4)
@@ -153,7 +154,9 @@ def test_the_gate_script_runs_unchanged_on_a_cluster(tenant_a: object, redis_clu
 def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
     transactional_db: None, redis_cluster: str
 ) -> None:
-    tenant_services.create_tenant("gate-cluster", "Gate cluster", "owner@cluster.example", actor="test")
+    tenant_services.create_tenant(
+        "gate-cluster", "Gate cluster", "owner@cluster.example", actor=named_actor("test")
+    )
     from tenants.models import Tenant
 
     tenant = Tenant.objects.get(slug="gate-cluster")
@@ -162,7 +165,7 @@ def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
         services.BudgetCreate.parse(
             {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     env = child_env(DATABASE_URL=running_database_url(), SAGAPLANE_GATE_STORE="database")
     config = {

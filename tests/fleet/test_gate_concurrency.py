@@ -16,6 +16,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.models import Decision, GateDecision
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tests.fleet.concurrency import (
     AMOUNT,
     CAP,
@@ -36,13 +37,15 @@ from tests.hostile.production import own_redis
 def test_64_clients_in_4_processes_never_overspend_on_postgres(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
-    tenant = tenant_services.create_tenant("gate-race", "Gate race", "owner@race.example", actor="test")
+    tenant = tenant_services.create_tenant(
+        "gate-race", "Gate race", "owner@race.example", actor=named_actor("test")
+    )
     services.create_budget(
         tenant,
         services.BudgetCreate.parse(
             {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     config: dict[str, Any] = {"tenant": "gate-race", "threads": THREADS, "calls": 1, "amount": AMOUNT}
     env = child_env(DATABASE_URL=running_database_url(), SAGAPLANE_GATE_STORE="database")

@@ -17,6 +17,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, Decision, GateDecision, GateLease
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tests.fleet.concurrency import ROOT, child_env, running_database_url
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.waiting import wait_until
@@ -83,13 +84,15 @@ def _race(tmp_path: Path, env: dict[str, str], config: dict[str, object], redis:
 def test_64_agents_on_leases_never_overspend_through_kills_and_a_redis_restart(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
-    tenant = tenant_services.create_tenant("lease-race", "Lease race", "owner@race.example", actor="test")
+    tenant = tenant_services.create_tenant(
+        "lease-race", "Lease race", "owner@race.example", actor=named_actor("test")
+    )
     services.create_budget(
         tenant,
         services.BudgetCreate.parse(
             {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     config: dict[str, object] = {"tenant": "lease-race", "threads": THREADS, "amount": AMOUNT}
     env = child_env(DATABASE_URL=running_database_url(), SAGAPLANE_GATE_STORE="database")

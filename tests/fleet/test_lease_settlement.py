@@ -23,6 +23,7 @@ from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease, LeaseState, LeaseUse
 from recovery import sweeper
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.fleet.concurrency import ROOT
 from tests.fleet.test_leases import _redis_store, private_redis  # noqa: F401  (the fixture)
@@ -32,7 +33,7 @@ from tests.support.chains import Writer
 from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
-ACTOR = "test:settlement"
+ACTOR = named_actor("test:settlement")
 UNIT = 10_000  # one amount of 1, in the gate's units
 
 

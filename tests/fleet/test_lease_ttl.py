@@ -16,13 +16,14 @@ from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import FleetSettings
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
 
 SETTINGS = "/api/v1/fleet/settings"
-ACTOR = "test:lease-ttl"
+ACTOR = named_actor("test:lease-ttl")
 
 
 pytestmark = pytest.mark.usefixtures("database_store")
@@ -110,13 +111,13 @@ def test_who_may_change_it(alice: Person) -> None:
     assert approver.session_client().get(SETTINGS).status_code == 200
     assert approver.session_client().patch(SETTINGS, {"lease_ttl_ms": 500}, format="json").status_code == 403
     _, raw = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor="test"
+        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
     )
     gate_key = APIClient()
     gate_key.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert gate_key.patch(SETTINGS, {"lease_ttl_ms": 500}, format="json").status_code == 403
     _, raw = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="control", scopes=["control"]), actor="test"
+        alice.tenant, NewApiKey(name="control", scopes=["control"]), actor=named_actor("test")
     )
     control = APIClient()
     control.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

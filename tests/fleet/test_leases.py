@@ -24,12 +24,13 @@ from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease
 from fleet.stores import DatabaseStore, LimitStore, RedisStore
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.factories import Person
 
-ACTOR = "test:leases"
+ACTOR = named_actor("test:leases")
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +210,9 @@ def test_leases_over_http(tenant_a: Tenant, store: LimitStore) -> None:
         ),
         actor=ACTOR,
     )
-    _, raw = tenant_services.create_api_key(tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor="test")
+    _, raw = tenant_services.create_api_key(
+        tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     body = {"saga_id": "s1", "tool": "llm.complete", "args": {"amount": 1, "model": "m"}, "agent": "w"}

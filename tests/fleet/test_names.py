@@ -22,10 +22,11 @@ from fleet import services
 from fleet.gate import GateRequest, halt_matches, tool_matches
 from fleet.models import GateDecision, Halt
 from fleet.stores import DatabaseStore
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.scoping import in_tenant
 
-ACTOR = "test:names"
+ACTOR = named_actor("test:names")
 
 
 def _fullwidth(text: str) -> str:

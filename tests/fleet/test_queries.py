@@ -15,14 +15,15 @@ from fleet import queries
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.models import Tenant
 
 
 @pytest.fixture
 def tenants(transactional_db: None) -> tuple[Tenant, Tenant]:
     return (
-        tenant_services.create_tenant("parity", "Parity", "owner@parity.example", actor="test"),
-        tenant_services.create_tenant("other", "Other", "owner@other.example", actor="test"),
+        tenant_services.create_tenant("parity", "Parity", "owner@parity.example", actor=named_actor("test")),
+        tenant_services.create_tenant("other", "Other", "owner@other.example", actor=named_actor("test")),
     )
 
 

@@ -16,6 +16,7 @@ from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateDecision
 from fleet.stores import LimitStore
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.fleet import test_leases
@@ -26,7 +27,7 @@ store = test_leases.store
 private_redis = test_leases.private_redis
 _redis_store = test_leases._redis_store
 
-ACTOR = "test:reservations"
+ACTOR = named_actor("test:reservations")
 
 
 def _budget(tenant: Tenant, cap: int = 100) -> None:
@@ -146,7 +147,9 @@ def test_settling_over_http_refuses_hostile_input_and_other_tenants(
     tenant_a: Tenant, tenant_b: Tenant, store: LimitStore
 ) -> None:
     _budget(tenant_a)
-    _, raw = tenant_services.create_api_key(tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor="test")
+    _, raw = tenant_services.create_api_key(
+        tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     body = {"saga_id": "h", "step_id": "1", "tool": "llm.complete", "args": {}, "agent": "w"}
@@ -176,7 +179,7 @@ def test_settling_over_http_refuses_hostile_input_and_other_tenants(
     )
     assert not_reserved.status_code == 404
     _, other_raw = tenant_services.create_api_key(
-        tenant_b, NewApiKey(name="gate", scopes=["gate"]), actor="test"
+        tenant_b, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
     )
     other = APIClient()
     other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_raw}")

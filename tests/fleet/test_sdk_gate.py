@@ -20,6 +20,7 @@ from sagaplane.client import Client
 from sagaplane.gate import Gate
 
 from fleet import services
+from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 
@@ -98,12 +99,12 @@ def test_a_halt_reaches_an_agent_in_another_process_and_stops_only_its_tools(
         halt = services.halt(
             alice.tenant,
             services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "card incident"}),
-            actor="user:alice",
+            actor=user_actor("alice"),
         )
         seen = ask("until-halted")
         assert seen["charge"] == "halted" and seen["insert"] == "allow"
         print(f"halt reached the agent after {seen['seconds']:.3f} s")  # measured in bench/, not asserted
-        services.resume(alice.tenant, halt.pk, actor="user:alice")
+        services.resume(alice.tenant, halt.pk, actor=user_actor("alice"))
         # The resume reaches it the same way: poll the agent's view until charge is allowed again.
         deadline = time.monotonic() + 30
         answer = ask("try")
@@ -128,7 +129,7 @@ def test_a_budget_holds_an_agent_and_every_answer_is_in_its_wal(
         services.BudgetCreate.parse(
             {"name": "daily", "tool": "stripe.*", "max_total": 100, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     runtime = sp.configure(tmp_path / "b.wal", ship=False, agent="billing-bot")
     try:
@@ -187,7 +188,7 @@ def test_a_control_plane_whose_store_is_down_is_a_denial_with_its_reason_in_the_
         services.BudgetCreate.parse(
             {"name": "daily", "tool": "stripe.*", "max_total": 100, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     answering = threading.Event()
 

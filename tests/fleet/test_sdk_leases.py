@@ -17,6 +17,7 @@ from sagaplane.leases import LeaseHolder
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, GateLease, LeaseState
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 from tests.support.waiting import wait_until
@@ -51,7 +52,7 @@ def test_a_cap_of_ten_is_spent_to_the_unit_on_leases_then_per_call(
     services.create_budget(
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 10, "window_s": 3600}),
-        actor="test",
+        actor=named_actor("test"),
     )
     runtime = sp.configure(tmp_path / "l.wal", ship=False, agent="writer", gate_leases=True)
     try:
@@ -81,7 +82,7 @@ def test_a_halt_revokes_the_leases_at_once(
     services.create_budget(
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 1000, "window_s": 3600}),
-        actor="test",
+        actor=named_actor("test"),
     )
     runtime = sp.configure(tmp_path / "h.wal", ship=False, agent="writer", gate_leases=True)
     try:
@@ -92,7 +93,7 @@ def test_a_halt_revokes_the_leases_at_once(
         services.halt(
             tenant,
             services.HaltCreate.parse({"scope": "agent:nobody", "reason": "unrelated, but a change"}),
-            actor="test",
+            actor=named_actor("test"),
         )
 
         def all_given_back() -> bool:
@@ -111,7 +112,7 @@ def test_a_lease_that_cannot_be_renewed_allows_nothing_past_its_ttl(
     services.create_budget(
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 1000, "window_s": 3600}),
-        actor="test",
+        actor=named_actor("test"),
     )
     now = [100.0]
     holder = LeaseHolder(Client(gated, alice.api_key, timeout=5), clock=lambda: now[0])

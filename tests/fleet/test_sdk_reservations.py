@@ -15,6 +15,7 @@ import sagaplane as sp
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, GateDecision
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
 
@@ -30,7 +31,7 @@ def test_reserve_then_settle_through_the_wal(
         services.BudgetCreate.parse(
             {"name": "tokens", "tool": "llm.*", "argument": "tokens", "max_total": 100, "window_s": 3600}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     usage = {"tokens": 0}
 

@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from core.scoping import tenant_context
 from frontend import invitations
+from tenants.actors import named_actor
 from tenants.models import ApiKey, Membership, Role, Tenant
 from tests.support.factories import Person
 
@@ -143,7 +144,7 @@ def test_last_owner_cannot_be_demoted_or_removed(tenant_a: Tenant, alice: Person
 def test_admin_cannot_make_or_unmake_owners(tenant_a: Tenant, alice: Person, bob: Person) -> None:
     from tenants import services
 
-    services.change_member_role(membership_of(bob), Role.ADMIN, actor="test")
+    services.change_member_role(membership_of(bob), Role.ADMIN, actor=named_actor("test"))
     client = browser(bob)
     client.post(reverse("member-role", args=[membership_of(bob).pk]), {"role": "owner"})
     assert membership_of(bob).role == Role.ADMIN
@@ -193,7 +194,7 @@ def test_invitation_works_once_so_a_removed_member_cannot_rejoin(alice: Person) 
     assert guest.post(path, {"password": secret, "password_again": secret}).status_code == 302
     gina = get_user_model().objects.get(email="gina@example.com")
     with tenant_context(alice.tenant):
-        services.remove_member(Membership.objects.get(user=gina), actor="test")
+        services.remove_member(Membership.objects.get(user=gina), actor=named_actor("test"))
     guest.force_login(gina)
     assert guest.get(path).status_code == 410
     assert guest.post(path).status_code == 410
@@ -225,9 +226,9 @@ def test_tampered_or_expired_invitation_is_refused(alice: Person, settings) -> N
 def test_invitation_dies_with_the_inviters_rights(alice: Person, bob: Person) -> None:
     from tenants import services
 
-    services.change_member_role(membership_of(bob), Role.ADMIN, actor="test")
+    services.change_member_role(membership_of(bob), Role.ADMIN, actor=named_actor("test"))
     path = _invite(browser(bob), "frank@example.com", "viewer")
-    services.change_member_role(membership_of(bob), Role.VIEWER, actor="test")
+    services.change_member_role(membership_of(bob), Role.VIEWER, actor=named_actor("test"))
     assert Client().get(path).status_code == 410
 
 

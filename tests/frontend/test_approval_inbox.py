@@ -15,6 +15,7 @@ from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.calls import gate_call
 from tenants import services as tenants
+from tenants.actors import api_key_actor, named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, vote, wire_policy
@@ -28,7 +29,10 @@ REASON = "Supplier invoice 2026-114, due today"
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     key, raw = tenants.create_api_key(
-        alice.tenant, NewApiKey(name="payments-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
+        alice.tenant,
+        NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
+        created_by=alice.user,
+        actor=named_actor("test"),
     )
     return Agent(alice.tenant, key.prefix, raw)
 
@@ -51,7 +55,7 @@ def _ask(agent: Agent, saga: str = "s1", **body: Any) -> dict[str, Any]:
         },
         agent.prefix,
     )
-    return fleet.evaluate(agent.tenant, call, actor=f"api-key:{agent.prefix}")
+    return fleet.evaluate(agent.tenant, call, actor=api_key_actor(agent.prefix))
 
 
 def _client(person: Person) -> Client:

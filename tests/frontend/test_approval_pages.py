@@ -16,6 +16,7 @@ from approvals.models import ApprovalRequest, Status, Vote
 from core.scoping import tenant_context
 from passkeys import services as passkeys
 from tenants import services as tenants
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, wire_policy
@@ -29,7 +30,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     key, raw = tenants.create_api_key(
-        alice.tenant, NewApiKey(name="payments-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
+        alice.tenant,
+        NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
+        created_by=alice.user,
+        actor=named_actor("test"),
     )
     return Agent(alice.tenant, key.prefix, raw)
 
@@ -53,7 +57,9 @@ class Approver:
         self.client.force_login(person.user)
         self.auth = auth or SoftAuthenticator()
         options = passkeys.registration_options(person.user)
-        passkeys.register(person.user, "key", self.auth.create(options), origins=[ORIGIN], actor="test")
+        passkeys.register(
+            person.user, "key", self.auth.create(options), origins=[ORIGIN], actor=named_actor("test")
+        )
 
     def challenge(self, approval_id: str, **form: Any) -> dict[str, Any]:
         answer = self.client.post(f"/approvals/{approval_id}/challenge", form)

@@ -13,6 +13,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerTransition, CircuitBreaker
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
@@ -103,7 +104,9 @@ def test_a_third_tenant_sees_and_deletes_nothing_of_two_tenants_breakers(
 ) -> None:
     browser(alice).post("/fleet/breakers", {**FORM, "name": "acme breaker"})
     browser(carol).post("/fleet/breakers", {**FORM, "name": "bravo breaker"})
-    third = tenant_services.create_tenant("charlie", "Charlie", "founder@charlie.example", actor="test")
+    third = tenant_services.create_tenant(
+        "charlie", "Charlie", "founder@charlie.example", actor=named_actor("test")
+    )
     dave = browser(make_person(third, "dave", Role.OWNER))
     body = dave.get("/fleet/").content.decode()
     assert "acme breaker" not in body and "bravo breaker" not in body and 'id="no-breakers"' in body

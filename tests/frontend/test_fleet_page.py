@@ -14,6 +14,7 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateDecision, Halt, RateLimit
+from tenants.actors import named_actor, user_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
@@ -29,7 +30,7 @@ def browser(person: Person) -> Client:
 
 def ask(tenant: Tenant, n: int, tool: str = "stripe.charge", **args: Any) -> dict[str, Any]:
     call = GateRequest(saga_id=f"saga-{n}", step_id="1", tool=tool, args=args, agent="billing-bot")
-    return services.evaluate(tenant, call, actor="test")
+    return services.evaluate(tenant, call, actor=named_actor("test"))
 
 
 def counts(tenant: Tenant) -> tuple[int, int, int, int, int]:
@@ -106,17 +107,17 @@ def test_a_viewer_sees_everything_but_no_form_and_a_viewers_post_is_403(alice: P
     budget = services.create_budget(
         alice.tenant,
         services.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     rate = services.create_rate_limit(
         alice.tenant,
         services.RateLimitCreate.parse({"name": "pace", "max_calls": 5, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     halt = services.halt(
         alice.tenant,
         services.HaltCreate.parse({"scope": "tool:email.*", "reason": "bounce storm"}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     viewer = browser(bob)
     body = viewer.get(reverse("fleet")).content.decode()
@@ -323,17 +324,17 @@ def test_a_third_tenants_page_shows_nothing_of_the_first(alice: Person, carol: P
         services.BudgetCreate.parse(
             {"name": "acme-secret-budget", "tool": "acme-secret-tool.*", "max_total": 10, "window_s": 60}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     rate = services.create_rate_limit(
         alice.tenant,
         services.RateLimitCreate.parse({"name": "acme-secret-pace", "max_calls": 5, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     halt = services.halt(
         alice.tenant,
         services.HaltCreate.parse({"scope": "agent:acme-secret-agent", "reason": "acme-secret-reason"}),
-        actor="user:acme-secret-actor",
+        actor=user_actor("acme-secret-actor"),
     )
     assert ask(alice.tenant, 1, tool="acme-secret-tool.pay", amount=11)["decision"] == "deny"
     outsider = browser(carol)

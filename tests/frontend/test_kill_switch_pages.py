@@ -17,6 +17,7 @@ from fleet.gate import GateRequest
 from fleet.inputs import NewHalt
 from fleet.models import GateDecision, Halt
 from frontend import kill_switch_views
+from tenants.actors import api_key_actor, user_actor
 from tests.support.factories import Person
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
@@ -30,18 +31,20 @@ def browser(person: Person) -> Client:
 
 def _ask(person: Person, tool: str, agent: str, saga: str) -> dict:
     call = GateRequest(saga_id=saga, step_id="1", tool=tool, args={}, semantics="IRREVERSIBLE", agent=agent)
-    return fleet.evaluate(person.tenant, call, actor="api-key:test")
+    return fleet.evaluate(person.tenant, call, actor=api_key_actor("test"))
 
 
 def test_the_history_says_how_each_kill_switch_ended(alice: Person, carol: Person) -> None:
-    lifted = fleet.halt(alice.tenant, NewHalt(scope="tool:bank.*", reason="fraud spike"), actor="user:alice")
-    fleet.resume(alice.tenant, lifted.pk, actor="user:ann")
+    lifted = fleet.halt(
+        alice.tenant, NewHalt(scope="tool:bank.*", reason="fraud spike"), actor=user_actor("alice")
+    )
+    fleet.resume(alice.tenant, lifted.pk, actor=user_actor("ann"))
     lapsed = fleet.halt(
-        alice.tenant, NewHalt(scope="agent:bot", reason="runaway", ttl_s=60), actor="user:alice"
+        alice.tenant, NewHalt(scope="agent:bot", reason="runaway", ttl_s=60), actor=user_actor("alice")
     )
     with tenant_context(alice.tenant):
         Halt.objects.filter(pk=lapsed.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    fleet.halt(alice.tenant, NewHalt(scope="*", reason="incident 42", mode="drain"), actor="user:bob")
+    fleet.halt(alice.tenant, NewHalt(scope="*", reason="incident 42", mode="drain"), actor=user_actor("bob"))
     body = browser(alice).get("/fleet/halts/history").content.decode()
     states = re.findall(r'data-halt-scope="([^"]+)" data-halt-state="([^"]+)"', body)
     assert states == [("*", "in-force"), ("agent:bot", "expired"), ("tool:bank.*", "lifted")]
@@ -55,7 +58,7 @@ def test_the_history_says_how_each_kill_switch_ended(alice: Person, carol: Perso
 def test_the_history_pages_by_keyset(alice: Person, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kill_switch_views, "PAGE_SIZE", 2)
     for n in range(5):
-        fleet.halt(alice.tenant, NewHalt(scope=f"tool:t{n}", reason=f"r{n}"), actor="user:alice")
+        fleet.halt(alice.tenant, NewHalt(scope=f"tool:t{n}", reason=f"r{n}"), actor=user_actor("alice"))
     client, seen, url = browser(alice), [], "/fleet/halts/history"
     while url:
         body = client.get(url).content.decode()
@@ -67,10 +70,12 @@ def test_the_history_pages_by_keyset(alice: Person, monkeypatch: pytest.MonkeyPa
 
 
 def test_denials_filter_by_tool_agent_reason_and_time(alice: Person, carol: Person) -> None:
-    fleet.halt(alice.tenant, NewHalt(scope="tool:bank.*", reason="fraud spike"), actor="user:alice")
+    fleet.halt(alice.tenant, NewHalt(scope="tool:bank.*", reason="fraud spike"), actor=user_actor("alice"))
     _ask(alice, "bank.wire", "payments-bot", "s1")
     _ask(alice, "bank.refund", "refund-bot", "s2")
-    fleet.halt(alice.tenant, NewHalt(scope="agent:mail-bot", reason="spam", mode="halt"), actor="user:alice")
+    fleet.halt(
+        alice.tenant, NewHalt(scope="agent:mail-bot", reason="spam", mode="halt"), actor=user_actor("alice")
+    )
     _ask(alice, "mail.send", "mail-bot", "s3")
     with tenant_context(alice.tenant):
         old = GateDecision.objects.get(saga_id="s2")

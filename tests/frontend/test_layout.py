@@ -7,6 +7,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tenants import services
+from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.factories import Person
 
@@ -44,7 +45,7 @@ def test_home_redirects_to_sagas(alice: Person) -> None:
 
 
 def test_tenant_switcher(alice: Person, carol: Person, tenant_b) -> None:
-    services.add_member(tenant_b, alice.user.email, Role.VIEWER, actor="test")
+    services.add_member(tenant_b, alice.user.email, Role.VIEWER, actor=named_actor("test"))
     client = browser(alice)
     page = client.get(reverse("sagas")).content.decode()
     assert 'id="tenant-switch"' in page and "Bravo Logistics" in page

@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 
 from audit import services as audit_services
 from core.rls import database_owner
+from tenants.actors import named_actor
 from tests.support.console import PAGES as CONSOLE_PAGES
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
@@ -77,7 +78,9 @@ class Agents:
 
     def _ship(self, stream: int) -> None:
         if self.pending[stream]:
-            audit_services.ingest(self.person.tenant, f"agent-{stream}", self.pending[stream], actor="test")
+            audit_services.ingest(
+                self.person.tenant, f"agent-{stream}", self.pending[stream], actor=named_actor("test")
+            )
             self.pending[stream] = []
 
 

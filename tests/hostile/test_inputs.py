@@ -24,6 +24,7 @@ from audit.models import Record
 from core.scoping import tenant_context
 from frontend import invitations
 from tenants import services
+from tenants.actors import named_actor
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant
 from tests.support.factories import PASSWORD, Person
 from tests.support.inputs import HOSTILE_CURSORS, _b64
@@ -216,7 +217,7 @@ def test_six_parallel_accepts_of_one_invitation_one_joins_five_are_410(
     would) until all six are past every check and waiting on it in Postgres; then it rolls back,
     so exactly one of the six can take the nonce. Before the fix the other five hit the unique
     constraint as an IntegrityError (500); now each is told the invitation was used (410)."""
-    tenant = services.create_tenant("inv", "Inv Co", "owner@inv.example", PASSWORD, actor="test")
+    tenant = services.create_tenant("inv", "Inv Co", "owner@inv.example", PASSWORD, actor=named_actor("test"))
     owner = get_user_model().objects.get(email="owner@inv.example")
     email = "guest@inv.example"
     if account == "existing":
@@ -556,7 +557,7 @@ def test_a_gate_call_with_nul_in_its_arguments_is_a_400(alice: Person, args: dic
                 "required_approvals": 1,
             }
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     body = {"saga_id": "s", "step_id": "1", "tool": "bank.wire", "args": args}
     response = alice.key_client().post("/api/v1/gate/evaluate", body, format="json")

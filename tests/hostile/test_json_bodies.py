@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from core.scoping import tenant_context
 from fleet.models import GateDecision, Halt
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import ApiKey
 from tests.support.factories import Person
@@ -27,7 +28,7 @@ ROUTES = ["/api/v1/fleet/halts", "/api/v1/fleet/budgets", "/api/v1/keys", "/api/
 @pytest.mark.parametrize("kind", list(BODIES))
 def test_a_body_no_store_can_hold_is_a_400_that_changes_nothing(alice: Person, kind: str) -> None:
     _, raw = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor="test"
+        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
     )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

@@ -19,6 +19,7 @@ import sagaplane as sp
 from sagaplane.shipper import Shipper, ShipperState
 
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.factories import Person, make_person
 
@@ -56,7 +57,9 @@ def ship_cli(wal: Path, url: str, api_key: str) -> subprocess.CompletedProcess[s
 
 
 def other_tenant(slug: str) -> Person:
-    tenant = tenant_services.create_tenant(slug, slug.title(), f"founder@{slug}.example", actor="test")
+    tenant = tenant_services.create_tenant(
+        slug, slug.title(), f"founder@{slug}.example", actor=named_actor("test")
+    )
     return make_person(tenant, "agent", Role.OWNER)
 
 

@@ -15,6 +15,7 @@ from passkeys import services
 from passkeys.models import Passkey
 from passkeys.services import PasskeyRefused
 from tenants import services as tenants
+from tenants.actors import named_actor, user_actor
 from tenants.models import Role, Tenant
 from tenants.selectors import memberships_of
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url, unb64url
@@ -29,7 +30,7 @@ def enrol(
 ) -> tuple[SoftAuthenticator, Passkey]:
     auth = auth or SoftAuthenticator()
     options = services.registration_options(user)
-    passkey = services.register(user, name, auth.create(options), origins=[ORIGIN], actor="test")
+    passkey = services.register(user, name, auth.create(options), origins=[ORIGIN], actor=named_actor("test"))
     return auth, passkey
 
 
@@ -50,7 +51,7 @@ def events(tenant: Tenant, prefix: str = "ADMIN_PASSKEY_") -> list[dict[str, Any
 def test_a_person_registers_several_named_passkeys_recorded_in_every_tenant_of_theirs(
     alice: Person, tenant_b: Tenant
 ) -> None:
-    tenants.add_member(tenant_b, alice.user.email, Role.APPROVER, actor="test")
+    tenants.add_member(tenant_b, alice.user.email, Role.APPROVER, actor=named_actor("test"))
     _, first = enrol(alice.user, "laptop")
     options = services.registration_options(alice.user)
     assert options["authenticatorSelection"]["userVerification"] == "required"
@@ -58,7 +59,7 @@ def test_a_person_registers_several_named_passkeys_recorded_in_every_tenant_of_t
     assert [c["id"] for c in options["excludeCredentials"]] == [first.credential_id]
     phone = SoftAuthenticator(algorithm="EdDSA")
     second = services.register(
-        alice.user, " phone ", phone.create(options), origins=[ORIGIN], actor="user:alice"
+        alice.user, " phone ", phone.create(options), origins=[ORIGIN], actor=user_actor("alice")
     )
 
     assert [p.name for p in services.live_passkeys(alice.user)] == ["laptop", "phone"]
@@ -82,16 +83,28 @@ def test_registration_needs_user_verification_and_a_challenge_issued_to_this_per
         "no uv",
         auth.create(services.registration_options(alice.user), uv=False),
         origins=[ORIGIN],
-        actor="test",
+        actor=named_actor("test"),
     )
     response = auth.create(services.registration_options(alice.user))
     refused(
-        "unknown_challenge", services.register, bob.user, "stolen", response, origins=[ORIGIN], actor="test"
+        "unknown_challenge",
+        services.register,
+        bob.user,
+        "stolen",
+        response,
+        origins=[ORIGIN],
+        actor=named_actor("test"),
     )
     # Bob's attempt used nothing of Alice's: her challenge is still hers, once.
-    services.register(alice.user, "laptop", response, origins=[ORIGIN], actor="test")
+    services.register(alice.user, "laptop", response, origins=[ORIGIN], actor=named_actor("test"))
     refused(
-        "unknown_challenge", services.register, alice.user, "again", response, origins=[ORIGIN], actor="test"
+        "unknown_challenge",
+        services.register,
+        alice.user,
+        "again",
+        response,
+        origins=[ORIGIN],
+        actor=named_actor("test"),
     )
     other = SoftAuthenticator()
     refused(
@@ -101,7 +114,7 @@ def test_registration_needs_user_verification_and_a_challenge_issued_to_this_per
         "phished",
         other.create(services.registration_options(alice.user), origin="https://evil.example"),
         origins=[ORIGIN],
-        actor="test",
+        actor=named_actor("test"),
     )
     assert [p.name for p in Passkey.objects.all()] == ["laptop"]
     assert len(events(alice.tenant)) == 1
@@ -113,10 +126,18 @@ def test_malformed_registrations_are_refused_with_400(alice: Person) -> None:
     shaped = json.dumps({"id": "a", "rawId": "a", "type": "public-key", "response": bad_client_data})
     for junk in ("", "[]", "{", '{"id": 1}', oversized, shaped):
         error = refused(
-            "malformed_credential", services.register, alice.user, "n", junk, origins=[ORIGIN], actor="t"
+            "malformed_credential",
+            services.register,
+            alice.user,
+            "n",
+            junk,
+            origins=[ORIGIN],
+            actor=named_actor("t"),
         )
         assert error.status == 400
-    refused("invalid_name", services.register, alice.user, " ", "{}", origins=[ORIGIN], actor="t")
+    refused(
+        "invalid_name", services.register, alice.user, " ", "{}", origins=[ORIGIN], actor=named_actor("t")
+    )
     assert not Passkey.objects.exists()
 
 
@@ -128,14 +149,16 @@ def test_rename_and_revoke_are_the_owners_alone_and_recorded_with_old_and_new(
 ) -> None:
     _, passkey = enrol(alice.user, "laptop")
     before = len(server_stream(alice.tenant))
-    refused("not_found", services.rename, bob.user, passkey.pk, "mine now", actor="user:bob")
-    refused("not_found", services.revoke, bob.user, passkey.pk, actor="user:bob")
+    refused("not_found", services.rename, bob.user, passkey.pk, "mine now", actor=user_actor("bob"))
+    refused("not_found", services.revoke, bob.user, passkey.pk, actor=user_actor("bob"))
     assert len(server_stream(alice.tenant)) == before
 
-    services.rename(alice.user, passkey.pk, "work laptop", actor="user:alice")
-    services.rename(alice.user, passkey.pk, "work laptop", actor="user:alice")  # no-op: nothing written
-    services.revoke(alice.user, passkey.pk, actor="user:alice")
-    services.revoke(alice.user, passkey.pk, actor="user:alice")
+    services.rename(alice.user, passkey.pk, "work laptop", actor=user_actor("alice"))
+    services.rename(
+        alice.user, passkey.pk, "work laptop", actor=user_actor("alice")
+    )  # no-op: nothing written
+    services.revoke(alice.user, passkey.pk, actor=user_actor("alice"))
+    services.revoke(alice.user, passkey.pk, actor=user_actor("alice"))
     renamed, revoked = events(alice.tenant)[1:]
     assert renamed["event"] == "ADMIN_PASSKEY_RENAMED"
     assert (renamed["old"], renamed["new"]) == ({"name": "laptop"}, {"name": "work laptop"})
@@ -197,7 +220,7 @@ def test_a_member_signs_in_with_a_passkey_and_nothing_else_signs_in(alice: Perso
     assert passkey.sign_count == 2
 
     # Revoked: signs nothing.
-    services.revoke(alice.user, passkey.pk, actor="test")
+    services.revoke(alice.user, passkey.pk, actor=named_actor("test"))
     answer = sign_in(browser(), auth)
     assert (answer.status_code, answer.json()["error"]) == (400, "unknown_credential")
 
@@ -336,7 +359,7 @@ def test_a_tampered_signature_an_unknown_key_and_a_revoked_key_are_refused(alice
         SoftAuthenticator().get(challenge),
         origins=[ORIGIN],
     )
-    services.revoke(alice.user, passkey.pk, actor="test")
+    services.revoke(alice.user, passkey.pk, actor=named_actor("test"))
     refused(
         "unknown_credential",
         services.verify_assertion,

@@ -18,6 +18,7 @@ from sagaplane.chain import stamp
 from sagaplane.disclosure import FORMAT, VerificationError
 
 from passkeys import services
+from tenants.actors import named_actor
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url, unb64url
 from tests.support.factories import Person
 
@@ -74,7 +75,7 @@ def enrolled(alice: Person) -> SoftAuthenticator:
         "laptop",
         auth.create(services.registration_options(alice.user)),
         origins=[ORIGIN],
-        actor="t",
+        actor=named_actor("t"),
     )
     return auth
 
@@ -100,7 +101,11 @@ def test_a_passkey_vote_verifies_offline_from_the_cli(
 def test_ed25519_votes_verify_too(alice: Person) -> None:
     auth = SoftAuthenticator(algorithm="EdDSA")
     services.register(
-        alice.user, "key", auth.create(services.registration_options(alice.user)), origins=[ORIGIN], actor="t"
+        alice.user,
+        "key",
+        auth.create(services.registration_options(alice.user)),
+        origins=[ORIGIN],
+        actor=named_actor("t"),
     )
     report = verify_approvals(bundle(vote_record(alice, auth)))
     assert [v.algorithm for v in report.votes] == ["EdDSA"]

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from reconciliation import services
 from reconciliation.models import CheckStatus
+from tenants.actors import api_key_actor
 from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
@@ -36,13 +37,15 @@ def verdicts(tenant_a: Tenant, agent_a: Writer) -> dict[str, str]:
     checks = services.claim(
         tenant_a,
         services.ReconciliationClaim.parse({"handlers": ["shop.refund"], "worker": "observer-1"}),
-        actor="api-key:w",
+        actor=api_key_actor("w"),
     )
     answers = {"ch_d": False, "ch_ok": True, "ch_u": None}
     ids = {}
     for check in checks:
         charge = check.kwargs["charge_id"]
-        services.report(tenant_a, check.pk, token=check.token, reversed_=answers[charge], actor="api-key:w")
+        services.report(
+            tenant_a, check.pk, token=check.token, reversed_=answers[charge], actor=api_key_actor("w")
+        )
         ids[charge] = str(check.pk)
     return ids
 

@@ -13,6 +13,7 @@ from core.errors import DomainError
 from core.scoping import tenant_context
 from reconciliation import selectors, services
 from reconciliation.models import CheckStatus, Reason
+from tenants.actors import api_key_actor, user_actor
 from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("no_delay")
 
 def _claim(tenant: Tenant, handlers: list[str] | None = None, worker: str = "w1") -> list:
     terms = services.ReconciliationClaim.parse({"handlers": handlers or ["shop.refund"], "worker": worker})
-    return services.claim(tenant, terms, actor="api-key:test")
+    return services.claim(tenant, terms, actor=api_key_actor("test"))
 
 
 def test_each_compensated_step_becomes_one_check_for_its_handler(tenant_a: Tenant, agent_a: Writer) -> None:
@@ -58,7 +59,7 @@ def test_confirmed_drift_and_unknown_are_three_verdicts_each_recorded(
             token=check.token,
             reversed_=answer,
             detail=f"ledger {charge}",
-            actor="api-key:w",
+            actor=api_key_actor("w"),
         )
     with tenant_context(tenant_a):
         report = selectors.report(timezone.now() - timedelta(hours=1))
@@ -80,11 +81,13 @@ def test_a_stale_token_cannot_record_a_verdict(tenant_a: Tenant, agent_a: Writer
     (second,) = _claim(tenant_a, worker="successor")  # the lease lapsed: claimed again
     assert second.pk == first.pk and second.token == first.token + 1
     with pytest.raises(DomainError) as refused:
-        services.report(tenant_a, first.pk, token=first.token, reversed_=False, actor="api-key:zombie")
+        services.report(tenant_a, first.pk, token=first.token, reversed_=False, actor=api_key_actor("zombie"))
     assert (refused.value.status, refused.value.code) == (409, "stale_token")
-    services.report(tenant_a, second.pk, token=second.token, reversed_=True, actor="api-key:successor")
+    services.report(tenant_a, second.pk, token=second.token, reversed_=True, actor=api_key_actor("successor"))
     with pytest.raises(DomainError) as again:
-        services.report(tenant_a, second.pk, token=second.token, reversed_=False, actor="api-key:successor")
+        services.report(
+            tenant_a, second.pk, token=second.token, reversed_=False, actor=api_key_actor("successor")
+        )
     assert again.value.code == "already_decided"
     verdicts = [r for r in server_stream(tenant_a) if r["event"] == services.VERDICT_EVENT]
     assert [(v["verdict"], v["observer"]) for v in verdicts] == [("confirmed", "successor")]
@@ -130,12 +133,12 @@ def test_recheck_reopens_a_verdict_and_records_it(tenant_a: Tenant, agent_a: Wri
     compensated_saga(agent_a, "checkout-1")
     services.scan(tenant_a)
     (check,) = _claim(tenant_a)
-    services.report(tenant_a, check.pk, token=check.token, reversed_=False, actor="api-key:w")
-    reopened = services.recheck(tenant_a, check.pk, actor="user:alice")
+    services.report(tenant_a, check.pk, token=check.token, reversed_=False, actor=api_key_actor("w"))
+    reopened = services.recheck(tenant_a, check.pk, actor=user_actor("alice"))
     assert reopened.status == CheckStatus.PENDING
     (again,) = _claim(tenant_a)
     assert again.token == check.token + 1
-    services.report(tenant_a, again.pk, token=again.token, reversed_=True, actor="api-key:w")
+    services.report(tenant_a, again.pk, token=again.token, reversed_=True, actor=api_key_actor("w"))
     events = [r["event"] for r in server_stream(tenant_a) if r["event"].startswith("RECONCILIATION_")]
     assert events == ["RECONCILIATION_VERDICT", "RECONCILIATION_RECHECK", "RECONCILIATION_VERDICT"]
 
@@ -147,7 +150,7 @@ def test_a_third_tenant_sees_and_claims_nothing(tenant_a: Tenant, tenant_b: Tena
     assert _claim(tenant_b) == []
     (check,) = _claim(tenant_a)
     with pytest.raises(DomainError) as refused:
-        services.report(tenant_b, check.pk, token=check.token, reversed_=True, actor="api-key:b")
+        services.report(tenant_b, check.pk, token=check.token, reversed_=True, actor=api_key_actor("b"))
     assert refused.value.status == 404
     with tenant_context(tenant_b):
         assert selectors.report(timezone.now() - timedelta(hours=1)).items == []
@@ -166,7 +169,7 @@ def test_the_pass_finds_only_tenants_with_work(tenant_a: Tenant, tenant_b: Tenan
     assert reconcile()["created"] == 1
     assert services.tenants_to_reconcile() == [tenant_a.pk]  # an open check, due
     (check,) = _claim(tenant_a)
-    services.report(tenant_a, check.pk, token=check.token, reversed_=True, actor="api-key:w")
+    services.report(tenant_a, check.pk, token=check.token, reversed_=True, actor=api_key_actor("w"))
     reconcile()  # the verdict's own record is a new leaf: looked at once
     assert services.tenants_to_reconcile() == []  # everything decided, nothing new
 
@@ -183,14 +186,14 @@ def test_hostile_report_values_are_refused(tenant_a: Tenant, agent_a: Writer) ->
         {"token": check.token, "reversed_": True, "detail": ["x"]},
     ):
         with pytest.raises(DomainError) as refused:
-            services.report(tenant_a, check.pk, actor="api-key:w", **kwargs)
+            services.report(tenant_a, check.pk, actor=api_key_actor("w"), **kwargs)
         assert refused.value.status == 400
     with pytest.raises(DomainError):
-        services.report(tenant_a, uuid.uuid4(), token=1, reversed_=True, actor="api-key:w")
+        services.report(tenant_a, uuid.uuid4(), token=1, reversed_=True, actor=api_key_actor("w"))
     for handlers in ([], "shop.refund", [1], ["x" * 201], None):
         with pytest.raises(DomainError):
             services.claim(
                 tenant_a,
                 services.ReconciliationClaim.parse({"handlers": handlers, "worker": "w"}),
-                actor="api-key:w",
+                actor=api_key_actor("w"),
             )

@@ -23,6 +23,7 @@ from reconciliation import services
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from reconciliation.tasks import deliver_check
 from recovery import services as recovery
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
@@ -114,7 +115,7 @@ def test_the_webhook_answers_checks_and_its_answers_are_verdicts(
         recovery.set_webhook,
         tenant_a,
         recovery.WebhookSet.parse({"url": url, "handlers": ["shop.refund"]}),
-        actor="test",
+        actor=named_actor("test"),
     )
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     compensated_saga(agent_a, "refund-lost", charges=["ch_lost"])
@@ -142,7 +143,7 @@ def test_a_failed_delivery_is_retried_under_a_new_token(
     settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     state, url = receiver
     _, state.secret = in_tenant(
-        recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test"
+        recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor=named_actor("test")
     )  # every handler
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     services.scan(tenant_a)
@@ -162,7 +163,7 @@ def test_an_answer_without_a_verdict_is_unverifiable(
 ) -> None:
     state, url = receiver
     _, state.secret = in_tenant(
-        recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor="test"
+        recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor=named_actor("test")
     )
     state.without_verdict = True
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])

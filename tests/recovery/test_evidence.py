@@ -20,6 +20,7 @@ from core.scoping import tenant_context
 from recovery import services
 from recovery.models import Job, JobState
 from sagas.models import Saga, SagaStatus
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
@@ -50,7 +51,9 @@ def test_concurrent_single_results_each_land_once_with_their_evidence(
         crashed(writer, f"c{n}", steps=1)
     assert sweep_later(tenant_a)["taken_over"] == sagas
     jobs = claimed(tenant_a, sagas)
-    outcomes = at_once(lambda job: services.complete(tenant_a, job.pk, token=job.epoch, actor="test"), jobs)
+    outcomes = at_once(
+        lambda job: services.complete(tenant_a, job.pk, token=job.epoch, actor=named_actor("test")), jobs
+    )
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
     with tenant_context(tenant_a):
         assert Job.objects.filter(state=JobState.COMPENSATED).count() == sagas
@@ -80,12 +83,14 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
 
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", crash)
-        job = services.complete(tenant_a, newest.pk, token=newest.epoch, actor="test")
+        job = services.complete(tenant_a, newest.pk, token=newest.epoch, actor=named_actor("test"))
         assert job.state == JobState.COMPENSATED
         # The result is recorded and the saga moves on: its next (older) step is claimable.
         (older,) = claimed(tenant_a, 1)
         assert older.step_id == "s1-s1"
-        failed = services.fail(tenant_a, older.pk, token=older.epoch, actor="test", error="card declined")
+        failed = services.fail(
+            tenant_a, older.pk, token=older.epoch, actor=named_actor("test"), error="card declined"
+        )
         assert failed.state == JobState.PENDING
     assert audit_services.pending_server_records(tenant_a) == 2
     with monkeypatch.context() as patched:  # a pass that fails to chain leaves them pending
@@ -115,9 +120,11 @@ def test_a_direct_server_append_chains_pending_evidence_first(
     (job,) = claimed(tenant_a, 1)
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", lambda *_a, **_k: 1 / 0)
-        services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
+        services.complete(tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
     assert audit_services.pending_server_records(tenant_a) == 2  # COMPENSATED, ROLLBACK_END
-    record = audit_services.append_server_record(tenant_a, "NOTE", {"text": "later"}, actor="test")
+    record = audit_services.append_server_record(
+        tenant_a, "NOTE", {"text": "later"}, actor=named_actor("test")
+    )
     assert record.event == "NOTE"
     assert audit_services.pending_server_records(tenant_a) == 0
     events = [r["event"] for r in server_stream(tenant_a)]
@@ -135,11 +142,11 @@ def test_results_are_chained_together_once_the_oldest_pending_one_is_older_than_
     first, second, third = claimed(tenant_a, 3)
     settings.EVIDENCE_GROUP_WINDOW_S = 3600.0
     for job in (first, second):  # each commits; none pending is older than the window
-        services.complete(tenant_a, job.pk, token=job.epoch, actor="test")
+        services.complete(tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
     assert audit_services.pending_server_records(tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
     assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
     settings.EVIDENCE_GROUP_WINDOW_S = 0.0
-    services.complete(tenant_a, third.pk, token=third.epoch, actor="test")
+    services.complete(tenant_a, third.pk, token=third.epoch, actor=named_actor("test"))
     # After its commit the third result found pending rows past the window: all six went, in one
     # append (consecutive positions in the server stream), oldest first.
     assert audit_services.pending_server_records(tenant_a) == 0

@@ -17,6 +17,7 @@ from recovery import selectors, services
 from recovery.actions import results
 from recovery.models import Job, JobState, Lease, LeaseState, Run, RunState
 from sagas.models import Saga, SagaStatus, Step, StepStatus
+from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
@@ -121,7 +122,10 @@ def test_an_ended_or_quarantined_saga_is_left_alone(alice: Person, writer_a: Wri
     crashed(writer_a, "done", steps=1, end="SAGA_COMPLETE")
     crashed(writer_a, "aside", steps=1)
     fleet.quarantine(
-        tenant, "aside", fleet.QuarantineCreate.parse({"reason": "looking into it"}), actor="test"
+        tenant,
+        "aside",
+        fleet.QuarantineCreate.parse({"reason": "looking into it"}),
+        actor=named_actor("test"),
     )
     assert sweep_later(tenant)["taken_over"] == 0
     with tenant_context(tenant):
@@ -192,7 +196,10 @@ def test_steps_needing_a_human_hold_the_saga(alice: Person, writer_a: Writer) ->
     assert job is not None and job["saga_id"] == "irrev" and job["step"] == 1
     # Quarantine from the queue: the rest of that saga is cancelled.
     services.quarantine(
-        tenant, "nohandler", services.QuarantineCreate.parse({"reason": "fraud review"}), actor="user:alice"
+        tenant,
+        "nohandler",
+        services.QuarantineCreate.parse({"reason": "fraud review"}),
+        actor=user_actor("alice"),
     )
     with tenant_context(tenant):
         assert set(Job.objects.filter(saga_id="nohandler").values_list("state", flat=True)) == {

@@ -12,6 +12,7 @@ from django.utils import timezone
 from core.scoping import tenant_context
 from recovery import queries
 from recovery.models import Delivery, Job, JobState, Run, RunKind, RunState
+from tenants.actors import system_actor
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +58,7 @@ def _row(tenant: Tenant, run: Run, **changes: object) -> dict[str, object]:
 
 def _run(tenant: Tenant) -> Run:
     return Run.objects.create(
-        saga_id="s1", kind=RunKind.CRASH, actor="system:recovery", state=RunState.ACTIVE, frontier=2
+        saga_id="s1", kind=RunKind.CRASH, actor=system_actor("recovery"), state=RunState.ACTIVE, frontier=2
     )
 
 

@@ -20,6 +20,7 @@ from core.scoping import tenant_context
 from recovery import services, webhook
 from recovery.models import Delivery, Job, JobState, Webhook
 from recovery.tasks import deliver_webhook
+from tenants.actors import named_actor
 from tests.recovery.sagas import crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
@@ -131,7 +132,9 @@ def test_a_delivery_to_a_private_address_is_a_failed_attempt_then_escalates(
     tenant = alice.tenant
     settings.SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = True
     url = f"http://127.0.0.1:{receiver.server_port}/hook"
-    in_tenant(services.set_webhook, tenant, services.WebhookSet.parse({"url": url}), actor="test")
+    in_tenant(
+        services.set_webhook, tenant, services.WebhookSet.parse({"url": url}), actor=named_actor("test")
+    )
     crashed(writer_a, "ssrf", steps=1)
     sweep_later(tenant)
     settings.SAGAPLANE_WEBHOOK_ALLOW_PRIVATE = False

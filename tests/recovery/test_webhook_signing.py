@@ -21,6 +21,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from recovery import services, webhook
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.scoping import in_tenant
 
@@ -116,7 +117,7 @@ def test_the_secret_is_in_the_standards_form(tenant_a: Tenant) -> None:
         services.set_webhook,
         tenant_a,
         services.WebhookSet.parse({"url": "https://93.184.216.34/hook"}),
-        actor="test",
+        actor=named_actor("test"),
     )
     assert secret.startswith("whsec_")
     key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from audit import services
+from tenants.actors import named_actor
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 
@@ -17,7 +18,7 @@ def _seed(alice: Person) -> list[dict]:
         + saga_records("d3", outcome="partial")
     )
     records = chain(bodies, ts=now - 3600)
-    services.ingest(alice.tenant, "api", records, actor="test")
+    services.ingest(alice.tenant, "api", records, actor=named_actor("test"))
     return records
 
 

@@ -18,6 +18,7 @@ from audit import services as audit_services
 from core.scoping import tenant_context
 from sagas import selectors
 from sagas.models import Saga, SagaStatus
+from tenants.actors import named_actor
 from tests.support.factories import Person
 
 
@@ -42,7 +43,7 @@ def _ship(person: Person) -> None:
         {"ts": now, "event": "SAGA_START", "saga_id": "done", "lease_ttl": 300},
         {"ts": now, "event": "SAGA_COMPLETE", "saga_id": "done"},
     ]
-    audit_services.ingest(person.tenant, "agent-status", _chain(records), actor="test")
+    audit_services.ingest(person.tenant, "agent-status", _chain(records), actor=named_actor("test"))
     with tenant_context(person.tenant):
         Saga.objects.filter(saga_id="stored-orphan").update(status=SagaStatus.ORPHANED)
 

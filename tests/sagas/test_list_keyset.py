@@ -15,6 +15,7 @@ from core.scoping import tenant_context
 from sagas import selectors
 from sagas.models import Saga
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
 from tests.support.factories import PASSWORD, Person, make_person
@@ -34,7 +35,9 @@ def _seed(person: Person, prefix: str, count: int) -> None:
             extra = saga_records(saga_id, tool=TOOLS[(n + 1) % 3], outcome="none")[1:]
             records = records[:1] + extra + records[1:]
         bodies += records
-    services.ingest(person.tenant, "s", chain(bodies, ts=timezone.now().timestamp() - 3600), actor="test")
+    services.ingest(
+        person.tenant, "s", chain(bodies, ts=timezone.now().timestamp() - 3600), actor=named_actor("test")
+    )
     with tenant_context(person.tenant):
         ids = list(Saga.objects.order_by("pk").values_list("pk", flat=True))
         moment = timezone.now() - timedelta(minutes=30)
@@ -103,7 +106,9 @@ def test_pages_and_filters_equal_the_old_semantics(
 def test_a_third_tenant_sees_nothing(alice: Person, carol: Person) -> None:
     _seed(alice, "a", 9)
     _seed(carol, "c", 9)
-    third = tenant_services.create_tenant("charlie", "Charlie", "f@charlie.example", PASSWORD, actor="test")
+    third = tenant_services.create_tenant(
+        "charlie", "Charlie", "f@charlie.example", PASSWORD, actor=named_actor("test")
+    )
     dave = make_person(third, "dave", Role.OWNER)
     client = dave.key_client()
     for params in [{}, {"tool": "mail.send"}, {"status": "completed"}, {"since": "0"}]:

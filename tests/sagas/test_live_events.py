@@ -13,6 +13,7 @@ from django.test import Client
 
 from audit import services
 from tenants import services as services_tenants
+from tenants.actors import named_actor, user_actor
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
 from tests.support.factories import PASSWORD, Person, make_person
@@ -37,7 +38,7 @@ async def _drain_until(communicator: WebsocketCommunicator, last_stream: str) ->
 
 def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
     tenant_c = services_tenants.create_tenant(
-        "charlie", "Charlie Freight", "founder@charlie.example", PASSWORD, actor="test"
+        "charlie", "Charlie Freight", "founder@charlie.example", PASSWORD, actor=named_actor("test")
     )
     dave = make_person(tenant_c, "dave", Role.VIEWER)
     cookies = {"acme": session_cookie(alice), "bravo": session_cookie(carol), "charlie": session_cookie(dave)}
@@ -52,12 +53,16 @@ def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
         broken = chain(saga_records("bad"))
         broken[1]["tool"] = "edited"
         with pytest.raises(services.IngestRefused):
-            await ingest(alice.tenant, "refused-acme", broken, actor="test")
-        await ingest(alice.tenant, "live-acme", chain(saga_records("s-acme", steps=2)), actor="test")
-        await ingest(carol.tenant, "live-bravo", chain(saga_records("s-bravo")), actor="test")
+            await ingest(alice.tenant, "refused-acme", broken, actor=named_actor("test"))
+        await ingest(
+            alice.tenant, "live-acme", chain(saga_records("s-acme", steps=2)), actor=named_actor("test")
+        )
+        await ingest(carol.tenant, "live-bravo", chain(saga_records("s-bravo")), actor=named_actor("test"))
         # Charlie ships nothing but the final marker every tenant gets.
         for name, tenant in tenants.items():
-            await ingest(tenant, f"end-{name}", chain(saga_records(f"s-end-{name}")), actor="test")
+            await ingest(
+                tenant, f"end-{name}", chain(saga_records(f"s-end-{name}")), actor=named_actor("test")
+            )
         heard = {name: await _drain_until(socket, f"end-{name}") for name, socket in sockets.items()}
         for socket in sockets.values():
             await socket.disconnect()
@@ -110,7 +115,7 @@ async def _closed_with(communicator: WebsocketCommunicator) -> int:
 async def _ship_and_hear(listener: WebsocketCommunicator, tenant: Any, stream: str) -> list[str]:
     """Ship a batch to the tenant; the streams the listener hears up to and including it."""
     ingest = database_sync_to_async(services.ingest)
-    await ingest(tenant, stream, chain(saga_records(f"s-{stream}")), actor="test")
+    await ingest(tenant, stream, chain(saga_records(f"s-{stream}")), actor=named_actor("test"))
     return [event["stream"] for event in await _drain_until(listener, stream)]
 
 
@@ -126,7 +131,7 @@ def _remove(person: Person) -> None:
 
     membership = membership_for(person.user, person.tenant.slug)
     assert membership is not None
-    services_tenants.remove_member(membership, actor="user:alice")
+    services_tenants.remove_member(membership, actor=user_actor("alice"))
 
 
 def test_a_removed_member_is_closed_and_hears_nothing_more(alice: Person, bob: Person) -> None:

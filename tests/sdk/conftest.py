@@ -11,6 +11,7 @@ import pytest
 from fleet import services as fleet
 from fleet.stores import DatabaseStore
 from tenants import services as tenants
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, wire_policy
@@ -21,7 +22,10 @@ from tests.support.factories import ALL_SCOPES, Person, make_person
 def key(alice: Person) -> Iterator[Agent]:
     fleet.set_store(DatabaseStore())
     made, raw = tenants.create_api_key(
-        alice.tenant, NewApiKey(name="adapter-bot", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
+        alice.tenant,
+        NewApiKey(name="adapter-bot", scopes=ALL_SCOPES),
+        created_by=alice.user,
+        actor=named_actor("test"),
     )
     wire_policy(alice.tenant, tool="wire", eligible_roles=["approver"])
     yield Agent(alice.tenant, made.prefix, raw)

@@ -24,6 +24,7 @@ from test_e2e_ship import saga_of
 from core.rls import database_owner
 from fleet import services as fleet
 from fleet.stores import DatabaseStore
+from tenants.actors import named_actor
 from tests.support.factories import Person
 from tests.support.transparency import settle
 
@@ -127,7 +128,7 @@ def test_attempts_fallbacks_and_references_through_the_control_plane(
         fleet.BudgetCreate.parse(
             {"name": "vault", "tool": "vault.*", "max_total": 10_000, "window_s": 86400}
         ),
-        actor="test",
+        actor=named_actor("test"),
     )
     sent: list[bytes] = []
     ids = run_agent(live_server.url, alice.api_key, tmp_path / "wal" / "agent.wal", sent)

@@ -29,6 +29,7 @@ from sagaplane.shipper import ShipperState
 from sagaplane_testkit import CRASHING_AGENT_PRELUDE, read_wal
 
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tests.support.ports import free_port
 
@@ -434,12 +435,14 @@ def _bootstrap_sqlite(data_dir: Path, env: dict[str, str]) -> str:
         django.setup()
         from django.core.management import call_command
         from tenants import services
+        from tenants.actors import named_actor
         from tenants.inputs import NewApiKey
         call_command("migrate", verbosity=0)
+        test = named_actor("test")
         tenant = services.create_tenant(
-            "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor="test"
+            "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor=test
         )
-        print(services.create_api_key(tenant, NewApiKey("agent", ("ingest", "read")), actor="test")[1])
+        print(services.create_api_key(tenant, NewApiKey("agent", ("ingest", "read")), actor=test)[1])
         """
     )
     out = subprocess.run(
@@ -462,10 +465,10 @@ def killable_server(transactional_db: None, tmp_path: Path) -> Any:
         )
         env["SAGAPLANE_DATA_DIR"] = str(settings.DATA_DIR)
         tenant = tenant_services.create_tenant(
-            "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor="test"
+            "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor=named_actor("test")
         )
         key = tenant_services.create_api_key(
-            tenant, NewApiKey(name="agent", scopes=["ingest", "read"]), actor="test"
+            tenant, NewApiKey(name="agent", scopes=["ingest", "read"]), actor=named_actor("test")
         )[1]
     else:
         # The SQLite test database lives in this process's memory: give the server its own file.
@@ -539,12 +542,12 @@ def test_wrong_scope_and_revoked_keys_raise_authentication_error(
         reserve(1)
     wal.close()
     read_only_key = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="reader", scopes=["read"]), actor="test"
+        alice.tenant, NewApiKey(name="reader", scopes=["read"]), actor=named_actor("test")
     )[1]
     revoked, revoked_key = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="old", scopes=["ingest", "read"]), actor="test"
+        alice.tenant, NewApiKey(name="old", scopes=["ingest", "read"]), actor=named_actor("test")
     )
-    tenant_services.revoke_api_key(revoked, actor="test")
+    tenant_services.revoke_api_key(revoked, actor=named_actor("test"))
 
     with pytest.raises(sp.AuthenticationError) as scope:
         sp.Shipper(wal.path, url=live_server.url, api_key=read_only_key).run_until_caught_up()

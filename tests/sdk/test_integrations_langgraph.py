@@ -29,6 +29,7 @@ from sagaplane.integrations.policy import loads
 from approvals.models import ApprovalRequest, Status
 from core.scoping import tenant_context
 from fleet import services as fleet
+from tenants.actors import user_actor
 from tests.approvals.conftest import Agent, vote
 from tests.sdk import lg_agent
 from tests.sdk.sagaplane_testkit import read_wal
@@ -97,14 +98,14 @@ def test_a_halt_and_an_unlisted_tool_are_refused_before_the_tool(key: Agent, run
     halt = fleet.halt(
         key.tenant,
         fleet.HaltCreate.parse({"scope": "tool:charge", "reason": "card incident"}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     assert runtime.gate is not None
     runtime.gate.refresh()
     try:
         out = _run(_graph(), "t-halt", [[["charge", {"amount": 7}]], [["refund", {"charge_id": "ch_1"}]]])
     finally:
-        fleet.resume(key.tenant, halt.pk, actor="user:alice")
+        fleet.resume(key.tenant, halt.pk, actor=user_actor("alice"))
     answers = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert [m.status for m in answers] == ["error", "error"]
     assert "halted" in answers[0].content and "card incident" in answers[0].content

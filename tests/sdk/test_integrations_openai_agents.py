@@ -26,6 +26,7 @@ from sagaplane.integrations.policy import loads
 from approvals.models import ApprovalRequest, Status
 from core.scoping import tenant_context
 from fleet import services as fleet
+from tenants.actors import user_actor
 from tests.approvals.conftest import Agent as KeyHolder
 from tests.approvals.conftest import vote
 from tests.sdk.sagaplane_testkit import read_wal
@@ -211,7 +212,7 @@ def test_refusals_reach_the_model_as_the_tools_output(
     halt = fleet.halt(
         key.tenant,
         fleet.HaltCreate.parse({"scope": "tool:charge", "reason": "card incident"}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     assert runtime.gate is not None
     runtime.gate.refresh()
@@ -219,7 +220,7 @@ def test_refusals_reach_the_model_as_the_tools_output(
         halted = asyncio.run(spoa.run(shop, json.dumps([[["charge", {"amount": 7}]]])))
         unlisted = asyncio.run(spoa.run(shop, json.dumps([[["refund", {"charge_id": "ch_1"}]]])))
     finally:
-        fleet.resume(key.tenant, halt.pk, actor="user:alice")
+        fleet.resume(key.tenant, halt.pk, actor=user_actor("alice"))
     assert "halted" in halted.final_output and "card incident" in halted.final_output
     assert "not allowed" in unlisted.final_output
 

@@ -30,6 +30,7 @@ from recovery import services as recovery
 from recovery.models import Job
 from sagas.models import Saga, Step
 from tenants import services as tenants
+from tenants.actors import named_actor, user_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
@@ -92,7 +93,10 @@ class Shop:
 @pytest.fixture
 def agent_key(tenant_a: Tenant, alice: Person) -> str:
     _, raw = tenants.create_api_key(
-        tenant_a, NewApiKey(name="mcp-gateway", scopes=ALL_SCOPES), created_by=alice.user, actor="test"
+        tenant_a,
+        NewApiKey(name="mcp-gateway", scopes=ALL_SCOPES),
+        created_by=alice.user,
+        actor=named_actor("test"),
     )
     return raw
 
@@ -177,12 +181,12 @@ def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: 
     fleet.halt(
         tenant_a,
         fleet.HaltCreate.parse({"scope": "tool:search_products", "reason": "incident 7"}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     fleet.create_budget(
         tenant_a,
         fleet.BudgetCreate.parse({"name": "cards", "max_total": 10, "window_s": 3600, "tool": "charge_card"}),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     ann = make_person(tenant_a, "ann", Role.APPROVER)
     in_tenant(
@@ -191,7 +195,7 @@ def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: 
         approvals.PolicyCreate.parse(
             {"name": "invoices", "tool": "send_invoice", "predicates": [], "required_approvals": 1}
         ),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
 
     async def scenario(client: ClientSession) -> Any:
@@ -236,7 +240,7 @@ def pending(tenant: Tenant) -> Any:
 def vote(person: Person, row: Any, choice: str) -> None:
     with tenant_context(person.tenant):
         member = Membership.objects.select_related("user", "tenant").get(user=person.user)
-    in_tenant(approvals.vote, person.tenant, row.pk, member, choice, "", actor=f"user:{person.user.email}")
+    in_tenant(approvals.vote, person.tenant, row.pk, member, choice, "", actor=user_actor(person.user.email))
 
 
 def test_an_approved_call_waits_with_progress_and_runs_once(shop: Shop, tenant_a: Tenant) -> None:
@@ -247,7 +251,7 @@ def test_an_approved_call_waits_with_progress_and_runs_once(shop: Shop, tenant_a
         approvals.PolicyCreate.parse(
             {"name": "invoices", "tool": "send_invoice", "predicates": [], "required_approvals": 1}
         ),
-        actor="user:alice",
+        actor=user_actor("alice"),
     )
     progress: list[str] = []
 

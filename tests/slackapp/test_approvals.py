@@ -23,6 +23,7 @@ from approvals import services as approvals
 from approvals.models import ApprovalRequest, Status, Vote
 from core.scoping import tenant_context
 from slackapp import services
+from tenants.actors import named_actor
 from tests.approvals.conftest import Agent, wire_policy
 from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack, Message
@@ -50,7 +51,7 @@ def channel(slack: FakeSlack, alice: Person, ann: Person, ben: Person) -> Iterat
             team_id=slack.team_id,
             slack_user_id=slack_user,
             how="confirmed",
-            actor="t",
+            actor=named_actor("t"),
         )
     yield slack
 
@@ -228,7 +229,12 @@ def test_escalation_mentions_the_next_people_and_the_warning_comes_before_expiry
     channel: FakeSlack, agent: Agent, adam: Person, committed: Any
 ) -> None:
     services.link_user(
-        adam.tenant, adam.user, team_id=channel.team_id, slack_user_id="U0ADAM", how="confirmed", actor="t"
+        adam.tenant,
+        adam.user,
+        team_id=channel.team_id,
+        slack_user_id="U0ADAM",
+        how="confirmed",
+        actor=named_actor("t"),
     )
     _open(
         agent,

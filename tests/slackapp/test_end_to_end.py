@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from slackapp import services
+from tenants.actors import named_actor
 from tests.approvals.conftest import Agent, wire_policy
 from tests.slackapp.conftest import browser, click_body, install
 from tests.slackapp.slack_server import FakeSlack
@@ -67,7 +68,12 @@ def test_a_pending_wire_is_approved_from_slack_and_the_agent_resumes(
 ) -> None:
     install(browser(alice.user), slack)
     services.link_user(
-        ann.tenant, ann.user, team_id=slack.team_id, slack_user_id="U0ANN", how="confirmed", actor="test"
+        ann.tenant,
+        ann.user,
+        team_id=slack.team_id,
+        slack_user_id="U0ANN",
+        how="confirmed",
+        actor=named_actor("test"),
     )
     wire_policy(agent.tenant)
     effects = tmp_path / "effects.jsonl"

@@ -16,6 +16,7 @@ from django.utils import timezone
 from core.scoping import tenant_context
 from slackapp import crypto, selectors, services
 from slackapp.models import Installation, OAuthState, UserLink
+from tenants.actors import named_actor
 from tests.slackapp.conftest import browser, consent_url, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream
@@ -59,7 +60,7 @@ def test_a_reused_state_installs_nothing(slack: FakeSlack, alice: Person) -> Non
     client = browser(alice.user)
     first = install(client, slack, channel=None)
     assert _installation(alice) is not None
-    services.uninstall(alice.tenant, actor="test")
+    services.uninstall(alice.tenant, actor=named_actor("test"))
     again = client.get(first.callback_url)
     assert again.status_code == 302
     assert _installation(alice) is None
@@ -142,7 +143,7 @@ def test_uninstall_by_the_owner_revokes_and_deletes(slack: FakeSlack, alice: Per
         team_id=slack.team_id,
         slack_user_id="U0ALICE",
         how="confirmed",
-        actor="test",
+        actor=named_actor("test"),
     )
     assert client.post("/integrations/slack/uninstall").status_code == 302
     assert _installation(alice) is None and slack.tokens == {}
@@ -221,7 +222,7 @@ def test_a_third_tenant_sees_nothing(slack: FakeSlack, alice: Person, carol: Per
         team_id=slack.team_id,
         slack_user_id="U0ALICE",
         how="confirmed",
-        actor="test",
+        actor=named_actor("test"),
     )
     services.StateStore(alice.tenant, alice.user).issue()
     assert selectors.tenant_of_team(slack.team_id) == alice.tenant

@@ -18,6 +18,7 @@ from fleet.models import Halt
 from slackapp import services
 from slackapp.actions import signatures
 from slackapp.models import SeenSignature, UserLink
+from tenants.actors import named_actor
 from tenants.models import Role
 from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
@@ -45,7 +46,7 @@ def _link(person: Person, slack: FakeSlack, slack_user: str) -> None:
         team_id=slack.team_id,
         slack_user_id=slack_user,
         how="confirmed",
-        actor="test",
+        actor=named_actor("test"),
     )
 
 

@@ -25,6 +25,7 @@ from controlplane.celery import app as celery_app
 from core.scoping import tenant_context
 from fleet.models import Halt
 from slackapp import services
+from tenants.actors import named_actor
 from tests.slackapp.conftest import browser, command_body, install
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.factories import Person
@@ -54,7 +55,7 @@ def test_the_view_answers_at_once_and_a_worker_does_the_work(
         team_id=slack.team_id,
         slack_user_id="U0ALICE",
         how="confirmed",
-        actor="test",
+        actor=named_actor("test"),
     )
     celery_app.conf.task_always_eager = False  # the slack fixture restores it
     celery_app.control.purge()  # what earlier tests left on this broker is not this test's work

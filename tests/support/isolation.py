@@ -13,6 +13,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
@@ -70,15 +71,17 @@ def _acme_fleet(tenant: Tenant) -> tuple[int, int, int]:
     budget = budget or fleet.create_budget(
         tenant,
         fleet.BudgetCreate.parse({"name": "sample-spend", "max_total": 5, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     rate = rate or fleet.create_rate_limit(
         tenant,
         fleet.RateLimitCreate.parse({"name": "sample-calls", "max_calls": 5, "window_s": 60}),
-        actor="test",
+        actor=named_actor("test"),
     )
     halt = halt or fleet.halt(
-        tenant, fleet.HaltCreate.parse({"scope": "tool:sample.*", "reason": "sample halt"}), actor="test"
+        tenant,
+        fleet.HaltCreate.parse({"scope": "tool:sample.*", "reason": "sample halt"}),
+        actor=named_actor("test"),
     )
     return budget.pk, rate.pk, halt.pk
 
@@ -96,10 +99,10 @@ def _acme_approval(tenant: Tenant) -> tuple[int, str]:
         approvals.create_policy,
         tenant,
         approvals.PolicyCreate.parse({"name": "sample-approval", "tool": "approve.wire"}),
-        actor="test",
+        actor=named_actor("test"),
     )
     call = GateRequest(saga_id="sample-approval-saga", step_id="1", tool="approve.wire", args={"amount": 1})
-    return policy.pk, fleet.evaluate(tenant, call, actor="test")["approval_id"]
+    return policy.pk, fleet.evaluate(tenant, call, actor=named_actor("test"))["approval_id"]
 
 
 def _acme_recovery_job(tenant: Tenant) -> str:
@@ -139,7 +142,7 @@ def _acme_witness(tenant: Tenant) -> int:
         return existing.pk
     vkey = cosignature.generate_cosigner("witness.test/acme").verifier.encode()
     new = witnesses.WitnessAdd.parse({"name": "acme-w", "url": "http://127.0.0.1:9", "vkey": vkey})
-    return witnesses.add_witness(tenant, new, actor="test").pk
+    return witnesses.add_witness(tenant, new, actor=named_actor("test")).pk
 
 
 def _acme_breaker(tenant: Tenant) -> int:
@@ -154,7 +157,7 @@ def _acme_breaker(tenant: Tenant) -> int:
     breaker = fleet.BreakerCreate.parse(
         {"name": "sample-breaker", "tool": "sample.*", **settings, "window_s": 60, "cool_down_s": 30}
     )
-    return fleet.create_breaker(tenant, breaker, actor="test").pk
+    return fleet.create_breaker(tenant, breaker, actor=named_actor("test")).pk
 
 
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {
@@ -336,8 +339,14 @@ def _grow(tenant: Tenant) -> None:
     from transparency.models import Export
 
     suffix = uuid.uuid4().hex[:8]
-    ingest(tenant, f"st-grown-{suffix}", chain(saga_records(name=f"grown-{suffix}")), actor="test")
-    services.create_api_key(tenant, NewApiKey(name=f"grown-{suffix}", scopes=["read"]), actor="test")
-    services.add_member(tenant, f"grown-{suffix}@{tenant.slug}.example", "viewer", "x" * 12, actor="test")
+    ingest(
+        tenant, f"st-grown-{suffix}", chain(saga_records(name=f"grown-{suffix}")), actor=named_actor("test")
+    )
+    services.create_api_key(
+        tenant, NewApiKey(name=f"grown-{suffix}", scopes=["read"]), actor=named_actor("test")
+    )
+    services.add_member(
+        tenant, f"grown-{suffix}@{tenant.slug}.example", "viewer", "x" * 12, actor=named_actor("test")
+    )
     with tenant_context(tenant):
         Export.objects.create(tenant=tenant, requested_by="test")

@@ -39,6 +39,7 @@ from frontend import invitations
 from reconciliation import services as reconciliation
 from slackapp import services as slack
 from tenants import services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.reconciliation.conftest import compensated_saga
@@ -389,18 +390,22 @@ def world(
         override_settings(SAGAPLANE_EXPORT_STORAGE=storage),
         transaction.atomic(),
     ):
-        acme = services.create_tenant("acme", "Acme Payments", "founder@acme.example", actor="test")
-        bravo = services.create_tenant("bravo", "Bravo Logistics", "founder@bravo.example", actor="test")
+        acme = services.create_tenant(
+            "acme", "Acme Payments", "founder@acme.example", actor=named_actor("test")
+        )
+        bravo = services.create_tenant(
+            "bravo", "Bravo Logistics", "founder@bravo.example", actor=named_actor("test")
+        )
         clients: dict[str, Client] = {"anonymous": Client()}
         for scope in KEY_SCOPES:
             _, raw = services.create_api_key(
-                acme, NewApiKey(name=f"only-{scope}", scopes=[scope]), actor="test"
+                acme, NewApiKey(name=f"only-{scope}", scopes=[scope]), actor=named_actor("test")
             )
             clients[f"key:{scope}"] = _client(key=raw)
         for role in ROLES:
-            member = services.add_member(acme, f"{role}@acme.example", role, actor="test")
+            member = services.add_member(acme, f"{role}@acme.example", role, actor=named_actor("test"))
             clients[f"member:{role}"] = _client(user=member.user)
-        outsider = services.add_member(bravo, "owner@bravo.example", Role.OWNER, actor="test")
+        outsider = services.add_member(bravo, "owner@bravo.example", Role.OWNER, actor=named_actor("test"))
         clients["outsider"] = _client(user=outsider.user)
 
         # acme's objects, for path parameters: a sealed saga in a signed log, a finished export,
@@ -411,21 +416,27 @@ def world(
         Writer(bravo, "agent-bravo-1").saga("bravo-saga-1")
         settle(bravo)  # the outsider's own log is signed too: what they read there is theirs
         size = proofs_size(acme)
-        export = transparency.request_export(acme, actor="test")
+        export = transparency.request_export(acme, actor=named_actor("test"))
         transparency.build_export(acme, export.pk)
-        spare, _ = services.create_api_key(acme, NewApiKey(name="spare", scopes=["read"]), actor="test")
-        target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor="test")
-        inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor="test")
+        spare, _ = services.create_api_key(
+            acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
+        )
+        target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor=named_actor("test"))
+        inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor=named_actor("test"))
         budget = fleet.create_budget(
-            acme, fleet.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}), actor="test"
+            acme,
+            fleet.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}),
+            actor=named_actor("test"),
         )
         rate_limit = fleet.create_rate_limit(
             acme,
             fleet.RateLimitCreate.parse({"name": "calls", "max_calls": 10, "window_s": 60}),
-            actor="test",
+            actor=named_actor("test"),
         )
         halt = fleet.halt(
-            acme, fleet.HaltCreate.parse({"scope": "tool:payments.*", "reason": "access table"}), actor="test"
+            acme,
+            fleet.HaltCreate.parse({"scope": "tool:payments.*", "reason": "access table"}),
+            actor=named_actor("test"),
         )
         breaker_fields = {
             "name": "payments down",
@@ -436,22 +447,24 @@ def world(
             "window_s": 60,
             "cool_down_s": 30,
         }
-        breaker = fleet.create_breaker(acme, fleet.BreakerCreate.parse(breaker_fields), actor="test")
+        breaker = fleet.create_breaker(
+            acme, fleet.BreakerCreate.parse(breaker_fields), actor=named_actor("test")
+        )
         approval_policy = in_tenant(
             approvals.create_policy,
             acme,
             approvals.PolicyCreate.parse({"name": "wires", "tool": "bank.*"}),
-            actor="test",
+            actor=named_actor("test"),
         )
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
-        pending = fleet.evaluate(acme, wire, actor="test")
+        pending = fleet.evaluate(acme, wire, actor=named_actor("test"))
         compensated_saga(writer, "acme-refunded")
         (check,) = reconciliation.scan(acme)
         recovery_job = escalated_job(acme)
         witness = witnesses.add_witness(
             acme,
             witnesses.WitnessAdd.parse({"name": "w1", "url": "http://127.0.0.1:9/", "vkey": _witness_vkey()}),
-            actor="test",
+            actor=named_actor("test"),
         )
         by_route = {
             "integrations/slack/link/<str:token>": {"token": slack.link_token(acme, "T0ACME", "U0LINK")}

@@ -11,6 +11,7 @@ import pytest
 
 from core.scoping import tenant_context
 from tenants import authentication, services
+from tenants.actors import named_actor
 from tenants.models import ApiKey, Tenant
 from tests.support.factories import Person
 
@@ -26,7 +27,7 @@ def test_a_key_revoked_while_a_request_reads_it_is_refused_on_the_next_request(
         if not revoked:
             with tenant_context(tenant_a):
                 key = ApiKey.objects.get(prefix=prefix)
-            services.revoke_api_key(key, actor="test")  # commits and forgets, meanwhile
+            services.revoke_api_key(key, actor=named_actor("test"))  # commits and forgets, meanwhile
             revoked.append(True)
         return found
 

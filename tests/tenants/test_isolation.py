@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from tenants.actors import named_actor
 from tenants.models import ApiKey, Tenant
 from tenants.permissions import TenantScopedViewMixin
 from tests.support.factories import Person
@@ -45,7 +46,7 @@ def test_a_third_tenant_sees_nothing_of_the_first_two(
     from tests.support.factories import make_person
 
     tenant_c = services.create_tenant(
-        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor="test"
+        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
     dave = make_person(tenant_c, "dave", "owner")
     assert assert_sees_nothing_of(dave, tenant_a, alice) > 0

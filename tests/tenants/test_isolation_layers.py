@@ -25,6 +25,7 @@ from core.scoping import TenantManager, dangerously_bypass_orm_scope, tenant_con
 from sagas.api import SagaListView
 from sagas.models import Saga
 from tenants import services
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import ensure_sample
 from tests.support.factories import Person, make_person
@@ -34,7 +35,7 @@ from tests.support.isolation import assert_sees_nothing_of
 @pytest.fixture
 def tenant_c(db: None) -> Tenant:
     return services.create_tenant(
-        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor="test"
+        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
 
 

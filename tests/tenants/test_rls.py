@@ -18,6 +18,7 @@ from django.utils import timezone
 from core import rls
 from core.scoping import tenant_context, tenant_scoped_models
 from tenants import selectors
+from tenants.actors import named_actor
 from tenants.models import ApiKey, Membership, Role, Tenant
 from tests.support.factories import Person, make_person
 
@@ -144,7 +145,7 @@ def test_memberships_of_are_the_persons_own(
     from tenants import services
 
     # Alice joins bravo as a viewer: two memberships; carol's are not among them.
-    services.add_member(tenant_b, alice.user.email, Role.VIEWER, "x" * 12, actor="test")
+    services.add_member(tenant_b, alice.user.email, Role.VIEWER, "x" * 12, actor=named_actor("test"))
     memberships = selectors.memberships_of(alice.user)
     assert [(m.tenant.slug, m.role, m.user_id) for m in memberships] == [
         ("acme", Role.OWNER, alice.user.pk),

@@ -14,6 +14,7 @@ from core.scoping import (
     tenant_scoped_models,
     tenant_statements,
 )
+from tenants.actors import named_actor
 from tenants.models import ApiKey, Membership, Tenant
 from tests.support.factories import Person
 
@@ -222,7 +223,7 @@ def test_a_third_tenant_sees_no_seal_watermark_of_the_first_two(
     from transparency.models import SealState
 
     tenant_c = services.create_tenant(
-        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor="test"
+        "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
     for tenant in (tenant_a, tenant_b, tenant_c):
         transparency.seal_pending(tenant)  # each has a watermark row (its creation records)

@@ -14,6 +14,7 @@ from sagaplane.disclosure import VerificationError, verify_disclosure
 
 from audit import services as audit_services
 from core.scoping import tenant_context
+from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
@@ -162,7 +163,7 @@ def test_erasure_keeps_the_disclosure_verifying(
     step = world["bundle"]["records"][1]
     with tenant_context(tenant_a):
         audit_services.redact(
-            tenant_a, step["stream"], position=step["position"], reason="gdpr", actor="test"
+            tenant_a, step["stream"], position=step["position"], reason="gdpr", actor=named_actor("test")
         )
     settle(tenant_a)
     bundle = _fetch(alice, "pay-1")
@@ -179,7 +180,7 @@ def test_a_record_after_the_seal_gets_a_new_seal(
     world: dict[str, Any], tenant_a: Tenant, alice: Person
 ) -> None:
     audit_services.append_server_record(
-        tenant_a, "APPROVAL_GRANTED", {"saga_id": "pay-1", "request": "r1"}, actor="user:alice"
+        tenant_a, "APPROVAL_GRANTED", {"saga_id": "pay-1", "request": "r1"}, actor=user_actor("alice")
     )
     settle(tenant_a)
     bundle = _fetch(alice, "pay-1")
@@ -192,7 +193,7 @@ def test_cli_with_both_keys_during_rotation(
 ) -> None:
     from transparency import services
 
-    services.rotate_signing_key(tenant_a, actor="test")
+    services.rotate_signing_key(tenant_a, actor=named_actor("test"))
     new_key = alice.key_client().get(f"{API}/key").content.decode().splitlines()[0]
     path = tmp_path / "d.json"
     path.write_text(json.dumps(_fetch(alice, "pay-1")))

@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 from sagaplane import merkle, note
 
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.support.chains import Writer
@@ -135,7 +136,7 @@ def test_viewers_and_read_keys_read_the_log_but_cannot_start_exports(
     log_a: tuple[note.Checkpoint, str], bob: Person
 ) -> None:
     _, read_key = tenant_services.create_api_key(
-        bob.tenant, NewApiKey(name="reader", scopes=["read"]), actor="test"
+        bob.tenant, NewApiKey(name="reader", scopes=["read"]), actor=named_actor("test")
     )
     read_only = APIClient()
     read_only.credentials(HTTP_AUTHORIZATION=f"Bearer {read_key}")

@@ -12,6 +12,7 @@ from sagaplane.leaf import leaf_data
 
 from audit import services as audit_services
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
@@ -72,7 +73,7 @@ def _fill_to(tenant: Tenant, count: int) -> None:
         record: dict[str, Any] = {"seq": seq, "ts": 1700000000 + seq, "event": "NOTE", "n": seq}
         head = stamp(record, head)
         batch.append(record)
-    audit_services.ingest(tenant, "filler", batch, actor="test")
+    audit_services.ingest(tenant, "filler", batch, actor=named_actor("test"))
 
 
 def test_full_bundle_and_the_next_partial(tenant_a: Tenant, alice: Person) -> None:

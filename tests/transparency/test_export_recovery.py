@@ -22,6 +22,7 @@ from django.utils import timezone
 from sagaplane.export import verify_export
 
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
@@ -76,7 +77,7 @@ def _row(tenant: Tenant, export_id: Any) -> Export:
 def _queued(tenant: Tenant, capture: Any) -> Export:
     """A requested export whose message nobody has consumed yet."""
     with capture(execute=False):
-        return services.request_export(tenant, actor="test")
+        return services.request_export(tenant, actor=named_actor("test"))
 
 
 def _vkey(tenant: Tenant) -> str:
@@ -385,7 +386,7 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
 
     doomed, doomed_fd = worker("block")
     try:
-        export = services.request_export(logged, actor="test")  # committed: message sent
+        export = services.request_export(logged, actor=named_actor("test"))  # committed: message sent
         assert _read_signal(doomed_fd) == b"B"
         row = _row(logged, export.pk)
         assert (row.status, row.attempts) == (ExportStatus.RUNNING, 1)

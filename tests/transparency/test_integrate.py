@@ -9,6 +9,7 @@ import pytest
 from sagaplane import merkle, note
 
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.transparency import settle
@@ -151,7 +152,7 @@ def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -
     assert signed is not None
     with tenant_context(tenant_a):
         old_key = services.current_verifier_keys()[0]
-    services.rotate_signing_key(tenant_a, actor="test")
+    services.rotate_signing_key(tenant_a, actor=named_actor("test"))
     with tenant_context(tenant_a):
         new_key, also_old = services.current_verifier_keys()
         rotated = Checkpoint.objects.order_by("-id").first()
@@ -159,7 +160,7 @@ def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -
     assert rotated is not None and rotated.size == signed.size
     note.open_checkpoint(rotated.note, old_key)
     note.open_checkpoint(rotated.note, new_key)
-    services.finish_key_rotation(tenant_a, actor="test")
+    services.finish_key_rotation(tenant_a, actor=named_actor("test"))
     writer_a.saga("s2")
     latest = services.integrate(tenant_a)
     assert latest is not None

@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from core.scoping import tenant_context
 from tenants import fastroute
 from tenants import services as tenant_services
+from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import Writer
@@ -121,7 +122,7 @@ def test_each_tenant_gets_its_own_log_on_the_lean_path(
 
 def _scoped_key(tenant: Tenant, scopes: list[str]) -> str:
     return tenant_services.create_api_key(
-        tenant, NewApiKey(name=f"k-{'-'.join(scopes)}", scopes=scopes), actor="test"
+        tenant, NewApiKey(name=f"k-{'-'.join(scopes)}", scopes=scopes), actor=named_actor("test")
     )[1]
 
 
@@ -174,7 +175,7 @@ def test_a_revoked_or_expired_key_is_refused_at_once(alice: Person, log_a: int, 
     assert answer(raw, "inclusion", {"index": 0})[0] == 200  # remembered by this process now
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(raw))
-    tenant_services.revoke_api_key(key, actor="test")
+    tenant_services.revoke_api_key(key, actor=named_actor("test"))
     status, body, _ = answer(raw, "inclusion", {"index": 0})
     assert status == 401 and b"revoked" in body
     from django.core.cache import cache

@@ -14,6 +14,7 @@ import pytest
 from sagaplane import cli, cosignature, note
 
 from core.scoping import tenant_context
+from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.sdk.witnesskit import RunningWitness, start_witness
 from tests.support.chains import Writer, server_stream
@@ -102,7 +103,7 @@ def test_two_witnesses_cosign_and_the_policy_holds(
         "BACKEND": "transparency.storage.WriteOnceFileStorage",
         "OPTIONS": {"location": str(tmp_path / "exports")},
     }
-    export = transparency_services.request_export(tenant_a, actor="test")
+    export = transparency_services.request_export(tenant_a, actor=named_actor("test"))
     transparency_services.build_export(tenant_a, export.pk)
     with tenant_context(tenant_a):
         stored = Export.objects.get(pk=export.pk)
