@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.scoping import Tenant
 
 Writer = Callable[..., object]
@@ -33,6 +33,7 @@ def append_server_records(
     """Record several changes (event, fields) of `tenant`, made by `actor`, as one batch."""
     if _writer is None:
         raise RuntimeError("no action-audit writer: the audit app must be installed")
+    stored(actor)  # a plain string is refused here, whoever the writer is
     _writer(tenant, entries, actor=actor)
 
 

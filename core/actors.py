@@ -14,6 +14,7 @@ imports no app, renders it."""
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 
 USER = "user:"
@@ -56,6 +57,20 @@ class Actor:
 
     def __str__(self) -> str:
         return _STORED[self.kind].format(self.id)
+
+
+def stored(actor: Actor) -> str:
+    """`actor`'s stored form, for the places that store who acted (the action-audit writer, the
+    columns naming who did what). Anything but an `Actor` is a TypeError naming the function that
+    was handed it: a plain string would bypass the builders of `tenants/actors.py`."""
+    if type(actor) is not Actor:
+        caller = sys._getframe(1)
+        where = f"{caller.f_globals.get('__name__', '?')}.{caller.f_code.co_qualname}"
+        raise TypeError(
+            f"{where}: actor must be a core.actors.Actor (built by tenants/actors.py), "
+            f"not {type(actor).__name__} {str(actor)[:60]!r}"
+        )
+    return str(actor)
 
 
 def shown_name(actor: Actor | str) -> str:

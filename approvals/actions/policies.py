@@ -20,7 +20,7 @@ from approvals.actions.snapshot import forget_policies
 from approvals.inputs import NAME_MAX, PolicyTerms
 from approvals.models import ApprovalPolicy, PolicyVersion
 from core.actionaudit import append_server_record
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.errors import DomainError
 from core.scoping import require_tenant
 from fleet import services as fleet
@@ -230,7 +230,7 @@ def _keep_version(policy: ApprovalPolicy, actor: Actor) -> None:
         policy_pk=policy.pk,
         version=policy.version,
         terms=policy_values(policy),
-        actor=str(actor),
+        actor=stored(actor),
         created_at=policy.updated_at,
     )
 

@@ -12,7 +12,7 @@ from audit.actions.common import IngestRefused
 from audit.actions.server_stream import append_server_record
 from audit.actions.verification import held_by_hash
 from audit.models import Record, RecordPayload, Redaction, Stream
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.scoping import require_tenant
 from tenants.models import Tenant
 
@@ -53,7 +53,7 @@ def redact(
         actor=actor,
     )
     redaction = Redaction.objects.create(
-        tenant=tenant, record=record, reason=reason, actor=str(actor), server_record=server_record
+        tenant=tenant, record=record, reason=reason, actor=stored(actor), server_record=server_record
     )
     hooks.payload_erased(tenant, record)
     return redaction

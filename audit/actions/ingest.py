@@ -16,7 +16,7 @@ from audit.actions.storage import ingest_into, lock_stream
 from audit.actions.verification import held_by_hash
 from audit.models import GENESIS, EquivocationAttempt, Record, RefusedBatch, Stream, StreamKind
 from core import timing
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.scoping import tenant_context
 from tenants.models import Tenant
 
@@ -66,12 +66,12 @@ def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: Actor) -> Ing
         try:
             with transaction.atomic():
                 stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
-                return ingest_into(tenant, stream, batch, actor=str(actor))
+                return ingest_into(tenant, stream, batch, actor=stored(actor))
         except IngestRefused as exc:
             if exc.status not in KEPT_REFUSALS:
                 raise
             # The batch is rolled back (savepoint), the evidence of the attempt is not.
-            _keep_evidence(tenant, exc, batch, str(actor), stream_id)
+            _keep_evidence(tenant, exc, batch, stored(actor), stream_id)
             refused = exc
     raise refused
 
@@ -99,12 +99,12 @@ def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: Actor) -> list[Ing
                 for segment in segments:
                     stream_id = _attach(segment[0])
                     stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
-                    results.append(ingest_into(tenant, stream, segment, actor=str(actor)))
+                    results.append(ingest_into(tenant, stream, segment, actor=stored(actor)))
                 return results
         except IngestRefused as exc:
             if exc.status not in KEPT_REFUSALS:
                 raise
-            _keep_evidence(tenant, exc, batch, str(actor), "agent-saga push")
+            _keep_evidence(tenant, exc, batch, stored(actor), "agent-saga push")
             refused = exc
     raise refused
 

@@ -18,7 +18,7 @@ from audit.actions.storage import lock_stream, store_planned
 from audit.actions.verification import Plan
 from audit.models import SERVER_STREAM_ID, PendingServerRecord, Record, Stream, StreamKind
 from core import timing
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.postcommit import after_commit
 from core.scoping import joined_tenant_context, tenant_context, tenant_statements
 from tenants.models import Tenant
@@ -38,12 +38,12 @@ def append_server_records(
     seal pass writes thousands of seals at once under sustained ingest). Records still pending
     (`queue_server_records`) are chained first, in the same batch, so the stream keeps the order
     in which their changes committed. The result names the caller's records only."""
-    now = time.time()
+    now, who = time.time(), stored(actor)
     with tenant_context(tenant):
         with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
             stream = lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
         result, _ = _chain_after_pending(
-            tenant, stream, [(str(event), _business(fields, str(actor)), now) for event, fields in entries]
+            tenant, stream, [(str(event), _business(fields, who), now) for event, fields in entries]
         )
     _recheck_after_commit(tenant)
     return result
@@ -86,12 +86,12 @@ def queue_server_records(
     deleted in the transaction that chains it), oldest first."""
     if not entries:
         return
-    now, stored = time.time(), str(actor)
+    now, who = time.time(), stored(actor)
     with joined_tenant_context(tenant):
         PendingServerRecord.objects.bulk_create(
             [
                 PendingServerRecord(
-                    tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, stored)), ts=now
+                    tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, who)), ts=now
                 )
                 for event, fields in entries
             ]

@@ -9,7 +9,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.changes import changed_after_commit
@@ -37,7 +37,7 @@ def halt(tenant: Tenant, command: NewHalt, *, actor: Actor) -> Halt:
             scope=command.scope,
             mode=command.mode,
             reason=command.reason,
-            actor=str(actor),
+            actor=stored(actor),
             created_at=now,
             expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
         )
@@ -60,7 +60,7 @@ def resume(tenant: Tenant, halt_id: int, *, actor: Actor) -> Halt | None:
         now = timezone.now()
         if row.lifted_at is not None or (row.expires_at is not None and row.expires_at <= now):
             return None
-        row.lifted_at, row.lifted_by = now, str(actor)
+        row.lifted_at, row.lifted_by = now, stored(actor)
         row.save(update_fields=["lifted_at", "lifted_by"])
         append_server_record(
             tenant,

@@ -7,7 +7,7 @@ from typing import Any
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet.actions.changes import changed_after_commit
@@ -43,7 +43,9 @@ def quarantine(tenant: Tenant, saga_id: Any, terms: QuarantineTerms, *, actor: A
         existing = Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()
         if existing is not None:
             return existing
-        row = Quarantine.objects.create(saga_id=saga_id, reason=reason, actor=str(actor), preemptive=unknown)
+        row = Quarantine.objects.create(
+            saga_id=saga_id, reason=reason, actor=stored(actor), preemptive=unknown
+        )
         append_server_record(
             tenant,
             Event.SAGA_QUARANTINED,

@@ -34,7 +34,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.errors import DomainError
 from core.scoping import joined_tenant_context, tenant_context
 from fleet import gate, leasestores
@@ -124,7 +124,7 @@ def _settle_row(
             "state": SETTLED,
             "actual": units,
             "settled_by": settled_by,
-            "actor": str(actor),
+            "actor": stored(actor),
             "settled_at": timezone.now().isoformat(),
         },
     }

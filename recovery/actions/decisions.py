@@ -9,7 +9,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import selectors as fleet_selectors
@@ -84,7 +84,7 @@ def resolve(tenant: Tenant, job_id: Any, resolution: Resolution, *, actor: Actor
         old = {"state": job.state, "escalation": job.escalation}
         job.state = JobState.RESOLVED
         job.note = text
-        job.resolved_by = str(actor)
+        job.resolved_by = stored(actor)
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "note", "resolved_by", "finished_at"])
         append_server_record(

@@ -14,7 +14,7 @@ from sagaplane.events import Event
 from sagaplane.semantics import idempotency_key as sdk_idempotency_key
 
 from core.actionaudit import append_server_records
-from core.actors import Actor
+from core.actors import Actor, stored
 from recovery import queries
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR, TEXT_MAX
 from recovery.actions.webhooks import wake_webhooks
@@ -137,7 +137,7 @@ def start_runs(tenant: Tenant, requests: Sequence[RunRequest], *, actor: Actor) 
             saga_id=saga_id,
             kind=request.kind,
             to_ordinal=request.to_ordinal,
-            actor=str(actor),
+            actor=stored(actor),
             lease_expired_at=request.lease_expired_at,
             state=RunState.ESCALATED if escalated else RunState.ACTIVE,
             frontier=max(p.ordinal for p in plans),

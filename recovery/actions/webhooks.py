@@ -9,7 +9,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.postcommit import after_commit
 from core.scoping import require_tenant, tenant_context
 from recovery.actions.common import claimable
@@ -37,7 +37,7 @@ def set_webhook(tenant: Tenant, new: NewWebhook, *, actor: Actor) -> tuple[Webho
         if existing is not None:
             existing.delete()
         hook = Webhook.objects.create(
-            url=url, handlers=handlers, encrypted_secret=encrypt_seed(secret.encode()), actor=str(actor)
+            url=url, handlers=handlers, encrypted_secret=encrypt_seed(secret.encode()), actor=stored(actor)
         )
         append_server_record(
             tenant,

@@ -4,10 +4,15 @@ records, exports and the readers of stored actors stay valid."""
 from __future__ import annotations
 
 import getpass
+from typing import Any
 
 import pytest
 
+from core.actionaudit import append_server_record
 from core.actors import Actor, ActorKind, api_key_prefix_of, shown_name
+from core.scoping import tenant_context
+from fleet import services as fleet
+from fleet.models import Quarantine
 from tenants.actors import (
     agent_saga_actor,
     api_key_actor,
@@ -18,6 +23,8 @@ from tenants.actors import (
     system_actor,
     user_actor,
 )
+from tenants.models import Tenant
+from tests.support.chains import server_stream
 
 
 @pytest.mark.parametrize(
@@ -60,3 +67,23 @@ def test_an_actor_is_a_frozen_value() -> None:
     with pytest.raises(AttributeError):
         actor.id = "mallory"  # type: ignore[misc]
     assert actor == user_actor("alice") and hash(actor) == hash(user_actor("alice"))
+
+
+def test_an_operator_named_in_a_test_keeps_that_name() -> None:
+    assert str(cli_actor("ops")) == "cli:ops"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("plain", ["user:alice", "test", None, 5])
+def test_the_audit_writer_and_the_stores_refuse_anything_but_an_actor(tenant_a: Tenant, plain: Any) -> None:
+    """A plain string (or anything else) never reaches a record or a column: a TypeError naming
+    the function handed it, and nothing written."""
+    before = len(server_stream(tenant_a))
+    with pytest.raises(TypeError, match=r"^core\.actionaudit\.append_server_records: actor must be"):
+        append_server_record(tenant_a, "SAGA_NOTE", {"saga_id": "s"}, actor=plain)
+    terms = fleet.QuarantineCreate.parse({"reason": "r", "preemptive": True})
+    with pytest.raises(TypeError, match=r"^fleet\.actions\.quarantine\.quarantine: actor must be"):
+        fleet.quarantine(tenant_a, "aside", terms, actor=plain)
+    with tenant_context(tenant_a):
+        assert not Quarantine.objects.exists()
+    assert len(server_stream(tenant_a)) == before

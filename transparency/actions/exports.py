@@ -17,7 +17,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
-from core.actors import Actor
+from core.actors import Actor, stored
 from core.claims import Leased, claim
 from core.postcommit import after_commit
 from core.scoping import tenant_context
@@ -54,7 +54,7 @@ def request_export(
     fills it in."""
     with tenant_context(tenant):
         export = Export.objects.create(
-            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=str(actor)
+            tenant=tenant, first=first, end=end, since=since, until=until, requested_by=stored(actor)
         )
         append_server_record(
             tenant,
