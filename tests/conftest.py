@@ -82,9 +82,19 @@ def _retried_while(refusal: str, action: Any, *, patience_s: float) -> None:
             action()
             return
         except (CommandError, OperationalError) as exc:
-            if refusal not in str(exc) or time.monotonic() > deadline:
+            if not _says(exc, refusal) or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)  # cleanup only: the other session finishing, not an event awaited
+
+
+def _says(exc: BaseException | None, refusal: str) -> bool:
+    """`refusal` is in `exc` or in what caused it: `flush` wraps Postgres' error in a CommandError
+    whose own message names only the database."""
+    while exc is not None:
+        if refusal in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _drop_when_released(teardown: Any, patience_s: float = 60.0) -> None:
@@ -102,13 +112,14 @@ def _flush_outlasts_a_live_server_reader() -> Iterator[None]:
     the database for up to 25 s: the threaded test server, unlike ASGI, cannot tell its client
     left). TRUNCATE's exclusive locks and that thread's reads can then deadlock, and Postgres
     aborts the TRUNCATE: the test's data stayed, and the next test's set-up failed on it. The
-    flush is tried again, as any deadlock victim is; other errors still fail the test."""
+    flush is tried again, as any deadlock victim is, for longer than such a read lasts; other errors
+    still fail the test."""
     from django.test import TransactionTestCase
 
     original = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
     def teardown(self: TransactionTestCase) -> None:
-        _retried_while("deadlock detected", lambda: original(self), patience_s=10.0)
+        _retried_while("deadlock detected", lambda: original(self), patience_s=30.0)
 
     setattr(TransactionTestCase, "_fixture_teardown", teardown)  # noqa: B010 (a private hook)
     yield
