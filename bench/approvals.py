@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from tenants.actors import system_actor, user_actor
-from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_gate", ROOT / "bench" / "gate.py")
@@ -104,7 +103,7 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     with tenant_context(tenant):
         risk = Membership.objects.select_related("user", "tenant").get(user__email=f"risk@{slug}.example")
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
+        tenant, tenant_services.NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
     )
 
     # Warm the tenant's Redis state (its first call rebuilds it from the ledger) outside the timing.

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from tenants.actors import system_actor
-from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -99,7 +98,7 @@ def _setup_tenant() -> str:
         slug, "Bench", f"owner@{slug}.example", "bench-password-123", actor=system_actor("bench")
     )
     _, key = services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
+        tenant, services.NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
     )
     return key
 

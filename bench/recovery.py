@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from tenants.actors import system_actor
-from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -163,7 +162,7 @@ def ours(
         slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench")
     )
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["recovery"]), actor=system_actor("bench")
+        tenant, tenant_services.NewApiKey(name="bench", scopes=["recovery"]), actor=system_actor("bench")
     )
     tag = f"{k}-c{concurrency}{'-' + beat if beat else ''}"
     ledger = folder / f"ledger-{tag}"
@@ -332,7 +331,7 @@ def deployed_phases(
         slug, "Flood", f"owner@{slug}.example", actor=system_actor("bench")
     )
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="flood", scopes=["ingest"]), actor=system_actor("bench")
+        tenant, tenant_services.NewApiKey(name="flood", scopes=["ingest"]), actor=system_actor("bench")
     )
     out = []
     with celery_with_beat(env, folder):

@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 from tenants.actors import system_actor
-from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -275,7 +274,9 @@ def _client_for(tenant: Any) -> Any:
     from tenants import services as tenant_services
 
     _, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
+        tenant,
+        tenant_services.NewApiKey(name="bench", scopes=["ingest", "read"]),
+        actor=system_actor("bench"),
     )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

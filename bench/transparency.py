@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from tenants.actors import system_actor
-from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -110,7 +109,7 @@ def main() -> int:
         slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor=system_actor("bench")
     )
     _, api_key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="bench", scopes=["read"]), actor=system_actor("bench")
+        tenant, tenant_services.NewApiKey(name="bench", scopes=["read"]), actor=system_actor("bench")
     )
 
     # -- build the log through ingest (records without saga_id: the projection is not measured here)

@@ -20,7 +20,6 @@ from typing import Any
 from bench.support.gate_common import _pct
 from bench.support.gate_http import reach_ms
 from tenants.actors import system_actor
-from tenants.inputs import NewApiKey
 
 SETTINGS = {
     "name": "bench down",
@@ -47,7 +46,9 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
         slug, "Breaker bench", f"owner@{slug}.example", actor=system_actor("bench")
     )
     _, key = tenant_services.create_api_key(
-        tenant, NewApiKey(name="agent", scopes=["gate", "ingest"]), actor=system_actor("bench")
+        tenant,
+        tenant_services.NewApiKey(name="agent", scopes=["gate", "ingest"]),
+        actor=system_actor("bench"),
     )
     with tenant_context(tenant):  # the breaker actions assert the tenant's scope
         breaker = services.create_breaker(

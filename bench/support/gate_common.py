@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from tenants.actors import system_actor
-from tenants.inputs import NewApiKey
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -202,10 +201,14 @@ class Run:
         self.gate_key = self.control_key = ""
         if keys:
             _, self.gate_key = tenant_services.create_api_key(
-                self.tenant, NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
+                self.tenant,
+                tenant_services.NewApiKey(name="agent", scopes=["gate"]),
+                actor=system_actor("bench"),
             )
             _, self.control_key = tenant_services.create_api_key(
-                self.tenant, NewApiKey(name="operator", scopes=["control"]), actor=system_actor("bench")
+                self.tenant,
+                tenant_services.NewApiKey(name="operator", scopes=["control"]),
+                actor=system_actor("bench"),
             )
 
     def ledger_spent(self) -> int:
