@@ -37,7 +37,7 @@ POLICY = ROOT / "sdk" / "examples" / "mcp_shop_policy.toml"
 SAGAPLANE = Path(sys.executable).parent / "sagaplane"
 CALLS = {
     "PREVIEW": ("search_products", {"query": "tea"}),
-    "COMPENSABLE": ("charge_card", {"customer": "a", "amount": 1}),
+    "COMPENSABLE": ("charge_card", {"customer": "a", "amount_cents": 1}),
 }
 
 
@@ -120,7 +120,7 @@ async def _step_costs(folder: Path, n: int) -> dict[str, dict[str, float]]:
         for label, (tool, arguments) in CALLS.items():
 
             async def perform() -> dict[str, Any]:
-                return {"id": "ch_1", "amount": 1}
+                return {"id": "ch_1", "amount_cents": 1}
 
             samples = []
             for i in range(n + max(5, n // 10)):

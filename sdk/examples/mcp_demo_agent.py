@@ -40,7 +40,9 @@ def gateway_parameters(ledger: str) -> StdioServerParameters:
 async def one_round(client: ClientSession, rng: random.Random, n: int) -> str:
     customer = rng.choice(["ann", "bob", "cid"])
     await client.call_tool("search_products", {"query": rng.choice(["green", "black", "oolong"])})
-    charged = await client.call_tool("charge_card", {"customer": customer, "amount": rng.randint(5, 90)})
+    charged = await client.call_tool(
+        "charge_card", {"customer": customer, "amount_cents": rng.randint(500, 9000)}
+    )
     saga_id = (charged.meta or {}).get("sagaplane/saga_id", "?")
     if charged.is_error:
         return f"{saga_id}: charge refused ({charged.structured_content})"

@@ -44,7 +44,7 @@ TOOLS = [
     types.Tool(
         name="charge_card",
         description="Charge a customer's card",
-        input_schema=_schema(customer="string", amount="number"),
+        input_schema=_schema(customer="string", amount_cents="integer"),
     ),
     types.Tool(name="refund_charge", description="Refund a charge", input_schema=_schema(charge_id="string")),
     types.Tool(name="get_email", description="A customer's email", input_schema=_schema(customer="string")),
@@ -120,11 +120,11 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     if name == "search_products":
         result = {"products": [{"sku": "tea-1", "name": f"{args.get('query', '')} tea"}]}
     elif name == "charge_card":
-        if float(args.get("amount", 0)) <= 0:
+        if float(args.get("amount_cents", 0)) <= 0:
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text="amount must be positive")], is_error=True
+                content=[types.TextContent(type="text", text="amount_cents must be positive")], is_error=True
             )
-        result = {"id": f"ch_{secrets.token_hex(4)}", "amount": args["amount"]}
+        result = {"id": f"ch_{secrets.token_hex(4)}", "amount_cents": args["amount_cents"]}
     elif name == "refund_charge":
         result = {"refunded": args["charge_id"]}
     elif name == "get_email":

@@ -140,7 +140,7 @@ def steps(tenant: Tenant, saga_id: str) -> list[tuple[str, str]]:
 def test_a_call_through_the_gateway_is_a_step_the_control_plane_holds(shop: Shop, tenant_a: Tenant) -> None:
     async def scenario(client: ClientSession) -> Any:
         listed = await client.list_tools()
-        charged = await client.call_tool("charge_card", {"customer": "ann", "amount": 5})
+        charged = await client.call_tool("charge_card", {"customer": "ann", "amount_cents": 5})
         resources = await client.read_resource("shop://catalog")  # passed through untouched
         prompt = await client.get_prompt("greet")
         return listed, charged, resources, prompt
@@ -152,7 +152,7 @@ def test_a_call_through_the_gateway_is_a_step_the_control_plane_holds(shop: Shop
     assert (
         "wait_forever" in tools and (tools["charge_card"].meta or {})["sagaplane/semantics"] == "COMPENSABLE"
     )
-    assert not charged.is_error and charged.structured_content["amount"] == 5
+    assert not charged.is_error and charged.structured_content["amount_cents"] == 5
     saga_id = (charged.meta or {})["sagaplane/saga_id"]
     assert "tea-1" in resources.contents[0].text and prompt.messages[0].content.text == "hello from the shop"
     # The session ended cleanly: the saga completed; its step reached the control plane committed.
@@ -185,7 +185,15 @@ def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: 
     )
     fleet.create_budget(
         tenant_a,
-        fleet.BudgetCreate.parse({"name": "cards", "max_total": 10, "window_s": 3600, "tool": "charge_card"}),
+        fleet.BudgetCreate.parse(
+            {
+                "name": "cards",
+                "max_total": 10,
+                "window_s": 3600,
+                "tool": "charge_card",
+                "argument": "amount_cents",
+            }
+        ),
         actor=user_actor("alice"),
     )
     ann = make_person(tenant_a, "ann", Role.APPROVER)
@@ -201,7 +209,7 @@ def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: 
     async def scenario(client: ClientSession) -> Any:
         halted = await client.call_tool("search_products", {"query": "tea"})
         unknown = await client.call_tool("format_disk", {})
-        over = await client.call_tool("charge_card", {"customer": "ann", "amount": 50})
+        over = await client.call_tool("charge_card", {"customer": "ann", "amount_cents": 50})
         async with anyio.create_task_group() as tg:
             denied: list[types.CallToolResult] = []
 
@@ -284,7 +292,7 @@ def test_an_approved_call_waits_with_progress_and_runs_once(shop: Shop, tenant_a
 
 def test_an_explicit_rollback_compensates_through_the_upstream_newest_first(shop: Shop) -> None:
     async def scenario(client: ClientSession) -> Any:
-        charged = await client.call_tool("charge_card", {"customer": "ann", "amount": 5})
+        charged = await client.call_tool("charge_card", {"customer": "ann", "amount_cents": 5})
         await client.call_tool("set_email", {"customer": "ann", "email": "ann@new.example"})
         rolled = await client.call_tool("saga_rollback", {})
         return charged, rolled
@@ -311,7 +319,7 @@ def test_a_gateway_killed_mid_session_is_compensated_by_a_recovery_worker(
     spec = shop.gateway("--lease-ttl", "2")
 
     async def scenario(client: ClientSession) -> Any:
-        charged = await client.call_tool("charge_card", {"customer": "ann", "amount": 7})
+        charged = await client.call_tool("charge_card", {"customer": "ann", "amount_cents": 7})
         saga_id = (charged.meta or {})["sagaplane/saga_id"]
         await in_thread(
             lambda: wait_until(

@@ -207,7 +207,7 @@ def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_complet
                 ClientSession(r, w) as client,
             ):
                 await client.initialize()
-                return await client.call_tool("charge_card", {"customer": "ann", "amount": 3})
+                return await client.call_tool("charge_card", {"customer": "ann", "amount_cents": 3})
 
     try:
         charged = anyio.run(main)
@@ -301,7 +301,7 @@ def test_an_http_session_that_goes_silent_leaves_its_saga_to_recovery(tmp_path: 
                 ClientSession(r, w) as client,
             ):
                 await client.initialize()
-                return await client.call_tool("charge_card", {"customer": "ann", "amount": 4})
+                return await client.call_tool("charge_card", {"customer": "ann", "amount_cents": 4})
 
     try:
         charged = anyio.run(main)
