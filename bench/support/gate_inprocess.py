@@ -312,10 +312,7 @@ def profile_decision(decisions: int) -> dict[str, Any]:
         ("fleet/gate.py", "debits_for"): "debits (scope keys, amounts)",
         ("fleet/stores.py", "check_and_debit"): "Redis check-and-debit (EVALSHA)",
         ("redis/client.py", "_send_command_parse_response"): "waiting for Redis (GET + EVALSHA)",
-        (
-            "fleet/actions/lean_ledger.py",
-            "write_lean",
-        ): "ledger row (one batch: SET LOCAL + INSERT, committed)",
+        ("fleet/actions/writers.py", "write_lean"): "ledger row (one batch: SET LOCAL + INSERT, committed)",
         ("psycopg/connection.py", "wait"): "waiting for Postgres (the batch and its commit)",
         ("django/db/models/sql/compiler.py", "as_sql"): "ORM: compiling SQL (all queries)",
     }
