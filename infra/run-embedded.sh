@@ -37,7 +37,11 @@ stop_jobs() {  # stop_jobs SECONDS PID...: SIGTERM each job's own process, then 
   done
 }
 stop_all() {
-  trap - EXIT INT TERM
+  # A second signal while stopping is ignored, not fatal: `make run` sends SIGTERM again to the
+  # script it ran when it is itself terminated, and the shell dying here would leave every job
+  # running. The stop is bounded anyway (the jobs are killed after their grace).
+  trap - EXIT
+  trap '' INT TERM
   local groups others=""
   groups="$(jobs -p)"
   for pid in $groups; do case " $agents " in *" $pid "*) ;; *) others="$others $pid" ;; esac; done
