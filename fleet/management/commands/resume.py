@@ -19,6 +19,9 @@ class Command(BaseCommand):
         which.add_argument("--scope", help="lift every halt in force with exactly this scope")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Every halt is lifted in one transaction, all or none: what was lifted is said once it
+        # has committed (a refusal part-way rolls back the lifts before it, so none is reported).
+        said: list[str] = []
         with command_tenant(options["tenant"]) as tenant:
             if options["id"] is not None:
                 ids = [options["id"]]
@@ -32,4 +35,6 @@ class Command(BaseCommand):
                 except DomainError as exc:
                     raise refused(exc) from None
                 state = "lifted" if lifted is not None else "was not in force: nothing changed"
-                self.stdout.write(f"halt {halt_id} of {tenant.slug} {state}")
+                said.append(f"halt {halt_id} of {tenant.slug} {state}")
+        for line in said:
+            self.stdout.write(line)
