@@ -334,5 +334,8 @@ def confirm_dialog(page, text: str, *, action: str | None = None) -> None:  # ty
     ok = dialog.locator("#confirm-dialog-ok")
     if action is not None:
         expect(ok).to_have_text(action)
-    ok.click()
+    # The form is submitted as the dialog closes: wait for the server's answer to it, so that a
+    # navigation the test starts next cannot cancel the submission on its way.
+    with page.expect_response(lambda response: response.request.method == "POST"):
+        ok.click()
     expect(dialog).to_be_hidden()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.conftest import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 
@@ -95,3 +95,10 @@ def test_an_agents_own_refusal_is_listed_as_the_agents(  # type: ignore[no-untyp
     page.get_by_label("Refused by").select_option("server")
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("#no-denials")).to_be_visible()
+
+    # The freeze is lifted again (the browser tests share one tenant: a halt left in force would
+    # hold every later test's payroll.* and show on every later Fleet page).
+    page.goto("/fleet/")
+    page.get_by_role("button", name="Resume tool:payroll.*").click()
+    confirm_dialog(page, "Resume tool:payroll.*?", action="Resume tool:payroll.*")
+    expect(page.locator('#kill-switches li[data-halt-scope="tool:payroll.*"]')).to_have_count(0)
