@@ -59,6 +59,11 @@ def tenant_by_slug(slug: str) -> Tenant:
     return tenant
 
 
+def tenants_by_slug(slug: str | None) -> list[Tenant]:
+    """A command's optional `--tenant`: that tenant, or every tenant (oldest first) without one."""
+    return [tenant_by_slug(slug)] if slug else list(Tenant.objects.order_by("pk"))
+
+
 @contextmanager
 def command_tenant(slug: str) -> Iterator[Tenant]:
     """A management command's tenant, by slug, entered (`tenant_context`) for the block."""

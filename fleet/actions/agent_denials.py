@@ -22,6 +22,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
+from core.actors import api_key_prefix_of
 from fleet.models import Decision, GateDecision, Source
 from sagas.models import Saga
 from sagas.services import agent_label
@@ -59,7 +60,7 @@ def _rows(appended: AppendedRecords, refusals: Sequence[tuple[Any, dict[str, Any
         if row.event == Event.SAGA_START and isinstance(fields.get("agent"), str):
             agents[row.saga_id] = agent_label(fields["agent"])
     now = timezone.now()
-    prefix = appended.actor.removeprefix("api-key:")[:12] if appended.actor.startswith("api-key:") else ""
+    prefix = api_key_prefix_of(appended.actor)[:12]
     return [
         GateDecision(
             tenant=appended.tenant,

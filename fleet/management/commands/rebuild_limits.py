@@ -4,8 +4,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from fleet import services
 from fleet.stores import RedisStore
-from tenants.entry import tenant_by_slug
-from tenants.models import Tenant
+from tenants.entry import tenants_by_slug
 
 
 class Command(BaseCommand):
@@ -24,10 +23,7 @@ class Command(BaseCommand):
                 "the gate uses the database store: its counters are the database, nothing to rebuild"
             )
             return
-        tenants = (
-            [tenant_by_slug(options["tenant"])] if options["tenant"] else list(Tenant.objects.order_by("pk"))
-        )
-        for tenant in tenants:
+        for tenant in tenants_by_slug(options["tenant"]):
             rebuilt = store.rebuild(tenant.pk, force=True, tag=services.gate_tag(tenant))
             self.stdout.write(
                 f"{tenant.slug}: {'rebuilt' if rebuilt else 'being rebuilt by another process'}"

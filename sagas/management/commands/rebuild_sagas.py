@@ -8,8 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from core.scoping import tenant_context
 from sagas.services import rebuild_tenant
-from tenants.entry import tenant_by_slug
-from tenants.models import Tenant
+from tenants.entry import tenants_by_slug
 
 
 class Command(BaseCommand):
@@ -19,9 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="slug of the one tenant to rebuild (default: all)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        slug = options.get("tenant")
-        tenants = [tenant_by_slug(slug)] if slug else list(Tenant.objects.order_by("pk"))
-        for tenant in tenants:  # each in its own transaction
+        for tenant in tenants_by_slug(options.get("tenant")):  # each in its own transaction
             with tenant_context(tenant):
                 count = rebuild_tenant(tenant)
             self.stdout.write(f"{tenant.slug}: {count} saga record(s) replayed")
