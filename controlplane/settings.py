@@ -233,6 +233,7 @@ else:
     for _sub in ("out", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://localhost/"  # a host named, so kombu does not warn on every connect
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"  # whole messages only (see there)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
