@@ -172,12 +172,12 @@ def test_a_passkey_is_registered_renamed_and_revoked(browser_instance, control_p
         context.close()
 
 
-def _escalate_the_next_job(server: LiveServer) -> dict:
-    """A recovery worker claims the next job and reports it failed for good: it waits for a human."""
+def _escalate_the_next_job(server: LiveServer, app: str) -> dict:
+    """A recovery worker claims `app`'s next job and reports it failed for good: it waits for a human."""
     headers = {"Authorization": f"Bearer {server.api_key}"}
     claimed = httpx.post(
         f"{server.url}/api/v1/recovery/claim",
-        json={"handlers": ["shop.undo_reserve_stock"], "wait": 10},
+        json={"handlers": [f"{app}.undo_reserve_stock"], "wait": 10},
         headers=headers,
         timeout=30,
     )
@@ -194,10 +194,10 @@ def _escalate_the_next_job(server: LiveServer) -> dict:
     return job
 
 
-def _rolled_back_to_step_1(page, server: LiveServer, name: str) -> str:  # type: ignore[no-untyped-def]
-    """A finished saga, rolled back to its first step from its page: one job, for step 2."""
+def _rolled_back_to_step_1(page, server: LiveServer, name: str, app: str) -> str:  # type: ignore[no-untyped-def]
+    """A finished saga of `app`'s handlers, rolled back to step 1 from its page: one job, for step 2."""
     writer = Writer()
-    saga_id, records = saga_forward(writer, name=name)
+    saga_id, records = saga_forward(writer, name=name, handlers=app)
     records.append(writer.record("SAGA_COMPLETE", saga_id=saga_id, clean=True))
     server.ship(f"e2e-{name}", records)
     page.goto(f"/sagas/{saga_id}/")
@@ -210,8 +210,9 @@ def _rolled_back_to_step_1(page, server: LiveServer, name: str) -> str:  # type:
 def test_the_recovery_page_retries_resolves_and_quarantines(new_page, control_plane: LiveServer) -> None:
     page = new_page(height=1400)
     sign_in(page, OWNER)
-    saga_id = _rolled_back_to_step_1(page, control_plane, "recovery-page")
-    job = _escalate_the_next_job(control_plane)
+    app = f"e2e{uuid.uuid4().hex[:8]}"  # its own handlers: other tests' abandoned sagas are not its work
+    saga_id = _rolled_back_to_step_1(page, control_plane, "recovery-page", app)
+    job = _escalate_the_next_job(control_plane, app)
     assert job["saga_id"] == saga_id
     page.goto("/recovery/")
     row = page.locator(f'#human-queue tr[data-job="{job["id"]}"]')
@@ -220,7 +221,7 @@ def test_the_recovery_page_retries_resolves_and_quarantines(new_page, control_pl
     expect(page.get_by_text("goes back to the recovery workers")).to_be_visible()
     expect(page.locator(f'#human-queue tr[data-job="{job["id"]}"]')).to_have_count(0)
 
-    again = _escalate_the_next_job(control_plane)
+    again = _escalate_the_next_job(control_plane, app)
     page.goto("/recovery/")
     row = page.locator(f'#human-queue tr[data-job="{again["id"]}"]')
     row.get_by_label("Note").fill("refunded by hand in the PSP console")
@@ -228,8 +229,8 @@ def test_the_recovery_page_retries_resolves_and_quarantines(new_page, control_pl
     expect(page.get_by_text(f"of {saga_id}.")).to_be_visible()
     expect(page.locator(f'#human-queue tr[data-job="{again["id"]}"]')).to_have_count(0)
 
-    other = _rolled_back_to_step_1(page, control_plane, "recovery-quarantine")
-    third = _escalate_the_next_job(control_plane)
+    other = _rolled_back_to_step_1(page, control_plane, "recovery-quarantine", app)
+    third = _escalate_the_next_job(control_plane, app)
     page.goto("/recovery/")
     row = page.locator(f'#human-queue tr[data-job="{third["id"]}"]')
     row.get_by_label("Reason").fill("fraud suspected")

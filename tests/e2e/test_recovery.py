@@ -5,6 +5,7 @@ The worker here is the HTTP API a `sagaplane worker` speaks (claim, complete wit
 from __future__ import annotations
 
 import re
+import uuid
 
 import httpx
 import pytest
@@ -25,10 +26,10 @@ from tests.support.sagadata import Writer, saga_forward
 pytestmark = pytest.mark.e2e
 
 
-def _work_one(server: LiveServer) -> dict | None:
-    """One claim and its completion, as a recovery worker does."""
+def _work_one(server: LiveServer, app: str) -> dict | None:
+    """One claim of `app`'s compensations and its completion, as a recovery worker does."""
     headers = {"Authorization": f"Bearer {server.api_key}"}
-    handlers = ["shop.undo_charge_card", "shop.undo_reserve_stock", "shop.undo_send_invoice"]
+    handlers = [f"{app}.undo_charge_card", f"{app}.undo_reserve_stock", f"{app}.undo_send_invoice"]
     claimed = httpx.post(
         f"{server.url}/api/v1/recovery/claim",
         json={"handlers": handlers, "wait": 5},
@@ -50,7 +51,8 @@ def _work_one(server: LiveServer) -> dict | None:
 
 def test_rollback_to_here_runs_live_on_the_timeline(new_page, control_plane: LiveServer) -> None:
     writer = Writer()
-    saga_id, records = saga_forward(writer, name="rollback-here")
+    app = f"e2e{uuid.uuid4().hex[:8]}"  # its own handlers: other tests' abandoned sagas are not its work
+    saga_id, records = saga_forward(writer, name="rollback-here", handlers=app)
     records.append(writer.record("SAGA_COMPLETE", saga_id=saga_id, clean=True))
     control_plane.ship("e2e-rollback-here", records)
 
@@ -73,9 +75,9 @@ def test_rollback_to_here_runs_live_on_the_timeline(new_page, control_plane: Liv
     expect(jobs.first).to_have_attribute("data-recovery-state", "pending")
     wait_live(page)
 
-    job = _work_one(control_plane)
+    job = _work_one(control_plane, app)
     assert job is not None and job["saga_id"] == saga_id and job["step"] == 2
-    assert job["handler"] == "shop.undo_reserve_stock"
+    assert job["handler"] == f"{app}.undo_reserve_stock"
     # Without a reload: the compensation and the end of the run arrive as records.
     expect(page.locator("#saga-status")).to_have_attribute("data-status", "rolled_back", timeout=LIVE_TIMEOUT)
     expect(jobs.first).to_have_attribute("data-recovery-state", "compensated")
@@ -86,7 +88,7 @@ def test_rollback_to_here_runs_live_on_the_timeline(new_page, control_plane: Liv
         "Committed"
     )
     screenshot(page, "recovery-rollback-to-here")
-    assert _work_one(control_plane) is None  # step 1 was kept: nothing else to do
+    assert _work_one(control_plane, app) is None  # step 1 was kept: nothing else to do
 
 
 def test_an_open_saga_page_turns_orphaned_when_its_lease_lapses(new_page, control_plane: LiveServer) -> None:

@@ -27,10 +27,16 @@ class Writer:
 
 
 def saga_forward(
-    writer: Writer, saga_id: str | None = None, name: str = "checkout", agent: str = ""
+    writer: Writer,
+    saga_id: str | None = None,
+    name: str = "checkout",
+    agent: str = "",
+    *,
+    handlers: str = "shop",
 ) -> tuple[str, list[dict]]:
     """SAGA_START (with the agent's name, when given) and two committed compensable steps: the
-    saga is running."""
+    saga is running. Their compensations name `<handlers>.undo_<tool>`: a test that claims recovery
+    work in a shared tenant names its own, so it never takes another saga's (an abandoned one's)."""
     saga_id = saga_id or f"saga-{uuid.uuid4().hex[:12]}"
     named = {"agent": agent} if agent else {}
     out = [writer.record("SAGA_START", saga_id=saga_id, name=name, lease_ttl=300, pid=4242, **named)]
@@ -56,7 +62,7 @@ def saga_forward(
                 semantics="COMPENSABLE",
                 compensation={
                     "fn": f"undo_{tool}",
-                    "handler": f"shop.undo_{tool}",
+                    "handler": f"{handlers}.undo_{tool}",
                     "recoverable": True,
                     "description": f"undo {tool}",
                     "idempotency_key": f"{step_id}:undo",
