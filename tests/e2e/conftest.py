@@ -127,9 +127,11 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, fake_slack: FakeSlac
         }
     )
     if os.environ.get("REDIS_URL"):
-        # A Redis database of its own: no other test run's worker may take this server's tasks.
+        # A Redis database of its own, eight above the run's: neither the run's own workers nor
+        # another run's e2e server (each run has its own REDIS_URL database) may take its tasks.
         parts = urlsplit(os.environ["REDIS_URL"])
-        env["REDIS_URL"] = urlunsplit(parts._replace(path=f"/{8 + uuid.uuid4().int % 8}"))
+        own = int(parts.path.lstrip("/") or 0)
+        env["REDIS_URL"] = urlunsplit(parts._replace(path=f"/{(own + 8) % 16}"))
     dropped_db = None
     migrate_env = env
     if os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
