@@ -1,7 +1,8 @@
 """What Slack's requests do, run by the Celery tasks once the view has verified and acknowledged
-them (`slackapp.tasks`). Nothing here trusts Slack for more than who clicked: a Slack user acts
-only as the member they are linked to, through the same services (and the same rules) as the
-dashboard; an unlinked user decides nothing and is told, privately, how to link.
+them (`slackapp.tasks`, which enter the tenant around each piece that reads or writes, and hold no
+transaction while Slack answers). Nothing here trusts Slack for more than who clicked: a Slack
+user acts only as the member they are linked to, through the same services (and the same rules)
+as the dashboard; an unlinked user decides nothing and is told, privately, how to link.
 
 Answers go back to the person who asked: an ephemeral message in the channel (button clicks) or
 the command's response URL (slash commands).
@@ -10,18 +11,21 @@ the command's response URL (slash commands).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import transaction
 from slack_sdk.webhook import WebhookClient
 
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import services as fleet
-from slackapp import blocks, crypto, decisions, selectors, services
+from slackapp import blocks, crypto, decisions, services
 from slackapp.blocks import obj
+from slackapp.models import Installation
 from tenants.actors import slack_actor
 from tenants.models import Membership, Tenant
 
@@ -45,9 +49,8 @@ def actor_of(membership: Membership, slack_user_id: str) -> Actor:
     return slack_actor(membership.user.get_username(), slack_user_id)
 
 
-def _ephemeral(tenant: Tenant, channel: str, user: str, text: str) -> None:
-    with tenant_context(tenant):
-        row = selectors.installation()
+def ephemeral(row: Installation | None, channel: str, user: str, text: str) -> None:
+    """Answer `user` privately in `channel` with the installation's bot (no transaction open)."""
     if row is None or not channel or not user:
         return
     try:
@@ -66,7 +69,8 @@ def _response_url_allowed(url: str) -> bool:
     return (parts.scheme, parts.netloc) == (api.scheme, api.netloc) and parts.path.startswith("/hooks/")
 
 
-def _respond(response_url: str, text: str) -> None:
+def respond(response_url: str, text: str) -> None:
+    """Answer through a command's response URL (no transaction open)."""
     if not _response_url_allowed(response_url):
         log.warning("slack: response URL not on Slack's hooks host; answer dropped")
         return
@@ -76,7 +80,7 @@ def _respond(response_url: str, text: str) -> None:
         log.warning("slack: could not answer through the response URL", exc_info=True)
 
 
-def _unlinked_text(tenant: Tenant, team: str, user: str) -> str:
+def unlinked_text(tenant: Tenant, team: str, user: str) -> str:
     url = services.link_url(tenant, team, user)
     return (
         "Your Slack account is not linked to a Sagaplane member, so this decides nothing. "
@@ -87,49 +91,84 @@ def _unlinked_text(tenant: Tenant, team: str, user: str) -> str:
 # ------------------------------------------------------------------------------ button clicks
 
 
-def interaction(tenant: Tenant, payload: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class Click:
+    """An approve or deny button clicked: on which request, by whom, in which workspace and channel."""
+
+    action_id: str
+    request_id: str
+    user: str
+    team: str
+    channel: str
+
+
+def click_of(payload: dict[str, Any]) -> Click | None:
+    """The vote a block_actions payload asks for; None for anything else (the passkey button is a
+    link: the browser does the work)."""
     if payload.get("type") != "block_actions":
-        return
+        return None
     actions = payload.get("actions")
     action = obj(actions[0]) if isinstance(actions, list) and actions else {}
     action_id = action.get("action_id")
     if action_id not in (blocks.APPROVE, blocks.DENY):
-        return  # the passkey button is a link: the browser does the work
-    request_id = _s(action.get("value"), 128)
-    slack_user = _s(obj(payload.get("user")).get("id"))
-    team = _s(obj(payload.get("team")).get("id"))
-    channel = _s(obj(payload.get("channel")).get("id"))
-    if not request_id or not slack_user or not team:
-        return
-    membership = services.member_for(tenant, team, slack_user)
-    if membership is None:
-        _ephemeral(tenant, channel, slack_user, _unlinked_text(tenant, team, slack_user))
-        return
-    text = decisions.vote(
-        tenant, membership, request_id, action_id, note="", actor=actor_of(membership, slack_user)
+        return None
+    click = Click(
+        action_id=str(action_id),
+        request_id=_s(action.get("value"), 128),
+        user=_s(obj(payload.get("user")).get("id")),
+        team=_s(obj(payload.get("team")).get("id")),
+        channel=_s(obj(payload.get("channel")).get("id")),
     )
-    _ephemeral(tenant, channel, slack_user, text)
+    return click if click.request_id and click.user and click.team else None
+
+
+def click_reply(tenant: Tenant, membership: Membership | None, click: Click) -> str:
+    """The vote a click casts as the linked member, and what to tell the Slack user (an unlinked
+    one: how to link). Inside the tenant."""
+    require_tenant(tenant)
+    if membership is None:
+        return unlinked_text(tenant, click.team, click.user)
+    return decisions.vote(
+        tenant, membership, click.request_id, click.action_id, note="", actor=actor_of(membership, click.user)
+    )
 
 
 # ----------------------------------------------------------------------------- slash commands
 
 
-def command(tenant: Tenant, form: dict[str, Any]) -> None:
-    name = _s(form.get("command"))
-    text = _s(form.get("text"), 4000)
-    team, slack_user = _s(form.get("team_id")), _s(form.get("user_id"))
-    response_url = _s(form.get("response_url"), 1000)
-    reply = command_reply(tenant, name, text.strip(), team, slack_user)
-    if response_url:
-        _respond(response_url, reply)
+COMMANDS = ("/saga-approve", "/saga-deny", "/saga-halt", "/saga-status")
 
 
-def command_reply(tenant: Tenant, name: str, text: str, team: str, slack_user: str) -> str:
-    if name not in ("/saga-approve", "/saga-deny", "/saga-halt", "/saga-status"):
+@dataclass(frozen=True)
+class Command:
+    """A slash command: its name and text, who sent it from which workspace, where to answer."""
+
+    name: str
+    text: str
+    team: str
+    user: str
+    response_url: str
+
+
+def command_of(form: dict[str, Any]) -> Command:
+    return Command(
+        name=_s(form.get("command")),
+        text=_s(form.get("text"), 4000).strip(),
+        team=_s(form.get("team_id")),
+        user=_s(form.get("user_id")),
+        response_url=_s(form.get("response_url"), 1000),
+    )
+
+
+def command_reply(tenant: Tenant, membership: Membership | None, command: Command) -> str:
+    """What the command does as the linked member, and the answer (an unlinked one: how to link).
+    Inside the tenant."""
+    require_tenant(tenant)
+    name, text, slack_user = command.name, command.text, command.user
+    if name not in COMMANDS:
         return f"Unknown command. {HELP}"
-    membership = services.member_for(tenant, team, slack_user)
     if membership is None:
-        return _unlinked_text(tenant, team, slack_user)
+        return unlinked_text(tenant, command.team, slack_user)
     if name == "/saga-status":
         return decisions.status_text(tenant, membership)
     if name in ("/saga-approve", "/saga-deny"):
@@ -151,11 +190,12 @@ def command_reply(tenant: Tenant, name: str, text: str, team: str, slack_user: s
     if not membership.can("halt"):
         return f"Your role ({membership.role}) may not halt agents."
     try:
-        halt = fleet.halt(
-            tenant,
-            fleet.HaltCreate.parse({"scope": scope, "reason": reason.strip()[:HALT_REASON_MAX]}),
-            actor=actor_of(membership, slack_user),
-        )
+        with transaction.atomic():  # a refused halt leaves nothing behind in the caller's transaction
+            halt = fleet.halt(
+                tenant,
+                fleet.HaltCreate.parse({"scope": scope, "reason": reason.strip()[:HALT_REASON_MAX]}),
+                actor=actor_of(membership, slack_user),
+            )
     except DomainError as exc:
         return f"Not halted: {exc.detail}"
     scope, reason = blocks.esc(halt.scope), blocks.esc(halt.reason)
@@ -165,15 +205,15 @@ def command_reply(tenant: Tenant, name: str, text: str, team: str, slack_user: s
 # ------------------------------------------------------------------------------------- events
 
 
-def event(team_id: str, event: dict[str, Any]) -> bool:
-    """Slack says the app left a workspace: forget its installation. True when one was deleted."""
+def forgets_team(event: dict[str, Any]) -> str:
+    """Why Slack's event means the app left the workspace (then its installation is forgotten), or
+    "" when it does not."""
     kind = event.get("type")
     if kind == "app_uninstalled":
-        return services.forget_team(team_id, why="app-uninstalled")
+        return "app-uninstalled"
     if kind == "tokens_revoked":
         bots = obj(event.get("tokens")).get("bot")
-        if (
-            isinstance(bots, list) and bots
-        ):  # the bot's token is what an installation is: without it, nothing works
-            return services.forget_team(team_id, why="tokens-revoked")
-    return False
+        # The bot's token is what an installation is: without it, nothing works.
+        if isinstance(bots, list) and bots:
+            return "tokens-revoked"
+    return ""

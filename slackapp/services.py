@@ -19,12 +19,15 @@ from slackapp.actions.installations import (
     uninstall,
 )
 from slackapp.actions.links import (
+    EmailToMatch,
     ask_slack_name,
     link_token,
     link_url,
     link_user,
+    match_by_email,
     member_for,
     read_link_token,
+    slack_user_of,
     unlink_user,
 )
 from slackapp.actions.messages import (
@@ -49,6 +52,7 @@ from slackapp.actions.web import (
 __all__ = [
     "API_TIMEOUT_S",
     "BOT_SCOPES",
+    "EmailToMatch",
     "UNREACHABLE",
     "SlackError",
     "StateStore",
@@ -64,6 +68,7 @@ __all__ = [
     "link_url",
     "link_user",
     "list_channels",
+    "match_by_email",
     "member_for",
     "message_posted",
     "prune_seen_signatures",
@@ -72,6 +77,7 @@ __all__ = [
     "release_message_claim",
     "set_channel",
     "set_email_matching",
+    "slack_user_of",
     "start_install",
     "uninstall",
     "unlink_user",

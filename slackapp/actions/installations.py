@@ -20,8 +20,8 @@ from slack_sdk.oauth.installation_store.models.installation import Installation 
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
-from core.scoping import tenant_context
-from slackapp import crypto, selectors
+from core.scoping import require_tenant
+from slackapp import crypto
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, configured, web_client
 from slackapp.models import Installation, UserLink
 from tenants.actors import system_actor
@@ -59,7 +59,10 @@ class DjangoInstallationStore(InstallationStore):
     def save(self, installation: SlackInstallation) -> None:
         if not installation.bot_token or not installation.team_id:
             raise SlackError("no_bot_token", "Slack granted no bot token for a workspace")
-        with tenant_context(self.tenant):
+        require_tenant(self.tenant)
+        # Its own savepoint: a workspace another tenant has is refused after the old one's rows
+        # were deleted, and the page that catches the refusal commits the rest of its work.
+        with transaction.atomic():
             row = Installation.objects.select_for_update().first()
             old = installation_values(row) if row is not None else None
             if row is not None and row.team_id != installation.team_id:
@@ -100,8 +103,8 @@ class DjangoInstallationStore(InstallationStore):
         raise NotImplementedError("installations are saved whole (save)")
 
     def _row(self, team_id: str | None) -> Installation | None:
-        with tenant_context(self.tenant):
-            row = Installation.objects.first()
+        require_tenant(self.tenant)
+        row = Installation.objects.first()
         return row if row is not None and (team_id is None or row.team_id == team_id) else None
 
     def find_bot(
@@ -140,7 +143,8 @@ class DjangoInstallationStore(InstallationStore):
     def delete_installation(
         self, *, enterprise_id: str | None, team_id: str | None, user_id: str | None = None
     ) -> None:
-        with tenant_context(self.tenant):
+        require_tenant(self.tenant)
+        with transaction.atomic():  # the installation, its links and the record, together
             row = Installation.objects.select_for_update().first()
             if row is None or (team_id is not None and row.team_id != team_id):
                 return  # already gone: a no-op records nothing
@@ -161,9 +165,9 @@ class DjangoInstallationStore(InstallationStore):
 
 def uninstall(tenant: Tenant, *, actor: Actor) -> bool:
     """Remove the app from the workspace (apps.uninstall, best effort) and forget the installation
-    and its links. False when there was none."""
-    with tenant_context(tenant):
-        row = Installation.objects.first()
+    and its links. False when there was none. Inside the tenant."""
+    require_tenant(tenant)
+    row = Installation.objects.first()
     if row is None:
         return False
     if configured():
@@ -179,11 +183,12 @@ def uninstall(tenant: Tenant, *, actor: Actor) -> bool:
     return True
 
 
-def forget_team(team_id: str, *, why: str) -> bool:
+def forget_team(tenant: Tenant, team_id: str, *, why: str) -> bool:
     """Slack says the app is gone from a workspace (app_uninstalled, tokens_revoked): delete its
-    installation, wherever it is. False when no tenant had it."""
-    tenant = selectors.tenant_of_team(team_id)
-    if tenant is None:
+    installation in the tenant that has it (`selectors.tenant_of_team`, which the caller entered).
+    False when it had none."""
+    require_tenant(tenant)
+    if not Installation.objects.filter(team_id=team_id).exists():
         return False
     DjangoInstallationStore(tenant, actor=system_actor(f"slack-{why}")).delete_all(
         enterprise_id=None, team_id=team_id
@@ -192,9 +197,10 @@ def forget_team(team_id: str, *, why: str) -> bool:
 
 
 def list_channels(tenant: Tenant) -> list[dict[str, str]]:
-    """The workspace's public channels the bot can post in, as [{id, name}] (conversations.list)."""
-    with tenant_context(tenant):
-        row = Installation.objects.first()
+    """The workspace's public channels the bot can post in, as [{id, name}] (conversations.list).
+    Inside the tenant."""
+    require_tenant(tenant)
+    row = Installation.objects.first()
     if row is None:
         return []
     channels: list[dict[str, str]] = []
@@ -217,11 +223,12 @@ def list_channels(tenant: Tenant) -> list[dict[str, str]]:
 
 
 def set_channel(tenant: Tenant, channel_id: Any, *, actor: Actor) -> Installation:
-    """Where approval requests are posted: one of the workspace's channels, chosen by an owner."""
+    """Where approval requests are posted: one of the workspace's channels, chosen by an owner.
+    Inside the tenant."""
     channels = {c["id"]: c["name"] for c in list_channels(tenant)}
     if not isinstance(channel_id, str) or channel_id not in channels:
         raise SlackError("invalid_channel", "choose one of the workspace's channels")
-    with tenant_context(tenant):
+    with transaction.atomic():  # the channel and its record, together
         row = Installation.objects.select_for_update().first()
         if row is None:
             raise SlackError("not_installed", "Slack is not installed for this tenant", status=404)
@@ -245,7 +252,8 @@ def set_channel(tenant: Tenant, channel_id: Any, *, actor: Actor) -> Installatio
 
 def set_email_matching(tenant: Tenant, enabled: bool, *, actor: Actor) -> None:
     """Whether a Slack user whose verified e-mail is a member's acts as that member unlinked."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():  # the setting and its record, together
         row = Installation.objects.select_for_update().first()
         if row is None:
             raise SlackError("not_installed", "Slack is not installed for this tenant", status=404)

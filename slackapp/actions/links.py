@@ -4,6 +4,7 @@ confirmation (a signed, expiring invitation) or, where the owner turned it on, b
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.core import signing
@@ -13,7 +14,7 @@ from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from slackapp import crypto, selectors
 from slackapp.actions.web import UNREACHABLE, SlackError, bot_token, public_url, web_client
 from slackapp.models import SLACK_NAME_MAX, Installation, UserLink
@@ -76,9 +77,9 @@ def slack_name(slack_user: dict[str, Any]) -> str:
 
 def ask_slack_name(tenant: Tenant, slack_user_id: str) -> str:
     """The Slack user's name as the workspace shows it, asked with the tenant's bot token; "" when
-    Slack cannot be asked (the link is made all the same, shown by its id)."""
-    with tenant_context(tenant):
-        row = Installation.objects.first()
+    Slack cannot be asked (the link is made all the same, shown by its id). Inside the tenant."""
+    require_tenant(tenant)
+    row = Installation.objects.first()
     if row is None:
         return ""
     try:
@@ -101,8 +102,10 @@ def link_user(
 ) -> UserLink:
     """Link a Slack user of the tenant's workspace to this member (replacing the member's earlier
     link; a Slack user already linked to someone else must be unlinked first). `name`: what Slack
-    calls them (`ask_slack_name`), shown beside the id."""
-    with tenant_context(tenant):
+    calls them (`ask_slack_name`), shown beside the id. Inside the tenant; a refusal leaves
+    nothing changed (its own savepoint: the e-mail match carries on after one)."""
+    require_tenant(tenant)
+    with transaction.atomic():
         row = Installation.objects.first()
         if row is None or row.team_id != team_id:
             raise SlackError(
@@ -145,7 +148,8 @@ def link_user(
 
 
 def unlink_user(tenant: Tenant, user: Any, *, actor: Actor) -> bool:
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():  # the link and its record, together
         link = UserLink.objects.filter(user=user).first()
         if link is None:
             return False
@@ -160,47 +164,71 @@ def unlink_user(tenant: Tenant, user: Any, *, actor: Actor) -> bool:
     return True
 
 
-def member_for(tenant: Tenant, team_id: str, slack_user_id: str) -> Membership | None:
-    """The membership a Slack user acts through in this tenant: their explicit link, else (only
-    where the owner turned e-mail matching on) the member whose e-mail Slack reports for them,
-    which is then recorded as a link. None: unlinked."""
-    with tenant_context(tenant):
-        row = Installation.objects.first()
-        if row is None or row.team_id != team_id:
-            return None
-        user_id = selectors.linked_user_id(team_id, slack_user_id)
-        if user_id is not None:
-            return Membership.objects.select_related("user").filter(user_id=user_id).first()
-        if not row.email_matching:
-            return None
+@dataclass(frozen=True)
+class EmailToMatch:
+    """A Slack user with no link, in a workspace whose owner turned e-mail matching on: who they
+    are is Slack's to say (`slack_user_of`, outside any transaction), then `match_by_email`."""
+
+    installation: Installation
+
+
+def member_for(tenant: Tenant, team_id: str, slack_user_id: str) -> Membership | EmailToMatch | None:
+    """The membership a Slack user acts through in this tenant: their explicit link; else, where
+    the owner turned e-mail matching on, EmailToMatch (Slack must be asked for their e-mail).
+    None: unlinked. Inside the tenant."""
+    require_tenant(tenant)
+    row = Installation.objects.first()
+    if row is None or row.team_id != team_id:
+        return None
+    user_id = selectors.linked_user_id(team_id, slack_user_id)
+    if user_id is not None:
+        return Membership.objects.select_related("user").filter(user_id=user_id).first()
+    return EmailToMatch(row) if row.email_matching else None
+
+
+def slack_user_of(match: EmailToMatch, slack_user_id: str) -> dict[str, Any] | None:
+    """Slack's users.info `user` (asked with the bot's token: it waits on Slack, so the caller
+    holds no transaction); None when Slack cannot be asked."""
     try:
-        info = web_client(bot_token(row)).users_info(user=slack_user_id)
+        info = web_client(bot_token(match.installation)).users_info(user=slack_user_id)
     except (*UNREACHABLE, crypto.TokenUnreadable):
         log.warning("slack: users.info failed for %s", slack_user_id, exc_info=True)
         return None
-    user = info.get("user") or {}
-    profile = user.get("profile") or {}
+    return info.get("user") or {}
+
+
+def match_by_email(
+    tenant: Tenant, team_id: str, slack_user_id: str, slack_user: dict[str, Any]
+) -> Membership | None:
+    """The member whose e-mail Slack reports for this user (`slack_user_of`), then recorded as
+    their link; None when none matches or the member is linked to someone else already. Inside
+    the tenant."""
+    require_tenant(tenant)
+    profile = slack_user.get("profile") or {}
     email = profile.get("email")
     # Slack reports an e-mail only once the workspace has confirmed it; bots and guests never match.
-    if not isinstance(email, str) or "@" not in email or user.get("is_bot") or user.get("is_restricted"):
+    if (
+        not isinstance(email, str)
+        or "@" not in email
+        or slack_user.get("is_bot")
+        or slack_user.get("is_restricted")
+    ):
         return None
-    with tenant_context(tenant):
-        membership = (
-            Membership.objects.select_related("user").filter(user__email__iexact=email).order_by("pk").first()
+    membership = (
+        Membership.objects.select_related("user").filter(user__email__iexact=email).order_by("pk").first()
+    )
+    if membership is None:
+        return None
+    try:
+        link_user(
+            tenant,
+            membership.user,
+            team_id=team_id,
+            slack_user_id=slack_user_id,
+            how="email",
+            actor=system_actor(f"slack-email-match:{slack_user_id}"),
+            name=slack_name(slack_user),
         )
-        if membership is None:
-            return None
-        try:
-            with transaction.atomic():
-                link_user(
-                    tenant,
-                    membership.user,
-                    team_id=team_id,
-                    slack_user_id=slack_user_id,
-                    how="email",
-                    actor=system_actor(f"slack-email-match:{slack_user_id}"),
-                    name=slack_name(user),
-                )
-        except SlackError:
-            return None  # the member is linked to someone else already: the explicit link wins
+    except SlackError:
+        return None  # the member is linked to someone else already: the explicit link wins
     return membership

@@ -9,11 +9,12 @@ import os
 import socket
 from datetime import datetime, timedelta
 
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.claims import Leased, claim
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from slackapp.models import MessageState, RequestMessage
 from tenants.models import Tenant
 
@@ -38,8 +39,10 @@ def _holder() -> str:
 
 def claim_message_post(tenant: Tenant, request_id: str) -> int | None:
     """This worker's token for posting the request's message, or None when it is posted already
-    or another worker holds a claim whose lease has not lapsed."""
-    with tenant_context(tenant):
+    or another worker holds a claim whose lease has not lapsed. Inside the tenant, whose transaction
+    the caller commits before it posts (the claim must hold before Slack is asked)."""
+    require_tenant(tenant)
+    with transaction.atomic():  # the row and its claim, together
         row = RequestMessage(tenant=tenant, request_id=request_id, channel_id="", ts="")
         RequestMessage.objects.bulk_create([row], ignore_conflicts=True)
 
@@ -62,8 +65,8 @@ def claim_message_post(tenant: Tenant, request_id: str) -> int | None:
 
 def is_posted(tenant: Tenant, request_id: str) -> bool:
     """Whether the request's message is in the channel."""
-    with tenant_context(tenant):
-        return RequestMessage.objects.filter(request_id=request_id, state=MessageState.POSTED).exists()
+    require_tenant(tenant)
+    return RequestMessage.objects.filter(request_id=request_id, state=MessageState.POSTED).exists()
 
 
 def _held(request_id: str, token: int) -> RequestMessage | None:
@@ -75,32 +78,32 @@ def message_posted(tenant: Tenant, request_id: str, token: int, *, channel_id: s
     """The claimed message is in the channel: where, so that updates and replies can find it.
     False (nothing recorded) when `token` no longer holds the claim: its lease lapsed and another
     worker claimed the message."""
-    with tenant_context(tenant):
-        row = _held(request_id, token)
-        if row is None:
-            return False
-        row.state, row.channel_id, row.ts = MessageState.POSTED, channel_id, ts
-        row.save(update_fields=["state", "channel_id", "ts"])
+    require_tenant(tenant)
+    row = _held(request_id, token)
+    if row is None:
+        return False
+    row.state, row.channel_id, row.ts = MessageState.POSTED, channel_id, ts
+    row.save(update_fields=["state", "channel_id", "ts"])
     return True
 
 
 def release_message_claim(tenant: Tenant, request_id: str, token: int) -> None:
     """The post failed: give the claim back (while `token` still holds it), so another try may
     post at once."""
-    with tenant_context(tenant):
-        row = _held(request_id, token)
-        if row is not None:
-            row.state = MessageState.QUEUED  # claimable at once, whatever its lease said
-            row.save(update_fields=["state"])
+    require_tenant(tenant)
+    row = _held(request_id, token)
+    if row is not None:
+        row.state = MessageState.QUEUED  # claimable at once, whatever its lease said
+        row.save(update_fields=["state"])
 
 
 def finish_message(tenant: Tenant, request_id: str) -> RequestMessage | None:
     """Mark the request's message as updated to its decision; None when there is none to update
     or it is finished already (so it is updated once)."""
-    with tenant_context(tenant):
-        row = RequestMessage.objects.select_for_update().filter(request_id=request_id).first()
-        if row is None or row.finished or row.state != MessageState.POSTED:
-            return None
-        row.finished = True
-        row.save(update_fields=["finished"])
+    require_tenant(tenant)
+    row = RequestMessage.objects.select_for_update().filter(request_id=request_id).first()
+    if row is None or row.finished or row.state != MessageState.POSTED:
+        return None
+    row.finished = True
+    row.save(update_fields=["finished"])
     return row

@@ -19,7 +19,7 @@ from slack_sdk.oauth import AuthorizeUrlGenerator, OAuthStateStore
 from slack_sdk.oauth.installation_store.models.installation import Installation as SlackInstallation
 
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from slackapp import selectors
 from slackapp.actions.installations import DjangoInstallationStore
 from slackapp.actions.web import UNREACHABLE, SlackError, configured, public_url, web_client
@@ -59,7 +59,8 @@ def authorize_url_generator() -> AuthorizeUrlGenerator:
 class StateStore(OAuthStateStore):
     """slack-sdk's state store, in the database: a state is issued to one member of one tenant and
     consumed once, by one `DELETE ... RETURNING` (a read then a delete would let two callbacks with
-    the same state both pass the read). Consuming an expired state deletes it and refuses it."""
+    the same state both pass the read). Consuming an expired state deletes it and refuses it.
+    Used inside the tenant (the page's)."""
 
     def __init__(self, tenant: Tenant, user: Any) -> None:
         self.tenant = tenant
@@ -71,16 +72,17 @@ class StateStore(OAuthStateStore):
 
     def issue(self, *args: Any, **kwargs: Any) -> str:
         state = secrets.token_urlsafe(32)
-        with tenant_context(self.tenant):
-            OAuthState.objects.filter(expires_at__lte=timezone.now()).delete()
-            OAuthState.objects.create(state=state, user=self.user, expires_at=timezone.now() + STATE_TTL)
+        require_tenant(self.tenant)
+        OAuthState.objects.filter(expires_at__lte=timezone.now()).delete()
+        OAuthState.objects.create(state=state, user=self.user, expires_at=timezone.now() + STATE_TTL)
         return state
 
     def consume(self, state: str) -> bool:
         if not isinstance(state, str) or not 0 < len(state) <= 64:
             return False
         table = connection.ops.quote_name(OAuthState._meta.db_table)
-        with tenant_context(self.tenant), connection.cursor() as cursor:
+        require_tenant(self.tenant)
+        with connection.cursor() as cursor:
             cursor.execute(
                 f"DELETE FROM {table} WHERE state = %s AND tenant_id = %s AND user_id = %s "
                 "RETURNING expires_at",
@@ -98,7 +100,8 @@ class StateStore(OAuthStateStore):
 
 
 def start_install(tenant: Tenant, user: Any) -> str:
-    """The URL of Slack's consent page for this member, with a fresh single-use state."""
+    """The URL of Slack's consent page for this member, with a fresh single-use state. Inside the
+    tenant."""
     if not configured():
         raise SlackError("not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set", status=409)
     state = StateStore(tenant, user).issue()
@@ -108,7 +111,8 @@ def start_install(tenant: Tenant, user: Any) -> str:
 def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: Actor) -> Installation:
     """Slack's redirect back: the state must be one this member was issued (consumed here, once),
     then the code is exchanged for the bot token (oauth.v2.access), checked (auth.test) and stored
-    encrypted (slack-sdk's flow, with `DjangoInstallationStore`)."""
+    encrypted (slack-sdk's flow, with `DjangoInstallationStore`). Inside the tenant."""
+    require_tenant(tenant)
     if not configured():
         raise SlackError("not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set", status=409)
     if not StateStore(tenant, user).consume(state):
@@ -152,6 +156,4 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: A
     if not isinstance(installation.team_id, str) or not selectors.SLACK_ID.fullmatch(installation.team_id):
         raise SlackError("slack_refused", "Slack named no workspace", status=502)
     DjangoInstallationStore(tenant, actor=actor).save(installation)
-    with tenant_context(tenant):
-        row = Installation.objects.get()
-    return row
+    return Installation.objects.get()

@@ -45,7 +45,8 @@ def committed(django_capture_on_commit_callbacks: Commit) -> Callable[[], Abstra
 def channel(slack: FakeSlack, alice: Person, ann: Person, ben: Person) -> Iterator[FakeSlack]:
     install(browser(alice.user), slack)
     for person, slack_user in ((alice, "U0ALICE"), (ann, "U0ANN"), (ben, "U0BEN")):
-        services.link_user(
+        in_tenant(
+            services.link_user,
             person.tenant,
             person.user,
             team_id=slack.team_id,
@@ -228,7 +229,8 @@ def test_commands_approve_and_deny_with_a_note(
 def test_escalation_mentions_the_next_people_and_the_warning_comes_before_expiry(
     channel: FakeSlack, agent: Agent, adam: Person, committed: Any
 ) -> None:
-    services.link_user(
+    in_tenant(
+        services.link_user,
         adam.tenant,
         adam.user,
         team_id=channel.team_id,

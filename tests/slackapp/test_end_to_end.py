@@ -25,6 +25,7 @@ from tests.approvals.conftest import Agent, wire_policy
 from tests.slackapp.conftest import browser, click_body, install
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,8 @@ def test_a_pending_wire_is_approved_from_slack_and_the_agent_resumes(
     tmp_path: Path,
 ) -> None:
     install(browser(alice.user), slack)
-    services.link_user(
+    in_tenant(
+        services.link_user,
         ann.tenant,
         ann.user,
         team_id=slack.team_id,

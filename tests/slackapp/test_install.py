@@ -21,6 +21,7 @@ from tests.slackapp.conftest import browser, consent_url, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 
 def _installation(person: Person) -> Installation | None:
@@ -60,7 +61,7 @@ def test_a_reused_state_installs_nothing(slack: FakeSlack, alice: Person) -> Non
     client = browser(alice.user)
     first = install(client, slack, channel=None)
     assert _installation(alice) is not None
-    services.uninstall(alice.tenant, actor=named_actor("test"))
+    in_tenant(services.uninstall, alice.tenant, actor=named_actor("test"))
     again = client.get(first.callback_url)
     assert again.status_code == 302
     assert _installation(alice) is None
@@ -80,19 +81,25 @@ def test_a_forged_state_installs_nothing(slack: FakeSlack, alice: Person) -> Non
 
 def test_an_expired_state_installs_nothing(slack: FakeSlack, alice: Person) -> None:
     store = services.StateStore(alice.tenant, alice.user)
-    state = store.issue()
+    with tenant_context(alice.tenant):
+        state = store.issue()
     with tenant_context(alice.tenant):
         OAuthState.objects.filter(state=state).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert store.consume(state) is False
+    with tenant_context(alice.tenant):
+        assert store.consume(state) is False
     with tenant_context(alice.tenant):
         assert not OAuthState.objects.filter(state=state).exists()  # spent all the same
 
 
 def test_a_state_is_bound_to_its_owner_and_tenant(slack: FakeSlack, alice: Person, carol: Person) -> None:
-    state = services.StateStore(alice.tenant, alice.user).issue()
-    assert services.StateStore(carol.tenant, carol.user).consume(state) is False  # another tenant's
-    assert services.StateStore(alice.tenant, alice.user).consume(state) is True
-    assert services.StateStore(alice.tenant, alice.user).consume(state) is False  # once
+    with tenant_context(alice.tenant):
+        state = services.StateStore(alice.tenant, alice.user).issue()
+    with tenant_context(carol.tenant):
+        assert services.StateStore(carol.tenant, carol.user).consume(state) is False  # another tenant's
+    with tenant_context(alice.tenant):
+        assert services.StateStore(alice.tenant, alice.user).consume(state) is True
+    with tenant_context(alice.tenant):
+        assert services.StateStore(alice.tenant, alice.user).consume(state) is False  # once
 
 
 def test_only_owners_install(slack: FakeSlack, alice: Person, bob: Person) -> None:
@@ -113,8 +120,10 @@ def test_add_to_slack_is_a_link_to_the_consent_page_with_a_state_of_this_owner(
     url = urlsplit(consent_url(client))
     assert f"{url.scheme}://{url.netloc}" == slack.url and url.path == "/oauth/v2/authorize"
     state = parse_qs(url.query)["state"][0]
-    assert services.StateStore(carol.tenant, carol.user).consume(state) is False
-    assert services.StateStore(alice.tenant, alice.user).consume(state) is True
+    with tenant_context(carol.tenant):
+        assert services.StateStore(carol.tenant, carol.user).consume(state) is False
+    with tenant_context(alice.tenant):
+        assert services.StateStore(alice.tenant, alice.user).consume(state) is True
     # Once installed, the page offers no install link (and issues no state).
     install(client, slack)
     with tenant_context(alice.tenant):
@@ -137,7 +146,8 @@ def test_the_owner_chooses_the_channel_among_the_workspaces(slack: FakeSlack, al
 def test_uninstall_by_the_owner_revokes_and_deletes(slack: FakeSlack, alice: Person) -> None:
     client = browser(alice.user)
     install(client, slack)
-    services.link_user(
+    in_tenant(
+        services.link_user,
         alice.tenant,
         alice.user,
         team_id=slack.team_id,
@@ -216,7 +226,8 @@ def test_a_third_tenant_sees_nothing(slack: FakeSlack, alice: Person, carol: Per
     """carol owns tenant b: acme's workspace, token, links and state are invisible to her, and she
     cannot connect the same workspace to her tenant."""
     install(browser(alice.user), slack)
-    services.link_user(
+    in_tenant(
+        services.link_user,
         alice.tenant,
         alice.user,
         team_id=slack.team_id,
@@ -224,7 +235,8 @@ def test_a_third_tenant_sees_nothing(slack: FakeSlack, alice: Person, carol: Per
         how="confirmed",
         actor=named_actor("test"),
     )
-    services.StateStore(alice.tenant, alice.user).issue()
+    with tenant_context(alice.tenant):
+        services.StateStore(alice.tenant, alice.user).issue()
     assert selectors.tenant_of_team(slack.team_id) == alice.tenant
     with tenant_context(carol.tenant):
         assert selectors.installation() is None

@@ -24,6 +24,7 @@ from tests.slackapp.conftest import browser, click_body, command_body, install, 
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
 
 HALT = ("/saga-halt", "tool:stripe.* fraud")
 
@@ -40,7 +41,8 @@ def _halts(person: Person) -> list[Halt]:
 
 
 def _link(person: Person, slack: FakeSlack, slack_user: str) -> None:
-    services.link_user(
+    in_tenant(
+        services.link_user,
         person.tenant,
         person.user,
         team_id=slack.team_id,

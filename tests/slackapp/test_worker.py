@@ -30,6 +30,7 @@ from tests.slackapp.conftest import browser, command_body, install
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.factories import Person
 from tests.support.processes import stop_group
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def test_the_view_answers_at_once_and_a_worker_does_the_work(
     transactional_db: None, live_server: Any, slack: FakeSlack, alice: Person, tmp_path: Path
 ) -> None:
     install(browser(alice.user), slack)
-    services.link_user(
+    in_tenant(
+        services.link_user,
         alice.tenant,
         alice.user,
         team_id=slack.team_id,
