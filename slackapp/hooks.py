@@ -1,19 +1,16 @@
 """The approvals hooks Slack listens to (subscribed in SlackappConfig.ready): each queues a
-Celery task after the change commits, only for tenants whose Slack has a channel. The tasks read
-the request as it stands when they run (`slackapp.decisions`)."""
+Celery task once the change has committed. The task is the transport that enters the tenant: it
+finds whether the tenant's Slack has a channel (nothing to do without one) and reads the request
+as it stands when it runs (`slackapp.tasks`). The hook itself reads nothing: it runs after the
+commit, outside any tenant."""
 
 from __future__ import annotations
 
 from approvals import hooks
-from core.scoping import tenant_context
 from slackapp import tasks
-from slackapp.models import Installation
 
 
 def on_approval_event(event: hooks.ApprovalEvent) -> None:
-    with tenant_context(event.tenant):
-        if not Installation.objects.exclude(channel_id="").exists():
-            return
     request_id = str(event.request.get("id", ""))
     if event.kind == "created":
         tasks.post_request.delay(event.tenant.pk, request_id)

@@ -392,7 +392,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "recovery.actions.results",
         "recovery.actions.takeover",
         "recovery.actions.webhooks",
-        "slackapp.hooks",
         "tenants.services",
         "transparency.actions.exports",
         "transparency.actions.integration",
