@@ -150,6 +150,7 @@ class Run:
 
     def __init__(self, limits: int, total: int, *, keys: bool = False) -> None:
         """`limits`: 1 or 5 (0: none, a tenant and its keys only)."""
+        from core.scoping import tenant_context
         from fleet import services
         from tenants import services as tenant_services
 
@@ -159,57 +160,60 @@ class Run:
         self.tenant = tenant_services.create_tenant(
             slug, "Gate bench", f"owner@{slug}.example", actor=system_actor("bench")
         )
-        if limits == 5:
-            for name, per in (("per-currency", ["arg:currency"]), ("per-agent", ["agent"])):
+        # The fleet's and the tenant's services assert the tenant's scope: the bench enters it, as
+        # a command would, around its set-up (one transaction, committed before the run).
+        with tenant_context(self.tenant):
+            if limits == 5:
+                for name, per in (("per-currency", ["arg:currency"]), ("per-agent", ["agent"])):
+                    services.create_budget(
+                        self.tenant,
+                        services.BudgetCreate.parse(
+                            {
+                                "name": name,
+                                "tool": "bench.*",
+                                "max_total": HUGE_CAP,
+                                "window_s": WINDOW_S,
+                                "per": per,
+                            }
+                        ),
+                        actor=system_actor("bench"),
+                    )
+            if limits:
+                # Created last of the budgets: a refusal comes after the others were checked.
                 services.create_budget(
                     self.tenant,
                     services.BudgetCreate.parse(
-                        {
-                            "name": name,
-                            "tool": "bench.*",
-                            "max_total": HUGE_CAP,
-                            "window_s": WINDOW_S,
-                            "per": per,
-                        }
+                        {"name": "fleet", "tool": "bench.*", "max_total": self.cap, "window_s": WINDOW_S}
                     ),
                     actor=system_actor("bench"),
                 )
-        if limits:
-            # Created last of the budgets: a refusal comes after the others were checked.
-            services.create_budget(
-                self.tenant,
-                services.BudgetCreate.parse(
-                    {"name": "fleet", "tool": "bench.*", "max_total": self.cap, "window_s": WINDOW_S}
-                ),
-                actor=system_actor("bench"),
-            )
-        if limits == 5:
-            for name, per in (("calls", []), ("per-tool-calls", ["tool"])):
-                services.create_rate_limit(
+            if limits == 5:
+                for name, per in (("calls", []), ("per-tool-calls", ["tool"])):
+                    services.create_rate_limit(
+                        self.tenant,
+                        services.RateLimitCreate.parse(
+                            {
+                                "name": name,
+                                "tool": "bench.*",
+                                "max_calls": HUGE_CAP,
+                                "window_s": WINDOW_S,
+                                "per": per,
+                            }
+                        ),
+                        actor=system_actor("bench"),
+                    )
+            self.gate_key = self.control_key = ""
+            if keys:
+                _, self.gate_key = tenant_services.create_api_key(
                     self.tenant,
-                    services.RateLimitCreate.parse(
-                        {
-                            "name": name,
-                            "tool": "bench.*",
-                            "max_calls": HUGE_CAP,
-                            "window_s": WINDOW_S,
-                            "per": per,
-                        }
-                    ),
+                    tenant_services.NewApiKey(name="agent", scopes=["gate"]),
                     actor=system_actor("bench"),
                 )
-        self.gate_key = self.control_key = ""
-        if keys:
-            _, self.gate_key = tenant_services.create_api_key(
-                self.tenant,
-                tenant_services.NewApiKey(name="agent", scopes=["gate"]),
-                actor=system_actor("bench"),
-            )
-            _, self.control_key = tenant_services.create_api_key(
-                self.tenant,
-                tenant_services.NewApiKey(name="operator", scopes=["control"]),
-                actor=system_actor("bench"),
-            )
+                _, self.control_key = tenant_services.create_api_key(
+                    self.tenant,
+                    tenant_services.NewApiKey(name="operator", scopes=["control"]),
+                    actor=system_actor("bench"),
+                )
 
     def ledger_spent(self) -> int:
         """What the durable ledger says was authorised against the fleet budget (whole units)."""

@@ -194,6 +194,7 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
 
 def measure(services: Any, quick: bool) -> dict[str, Any]:
     """The `leases` object of bench/results/gate.json, on the configured store (Redis) and Postgres."""
+    from core.scoping import tenant_context
     from tenants import services as tenant_services
 
     slug = f"leases-{uuid.uuid4().hex[:10]}"
@@ -201,17 +202,22 @@ def measure(services: Any, quick: bool) -> dict[str, Any]:
         slug, "Lease bench", f"owner@{slug}.example", actor=system_actor("bench")
     )
     day = 86_400
-    services.create_budget(
-        tenant,
-        services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 10**9, "window_s": day}),
-        actor=system_actor("bench"),
-    )
     cap = 500 if quick else 5_000
-    services.create_budget(
-        tenant,
-        services.BudgetCreate.parse({"name": "capped", "tool": "cap.*", "max_total": cap, "window_s": day}),
-        actor=system_actor("bench"),
-    )
+    with tenant_context(tenant):  # the fleet's services assert the tenant's scope
+        services.create_budget(
+            tenant,
+            services.BudgetCreate.parse(
+                {"name": "tokens", "tool": "llm.*", "max_total": 10**9, "window_s": day}
+            ),
+            actor=system_actor("bench"),
+        )
+        services.create_budget(
+            tenant,
+            services.BudgetCreate.parse(
+                {"name": "capped", "tool": "cap.*", "max_total": cap, "window_s": day}
+            ),
+            actor=system_actor("bench"),
+        )
     store = services.get_store()
     decision = held_lease_decision(20_000 if quick else 200_000)
     halt = partitioned_halt(2 if quick else 5)

@@ -12,7 +12,7 @@ from core import epoch
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet.actions.snapshot import forget_policies
 from fleet.models import BudgetLimit, CircuitBreaker, RateLimit
 from tenants.models import Tenant
@@ -55,7 +55,8 @@ def create_policy(
 ) -> Policy:
     """Create one budget or rate limit and record it (one transaction). The unique name is the
     database's to check: a name taken, even by a creation racing this one, is a 409."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         try:
             with transaction.atomic():  # a savepoint: the refused INSERT must not spoil the rest
                 limit = model.objects.create(**fields)
@@ -83,7 +84,8 @@ def update_policy(
     denials name it) and record old and new values (one transaction); nothing changed: nothing
     recorded. The gate re-reads the tenant's policies once it commits."""
     what = subject.replace("_", " ")
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         limit = model.objects.select_for_update().filter(pk=pk).first()
         if limit is None:
             raise DomainError("not_found", f"no such {what}", status=404, field="id")
@@ -111,7 +113,8 @@ def delete_policy(
     values: Callable[[Any], dict[str, Any]],
 ) -> None:
     """Delete one budget or rate limit, recording what it was (one transaction)."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         limit = model.objects.select_for_update().filter(pk=pk).first()
         if limit is None:
             raise DomainError("not_found", f"no such {subject.replace('_', ' ')}", status=404, field="id")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor, stored
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet.actions.changes import changed_after_commit
 from fleet.inputs import NewHalt
 from fleet.models import Halt
@@ -32,7 +33,8 @@ def halt(tenant: Tenant, command: NewHalt, *, actor: Actor) -> Halt:
     """Put a kill switch in force (checked by `fleet.inputs.HaltCreate`; optional TTL)."""
     ttl_s = command.ttl_s
     now = timezone.now()
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         row = Halt.objects.create(
             scope=command.scope,
             mode=command.mode,
@@ -53,7 +55,8 @@ def halt(tenant: Tenant, command: NewHalt, *, actor: Actor) -> Halt:
 
 def resume(tenant: Tenant, halt_id: int, *, actor: Actor) -> Halt | None:
     """Lift a halt; None when it was already lifted or had expired (a no-op records nothing)."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         row = Halt.objects.select_for_update().filter(pk=halt_id).first()
         if row is None:
             raise DomainError("not_found", "no such halt", status=404, field="id")

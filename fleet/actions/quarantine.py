@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor, stored
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet.actions.changes import changed_after_commit
 from fleet.inputs import QuarantineTerms
 from fleet.models import Quarantine
@@ -37,7 +38,8 @@ def quarantine(tenant: Tenant, saga_id: Any, terms: QuarantineTerms, *, actor: A
     """Set one saga aside (the gate refuses its steps; recovery will skip it). A saga no record
     has named yet is refused (404 `saga_not_found`) unless `preemptive` asks for exactly that: the
     quarantine then stands for the saga when it arrives, and says it was preemptive."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         unknown = refuse_unknown_saga(saga_id, preemptive=terms.preemptive)
         reason = terms.reason
         existing = Quarantine.objects.filter(saga_id=saga_id, released_at__isnull=True).first()

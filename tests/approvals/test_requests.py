@@ -283,7 +283,8 @@ def test_escalation_widens_who_may_approve(agent: Agent, ann: Person, adam: Pers
 
 
 def test_a_budget_that_escalates_opens_a_request_instead_of_denying(agent: Agent, ann: Person) -> None:
-    fleet.create_budget(
+    in_tenant(
+        fleet.create_budget,
         agent.tenant,
         fleet.BudgetCreate.parse(
             {"name": "daily", "tool": "bank.*", "max_total": 1000, "window_s": 86400, "on_cap": "escalate"}
@@ -299,7 +300,8 @@ def test_a_budget_that_escalates_opens_a_request_instead_of_denying(agent: Agent
     # The approved overspend was debited: the next call is over the cap again and escalates.
     assert agent.ask(amount=1, saga="s3")["decision"] == "pending_approval"
     # A budget that denies still denies.
-    fleet.create_budget(
+    in_tenant(
+        fleet.create_budget,
         agent.tenant,
         fleet.BudgetCreate.parse({"name": "hard", "tool": "crm.*", "max_total": 10, "window_s": 60}),
         actor=named_actor("test"),

@@ -121,20 +121,26 @@ def objects(db: None) -> dict[str, Any]:
         "pk": spare.pk,
         "key_id": spare.pk,
         "membership_id": member.pk,
-        "budget_id": fleet.create_budget(
+        "budget_id": in_tenant(
+            fleet.create_budget,
             acme,
             fleet.BudgetCreate.parse({"name": "b", "max_total": 100, "window_s": 60}),
             actor=named_actor("test"),
         ).pk,
-        "rate_limit_id": fleet.create_rate_limit(
+        "rate_limit_id": in_tenant(
+            fleet.create_rate_limit,
             acme,
             fleet.RateLimitCreate.parse({"name": "r", "max_calls": 10, "window_s": 60}),
             actor=named_actor("test"),
         ).pk,
-        "halt_id": fleet.halt(
-            acme, fleet.HaltCreate.parse({"scope": "tool:x.*", "reason": "ids"}), actor=named_actor("test")
+        "halt_id": in_tenant(
+            fleet.halt,
+            acme,
+            fleet.HaltCreate.parse({"scope": "tool:x.*", "reason": "ids"}),
+            actor=named_actor("test"),
         ).pk,
-        "breaker_id": fleet.create_breaker(
+        "breaker_id": in_tenant(
+            fleet.create_breaker,
             acme,
             fleet.BreakerCreate.parse(
                 {

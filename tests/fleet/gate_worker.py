@@ -29,6 +29,7 @@ def main() -> None:
     from fleet import services
     from fleet.gate import GateRequest
     from tenants.models import Tenant
+    from tests.support.scoping import in_tenant
 
     command, config = sys.argv[1], json.loads(sys.argv[2])
     if command == "setup":
@@ -37,7 +38,8 @@ def main() -> None:
         tenant = tenant_services.create_tenant(
             config["tenant"], "Gate test", "owner@gate.example", actor=named_actor("test")
         )
-        services.create_budget(
+        in_tenant(
+            services.create_budget,
             tenant,
             services.BudgetCreate.parse(
                 {"name": "fleet", "tool": "stripe.*", "max_total": config["max_total"], "window_s": 86400}

@@ -25,6 +25,7 @@ from fleet.models import GateDecision
 from tenants.actors import api_key_actor, user_actor
 from tests.support.chains import T0, chain
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
@@ -59,8 +60,11 @@ def _start(saga_id: str, agent: str) -> dict[str, Any]:
 
 
 def test_a_shipped_local_refusal_is_listed_once_beside_the_gates(alice: Person, carol: Person) -> None:
-    fleet.halt(
-        alice.tenant, NewHalt(scope="tool:payroll.*", reason="payroll freeze"), actor=user_actor("alice")
+    in_tenant(
+        fleet.halt,
+        alice.tenant,
+        NewHalt(scope="tool:payroll.*", reason="payroll freeze"),
+        actor=user_actor("alice"),
     )
     saga_id = uuid.uuid4().hex
     call = GateRequest(saga_id=saga_id, step_id="s1", tool="payroll.run", args={}, agent="payroll-bot")

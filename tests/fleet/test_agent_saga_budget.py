@@ -22,6 +22,7 @@ from fleet.models import GateDecision
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 NO_RESERVATIONS = {"reserved": "0", "settled": "0", "overrun": "0"}
 
@@ -44,7 +45,8 @@ def _ask(tenant: Tenant, n: int, agent: str, tool: str = "stripe.charge", **args
 def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, carol: Person) -> None:
     before = _budget(live_server, alice)
     assert (before["status"], before["total_spend"], before["fleet_nodes"]) == ("ok", 0, 0)
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse(
             {"name": "daily stripe", "tool": "stripe.*", "max_total": 50_000, "window_s": 86400}
@@ -52,7 +54,8 @@ def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, c
         actor=named_actor("test"),
     )
     # A second budget on the same calls: a call it also matches is still spent once.
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse(
             {"name": "big cards", "tool": "stripe.*", "max_total": 10**9, "window_s": 3600}

@@ -17,6 +17,7 @@ from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.factories import Person, make_person, scoped_key_client
+from tests.support.scoping import in_tenant
 
 NO_RESERVATIONS = {"reserved": "0", "settled": "0", "overrun": "0"}
 
@@ -82,7 +83,8 @@ def test_a_malformed_gate_call_is_a_400_naming_its_field_and_records_nothing(
 
 
 def test_uncountable_amounts_over_http_are_refused(alice: Person) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 60}),
         actor=named_actor("test"),
@@ -149,7 +151,8 @@ def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    services.halt(
+    in_tenant(
+        services.halt,
         tenant,
         services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}),
         actor=named_actor("test"),
@@ -192,7 +195,8 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
         reads += 1
         state = read_status()
         if reads == 1:  # another process's halt lands just after this read
-            services.halt(
+            in_tenant(
+                services.halt,
                 tenant,
                 services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}),
                 actor=named_actor("test"),

@@ -19,6 +19,7 @@ from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tests.fleet.concurrency import PROCESSES, THREADS, child_env, run_clients, running_database_url
 from tests.hostile.production import own_redis
+from tests.support.scoping import in_tenant
 
 
 @pytest.mark.postgres
@@ -40,7 +41,9 @@ def test_half_open_admits_exactly_one_trial_across_4_processes(
         "window_s": 60,
         "cool_down_s": 60,
     }
-    row = services.create_breaker(tenant, services.BreakerCreate.parse(fields), actor=named_actor("test"))
+    row = in_tenant(
+        services.create_breaker, tenant, services.BreakerCreate.parse(fields), actor=named_actor("test")
+    )
     assert services.trip(tenant, services.breaker_spec(row), "opened by the test")
     with tenant_context(tenant):  # the cool-down is over
         CircuitBreaker.objects.filter(pk=row.pk).update(opened_at=timezone.now() - timedelta(seconds=61))

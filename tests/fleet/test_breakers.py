@@ -91,8 +91,11 @@ def ask(tenant: Tenant, saga: str, tool: str = "stripe.charge", step: str = "1")
 
 
 def breaker(tenant: Tenant, **changes: Any) -> CircuitBreaker:
-    return services.create_breaker(
-        tenant, services.BreakerCreate.parse({**SETTINGS, **changes}), actor=named_actor("test")
+    return in_tenant(
+        services.create_breaker,
+        tenant,
+        services.BreakerCreate.parse({**SETTINGS, **changes}),
+        actor=named_actor("test"),
     )
 
 

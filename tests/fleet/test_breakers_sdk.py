@@ -19,6 +19,7 @@ from fleet import services
 from fleet.models import CircuitBreaker, Decision, GateDecision
 from tenants.actors import named_actor
 from tests.support.chains import Writer
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("database_store")
@@ -49,8 +50,8 @@ def test_an_open_breaker_reaches_the_sdk_which_refuses_locally_then_one_trial_cl
         "window_s": 60,
         "cool_down_s": 60,
     }
-    row = services.create_breaker(
-        alice.tenant, services.BreakerCreate.parse(fields), actor=named_actor("test")
+    row = in_tenant(
+        services.create_breaker, alice.tenant, services.BreakerCreate.parse(fields), actor=named_actor("test")
     )
     gate = Gate(live_server.url, alice.api_key, poll_wait=5).start()
     try:

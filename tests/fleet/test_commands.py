@@ -20,6 +20,7 @@ from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.hostile.production import own_redis
 from tests.support.chains import server_stream
+from tests.support.scoping import in_tenant
 
 
 def run(*args: str) -> str:
@@ -77,7 +78,8 @@ def redis_store(tmp_path: Path) -> Iterator[RedisStore]:
 
 
 def test_rebuild_limits_rebuilds_from_the_ledger(tenant_a: Tenant, redis_store: RedisStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 10, "window_s": 3600}),
         actor=named_actor("test"),

@@ -23,6 +23,7 @@ from fleet.stores import DatabaseStore, LimitStore, RedisStore, marker_key
 from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
+from tests.support.scoping import in_tenant
 
 ACTOR = named_actor("test:gate")
 
@@ -84,7 +85,8 @@ def allowed_total(tenant: Tenant) -> int:
 
 
 def test_a_budget_allows_up_to_its_cap_and_refuses_past_it(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse(
             {"name": "daily", "tool": "stripe.*", "max_total": 50_000, "window_s": 86400}
@@ -102,19 +104,22 @@ def test_a_budget_allows_up_to_its_cap_and_refuses_past_it(tenant_a: Tenant, sto
 
 
 def test_a_call_refused_by_its_third_limit_debits_none(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "all", "tool": "*", "max_total": 1000, "window_s": 3600}),
         actor=ACTOR,
     )
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse(
             {"name": "stripe", "tool": "stripe.*", "max_total": 1000, "window_s": 3600}
         ),
         actor=ACTOR,
     )
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse(
             {
@@ -139,7 +144,8 @@ def test_a_call_refused_by_its_third_limit_debits_none(tenant_a: Tenant, store: 
 def test_a_retried_call_gets_the_same_authorisation_and_debits_once(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -158,7 +164,8 @@ def test_a_retried_call_gets_the_same_authorisation_and_debits_once(
 def test_an_argument_that_cannot_be_counted_is_refused_and_debits_nothing(
     tenant_a: Tenant, store: LimitStore, bad: Any
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -176,7 +183,8 @@ def test_an_argument_that_cannot_be_counted_is_refused_and_debits_nothing(
 
 
 def test_an_ungoverned_tool_passes_and_debits_nothing(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 1, "window_s": 3600}),
         actor=ACTOR,
@@ -189,7 +197,8 @@ def test_an_ungoverned_tool_passes_and_debits_nothing(tenant_a: Tenant, store: L
 def test_a_rate_limit_allows_its_calls_then_refuses_with_a_retry_after(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_rate_limit(
+    in_tenant(
+        services.create_rate_limit,
         tenant_a,
         services.RateLimitCreate.parse(
             {"name": "5/min", "tool": "email.*", "max_calls": 5, "window_s": 60, "per": ["agent"]}
@@ -203,8 +212,11 @@ def test_a_rate_limit_allows_its_calls_then_refuses_with_a_retry_after(
 
 
 def test_halts_stop_matching_calls_until_resumed(tenant_a: Tenant, store: LimitStore) -> None:
-    halt = services.halt(
-        tenant_a, services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident 42"}), actor=ACTOR
+    halt = in_tenant(
+        services.halt,
+        tenant_a,
+        services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident 42"}),
+        actor=ACTOR,
     )
     refused = ask(tenant_a, store, call(tool="stripe.charge", amount=1))
     assert (
@@ -213,13 +225,16 @@ def test_halts_stop_matching_calls_until_resumed(tenant_a: Tenant, store: LimitS
         and refused["scope"] == "tool:stripe.*"
     )
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"
-    services.resume(tenant_a, halt.pk, actor=ACTOR)
+    in_tenant(services.resume, tenant_a, halt.pk, actor=ACTOR)
     assert ask(tenant_a, store, call(tool="stripe.charge", amount=1))["decision"] == "allow"
 
 
 def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore) -> None:
-    halt = services.halt(
-        tenant_a, services.HaltCreate.parse({"scope": "*", "reason": "maintenance", "ttl_s": 60}), actor=ACTOR
+    halt = in_tenant(
+        services.halt,
+        tenant_a,
+        services.HaltCreate.parse({"scope": "*", "reason": "maintenance", "ttl_s": 60}),
+        actor=ACTOR,
     )
     assert ask(tenant_a, store, call(tool="x"))["reason"] == "halted"
     with tenant_context(tenant_a):
@@ -230,8 +245,11 @@ def test_a_halt_with_a_ttl_lapses_by_itself(tenant_a: Tenant, store: LimitStore)
 
 def test_drain_lets_a_running_saga_finish_and_refuses_a_new_one(tenant_a: Tenant, store: LimitStore) -> None:
     assert ask(tenant_a, store, call(tool="crm.insert", saga="running"))["decision"] == "allow"
-    services.halt(
-        tenant_a, services.HaltCreate.parse({"scope": "*", "mode": "drain", "reason": "deploy"}), actor=ACTOR
+    in_tenant(
+        services.halt,
+        tenant_a,
+        services.HaltCreate.parse({"scope": "*", "mode": "drain", "reason": "deploy"}),
+        actor=ACTOR,
     )
     assert ask(tenant_a, store, call(tool="crm.update", saga="running"))["decision"] == "allow"
     refused = ask(tenant_a, store, call(tool="crm.insert", saga="new"))
@@ -239,7 +257,8 @@ def test_drain_lets_a_running_saga_finish_and_refuses_a_new_one(tenant_a: Tenant
 
 
 def test_a_quarantined_saga_is_refused(tenant_a: Tenant, store: LimitStore) -> None:
-    services.quarantine(
+    in_tenant(
+        services.quarantine,
         tenant_a,
         "suspect",
         services.QuarantineCreate.parse({"reason": "looping", "preemptive": True}),
@@ -252,15 +271,20 @@ def test_a_quarantined_saga_is_refused(tenant_a: Tenant, store: LimitStore) -> N
 def test_another_tenants_policies_and_halts_never_touch_this_one(
     tenant_a: Tenant, tenant_b: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_b,
         services.BudgetCreate.parse({"name": "tiny", "tool": "*", "max_total": 1, "window_s": 3600}),
         actor=ACTOR,
     )
-    services.halt(
-        tenant_b, services.HaltCreate.parse({"scope": "tool:crm.*", "reason": "b's incident"}), actor=ACTOR
+    in_tenant(
+        services.halt,
+        tenant_b,
+        services.HaltCreate.parse({"scope": "tool:crm.*", "reason": "b's incident"}),
+        actor=ACTOR,
     )
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "tiny", "tool": "*", "max_total": 1, "window_s": 3600}),
         actor=ACTOR,
@@ -276,19 +300,23 @@ def test_another_tenants_policies_and_halts_never_touch_this_one(
 def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
     from tests.support.chains import server_stream
 
-    budget = services.create_budget(
+    budget = in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "daily", "max_total": "50000", "window_s": 86400}),
         actor=user_actor("alice"),
     )
-    halt = services.halt(
+    halt = in_tenant(
+        services.halt,
         tenant_a,
         services.HaltCreate.parse({"scope": "tool:email.*", "reason": "spam", "ttl_s": 600}),
         actor=user_actor("alice"),
     )
-    services.resume(tenant_a, halt.pk, actor=user_actor("bob"))
-    assert services.resume(tenant_a, halt.pk, actor=user_actor("bob")) is None  # a no-op records nothing
-    services.delete_budget(tenant_a, budget.pk, actor=user_actor("alice"))
+    in_tenant(services.resume, tenant_a, halt.pk, actor=user_actor("bob"))
+    assert (
+        in_tenant(services.resume, tenant_a, halt.pk, actor=user_actor("bob")) is None
+    )  # a no-op records nothing
+    in_tenant(services.delete_budget, tenant_a, budget.pk, actor=user_actor("alice"))
     events = [(r["event"], r["actor"], r["old"], r["new"]) for r in server_stream(tenant_a)[-4:]]
     assert events[0][0:3] == ("FLEET_BUDGET_CREATED", "user:alice", None)
     assert events[0][3]["max_total"] == "50000"
@@ -316,7 +344,7 @@ def test_policy_changes_are_in_the_server_stream(tenant_a: Tenant) -> None:
 )
 def test_a_malformed_budget_is_refused_naming_its_field(tenant_a: Tenant, fields: dict[str, Any]) -> None:
     with pytest.raises(DomainError) as refused:
-        services.create_budget(tenant_a, services.BudgetCreate.parse({**fields}), actor=ACTOR)
+        in_tenant(services.create_budget, tenant_a, services.BudgetCreate.parse({**fields}), actor=ACTOR)
     assert refused.value.field in fields
 
 
@@ -326,7 +354,8 @@ def test_a_malformed_budget_is_refused_naming_its_field(tenant_a: Tenant, fields
 def test_redis_unreachable_refuses_every_call(tenant_a: Tenant, tmp_path: Path) -> None:
     with own_redis(tmp_path) as server:
         store = _redis_store(server)
-        services.create_budget(
+        in_tenant(
+            services.create_budget,
             tenant_a,
             services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
             actor=ACTOR,
@@ -350,7 +379,8 @@ def test_a_redis_back_empty_is_made_ready_for_every_tenant_behind_one_fence(
     every tenant's counters rebuilt from the ledger, and the fence waited once, not per tenant."""
     store = _redis_store(private_redis)
     for tenant in (tenant_a, tenant_b):
-        services.create_budget(
+        in_tenant(
+            services.create_budget,
             tenant,
             services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
             actor=ACTOR,
@@ -376,12 +406,14 @@ def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
     store = _redis_store(private_redis)
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
     )
-    services.create_rate_limit(
+    in_tenant(
+        services.create_rate_limit,
         tenant_a,
         services.RateLimitCreate.parse({"name": "3/h", "tool": "email.*", "max_calls": 3, "window_s": 3600}),
         actor=ACTOR,
@@ -402,7 +434,8 @@ def test_a_flushed_redis_is_rebuilt_from_the_ledger_without_resetting_any_window
 
 def test_the_database_store_keeps_counters_in_the_tenants_rows(tenant_a: Tenant, tenant_b: Tenant) -> None:
     store = DatabaseStore()
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -415,7 +448,8 @@ def test_the_database_store_keeps_counters_in_the_tenants_rows(tenant_a: Tenant,
 
 
 def test_retry_after_says_when_the_window_frees_enough(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 600}),
         actor=ACTOR,
@@ -435,7 +469,8 @@ def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
     from fleet.tasks import prune_denials
 
     store = DatabaseStore()
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 1, "window_s": 60}),
         actor=ACTOR,
@@ -459,7 +494,8 @@ def test_a_retry_whose_redis_key_is_gone_still_gets_the_first_allow(
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
     store = _redis_store(private_redis)
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -475,14 +511,19 @@ def test_a_retry_whose_redis_key_is_gone_still_gets_the_first_allow(
 
 def test_a_policy_change_reaches_the_next_call_at_once(tenant_a: Tenant, store: LimitStore) -> None:
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"  # policies now held
-    services.create_rate_limit(
+    in_tenant(
+        services.create_rate_limit,
         tenant_a,
         services.RateLimitCreate.parse({"name": "1/h", "tool": "crm.*", "max_calls": 1, "window_s": 3600}),
         actor=ACTOR,
     )
     assert ask(tenant_a, store, call(tool="crm.insert"))["decision"] == "allow"
     assert ask(tenant_a, store, call(tool="crm.insert"))["reason"] == "rate_limited"
-    services.quarantine(
-        tenant_a, "held", services.QuarantineCreate.parse({"reason": "r", "preemptive": True}), actor=ACTOR
+    in_tenant(
+        services.quarantine,
+        tenant_a,
+        "held",
+        services.QuarantineCreate.parse({"reason": "r", "preemptive": True}),
+        actor=ACTOR,
     )
     assert ask(tenant_a, store, call(tool="x", saga="held"))["reason"] == "quarantined"

@@ -29,6 +29,7 @@ from tests.fleet.concurrency import (
 )
 from tests.support.ports import free_port
 from tests.support.probes import redis_answers
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -126,12 +127,14 @@ def _cluster_client(url: str) -> RedisCluster:
 def test_the_gate_script_runs_unchanged_on_a_cluster(tenant_a: object, redis_cluster: str) -> None:
     store = RedisStore(_cluster_client(redis_cluster), services.ledger_since)
     store.fence_ms, store.commit_deadline_ms = 200, 100
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "cap", "tool": "*", "max_total": 10, "window_s": 3600}),
         actor=named_actor("test"),
     )
-    services.create_rate_limit(
+    in_tenant(
+        services.create_rate_limit,
         tenant_a,
         services.RateLimitCreate.parse(
             {"name": "r", "tool": "*", "max_calls": 100, "window_s": 60, "per": ["agent"]}
@@ -160,7 +163,8 @@ def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
     from tenants.models import Tenant
 
     tenant = Tenant.objects.get(slug="gate-cluster")
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse(
             {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}

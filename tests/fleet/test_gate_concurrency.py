@@ -28,6 +28,7 @@ from tests.fleet.concurrency import (
     running_database_url,
 )
 from tests.hostile.production import own_redis
+from tests.support.scoping import in_tenant
 
 
 @pytest.mark.postgres
@@ -40,7 +41,8 @@ def test_64_clients_in_4_processes_never_overspend_on_postgres(
     tenant = tenant_services.create_tenant(
         "gate-race", "Gate race", "owner@race.example", actor=named_actor("test")
     )
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse(
             {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}

@@ -60,7 +60,8 @@ def test_a_decision_is_one_statement_batch_and_its_row_is_committed(
     tenant: Tenant, store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(epoch, "MAX_AGE_S", 3600.0)  # however slow the machine, the copy is reused
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -77,7 +78,8 @@ def test_a_decision_is_one_statement_batch_and_its_row_is_committed(
 
 
 def test_a_refusal_debits_nothing_and_a_retry_debits_once(tenant: Tenant, store: RedisStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -160,20 +162,28 @@ def test_a_policy_change_reaches_another_process_on_its_next_call(
 ) -> None:
     decide = "decide " + json.dumps(call(amount=5))
     assert tell(worker, decide)["decision"] == "allow"  # the worker now holds the policies
-    halt = services.halt(
-        tenant, services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}), actor=ACTOR
+    halt = in_tenant(
+        services.halt,
+        tenant,
+        services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "incident"}),
+        actor=ACTOR,
     )
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "halted"
-    services.resume(tenant, halt.pk, actor=ACTOR)
+    in_tenant(services.resume, tenant, halt.pk, actor=ACTOR)
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["decision"] == "allow"
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "tiny", "tool": "stripe.*", "max_total": 1, "window_s": 3600}),
         actor=ACTOR,
     )
     assert tell(worker, "decide " + json.dumps(call(amount=5)))["reason"] == "budget_exceeded"
-    services.quarantine(
-        tenant, "held", services.QuarantineCreate.parse({"reason": "r", "preemptive": True}), actor=ACTOR
+    in_tenant(
+        services.quarantine,
+        tenant,
+        "held",
+        services.QuarantineCreate.parse({"reason": "r", "preemptive": True}),
+        actor=ACTOR,
     )
     quarantined = {**call(tool="crm.insert"), "saga_id": "held"}
     assert tell(worker, "decide " + json.dumps(quarantined))["reason"] == "quarantined"
@@ -242,7 +252,8 @@ def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
 ) -> None:
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
     monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -325,7 +336,8 @@ def test_the_gate_route_has_djangos_headers_for_its_request_class(
 def test_a_reservation_on_the_lean_path_is_recorded_with_its_bucket_and_settles(
     tenant: Tenant, store: RedisStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,

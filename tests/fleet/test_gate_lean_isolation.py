@@ -17,6 +17,7 @@ from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.fleet.lean import ACTOR, ask, ledger
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -39,7 +40,8 @@ def test_the_same_call_from_two_tenants_is_two_decisions_and_a_third_sees_none(
 ) -> None:
     a, b, c = (_tenant(slug, store) for slug in ("lean-a", "lean-b", "lean-c"))
     for tenant in (a, b):
-        services.create_budget(
+        in_tenant(
+            services.create_budget,
             tenant,
             services.BudgetCreate.parse(
                 {"name": "cap", "tool": "stripe.*", "max_total": 10, "window_s": 3600}

@@ -20,6 +20,7 @@ from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tests.fleet.concurrency import ROOT, child_env, running_database_url
 from tests.hostile.production import OwnRedis, own_redis
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 PROCESSES, THREADS, AMOUNT, CAP = 4, 16, 999, 50_000
@@ -87,7 +88,8 @@ def test_64_agents_on_leases_never_overspend_through_kills_and_a_redis_restart(
     tenant = tenant_services.create_tenant(
         "lease-race", "Lease race", "owner@race.example", actor=named_actor("test")
     )
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse(
             {"name": "fleet", "tool": "stripe.*", "max_total": CAP, "window_s": 86400}

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("database_store")
 
 def _budget(tenant: Tenant) -> None:
     body = {"name": "tokens", "tool": "llm.*", "max_total": 1000, "window_s": 3600}
-    services.create_budget(tenant, services.BudgetCreate.parse(body), actor=ACTOR)
+    in_tenant(services.create_budget, tenant, services.BudgetCreate.parse(body), actor=ACTOR)
 
 
 def _usage(tenant: Tenant) -> dict[str, Any]:

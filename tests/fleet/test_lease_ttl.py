@@ -21,6 +21,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
 
 SETTINGS = "/api/v1/fleet/settings"
 ACTOR = named_actor("test:lease-ttl")
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("database_store")
 
 def _budget(tenant: Tenant) -> None:
     body = {"name": "tokens", "tool": "llm.*", "max_total": 1000, "window_s": 3600}
-    services.create_budget(tenant, services.BudgetCreate.parse(body), actor=ACTOR)
+    in_tenant(services.create_budget, tenant, services.BudgetCreate.parse(body), actor=ACTOR)
 
 
 def _ttl_of_a_grant(tenant: Tenant) -> int:

@@ -29,6 +29,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 ACTOR = named_actor("test:leases")
 
@@ -81,7 +82,8 @@ def used_of(tenant: Tenant, name: str = "tokens") -> list[dict[str, Any]]:
 def test_a_lease_takes_a_share_of_what_is_left_and_counts_whole_until_returned(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -110,7 +112,8 @@ def test_a_lease_takes_a_share_of_what_is_left_and_counts_whole_until_returned(
 def test_little_left_is_decided_per_call_so_a_small_cap_stays_exact(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 10, "window_s": 3600}),
         actor=ACTOR,
@@ -132,20 +135,23 @@ def test_little_left_is_decided_per_call_so_a_small_cap_stays_exact(
 def test_what_a_per_call_decision_could_answer_differently_is_never_leased(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
     )
     assert lease(tenant_a, 1, tool="other.x", amount=1)["reason"] == "ungoverned"
     assert lease(tenant_a, 1)["reason"] == "invalid_argument"  # no amount to count
-    services.create_rate_limit(
+    in_tenant(
+        services.create_rate_limit,
         tenant_a,
         services.RateLimitCreate.parse({"name": "rpm", "tool": "llm.chat", "max_calls": 5, "window_s": 60}),
         actor=ACTOR,
     )
     assert lease(tenant_a, 1, tool="llm.chat", amount=1)["reason"] == "rate_limited_per_call"
-    services.quarantine(
+    in_tenant(
+        services.quarantine,
         tenant_a,
         "saga-q",
         services.QuarantineCreate.parse({"reason": "odd", "preemptive": True}),
@@ -157,14 +163,20 @@ def test_what_a_per_call_decision_could_answer_differently_is_never_leased(
         )["reason"]
         == "quarantined"
     )
-    services.halt(tenant_a, services.HaltCreate.parse({"scope": "tool:llm.*", "reason": "stop"}), actor=ACTOR)
+    in_tenant(
+        services.halt,
+        tenant_a,
+        services.HaltCreate.parse({"scope": "tool:llm.*", "reason": "stop"}),
+        actor=ACTOR,
+    )
     assert lease(tenant_a, 1, amount=1)["reason"] == "halted"
     with tenant_context(tenant_a):
         assert not GateLease.objects.exists()
 
 
 def test_a_retried_grant_answers_the_first_and_debits_once(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -182,7 +194,8 @@ def test_a_flushed_redis_is_rebuilt_with_outstanding_leases_whole_and_returned_o
     store = _redis_store(private_redis)
     services.set_store(store)
     try:
-        services.create_budget(
+        in_tenant(
+            services.create_budget,
             tenant_a,
             services.BudgetCreate.parse(
                 {"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}
@@ -203,7 +216,8 @@ def test_a_flushed_redis_is_rebuilt_with_outstanding_leases_whole_and_returned_o
 
 
 def test_leases_over_http(tenant_a: Tenant, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse(
             {"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600, "per": ["arg:model"]}
@@ -270,7 +284,8 @@ def _gauge_of(owner: Client, budget: str) -> str:
 
 
 def test_the_fleet_page_shows_what_of_a_budget_is_leased(alice: Person, store: LimitStore) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
@@ -288,7 +303,8 @@ def test_the_fleet_page_shows_what_of_a_budget_is_leased(alice: Person, store: L
 def test_more_used_than_granted_is_an_overrun_recorded_and_counted(
     tenant_a: Tenant, store: LimitStore
 ) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,

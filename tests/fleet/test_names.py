@@ -116,13 +116,20 @@ def test_the_sdk_asks_the_gate_about_every_spelling_of_a_governed_tool() -> None
 
 def test_the_gate_refuses_and_counts_every_spelling_and_keeps_names_as_sent(tenant_a: Tenant) -> None:
     store = DatabaseStore()
-    services.halt(
-        tenant_a, services.HaltCreate.parse({"scope": "tool:halted.*", "reason": "incident"}), actor=ACTOR
+    in_tenant(
+        services.halt,
+        tenant_a,
+        services.HaltCreate.parse({"scope": "tool:halted.*", "reason": "incident"}),
+        actor=ACTOR,
     )
-    services.halt(
-        tenant_a, services.HaltCreate.parse({"scope": "agent:bad-bot", "reason": "rogue"}), actor=ACTOR
+    in_tenant(
+        services.halt,
+        tenant_a,
+        services.HaltCreate.parse({"scope": "agent:bad-bot", "reason": "rogue"}),
+        actor=ACTOR,
     )
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant_a,
         services.BudgetCreate.parse(
             {"name": "pay", "tool": "amt.*", "argument": "amount", "max_total": 100, "window_s": 3600}
@@ -146,7 +153,8 @@ def test_the_gate_refuses_and_counts_every_spelling_and_keeps_names_as_sent(tena
 
 def test_a_per_tool_or_per_agent_limit_counts_every_spelling_once(tenant_a: Tenant) -> None:
     store = DatabaseStore()
-    services.create_rate_limit(
+    in_tenant(
+        services.create_rate_limit,
         tenant_a,
         services.RateLimitCreate.parse(
             {"name": "calls", "tool": "*", "per": ["agent", "tool"], "max_calls": 1, "window_s": 3600}

@@ -21,6 +21,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.fleet import test_leases
 from tests.hostile.production import OwnRedis
+from tests.support.scoping import in_tenant
 
 # Both stores, and a private Redis to flush, as the lease tests have them.
 store = test_leases.store
@@ -31,7 +32,8 @@ ACTOR = named_actor("test:reservations")
 
 
 def _budget(tenant: Tenant, cap: int = 100) -> None:
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse(
             {"name": "tokens", "tool": "llm.*", "argument": "max_tokens", "max_total": cap, "window_s": 3600}

@@ -23,6 +23,7 @@ from fleet import services
 from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
+from tests.support.scoping import in_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +97,8 @@ def test_a_halt_reaches_an_agent_in_another_process_and_stops_only_its_tools(
 
         assert json.loads(agent.stdout.readline()) == {"ready": "ready"}
         assert ask("try") == {"charge": "allow", "insert": "allow"}
-        halt = services.halt(
+        halt = in_tenant(
+            services.halt,
             alice.tenant,
             services.HaltCreate.parse({"scope": "tool:stripe.*", "reason": "card incident"}),
             actor=user_actor("alice"),
@@ -104,7 +106,7 @@ def test_a_halt_reaches_an_agent_in_another_process_and_stops_only_its_tools(
         seen = ask("until-halted")
         assert seen["charge"] == "halted" and seen["insert"] == "allow"
         print(f"halt reached the agent after {seen['seconds']:.3f} s")  # measured in bench/, not asserted
-        services.resume(alice.tenant, halt.pk, actor=user_actor("alice"))
+        in_tenant(services.resume, alice.tenant, halt.pk, actor=user_actor("alice"))
         # The resume reaches it the same way: poll the agent's view until charge is allowed again.
         deadline = time.monotonic() + 30
         answer = ask("try")
@@ -124,7 +126,8 @@ def test_a_budget_holds_an_agent_and_every_answer_is_in_its_wal(
     transactional_db: None, gated: str, alice: Any, tmp_path: Path
 ) -> None:
     tenant: Tenant = alice.tenant
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse(
             {"name": "daily", "tool": "stripe.*", "max_total": 100, "window_s": 86400}
@@ -183,7 +186,8 @@ def test_a_control_plane_whose_store_is_down_is_a_denial_with_its_reason_in_the_
     reason, recorded as GATE_DENY; the step never ran. Once the store answers, the call is allowed."""
     from core import availability
 
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse(
             {"name": "daily", "tool": "stripe.*", "max_total": 100, "window_s": 86400}

@@ -20,6 +20,7 @@ from fleet.models import BudgetLimit, GateLease, LeaseState
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("database_store")
@@ -49,7 +50,8 @@ def test_a_cap_of_ten_is_spent_to_the_unit_on_leases_then_per_call(
     transactional_db: None, gated: str, alice: Any, tmp_path: Path
 ) -> None:
     tenant: Tenant = alice.tenant
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 10, "window_s": 3600}),
         actor=named_actor("test"),
@@ -79,7 +81,8 @@ def test_a_halt_revokes_the_leases_at_once(
     transactional_db: None, gated: str, alice: Any, tmp_path: Path
 ) -> None:
     tenant: Tenant = alice.tenant
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 1000, "window_s": 3600}),
         actor=named_actor("test"),
@@ -90,7 +93,8 @@ def test_a_halt_revokes_the_leases_at_once(
         runtime.gate.refresh()
         complete = sp.tool(lambda amount: amount, name="llm.complete", semantics=sp.REVERSIBLE)
         assert _spend(complete, 3) == ["allow"] * 3
-        services.halt(
+        in_tenant(
+            services.halt,
             tenant,
             services.HaltCreate.parse({"scope": "agent:nobody", "reason": "unrelated, but a change"}),
             actor=named_actor("test"),
@@ -109,7 +113,8 @@ def test_a_lease_that_cannot_be_renewed_allows_nothing_past_its_ttl(
     transactional_db: None, gated: str, alice: Any
 ) -> None:
     tenant: Tenant = alice.tenant
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse({"name": "tokens", "tool": "llm.*", "max_total": 1000, "window_s": 3600}),
         actor=named_actor("test"),

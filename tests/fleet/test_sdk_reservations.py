@@ -18,6 +18,7 @@ from fleet.models import BudgetLimit, GateDecision
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.sdk.sagaplane_testkit import read_wal as read_records
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("database_store")
 
@@ -26,7 +27,8 @@ def test_reserve_then_settle_through_the_wal(
     transactional_db: None, live_server: Any, alice: Any, tmp_path: Path
 ) -> None:
     tenant: Tenant = alice.tenant
-    services.create_budget(
+    in_tenant(
+        services.create_budget,
         tenant,
         services.BudgetCreate.parse(
             {"name": "tokens", "tool": "llm.*", "argument": "tokens", "max_total": 100, "window_s": 3600}

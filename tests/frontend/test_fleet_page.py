@@ -18,6 +18,7 @@ from tenants.actors import named_actor, user_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("database_store")
 
@@ -104,17 +105,20 @@ def test_gauges_show_used_over_cap_and_denials_their_reason(alice: Person) -> No
 
 
 def test_a_viewer_sees_everything_but_no_form_and_a_viewers_post_is_403(alice: Person, bob: Person) -> None:
-    budget = services.create_budget(
+    budget = in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}),
         actor=named_actor("test"),
     )
-    rate = services.create_rate_limit(
+    rate = in_tenant(
+        services.create_rate_limit,
         alice.tenant,
         services.RateLimitCreate.parse({"name": "pace", "max_calls": 5, "window_s": 60}),
         actor=named_actor("test"),
     )
-    halt = services.halt(
+    halt = in_tenant(
+        services.halt,
         alice.tenant,
         services.HaltCreate.parse({"scope": "tool:email.*", "reason": "bounce storm"}),
         actor=user_actor("alice"),
@@ -319,19 +323,22 @@ def test_owner_sets_and_deletes_a_rate_limit_and_a_budget(alice: Person) -> None
 
 
 def test_a_third_tenants_page_shows_nothing_of_the_first(alice: Person, carol: Person) -> None:
-    budget = services.create_budget(
+    budget = in_tenant(
+        services.create_budget,
         alice.tenant,
         services.BudgetCreate.parse(
             {"name": "acme-secret-budget", "tool": "acme-secret-tool.*", "max_total": 10, "window_s": 60}
         ),
         actor=named_actor("test"),
     )
-    rate = services.create_rate_limit(
+    rate = in_tenant(
+        services.create_rate_limit,
         alice.tenant,
         services.RateLimitCreate.parse({"name": "acme-secret-pace", "max_calls": 5, "window_s": 60}),
         actor=named_actor("test"),
     )
-    halt = services.halt(
+    halt = in_tenant(
+        services.halt,
         alice.tenant,
         services.HaltCreate.parse({"scope": "agent:acme-secret-agent", "reason": "acme-secret-reason"}),
         actor=user_actor("acme-secret-actor"),

@@ -19,6 +19,7 @@ from fleet.models import GateDecision, Halt
 from frontend import kill_switch_views
 from tenants.actors import api_key_actor, user_actor
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
@@ -35,16 +36,27 @@ def _ask(person: Person, tool: str, agent: str, saga: str) -> dict:
 
 
 def test_the_history_says_how_each_kill_switch_ended(alice: Person, carol: Person) -> None:
-    lifted = fleet.halt(
-        alice.tenant, NewHalt(scope="tool:bank.*", reason="fraud spike"), actor=user_actor("alice")
+    lifted = in_tenant(
+        fleet.halt,
+        alice.tenant,
+        NewHalt(scope="tool:bank.*", reason="fraud spike"),
+        actor=user_actor("alice"),
     )
-    fleet.resume(alice.tenant, lifted.pk, actor=user_actor("ann"))
-    lapsed = fleet.halt(
-        alice.tenant, NewHalt(scope="agent:bot", reason="runaway", ttl_s=60), actor=user_actor("alice")
+    in_tenant(fleet.resume, alice.tenant, lifted.pk, actor=user_actor("ann"))
+    lapsed = in_tenant(
+        fleet.halt,
+        alice.tenant,
+        NewHalt(scope="agent:bot", reason="runaway", ttl_s=60),
+        actor=user_actor("alice"),
     )
     with tenant_context(alice.tenant):
         Halt.objects.filter(pk=lapsed.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    fleet.halt(alice.tenant, NewHalt(scope="*", reason="incident 42", mode="drain"), actor=user_actor("bob"))
+    in_tenant(
+        fleet.halt,
+        alice.tenant,
+        NewHalt(scope="*", reason="incident 42", mode="drain"),
+        actor=user_actor("bob"),
+    )
     body = browser(alice).get("/fleet/halts/history").content.decode()
     states = re.findall(r'data-halt-scope="([^"]+)" data-halt-state="([^"]+)"', body)
     assert states == [("*", "in-force"), ("agent:bot", "expired"), ("tool:bank.*", "lifted")]
@@ -58,7 +70,9 @@ def test_the_history_says_how_each_kill_switch_ended(alice: Person, carol: Perso
 def test_the_history_pages_by_keyset(alice: Person, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kill_switch_views, "PAGE_SIZE", 2)
     for n in range(5):
-        fleet.halt(alice.tenant, NewHalt(scope=f"tool:t{n}", reason=f"r{n}"), actor=user_actor("alice"))
+        in_tenant(
+            fleet.halt, alice.tenant, NewHalt(scope=f"tool:t{n}", reason=f"r{n}"), actor=user_actor("alice")
+        )
     client, seen, url = browser(alice), [], "/fleet/halts/history"
     while url:
         body = client.get(url).content.decode()
@@ -70,11 +84,19 @@ def test_the_history_pages_by_keyset(alice: Person, monkeypatch: pytest.MonkeyPa
 
 
 def test_denials_filter_by_tool_agent_reason_and_time(alice: Person, carol: Person) -> None:
-    fleet.halt(alice.tenant, NewHalt(scope="tool:bank.*", reason="fraud spike"), actor=user_actor("alice"))
+    in_tenant(
+        fleet.halt,
+        alice.tenant,
+        NewHalt(scope="tool:bank.*", reason="fraud spike"),
+        actor=user_actor("alice"),
+    )
     _ask(alice, "bank.wire", "payments-bot", "s1")
     _ask(alice, "bank.refund", "refund-bot", "s2")
-    fleet.halt(
-        alice.tenant, NewHalt(scope="agent:mail-bot", reason="spam", mode="halt"), actor=user_actor("alice")
+    in_tenant(
+        fleet.halt,
+        alice.tenant,
+        NewHalt(scope="agent:mail-bot", reason="spam", mode="halt"),
+        actor=user_actor("alice"),
     )
     _ask(alice, "mail.send", "mail-bot", "s3")
     with tenant_context(alice.tenant):

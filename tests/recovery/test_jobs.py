@@ -22,6 +22,7 @@ from tenants.models import Tenant
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -121,7 +122,8 @@ def test_an_ended_or_quarantined_saga_is_left_alone(alice: Person, writer_a: Wri
     tenant = alice.tenant
     crashed(writer_a, "done", steps=1, end="SAGA_COMPLETE")
     crashed(writer_a, "aside", steps=1)
-    fleet.quarantine(
+    in_tenant(
+        fleet.quarantine,
         tenant,
         "aside",
         fleet.QuarantineCreate.parse({"reason": "looking into it"}),
@@ -195,7 +197,8 @@ def test_steps_needing_a_human_hold_the_saga(alice: Person, writer_a: Writer) ->
     job = claim(worker)  # the irreversible saga's remaining step now runs
     assert job is not None and job["saga_id"] == "irrev" and job["step"] == 1
     # Quarantine from the queue: the rest of that saga is cancelled.
-    services.quarantine(
+    in_tenant(
+        services.quarantine,
         tenant,
         "nohandler",
         services.QuarantineCreate.parse({"reason": "fraud review"}),

@@ -26,6 +26,7 @@ from fleet import services as fleet
 from fleet.stores import DatabaseStore
 from tenants.actors import named_actor
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 
 VALUE = "sk_live_e2e_5b0c9d1f7a3e42"
@@ -123,7 +124,8 @@ def every_table_text() -> Iterator[tuple[str, bytes]]:
 def test_attempts_fallbacks_and_references_through_the_control_plane(
     transactional_db: None, live_server: Any, alice: Person, tmp_path: Path
 ) -> None:
-    fleet.create_budget(
+    in_tenant(
+        fleet.create_budget,
         alice.tenant,
         fleet.BudgetCreate.parse(
             {"name": "vault", "tool": "vault.*", "max_total": 10_000, "window_s": 86400}

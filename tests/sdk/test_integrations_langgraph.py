@@ -34,6 +34,7 @@ from tests.approvals.conftest import Agent, vote
 from tests.sdk import lg_agent
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 # Postgres: the live server's threads and the test's own queries run at once.
@@ -95,7 +96,8 @@ def test_a_graph_run_is_one_saga_whose_calls_ship_as_steps(
 
 
 def test_a_halt_and_an_unlisted_tool_are_refused_before_the_tool(key: Agent, runtime: sp.Runtime) -> None:
-    halt = fleet.halt(
+    halt = in_tenant(
+        fleet.halt,
         key.tenant,
         fleet.HaltCreate.parse({"scope": "tool:charge", "reason": "card incident"}),
         actor=user_actor("alice"),
@@ -105,7 +107,7 @@ def test_a_halt_and_an_unlisted_tool_are_refused_before_the_tool(key: Agent, run
     try:
         out = _run(_graph(), "t-halt", [[["charge", {"amount": 7}]], [["refund", {"charge_id": "ch_1"}]]])
     finally:
-        fleet.resume(key.tenant, halt.pk, actor=user_actor("alice"))
+        in_tenant(fleet.resume, key.tenant, halt.pk, actor=user_actor("alice"))
     answers = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert [m.status for m in answers] == ["error", "error"]
     assert "halted" in answers[0].content and "card incident" in answers[0].content

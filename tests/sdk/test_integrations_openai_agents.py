@@ -31,6 +31,7 @@ from tests.approvals.conftest import Agent as KeyHolder
 from tests.approvals.conftest import vote
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 set_tracing_disabled(True)  # the SDK's own traces would go to OpenAI
@@ -209,7 +210,8 @@ def test_refusals_reach_the_model_as_the_tools_output(
     key: KeyHolder, approver: Person, runtime: sp.Runtime
 ) -> None:
     shop = _agent()
-    halt = fleet.halt(
+    halt = in_tenant(
+        fleet.halt,
         key.tenant,
         fleet.HaltCreate.parse({"scope": "tool:charge", "reason": "card incident"}),
         actor=user_actor("alice"),
@@ -220,7 +222,7 @@ def test_refusals_reach_the_model_as_the_tools_output(
         halted = asyncio.run(spoa.run(shop, json.dumps([[["charge", {"amount": 7}]]])))
         unlisted = asyncio.run(spoa.run(shop, json.dumps([[["refund", {"charge_id": "ch_1"}]]])))
     finally:
-        fleet.resume(key.tenant, halt.pk, actor=user_actor("alice"))
+        in_tenant(fleet.resume, key.tenant, halt.pk, actor=user_actor("alice"))
     assert "halted" in halted.final_output and "card incident" in halted.final_output
     assert "not allowed" in unlisted.final_output
 

@@ -178,12 +178,14 @@ def test_a_call_through_the_gateway_is_a_step_the_control_plane_holds(shop: Shop
 
 
 def test_refusals_never_reach_the_upstream(shop: Shop, tenant_a: Tenant, alice: Person) -> None:
-    fleet.halt(
+    in_tenant(
+        fleet.halt,
         tenant_a,
         fleet.HaltCreate.parse({"scope": "tool:search_products", "reason": "incident 7"}),
         actor=user_actor("alice"),
     )
-    fleet.create_budget(
+    in_tenant(
+        fleet.create_budget,
         tenant_a,
         fleet.BudgetCreate.parse(
             {

@@ -68,17 +68,20 @@ def _acme_fleet(tenant: Tenant) -> tuple[int, int, int]:
         budget = BudgetLimit.objects.filter(name="sample-spend").first()
         rate = RateLimit.objects.filter(name="sample-calls").first()
         halt = Halt.objects.filter(reason="sample halt").first()
-    budget = budget or fleet.create_budget(
+    budget = budget or in_tenant(
+        fleet.create_budget,
         tenant,
         fleet.BudgetCreate.parse({"name": "sample-spend", "max_total": 5, "window_s": 60}),
         actor=named_actor("test"),
     )
-    rate = rate or fleet.create_rate_limit(
+    rate = rate or in_tenant(
+        fleet.create_rate_limit,
         tenant,
         fleet.RateLimitCreate.parse({"name": "sample-calls", "max_calls": 5, "window_s": 60}),
         actor=named_actor("test"),
     )
-    halt = halt or fleet.halt(
+    halt = halt or in_tenant(
+        fleet.halt,
         tenant,
         fleet.HaltCreate.parse({"scope": "tool:sample.*", "reason": "sample halt"}),
         actor=named_actor("test"),
@@ -157,7 +160,7 @@ def _acme_breaker(tenant: Tenant) -> int:
     breaker = fleet.BreakerCreate.parse(
         {"name": "sample-breaker", "tool": "sample.*", **settings, "window_s": 60, "cool_down_s": 30}
     )
-    return fleet.create_breaker(tenant, breaker, actor=named_actor("test")).pk
+    return in_tenant(fleet.create_breaker, tenant, breaker, actor=named_actor("test")).pk
 
 
 SAMPLE: dict[str, Callable[[Tenant, Person], Any]] = {

@@ -423,17 +423,20 @@ def world(
         )
         target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor=named_actor("test"))
         inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor=named_actor("test"))
-        budget = fleet.create_budget(
+        budget = in_tenant(
+            fleet.create_budget,
             acme,
             fleet.BudgetCreate.parse({"name": "spend", "max_total": 100, "window_s": 60}),
             actor=named_actor("test"),
         )
-        rate_limit = fleet.create_rate_limit(
+        rate_limit = in_tenant(
+            fleet.create_rate_limit,
             acme,
             fleet.RateLimitCreate.parse({"name": "calls", "max_calls": 10, "window_s": 60}),
             actor=named_actor("test"),
         )
-        halt = fleet.halt(
+        halt = in_tenant(
+            fleet.halt,
             acme,
             fleet.HaltCreate.parse({"scope": "tool:payments.*", "reason": "access table"}),
             actor=named_actor("test"),
@@ -447,8 +450,8 @@ def world(
             "window_s": 60,
             "cool_down_s": 30,
         }
-        breaker = fleet.create_breaker(
-            acme, fleet.BreakerCreate.parse(breaker_fields), actor=named_actor("test")
+        breaker = in_tenant(
+            fleet.create_breaker, acme, fleet.BreakerCreate.parse(breaker_fields), actor=named_actor("test")
         )
         approval_policy = in_tenant(
             approvals.create_policy,

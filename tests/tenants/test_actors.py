@@ -25,6 +25,7 @@ from tenants.actors import (
 )
 from tenants.models import Tenant
 from tests.support.chains import server_stream
+from tests.support.scoping import in_tenant
 
 
 @pytest.mark.parametrize(
@@ -83,7 +84,7 @@ def test_the_audit_writer_and_the_stores_refuse_anything_but_an_actor(tenant_a: 
         append_server_record(tenant_a, "SAGA_NOTE", {"saga_id": "s"}, actor=plain)
     terms = fleet.QuarantineCreate.parse({"reason": "r", "preemptive": True})
     with pytest.raises(TypeError, match=r"^fleet\.actions\.quarantine\.quarantine: actor must be"):
-        fleet.quarantine(tenant_a, "aside", terms, actor=plain)
+        in_tenant(fleet.quarantine, tenant_a, "aside", terms, actor=plain)
     with tenant_context(tenant_a):
         assert not Quarantine.objects.exists()
     assert len(server_stream(tenant_a)) == before
