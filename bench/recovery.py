@@ -152,9 +152,9 @@ def ours(
     from audit import services as audit_services
     from audit.models import Record
     from core.scoping import tenant_context
-    from recovery import services as recovery
     from recovery import sweeper as beat_sweeper
     from recovery.models import Job, JobState, Lease, Run
+    from recovery.tasks import sweep_tenant
     from tenants import services as tenant_services
 
     slug = f"rb{k}x{int(time.time() * 1000) % 10**9}"
@@ -216,7 +216,7 @@ def ours(
         try:
             while not stop.is_set():
                 started = time.perf_counter()
-                if recovery.sweep(tenant)["taken_over"]:
+                if sweep_tenant(tenant)["taken_over"]:
                     sweeps.append(time.perf_counter() - started)
                 tick += sweep_every
                 if tick < time.monotonic():  # the pass outlasted its tick: the next one is due now

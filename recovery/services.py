@@ -10,13 +10,30 @@ from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR
 from recovery.actions.decisions import assign, assignees, quarantine, resolve, retry, rollback_to
 from recovery.actions.leases import watch_appended
 from recovery.actions.results import complete, fail, report_many
-from recovery.actions.takeover import sweep, take_over_on_claim, unclaimed_after
-from recovery.actions.webhooks import delete_webhook, set_webhook, webhook_secret
+from recovery.actions.takeover import (
+    EVIDENCE_STALE_S,
+    SWEEP_BATCH,
+    TAKEOVER_BATCH,
+    escalate_due,
+    take_over_batch,
+    take_over_on_claim,
+    unclaimed_after,
+)
+from recovery.actions.webhooks import (
+    delete_webhook,
+    due_deliveries,
+    enqueue_delivery,
+    set_webhook,
+    webhook_secret,
+)
 from recovery.inputs import NewWebhook, Resolution, ResolveJob, RollbackSaga, RollbackTo, WebhookSet
 
 __all__ = [
+    "EVIDENCE_STALE_S",
     "MAX_ATTEMPTS",
+    "SWEEP_BATCH",
     "SYSTEM_ACTOR",
+    "TAKEOVER_BATCH",
     "NewWebhook",
     "QuarantineCreate",
     "Resolution",
@@ -31,6 +48,9 @@ __all__ = [
     "claim_many",
     "complete",
     "delete_webhook",
+    "due_deliveries",
+    "enqueue_delivery",
+    "escalate_due",
     "fail",
     "heartbeat",
     "quarantine",
@@ -39,7 +59,7 @@ __all__ = [
     "retry",
     "rollback_to",
     "set_webhook",
-    "sweep",
+    "take_over_batch",
     "take_over_on_claim",
     "unclaimed_after",
     "watch_appended",

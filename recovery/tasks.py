@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
 from celery import shared_task
 from django.utils import timezone
 
+from audit.services import flush_server_records
 from core.scoping import tenant_context
 from recovery import services, sweeper, webhook
 from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
-from recovery.models import Delivery, Webhook
+from recovery.models import Delivery, Job, Webhook
 from tenants.actors import system_actor
 from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
@@ -42,13 +46,50 @@ def sweep_all() -> int:
         if tenant is None:
             continue
         try:
-            services.sweep(tenant, now=now)
+            sweep_tenant(tenant, now=now)
             done += 1
         except Exception:
             failures += 1
             log.exception("recovery sweep of tenant %s failed; the next pass retries", tenant_id)
     sweeper.record_pass(started=began, tenants=len(due), failures=failures)
     return done
+
+
+def sweep_tenant(
+    tenant: Tenant, *, now: datetime | None = None, limit: int = services.SWEEP_BATCH
+) -> dict[str, int]:
+    """One pass for one tenant, each unit of work a transaction of its own as the tenant: take over
+    sagas whose lease expired with no terminal record (quarantined ones are skipped),
+    TAKEOVER_BATCH at a time, so workers start on the first batch while the next is taken;
+    escalate jobs whose workers kept dying; wake the webhook deliveries that are due; then chain
+    the results' evidence left pending. `now` (tests) fixes the clock for the whole pass."""
+    taken = 0
+    while taken < limit:
+        with tenant_context(tenant):
+            batch = services.take_over_batch(
+                tenant, now=now, limit=min(services.TAKEOVER_BATCH, limit - taken)
+            )
+        if not batch:
+            break
+        taken += batch
+    now = now or timezone.now()
+    with tenant_context(tenant):
+        escalated, due_hooks = services.escalate_due(tenant, now=now, limit=limit)
+    for job_id in due_hooks:
+        services.enqueue_delivery(tenant.pk, job_id)
+    # Last (takeovers first): results' evidence left pending (its appender died after its commit,
+    # or no result came after it), not what is in flight.
+    flush_server_records(tenant, wait=True, before=now.timestamp() - services.EVIDENCE_STALE_S)
+    return {"taken_over": taken, "escalated": escalated, "webhooks_woken": len(due_hooks)}
+
+
+def wake_deliveries(tenant: Tenant, run_id: int) -> None:
+    """After a run's transaction committed (recovery.actions.webhooks.wake_webhooks): send its
+    webhook deliveries that are due to Celery, read in a transaction of their own as the tenant."""
+    with tenant_context(tenant):
+        due = services.due_deliveries(tenant, run_id)
+    for job_id in due:
+        services.enqueue_delivery(tenant.pk, job_id)
 
 
 def delivery_body(job: object) -> bytes:
@@ -62,23 +103,29 @@ def delivery_body(job: object) -> bytes:
 def deliver_webhook(tenant: Tenant, job_id: str) -> str:
     """Claim the job (as any worker would), POST it signed, and record the answer with the token
     the claim returned. Nothing to do when the claim fails: someone holds it, or it is not due."""
-    job = services.claim(
-        tenant,
-        worker="webhook",
-        handlers=None,
-        lease_s=WEBHOOK_LEASE_S,
-        delivery=Delivery.WEBHOOK,
-        job_id=job_id,
-    )
-    if job is None:
-        return "not claimed"
-    actor = system_actor("recovery-webhook")
-    with tenant_context(tenant):
+    with tenant_context(tenant):  # the claim commits before the POST
+        job = services.claim(
+            tenant,
+            worker="webhook",
+            handlers=None,
+            lease_s=WEBHOOK_LEASE_S,
+            delivery=Delivery.WEBHOOK,
+            job_id=job_id,
+        )
+        if job is None:
+            return "not claimed"
         hook = Webhook.objects.first()
         secret = services.webhook_secret(hook) if hook is not None else ""
+    actor = system_actor("recovery-webhook")
     if hook is None:
-        services.fail(
-            tenant, job.pk, token=job.epoch, actor=actor, error="the webhook was removed", reason="no_handler"
+        record(
+            services.fail,
+            tenant,
+            job.pk,
+            token=job.epoch,
+            actor=actor,
+            error="the webhook was removed",
+            reason="no_handler",
         )
         return "no webhook"
     body = delivery_body(job)
@@ -87,10 +134,26 @@ def deliver_webhook(tenant: Tenant, job_id: str) -> str:
             hook.url, body, secret=secret, idempotency_key=job.idempotency_key, agent="sagaplane-recovery"
         )
     except OSError as exc:
-        services.fail(tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook unreachable: {exc}"[:500])
+        record(
+            services.fail,
+            tenant,
+            job.pk,
+            token=job.epoch,
+            actor=actor,
+            error=f"webhook unreachable: {exc}"[:500],
+        )
         return "unreachable"
     if 200 <= status < 300:
-        services.complete(tenant, job.pk, token=job.epoch, actor=actor)
+        record(services.complete, tenant, job.pk, token=job.epoch, actor=actor)
         return "delivered"
-    services.fail(tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook answered HTTP {status}")
+    record(
+        services.fail, tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook answered HTTP {status}"
+    )
     return f"HTTP {status}"
+
+
+def record(result: Callable[..., Job], tenant: Tenant, *args: Any, **kwargs: Any) -> Job:
+    """A delivery's result (`services.complete` or `services.fail`), in a transaction of its own
+    as the tenant, once the POST has answered."""
+    with tenant_context(tenant):
+        return result(tenant, *args, **kwargs)

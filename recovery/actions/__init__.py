@@ -1,5 +1,5 @@
 """Every state change of recovery, one module per concern: the lease watch (in the ingest
-transaction), takeover (by the sweep, and by workers' claims: `take_over_expired`), claims and
+transaction), takeover (by the sweep, and by workers' claims: `take_over_batch`), claims and
 results of recovery jobs, the human queue's decisions, and "rollback to here".
 
 The database row of a job is the truth: a claim is a conditional UPDATE (the candidate picked with
@@ -14,8 +14,9 @@ job's result), RECOVERY_RETRY / RECOVERY_RESOLVED / RECOVERY_CANCELLED / RECOVER
 human's decision) and ROLLBACK_END (a run finished).
 
 Modules: `leases` (the lease watch), `runs` (starting and advancing runs, escalation),
-`takeover` (the sweep, takeover on claim), `claims` (claims, heartbeat, token checks),
+`takeover` (the sweep's parts, takeover on claim), `claims` (claims, heartbeat, token checks),
 `results` (completions and failures), `decisions` (people's decisions, rollback to here),
 `webhooks` (the tenant's webhook), `common` (limits, the error, readiness). Other apps call them
-through `recovery.services`.
+through `recovery.services`, inside the tenant their transport entered (each asserts it:
+`core.scoping.require_tenant`); the sweep's pass over a tenant is `recovery.tasks.sweep_tenant`.
 """

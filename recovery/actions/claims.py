@@ -15,7 +15,7 @@ from core.claims import Increment, Leased, SetIfNull
 from core.claims import claim as claim_rows
 from core.errors import DomainError
 from core.numbers import finite_number
-from core.scoping import joined_tenant_context, tenant_context
+from core.scoping import require_tenant
 from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, claimable
 from recovery.actions.takeover import take_over_on_claim
 from recovery.models import (
@@ -97,6 +97,7 @@ def claim_many(
     jobs of one saga: newest first still holds."""
     seconds = lease_seconds(lease_s)
     limit = _claim_batch_size(max_jobs)
+    require_tenant(tenant)  # its one write is its only statement: no savepoint of its own
     if job_id is None:
         take_over_on_claim(tenant)
     names = None if handlers is None else list(handlers)
@@ -110,18 +111,17 @@ def claim_many(
             ready = ready.filter(pk=wanted)
         return ready.order_by("available_at", "created_at")
 
-    with joined_tenant_context(tenant):  # its one write is its only statement
-        now = timezone.now()
-        return claim_rows(
-            JOBS,
-            candidates,
-            now=now,
-            holder=worker,
-            lease_until=now + timedelta(seconds=seconds),
-            limit=limit,
-            shape=(tenant.pk, str(delivery), None if names is None else tuple(names), wanted),
-            also={"attempts": Increment(), "first_claimed_at": SetIfNull(now)},
-        )
+    now = timezone.now()
+    return claim_rows(
+        JOBS,
+        candidates,
+        now=now,
+        holder=worker,
+        lease_until=now + timedelta(seconds=seconds),
+        limit=limit,
+        shape=(tenant.pk, str(delivery), None if names is None else tuple(names), wanted),
+        also={"attempts": Increment(), "first_claimed_at": SetIfNull(now)},
+    )
 
 
 def held(job_id: Any, token: Any) -> Job:
@@ -138,11 +138,11 @@ def held(job_id: Any, token: Any) -> Job:
 def heartbeat(tenant: Tenant, job_id: Any, *, token: Any, lease_s: Any = None) -> Job:
     """Extend the holder's lease (a long compensation)."""
     seconds = lease_seconds(lease_s)
-    with tenant_context(tenant):
-        job = held(job_id, token)
-        job.lease_expires_at = timezone.now() + timedelta(seconds=seconds)
-        job.save(update_fields=["lease_expires_at"])
-        return job
+    require_tenant(tenant)  # its one write is its last statement: no savepoint of its own
+    job = held(job_id, token)
+    job.lease_expires_at = timezone.now() + timedelta(seconds=seconds)
+    job.save(update_fields=["lease_expires_at"])
+    return job
 
 
 def stale(token: Any) -> DomainError:

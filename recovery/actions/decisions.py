@@ -11,7 +11,7 @@ from sagaplane.events import Event
 from core.actionaudit import append_server_record
 from core.actors import Actor, stored
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
 from recovery.actions.runs import RunRequest, maybe_finish, start_runs
@@ -40,7 +40,8 @@ def _job_for_decision(job_id: Any) -> tuple[Job, Run]:
 
 def retry(tenant: Tenant, job_id: Any, *, actor: Actor) -> Job:
     """An escalated job goes back to the workers with a fresh set of attempts."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         job, run = _job_for_decision(job_id)
         if job.state != JobState.ESCALATED:
             raise DomainError(
@@ -77,7 +78,8 @@ def retry(tenant: Tenant, job_id: Any, *, actor: Actor) -> Job:
 def resolve(tenant: Tenant, job_id: Any, resolution: Resolution, *, actor: Actor) -> Job:
     """A human says this step is dealt with (refunded by hand, confirmed harmless, ...), with a note."""
     text = resolution.note
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         job, run = _job_for_decision(job_id)
         if job.state not in (JobState.ESCALATED, JobState.PENDING):
             raise DomainError("not_open", f"this job is {job.state}: nothing to resolve", status=409)
@@ -119,7 +121,8 @@ def assign(tenant: Tenant, job_id: Any, *, actor: Actor, assignee: Any) -> Job:
     """Someone takes up an escalated job: acknowledges it (the acting person names themself) or
     hands it to another member who may decide recovery; "" hands it back to nobody. Recorded
     (RECOVERY_ASSIGNED, old and new) in the same transaction."""
-    with tenant_context(tenant), transaction.atomic():
+    require_tenant(tenant)
+    with transaction.atomic():
         job, _ = _job_for_decision(job_id)  # another tenant's job: not found, whatever the body
         if not isinstance(assignee, str) or len(assignee) > ASSIGNEE_MAX:
             raise DomainError("invalid", 'assignee: a member\'s username, or "" for nobody', field="assignee")
@@ -157,8 +160,9 @@ def assign(tenant: Tenant, job_id: Any, *, actor: Actor, assignee: Any) -> Job:
 def quarantine(tenant: Tenant, saga_id: Any, terms: fleet_services.QuarantineTerms, *, actor: Actor) -> None:
     """Set the saga aside (fleet's quarantine: the gate refuses its steps) and cancel what recovery
     had queued for it. A job a worker holds now may still report its result."""
+    require_tenant(tenant)
     fleet_services.quarantine(tenant, saga_id, terms, actor=actor)
-    with tenant_context(tenant):
+    with transaction.atomic():
         for run in Run.objects.select_for_update().filter(saga_id=saga_id, state__in=UNFINISHED_RUN_STATES):
             cancelled = list(
                 run.jobs.filter(state__in=[JobState.PENDING, JobState.ESCALATED]).values_list(
@@ -192,7 +196,8 @@ def rollback_to(tenant: Tenant, saga_id: Any, rollback: RollbackTo, *, actor: Ac
     by the same workers. Refused while the agent holds its lease or another run is unfinished."""
     if not isinstance(saga_id, str) or not 0 < len(saga_id) <= 128:
         raise DomainError("invalid", "saga_id must be 1 to 128 characters", field="saga_id")
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         saga = saga_selectors.saga(saga_id)
         if saga is None:
             raise DomainError("not_found", "no such saga", status=404)

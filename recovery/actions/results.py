@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
@@ -17,7 +18,7 @@ from audit.services import (
 from core import timing
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import joined_tenant_context, tenant_context
+from core.scoping import require_tenant
 from recovery.actions.claims import JOBS, held, stale, token_of
 from recovery.actions.common import text_field
 from recovery.actions.runs import advance_runs, escalate
@@ -50,8 +51,8 @@ def complete_many(
     of COMPENSATED records (then one of ROLLBACK_END for the runs this finished)."""
     for _, token in items:
         token_of(token)
-    with joined_tenant_context(tenant):  # refusals are answers, not exceptions: nothing to undo
-        return complete_locked(tenant, items, actor=actor)
+    require_tenant(tenant)  # refusals are answers, not exceptions: nothing to undo, no savepoint
+    return complete_locked(tenant, items, actor=actor)
 
 
 def complete_locked(
@@ -138,7 +139,8 @@ def fail(
         raise DomainError("invalid", "retryable: true or false", field="retryable")
     if reason not in (None, Escalation.NO_HANDLER.value):
         raise DomainError("invalid", "reason: omit it, or 'no_handler'", field="reason")
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():  # a savepoint: report_many answers a refused failure and goes on
         job = held(job_id, token)
         run = Run.objects.select_for_update().get(pk=job.run_id)
         final = reason is not None or not retryable or job.attempts >= job.max_attempts
@@ -213,23 +215,24 @@ def report_many(tenant: Tenant, results: Any, *, actor: Actor) -> list[Job | Dom
                 )
             failed.append((i, job_id, item))
     outcomes: list[Job | DomainError | None] = [None] * len(results)
-    # Joined: nothing written above; each failure keeps a savepoint of its own (`fail`).
-    with joined_tenant_context(tenant):
-        if done:
-            completed = complete_locked(tenant, [(job_id, token) for _, job_id, token in done], actor=actor)
-            for (i, _, _), outcome in zip(done, completed, strict=True):
-                outcomes[i] = outcome
-        for i, job_id, item in failed:
-            try:
-                outcomes[i] = fail(
-                    tenant,
-                    job_id,
-                    token=item["token"],
-                    actor=actor,
-                    error=item.get("error"),
-                    retryable=item.get("retryable", True),
-                    reason=item.get("reason"),
-                )
-            except DomainError as exc:
-                outcomes[i] = exc
+    # In the caller's transaction: nothing written above; each failure keeps a savepoint of its
+    # own (`fail`).
+    require_tenant(tenant)
+    if done:
+        completed = complete_locked(tenant, [(job_id, token) for _, job_id, token in done], actor=actor)
+        for (i, _, _), outcome in zip(done, completed, strict=True):
+            outcomes[i] = outcome
+    for i, job_id, item in failed:
+        try:
+            outcomes[i] = fail(
+                tenant,
+                job_id,
+                token=item["token"],
+                actor=actor,
+                error=item.get("error"),
+                retryable=item.get("retryable", True),
+                reason=item.get("reason"),
+            )
+        except DomainError as exc:
+            outcomes[i] = exc
     return [outcome for outcome in outcomes if outcome is not None]

@@ -6,19 +6,16 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from audit.services import (
-    flush_server_records,
-)
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from recovery import queries
 from recovery.actions.common import SYSTEM_ACTOR, claimable, quarantined_out
 from recovery.actions.runs import RunRequest, escalate, start_runs
-from recovery.actions.webhooks import enqueue_delivery
 from recovery.models import (
     UNFINISHED_RUN_STATES,
     Delivery,
@@ -41,63 +38,52 @@ TAKEOVER_BATCH = 250  # sagas per transaction
 EVIDENCE_STALE_S = 0.5  # pending that long: left behind, the sweep chains it
 
 
-def sweep(tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BATCH) -> dict[str, int]:
-    """One pass for one tenant: take over sagas whose lease expired with no terminal record
-    (quarantined ones are skipped), escalate jobs whose workers kept dying, and wake webhook
-    deliveries that are due (`take_over_expired` does the first part, as workers' claims do).
-    `now` (tests) fixes the clock for the whole pass."""
-    taken = take_over_expired(tenant, now=now, limit=limit)
-    now = now or timezone.now()
-    with tenant_context(tenant):
-        exhausted = list(
-            Job.objects.filter(
-                state=JobState.CLAIMED, lease_expires_at__lt=now, attempts__gte=F("max_attempts")
-            ).select_for_update(skip_locked=True)[:limit]
+def escalate_due(tenant: Tenant, *, now: datetime, limit: int = SWEEP_BATCH) -> tuple[int, list[Any]]:
+    """The sweep's second part, in the caller's transaction as the tenant (asserted): escalate jobs
+    whose workers kept dying and jobs no SDK worker claimed (`_escalate_unclaimed`). Returns how
+    many it escalated and the ids of the webhook deliveries now due, for the caller to wake once
+    this has committed (recovery.tasks.sweep_tenant, the transport)."""
+    require_tenant(tenant)
+    exhausted = list(
+        Job.objects.filter(
+            state=JobState.CLAIMED, lease_expires_at__lt=now, attempts__gte=F("max_attempts")
+        ).select_for_update(skip_locked=True)[:limit]
+    )
+    for job in exhausted:
+        escalate(
+            tenant,
+            job,
+            Escalation.RETRIES_EXHAUSTED,
+            f"its worker lost the lease on each of {job.attempts} attempts",
+            actor=SYSTEM_ACTOR,
         )
-        for job in exhausted:
-            escalate(
-                tenant,
-                job,
-                Escalation.RETRIES_EXHAUSTED,
-                f"its worker lost the lease on each of {job.attempts} attempts",
-                actor=SYSTEM_ACTOR,
-            )
-        unclaimed = _escalate_unclaimed(tenant, now, limit)
-        due_hooks = list(claimable(now, Delivery.WEBHOOK).values_list("pk", flat=True)[:limit])
-    for job_id in due_hooks:
-        enqueue_delivery(tenant.pk, job_id)
-    # Last (takeovers first): results' evidence left pending (its appender died after its commit,
-    # or no result came after it), not what is in flight.
-    flush_server_records(tenant, wait=True, before=now.timestamp() - EVIDENCE_STALE_S)
-    return {"taken_over": taken, "escalated": len(exhausted) + unclaimed, "webhooks_woken": len(due_hooks)}
+    unclaimed = _escalate_unclaimed(tenant, now, limit)
+    due_hooks = list(claimable(now, Delivery.WEBHOOK).values_list("pk", flat=True)[:limit])
+    return len(exhausted) + unclaimed, due_hooks
 
 
-def take_over_expired(
-    tenant: Tenant, *, now: datetime | None = None, limit: int = SWEEP_BATCH, exclusive: bool = False
+def take_over_batch(
+    tenant: Tenant, *, now: datetime | None = None, limit: int = TAKEOVER_BATCH, exclusive: bool = False
 ) -> int:
-    """Take over the tenant's sagas whose lease expired (quarantined ones are left alone),
-    TAKEOVER_BATCH at a time, each batch in its own transaction (a savepoint inside a caller's),
-    so workers start on the first batch while the next is queued; each batch takes the leases
-    expired by the time it starts. The leases are locked `SKIP LOCKED` (on SQLite every write
-    transaction is IMMEDIATE, so takers run one after another), so two takers never take one
-    saga. `exclusive` (a worker's claim): only while no one else is taking this tenant's leases
-    over (`queries.takeover_turn`), never waiting for them. `now` (tests) fixes the clock."""
-    taken = 0
-    while taken < limit:
-        moment = now or timezone.now()
-        with tenant_context(tenant):
-            if exclusive and not queries.takeover_turn(tenant):
-                break
-            leases = list(
-                quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=moment))
-                .order_by("expires_at")
-                .select_for_update(skip_locked=True)[: min(TAKEOVER_BATCH, limit - taken)]
-            )
-            if not leases:
-                break
-            _take_over(tenant, leases, moment)
-        taken += len(leases)
-    return taken
+    """Take over up to `limit` of the tenant's sagas whose lease expired by `now` (quarantined ones
+    are left alone), in the caller's transaction as the tenant (asserted); how many it took. The
+    leases are locked `SKIP LOCKED` (on SQLite every write transaction is IMMEDIATE, so takers run
+    one after another), so two takers never take one saga. `exclusive` (a worker's claim): only
+    while no one else is taking this tenant's leases over (`queries.takeover_turn`), never
+    waiting for them. The sweep (recovery.tasks.sweep_tenant) commits each batch on its own, so
+    workers start on the first while the next is taken."""
+    require_tenant(tenant)
+    moment = now or timezone.now()
+    if exclusive and not queries.takeover_turn(tenant):
+        return 0
+    leases = list(
+        quarantined_out(Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=moment))
+        .order_by("expires_at")
+        .select_for_update(skip_locked=True)[:limit]
+    )
+    if leases:
+        _take_over(tenant, leases, moment)
+    return len(leases)
 
 
 # A claim looks for expired leases at most this often per tenant and process (one indexed
@@ -116,12 +102,14 @@ def take_over_on_claim(tenant: Tenant) -> int:
     if clock - _takeover_looked.get(tenant.pk, -CLAIM_TAKEOVER_EVERY_S) < CLAIM_TAKEOVER_EVERY_S:
         return 0
     _takeover_looked[tenant.pk] = clock
+    require_tenant(tenant)
     try:
-        with tenant_context(tenant):
+        # A savepoint: a failed takeover leaves the claim's transaction able to go on.
+        with transaction.atomic():
             due = Lease.objects.filter(state=LeaseState.LIVE, expires_at__lt=timezone.now()).exists()
-        if not due:
-            return 0
-        return take_over_expired(tenant, limit=CLAIM_TAKEOVER_BATCH, exclusive=True)
+            if not due:
+                return 0
+            return take_over_batch(tenant, limit=CLAIM_TAKEOVER_BATCH, exclusive=True)
     except DatabaseError:
         log.exception("a claim's takeover for tenant %s failed; the sweep takes them over", tenant.pk)
         return 0

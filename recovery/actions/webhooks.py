@@ -11,7 +11,7 @@ from sagaplane.events import Event
 from core.actionaudit import append_server_record
 from core.actors import Actor, stored
 from core.postcommit import after_commit
-from core.scoping import require_tenant, tenant_context
+from core.scoping import require_tenant
 from recovery.actions.common import claimable
 from recovery.inputs import NewWebhook
 from recovery.models import (
@@ -64,19 +64,26 @@ def webhook_secret(hook: Webhook) -> str:
 
 
 def wake_webhooks(tenant: Tenant, run: Run) -> None:
+    """Once the caller's transaction commits, wake the run's webhook deliveries that are due: the
+    wake is a unit of work of its own, entered by recovery.tasks.wake_deliveries (a transport)."""
     if not run.jobs.filter(delivery=Delivery.WEBHOOK).exists():
         return
-    tenant_id = tenant.pk
+    run_id = run.pk
 
     def wake() -> None:
-        with tenant_context(tenant):
-            due = list(
-                claimable(timezone.now(), Delivery.WEBHOOK).filter(run=run).values_list("pk", flat=True)
-            )
-        for job_id in due:
-            enqueue_delivery(tenant_id, job_id)
+        from recovery.tasks import wake_deliveries
 
-    after_commit(f"wake webhook deliveries of run {run.pk}", wake)
+        wake_deliveries(tenant, run_id)
+
+    after_commit(f"wake webhook deliveries of run {run_id}", wake)
+
+
+def due_deliveries(tenant: Tenant, run_id: int) -> list[uuid.UUID]:
+    """The ids of the run's webhook deliveries that are due, read as the tenant (asserted)."""
+    require_tenant(tenant)
+    return list(
+        claimable(timezone.now(), Delivery.WEBHOOK).filter(run_id=run_id).values_list("pk", flat=True)
+    )
 
 
 def enqueue_delivery(tenant_id: int, job_id: uuid.UUID) -> None:

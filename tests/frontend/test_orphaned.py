@@ -10,11 +10,10 @@ import re
 import pytest
 from django.test import Client
 
-from recovery import services
+from recovery.tasks import sweep_tenant
 from tests.recovery.sagas import crashed, expire
 from tests.support.chains import Writer
 from tests.support.factories import Person
-from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +39,7 @@ def test_an_expired_lease_is_orphaned_with_recovery_starting_then_started(alice:
     # Recovery is on it: no human is needed for that, on either page.
     assert 'id="needs-human"' not in client.get("/sagas/").content.decode()
     assert 'id="queue-empty"' in client.get("/recovery/").content.decode()
-    in_tenant(services.sweep, tenant)
+    sweep_tenant(tenant)
     timeline = client.get("/sagas/lapsed/timeline").content.decode()
     assert 'data-status="recovering"' in timeline
     assert re.search(r'id="orphan-note" data-phase="started">orphaned — recovery started at <time', timeline)
@@ -61,7 +60,7 @@ def test_the_sagas_banner_and_the_recovery_page_count_the_same_sagas(alice: Pers
     assert "1 saga needs a human" in sagas
     assert 'data-count="1"' in recovery and 'id="queue-empty"' not in recovery
     assert 'data-saga="partial"' in recovery
-    in_tenant(services.sweep, tenant)  # "wire" escalates (unknown outcome of an irreversible step)
+    sweep_tenant(tenant)  # "wire" escalates (unknown outcome of an irreversible step)
     sagas = client.get("/sagas/").content.decode()
     recovery = client.get("/recovery/").content.decode()
     assert "2 sagas need a human" in sagas

@@ -16,9 +16,11 @@ from reconciliation import services
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
 from recovery.models import JobState
+from recovery.tasks import sweep_tenant
 from tenants.actors import api_key_actor, named_actor, user_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import services as transparency
 
@@ -27,7 +29,9 @@ pytestmark = pytest.mark.usefixtures("no_delay")
 
 def _certificate(tenant: Tenant) -> dict:
     settle(tenant)
-    note = services.issue_certificate(tenant, timezone.now() - timedelta(hours=1), actor=named_actor("test"))
+    note = in_tenant(
+        services.issue_certificate, tenant, timezone.now() - timedelta(hours=1), actor=named_actor("test")
+    )
     with tenant_context(tenant):
         keys = transparency.current_verifier_keys()
     return verify_certificate(note, keys).statement
@@ -50,10 +54,11 @@ def test_an_open_saga_is_an_exception_until_a_person_resolves_it(tenant_a: Tenan
     assert [(e["saga_id"], e["reason"]) for e in statement["exceptions"]] == [("payout-1", "in_flight")]
     assert statement["accounted"]["completed"] == 2
 
-    recovery.sweep(tenant_a, now=timezone.now() + timedelta(minutes=5))  # the lease lapsed: taken over
+    sweep_tenant(tenant_a, now=timezone.now() + timedelta(minutes=5))  # the lease lapsed: taken over
     with tenant_context(tenant_a):
         (job,) = recovery_selectors.human_queue()  # irreversible, no inverse: for a person
-    recovery.resolve(
+    in_tenant(
+        recovery.resolve,
         tenant_a,
         job.pk,
         recovery.Resolution("wire recalled by phone with the bank"),
@@ -79,7 +84,12 @@ def test_a_log_without_a_checkpoint_has_no_certificate(tenant_a: Tenant) -> None
     from core.errors import DomainError
 
     with pytest.raises(DomainError) as refused:
-        services.issue_certificate(tenant_a, timezone.now() - timedelta(hours=1), actor=named_actor("test"))
+        in_tenant(
+            services.issue_certificate,
+            tenant_a,
+            timezone.now() - timedelta(hours=1),
+            actor=named_actor("test"),
+        )
     assert (refused.value.status, refused.value.code) == (404, "no_checkpoint")
 
 
@@ -100,11 +110,11 @@ def test_a_step_compensated_by_a_recovery_worker_is_checked_too(tenant_a: Tenant
         ("STEP_INTENT", {**step, "kwargs": {"amount": 42}}),
         ("STEP_COMMITTED", {**step, "compensation": compensation}),
     )
-    recovery.sweep(tenant_a, now=timezone.now() + timedelta(minutes=5))
-    job = recovery.claim(tenant_a, worker="recovery-worker", handlers=["shop.refund"])
+    sweep_tenant(tenant_a, now=timezone.now() + timedelta(minutes=5))
+    job = in_tenant(recovery.claim, tenant_a, worker="recovery-worker", handlers=["shop.refund"])
     assert job is not None
-    recovery.complete(tenant_a, job.pk, token=job.epoch, actor=api_key_actor("recovery"))
+    in_tenant(recovery.complete, tenant_a, job.pk, token=job.epoch, actor=api_key_actor("recovery"))
     flush_server_records(tenant_a, wait=True)  # the sweep's (results are chained in batches)
-    (check,) = services.scan(tenant_a)
+    (check,) = in_tenant(services.scan, tenant_a)
     assert (check.saga_id, check.compensated_in, check.handler) == ("died-1", "server", "shop.refund")
     assert check.kwargs == {"charge_id": "ch_died"}

@@ -8,8 +8,8 @@ from typing import Any
 from django.utils import timezone
 
 from core.scoping import tenant_context
-from recovery import services
 from recovery.models import Job, Lease
+from recovery.tasks import sweep_tenant
 from sagas.models import Saga
 from tenants.models import Tenant
 from tests.support.chains import Writer
@@ -64,7 +64,7 @@ def crashed(
 
 def sweep_later(tenant: Tenant, seconds: float = 5.0) -> dict[str, int]:
     """A sweep as the beat would run it `seconds` from now (every lease in these tests is shorter)."""
-    return services.sweep(tenant, now=timezone.now() + timedelta(seconds=seconds))
+    return sweep_tenant(tenant, now=timezone.now() + timedelta(seconds=seconds))
 
 
 def expire(tenant: Tenant, saga_id: str, ago: float = 60.0) -> None:
@@ -84,6 +84,6 @@ def escalated_job(tenant: Tenant) -> Any:
         ("STEP_INTENT", step),
         ("STEP_COMMITTED", {**step, "compensation": None}),
     )
-    services.sweep(tenant, now=timezone.now() + timedelta(seconds=1))
+    sweep_tenant(tenant, now=timezone.now() + timedelta(seconds=1))
     with tenant_context(tenant):
         return Job.objects.get(saga_id="acme-crashed")

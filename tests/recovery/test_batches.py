@@ -17,8 +17,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from core.scoping import tenant_context
-from recovery import services
 from recovery.models import Job, JobState, Run, RunState
+from recovery.tasks import sweep_tenant
 from tenants.models import Tenant
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
@@ -186,7 +186,7 @@ def test_a_job_no_worker_serves_escalates_as_no_handler(
     assert job["saga_id"] == "served"
     assert sweep_later(tenant, 30)["escalated"] == 0  # not yet: within the bound
     now = timezone.now()
-    assert services.sweep(tenant, now=now + timedelta(seconds=120))["escalated"] == 1
+    assert sweep_tenant(tenant, now=now + timedelta(seconds=120))["escalated"] == 1
     with tenant_context(tenant):
         orphan = Job.objects.get(saga_id="orphan", state=JobState.ESCALATED)
         assert orphan.escalation == "no_handler" and orphan.step_id == "orphan-s2"

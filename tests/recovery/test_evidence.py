@@ -25,6 +25,7 @@ from tenants.models import Tenant
 from tests.recovery.sagas import HANDLER, crashed, sweep_later
 from tests.support.chains import Writer, server_stream
 from tests.support.concurrency import at_once
+from tests.support.scoping import in_tenant
 
 
 def evidence(tenant: Tenant, event: str, *, flush: bool = True) -> Counter[str]:
@@ -36,7 +37,7 @@ def evidence(tenant: Tenant, event: str, *, flush: bool = True) -> Counter[str]:
 
 
 def claimed(tenant: Tenant, n: int) -> list[Job]:
-    jobs = services.claim_many(tenant, worker="w", handlers=[HANDLER], max_jobs=n)
+    jobs = in_tenant(services.claim_many, tenant, worker="w", handlers=[HANDLER], max_jobs=n)
     assert len(jobs) == n
     return jobs
 
@@ -52,7 +53,10 @@ def test_concurrent_single_results_each_land_once_with_their_evidence(
     assert sweep_later(tenant_a)["taken_over"] == sagas
     jobs = claimed(tenant_a, sagas)
     outcomes = at_once(
-        lambda job: services.complete(tenant_a, job.pk, token=job.epoch, actor=named_actor("test")), jobs
+        lambda job: in_tenant(
+            services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test")
+        ),
+        jobs,
     )
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
     with tenant_context(tenant_a):
@@ -83,13 +87,18 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
 
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", crash)
-        job = services.complete(tenant_a, newest.pk, token=newest.epoch, actor=named_actor("test"))
+        job = in_tenant(services.complete, tenant_a, newest.pk, token=newest.epoch, actor=named_actor("test"))
         assert job.state == JobState.COMPENSATED
         # The result is recorded and the saga moves on: its next (older) step is claimable.
         (older,) = claimed(tenant_a, 1)
         assert older.step_id == "s1-s1"
-        failed = services.fail(
-            tenant_a, older.pk, token=older.epoch, actor=named_actor("test"), error="card declined"
+        failed = in_tenant(
+            services.fail,
+            tenant_a,
+            older.pk,
+            token=older.epoch,
+            actor=named_actor("test"),
+            error="card declined",
         )
         assert failed.state == JobState.PENDING
     assert audit_services.pending_server_records(tenant_a) == 2
@@ -120,7 +129,7 @@ def test_a_direct_server_append_chains_pending_evidence_first(
     (job,) = claimed(tenant_a, 1)
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", lambda *_a, **_k: 1 / 0)
-        services.complete(tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
+        in_tenant(services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
     assert audit_services.pending_server_records(tenant_a) == 2  # COMPENSATED, ROLLBACK_END
     record = audit_services.append_server_record(
         tenant_a, "NOTE", {"text": "later"}, actor=named_actor("test")
@@ -142,11 +151,11 @@ def test_results_are_chained_together_once_the_oldest_pending_one_is_older_than_
     first, second, third = claimed(tenant_a, 3)
     settings.EVIDENCE_GROUP_WINDOW_S = 3600.0
     for job in (first, second):  # each commits; none pending is older than the window
-        services.complete(tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
+        in_tenant(services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
     assert audit_services.pending_server_records(tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
     assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
     settings.EVIDENCE_GROUP_WINDOW_S = 0.0
-    services.complete(tenant_a, third.pk, token=third.epoch, actor=named_actor("test"))
+    in_tenant(services.complete, tenant_a, third.pk, token=third.epoch, actor=named_actor("test"))
     # After its commit the third result found pending rows past the window: all six went, in one
     # append (consecutive positions in the server stream), oldest first.
     assert audit_services.pending_server_records(tenant_a) == 0

@@ -20,6 +20,7 @@ from tests.recovery.sagas import HANDLER, crashed, expire
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
 from tests.support.metrics import scrape, value
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -27,10 +28,10 @@ pytestmark = pytest.mark.django_db
 def test_a_claim_takes_over_expired_leases_itself_without_a_sweep(tenant_a: Tenant, writer_a: Writer) -> None:
     crashed(writer_a, "no-sweep", steps=2, lease_ttl=600)
     takeover._takeover_looked.clear()
-    assert services.claim(tenant_a, worker="w", handlers=[HANDLER]) is None  # the agent holds it
+    assert in_tenant(services.claim, tenant_a, worker="w", handlers=[HANDLER]) is None  # the agent holds it
     expire(tenant_a, "no-sweep")
     takeover._takeover_looked.clear()  # the claim looks at most every CLAIM_TAKEOVER_EVERY_S
-    job = services.claim(tenant_a, worker="w", handlers=[HANDLER])
+    job = in_tenant(services.claim, tenant_a, worker="w", handlers=[HANDLER])
     assert job is not None and job.saga_id == "no-sweep" and job.ordinal == 2  # newest first
     with tenant_context(tenant_a):
         lease = Lease.objects.get(saga_id="no-sweep")
@@ -41,7 +42,7 @@ def test_a_claim_takes_over_expired_leases_itself_without_a_sweep(tenant_a: Tena
     assert [r["saga_id"] for r in started] == ["no-sweep"]
     # Taken over once: neither a later claim nor the sweep starts a second run.
     takeover._takeover_looked.clear()
-    assert services.claim(tenant_a, worker="w2", handlers=[HANDLER]) is None  # step 1 waits for 2
+    assert in_tenant(services.claim, tenant_a, worker="w2", handlers=[HANDLER]) is None  # step 1 waits for 2
     sweep_all()
     with tenant_context(tenant_a):
         assert Run.objects.filter(saga_id="no-sweep").count() == 1
@@ -51,12 +52,12 @@ def test_a_claim_looks_for_expired_leases_at_most_every_half_second(
     tenant_a: Tenant, writer_a: Writer
 ) -> None:
     takeover._takeover_looked.clear()
-    assert services.claim(tenant_a, worker="w", handlers=[HANDLER]) is None  # looked: nothing due
+    assert in_tenant(services.claim, tenant_a, worker="w", handlers=[HANDLER]) is None  # looked: nothing due
     crashed(writer_a, "later", steps=1, lease_ttl=600)
     expire(tenant_a, "later")
-    assert services.take_over_on_claim(tenant_a) == 0  # within the interval: not looked again
+    assert in_tenant(services.take_over_on_claim, tenant_a) == 0  # within the interval: not looked again
     takeover._takeover_looked.clear()
-    assert services.take_over_on_claim(tenant_a) == 1
+    assert in_tenant(services.take_over_on_claim, tenant_a) == 1
 
 
 def test_each_sweep_pass_is_recorded_and_its_lag_is_reported(db: None, alice: Person) -> None:

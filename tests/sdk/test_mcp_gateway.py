@@ -26,8 +26,8 @@ from approvals import services as approvals
 from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.stores import DatabaseStore
-from recovery import services as recovery
 from recovery.models import Job
+from recovery.tasks import sweep_tenant
 from sagas.models import Saga, Step
 from tenants import services as tenants
 from tenants.actors import named_actor, user_actor
@@ -338,7 +338,7 @@ def test_a_gateway_killed_mid_session_is_compensated_by_a_recovery_worker(
     saga_id = (charged.meta or {})["sagaplane/saga_id"]
 
     def taken_over() -> bool:
-        recovery.sweep(tenant_a)
+        sweep_tenant(tenant_a)
         with tenant_context(tenant_a):
             return Job.objects.filter(saga_id=saga_id).exists()
 
