@@ -151,7 +151,8 @@ def main() -> int:
     start = time.perf_counter()
     created = 0
     while True:
-        made = len(services.scan(tenant))
+        with tenant_context(tenant):  # the pass's transaction (reconciliation.tasks.reconcile_tenant)
+            made = len(services.scan(tenant))
         created += made
         with tenant_context(tenant):
             from reconciliation.models import ReconciliationCursor
@@ -169,13 +170,15 @@ def main() -> int:
         terms = services.ReconciliationClaim.parse(
             {"handlers": ["shop.refund"], "worker": "bench", "max": 50}
         )
-        checks = services.claim(tenant, terms, actor=api_key_actor("bench"))
+        with tenant_context(tenant):  # each a request's transaction, as the API's view enters it
+            checks = services.claim(tenant, terms, actor=api_key_actor("bench"))
         assert checks, "ran out of checks before answering all"
         for check in checks:
             drift = int(check.kwargs["charge_id"][3:]) % 10 == 0
-            services.report(
-                tenant, check.pk, token=check.token, reversed_=not drift, actor=api_key_actor("bench")
-            )
+            with tenant_context(tenant):
+                services.report(
+                    tenant, check.pk, token=check.token, reversed_=not drift, actor=api_key_actor("bench")
+                )
         answered += len(checks)
     observe_s = time.perf_counter() - start
 
@@ -198,7 +201,8 @@ def main() -> int:
     assert len(steps) == n
     transparency.integrate_fully(tenant)
     start = time.perf_counter()
-    note = services.issue_certificate(tenant, since, actor=system_actor("bench"))
+    with tenant_context(tenant):
+        note = services.issue_certificate(tenant, since, actor=system_actor("bench"))
     certificate_s = time.perf_counter() - start
     with tenant_context(tenant):
         keys = transparency.current_verifier_keys()

@@ -1,12 +1,12 @@
 """Every state change of reconciliation: checks made from compensated steps, claimed by observers,
 answered with a verdict, expired at their deadline, re-opened by a person.
 
-The pass (`reconcile_tenant`, the Celery beat's tick) turns each `COMPENSATED` record in the log
-(an agent's own rollback or a recovery worker's, whichever compensated the step) into one check
-for the step's compensation handler. An observer registered for that handler (an SDK worker's
-`@sp.reconciler("shop.refund")`, claiming through the API) says whether the effect is really
-reversed: true is `confirmed`, false is `drift`, and anything else (it could not tell, it failed,
-nobody claimed the check before its deadline, the compensation has no handler name) is
+The pass (`reconciliation.tasks.reconcile_tenant`, the Celery beat's tick) turns each `COMPENSATED`
+record in the log (an agent's own rollback or a recovery worker's, whichever compensated the step)
+into one check for the step's compensation handler. An observer registered for that handler (an SDK
+worker's `@sp.reconciler("shop.refund")`, claiming through the API) says whether the effect is
+really reversed: true is `confirmed`, false is `drift`, and anything else (it could not tell, it
+failed, nobody claimed the check before its deadline, the compensation has no handler name) is
 `unverifiable`. Nothing is ever inferred to be fine.
 
 Each verdict takes a keyword-only `actor` and appends a `RECONCILIATION_VERDICT` record (old and new
@@ -35,7 +35,7 @@ from core.actionaudit import append_server_record, append_server_records
 from core.actors import Actor
 from core.errors import DomainError
 from core.postcommit import after_commit
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from reconciliation import cross_tenant
 from reconciliation.inputs import HANDLER_MAX, MAX_CLAIM, ClaimTerms
 from reconciliation.inputs import ReconciliationClaim as ReconciliationClaim  # for the API
@@ -162,96 +162,88 @@ def _check_for(
 
 def scan(tenant: Tenant, *, max_leaves: int = SCAN_LEAVES) -> list[ReconciliationCheck]:
     """Make a check for every step compensated in the leaves past the tenant's watermark (at most
-    `max_leaves` of them), then move the watermark, in one transaction. A compensation with no
+    `max_leaves` of them), then move the watermark, in the caller's transaction as the tenant
+    (asserted: the pass enters it, reconciliation.tasks.reconcile_tenant). A compensation with no
     handler name gets its verdict at once: no observer can ever be registered for it."""
-    with tenant_context(tenant):
-        cursor = _locked_cursor(tenant)
-        # The size first: every leaf below it is committed (indices are assigned in commit order).
-        size = audit_selectors.log_size()
-        if size <= cursor.scanned:
-            return []
-        end = min(size, cursor.scanned + max_leaves)
-        headers = [
-            h
-            for h in audit_selectors.headers_between(cursor.scanned, end, COMPENSATED_EVENTS)
-            if h.saga_id and h.step_id
-        ]
-        created: list[ReconciliationCheck] = []
-        if headers:
-            pairs = list(dict.fromkeys((h.saga_id, h.step_id) for h in headers))
-            known = set(
-                ReconciliationCheck.objects.filter(saga_id__in={s for s, _ in pairs}).values_list(
-                    "saga_id", "step_id"
-                )
+    require_tenant(tenant)
+    cursor = _locked_cursor(tenant)
+    # The size first: every leaf below it is committed (indices are assigned in commit order).
+    size = audit_selectors.log_size()
+    if size <= cursor.scanned:
+        return []
+    end = min(size, cursor.scanned + max_leaves)
+    headers = [
+        h
+        for h in audit_selectors.headers_between(cursor.scanned, end, COMPENSATED_EVENTS)
+        if h.saga_id and h.step_id
+    ]
+    created: list[ReconciliationCheck] = []
+    if headers:
+        pairs = list(dict.fromkeys((h.saga_id, h.step_id) for h in headers))
+        known = set(
+            ReconciliationCheck.objects.filter(saga_id__in={s for s, _ in pairs}).values_list(
+                "saga_id", "step_id"
             )
-            compensations = saga_selectors.step_compensations([p for p in pairs if p not in known])
-            now = timezone.now()
-            fresh: dict[tuple[str, str], ReconciliationCheck] = {}
-            for header in headers:
-                pair = (header.saga_id, header.step_id)
-                if pair in known or pair in fresh:
-                    continue  # compensated again (by a recovery worker after its agent): one check
-                fresh[pair] = _check_for(tenant, header, compensations.get(pair), now)
-            created = list(fresh.values())
-            ReconciliationCheck.objects.bulk_create(created, batch_size=1000)
-            verdicts: list[tuple[str, dict[str, Any]]] = []
-            for check in created:
-                if not check.handler:
-                    _decide(
-                        tenant,
-                        check,
-                        CheckStatus.UNVERIFIABLE,
-                        Reason.NO_HANDLER,
-                        "the compensation names no registered handler, so no observer can check it",
-                        observer="",
-                        actor=PASS_ACTOR,
-                        batch=verdicts,
-                    )
-            if verdicts:
-                append_server_records(tenant, verdicts, actor=PASS_ACTOR)
-        ReconciliationCursor.objects.filter(pk=cursor.pk).update(scanned=end)
-        return created
+        )
+        compensations = saga_selectors.step_compensations([p for p in pairs if p not in known])
+        now = timezone.now()
+        fresh: dict[tuple[str, str], ReconciliationCheck] = {}
+        for header in headers:
+            pair = (header.saga_id, header.step_id)
+            if pair in known or pair in fresh:
+                continue  # compensated again (by a recovery worker after its agent): one check
+            fresh[pair] = _check_for(tenant, header, compensations.get(pair), now)
+        created = list(fresh.values())
+        ReconciliationCheck.objects.bulk_create(created, batch_size=1000)
+        verdicts: list[tuple[str, dict[str, Any]]] = []
+        for check in created:
+            if not check.handler:
+                _decide(
+                    tenant,
+                    check,
+                    CheckStatus.UNVERIFIABLE,
+                    Reason.NO_HANDLER,
+                    "the compensation names no registered handler, so no observer can check it",
+                    observer="",
+                    actor=PASS_ACTOR,
+                    batch=verdicts,
+                )
+        if verdicts:
+            append_server_records(tenant, verdicts, actor=PASS_ACTOR)
+    ReconciliationCursor.objects.filter(pk=cursor.pk).update(scanned=end)
+    return created
 
 
 def expire_overdue(tenant: Tenant, *, now: datetime | None = None, limit: int = 1000) -> int:
     """Checks still open at their deadline become `unverifiable`: nobody claimed them (no observer
     for the handler) or the observer that claimed them never answered."""
     now = now or timezone.now()
-    with tenant_context(tenant):
-        overdue = list(
-            ReconciliationCheck.objects.select_for_update(skip_locked=True)
-            .filter(status__in=OPEN_STATUSES, deadline__lte=now)
-            .order_by("deadline")[:limit]
+    require_tenant(tenant)
+    overdue = list(
+        ReconciliationCheck.objects.select_for_update(skip_locked=True)
+        .filter(status__in=OPEN_STATUSES, deadline__lte=now)
+        .order_by("deadline")[:limit]
+    )
+    verdicts: list[tuple[str, dict[str, Any]]] = []
+    for check in overdue:
+        if check.token == 0:
+            reason, detail = Reason.NO_OBSERVER, f"no observer for {check.handler!r} claimed it in time"
+        else:
+            reason = Reason.OBSERVER_SILENT
+            detail = f"claimed by {check.claimed_by or 'a worker'} and never answered"
+        _decide(
+            tenant,
+            check,
+            CheckStatus.UNVERIFIABLE,
+            reason,
+            detail,
+            observer="",
+            actor=PASS_ACTOR,
+            batch=verdicts,
         )
-        verdicts: list[tuple[str, dict[str, Any]]] = []
-        for check in overdue:
-            if check.token == 0:
-                reason, detail = Reason.NO_OBSERVER, f"no observer for {check.handler!r} claimed it in time"
-            else:
-                reason = Reason.OBSERVER_SILENT
-                detail = f"claimed by {check.claimed_by or 'a worker'} and never answered"
-            _decide(
-                tenant,
-                check,
-                CheckStatus.UNVERIFIABLE,
-                reason,
-                detail,
-                observer="",
-                actor=PASS_ACTOR,
-                batch=verdicts,
-            )
-        if verdicts:
-            append_server_records(tenant, verdicts, actor=PASS_ACTOR)
-        return len(overdue)
-
-
-def reconcile_tenant(tenant: Tenant) -> dict[str, int]:
-    """One pass over a tenant: new checks from new compensations, then overdue checks expired."""
-    flush_server_records(tenant, wait=True)  # compensations whose records are still pending
-    created = scan(tenant)
-    expired = expire_overdue(tenant)
-    delivered = claim_for_webhook(tenant)
-    return {"created": len(created), "expired": expired, "webhook": len(delivered)}
+    if verdicts:
+        append_server_records(tenant, verdicts, actor=PASS_ACTOR)
+    return len(overdue)
 
 
 def tenants_to_reconcile(now: datetime | None = None) -> list[int]:
@@ -267,8 +259,8 @@ def claim(tenant: Tenant, terms: ClaimTerms, *, actor: Actor) -> list[Reconcilia
     whose lease lapsed is claimable again (its old token is then stale). Claims are operational,
     not evidence: the verdict's record names the observer and the token it held."""
     worker = str(actor) if terms.worker is None else terms.worker
-    with tenant_context(tenant):
-        return claim_due(list(terms.handlers), worker=worker, limit=max(1, min(terms.max, MAX_CLAIM)))
+    require_tenant(tenant)
+    return claim_due(list(terms.handlers), worker=worker, limit=max(1, min(terms.max, MAX_CLAIM)))
 
 
 # ----------------------------------------------------------------------------------- the webhook
@@ -285,24 +277,24 @@ def claim_for_webhook(tenant: Tenant) -> list[tuple[str, int]]:
     claim to lapse, and the next pass claims the check again, until its deadline."""
     from recovery import selectors as recovery_selectors
 
-    with tenant_context(tenant):
-        hook = recovery_selectors.webhook()
-        if hook is None:
-            return []
-        handlers = list(hook.handlers) or None
-        claimed = claim_due(handlers, worker=WEBHOOK_OBSERVER, limit=WEBHOOK_BATCH)
-        due = [(str(c.pk), c.token) for c in claimed]
-        if due:
-            tenant_id = tenant.pk
+    require_tenant(tenant)
+    hook = recovery_selectors.webhook()
+    if hook is None:
+        return []
+    handlers = list(hook.handlers) or None
+    claimed = claim_due(handlers, worker=WEBHOOK_OBSERVER, limit=WEBHOOK_BATCH)
+    due = [(str(c.pk), c.token) for c in claimed]
+    if due:
+        tenant_id = tenant.pk
 
-            def enqueue() -> None:
-                from reconciliation.tasks import deliver_check
+        def enqueue() -> None:
+            from reconciliation.tasks import deliver_check
 
-                for check_id, token in due:
-                    deliver_check.delay(tenant_id, check_id, token)
+            for check_id, token in due:
+                deliver_check.delay(tenant_id, check_id, token)
 
-            after_commit(f"reconciliation webhook deliveries for tenant {tenant_id}", enqueue)
-        return due
+        after_commit(f"reconciliation webhook deliveries for tenant {tenant_id}", enqueue)
+    return due
 
 
 def report(
@@ -368,64 +360,65 @@ def _answer_fields(token: Any, reversed_: Any, detail: Any, prefix: str) -> None
 def _report_all(
     tenant: Tenant, items: list[tuple[uuid.UUID, int, bool | None, str, bool]], *, actor: Actor
 ) -> list[ReconciliationCheck | DomainError]:
-    with tenant_context(tenant):
-        checks = {
-            check.pk: check
-            for check in ReconciliationCheck.objects.select_for_update()
-            .filter(pk__in=[item[0] for item in items])
-            .order_by("pk")
-        }
-        verdicts: list[tuple[str, dict[str, Any]]] = []
-        outcomes: list[ReconciliationCheck | DomainError] = []
-        for check_id, token, reversed_, detail, error in items:
-            check = checks.get(check_id)
-            if check is None:
-                outcomes.append(DomainError("not_found", "no such reconciliation check", status=404))
-                continue
-            if check.decided:
-                outcomes.append(
-                    DomainError(
-                        "already_decided", f"the check already has its verdict ({check.status})", status=409
-                    )
+    require_tenant(tenant)
+    checks = {
+        check.pk: check
+        for check in ReconciliationCheck.objects.select_for_update()
+        .filter(pk__in=[item[0] for item in items])
+        .order_by("pk")
+    }
+    verdicts: list[tuple[str, dict[str, Any]]] = []
+    outcomes: list[ReconciliationCheck | DomainError] = []
+    for check_id, token, reversed_, detail, error in items:
+        check = checks.get(check_id)
+        if check is None:
+            outcomes.append(DomainError("not_found", "no such reconciliation check", status=404))
+            continue
+        if check.decided:
+            outcomes.append(
+                DomainError(
+                    "already_decided", f"the check already has its verdict ({check.status})", status=409
                 )
-                continue
-            if not CHECKS.holds(check, token):
-                outcomes.append(
-                    DomainError(
-                        "stale_token",
-                        "this claim is no longer current (its lease lapsed and the check was re-claimed)",
-                        status=409,
-                    )
-                )
-                continue
-            if reversed_ is True:
-                status, reason = CheckStatus.CONFIRMED, Reason.REVERSED
-            elif reversed_ is False:
-                status, reason = CheckStatus.DRIFT, Reason.NOT_REVERSED
-            else:
-                status = CheckStatus.UNVERIFIABLE
-                reason = Reason.OBSERVER_ERROR if error else Reason.OBSERVER_UNKNOWN
-            _decide(
-                tenant,
-                check,
-                status,
-                reason,
-                _clean(detail, DETAIL_MAX),
-                observer=check.claimed_by,
-                actor=actor,
-                batch=verdicts,
             )
-            outcomes.append(check)
-        if verdicts:
-            append_server_records(tenant, verdicts, actor=actor)
-        return outcomes
+            continue
+        if not CHECKS.holds(check, token):
+            outcomes.append(
+                DomainError(
+                    "stale_token",
+                    "this claim is no longer current (its lease lapsed and the check was re-claimed)",
+                    status=409,
+                )
+            )
+            continue
+        if reversed_ is True:
+            status, reason = CheckStatus.CONFIRMED, Reason.REVERSED
+        elif reversed_ is False:
+            status, reason = CheckStatus.DRIFT, Reason.NOT_REVERSED
+        else:
+            status = CheckStatus.UNVERIFIABLE
+            reason = Reason.OBSERVER_ERROR if error else Reason.OBSERVER_UNKNOWN
+        _decide(
+            tenant,
+            check,
+            status,
+            reason,
+            _clean(detail, DETAIL_MAX),
+            observer=check.claimed_by,
+            actor=actor,
+            batch=verdicts,
+        )
+        outcomes.append(check)
+    if verdicts:
+        append_server_records(tenant, verdicts, actor=actor)
+    return outcomes
 
 
 def recheck(tenant: Tenant, check_id: uuid.UUID, *, actor: Actor) -> ReconciliationCheck:
     """Open a decided check again (after someone fixed the drift, or started the missing
     observer): a new deadline, the next claim gets a new token. Recorded with the verdict it
     replaces."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         check = ReconciliationCheck.objects.select_for_update().filter(pk=check_id).first()
         if check is None:
             raise DomainError("not_found", "no such reconciliation check", status=404)
@@ -483,49 +476,49 @@ def issue_certificate(tenant: Tenant, since: datetime, until: datetime | None = 
     from transparency import selectors as log_selectors
     from transparency import services as transparency
 
+    require_tenant(tenant)
     flush_server_records(tenant, wait=True)  # every accepted result counts, chained or pending
     now = timezone.now()
     until = min(until or now, now)
-    with tenant_context(tenant):
-        checkpoint = log_selectors.latest_checkpoint()
-        if checkpoint is None:
-            raise DomainError("no_checkpoint", "the log has no signed checkpoint yet", status=404)
-        steps = saga_selectors.step_count_between(since, until)
-        if steps > own.MAX_STEPS:
-            raise own.range_too_large(steps)
-        effects = saga_selectors.effects_between(since, until, now=now, limit=own.MAX_STEPS)
-        checks = own.checks_for((e.saga_id, e.step_id) for e in effects if e.status == "compensated")
-        tally = certificate.tally(effects, checks, resolved_steps(effects))
-        statement = {
-            "v": 1,
-            "since": _iso(since),
-            "until": _iso(until),
-            "issued_at": _iso(now),
-            "log": {
-                "size": checkpoint.size,
-                "root": base64.b64encode(bytes(checkpoint.root)).decode("ascii"),
-            },
+    checkpoint = log_selectors.latest_checkpoint()
+    if checkpoint is None:
+        raise DomainError("no_checkpoint", "the log has no signed checkpoint yet", status=404)
+    steps = saga_selectors.step_count_between(since, until)
+    if steps > own.MAX_STEPS:
+        raise own.range_too_large(steps)
+    effects = saga_selectors.effects_between(since, until, now=now, limit=own.MAX_STEPS)
+    checks = own.checks_for((e.saga_id, e.step_id) for e in effects if e.status == "compensated")
+    tally = certificate.tally(effects, checks, resolved_steps(effects))
+    statement = {
+        "v": 1,
+        "since": _iso(since),
+        "until": _iso(until),
+        "issued_at": _iso(now),
+        "log": {
+            "size": checkpoint.size,
+            "root": base64.b64encode(bytes(checkpoint.root)).decode("ascii"),
+        },
+        "effects": tally.effects,
+        "accounted": tally.accounted,
+        "exceptions": tally.exceptions,
+        "clean": not tally.exceptions,
+    }
+    text = sdk_certificate.format_statement(transparency.log_origin(tenant), statement)
+    signed = transparency.sign_statement(tenant, text)
+    append_server_record(
+        tenant,
+        CERTIFICATE_EVENT,
+        {
+            "since": statement["since"],
+            "until": statement["until"],
+            "log_size": checkpoint.size,
             "effects": tally.effects,
-            "accounted": tally.accounted,
-            "exceptions": tally.exceptions,
-            "clean": not tally.exceptions,
-        }
-        text = sdk_certificate.format_statement(transparency.log_origin(tenant), statement)
-        signed = transparency.sign_statement(tenant, text)
-        append_server_record(
-            tenant,
-            CERTIFICATE_EVENT,
-            {
-                "since": statement["since"],
-                "until": statement["until"],
-                "log_size": checkpoint.size,
-                "effects": tally.effects,
-                "exceptions": len(tally.exceptions),
-                "sha256": hashlib.sha256(signed.encode("utf-8")).hexdigest(),
-            },
-            actor=actor,
-        )
-        return signed
+            "exceptions": len(tally.exceptions),
+            "sha256": hashlib.sha256(signed.encode("utf-8")).hexdigest(),
+        },
+        actor=actor,
+    )
+    return signed
 
 
 def resolved_steps(effects: list[Any]) -> set[tuple[str, str]]:

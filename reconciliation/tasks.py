@@ -9,6 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
+from audit.services import flush_server_records
 from core.errors import DomainError
 from core.scoping import tenant_context
 from core.shutdown import keep_going
@@ -32,7 +33,7 @@ def reconcile() -> dict[str, int]:
         if tenant is None:
             continue
         try:
-            done = services.reconcile_tenant(tenant)
+            done = reconcile_tenant(tenant)
         except Exception:
             log.exception("reconciliation of tenant %s failed; the next tick tries again", tenant_id)
             continue
@@ -41,6 +42,19 @@ def reconcile() -> dict[str, int]:
         totals["expired"] += done["expired"]
         totals["webhook"] += done["webhook"]
     return totals
+
+
+def reconcile_tenant(tenant: Tenant) -> dict[str, int]:
+    """One pass over a tenant, each step a transaction of its own as the tenant: new checks from
+    new compensations, then overdue checks expired, then due checks claimed for the webhook."""
+    flush_server_records(tenant, wait=True)  # compensations whose records are still pending
+    with tenant_context(tenant):
+        created = services.scan(tenant)
+    with tenant_context(tenant):
+        expired = services.expire_overdue(tenant)
+    with tenant_context(tenant):
+        delivered = services.claim_for_webhook(tenant)
+    return {"created": len(created), "expired": expired, "webhook": len(delivered)}
 
 
 ANSWER_MAX_BYTES = 64 * 1024
@@ -105,9 +119,10 @@ def deliver_check(tenant: Tenant, check_id: str, token: int) -> str:
     else:
         detail = 'the webhook answered without a verdict ({"reversed": true | false | null})'
     try:
-        services.report(
-            tenant, check.pk, token=token, reversed_=answer, detail=detail, actor=services.WEBHOOK_ACTOR
-        )
+        with tenant_context(tenant):  # the answer's own transaction, once the POST has answered
+            services.report(
+                tenant, check.pk, token=token, reversed_=answer, detail=detail, actor=services.WEBHOOK_ACTOR
+            )
     except DomainError as refused:  # re-claimed meanwhile, or decided
         return refused.code
     return "answered"

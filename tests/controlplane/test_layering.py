@@ -383,7 +383,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "fleet.actions.reservations",
         "fleet.actions.store",
         "fleet.actions.writers",
-        "reconciliation.services",
         "tenants.services",
         "transparency.actions.exports",
         "transparency.actions.integration",

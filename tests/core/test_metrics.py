@@ -29,6 +29,7 @@ from tenants.models import Tenant
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 from tests.support.metrics import scrape, value
+from tests.support.scoping import in_tenant
 from transparency import services as transparency_services
 
 TOKEN = "metrics-token-" + "x" * 20
@@ -256,7 +257,7 @@ def test_approval_recovery_and_reconciliation_queues_are_counted_across_tenants(
     assert not [names for names in labels if "tenant" in names]
     assert not {tenant_a.slug, tenant_b.slug} & {v for names in labels for v in names.values()}
 
-    reconciliation_services.scan(tenant_a)  # the pass looks at all of tenant a's leaves
+    in_tenant(reconciliation_services.scan, tenant_a)  # the pass looks at all of tenant a's leaves
     with tenant_context(tenant_a):
         ApprovalRequest.objects.filter(status=P).update(status=A)
     after = queue_depths(scrape())

@@ -18,6 +18,7 @@ from tenants.models import Role, Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("no_delay")
 ANSWERS = "/api/v1/reconciliation/answers"
@@ -34,7 +35,7 @@ def _claim(person: Person) -> list[dict[str, Any]]:
 
 def test_a_batch_of_answers_is_judged_one_by_one(alice: Person, tenant_a: Tenant, agent_a: Writer) -> None:
     compensated_saga(agent_a, "checkout-1", charges=["ch_1", "ch_2", "ch_3", "ch_4"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     c1, c2, c3, c4 = _claim(alice)
     before = len(server_stream(tenant_a))
     response = alice.key_client().post(
@@ -72,7 +73,7 @@ def test_answers_for_another_tenants_checks_record_nothing(
     alice: Person, tenant_a: Tenant, tenant_b: Tenant, agent_a: Writer
 ) -> None:
     compensated_saga(agent_a, "checkout-1", charges=["ch_1"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     (check,) = _claim(alice)
     outsider = make_person(tenant_b, "mallory", Role.OWNER)
     response = outsider.key_client().post(
@@ -105,9 +106,9 @@ def test_hostile_answers_are_refused(alice: Person, body: dict[str, Any], field:
 
 def test_overdue_checks_are_decided_in_one_batch(tenant_a: Tenant, agent_a: Writer) -> None:
     compensated_saga(agent_a, "checkout-1", charges=["ch_1", "ch_2", "ch_3"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     before = len(server_stream(tenant_a))
-    assert services.expire_overdue(tenant_a, now=timezone.now() + timedelta(days=1)) == 3
+    assert in_tenant(services.expire_overdue, tenant_a, now=timezone.now() + timedelta(days=1)) == 3
     stream = server_stream(tenant_a)[before:]
     assert [r["event"] for r in stream] == [services.VERDICT_EVENT] * 3
     assert {r["reason"] for r in stream} == {"no_observer"}

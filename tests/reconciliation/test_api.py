@@ -15,6 +15,7 @@ from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import services as transparency
 
@@ -37,7 +38,7 @@ def _claim(person: Person, **body: Any) -> Any:
 
 def test_an_observer_claims_and_answers_over_http(alice: Person, tenant_a: Tenant, agent_a: Writer) -> None:
     compensated_saga(agent_a, "checkout-1", charges=["ch_1", "ch_2"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     response = _claim(alice, worker="billing-observer")
     assert response.status_code == 200
     checks = response.json()["checks"]
@@ -64,7 +65,7 @@ def test_a_stale_token_is_409_in_the_error_shape(
 ) -> None:
     settings.SAGAPLANE_RECONCILE_LEASE_SECONDS = 0  # a claim's lease has lapsed by the next claim
     compensated_saga(agent_a, "checkout-1")
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     (old,) = _claim(alice).json()["checks"]
     (new,) = _claim(alice).json()["checks"]
     assert new["token"] == old["token"] + 1
@@ -120,7 +121,7 @@ def test_hostile_claims_are_400(alice: Person, body: Any) -> None:
 )
 def test_hostile_answers_are_400(alice: Person, tenant_a: Tenant, agent_a: Writer, body: Any) -> None:
     compensated_saga(agent_a, "checkout-1")
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     (check,) = _claim(alice).json()["checks"]
     response = alice.key_client().post(
         f"/api/v1/reconciliation/checks/{check['id']}/report", body, format="json"
@@ -178,7 +179,7 @@ def test_the_certificate_names_each_exception_and_verifies_offline(
     compensated_saga(agent_a, "refund-drift", charges=["ch_d"])
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     compensated_saga(agent_a, "refund-failed", charges=["ch_x", "ch_y"], failed=True)
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     for check in _claim(alice).json()["checks"]:
         answer = check["kwargs"]["charge_id"] in ("ch_ok", "ch_x")
         alice.key_client().post(
@@ -210,7 +211,7 @@ def test_a_third_tenant_sees_nothing(
     alice: Person, carol: Person, tenant_a: Tenant, tenant_b: Tenant, agent_a: Writer
 ) -> None:
     compensated_saga(agent_a, "acme-refund")
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     assert _claim(carol).json() == {"checks": []}
     (check,) = _claim(alice).json()["checks"]
     answer = carol.key_client().post(

@@ -15,6 +15,7 @@ from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_delay")]
 
@@ -72,7 +73,7 @@ def test_a_claim_names_its_worker_or_the_key_and_takes_at_most_max(
     alice: Person, tenant_a: Tenant, agent_a: Writer
 ) -> None:
     compensated_saga(agent_a, "refund", charges=["ch_1", "ch_2", "ch_3"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     client = alice.key_client()
     body = {"handlers": ["shop.refund", "shop.refund"], "max": 2, "worker": "obs"}
     assert len(client.post(API, body, format="json").json()["checks"]) == 2

@@ -17,6 +17,7 @@ from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("no_delay")
 
@@ -33,8 +34,9 @@ def verdicts(tenant_a: Tenant, agent_a: Writer) -> dict[str, str]:
     compensated_saga(agent_a, "refund-landed", charges=["ch_ok"])
     compensated_saga(agent_a, "refund-unknown", charges=["ch_u"])
     compensated_saga(agent_a, "closure-only", handler=None)
-    services.scan(tenant_a)
-    checks = services.claim(
+    in_tenant(services.scan, tenant_a)
+    checks = in_tenant(
+        services.claim,
         tenant_a,
         services.ReconciliationClaim.parse({"handlers": ["shop.refund"], "worker": "observer-1"}),
         actor=api_key_actor("w"),
@@ -43,8 +45,13 @@ def verdicts(tenant_a: Tenant, agent_a: Writer) -> dict[str, str]:
     ids = {}
     for check in checks:
         charge = check.kwargs["charge_id"]
-        services.report(
-            tenant_a, check.pk, token=check.token, reversed_=answers[charge], actor=api_key_actor("w")
+        in_tenant(
+            services.report,
+            tenant_a,
+            check.pk,
+            token=check.token,
+            reversed_=answers[charge],
+            actor=api_key_actor("w"),
         )
         ids[charge] = str(check.pk)
     return ids
@@ -81,7 +88,7 @@ def test_the_lists_are_paged_in_a_stable_order_both_ways(
     alice: Person, tenant_a: Tenant, agent_a: Writer
 ) -> None:
     compensated_saga(agent_a, "many-refunds", charges=[f"ch_{n}" for n in range(120)])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     browser = _browser(alice)
     pages: list[list[str]] = []
     html = ""
@@ -129,7 +136,7 @@ def test_a_new_tenant_is_told_what_to_run(alice: Person, tenant_a: Tenant, agent
     from reconciliation.models import Reason, ReconciliationCheck
 
     compensated_saga(agent_a, "nobody-looks", charges=["ch_a", "ch_b"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     with tenant_context(tenant_a):  # their deadline passed with no observer
         ReconciliationCheck.objects.update(
             status=CheckStatus.UNVERIFIABLE, reason=Reason.NO_OBSERVER, decided_at=timezone.now()

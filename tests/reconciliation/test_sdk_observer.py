@@ -16,6 +16,7 @@ from tenants.models import Tenant
 from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 
 def test_what_an_observer_returns_is_the_verdict(
@@ -32,7 +33,7 @@ def test_what_an_observer_returns_is_the_verdict(
     }
     for charge in [*answers, "ch_raises"]:
         compensated_saga(writer, f"saga-{charge}", charges=[charge])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
 
     def observe(charge_id: str, idempotency_key: str | None = None) -> Any:
         assert idempotency_key and idempotency_key.startswith("idem-")
@@ -83,7 +84,7 @@ def test_the_recovery_worker_also_runs_the_modules_reconcilers(
 
     settings.SAGAPLANE_RECONCILE_DELAY_SECONDS = 0
     compensated_saga(Writer(tenant_a, "agent-a-1"), "checkout-1", charges=["ch_1"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     (tmp_path / "shop_handlers.py").write_text(
         "import sagaplane as sp\n"
         "@sp.compensator('shop.refund')\n"

@@ -103,7 +103,8 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 def _deliver_due(tenant: Tenant) -> list[str]:
     return [
-        deliver_check(tenant.pk, check_id, token) for check_id, token in services.claim_for_webhook(tenant)
+        deliver_check(tenant.pk, check_id, token)
+        for check_id, token in in_tenant(services.claim_for_webhook, tenant)
     ]
 
 
@@ -120,7 +121,7 @@ def test_the_webhook_answers_checks_and_its_answers_are_verdicts(
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
     compensated_saga(agent_a, "refund-lost", charges=["ch_lost"])
     compensated_saga(agent_a, "voided", handler="shop.void")  # not the webhook's: left for SDK observers
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     assert sorted(_deliver_due(tenant_a)) == ["answered", "answered"]
     with tenant_context(tenant_a):
         verdicts = {c.saga_id: (c.status, c.observer) for c in ReconciliationCheck.objects.all()}
@@ -146,7 +147,7 @@ def test_a_failed_delivery_is_retried_under_a_new_token(
         recovery.set_webhook, tenant_a, recovery.WebhookSet.parse({"url": url}), actor=named_actor("test")
     )  # every handler
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     state.fail_next = 1
     assert _deliver_due(tenant_a) == ["HTTP 500"]
     with tenant_context(tenant_a):
@@ -167,7 +168,7 @@ def test_an_answer_without_a_verdict_is_unverifiable(
     )
     state.without_verdict = True
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
-    services.scan(tenant_a)
+    in_tenant(services.scan, tenant_a)
     assert _deliver_due(tenant_a) == ["answered"]
     with tenant_context(tenant_a):
         check = ReconciliationCheck.objects.get()
@@ -176,5 +177,5 @@ def test_an_answer_without_a_verdict_is_unverifiable(
 
 def test_without_a_webhook_nothing_is_claimed_for_one(tenant_a: Tenant, agent_a: Writer) -> None:
     compensated_saga(agent_a, "refund-ok", charges=["ch_ok"])
-    services.scan(tenant_a)
-    assert services.claim_for_webhook(tenant_a) == []
+    in_tenant(services.scan, tenant_a)
+    assert in_tenant(services.claim_for_webhook, tenant_a) == []

@@ -129,7 +129,7 @@ def _acme_reconciliation_check(tenant: Tenant) -> Any:
         check = ReconciliationCheck.objects.first()
     if check is None:
         compensated_saga(Writer(tenant, "agent-acme-refunds"), "acme-refunded")
-        (check,) = reconciliation.scan(tenant)
+        (check,) = in_tenant(reconciliation.scan, tenant)
     return check.pk
 
 

@@ -462,7 +462,7 @@ def world(
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
         pending = fleet.evaluate(acme, wire, actor=named_actor("test"))
         compensated_saga(writer, "acme-refunded")
-        (check,) = reconciliation.scan(acme)
+        (check,) = in_tenant(reconciliation.scan, acme)
         recovery_job = escalated_job(acme)
         witness = witnesses.add_witness(
             acme,
