@@ -144,12 +144,15 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
     client-side binding cursor, Django's default; an executemany) gets the setting as a statement
     of its own inside a transaction, and is refused outside one (it would run with no tenant).
     Each statement carries the tenant active when it runs, so a `tenant_context` or another
-    `tenant_statements` nested inside runs as its own tenant. On SQLite this is `tenant_context`."""
+    `tenant_statements` nested inside runs as its own tenant. A batch that sets the active tenant
+    itself (`statement_prefix`: fleet's ledger insert) is sent as it is, and so is a failed
+    transaction's undo. On SQLite this is `tenant_context`."""
     if not is_postgres():
         with tenant_context(tenant):
             yield tenant
         return
     import psycopg
+    from psycopg.pq import TransactionStatus
 
     if _statements_carry_tenant():
         # Nested in another statement-scoped block on this connection: its wrapper already sends
@@ -173,7 +176,16 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
         prefix = statement_prefix(active.pk if active is not None else None)
         raw = context["cursor"].cursor
         in_transaction = connection.in_atomic_block
+        if in_transaction and raw.connection.info.transaction_status == TransactionStatus.INERROR:
+            # A failed transaction runs nothing but its undo (a savepoint's ROLLBACK TO, after an
+            # error a caller catches); a prefix would fail first and skip it, breaking the
+            # transaction for good. The undo reads no row, so it needs no tenant.
+            return execute(sql, params, many, context)
         sent_in_transaction = sent_in_transaction or in_transaction
+        if sql.startswith(prefix[:-2]):
+            # A hand-written batch that sets this very tenant itself (fleet's ledger insert, with
+            # its own synchronous_commit): sent as it is, not with the setting twice.
+            return execute(sql, params, many, context)
         if many or not isinstance(raw, psycopg.ClientCursor):
             if not in_transaction:
                 raise TenantScopeError("this statement cannot carry the tenant: run it in a transaction")

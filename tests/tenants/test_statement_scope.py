@@ -153,3 +153,20 @@ def test_a_database_error_inside_a_nested_tenant_context_reaches_the_caller_as_i
             cursor.execute("SELECT 1 / 0")
         assert _visible() == {a.pk}
     assert _visible() == set()
+
+
+def test_a_savepoint_rolled_back_after_an_error_leaves_the_transaction_usable(
+    three: tuple[Tenant, Tenant, Tenant],
+) -> None:
+    """The gate's transactional path inside the fast route's statement-scoped block catches an
+    IntegrityError (an allow raced by its retry) and reads on: the savepoint's ROLLBACK TO ran
+    with the tenant's prefix, which the failed transaction refused, and every later statement
+    raised TransactionManagementError instead."""
+    a, _, _ = three
+    with tenant_context(a):
+        taken = ApiKey.objects.values_list("prefix", flat=True).first()
+    with tenant_statements(a), transaction.atomic():
+        with pytest.raises(IntegrityError), transaction.atomic():
+            ApiKey.objects.create(name="dup", prefix=taken, key_hash="x", scopes=[])
+        assert _visible() == {a.pk}
+    assert _visible() == set()
