@@ -127,6 +127,7 @@ def main() -> int:
     from sagas import selectors as saga_selectors
     from tenants import services as tenant_services
     from transparency import services as transparency
+    from transparency.tasks import integrate_fully
 
     slug = f"bench{int(time.time())}"
     tenant = tenant_services.create_tenant(
@@ -199,7 +200,7 @@ def main() -> int:
         read_s = time.perf_counter() - start
     assert report.counts["drift"] == n // 10 and report.counts["confirmed"] == n - n // 10, report.counts
     assert len(steps) == n
-    transparency.integrate_fully(tenant)
+    integrate_fully(tenant)
     start = time.perf_counter()
     with tenant_context(tenant):
         note = services.issue_certificate(tenant, since, actor=system_actor("bench"))

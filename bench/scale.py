@@ -175,10 +175,10 @@ class Grower:
         return took
 
     def integrate(self) -> float:
-        from transparency import services as transparency
+        from transparency.tasks import integrate_fully
 
         start = time.perf_counter()
-        transparency.integrate_fully(self.tenant)
+        integrate_fully(self.tenant)
         took = time.perf_counter() - start
         self.integrate_s += took
         self.integrated += self.since_integrate * BATCH

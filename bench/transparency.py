@@ -132,7 +132,7 @@ def main() -> int:
     ingest_s = time.perf_counter() - build_start
 
     start = time.perf_counter()
-    services.integrate_fully(tenant)
+    tasks.integrate_fully(tenant)
     integrate_s = time.perf_counter() - start
     if args.build_only:
         print(

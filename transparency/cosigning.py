@@ -3,18 +3,17 @@ that has not cosigned it (C2SP tlog-witness `POST <prefix>/add-checkpoint`), eac
 consistency proof from the size that witness last cosigned; a 409 names that size, and the
 request is made again from there (at most twice).
 
-A pass reads the database, talks to the witnesses with no transaction open (in parallel, each
-with a short timeout), then records each answer in a short transaction of its own. It never
-touches the tree state or the signing path: a witness that is down or refuses costs this task
-its timeout and nothing else, and is backed off (1 s doubling to a minute) so a dead one is not
-asked on every checkpoint. What a witness refuses is kept (`WitnessRefusal`): a 422 from one
-that cosigned before is a split view caught."""
+A pass (`transparency.tasks.cosign_pass`) reads the database, talks to the witnesses with no
+transaction open (in parallel, each with a short timeout), then records each answer in a short
+transaction of its own. It never touches the tree state or the signing path: a witness that is
+down or refuses costs this task its timeout and nothing else, and is backed off (1 s doubling to
+a minute) so a dead one is not asked on every checkpoint. What a witness refuses is kept
+(`WitnessRefusal`): a 422 from one that cosigned before is a split view caught."""
 
 from __future__ import annotations
 
 import base64
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -25,7 +24,7 @@ from sagaplane import cosignature, note
 
 from core import outbound
 from core.numbers import ascii_int
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import proofs
 from transparency.models import Checkpoint, Cosignature, Witness, WitnessRefusal
@@ -73,18 +72,18 @@ def _proof(old: int, size: int) -> list[bytes]:
 def plan(tenant: Tenant) -> list[Job]:
     """The requests this pass makes: the latest checkpoint to each witness that is due and has
     not cosigned it."""
-    with tenant_context(tenant):
-        latest = Checkpoint.objects.order_by("-id").first()
-        if latest is None:
-            return []
-        due = Witness.objects.filter(next_attempt_at__lte=timezone.now()).exclude(cosigned_checkpoint=latest)
-        jobs = []
-        for w in due:
-            # A witness that says it cosigned more than was ever signed is asked from 0 (it says so again).
-            old = w.cosigned_size if w.cosigned_size is not None and w.cosigned_size <= latest.size else 0
-            proof = _proof(old, latest.size)
-            jobs.append(Job(w.pk, w.name, w.url, w.vkey, old, proof, latest.pk, latest.size, latest.note))
-        return jobs
+    require_tenant(tenant)
+    latest = Checkpoint.objects.order_by("-id").first()
+    if latest is None:
+        return []
+    due = Witness.objects.filter(next_attempt_at__lte=timezone.now()).exclude(cosigned_checkpoint=latest)
+    jobs = []
+    for w in due:
+        # A witness that says it cosigned more than was ever signed is asked from 0 (it says so again).
+        old = w.cosigned_size if w.cosigned_size is not None and w.cosigned_size <= latest.size else 0
+        proof = _proof(old, latest.size)
+        jobs.append(Job(w.pk, w.name, w.url, w.vkey, old, proof, latest.pk, latest.size, latest.note))
+    return jobs
 
 
 def _body(old: int, proof: list[bytes], checkpoint_note: str) -> bytes:
@@ -142,7 +141,8 @@ def ask(job: Job) -> Outcome:
 def record(tenant: Tenant, outcome: Outcome) -> None:
     """Store one answer: the cosignature and the witness's new size, or the refusal and a backoff."""
     job, now = outcome.job, timezone.now()
-    with tenant_context(tenant), transaction.atomic():
+    require_tenant(tenant)
+    with transaction.atomic():
         witness = Witness.objects.select_for_update().filter(pk=job.witness_id).first()
         if witness is None or witness.vkey != job.vkey or witness.url != job.url:
             return  # removed or changed meanwhile: this answer is not about it any more
@@ -193,24 +193,8 @@ def record(tenant: Tenant, outcome: Outcome) -> None:
         witness.save()
 
 
-def cosign_pass(tenant: Tenant) -> list[Outcome]:
-    """Ask every due witness about the latest checkpoint at once; a 409 naming a size at most the
-    checkpoint's is asked again from there (twice at most); then record every final answer."""
-    jobs, final = plan(tenant), []
-    for _ in range(3):
-        if not jobs:
-            break
-        with ThreadPoolExecutor(max_workers=min(len(jobs), 8), thread_name_prefix="cosign") as pool:
-            outcomes = list(pool.map(ask, jobs))
-        jobs = []
-        for outcome in outcomes:
-            told, job = outcome.told, outcome.job
-            if told is not None and told != job.old and told <= job.size:
-                with tenant_context(tenant):
-                    jobs.append(replace(job, old=told, proof=_proof(told, job.size)))
-            else:
-                final.append(outcome)
-    final.extend(Outcome(job, 409, detail="the witness kept naming another size") for job in jobs)
-    for outcome in final:
-        record(tenant, outcome)
-    return final
+def asked_again(tenant: Tenant, job: Job, told: int) -> Job:
+    """`job` again, from the size a witness's 409 `told` (at most the checkpoint's), with the
+    consistency proof from there."""
+    require_tenant(tenant)
+    return replace(job, old=told, proof=_proof(told, job.size))

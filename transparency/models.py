@@ -72,7 +72,7 @@ class SealState(TenantScopedModel):
     leaves, took ~2/3 of the integrator's time).
 
     Leaves [0, sealed_size) of the tenant log have been through the seal pass
-    (services.seal_pending): every saga they finished has a current seal. A crash between
+    (tasks.seal_pending): every saga they finished has a current seal. A crash between
     accepting and sealing leaves it behind the log's size, which is how the beat finds the work
     with one indexed comparison, not a saga scan."""
 

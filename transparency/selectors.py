@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 
 from audit.models import Record, TenantLog
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import proofs, services
 from transparency.models import Checkpoint, Export
@@ -31,21 +31,19 @@ def export(export_id: uuid.UUID) -> Export | None:
     return Export.objects.filter(pk=export_id).first()
 
 
-def integration_lag() -> list[tuple[int, int, datetime | None]]:
-    """For each tenant whose log has accepted leaves not yet under a signed checkpoint: (tenant
-    id, how many, when the oldest of them was accepted). Across tenants, for /metrics: the one
-    cross-tenant question is asked through the integrator's own function, then each tenant is
-    read inside its context (three indexed lookups each)."""
-    backlog: list[tuple[int, int, datetime | None]] = []
-    for tenant_id in services.tenants_to_integrate():
-        tenant = Tenant.objects.filter(pk=tenant_id).first()
-        if tenant is None:
-            continue
-        with tenant_context(tenant):
-            size = TenantLog.objects.values_list("size", flat=True).first() or 0
-            signed = Checkpoint.objects.order_by("-size").values_list("size", flat=True).first() or 0
-            if size <= signed:
-                continue
-            oldest = Record.objects.filter(leaf_index=signed).values_list("received_at", flat=True).first()
-        backlog.append((tenant_id, size - signed, oldest))
-    return backlog
+def integration_backlog(tenant: Tenant) -> tuple[int, datetime | None] | None:
+    """The tenant's accepted leaves not yet under a signed checkpoint: (how many, when the oldest
+    of them was accepted), or None when every leaf is signed. Three indexed lookups, in the
+    tenant the caller entered (/metrics walks the tenants `tenants_to_integrate` names)."""
+    require_tenant(tenant)
+    size = TenantLog.objects.values_list("size", flat=True).first() or 0
+    signed = Checkpoint.objects.order_by("-size").values_list("size", flat=True).first() or 0
+    if size <= signed:
+        return None
+    oldest = Record.objects.filter(leaf_index=signed).values_list("received_at", flat=True).first()
+    return size - signed, oldest
+
+
+def tenants_to_integrate() -> list[int]:
+    """Ids of tenants whose log has leaves not yet in a signed checkpoint (cross-tenant)."""
+    return services.tenants_to_integrate()

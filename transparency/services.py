@@ -15,9 +15,9 @@ from transparency.actions.exports import (
     request_export,
     sweep_stale_exports,
 )
-from transparency.actions.integration import integrate, integrate_fully, tenants_to_integrate
+from transparency.actions.integration import integrate, integrate_round, tenants_to_integrate
 from transparency.actions.rotation import finish_key_rotation, rotate_signing_key
-from transparency.actions.seals import SEAL_EVENT, exact_saga_id, seal_pass, seal_pending, tenants_to_seal
+from transparency.actions.seals import SEAL_EVENT, exact_saga_id, seal_pass, tenants_to_seal
 from transparency.actions.signing import (
     current_verifier_keys,
     ensure_signing_key,
@@ -37,14 +37,13 @@ __all__ = [
     "finish_export",
     "finish_key_rotation",
     "integrate",
-    "integrate_fully",
+    "integrate_round",
     "log_origin",
     "record_export_download",
     "record_export_progress",
     "request_export",
     "rotate_signing_key",
     "seal_pass",
-    "seal_pending",
     "sign_statement",
     "sweep_stale_exports",
     "tenants_to_integrate",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from celery import shared_task
 from django.core.cache import cache
@@ -21,7 +22,8 @@ from core.shutdown import keep_going
 from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
 from transparency import cosigning, hooks, services
-from transparency.models import TreeState, Witness
+from transparency.actions.common import always
+from transparency.models import Checkpoint, TreeState, Witness
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,40 @@ def _requested(tenant_id: int, kind: Kind = INTEGRATE) -> bool:
         return False  # the beat finds the grown log
 
 
+def integrate_fully(
+    tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = always
+) -> Checkpoint | None:
+    """Integrate until the tree holds every leaf assigned when the last round read the log (a
+    backlog takes several rounds), or until `keep_going()` says stop: it is asked between rounds.
+    Each round is a transaction of its own as the tenant (`services.integrate_round`), so each
+    checkpoint is committed, and the TreeState lock let go, before the next round. No empty round
+    to find out it is done: one transaction (and its lock) fewer per call, which under sustained
+    ingest is one per integrator pass."""
+    latest = None
+    while keep_going():
+        with tenant_context(tenant):
+            checkpoint, caught_up = services.integrate_round(tenant, max_leaves)
+        latest = checkpoint or latest
+        if checkpoint is None or caught_up:
+            break
+    return latest
+
+
+def seal_pending(
+    tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = always
+) -> list[str]:
+    """Seal passes, each a transaction of its own as the tenant, until the watermark reaches the
+    log's size as a pass read it (or `keep_going()`, asked between passes, says stop); the saga
+    ids sealed."""
+    sealed: list[str] = []
+    done = False
+    while not done and keep_going():
+        with tenant_context(tenant):
+            more, done = services.seal_pass(tenant, max_leaves=max_leaves)
+        sealed.extend(more)
+    return sealed
+
+
 def _integrated_size(tenant: Tenant) -> int:
     with tenant_context(tenant):
         return TreeState.objects.values_list("size", flat=True).first() or 0
@@ -190,7 +226,7 @@ def _integrate_pass(tenant: Tenant) -> bool:
     leaves a backlog of its own (it rounds until caught up), so returns False."""
     try:
         with timing.phase("integrate"):
-            signed = services.integrate_fully(tenant, keep_going=keep_going)
+            signed = integrate_fully(tenant, keep_going=keep_going)
     except services.IntegrationRefused:
         # Never sign what cannot be proven; this needs a human, loudly.
         log.critical("transparency log of tenant %s: integration refused", tenant.slug, exc_info=True)
@@ -208,6 +244,34 @@ def _has_witnesses(tenant: Tenant) -> bool:
         return Witness.objects.exists()
 
 
+def cosign_pass(tenant: Tenant) -> list[cosigning.Outcome]:
+    """Ask every due witness about the latest checkpoint at once; a 409 naming a size at most the
+    checkpoint's is asked again from there (twice at most); then record every final answer. The
+    requests wait on the network with no transaction open; what they need is read, and each
+    answer recorded, in a short transaction of its own as the tenant."""
+    with tenant_context(tenant):
+        jobs = cosigning.plan(tenant)
+    final: list[cosigning.Outcome] = []
+    for _ in range(3):
+        if not jobs:
+            break
+        with ThreadPoolExecutor(max_workers=min(len(jobs), 8), thread_name_prefix="cosign") as pool:
+            outcomes = list(pool.map(cosigning.ask, jobs))
+        jobs = []
+        for outcome in outcomes:
+            told, job = outcome.told, outcome.job
+            if told is not None and told != job.old and told <= job.size:
+                with tenant_context(tenant):
+                    jobs.append(cosigning.asked_again(tenant, job, told))
+            else:
+                final.append(outcome)
+    final.extend(cosigning.Outcome(job, 409, detail="the witness kept naming another size") for job in jobs)
+    for outcome in final:
+        with tenant_context(tenant):
+            cosigning.record(tenant, outcome)
+    return final
+
+
 @shared_task(name="transparency.cosign_tenant", ignore_result=True)
 @tenant_task(transaction=False)  # each pass its own transactions
 def cosign_tenant(tenant: Tenant) -> int:
@@ -220,7 +284,7 @@ def cosign_tenant(tenant: Tenant) -> int:
     def one_pass(tenant: Tenant) -> bool:
         nonlocal cosigned
         with timing.phase("cosign"):
-            cosigned += sum(1 for o in cosigning.cosign_pass(tenant) if o.status == 200 and o.line)
+            cosigned += sum(1 for o in cosign_pass(tenant) if o.status == 200 and o.line)
         return False
 
     _coalesced(tenant, COSIGN, one_pass, lambda t: f"{cosigned} cosignatures")
@@ -242,7 +306,7 @@ def seal_tenant(tenant: Tenant) -> int:
 
     def one_pass(tenant: Tenant) -> bool:
         nonlocal appended
-        with hooks.sealer_appending(), timing.phase("seal_pass"):
+        with hooks.sealer_appending(), timing.phase("seal_pass"), tenant_context(tenant):
             sealed, sealed_up = services.seal_pass(tenant)
         if sealed:
             appended += len(sealed)

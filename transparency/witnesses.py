@@ -16,7 +16,7 @@ from sagaplane.events import Event
 from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import keys
 
@@ -38,7 +38,8 @@ def add_witness(tenant: Tenant, new: NewWitness, *, actor: Actor) -> Witness:
     """Send the tenant's checkpoints to this witness from now on (its first request starts at 0);
     `new` from `WitnessAdd`."""
     name, url, vkey = new.name, new.url, new.vkey
-    with tenant_context(tenant), transaction.atomic():
+    require_tenant(tenant)
+    with transaction.atomic():
         if Witness.objects.count() >= MAX_WITNESSES:
             raise DomainError(
                 "too_many_witnesses", f"a tenant has at most {MAX_WITNESSES} witnesses", status=409
@@ -63,7 +64,8 @@ def add_witness(tenant: Tenant, new: NewWitness, *, actor: Actor) -> Witness:
 def remove_witness(tenant: Tenant, witness_id: int, *, actor: Actor) -> None:
     """Stop asking this witness; its past cosignatures stay on the checkpoints they signed. The
     quorum is lowered to the witnesses left, if it was above (recorded with the removal)."""
-    with tenant_context(tenant), transaction.atomic():
+    require_tenant(tenant)
+    with transaction.atomic():
         witness = Witness.objects.select_for_update().filter(pk=witness_id).first()
         if witness is None:
             raise DomainError("not_found", "no such witness in this tenant", status=404)
@@ -89,7 +91,8 @@ def set_quorum(tenant: Tenant, terms: Quorum, *, actor: Actor) -> int:
     """How many witnesses must cosign (0: none required); at most the number of witnesses.
     `terms` from `QuorumSet`."""
     quorum = terms.quorum
-    with tenant_context(tenant), transaction.atomic():
+    require_tenant(tenant)
+    with transaction.atomic():
         count = Witness.objects.count()
         if quorum > count:
             raise DomainError("invalid", f"quorum: at most the number of witnesses ({count})", field="quorum")

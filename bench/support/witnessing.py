@@ -39,10 +39,11 @@ def _start_witnesses(tenant: Any, folder: Path) -> list[Any]:
         vkey = services.current_verifier_keys()[0]
     origin = keys.log_origin(tenant)
     running = [start_witness(folder / f"w{i}", f"bench.witness/w{i}", [(origin, vkey)]) for i in (1, 2)]
-    for i, w in enumerate(running, start=1):
-        new = witnesses.WitnessAdd.parse({"name": f"w{i}", "url": w.url, "vkey": w.vkey})
-        witnesses.add_witness(tenant, new, actor=system_actor("bench"))
-    witnesses.set_quorum(tenant, witnesses.Quorum(2), actor=system_actor("bench"))
+    with tenant_context(tenant):
+        for i, w in enumerate(running, start=1):
+            new = witnesses.WitnessAdd.parse({"name": f"w{i}", "url": w.url, "vkey": w.vkey})
+            witnesses.add_witness(tenant, new, actor=system_actor("bench"))
+        witnesses.set_quorum(tenant, witnesses.Quorum(2), actor=system_actor("bench"))
     return running
 
 

@@ -385,14 +385,7 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "fleet.actions.writers",
         "tenants.services",
         "transparency.actions.exports",
-        "transparency.actions.integration",
-        "transparency.actions.rotation",
-        "transparency.actions.seals",
-        "transparency.actions.signing",
         "transparency.bundles",
-        "transparency.cosigning",
-        "transparency.selectors",
-        "transparency.witnesses",
     }
 )
 

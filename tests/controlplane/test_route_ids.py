@@ -161,7 +161,8 @@ def objects(db: None) -> dict[str, Any]:
             approvals.PolicyCreate.parse({"name": "p", "tool": "bank.*"}),
             actor=named_actor("test"),
         ).pk,
-        "witness_id": witnesses.add_witness(
+        "witness_id": in_tenant(
+            witnesses.add_witness,
             acme,
             witnesses.WitnessAdd.parse(
                 {

@@ -30,7 +30,7 @@ from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
 from tests.support.metrics import scrape, value
 from tests.support.scoping import in_tenant
-from transparency import services as transparency_services
+from transparency.tasks import integrate_fully
 
 TOKEN = "metrics-token-" + "x" * 20
 
@@ -116,7 +116,7 @@ def test_integration_lag_counts_leaves_waiting_for_a_checkpoint(alice: Person) -
     # The oldest waiting leaf was accepted before this scrape: its age is present and positive.
     assert value(waiting, "sagaplane_integration_lag_seconds") > 0
     assert value(waiting, "sagaplane_scrape_errors", source="integration_lag") == 0
-    transparency_services.integrate_fully(alice.tenant)
+    integrate_fully(alice.tenant)
     caught_up = scrape()
     # This tenant's leaves are under a checkpoint now; only other tenants' (none here) remain.
     assert value(caught_up, "sagaplane_integration_lag_leaves") == 0

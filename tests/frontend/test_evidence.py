@@ -10,8 +10,10 @@ from django.urls import reverse
 from core.scoping import tenant_context
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.scoping import in_tenant
 from transparency import services as transparency
 from transparency.models import Export, ExportStatus
+from transparency.tasks import integrate_fully
 
 
 def browser(person: Person) -> Client:
@@ -26,8 +28,8 @@ def _ship_and_sign(person: Person) -> str:
     records += saga_rollback(writer, saga_id)
     response = person.key_client().post("/api/v1/streams/ev-1/records", {"records": records}, format="json")
     assert response.status_code == 200, response.content
-    transparency.ensure_signing_key(person.tenant)
-    transparency.integrate_fully(person.tenant)
+    in_tenant(transparency.ensure_signing_key, person.tenant)
+    integrate_fully(person.tenant)
     return saga_id
 
 

@@ -127,21 +127,28 @@ WORKER = textwrap.dedent(
     django.setup()
     from controlplane.celery import app
     from core.shutdown import keep_going
-    from transparency.actions import integration
+    from transparency import services, tasks
 
     queue, fd = sys.argv[1], int(sys.argv[2])
-    first_chunk = integration._integrate_round  # one round (chunk) of integrate_fully
+    one_round = services.integrate_round  # one round (chunk) of integrate_fully
+    rounds = []
 
-    def integrate_then_hold(tenant, max_leaves):
-        integration._integrate_round = first_chunk  # one hold only: later chunks run as they are
-        outcome = first_chunk(tenant, max_leaves)
-        os.write(fd, b"B")
-        deadline = time.monotonic() + 300  # bounded: the test kills the worker long before
-        while keep_going() and time.monotonic() < deadline:
-            time.sleep(0.05)  # waits for the shutdown flag that SIGTERM sets in shared memory
-        return outcome
+    def counted_round(tenant, max_leaves):
+        rounds.append(tenant.pk)
+        return one_round(tenant, max_leaves)
 
-    integration._integrate_round = integrate_then_hold
+    def hold_after_the_first_round():
+        # Asked between rounds: after the first, its transaction has committed and signed.
+        if len(rounds) == 1:
+            rounds.append(None)  # one hold only: later rounds run as they are
+            os.write(fd, b"B")
+            deadline = time.monotonic() + 300  # bounded: the test kills the worker long before
+            while keep_going() and time.monotonic() < deadline:
+                time.sleep(0.05)  # waits for the shutdown flag that SIGTERM sets in shared memory
+        return keep_going()
+
+    services.integrate_round = counted_round
+    tasks.keep_going = hold_after_the_first_round
     app.worker_main(["worker", "--pool=prefork", "--concurrency=1", "-Q", queue, "-n", queue + "@%h",
                      "--loglevel=INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"])
     """

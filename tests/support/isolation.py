@@ -43,10 +43,11 @@ def _acme_export_id(tenant: Tenant, alice: Person) -> Any:
 def _acme_tile(tenant: Tenant, alice: Person) -> str:
     """Acme's first level-0 tile, after integrating its log (a tile exists only once signed)."""
     from transparency import services as transparency
+    from transparency.tasks import integrate_fully
 
     sample_stream_id(tenant, alice)
-    transparency.ensure_signing_key(tenant)
-    transparency.integrate_fully(tenant)
+    in_tenant(transparency.ensure_signing_key, tenant)
+    integrate_fully(tenant)
     size = _tree_size(tenant)
     return "000" if size >= 256 else f"000.p/{size}"
 
@@ -145,7 +146,7 @@ def _acme_witness(tenant: Tenant) -> int:
         return existing.pk
     vkey = cosignature.generate_cosigner("witness.test/acme").verifier.encode()
     new = witnesses.WitnessAdd.parse({"name": "acme-w", "url": "http://127.0.0.1:9", "vkey": vkey})
-    return witnesses.add_witness(tenant, new, actor=named_actor("test")).pk
+    return in_tenant(witnesses.add_witness, tenant, new, actor=named_actor("test")).pk
 
 
 def _acme_breaker(tenant: Tenant) -> int:

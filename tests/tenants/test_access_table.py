@@ -464,7 +464,8 @@ def world(
         compensated_saga(writer, "acme-refunded")
         (check,) = in_tenant(reconciliation.scan, acme)
         recovery_job = escalated_job(acme)
-        witness = witnesses.add_witness(
+        witness = in_tenant(
+            witnesses.add_witness,
             acme,
             witnesses.WitnessAdd.parse({"name": "w1", "url": "http://127.0.0.1:9/", "vkey": _witness_vkey()}),
             actor=named_actor("test"),

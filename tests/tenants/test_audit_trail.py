@@ -24,6 +24,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import PASSWORD, Person
+from tests.support.scoping import in_tenant
 from transparency import services as transparency
 from transparency.models import KeyStatus, LogSigningKey
 
@@ -252,26 +253,26 @@ def _key_ids(tenant: Tenant) -> dict[str, list[str]]:
 
 
 def test_key_rotation_and_its_end_record_old_and_new_key_ids(tenant_a: Tenant) -> None:
-    transparency.integrate(tenant_a)
+    in_tenant(transparency.integrate, tenant_a)
     first = _key_ids(tenant_a)
     assert len(first["active"]) == 1
     before = len(server_stream(tenant_a))
-    new_key = transparency.rotate_signing_key(tenant_a, actor=cli_actor("ops"))
+    new_key = in_tenant(transparency.rotate_signing_key, tenant_a, actor=cli_actor("ops"))
     rotated = only_new_record(tenant_a, before)
     assert rotated["event"] == "ADMIN_SIGNING_KEY_ROTATED" and rotated["actor"] == "cli:ops"
     assert rotated["old"] == first
     assert rotated["new"] == {"active": [new_key.key_id], "retiring": first["active"], "retired": []}
-    assert transparency.finish_key_rotation(tenant_a, actor=cli_actor("ops")) == 1
+    assert in_tenant(transparency.finish_key_rotation, tenant_a, actor=cli_actor("ops")) == 1
     finished = only_new_record(tenant_a, before + 1)
     assert finished["event"] == "ADMIN_SIGNING_KEY_ROTATION_FINISHED" and finished["actor"] == "cli:ops"
     assert finished["old"] == rotated["new"]
     assert finished["new"] == {"active": [new_key.key_id], "retiring": [], "retired": first["active"]}
-    assert transparency.finish_key_rotation(tenant_a, actor=cli_actor("ops")) == 0
+    assert in_tenant(transparency.finish_key_rotation, tenant_a, actor=cli_actor("ops")) == 0
     assert len(server_stream(tenant_a)) == before + 2
 
 
 def test_rotate_signing_key_command(tenant_a: Tenant) -> None:
-    transparency.integrate(tenant_a)
+    in_tenant(transparency.integrate, tenant_a)
     old = _key_ids(tenant_a)["active"]
     out = StringIO()
     call_command("rotate_signing_key", "--tenant", "acme", stdout=out)

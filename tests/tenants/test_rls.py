@@ -21,6 +21,8 @@ from tenants import selectors
 from tenants.actors import named_actor
 from tenants.models import ApiKey, Membership, Role, Tenant
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
+from transparency.tasks import integrate_fully
 
 
 def _owner_role() -> str:
@@ -168,8 +170,8 @@ def test_the_workers_cross_tenant_questions(tenant_a: Tenant, tenant_b: Tenant) 
 
     assert {tenant_a.pk, tenant_b.pk} <= set(cross_tenant.tenants_to_integrate())
     for tenant in (tenant_a, tenant_b):
-        services.ensure_signing_key(tenant)
-        services.integrate_fully(tenant)
+        in_tenant(services.ensure_signing_key, tenant)
+        integrate_fully(tenant)
     assert not {tenant_a.pk, tenant_b.pk} & set(cross_tenant.tenants_to_integrate())
     assert {tenant_a.pk, tenant_b.pk} <= set(cross_tenant.tenants_to_seal())
 

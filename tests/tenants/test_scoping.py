@@ -17,6 +17,7 @@ from core.scoping import (
 from tenants.actors import named_actor
 from tenants.models import ApiKey, Membership, Tenant
 from tests.support.factories import Person
+from transparency.tasks import seal_pending
 
 
 @pytest.mark.smoke
@@ -219,14 +220,13 @@ def test_a_third_tenant_sees_no_seal_watermark_of_the_first_two(
     shows a third tenant none of the first two's rows, and on Postgres raw SQL naming their
     tenant ids finds none either (row-level security), while each sees its own."""
     from tenants import services
-    from transparency import services as transparency
     from transparency.models import SealState
 
     tenant_c = services.create_tenant(
         "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
     for tenant in (tenant_a, tenant_b, tenant_c):
-        transparency.seal_pending(tenant)  # each has a watermark row (its creation records)
+        seal_pending(tenant)  # each has a watermark row (its creation records)
         with tenant_context(tenant):
             assert list(SealState.objects.values_list("tenant_id", flat=True)) == [tenant.pk]
     table = SealState._meta.db_table

@@ -18,6 +18,7 @@ from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 
 API = "/api/v1/audit"
@@ -193,7 +194,7 @@ def test_cli_with_both_keys_during_rotation(
 ) -> None:
     from transparency import services
 
-    services.rotate_signing_key(tenant_a, actor=named_actor("test"))
+    in_tenant(services.rotate_signing_key, tenant_a, actor=named_actor("test"))
     new_key = alice.key_client().get(f"{API}/key").content.decode().splitlines()[0]
     path = tmp_path / "d.json"
     path.write_text(json.dumps(_fetch(alice, "pay-1")))

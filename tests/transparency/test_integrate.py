@@ -12,10 +12,11 @@ from core.scoping import tenant_context
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import keys, services
-from transparency.actions import integration
 from transparency.models import Checkpoint, LogSigningKey, TreeNode, TreeState
+from transparency.tasks import integrate_fully
 
 
 def _size(tenant: Tenant) -> int:
@@ -33,26 +34,26 @@ def _leaf_hashes(tenant: Tenant) -> list[bytes]:
 def test_integrate_signs_the_rfc9162_root_of_every_leaf(tenant_a: Tenant, writer_a: Writer) -> None:
     base = _size(tenant_a)
     writer_a.saga("s1")
-    checkpoint = services.integrate(tenant_a)
+    checkpoint = in_tenant(services.integrate, tenant_a)
     assert checkpoint is not None
     leaves = _leaf_hashes(tenant_a)
     assert checkpoint.size == len(leaves) == base + 6
     assert bytes(checkpoint.root) == merkle.root_from_leaf_hashes(leaves)
-    vkey = services.ensure_signing_key(tenant_a)
+    vkey = in_tenant(services.ensure_signing_key, tenant_a)
     with tenant_context(tenant_a):
         verifier = services.current_verifier_keys()[0]
     parsed = note.open_checkpoint(checkpoint.note, verifier, keys.log_origin(tenant_a))
     assert (parsed.size, parsed.root_hash) == (base + 6, merkle.root_from_leaf_hashes(leaves))
     assert vkey.name == "sagaplane.local/acme"
     # Nothing grew: no new checkpoint.
-    assert services.integrate(tenant_a) is None
+    assert in_tenant(services.integrate, tenant_a) is None
 
 
 def test_growth_is_proven_consistent_and_nodes_are_stored(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("s1")
-    first = services.integrate(tenant_a)
+    first = in_tenant(services.integrate, tenant_a)
     writer_a.saga("s2", steps=5)
-    second = services.integrate(tenant_a)
+    second = in_tenant(services.integrate, tenant_a)
     assert first is not None and second is not None and second.size > first.size
     tree = merkle.MemoryTree(_leaf_hashes(tenant_a))
     proof = tree.consistency_proof(first.size, second.size)
@@ -67,10 +68,10 @@ def test_growth_is_proven_consistent_and_nodes_are_stored(tenant_a: Tenant, writ
 def test_a_backlog_is_worked_off_in_bounded_rounds(tenant_a: Tenant, writer_a: Writer) -> None:
     base = _size(tenant_a)
     writer_a.saga("s1", steps=10)
-    assert services.integrate(tenant_a, max_leaves=7) is not None
+    assert in_tenant(services.integrate, tenant_a, max_leaves=7) is not None
     with tenant_context(tenant_a):
         assert TreeState.objects.get().size == 7
-    final = services.integrate_fully(tenant_a, max_leaves=7)
+    final = integrate_fully(tenant_a, max_leaves=7)
     assert final is not None and final.size == base + 22
     with tenant_context(tenant_a):
         sizes = list(Checkpoint.objects.order_by("id").values_list("size", flat=True))
@@ -79,14 +80,14 @@ def test_a_backlog_is_worked_off_in_bounded_rounds(tenant_a: Tenant, writer_a: W
 
 def test_refuses_to_sign_after_the_state_was_tampered(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("s1")
-    services.integrate(tenant_a)
+    in_tenant(services.integrate, tenant_a)
     with tenant_context(tenant_a):
         state = TreeState.objects.get()
         state.compact_hashes = b"\x01" * len(bytes(state.compact_hashes))
         state.save()
     writer_a.saga("s2")
     with pytest.raises(services.IntegrationRefused, match="disagrees with the stored tree nodes"):
-        services.integrate(tenant_a)
+        in_tenant(services.integrate, tenant_a)
     with tenant_context(tenant_a):
         assert Checkpoint.objects.count() == 1
 
@@ -95,7 +96,7 @@ def test_never_signs_a_checkpoint_inconsistent_with_the_last_one(tenant_a: Tenan
     """Rewrite history consistently (node rows and compact range agree, as an attacker with the
     database would make them): the new root no longer extends the signed one, so nothing is signed."""
     writer_a.saga("s1")
-    signed = services.integrate(tenant_a)
+    signed = in_tenant(services.integrate, tenant_a)
     assert signed is not None
     level, index = merkle.perfect_subtrees(0, signed.size)[0]  # the left edge of the compact range
     forged = b"\x07" * 32
@@ -108,14 +109,14 @@ def test_never_signs_a_checkpoint_inconsistent_with_the_last_one(tenant_a: Tenan
     with pytest.raises(
         services.IntegrationRefused, match=f"not consistent with the checkpoint of {signed.size}"
     ):
-        services.integrate(tenant_a)
+        in_tenant(services.integrate, tenant_a)
     with tenant_context(tenant_a):
         assert list(Checkpoint.objects.values_list("size", flat=True)) == [signed.size]
 
 
 def test_refuses_when_the_last_note_does_not_verify(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("s1")
-    signed = services.integrate(tenant_a)
+    signed = in_tenant(services.integrate, tenant_a)
     assert signed is not None
     with tenant_context(tenant_a):
         cp = Checkpoint.objects.get()
@@ -123,7 +124,7 @@ def test_refuses_when_the_last_note_does_not_verify(tenant_a: Tenant, writer_a: 
         cp.save()
     writer_a.saga("s2")
     with pytest.raises(services.IntegrationRefused, match="does not verify"):
-        services.integrate(tenant_a)
+        in_tenant(services.integrate, tenant_a)
 
 
 def test_seed_is_encrypted_at_rest(tenant_a: Tenant, writer_a: Writer) -> None:
@@ -131,7 +132,7 @@ def test_seed_is_encrypted_at_rest(tenant_a: Tenant, writer_a: Writer) -> None:
 
     from django.db import connection
 
-    services.ensure_signing_key(tenant_a)
+    in_tenant(services.ensure_signing_key, tenant_a)
     with tenant_context(tenant_a):
         row = LogSigningKey.objects.get()
         seed = keys.decrypt_seed(row.encrypted_seed)
@@ -148,11 +149,11 @@ def test_seed_is_encrypted_at_rest(tenant_a: Tenant, writer_a: Writer) -> None:
 
 def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -> None:
     writer_a.saga("s1")
-    signed = services.integrate(tenant_a)
+    signed = in_tenant(services.integrate, tenant_a)
     assert signed is not None
     with tenant_context(tenant_a):
         old_key = services.current_verifier_keys()[0]
-    services.rotate_signing_key(tenant_a, actor=named_actor("test"))
+    in_tenant(services.rotate_signing_key, tenant_a, actor=named_actor("test"))
     with tenant_context(tenant_a):
         new_key, also_old = services.current_verifier_keys()
         rotated = Checkpoint.objects.order_by("-id").first()
@@ -160,9 +161,9 @@ def test_key_rotation_cosigns_then_retires(tenant_a: Tenant, writer_a: Writer) -
     assert rotated is not None and rotated.size == signed.size
     note.open_checkpoint(rotated.note, old_key)
     note.open_checkpoint(rotated.note, new_key)
-    services.finish_key_rotation(tenant_a, actor=named_actor("test"))
+    in_tenant(services.finish_key_rotation, tenant_a, actor=named_actor("test"))
     writer_a.saga("s2")
-    latest = services.integrate(tenant_a)
+    latest = in_tenant(services.integrate, tenant_a)
     assert latest is not None
     note.open_checkpoint(latest.note, new_key)
     with pytest.raises(note.SignatureError):
@@ -287,21 +288,21 @@ def test_integrate_fully_stops_at_the_log_size_without_an_empty_round(
     tenant_a: Tenant, writer_a: Writer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rounds: list[tuple[bool, bool]] = []
-    real = integration._integrate_round
+    real = services.integrate_round
 
     def counted(tenant: Tenant, max_leaves: int | None) -> Any:
         checkpoint, caught_up = real(tenant, max_leaves)
         rounds.append((checkpoint is not None, caught_up))
         return checkpoint, caught_up
 
-    monkeypatch.setattr(integration, "_integrate_round", counted)
+    monkeypatch.setattr(services, "integrate_round", counted)
     writer_a.saga("s1", steps=10)
-    final = services.integrate_fully(tenant_a, max_leaves=7)
+    final = integrate_fully(tenant_a, max_leaves=7)
     assert final is not None and final.size == _size(tenant_a)
     # Rounds of 7 until the last reaches the log's size; no round after it to find nothing.
     assert rounds[-1] == (True, True) and all(made and not done for made, done in rounds[:-1])
     rounds.clear()
-    assert services.integrate_fully(tenant_a) is None  # nothing new: one round, which says so
+    assert integrate_fully(tenant_a) is None  # nothing new: one round, which says so
     assert rounds == [(False, True)]
 
 

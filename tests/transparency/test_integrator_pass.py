@@ -13,6 +13,7 @@ from audit.models import TenantLog
 from core.scoping import tenant_context
 from tenants.models import Tenant
 from tests.support.chains import Writer
+from tests.support.scoping import in_tenant
 from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import keys, proofs, services, sources, tasks
 from transparency.actions import seals
@@ -117,7 +118,7 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
         return real_append(tenant, entries, actor=actor)
 
     monkeypatch.setattr(sources, "append_server_records", append_after_an_ingest)
-    sealed, _ = services.seal_pass(tenant_a)
+    sealed, _ = in_tenant(services.seal_pass, tenant_a)
     monkeypatch.undo()
     assert sealed == ["done"]
     seal_leaf = _seal_leaves(tenant_a)["done"]
@@ -134,7 +135,7 @@ def test_seals_do_not_bring_their_saga_back_to_the_next_pass(
         return real_inputs(tenant, sagas, start, end)
 
     monkeypatch.setattr(sources, "seal_inputs", spy)
-    assert services.seal_pass(tenant_a) == ([], True)
+    assert in_tenant(services.seal_pass, tenant_a) == ([], True)
     assert reads == []  # nothing re-read
     assert len(_seal_leaves(tenant_a)) == 1
 

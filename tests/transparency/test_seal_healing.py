@@ -16,7 +16,7 @@ from tests.support.factories import Person
 from tests.support.transparency import seal_records, seal_watermark
 from transparency import services, sources
 from transparency.models import TreeState
-from transparency.tasks import integrate_grown_tenants
+from transparency.tasks import integrate_fully, integrate_grown_tenants, seal_pending
 
 API = "/api/v1/audit"
 
@@ -36,7 +36,7 @@ def test_integrated_but_never_sealed_is_sealed_by_the_beat(
     writer_a.saga("done")
     writer_a.saga("open", end=None)
     # The integrator signed, then died before its seal step: this is all that ran.
-    services.integrate_fully(tenant_a)
+    integrate_fully(tenant_a)
     assert seal_records(tenant_a) == []
     assert tenant_a.pk not in services.tenants_to_integrate()  # nothing left to integrate...
     assert tenant_a.pk in services.tenants_to_seal()  # ...but the seal watermark lags
@@ -60,7 +60,7 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
 ) -> None:
     writer_a.saga("one")
     writer_a.saga("two")
-    services.integrate_fully(tenant_a)
+    integrate_fully(tenant_a)
     before = seal_watermark(tenant_a)
     real_append = sources.append_server_records
     appended: list[str] = []
@@ -72,7 +72,7 @@ def test_a_crash_mid_seal_pass_rolls_back_and_is_redone(
 
     monkeypatch.setattr(sources, "append_server_records", append_then_die)
     with pytest.raises(Crash):
-        services.seal_pending(tenant_a)
+        seal_pending(tenant_a)
     monkeypatch.undo()
     assert appended == ["one", "two"]  # one batch: the pass appends every seal it needs at once
     # One transaction: neither seal nor the watermark survived the crash.
@@ -90,7 +90,7 @@ def test_the_pass_only_reads_leaves_past_the_watermark(
     integrate_grown_tenants()
     sealed_to = seal_watermark(tenant_a)
     writer_a.saga("late")
-    services.integrate_fully(tenant_a)
+    integrate_fully(tenant_a)
     real = sources.terminal_sagas_touched
     ranges: list[tuple[int, int]] = []
 
@@ -99,7 +99,7 @@ def test_the_pass_only_reads_leaves_past_the_watermark(
         return real(tenant, start, end)
 
     monkeypatch.setattr(sources, "terminal_sagas_touched", spy)
-    sealed = services.seal_pending(tenant_a, max_leaves=4)
+    sealed = seal_pending(tenant_a, max_leaves=4)
     assert sealed == ["late"]
     # Bounded chunks starting at the watermark; nothing before it is looked at again.
     assert ranges[0][0] == sealed_to and all(end - start <= 4 for start, end in ranges)
@@ -113,7 +113,7 @@ def test_a_record_after_the_seal_gets_a_fresh_seal(tenant_a: Tenant, writer_a: W
     assert [s for s, _ in first] == ["pay"]
     # A server record about the finished saga (as an approval or recovery note would be).
     audit_services.append_server_record(tenant_a, "SAGA_NOTE", {"saga_id": "pay"}, actor=named_actor("test"))
-    services.integrate_fully(tenant_a)  # integrated; sealing "crashed" again
+    integrate_fully(tenant_a)  # integrated; sealing "crashed" again
     assert seal_records(tenant_a) == first
     integrate_grown_tenants()
     seals = seal_records(tenant_a)
@@ -125,10 +125,10 @@ def test_other_tenants_are_healed_independently(
 ) -> None:
     writer_a.saga("a1")
     writer_b.saga("b1")
-    services.integrate_fully(tenant_a)
-    services.integrate_fully(tenant_b)
+    integrate_fully(tenant_a)
+    integrate_fully(tenant_b)
     assert {tenant_a.pk, tenant_b.pk} <= set(services.tenants_to_seal())
-    services.seal_pending(tenant_b)
+    seal_pending(tenant_b)
     assert [s for s, _ in seal_records(tenant_b)] == ["b1"]
     assert seal_records(tenant_a) == []  # b's pass touched nothing of a
     integrate_grown_tenants()

@@ -19,10 +19,12 @@ from core.scoping import tenant_context
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.concurrency import at_once
+from tests.support.scoping import in_tenant
 from tests.support.transparency import seal_records, seal_watermark, settle
 from transparency import services, tasks
 from transparency.actions import integration, seals
 from transparency.models import Checkpoint
+from transparency.tasks import integrate_fully, seal_pending
 
 PATIENCE_S = 60.0  # a hang guard only: every wait below is released by the test itself
 
@@ -95,18 +97,18 @@ def test_a_seal_pass_completes_while_the_integrator_holds_its_lock(
     with _held(integration.locked_state, tenant_a):  # the integrator, mid-round
         # The control: the integrator's own lock is taken, another integration would wait for it.
         with _lock_timeout("50ms"), pytest.raises(OperationalError, match="lock timeout"):
-            services.integrate(tenant_a)
+            in_tenant(services.integrate, tenant_a)
         with _lock_timeout("20s"):
-            sealed, sealed_up = services.seal_pass(tenant_a)  # does not wait for it
+            sealed, sealed_up = in_tenant(services.seal_pass, tenant_a)  # does not wait for it
         assert sorted(sealed) == ["one", "two"] and sealed_up
         assert _signed_size(tenant_a) == signed_before  # nothing signed meanwhile
 
     # The watermark moved once, over the records and the seals (they landed right at it).
     assert seal_watermark(tenant_a) == _log_size(tenant_a)
-    assert services.seal_pass(tenant_a) == ([], True)
+    assert in_tenant(services.seal_pass, tenant_a) == ([], True)
     # The integrator signs the seals later, in its own pass.
     assert tenant_a.pk in services.tenants_to_integrate()
-    services.integrate_fully(tenant_a)
+    integrate_fully(tenant_a)
     seals = seal_records(tenant_a)
     assert sorted(saga for saga, _ in seals) == ["one", "two"]  # each once
     assert _signed_size(tenant_a) == _log_size(tenant_a) > max(leaf for _, leaf in seals)
@@ -121,9 +123,9 @@ def test_an_integration_completes_while_a_seal_pass_holds_its_lock(
     writer_a.saga("one")
     with _held(seals._locked_seal_state, tenant_a):  # the sealer, mid-pass
         with _lock_timeout("50ms"), pytest.raises(OperationalError, match="lock timeout"):
-            services.seal_pass(tenant_a)  # the control: another seal pass would wait
+            in_tenant(services.seal_pass, tenant_a)  # the control: another seal pass would wait
         with _lock_timeout("20s"):
-            checkpoint = services.integrate(tenant_a)  # does not wait for it
+            checkpoint = in_tenant(services.integrate, tenant_a)  # does not wait for it
         assert checkpoint is not None and checkpoint.size == _log_size(tenant_a)
     assert seal_records(tenant_a) == []  # the records are signed, their seal is the sealer's to do
     settle(tenant_a)
@@ -139,11 +141,9 @@ def test_sealing_and_integrating_at_once_seal_every_saga_once_and_sign_everythin
     settle(tenant_a)
     for n in range(5):
         writer_a.saga(f"s{n}")
-    outcomes = at_once(
-        lambda work: work(tenant_a), [services.seal_pending, services.integrate_fully, services.seal_pending]
-    )
+    outcomes = at_once(lambda work: work(tenant_a), [seal_pending, integrate_fully, seal_pending])
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
-    services.integrate_fully(tenant_a)  # whatever the seals added after the integrator's read
+    integrate_fully(tenant_a)  # whatever the seals added after the integrator's read
     assert sorted(saga for saga, _ in seal_records(tenant_a)) == [f"s{n}" for n in range(5)]
     assert seal_watermark(tenant_a) == _log_size(tenant_a) == _signed_size(tenant_a)
 

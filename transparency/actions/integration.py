@@ -12,10 +12,10 @@ from django.utils import timezone
 from sagaplane import merkle, note
 
 from core import timing
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import cross_tenant, keys, queries, sources
-from transparency.actions.common import IntegrationRefused, always, locked_row
+from transparency.actions.common import IntegrationRefused, locked_row
 from transparency.actions.signing import active_key, key_signers, verifiers
 from transparency.models import Checkpoint, TreeState
 from transparency.proofs import StoredNodes
@@ -152,36 +152,22 @@ def _chunk_leaves() -> int:
 def integrate(tenant: Tenant, *, max_leaves: int | None = None) -> Checkpoint | None:
     """Append the tenant's new leaves to its tree and sign a checkpoint; None if nothing grew.
 
-    One transaction, holding the TreeState row lock, so two integrators never interleave."""
-    return _integrate_round(tenant, max_leaves)[0]
+    In the caller's transaction (the tenant's), holding the TreeState row lock until it ends, so
+    two integrators never interleave."""
+    return integrate_round(tenant, max_leaves)[0]
 
 
-def _integrate_round(tenant: Tenant, max_leaves: int | None) -> tuple[Checkpoint | None, bool]:
+def integrate_round(tenant: Tenant, max_leaves: int | None = None) -> tuple[Checkpoint | None, bool]:
     """`integrate`, and whether the round reached the log's size as it read it (not cut short by
     the chunk): then another round now would find nothing, or only leaves committed since, whose
-    own ingest hook requests the next pass."""
-    with tenant_context(tenant):
-        state = locked_state(tenant)
-        active_key(tenant)
-        size = sources.log_size(tenant)
-        target = min(size, state.size + (max_leaves or _chunk_leaves()))
-        return extend_and_sign(tenant, state, target=target), target == size
-
-
-def integrate_fully(
-    tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = always
-) -> Checkpoint | None:
-    """Integrate until the tree holds every leaf assigned when the last round read the log (a
-    backlog takes several rounds), or until `keep_going()` says stop: it is asked between rounds,
-    each of which has committed. No empty round to find out it is done: one transaction (and its
-    lock) fewer per call, which under sustained ingest is one per integrator pass."""
-    latest = None
-    while keep_going():
-        checkpoint, caught_up = _integrate_round(tenant, max_leaves)
-        latest = checkpoint or latest
-        if checkpoint is None or caught_up:
-            break
-    return latest
+    own ingest hook requests the next pass. The integrator's rounds (`transparency.tasks`) are
+    each a transaction of their own, which commits the checkpoint and lets the lock go."""
+    require_tenant(tenant)
+    state = locked_state(tenant)
+    active_key(tenant)
+    size = sources.log_size(tenant)
+    target = min(size, state.size + (max_leaves or _chunk_leaves()))
+    return extend_and_sign(tenant, state, target=target), target == size
 
 
 def tenants_to_integrate() -> list[int]:

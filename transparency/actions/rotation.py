@@ -3,12 +3,13 @@ step recorded in the tenant's server stream in its transaction."""
 
 from __future__ import annotations
 
+from django.db import transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
 from core.actionaudit import append_server_record
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency.actions.integration import extend_and_sign, locked_state
 from transparency.actions.signing import create_key
@@ -19,7 +20,8 @@ def rotate_signing_key(tenant: Tenant, *, actor: Actor) -> LogSigningKey:
     """A new active key; the old one co-signs ("retiring") until `finish_key_rotation`. The
     current tree is re-signed at once with both keys so the new key is usable immediately.
     Recorded (old and new key ids) in the tenant's server stream, in the same transaction."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         state = locked_state(tenant)
         before = _key_ids_by_status()
         LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
@@ -40,7 +42,8 @@ def rotate_signing_key(tenant: Tenant, *, actor: Actor) -> LogSigningKey:
 def finish_key_rotation(tenant: Tenant, *, actor: Actor) -> int:
     """Stop co-signing with retiring keys; they stay listed to verify old checkpoints. With no
     rotation under way this is a no-op (0, nothing recorded)."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         before = _key_ids_by_status()
         retired = LogSigningKey.objects.filter(status=KeyStatus.RETIRING).update(
             status=KeyStatus.RETIRED, retired_at=timezone.now()

@@ -4,16 +4,16 @@ whichever integration round first reads the log past it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from audit.jsonvalues import index_text
 from core import timing
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.actors import system_actor
 from tenants.models import Tenant
 from transparency import cross_tenant, sources
-from transparency.actions.common import always, locked_row
+from transparency.actions.common import locked_row
 from transparency.models import SealState
 
 SEAL_EVENT = sources.SEAL_EVENT
@@ -60,27 +60,26 @@ def _seal_stretch(tenant: Tenant, start: int, end: int) -> tuple[list[str], int 
     In bulk: the sagas' records read by leaf range (`sources.seal_inputs`), and every seal the
     pass needs appended to the server stream as one batch (one lock, one set-based store), not
     one read and one append per saga. What each seal says is `_seal_fields`'s rule."""
-    with tenant_context(tenant):
-        with timing.phase("seal_find"):
-            sagas = sources.terminal_sagas_touched(tenant, start, end)
-        with timing.phase("seal_read"):
-            by_saga = sources.seal_inputs(tenant, sagas, start, end) if sagas else {}
-        sealed: list[str] = []
-        seals: list[tuple[str, dict[str, Any]]] = []
-        with timing.phase("seal_compute"):
-            for saga_id in sagas:
-                records = by_saga.get(saga_id)
-                if not records:
-                    continue
-                fields, current = _seal_fields(records, saga_id)
-                if not current:
-                    sealed.append(saga_id)
-                    seals.append((SEAL_EVENT, fields))
-        if not seals:
-            return sealed, None
-        # The append's own phases (rows, insert_payloads, projection_*, insert_locked) nest inside.
-        with timing.phase("seal_append"):
-            return sealed, sources.append_server_records(tenant, seals, actor=SEAL_ACTOR)
+    with timing.phase("seal_find"):
+        sagas = sources.terminal_sagas_touched(tenant, start, end)
+    with timing.phase("seal_read"):
+        by_saga = sources.seal_inputs(tenant, sagas, start, end) if sagas else {}
+    sealed: list[str] = []
+    seals: list[tuple[str, dict[str, Any]]] = []
+    with timing.phase("seal_compute"):
+        for saga_id in sagas:
+            records = by_saga.get(saga_id)
+            if not records:
+                continue
+            fields, current = _seal_fields(records, saga_id)
+            if not current:
+                sealed.append(saga_id)
+                seals.append((SEAL_EVENT, fields))
+    if not seals:
+        return sealed, None
+    # The append's own phases (rows, insert_payloads, projection_*, insert_locked) nest inside.
+    with timing.phase("seal_append"):
+        return sealed, sources.append_server_records(tenant, seals, actor=SEAL_ACTOR)
 
 
 # One seal pass looks at most this many integrated leaves, so catching up on a long unsealed
@@ -114,32 +113,20 @@ def seal_pass(tenant: Tenant, *, max_leaves: int | None = None) -> tuple[list[st
     new record, so nothing before the watermark needs a second look.
 
     Runs beside the integrator (its own lock, `_locked_seal_state`): the integrator signs the
-    seals in whichever of its rounds first reads the log past them."""
-    with tenant_context(tenant):
-        # The SealState lock serialises seal passes per tenant, nothing else.
-        state = _locked_seal_state(tenant)
-        size = sources.log_size(tenant)
-        if state.sealed_size >= size:
-            return [], True
-        start, end = state.sealed_size, min(size, state.sealed_size + (max_leaves or SEAL_PASS_LEAVES))
-        sealed, first_seal = _seal_stretch(tenant, start, end)
-        if first_seal == end:
-            end += len(sealed)
-        SealState.objects.filter(pk=state.pk).update(sealed_size=end)
-        return sealed, end >= size
-
-
-def seal_pending(
-    tenant: Tenant, *, max_leaves: int | None = None, keep_going: Callable[[], bool] = always
-) -> list[str]:
-    """Seal passes until the watermark reaches the log's size as a pass read it (or
-    `keep_going()`, asked between passes, says stop); the saga ids sealed."""
-    sealed: list[str] = []
-    done = False
-    while not done and keep_going():
-        more, done = seal_pass(tenant, max_leaves=max_leaves)
-        sealed.extend(more)
-    return sealed
+    seals in whichever of its rounds first reads the log past them. One pass, in the caller's
+    transaction (the tenant's, entered by the sealer task for each pass)."""
+    require_tenant(tenant)
+    # The SealState lock serialises seal passes per tenant, nothing else.
+    state = _locked_seal_state(tenant)
+    size = sources.log_size(tenant)
+    if state.sealed_size >= size:
+        return [], True
+    start, end = state.sealed_size, min(size, state.sealed_size + (max_leaves or SEAL_PASS_LEAVES))
+    sealed, first_seal = _seal_stretch(tenant, start, end)
+    if first_seal == end:
+        end += len(sealed)
+    SealState.objects.filter(pk=state.pk).update(sealed_size=end)
+    return sealed, end >= size
 
 
 def tenants_to_seal() -> list[int]:

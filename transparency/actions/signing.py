@@ -6,7 +6,7 @@ from __future__ import annotations
 from sagaplane import note
 
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import keys
 from transparency.models import KeyStatus, LogSigningKey
@@ -31,8 +31,8 @@ def active_key(tenant: Tenant) -> LogSigningKey:
 
 def ensure_signing_key(tenant: Tenant) -> LogSigningKey:
     """The tenant's active log key, created on first use."""
-    with tenant_context(tenant):
-        return active_key(tenant)
+    require_tenant(tenant)
+    return active_key(tenant)
 
 
 def key_signers() -> list[note.Signer]:
@@ -55,8 +55,8 @@ def sign_statement(tenant: Tenant, text: str) -> str:
     """`text` as a C2SP signed note by the tenant's log keys (active first, then any key being
     rotated out), so it verifies offline against the same verifier keys as the checkpoints. A
     tenant has keys once the integrator signed its first checkpoint; before that, 404."""
-    with tenant_context(tenant):
-        signers = key_signers()
+    require_tenant(tenant)
+    signers = key_signers()
     if not signers:
         raise DomainError(
             "no_signing_key", "the log has no signing key yet (none before its first checkpoint)", status=404
