@@ -255,6 +255,7 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
     from controlplane.parsers import check_storable, strict_loads
     from core import availability
     from core.errors import DomainError
+    from core.scoping import tenant_statements
     from fleet import services
     from fleet.calls import gate_call
 
@@ -279,7 +280,10 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         return None
     actor = str(api_key_actor(api_key.prefix))  # as the request log names it
     try:
-        answer = services.evaluate(tenant, call, actor=api_key_actor(api_key.prefix), version=version)
+        # The transport enters the tenant, statement-scoped: no transaction, so the decision takes
+        # its lean path (each statement carries the tenant; a read that needs one opens it).
+        with tenant_statements(tenant):
+            answer = services.evaluate(tenant, call, actor=api_key_actor(api_key.prefix), version=version)
         payload = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         return 200, payload, tenant.slug, actor
     except availability.Unavailable as refusal:

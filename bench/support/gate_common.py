@@ -37,6 +37,16 @@ TARGET_P99_VS_FLOOR = 3.0
 TARGET_HTTP_PER_S = 2_000
 
 
+def evaluate_scoped(tenant: Any, request: Any, **options: Any) -> dict[str, Any]:
+    """`fleet.services.evaluate` as the gate's fast route calls it (controlplane/gate_asgi.py): the
+    tenant entered statement-scoped, no transaction (the decision's lean path on Redis)."""
+    from core.scoping import tenant_statements
+    from fleet import services
+
+    with tenant_statements(tenant):
+        return services.evaluate(tenant, request, **options)
+
+
 # ------------------------------------------------------------------------------------------- stats
 
 

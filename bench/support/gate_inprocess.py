@@ -19,6 +19,7 @@ from bench.support.gate_common import (  # noqa: E402
     _overspend_check,
     _summary,
     _threads,
+    evaluate_scoped,
     perf,
 )
 from tenants.actors import system_actor
@@ -234,7 +235,7 @@ def in_process(store_name: str, limits: int, clients: int, total: int) -> dict[s
             agent=f"agent-{n % 4}",
         )
         return (
-            services.evaluate(run.tenant, request, actor=system_actor("bench"), store=store)["decision"]
+            evaluate_scoped(run.tenant, request, actor=system_actor("bench"), store=store)["decision"]
             == "allow"
         )
 
@@ -265,12 +266,12 @@ def queries_per_decision(store_name: str, limits: int) -> int:
     if store_name == "redis":
         _warm_redis_marker(run.tenant)
     warm = GateRequest(saga_id="w", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
-    services.evaluate(
+    evaluate_scoped(
         run.tenant, warm, actor=system_actor("bench"), store=store
     )  # policies now held, as in a run
     request = GateRequest(saga_id="q", step_id="1", tool="bench.charge", args=_call_args(0), agent="agent-0")
     with CaptureQueriesContext(connection) as captured:
-        answer = services.evaluate(run.tenant, request, actor=system_actor("bench"), store=store)
+        answer = evaluate_scoped(run.tenant, request, actor=system_actor("bench"), store=store)
     assert answer["decision"] == "allow", answer
     return len(captured.captured_queries)
 
@@ -292,7 +293,7 @@ def profile_decision(decisions: int) -> dict[str, Any]:
         request = GateRequest(
             saga_id=f"p-{i}", step_id="1", tool="bench.charge", args=_call_args(0), agent="a"
         )
-        services.evaluate(run.tenant, request, actor=system_actor("bench"), store=store)
+        evaluate_scoped(run.tenant, request, actor=system_actor("bench"), store=store)
 
     decide(-1)
     wall, cpu = perf(), time.process_time()

@@ -25,7 +25,7 @@ from typing import Any
 from sagaplane.client import Response, TransportError
 from sagaplane.leases import LeaseHolder
 
-from bench.support.gate_common import _pct
+from bench.support.gate_common import _pct, evaluate_scoped
 from tenants.actors import system_actor
 
 AGENTS = 64
@@ -100,7 +100,7 @@ def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> 
     started = time.process_time()
     for n in range(decisions):
         assert (
-            services.evaluate(tenant, request(n), actor=system_actor("bench"), store=store)["decision"]
+            evaluate_scoped(tenant, request(n), actor=system_actor("bench"), store=store)["decision"]
             == "allow"
         )
     per_call_ms = (time.process_time() - started) * 1000 / decisions
@@ -170,7 +170,7 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
                 tenant, lease_id, {"capped": granted}, actor=system_actor("bench"), store=store
             )
             return 0
-        decided = services.evaluate(tenant, request, actor=system_actor("bench"), store=store)
+        decided = evaluate_scoped(tenant, request, actor=system_actor("bench"), store=store)
         if decided["decision"] == "allow":
             with lock:
                 performed[n] += 1

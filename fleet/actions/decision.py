@@ -16,12 +16,12 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from core import availability, epoch, snapshots
 from core.actors import Actor
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import gate, hooks, queries
 from fleet.actions import breaker_states, reservations, snapshot
 from fleet.actions.snapshot import Policies, held_policies, read_policies
@@ -64,13 +64,16 @@ def evaluate(
     `version`: the tenant's epoch when the caller already read it for this call (the lean HTTP
     path reads it once for its key check and the decision).
 
-    On Redis with Postgres, outside any transaction, the decision takes the lean path
-    (`LeanWriter`): policies from this process' snapshot (re-read when the epoch moved), one
-    EVALSHA, and the ledger row in one statement batch that sets the tenant for row-level security
-    and commits — with the epoch's GET, three round trips in all. A read the snapshot cannot answer
-    (a drain checked against the ledger, an escalation) opens the tenant's transaction for that
-    read; an approval to consult takes the whole decision again in the tenant's transaction
-    (`TransactionalWriter`), as every decision on the other paths is taken."""
+    The transport has entered the tenant (asserted here): the gate's fast route statement-scoped
+    (`core.scoping.tenant_statements`: no transaction, each statement carries the tenant), a view
+    in its transaction. On Redis with Postgres, outside any transaction, the decision takes the
+    lean path (`LeanWriter`): policies from this process' snapshot (re-read when the epoch moved),
+    one EVALSHA, and the ledger row in one statement batch that commits — with the epoch's GET,
+    three round trips in all. A read the snapshot cannot answer (a drain checked against the
+    ledger, an escalation) opens a transaction for that read; an approval to consult takes the
+    whole decision again in a transaction (`TransactionalWriter`), as every decision on the other
+    paths is taken."""
+    require_tenant(tenant)
     availability.guard()  # a store known to be down: refused before anything is read
     store = store or get_store()
     if version is _UNREAD:
@@ -85,7 +88,7 @@ def evaluate(
             answer = _decide(_Call(tenant, request, store, version, LeanWriter(tenant)))
             if not isinstance(answer, Retake):
                 return answer
-        with tenant_context(tenant):
+        with transaction.atomic():  # a savepoint of its own inside a caller's transaction
             answer = _decide(_Call(tenant, request, store, version, TransactionalWriter(tenant, actor=actor)))
         assert not isinstance(answer, Retake)  # only the lean writer retakes
         return answer

@@ -2,8 +2,9 @@
 
 - `TransactionalWriter`: the decision runs inside the tenant's transaction; refusals and allows
   are ORM rows, an allow commits with the approvals it consumes.
-- `LeanWriter`: outside any transaction (Redis with Postgres): a read the snapshot cannot answer
-  opens the tenant's transaction for that read alone, and each answer is one statement batch
+- `LeanWriter`: outside any transaction (Redis with Postgres), in the transport's statement-scoped
+  block (`core.scoping.tenant_statements`: each statement carries the tenant): a read the snapshot
+  cannot answer opens a transaction for that read alone, and each answer is one statement batch
   (`write_lean`). What it cannot do (an approval that must read or write) it answers `RETAKE`,
   before anything is debited: the whole decision is then taken again transactionally.
 """
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from core import availability
 from core.actors import Actor
-from core.scoping import NeedsDatabase, scoped_without_database, tenant_context
+from core.scoping import NeedsDatabase, require_tenant, scoped_without_database
 from fleet import hooks, queries
 from fleet.gate import Debit, GateRequest
 from fleet.models import Decision, GateDecision
@@ -165,7 +166,9 @@ class LeanWriter:
         self.tenant = tenant
 
     def reading(self) -> AbstractContextManager[Any]:
-        return tenant_context(self.tenant)
+        # The tenant is the transport's (each statement carries it); the read gets a transaction
+        # of its own, as a row it locks (a breaker's trial) needs one.
+        return transaction.atomic()
 
     def deny(self, request: GateRequest, reason: str, **detail: Any) -> Answer:
         return write_lean(self.tenant, request, Decision.DENY, reason=reason, detail=detail)
@@ -211,7 +214,8 @@ def write_lean(
     """Write one decision in one round trip (`fleet.queries.insert_decision`) outside any
     transaction, and answer it. An allow is answered only once its row has committed; a ledger
     that cannot be written refuses (`limit_store_unavailable`: any debit already made stays,
-    erring toward refusal)."""
+    erring toward refusal). The transport's statement-scoped block carries the tenant."""
+    require_tenant(tenant)
     detail = detail or {}
     row_id = decision_id or uuid.uuid4()
     try:
@@ -238,7 +242,6 @@ def write_lean(
     if not inserted:
         # The same call allowed meanwhile (a retry racing itself): the first allow stands; this
         # debit stays counted, erring toward refusal.
-        with tenant_context(tenant):
-            first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
+        first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
         return first.answer()
     return GateDecision(id=row_id, decision=Decision.ALLOW, detail=detail).answer()

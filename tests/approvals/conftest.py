@@ -17,7 +17,7 @@ from tenants.actors import api_key_actor, named_actor, user_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,7 @@ class Agent:
             api_key_prefix=self.prefix,
             client_idempotency_key=key,
         )
-        return fleet.evaluate(self.tenant, call, actor=api_key_actor(self.prefix))
+        return in_statements(fleet.evaluate, self.tenant, call, actor=api_key_actor(self.prefix))
 
 
 @pytest.fixture

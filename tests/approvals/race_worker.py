@@ -27,6 +27,7 @@ def main() -> None:
     from fleet import services as fleet
     from fleet.gate import GateRequest
     from tenants.models import Membership, Tenant
+    from tests.support.scoping import in_statements
 
     config = json.loads(sys.argv[1])
     tenant = Tenant.objects.get(slug=config["tenant"])
@@ -52,7 +53,7 @@ def main() -> None:
         api_key_prefix=config["prefix"],
         client_idempotency_key=config["key"],
     )
-    out["gate"] = fleet.evaluate(tenant, call, actor=named_actor("race"))
+    out["gate"] = in_statements(fleet.evaluate, tenant, call, actor=named_actor("race"))
     print(json.dumps(out), flush=True)
 
 

@@ -29,7 +29,7 @@ def main() -> None:
     from fleet import services
     from fleet.gate import GateRequest
     from tenants.models import Tenant
-    from tests.support.scoping import in_tenant
+    from tests.support.scoping import in_statements, in_tenant
 
     command, config = sys.argv[1], json.loads(sys.argv[2])
     if command == "setup":
@@ -79,7 +79,9 @@ def main() -> None:
                     args={"amount": config["amount"]},
                 )
                 try:
-                    answer = services.evaluate(tenant, request, actor=named_actor("test"), store=store)
+                    answer = in_statements(
+                        services.evaluate, tenant, request, actor=named_actor("test"), store=store
+                    )
                 except Exception as exc:  # never an answer: the test names it
                     answer = {"decision": "raised", "reason": repr(exc)[:500]}
                 with lock:

@@ -13,13 +13,14 @@ from fleet.gate import GateRequest
 from fleet.models import GateDecision
 from tenants.actors import named_actor
 from tenants.models import Tenant
+from tests.support.scoping import in_statements
 
 ACTOR = named_actor("test:lean")
 
 
 def ask(tenant: Tenant, fields: dict[str, Any]) -> dict[str, Any]:
     assert not connection.in_atomic_block  # the lean path's condition
-    return services.evaluate(tenant, GateRequest(**fields), actor=ACTOR)
+    return in_statements(services.evaluate, tenant, GateRequest(**fields), actor=ACTOR)
 
 
 def ledger(tenant: Tenant) -> list[GateDecision]:

@@ -33,6 +33,7 @@ def main() -> None:
     from fleet.stores import RedisStore
     from tenants.authentication import verify_api_key
     from tenants.models import Tenant
+    from tests.support.scoping import in_statements
 
     config = json.loads(sys.argv[1])
     tenant = Tenant.objects.get(slug=config["tenant"])
@@ -42,7 +43,9 @@ def main() -> None:
         command, _, argument = line.strip().partition(" ")
         if command == "decide":
             request = GateRequest(**json.loads(argument))
-            answer = services.evaluate(tenant, request, actor=named_actor("worker"), store=store)
+            answer = in_statements(
+                services.evaluate, tenant, request, actor=named_actor("worker"), store=store
+            )
         elif command == "verify":
             try:
                 verify_api_key(argument)

@@ -110,8 +110,10 @@ def _turn(
             store=store,
         )
         return 0
+    from tests.support.scoping import in_statements  # after django.setup()
+
     request = dataclasses.replace(request, step_id=str(uuid.uuid4()))
-    decided = services.evaluate(tenant, request, actor=named_actor("test"), store=store)
+    decided = in_statements(services.evaluate, tenant, request, actor=named_actor("test"), store=store)
     if decided["decision"] == "allow":
         effect()
         count("per_call")

@@ -25,7 +25,7 @@ from fleet.models import GateDecision
 from tenants.actors import api_key_actor, user_actor
 from tests.support.chains import T0, chain
 from tests.support.factories import Person
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
@@ -68,7 +68,9 @@ def test_a_shipped_local_refusal_is_listed_once_beside_the_gates(alice: Person, 
     )
     saga_id = uuid.uuid4().hex
     call = GateRequest(saga_id=saga_id, step_id="s1", tool="payroll.run", args={}, agent="payroll-bot")
-    refused = fleet.evaluate(alice.tenant, call, actor=api_key_actor("test"))  # the gate's own refusal
+    refused = in_statements(
+        fleet.evaluate, alice.tenant, call, actor=api_key_actor("test")
+    )  # the gate's own refusal
     assert refused["decision"] == "deny" and refused["decision_id"]
     _ship(
         alice,

@@ -22,7 +22,7 @@ from fleet.models import GateDecision
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.factories import Person
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 NO_RESERVATIONS = {"reserved": "0", "settled": "0", "overrun": "0"}
 
@@ -39,7 +39,7 @@ def _budget(live_server: Any, person: Person, window: float | None = None) -> di
 
 def _ask(tenant: Tenant, n: int, agent: str, tool: str = "stripe.charge", **args: Any) -> str:
     call = GateRequest(saga_id=f"s-{agent}-{n}", step_id="1", tool=tool, args=args, agent=agent)
-    return services.evaluate(tenant, call, actor=named_actor("test"))["decision"]
+    return in_statements(services.evaluate, tenant, call, actor=named_actor("test"))["decision"]
 
 
 def test_get_fleet_budget_sees_the_real_spend(live_server: Any, alice: Person, carol: Person) -> None:

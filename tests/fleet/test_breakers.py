@@ -22,7 +22,7 @@ from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.chains import Writer, server_stream
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 SETTINGS: dict[str, Any] = {
     "name": "stripe down",
@@ -87,7 +87,7 @@ class Agent:
 
 def ask(tenant: Tenant, saga: str, tool: str = "stripe.charge", step: str = "1") -> dict[str, Any]:
     request = GateRequest(saga_id=saga, step_id=step, tool=tool, args={})
-    return services.evaluate(tenant, request, actor=named_actor("test"))
+    return in_statements(services.evaluate, tenant, request, actor=named_actor("test"))
 
 
 def breaker(tenant: Tenant, **changes: Any) -> CircuitBreaker:

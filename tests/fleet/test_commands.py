@@ -20,7 +20,7 @@ from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.hostile.production import own_redis
 from tests.support.chains import server_stream
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 
 def run(*args: str) -> str:
@@ -31,7 +31,9 @@ def run(*args: str) -> str:
 
 def ask(tenant: Tenant, tool: str, saga: str = "s", **args: object) -> dict[str, object]:
     request = GateRequest(saga_id=saga, step_id=f"{tool}-{len(args)}", tool=tool, args=args)
-    return services.evaluate(tenant, request, actor=named_actor("test"), store=services.DatabaseStore())
+    return in_statements(
+        services.evaluate, tenant, request, actor=named_actor("test"), store=services.DatabaseStore()
+    )
 
 
 def test_halt_then_resume_by_scope(tenant_a: Tenant) -> None:
@@ -85,11 +87,14 @@ def test_rebuild_limits_rebuilds_from_the_ledger(tenant_a: Tenant, redis_store: 
         actor=named_actor("test"),
     )
     first = GateRequest(saga_id="s", step_id="1", tool="x", args={"amount": 8})
-    assert services.evaluate(tenant_a, first, actor=named_actor("test"))["decision"] == "allow"
+    assert in_statements(services.evaluate, tenant_a, first, actor=named_actor("test"))["decision"] == "allow"
     redis_store.client.flushall()
     redis_store.client.set(
         marker_key(services.gate_tag(tenant_a)), "1"
     )  # a store that *looks* ready but lost its counters
     assert "acme: rebuilt" in run("rebuild_limits", "--tenant", "acme")
     second = GateRequest(saga_id="s", step_id="2", tool="x", args={"amount": 3})
-    assert services.evaluate(tenant_a, second, actor=named_actor("test"))["reason"] == "budget_exceeded"
+    assert (
+        in_statements(services.evaluate, tenant_a, second, actor=named_actor("test"))["reason"]
+        == "budget_exceeded"
+    )

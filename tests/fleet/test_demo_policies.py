@@ -17,6 +17,7 @@ from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, RateLimit
 from tenants.actors import named_actor
 from tenants.models import Tenant
+from tests.support.scoping import in_statements
 
 DEMO_AGENT = Path(__file__).resolve().parents[2] / "sdk" / "examples" / "demo_agent.py"
 
@@ -51,7 +52,8 @@ def test_seed_demo_sets_a_budget_and_a_rate_limit_on_the_demo_agents_tools_once(
     assert budget.argument in tools[budget.tool] and rate.tool in tools
     # The demo's largest checkout (4 × 49.99) fits; a minute of them reaches the cap.
     calls = [
-        services.evaluate(
+        in_statements(
+            services.evaluate,
             tenant,
             GateRequest(
                 saga_id=f"s{n}",
@@ -83,7 +85,8 @@ def test_seed_demo_sets_an_approval_policy_the_demo_agents_payouts_meet(
     tools = _tool_arguments()
     assert policy.tool in tools and policy.enabled
     assert all(p["arg"] in tools[policy.tool] for p in policy.predicates)
-    answer = services.evaluate(
+    answer = in_statements(
+        services.evaluate,
         tenant,
         GateRequest(
             saga_id="p1",

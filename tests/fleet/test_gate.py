@@ -23,7 +23,7 @@ from fleet.stores import DatabaseStore, LimitStore, RedisStore, marker_key
 from tenants.actors import named_actor, user_actor
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 ACTOR = named_actor("test:gate")
 
@@ -69,7 +69,7 @@ def call(tool: str = "stripe.charge", saga: str | None = None, **args: Any) -> G
 
 
 def ask(tenant: Tenant, store: LimitStore, request: GateRequest) -> dict[str, Any]:
-    return services.evaluate(tenant, request, actor=ACTOR, store=store)
+    return in_statements(services.evaluate, tenant, request, actor=ACTOR, store=store)
 
 
 def allowed_total(tenant: Tenant) -> int:

@@ -29,7 +29,7 @@ from tests.fleet.concurrency import (
 )
 from tests.support.ports import free_port
 from tests.support.probes import redis_answers
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -142,7 +142,8 @@ def test_the_gate_script_runs_unchanged_on_a_cluster(tenant_a: object, redis_clu
         actor=named_actor("test"),
     )
     answers = [
-        services.evaluate(
+        in_statements(
+            services.evaluate,
             tenant_a,
             GateRequest(saga_id="s", step_id=str(n), tool="x", args={"amount": 4}, agent=f"a{n % 3}"),
             actor=named_actor("test"),

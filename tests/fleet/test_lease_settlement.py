@@ -30,7 +30,7 @@ from tests.fleet.test_leases import _redis_store, private_redis  # noqa: F401  (
 from tests.hostile.production import OwnRedis
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.chains import Writer
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 from tests.support.waiting import wait_until
 
 ACTOR = named_actor("test:settlement")
@@ -114,7 +114,7 @@ def test_a_killed_agents_lease_is_settled_at_what_its_wal_shipped(
     assert services.settle_expired_leases(tenant, now=lease.settle_after + timedelta(seconds=60)) == 0
     # The counters the next decision reads agree: the rest of the cap is usable.
     request = GateRequest(saga_id="next", step_id="1", tool="llm.complete", args={"amount": 997}, agent="w")
-    assert services.evaluate(tenant, request, actor=ACTOR)["decision"] == "allow"
+    assert in_statements(services.evaluate, tenant, request, actor=ACTOR)["decision"] == "allow"
 
 
 def _grant(tenant: Tenant, calls: int = 4) -> uuid.UUID:
@@ -189,7 +189,7 @@ def test_on_redis_the_counters_the_next_decision_reads_agree_with_the_settlement
 
     def ask(amount: int) -> str:
         request = GateRequest(saga_id=f"s-{uuid.uuid4()}", step_id="1", tool="llm.x", args={"amount": amount})
-        return str(services.evaluate(tenant_a, request, actor=ACTOR)["decision"])
+        return str(in_statements(services.evaluate, tenant_a, request, actor=ACTOR)["decision"])
 
     assert ask(996) == "deny" and ask(995) == "allow" and ask(1) == "deny"  # 5 spent, the rest back
 

@@ -29,7 +29,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.hostile.production import OwnRedis, own_redis
 from tests.support.factories import Person
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 ACTOR = named_actor("test:leases")
 
@@ -71,7 +71,7 @@ def lease(tenant: Tenant, calls: int, **args: Any) -> dict[str, Any]:
 
 def ask(tenant: Tenant, **args: Any) -> str:
     request = GateRequest(saga_id=f"s-{uuid.uuid4()}", step_id="1", tool="llm.complete", args=args, agent="w")
-    return str(services.evaluate(tenant, request, actor=ACTOR)["decision"])
+    return str(in_statements(services.evaluate, tenant, request, actor=ACTOR)["decision"])
 
 
 def used_of(tenant: Tenant, name: str = "tokens") -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from fleet.models import GateDecision, Halt
 from fleet.stores import DatabaseStore
 from tenants.actors import named_actor
 from tenants.models import Tenant
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 ACTOR = named_actor("test:names")
 
@@ -138,7 +138,7 @@ def test_the_gate_refuses_and_counts_every_spelling_and_keeps_names_as_sent(tena
     )
 
     def ask(request: GateRequest) -> dict[str, Any]:
-        return services.evaluate(tenant_a, request, actor=ACTOR, store=store)
+        return in_statements(services.evaluate, tenant_a, request, actor=ACTOR, store=store)
 
     assert ask(_call("HALTED.x"))["reason"] == "halted"
     assert ask(_call("crm.read", agent="BAD-BOT"))["reason"] == "halted"
@@ -161,9 +161,13 @@ def test_a_per_tool_or_per_agent_limit_counts_every_spelling_once(tenant_a: Tena
         ),
         actor=ACTOR,
     )
-    first = services.evaluate(tenant_a, _call("crm.read", agent="bot"), actor=ACTOR, store=store)
+    first = in_statements(
+        services.evaluate, tenant_a, _call("crm.read", agent="bot"), actor=ACTOR, store=store
+    )
     assert first["decision"] == "allow"
-    again = services.evaluate(tenant_a, _call("CRM.READ", agent="BOT"), actor=ACTOR, store=store)
+    again = in_statements(
+        services.evaluate, tenant_a, _call("CRM.READ", agent="BOT"), actor=ACTOR, store=store
+    )
     assert again["decision"] == "deny" and again["reason"] == "rate_limited"
 
 
@@ -175,5 +179,7 @@ def test_an_approval_policy_matches_every_spelling(tenant_a: Tenant) -> None:
         actor=ACTOR,
     )
     for tool in ("BANK.wire", _fullwidth("bank.wire")):
-        answer = services.evaluate(tenant_a, _call(tool, amount=5), actor=ACTOR, store=DatabaseStore())
+        answer = in_statements(
+            services.evaluate, tenant_a, _call(tool, amount=5), actor=ACTOR, store=DatabaseStore()
+        )
         assert answer["decision"] == "pending_approval", (tool, answer)

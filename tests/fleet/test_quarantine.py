@@ -23,6 +23,7 @@ from tenants.models import Tenant
 from tests.hostile.production import Chain
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_statements
 
 
 def _quarantine(person: Person, saga_id: str, **body: Any) -> Any:
@@ -56,7 +57,9 @@ def test_preemptive_true_sets_aside_a_saga_before_it_starts_and_says_so(alice: P
     (record,) = [r for r in server_stream(alice.tenant) if r["event"] == "SAGA_QUARANTINED"]
     assert record["new"] == {"quarantined": True, "reason": "fraud review", "preemptive": True}
     call = GateRequest(saga_id="coming-soon", step_id="1", tool="crm.read", args={})
-    refused = services.evaluate(alice.tenant, call, actor=named_actor("test"), store=DatabaseStore())
+    refused = in_statements(
+        services.evaluate, alice.tenant, call, actor=named_actor("test"), store=DatabaseStore()
+    )
     assert refused["decision"] == "deny" and refused["reason"] == "quarantined"
     page = alice.session_client().get("/sagas/coming-soon/")
     assert page.status_code == 200

@@ -21,7 +21,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.fleet import test_leases
 from tests.hostile.production import OwnRedis
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 # Both stores, and a private Redis to flush, as the lease tests have them.
 store = test_leases.store
@@ -51,14 +51,14 @@ def reserve(tenant: Tenant, estimate: int, saga: str = "saga-r", **args: Any) ->
         agent="w",
         reserve=estimate * 10_000,
     )
-    return services.evaluate(tenant, request, actor=ACTOR)
+    return in_statements(services.evaluate, tenant, request, actor=ACTOR)
 
 
 def ask(tenant: Tenant, amount: float) -> str:
     request = GateRequest(
         saga_id=f"s-{uuid.uuid4()}", step_id="1", tool="llm.complete", args={"max_tokens": amount}, agent="w"
     )
-    return str(services.evaluate(tenant, request, actor=ACTOR)["decision"])
+    return str(in_statements(services.evaluate, tenant, request, actor=ACTOR)["decision"])
 
 
 def usage(tenant: Tenant) -> dict[str, Any]:
@@ -197,8 +197,11 @@ def test_a_retry_answers_the_first_reservation_and_a_zero_reserve_is_one(
 ) -> None:
     _budget(tenant_a)
     request = GateRequest(saga_id="x", step_id="1", tool="llm.complete", args={}, agent="w", reserve=0)
-    first = services.evaluate(tenant_a, request, actor=ACTOR)
-    assert services.evaluate(tenant_a, request, actor=ACTOR)["reservation"] == first["reservation"]
+    first = in_statements(services.evaluate, tenant_a, request, actor=ACTOR)
+    assert (
+        in_statements(services.evaluate, tenant_a, request, actor=ACTOR)["reservation"]
+        == first["reservation"]
+    )
     settled = settle(tenant_a, first, 3)
     assert settled is not None and settled["overrun"] == "3" and usage(tenant_a)["used"] == "3"
-    assert services.evaluate(tenant_a, request, actor=ACTOR)["reservation"] == settled
+    assert in_statements(services.evaluate, tenant_a, request, actor=ACTOR)["reservation"] == settled

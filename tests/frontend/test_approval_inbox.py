@@ -21,6 +21,7 @@ from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
+from tests.support.scoping import in_statements
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 REASON = "Supplier invoice 2026-114, due today"
@@ -55,7 +56,7 @@ def _ask(agent: Agent, saga: str = "s1", **body: Any) -> dict[str, Any]:
         },
         agent.prefix,
     )
-    return fleet.evaluate(agent.tenant, call, actor=api_key_actor(agent.prefix))
+    return in_statements(fleet.evaluate, agent.tenant, call, actor=api_key_actor(agent.prefix))
 
 
 def _client(person: Person) -> Client:

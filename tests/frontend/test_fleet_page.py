@@ -18,7 +18,7 @@ from tenants.actors import named_actor, user_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 pytestmark = pytest.mark.usefixtures("database_store")
 
@@ -31,7 +31,7 @@ def browser(person: Person) -> Client:
 
 def ask(tenant: Tenant, n: int, tool: str = "stripe.charge", **args: Any) -> dict[str, Any]:
     call = GateRequest(saga_id=f"saga-{n}", step_id="1", tool=tool, args=args, agent="billing-bot")
-    return services.evaluate(tenant, call, actor=named_actor("test"))
+    return in_statements(services.evaluate, tenant, call, actor=named_actor("test"))
 
 
 def counts(tenant: Tenant) -> tuple[int, int, int, int, int]:

@@ -19,7 +19,7 @@ from fleet.models import GateDecision, Halt
 from frontend import kill_switch_views
 from tenants.actors import api_key_actor, user_actor
 from tests.support.factories import Person
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
@@ -32,7 +32,7 @@ def browser(person: Person) -> Client:
 
 def _ask(person: Person, tool: str, agent: str, saga: str) -> dict:
     call = GateRequest(saga_id=saga, step_id="1", tool=tool, args={}, semantics="IRREVERSIBLE", agent=agent)
-    return fleet.evaluate(person.tenant, call, actor=api_key_actor("test"))
+    return in_statements(fleet.evaluate, person.tenant, call, actor=api_key_actor("test"))
 
 
 def test_the_history_says_how_each_kill_switch_ended(alice: Person, carol: Person) -> None:

@@ -18,7 +18,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import chain, ensure_sample, saga_records, sample_saga_id, sample_stream_id
 from tests.support.factories import Person, open_reservation, outstanding_lease
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 
 # Routes that are deliberately not tenant data.
 PUBLIC_ROUTES = {"healthz", "readyz", "schema", "api-docs", "api-redoc"}
@@ -106,7 +106,7 @@ def _acme_approval(tenant: Tenant) -> tuple[int, str]:
         actor=named_actor("test"),
     )
     call = GateRequest(saga_id="sample-approval-saga", step_id="1", tool="approve.wire", args={"amount": 1})
-    return policy.pk, fleet.evaluate(tenant, call, actor=named_actor("test"))["approval_id"]
+    return policy.pk, in_statements(fleet.evaluate, tenant, call, actor=named_actor("test"))["approval_id"]
 
 
 def _acme_recovery_job(tenant: Tenant) -> str:

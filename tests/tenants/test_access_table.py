@@ -46,7 +46,7 @@ from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
 from tests.support.chains import Writer
 from tests.support.factories import open_reservation, outstanding_lease
-from tests.support.scoping import in_tenant
+from tests.support.scoping import in_statements, in_tenant
 from tests.support.transparency import settle
 from transparency import proofs, witnesses
 from transparency import services as transparency
@@ -460,7 +460,7 @@ def world(
             actor=named_actor("test"),
         )
         wire = GateRequest(saga_id="acme-saga-1", step_id="w1", tool="bank.wire", args={"amount": 5})
-        pending = fleet.evaluate(acme, wire, actor=named_actor("test"))
+        pending = in_statements(fleet.evaluate, acme, wire, actor=named_actor("test"))
         compensated_saga(writer, "acme-refunded")
         (check,) = in_tenant(reconciliation.scan, acme)
         recovery_job = escalated_job(acme)
