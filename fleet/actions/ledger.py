@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import gate
 from fleet.models import BudgetLimit, Decision, GateDecision, GateLease, LeaseState, RateLimit
 from tenants.models import Tenant
@@ -117,7 +117,7 @@ def prune_denials(tenant: Tenant, *, now: datetime | None = None) -> int:
     """Forget refusals older than DENIALS_KEPT_FOR (they debited nothing and are only shown as
     recent denials; the agent's WAL keeps its own GATE_DENY records). Allows are never pruned:
     they are the budget ledger."""
+    require_tenant(tenant)
     cutoff = (now or timezone.now()) - DENIALS_KEPT_FOR
-    with tenant_context(tenant):
-        deleted, _ = GateDecision.objects.filter(decision=Decision.DENY, decided_at__lt=cutoff).delete()
+    deleted, _ = GateDecision.objects.filter(decision=Decision.DENY, decided_at__lt=cutoff).delete()
     return deleted

@@ -378,7 +378,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "fleet.actions.breaker_states",
         "fleet.actions.lease_settlement",
         "fleet.actions.leases",
-        "fleet.actions.ledger",
         "fleet.actions.reservations",
         "fleet.actions.store",
         "tenants.services",
