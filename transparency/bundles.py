@@ -22,6 +22,7 @@ from sagaplane.chain import canonical
 
 from audit.jsonvalues import served
 from core.errors import DomainError
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import keys, proofs, sources, witnesses
 from transparency.models import Checkpoint, Export, ExportStatus
@@ -140,19 +141,29 @@ def manifest_for(
     return manifest
 
 
+def records_chunk(tenant: Tenant, start: int, stop: int) -> list[LeafRecord]:
+    """Leaves [start, stop) of the tenant's log with their records, in leaf order (one chunk of
+    an export, read in the tenant the caller entered)."""
+    require_tenant(tenant)
+    return list(sources.records(tenant, start, stop))
+
+
 def write_records(
-    tenant: Tenant, first: int, end: int, out: IO[bytes], progress: Callable[[int], None], chunk: int = 5_000
+    first: int,
+    end: int,
+    out: IO[bytes],
+    progress: Callable[[int], None],
+    read: Callable[[int, int], list[LeafRecord]],
+    chunk: int = 5_000,
 ) -> tuple[str, dict[str, dict[str, Any]]]:
     """records.ndjson into `out`, in leaf order; returns its sha256 and the stream heads.
-    `progress(done)` is called between chunks (each chunk is read in its own transaction)."""
-    from core.scoping import tenant_context
-
+    `read(start, stop)` reads a chunk (`records_chunk`, each in a transaction of its own as the
+    tenant, entered by the caller), and `progress(done)` is called between chunks."""
     digest = hashlib.sha256()
     heads: dict[str, dict[str, Any]] = {}
     done = 0
     for start in range(first, end, chunk):
-        with tenant_context(tenant):
-            rows = list(sources.records(tenant, start, min(end, start + chunk)))
+        rows = read(start, min(end, start + chunk))
         for row in rows:
             if row.leaf_index != first + done:
                 raise BundleUnavailable(

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from transparency.actions.common import IntegrationRefused
 from transparency.actions.exports import (
-    build_export,
+    ExportClaim,
+    claim_export,
     export_storage_name,
+    fail_unclaimed_export,
     finish_export,
     record_export_download,
     record_export_progress,
     request_export,
-    sweep_stale_exports,
+    requeue_or_fail_export,
+    stale_exports,
 )
 from transparency.actions.integration import integrate, integrate_round, tenants_to_integrate
 from transparency.actions.rotation import finish_key_rotation, rotate_signing_key
@@ -29,11 +32,13 @@ from transparency.actions.signing import (
 __all__ = [
     "SEAL_EVENT",
     "IntegrationRefused",
-    "build_export",
+    "ExportClaim",
+    "claim_export",
     "current_verifier_keys",
     "ensure_signing_key",
     "exact_saga_id",
     "export_storage_name",
+    "fail_unclaimed_export",
     "finish_export",
     "finish_key_rotation",
     "integrate",
@@ -42,10 +47,11 @@ __all__ = [
     "record_export_download",
     "record_export_progress",
     "request_export",
+    "requeue_or_fail_export",
     "rotate_signing_key",
     "seal_pass",
     "sign_statement",
-    "sweep_stale_exports",
+    "stale_exports",
     "tenants_to_integrate",
     "tenants_to_seal",
     "verifiers",

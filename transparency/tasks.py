@@ -8,10 +8,14 @@ leaves like any other, which the integrator signs in its next pass."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import tempfile
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
 
 from celery import shared_task
 from django.core.cache import cache
@@ -21,9 +25,9 @@ from core.scoping import tenant_context
 from core.shutdown import keep_going
 from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
-from transparency import cosigning, hooks, services
+from transparency import bundles, cosigning, hooks, services, sources
 from transparency.actions.common import always
-from transparency.models import Checkpoint, TreeState, Witness
+from transparency.models import Checkpoint, ExportStatus, TreeState, Witness
 
 log = logging.getLogger(__name__)
 
@@ -344,10 +348,24 @@ def integrate_grown_tenants() -> list[int]:
 
 
 @shared_task(name="transparency.sweep_stale_exports", ignore_result=True)
-def sweep_stale_exports() -> dict[str, list[str]]:
+def sweep_stale_exports(now: datetime | None = None) -> dict[str, list[str]]:
     """Beat: re-queue exports whose build went quiet (a worker died mid-build), fail them after
-    SAGAPLANE_EXPORT_MAX_ATTEMPTS builds."""
-    outcome = services.sweep_stale_exports()
+    SAGAPLANE_EXPORT_MAX_ATTEMPTS builds; {"requeued": [...], "failed": [...]}. One cross-tenant
+    question, then each stale export in its tenant, one transaction each."""
+    outcome: dict[str, list[str]] = {"requeued": [], "failed": []}
+    tenants: dict[int, Tenant | None] = {}
+    for tenant_id, export_id in services.stale_exports(now):
+        tenant = (
+            tenants[tenant_id]
+            if tenant_id in tenants
+            else tenants.setdefault(tenant_id, tenant_by_id(tenant_id))
+        )
+        if tenant is None:
+            continue
+        with tenant_context(tenant):
+            result = services.requeue_or_fail_export(tenant, export_id, now)
+        if result is not None:
+            outcome[result].append(str(export_id))
     if outcome["requeued"] or outcome["failed"]:
         log.warning("stale exports: re-queued %s, failed %s", outcome["requeued"], outcome["failed"])
     return outcome
@@ -357,4 +375,90 @@ def sweep_stale_exports() -> dict[str, list[str]]:
 def build_export(export_id: str, tenant_id: int) -> None:
     tenant = tenant_by_id(tenant_id)  # the export's arguments put the tenant second
     if tenant is not None:
-        services.build_export(tenant, export_id)
+        build_export_in(tenant, export_id)
+
+
+def build_export_in(tenant: Tenant, export_id: Any) -> None:
+    """Build and store a WORM export; idempotent and restartable.
+
+    Several short transactions as the tenant (claim, one per chunk of records read, the
+    manifest's reads, finish) so progress is visible while it runs. The bundle is built in
+    temporary files; the storage publishes it under its final name atomically and write-once, and
+    the row is marked done only after that. So a worker killed at any point leaves either no file
+    (a retry rebuilds it) or the complete file (a retry adopts it: every attempt builds against
+    the same checkpoint and range)."""
+    from transparency.storage import get_storage
+
+    try:
+        with tenant_context(tenant):
+            claim = services.claim_export(tenant, export_id)
+    except (services.IntegrationRefused, bundles.BundleUnavailable) as exc:
+        # Deterministic refusals (no checkpoint yet, a range outside the log): a retry would only
+        # refuse again, so fail it now rather than leave it for the sweep to re-queue forever.
+        with tenant_context(tenant):
+            services.fail_unclaimed_export(tenant, export_id, str(exc))
+        raise
+    if claim is None:
+        return
+    attempt = claim.attempt
+    name = services.export_storage_name(tenant, export_id)
+    storage = get_storage()
+    try:
+        if not storage.exists(name):
+            _publish_export(tenant, export_id, claim, name)
+        sha256 = _stored_sha256(name)
+        with tenant_context(tenant):
+            services.finish_export(
+                tenant,
+                export_id,
+                attempt,
+                status=ExportStatus.DONE,
+                storage_name=name,
+                sha256=sha256,
+                records_done=claim.end - claim.first,
+                error="",
+            )
+    except Exception as exc:
+        log.exception("export %s failed (attempt %s)", export_id, attempt)
+        with tenant_context(tenant):
+            services.finish_export(
+                tenant, export_id, attempt, status=ExportStatus.FAILED, error=str(exc)[:2000]
+            )
+        raise
+
+
+def _publish_export(tenant: Tenant, export_id: Any, claim: services.ExportClaim, name: str) -> None:
+    """The export's bundle, written to temporary files and published under `name` (write-once)."""
+    from transparency.storage import get_storage
+
+    def read(start: int, stop: int) -> list[sources.LeafRecord]:
+        with tenant_context(tenant):
+            return bundles.records_chunk(tenant, start, stop)
+
+    def progress(done: int) -> None:
+        with tenant_context(tenant):
+            services.record_export_progress(tenant, export_id, claim.attempt, done, claim.end - claim.first)
+
+    with tempfile.TemporaryFile() as records_file:
+        sha, heads = bundles.write_records(claim.first, claim.end, records_file, progress, read)
+        with tenant_context(tenant):
+            manifest = bundles.manifest_for(
+                tenant, claim.export, claim.checkpoint, claim.previous, claim.first, claim.end
+            )
+        manifest.update(records_sha256=sha, stream_heads=heads)
+        with bundles.pack_export(records_file, manifest, manifest["checkpoint"]) as archive:
+            try:
+                get_storage().create(name, archive)
+            except FileExistsError:
+                # An attempt presumed dead published after all; its file is equivalent.
+                log.warning("export %s: adopting the file an earlier attempt published", export_id)
+
+
+def _stored_sha256(name: str) -> str:
+    from transparency.storage import get_storage
+
+    digest = hashlib.sha256()
+    with get_storage().open(name) as stored:
+        for block in iter(lambda: stored.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -381,8 +381,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "fleet.actions.reservations",
         "fleet.actions.store",
         "tenants.services",
-        "transparency.actions.exports",
-        "transparency.bundles",
     }
 )
 

@@ -13,7 +13,7 @@ from tests.support.sagadata import Writer, saga_forward, saga_rollback
 from tests.support.scoping import in_tenant
 from transparency import services as transparency
 from transparency.models import Export, ExportStatus
-from transparency.tasks import integrate_fully
+from transparency.tasks import build_export_in, integrate_fully
 
 
 def browser(person: Person) -> Client:
@@ -74,7 +74,7 @@ def test_checkpoint_key_and_export_flow(alice: Person) -> None:
     assert export.requested_by == f"user:{alice.user.username}"
     fragment = client.get(reverse("export-status", args=[export.pk])).content.decode()
     assert 'data-poll-done="0"' in fragment and "<progress" in fragment
-    transparency.build_export(alice.tenant, export.pk)
+    build_export_in(alice.tenant, export.pk)
     with tenant_context(alice.tenant):
         assert Export.objects.get().status == ExportStatus.DONE
     fragment = client.get(reverse("export-status", args=[export.pk])).content.decode()

@@ -30,6 +30,7 @@ from sagas.services import mask_credentials
 from tenants.models import Tenant
 from tests.support.chains import T0, snapshot
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import bundles
 
@@ -159,7 +160,13 @@ def _stored_leaves(tenant: Tenant, stream: str) -> list[tuple[int, dict[str, Any
 
 def _exported(tenant: Tenant, first: int, end: int) -> list[dict[str, Any]]:
     out = io.BytesIO()
-    bundles.write_records(tenant, first, end, out, lambda done: None)
+    bundles.write_records(
+        first,
+        end,
+        out,
+        lambda done: None,
+        lambda start, stop: in_tenant(bundles.records_chunk, tenant, start, stop),
+    )
     return [json.loads(line)["record"] for line in out.getvalue().splitlines()]
 
 

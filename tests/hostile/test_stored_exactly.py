@@ -27,6 +27,7 @@ from core.scoping import tenant_context
 from tenants.models import Tenant
 from tests.support.chains import chain, snapshot
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import bundles
 
@@ -77,7 +78,13 @@ def exported(tenant: Tenant) -> list[dict[str, Any]]:
     with tenant_context(tenant):
         end = TenantLog.objects.get().size
     out = io.BytesIO()
-    bundles.write_records(tenant, 0, end, out, lambda done: None)
+    bundles.write_records(
+        0,
+        end,
+        out,
+        lambda done: None,
+        lambda start, stop: in_tenant(bundles.records_chunk, tenant, start, stop),
+    )
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 

@@ -50,6 +50,7 @@ from tests.support.scoping import in_statements, in_tenant
 from tests.support.transparency import settle
 from transparency import proofs, witnesses
 from transparency import services as transparency
+from transparency.tasks import build_export_in
 
 KEY_SCOPES = ("ingest", "read", "audit", "gate", "control", "recovery")
 ROLES = ("viewer", "auditor", "approver", "admin", "owner")
@@ -416,8 +417,8 @@ def world(
         Writer(bravo, "agent-bravo-1").saga("bravo-saga-1")
         settle(bravo)  # the outsider's own log is signed too: what they read there is theirs
         size = proofs_size(acme)
-        export = transparency.request_export(acme, actor=named_actor("test"))
-        transparency.build_export(acme, export.pk)
+        export = in_tenant(transparency.request_export, acme, actor=named_actor("test"))
+        build_export_in(acme, export.pk)
         spare, _ = services.create_api_key(
             acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
         )

@@ -27,11 +27,14 @@ from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.processes import stop_group
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import services
+from transparency import tasks as transparency_tasks
 from transparency.actions import exports
 from transparency.models import Export, ExportStatus
 from transparency.storage import WriteOnceFileStorage, get_storage
+from transparency.tasks import build_export_in
 
 
 class WorkerKilled(BaseException):
@@ -77,7 +80,7 @@ def _row(tenant: Tenant, export_id: Any) -> Export:
 def _queued(tenant: Tenant, capture: Any) -> Export:
     """A requested export whose message nobody has consumed yet."""
     with capture(execute=False):
-        return services.request_export(tenant, actor=named_actor("test"))
+        return in_tenant(services.request_export, tenant, actor=named_actor("test"))
 
 
 def _vkey(tenant: Tenant) -> str:
@@ -99,14 +102,14 @@ def test_a_stale_running_export_is_requeued_and_rebuilt(
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
     # A worker claimed it and died: the row says running, attempt 1, and nothing will change it.
-    assert exports._claim_export(logged, export.pk) is not None
+    assert in_tenant(exports.claim_export, logged, export.pk) is not None
     assert _row(logged, export.pk).status == ExportStatus.RUNNING
 
     # Not stale yet: the sweep leaves a build that showed life recently alone.
-    assert services.sweep_stale_exports() == {"requeued": [], "failed": []}
+    assert transparency_tasks.sweep_stale_exports() == {"requeued": [], "failed": []}
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        outcome = services.sweep_stale_exports(_later())
+        outcome = transparency_tasks.sweep_stale_exports(_later())
     assert outcome == {"requeued": [str(export.pk)], "failed": []}
     row = _row(logged, export.pk)
     assert (row.status, row.attempts) == (ExportStatus.QUEUED, 1)
@@ -123,12 +126,12 @@ def test_a_retry_builds_against_the_first_claims_checkpoint(
     logged: Tenant, writer_a: Writer, django_capture_on_commit_callbacks: Any, eager: None, tmp_path: Path
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
-    first = exports._claim_export(logged, export.pk)
+    first = in_tenant(exports.claim_export, logged, export.pk)
     assert first is not None
     writer_a.saga("s3")  # the log grows while the dead build sits there
     settle(logged)
     with django_capture_on_commit_callbacks(execute=True):
-        services.sweep_stale_exports(_later())
+        transparency_tasks.sweep_stale_exports(_later())
     row = _row(logged, export.pk)
     assert row.status == ExportStatus.DONE
     assert (row.checkpoint_id, row.first, row.end) == (first.checkpoint.pk, first.first, first.end)
@@ -146,16 +149,16 @@ def test_a_build_killed_after_publishing_is_adopted_not_rebuilt(
             raise WorkerKilled
         return real_finish(*args, **fields)
 
-    monkeypatch.setattr(exports, "finish_export", die_before_recording_done)
+    monkeypatch.setattr(services, "finish_export", die_before_recording_done)
     with pytest.raises(WorkerKilled):
-        services.build_export(logged, export.pk)
-    monkeypatch.setattr(exports, "finish_export", real_finish)
+        build_export_in(logged, export.pk)
+    monkeypatch.setattr(services, "finish_export", real_finish)
     name = services.export_storage_name(logged, export.pk)
     published = get_storage().open(name).read()
     assert _row(logged, export.pk).status == ExportStatus.RUNNING  # the file exists, the row lags
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.sweep_stale_exports(_later())
+        transparency_tasks.sweep_stale_exports(_later())
     row = _row(logged, export.pk)
     assert (row.status, row.attempts) == (ExportStatus.DONE, 2)
     # The retry adopted the published file (write-once: it could not have replaced it anyway).
@@ -186,15 +189,17 @@ def test_a_replaced_build_cannot_write_over_its_successor(
     logged: Tenant, django_capture_on_commit_callbacks: Any, eager: None
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
-    zombie = exports._claim_export(logged, export.pk)
+    zombie = in_tenant(exports.claim_export, logged, export.pk)
     assert zombie is not None and zombie.attempt == 1
     with django_capture_on_commit_callbacks(execute=True):
-        services.sweep_stale_exports(_later())
+        transparency_tasks.sweep_stale_exports(_later())
     done = _row(logged, export.pk)
     assert (done.status, done.attempts) == (ExportStatus.DONE, 2)
     # The first worker was only slow, not dead: its late writes are fenced off by its attempt.
-    services.record_export_progress(logged, export.pk, zombie.attempt, 1, 99)
-    assert not services.finish_export(logged, export.pk, zombie.attempt, status=ExportStatus.FAILED)
+    in_tenant(services.record_export_progress, logged, export.pk, zombie.attempt, 1, 99)
+    assert not in_tenant(
+        services.finish_export, logged, export.pk, zombie.attempt, status=ExportStatus.FAILED
+    )
     after = _row(logged, export.pk)
     assert (after.status, after.records_total, after.sha256) == (
         ExportStatus.DONE,
@@ -209,17 +214,17 @@ def test_gives_up_with_a_reason_after_max_attempts(
     settings.SAGAPLANE_EXPORT_MAX_ATTEMPTS = 2
     export = _queued(logged, django_capture_on_commit_callbacks)
     for attempt in (1, 2):
-        claim = exports._claim_export(logged, export.pk)
+        claim = in_tenant(exports.claim_export, logged, export.pk)
         assert claim is not None and claim.attempt == attempt
         with django_capture_on_commit_callbacks(execute=False):
-            outcome = services.sweep_stale_exports(_later(11 * attempt))
+            outcome = transparency_tasks.sweep_stale_exports(_later(11 * attempt))
         expected = "requeued" if attempt == 1 else "failed"
         assert outcome[expected] == [str(export.pk)]
     row = _row(logged, export.pk)
     assert row.status == ExportStatus.FAILED and row.finished_at is not None
     assert "gave up after 2 attempt(s)" in row.error and "progress" in row.error
     # Failed is final: later sweeps leave it alone.
-    assert services.sweep_stale_exports(_later(60)) == {"requeued": [], "failed": []}
+    assert transparency_tasks.sweep_stale_exports(_later(60)) == {"requeued": [], "failed": []}
 
 
 def test_a_lost_queued_message_is_resent_without_costing_an_attempt(
@@ -229,7 +234,7 @@ def test_a_lost_queued_message_is_resent_without_costing_an_attempt(
     export = _queued(logged, django_capture_on_commit_callbacks)
     for minutes in (11, 22, 33):
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
-            assert services.sweep_stale_exports(_later(minutes))["requeued"] == [str(export.pk)]
+            assert transparency_tasks.sweep_stale_exports(_later(minutes))["requeued"] == [str(export.pk)]
         assert len(callbacks) == 1
     row = _row(logged, export.pk)
     assert (row.status, row.attempts) == (ExportStatus.QUEUED, 0)
@@ -239,12 +244,12 @@ def test_recent_progress_keeps_a_long_build_alive(
     logged: Tenant, django_capture_on_commit_callbacks: Any
 ) -> None:
     export = _queued(logged, django_capture_on_commit_callbacks)
-    claim = exports._claim_export(logged, export.pk)
+    claim = in_tenant(exports.claim_export, logged, export.pk)
     assert claim is not None
     with tenant_context(logged):
         Export.objects.filter(pk=export.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=30))
-    services.record_export_progress(logged, export.pk, claim.attempt, 5, 10)  # a chunk was written
-    assert services.sweep_stale_exports() == {"requeued": [], "failed": []}
+    in_tenant(services.record_export_progress, logged, export.pk, claim.attempt, 5, 10)  # a chunk was written
+    assert transparency_tasks.sweep_stale_exports() == {"requeued": [], "failed": []}
 
 
 @pytest.mark.slow  # a Redis of its own (redis-server), so no `redis` marker: it runs on SQLite too
@@ -386,7 +391,9 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
 
     doomed, doomed_fd = worker("block")
     try:
-        export = services.request_export(logged, actor=named_actor("test"))  # committed: message sent
+        export = in_tenant(
+            services.request_export, logged, actor=named_actor("test")
+        )  # committed: message sent
         assert _read_signal(doomed_fd) == b"B"
         row = _row(logged, export.pk)
         assert (row.status, row.attempts) == (ExportStatus.RUNNING, 1)
@@ -398,7 +405,7 @@ def test_sigkilled_worker_then_sweep_then_new_worker_completes(
         os.close(doomed_fd)
     assert _row(logged, export.pk).status == ExportStatus.RUNNING  # stuck, as before this fix
 
-    assert services.sweep_stale_exports(_later())["requeued"] == [str(export.pk)]
+    assert transparency_tasks.sweep_stale_exports(_later())["requeued"] == [str(export.pk)]
     rescuer, rescuer_fd = worker("complete")
     try:
         assert _read_signal(rescuer_fd) == b"D"  # the rescuer finished a task
@@ -448,4 +455,4 @@ def test_an_export_request_answers_202_when_the_broker_is_down(
     row = _row(alice.tenant, response.json()["id"])
     assert (row.status, row.attempts) == (ExportStatus.QUEUED, 0)
     assert f"queue export {row.pk} failed" in caplog.text  # the publish really was refused
-    assert services.sweep_stale_exports(_later())["requeued"] == [str(row.pk)]
+    assert transparency_tasks.sweep_stale_exports(_later())["requeued"] == [str(row.pk)]

@@ -19,11 +19,12 @@ from tenants.models import Tenant
 from tests.sdk.witnesskit import RunningWitness, start_witness
 from tests.support.chains import Writer, server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import services as transparency_services
 from transparency.models import Checkpoint, Export, Witness, WitnessRefusal
 from transparency.storage import get_storage
-from transparency.tasks import cosign_tenant
+from transparency.tasks import build_export_in, cosign_tenant
 
 API = "/api/v1/audit"
 
@@ -103,8 +104,8 @@ def test_two_witnesses_cosign_and_the_policy_holds(
         "BACKEND": "transparency.storage.WriteOnceFileStorage",
         "OPTIONS": {"location": str(tmp_path / "exports")},
     }
-    export = transparency_services.request_export(tenant_a, actor=named_actor("test"))
-    transparency_services.build_export(tenant_a, export.pk)
+    export = in_tenant(transparency_services.request_export, tenant_a, actor=named_actor("test"))
+    build_export_in(tenant_a, export.pk)
     with tenant_context(tenant_a):
         stored = Export.objects.get(pk=export.pk)
     with get_storage().open(stored.storage_name) as src:

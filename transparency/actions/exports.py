@@ -5,14 +5,13 @@ goes quiet (re-queued, or failed after SAGAPLANE_EXPORT_MAX_ATTEMPTS)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from sagaplane.events import Event
 
@@ -20,7 +19,7 @@ from core.actionaudit import append_server_record
 from core.actors import Actor, stored
 from core.claims import Leased, claim
 from core.postcommit import after_commit
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 from transparency import cross_tenant, witnesses
 from transparency.actions.common import IntegrationRefused
@@ -52,7 +51,8 @@ def request_export(
 ) -> Export:
     """A queued export, recorded in the server stream; the task `transparency.tasks.build_export`
     fills it in."""
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         export = Export.objects.create(
             tenant=tenant, first=first, end=end, since=since, until=until, requested_by=stored(actor)
         )
@@ -76,19 +76,19 @@ def record_export_download(tenant: Tenant, export: Export, *, actor: Actor) -> N
     """Who was handed which export (its range, checkpoint and digest), in the server stream. A
     download changes no state, so the record names what was disclosed instead of old and new
     values; the caller serves the file only after this is written in its transaction."""
-    with tenant_context(tenant):
-        append_server_record(
-            tenant,
-            Event.AUDIT_EXPORT_DOWNLOADED,
-            {
-                "export": str(export.pk),
-                "first": export.first,
-                "end": export.end,
-                "checkpoint_size": export.checkpoint.size if export.checkpoint is not None else None,
-                "sha256": export.sha256,
-            },
-            actor=actor,
-        )
+    require_tenant(tenant)
+    append_server_record(
+        tenant,
+        Event.AUDIT_EXPORT_DOWNLOADED,
+        {
+            "export": str(export.pk),
+            "first": export.first,
+            "end": export.end,
+            "checkpoint_size": export.checkpoint.size if export.checkpoint is not None else None,
+            "sha256": export.sha256,
+        },
+        actor=actor,
+    )
 
 
 def _enqueue_export(export: Export) -> None:
@@ -108,25 +108,27 @@ def _export_max_attempts() -> int:
 def record_export_progress(tenant: Tenant, export_id: Any, attempt: int, done: int, total: int) -> None:
     """Progress is its own short transaction so pollers (and the stale sweep) see it while the
     build runs. Fenced on `attempt`: a build the sweep has replaced writes nothing."""
-    with tenant_context(tenant):
-        BUILDS.held(Export.objects.filter(pk=export_id), attempt).update(
-            records_done=done, records_total=total, heartbeat_at=timezone.now()
-        )
+    require_tenant(tenant)
+    BUILDS.held(Export.objects.filter(pk=export_id), attempt).update(
+        records_done=done, records_total=total, heartbeat_at=timezone.now()
+    )
 
 
 def finish_export(tenant: Tenant, export_id: Any, attempt: int, **fields: Any) -> bool:
     """Record the end of build `attempt`; False (and nothing written) if it no longer owns the
     export, i.e. the sweep re-queued or failed it meanwhile."""
-    with tenant_context(tenant):
-        return bool(
-            BUILDS.held(Export.objects.filter(pk=export_id), attempt).update(
-                finished_at=timezone.now(), heartbeat_at=timezone.now(), **fields
-            )
+    require_tenant(tenant)
+    return bool(
+        BUILDS.held(Export.objects.filter(pk=export_id), attempt).update(
+            finished_at=timezone.now(), heartbeat_at=timezone.now(), **fields
         )
+    )
 
 
 @dataclass(frozen=True)
 class ExportClaim:
+    """What a build attempt holds: the export, the terms every attempt builds, its attempt number."""
+
     export: Export
     checkpoint: Checkpoint
     previous: Export | None
@@ -135,42 +137,42 @@ class ExportClaim:
     attempt: int
 
 
-def _claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
+def claim_export(tenant: Tenant, export_id: Any) -> ExportClaim | None:
     """Mark a queued export running as the next attempt (`BUILDS`: one conditional UPDATE raising
     the attempt number, so a duplicate or redelivered message finds nothing to claim). The first
     claim fixes the range, checkpoint and predecessor; a retry reuses them, so every attempt builds
     the same bundle."""
-    with tenant_context(tenant):
-        # Lock only the export row (Postgres refuses FOR UPDATE across the nullable joins).
-        export = (
-            Export.objects.select_for_update(of=("self",))
-            .select_related("checkpoint", "previous")
-            .get(pk=export_id)
-        )
-        if export.status != ExportStatus.QUEUED:
-            return None
-        checkpoint, previous, first, end = _bundle_terms(tenant, export)
-        now = timezone.now()
-        taken = claim(
-            BUILDS,
-            lambda _now: Export.objects.filter(pk=export.pk).order_by("pk"),
-            now=now,
-            holder="",
-            lease_until=now,
-            limit=1,
-            shape=("export", tenant.pk, export.pk),
-            also={
-                "first": first,
-                "end": end,
-                "checkpoint": checkpoint.pk,
-                "previous": previous.pk if previous is not None else None,
-                "records_done": 0,
-                "records_total": end - first,
-            },
-        )
-        if not taken:
-            return None
-        return ExportClaim(export, checkpoint, previous, first, end, taken[0].attempts)
+    require_tenant(tenant)
+    # Lock only the export row (Postgres refuses FOR UPDATE across the nullable joins).
+    export = (
+        Export.objects.select_for_update(of=("self",))
+        .select_related("checkpoint", "previous")
+        .get(pk=export_id)
+    )
+    if export.status != ExportStatus.QUEUED:
+        return None
+    checkpoint, previous, first, end = _bundle_terms(tenant, export)
+    now = timezone.now()
+    taken = claim(
+        BUILDS,
+        lambda _now: Export.objects.filter(pk=export.pk).order_by("pk"),
+        now=now,
+        holder="",
+        lease_until=now,
+        limit=1,
+        shape=("export", tenant.pk, export.pk),
+        also={
+            "first": first,
+            "end": end,
+            "checkpoint": checkpoint.pk,
+            "previous": previous.pk if previous is not None else None,
+            "records_done": 0,
+            "records_total": end - first,
+        },
+    )
+    if not taken:
+        return None
+    return ExportClaim(export, checkpoint, previous, first, end, taken[0].attempts)
 
 
 def _bundle_terms(tenant: Tenant, export: Export) -> tuple[Checkpoint, Export | None, int, int]:
@@ -191,87 +193,17 @@ def _bundle_terms(tenant: Tenant, export: Export) -> tuple[Checkpoint, Export | 
     return latest, previous, first, end
 
 
-def _fail_unclaimed(tenant: Tenant, export_id: Any, reason: str) -> None:
-    with tenant_context(tenant):
-        Export.objects.filter(pk=export_id, status=ExportStatus.QUEUED).update(
-            status=ExportStatus.FAILED, error=reason[:2000], finished_at=timezone.now()
-        )
-
-
-def _stored_sha256(name: str) -> str:
-    from transparency.storage import get_storage
-
-    digest = hashlib.sha256()
-    with get_storage().open(name) as stored:
-        for block in iter(lambda: stored.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def fail_unclaimed_export(tenant: Tenant, export_id: Any, reason: str) -> None:
+    """A queued export whose build refused before claiming it (no checkpoint yet, a range outside
+    the log): failed now, since a retry would only refuse again."""
+    require_tenant(tenant)
+    Export.objects.filter(pk=export_id, status=ExportStatus.QUEUED).update(
+        status=ExportStatus.FAILED, error=reason[:2000], finished_at=timezone.now()
+    )
 
 
 def export_storage_name(tenant: Tenant, export_id: Any) -> str:
     return f"tenant-{tenant.pk}/{export_id}.tar.gz"
-
-
-def build_export(tenant: Tenant, export_id: Any) -> None:
-    """Build and store a WORM export; idempotent and restartable.
-
-    Several short transactions (claim, one per chunk of records read, finish) so progress is
-    visible while it runs. The bundle is built in temporary files; the storage publishes it under
-    its final name atomically and write-once, and the row is marked done only after that. So a
-    worker killed at any point leaves either no file (a retry rebuilds it) or the complete file
-    (a retry adopts it: every attempt builds against the same checkpoint and range)."""
-    from transparency.bundles import BundleUnavailable, manifest_for, pack_export, write_records
-    from transparency.storage import get_storage
-
-    try:
-        claim = _claim_export(tenant, export_id)
-    except (IntegrationRefused, BundleUnavailable) as exc:
-        # Deterministic refusals (no checkpoint yet, a range outside the log): a retry would only
-        # refuse again, so fail it now rather than leave it for the sweep to re-queue forever.
-        _fail_unclaimed(tenant, export_id, str(exc))
-        raise
-    if claim is None:
-        return
-    attempt = claim.attempt
-    name = export_storage_name(tenant, export_id)
-    storage = get_storage()
-    try:
-        if not storage.exists(name):
-            with tempfile.TemporaryFile() as records_file:
-                sha, heads = write_records(
-                    tenant,
-                    claim.first,
-                    claim.end,
-                    records_file,
-                    lambda done: record_export_progress(
-                        tenant, export_id, attempt, done, claim.end - claim.first
-                    ),
-                )
-                with tenant_context(tenant):
-                    manifest = manifest_for(
-                        tenant, claim.export, claim.checkpoint, claim.previous, claim.first, claim.end
-                    )
-                manifest.update(records_sha256=sha, stream_heads=heads)
-                with pack_export(records_file, manifest, manifest["checkpoint"]) as archive:
-                    try:
-                        storage.create(name, archive)
-                    except FileExistsError:
-                        # An attempt presumed dead published after all; its file is equivalent.
-                        log.warning("export %s: adopting the file an earlier attempt published", export_id)
-        finish_export(
-            tenant,
-            export_id,
-            attempt,
-            status=ExportStatus.DONE,
-            storage_name=name,
-            sha256=_stored_sha256(name),
-            records_done=claim.end - claim.first,
-            error="",
-        )
-    except Exception as exc:
-        log.exception("export %s failed (attempt %s)", export_id, attempt)
-        finish_export(tenant, export_id, attempt, status=ExportStatus.FAILED, error=str(exc)[:2000])
-        raise
 
 
 def stale_exports(now: datetime | None = None) -> list[tuple[int, Any]]:
@@ -286,40 +218,28 @@ def requeue_or_fail_export(tenant: Tenant, export_id: Any, now: datetime | None 
     commit); None if it showed progress or finished since the sweep's query."""
     now = now or timezone.now()
     cutoff = now - _export_stale_after()
-    with tenant_context(tenant):
-        export = Export.objects.select_for_update().filter(pk=export_id).first()
-        if (
-            export is None
-            or export.status not in (ExportStatus.QUEUED, ExportStatus.RUNNING)
-            or export.heartbeat_at >= cutoff
-        ):
-            return None
-        if export.status == ExportStatus.RUNNING and export.attempts >= _export_max_attempts():
-            Export.objects.filter(pk=export.pk).update(
-                status=ExportStatus.FAILED,
-                finished_at=now,
-                heartbeat_at=now,
-                error=(
-                    f"gave up after {export.attempts} attempt(s): each build stopped making progress "
-                    f"for {_export_stale_after()} (worker lost?)"
-                ),
-            )
-            return "failed"
-        # A running build that went quiet is presumed dead (its late writes are fenced off by the
-        # attempt number); a queued one lost its message. Either way: queue it again. The attempt
-        # is counted when a worker claims it, so a lost message costs no attempt.
-        Export.objects.filter(pk=export.pk).update(status=ExportStatus.QUEUED, heartbeat_at=now)
-        after_commit(f"re-queue export {export.pk}", lambda: _enqueue_export(export))
-        return "requeued"
-
-
-def sweep_stale_exports(now: datetime | None = None) -> dict[str, list[str]]:
-    """The periodic sweep: re-queue or fail every stale export; {"requeued": [...], "failed": [...]}."""
-    outcome: dict[str, list[str]] = {"requeued": [], "failed": []}
-    tenants: dict[int, Tenant] = {}
-    for tenant_id, export_id in stale_exports(now):
-        tenant = tenants.get(tenant_id) or tenants.setdefault(tenant_id, Tenant.objects.get(pk=tenant_id))
-        result = requeue_or_fail_export(tenant, export_id, now)
-        if result is not None:
-            outcome[result].append(str(export_id))
-    return outcome
+    require_tenant(tenant)
+    export = Export.objects.select_for_update().filter(pk=export_id).first()
+    if (
+        export is None
+        or export.status not in (ExportStatus.QUEUED, ExportStatus.RUNNING)
+        or export.heartbeat_at >= cutoff
+    ):
+        return None
+    if export.status == ExportStatus.RUNNING and export.attempts >= _export_max_attempts():
+        Export.objects.filter(pk=export.pk).update(
+            status=ExportStatus.FAILED,
+            finished_at=now,
+            heartbeat_at=now,
+            error=(
+                f"gave up after {export.attempts} attempt(s): each build stopped making progress "
+                f"for {_export_stale_after()} (worker lost?)"
+            ),
+        )
+        return "failed"
+    # A running build that went quiet is presumed dead (its late writes are fenced off by the
+    # attempt number); a queued one lost its message. Either way: queue it again. The attempt
+    # is counted when a worker claims it, so a lost message costs no attempt.
+    Export.objects.filter(pk=export.pk).update(status=ExportStatus.QUEUED, heartbeat_at=now)
+    after_commit(f"re-queue export {export.pk}", lambda: _enqueue_export(export))
+    return "requeued"
