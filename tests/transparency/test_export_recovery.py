@@ -433,14 +433,17 @@ def unreachable_broker() -> Any:
     with socket.socket() as probe:  # a port that was free a moment ago: nothing answers on it
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    saved = (app.conf.broker_url, app.conf.task_always_eager, app._pool, app.amqp._producer_pool)
-    app.conf.broker_url = f"redis://127.0.0.1:{port}/0"
-    app.conf.task_always_eager = False
+    conf = app.conf
+    producers = (app._pool, app.amqp._producer_pool)
+    saved = (conf.broker_url, conf.broker_transport, conf.task_always_eager, *producers)
+    conf.broker_url = f"redis://127.0.0.1:{port}/0"
+    conf.broker_transport = None  # the embedded defaults name their transport, which beats the URL's
+    conf.task_always_eager = False
     app._pool = app.amqp._producer_pool = None
     yield
     if app._pool is not None:
         app._pool.force_close_all()
-    app.conf.broker_url, app.conf.task_always_eager, app._pool, app.amqp._producer_pool = saved
+    conf.broker_url, conf.broker_transport, conf.task_always_eager, app._pool, app.amqp._producer_pool = saved
 
 
 @pytest.mark.django_db(transaction=True)
