@@ -149,7 +149,10 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     threads = [threading.Thread(target=agent, args=(n,), daemon=True) for n in range(agents)]
     for thread in threads:
         thread.start()
-    asked.wait(timeout=300)
+    try:
+        asked.wait(timeout=300)
+    except threading.BrokenBarrierError:
+        raise SystemExit(f"approvals bench failed before every agent waited: {failures[:5]}") from None
     time.sleep(1.0)  # let every agent's first long-poll reach the server (not a synchronisation)
     committed: dict[str, float] = {}
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.db import DatabaseError
 from django.http import HttpRequest, UnreadablePostError
 from django.http.request import RawPostDataException
 from rest_framework import exceptions
@@ -124,12 +125,21 @@ class TenantScopedViewMixin(_ViewBase):
         except Exception as exc:
             response = self.handle_exception(exc)
         else:
-            handler = getattr(self, (request.method or "").lower())
-            scope = tenant_statements if self.statement_scoped else tenant_context
+            response = self._handled_in_scope(drf_request, *args, **kwargs)
+        self.response: Response = self.finalize_response(drf_request, response, *args, **kwargs)
+        return self.response
+
+    def _handled_in_scope(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """The handler's answer, inside the tenant's scope. A scope that cannot be entered or
+        committed (the database unreachable, its pool's wait over) is answered as the handler's own
+        exceptions are (the gate's: a 503 refusal with Retry-After), never left to become a 500."""
+        handler = getattr(self, (request.method or "").lower())
+        scope = tenant_statements if self.statement_scoped else tenant_context
+        try:
             with timing.collecting() as phases:
                 with scope(self.tenant):
                     try:
-                        response = handler(drf_request, *args, **kwargs)
+                        response: Response = handler(request, *args, **kwargs)
                     except Exception as exc:
                         # Answered inside the transaction, so what a refusing service chose to
                         # keep (a refused batch is evidence) commits; an exception nobody answers
@@ -139,8 +149,9 @@ class TenantScopedViewMixin(_ViewBase):
                 if phases:  # a handler that marks its phases (ingest) also learns its commit's
                     phases["commit"] = time.perf_counter() - handled
                     response["Server-Timing"] = timing.header(phases)
-        self.response: Response = self.finalize_response(drf_request, response, *args, **kwargs)
-        return self.response
+        except DatabaseError as exc:
+            return self.handle_exception(exc)
+        return response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authenticates: 401
