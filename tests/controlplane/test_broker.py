@@ -4,17 +4,18 @@ beat writes to it gets every message whole, exactly once, and an unreadable file
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from queue import Empty
 from typing import Any
 
 import pytest
-from django.conf import settings
 from kombu import Connection
 
 from controlplane.broker import Transport
-from controlplane.celery import app
 
 QUEUE = "celery"
 BODY = "x" * 1_000_000  # a long write: a consumer polling in a loop lands inside it often
@@ -80,7 +81,16 @@ def test_an_unreadable_message_file_is_skipped_and_the_next_one_delivered(
             channel._get(QUEUE)
 
 
-@pytest.mark.skipif(bool(settings.REDIS_URL), reason="the embedded broker is the one without REDIS_URL")
-def test_the_embedded_defaults_use_this_transport() -> None:
-    with app.connection_for_write() as connection:
-        assert isinstance(connection.transport, Transport)
+def test_the_embedded_defaults_use_this_transport(tmp_path: Path) -> None:
+    """Settings read without REDIS_URL (as `make run` does), in a process of their own."""
+    services = ("DATABASE_URL", "DATABASE_OWNER_URL", "REDIS_URL")
+    env = {k: v for k, v in os.environ.items() if k not in services}
+    env.update({"SAGAPLANE_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "controlplane.settings"})
+    script = (
+        "import django; django.setup()\n"
+        "from controlplane.celery import app\n"
+        "with app.connection_for_write() as c: print(type(c.transport).__module__)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().splitlines()[-1] == "controlplane.broker"
