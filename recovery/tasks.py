@@ -117,16 +117,12 @@ def deliver_webhook(tenant: Tenant, job_id: str) -> str:
         hook = Webhook.objects.first()
         secret = services.webhook_secret(hook) if hook is not None else ""
     actor = system_actor("recovery-webhook")
+
+    def fail(error: str, **reason: str) -> None:
+        record(services.fail, tenant, job.pk, token=job.epoch, actor=actor, error=error, **reason)
+
     if hook is None:
-        record(
-            services.fail,
-            tenant,
-            job.pk,
-            token=job.epoch,
-            actor=actor,
-            error="the webhook was removed",
-            reason="no_handler",
-        )
+        fail("the webhook was removed", reason="no_handler")
         return "no webhook"
     body = delivery_body(job)
     try:
@@ -134,21 +130,12 @@ def deliver_webhook(tenant: Tenant, job_id: str) -> str:
             hook.url, body, secret=secret, idempotency_key=job.idempotency_key, agent="sagaplane-recovery"
         )
     except OSError as exc:
-        record(
-            services.fail,
-            tenant,
-            job.pk,
-            token=job.epoch,
-            actor=actor,
-            error=f"webhook unreachable: {exc}"[:500],
-        )
+        fail(f"webhook unreachable: {exc}"[:500])
         return "unreachable"
     if 200 <= status < 300:
         record(services.complete, tenant, job.pk, token=job.epoch, actor=actor)
         return "delivered"
-    record(
-        services.fail, tenant, job.pk, token=job.epoch, actor=actor, error=f"webhook answered HTTP {status}"
-    )
+    fail(f"webhook answered HTTP {status}")
     return f"HTTP {status}"
 
 
