@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sagaplane.events import Event
+
 from audit.models import Record, RecordPayload, Redaction, RefusedBatch, Stream, StreamKind, TenantLog
 from audit.services import stored_record
 
@@ -100,7 +102,7 @@ class StepCall:
     received_at: Any
 
 
-STEP_CALL_EVENTS = ("STEP_INTENT", "STEP_REFUSED")
+STEP_CALL_EVENTS = (Event.STEP_INTENT, Event.STEP_REFUSED)
 
 
 def step_calls_since(since: Any, scan: int) -> tuple[list[StepCall], bool]:

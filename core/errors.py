@@ -46,7 +46,8 @@ class DomainError(Exception):
     The one error class of the domain: code raises it with its own code rather than a class of its
     own. A subclass exists only where a caller must catch that kind apart from the others
     (`IngestRefused`, `PasskeyRefused`, `SlackError`, `IntegrationRefused`, `BundleUnavailable`,
-    `availability.Unavailable`); each takes this same signature."""
+    `availability.Unavailable`, `InvalidInvitation`); each takes this same signature. Any other
+    exception class of the apps is internal, never answered (tests/controlplane/test_one_way.py)."""
 
     def __init__(
         self,

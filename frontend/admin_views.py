@@ -240,7 +240,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
     try:
         invitation = invitations.read_token(token)
     except invitations.InvalidInvitation as exc:
-        return render(request, "frontend/invite.html", {"error": str(exc)}, status=410)
+        return render(request, "frontend/invite.html", {"error": exc.detail}, status=exc.status)
     user_model = get_user_model()
     existing = user_model.objects.filter(email__iexact=invitation.email).first()
     signed_in_as = request.user if request.user.is_authenticated else None

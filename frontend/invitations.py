@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core import signing
 from django.core.mail import send_mail
 
+from core.errors import DomainError
 from core.scoping import tenant_context
 from tenants.models import InvitationUse, Role, Tenant
 from tenants.selectors import membership_for
@@ -28,8 +29,9 @@ SALT = "sagaplane.frontend.invitation"
 INVITATION_MAX_AGE = timedelta(days=3)
 
 
-class InvalidInvitation(Exception):
-    pass
+class InvalidInvitation(DomainError):
+    """An invitation link that cannot be accepted (expired, forged, voided or used): the page
+    shows its `detail` (a kind of its own: the page catches it apart from the form's refusals)."""
 
 
 @dataclass(frozen=True)
@@ -57,22 +59,24 @@ def read_token(token: str) -> Invitation:
     try:
         data = signing.loads(token, salt=SALT, max_age=INVITATION_MAX_AGE)
     except signing.SignatureExpired:
-        raise InvalidInvitation("this invitation has expired; ask for a new one")
+        raise InvalidInvitation(
+            "invitation_expired", "this invitation has expired; ask for a new one", status=410
+        )
     except signing.BadSignature:
-        raise InvalidInvitation("this invitation link is not valid")
+        raise InvalidInvitation("invitation_invalid", "this invitation link is not valid", status=410)
     tenant = Tenant.objects.filter(pk=data.get("t")).first()
     inviter = get_user_model().objects.filter(pk=data.get("by"), is_active=True).first()
     role = data.get("r")
     nonce = data.get("n")
     if tenant is None or inviter is None or role not in Role.values or not isinstance(nonce, str):
-        raise InvalidInvitation("this invitation is no longer valid")
+        raise InvalidInvitation("invitation_void", "this invitation is no longer valid", status=410)
     granter = membership_for(inviter, tenant.slug)
     if granter is None or not granter.can("manage_members") or not may_grant(granter.role, role):
-        raise InvalidInvitation("this invitation is no longer valid")
+        raise InvalidInvitation("invitation_void", "this invitation is no longer valid", status=410)
     with tenant_context(tenant):
         used = InvitationUse.objects.filter(nonce=nonce).exists()
     if used:
-        raise InvalidInvitation("this invitation has already been used")
+        raise InvalidInvitation("invitation_used", "this invitation has already been used", status=410)
     return Invitation(tenant=tenant, email=data["e"], role=role, inviter=inviter, nonce=nonce)
 
 

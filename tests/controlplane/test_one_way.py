@@ -1,0 +1,494 @@
+"""One way to do each thing (issue 25; docs/ARCHITECTURE.md §1): the shared mechanisms that speed
+work had re-implemented stay single. Parsed, not imported, as tests/controlplane/test_layering.py
+does, on the server's shipped modules (the apps: not the SDK, tests, benchmarks or migrations);
+the last two checks read the tests themselves. Each check has a test that it reports a violation.
+
+- one error class for refusals (core.errors.DomainError); any other exception class is internal;
+- actors built and their stored strings read in core/actors.py and tenants/actors.py only;
+- record kinds named by the SDK's enum (sagaplane.events.Event), never as string literals;
+- leased work claimed (its fencing token raised) only by core/claims.py;
+- per-process caches of tenants' data only through core/snapshots.py;
+- tests share helpers through tests/support/ (never a test module), waiting through its wait_until.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_SERVER = frozenset({"sdk", "tests", "bench", "infra", "docs"})
+
+
+def _server_modules() -> list[tuple[str, Path]]:
+    """(dotted name, path) of every module of the apps (a top-level package), but migrations."""
+    out = []
+    for app in sorted(ROOT.iterdir()):
+        if app.name in NOT_SERVER or not (app / "__init__.py").is_file():
+            continue
+        for path in sorted(app.rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if "migrations" not in parts:
+                out.append((".".join(p for p in parts if p != "__init__"), path))
+    return out
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def _strings(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, value) of every string literal of `tree` (f-strings' literal parts too) but docstrings."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def _name(node: ast.expr) -> str:
+    """The last name of `Name`, `a.b.Name` or `Name[...]` ("" for anything else)."""
+    named = node.value if isinstance(node, ast.Subscript) else node
+    if isinstance(named, ast.Attribute):
+        return named.attr
+    return named.id if isinstance(named, ast.Name) else ""
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+# -- one error class for refusals ----------------------------------------------------------------
+# core.errors.DomainError (a subclass only where a caller catches that kind apart) is what every
+# refusal a client or a person reads is raised as. Any other exception class of the apps is
+# internal: control flow, infrastructure or a programming error, caught and turned into a
+# DomainError, a verdict or a retry before anything is answered. Each with why; a new class that
+# is answered is a DomainError instead.
+INTERNAL_EXCEPTIONS: dict[str, str] = {
+    "approvals.predicates.InvalidPredicate": "a predicate's parse failure, refused by its serializer field",
+    "audit.api.DuplicateKey": "the JSON object hook's, refused as duplicate_key by the body parser",
+    "controlplane.config.ConfigurationError": "settings refused at start, before any request",
+    "controlplane.gate_asgi._HandOn": "control flow: the fast route hands the request to the full stack",
+    "core.outbound.UnsafeAddress": "an OSError for the senders: a refused address is a failed delivery",
+    "core.scoping.NeedsDatabase": "control flow: the lean gate path falls back to the database",
+    "core.scoping.TenantScopeError": "a programming error (a 500), never a client's",
+    "fleet.actions.writers._NotConsumable": "control flow inside the gate's writer",
+    "fleet.gate.InvalidArgument": "answered as the gate's deny verdict (invalid_argument), not an error",
+    "fleet.stores.StoreUnavailable": "infrastructure: answered as availability.Unavailable or a deny",
+    "sagas.selectors.BadCursor": "a cursor's parse failure: the API refuses it, the page starts over",
+    "slackapp.crypto.TokenUnreadable": "infrastructure: handled as Slack being unreachable",
+    "slackapp.decisions.NotPostedYet": "the Celery task's retry signal",
+}
+_EXCEPTION_NAMES = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+) | {"ImproperlyConfigured"}
+
+
+def exception_classes() -> dict[str, tuple[str, bool]]:
+    """module.Class -> (where, whether it is a DomainError) for every exception class of the apps
+    (a base that is a builtin exception, named *Error or *Exception, or an exception class of the
+    apps; a class is known by its name alone, as the apps' are distinct)."""
+    classes: dict[str, tuple[str, list[str], str]] = {}  # name -> (qualified, bases, where)
+    for module, path in _server_modules():
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ClassDef):
+                bases = [_name(base) for base in node.bases]
+                classes[node.name] = (f"{module}.{node.name}", bases, _where(path, node.lineno))
+    domain = {"DomainError"}
+    errors = set(_EXCEPTION_NAMES)
+    changed = True
+    while changed:  # to a fixed point: a subclass of a subclass is found on a later pass
+        changed = False
+        for name, (_, bases, _) in classes.items():
+            is_error = any(b in errors or b.endswith(("Error", "Exception")) for b in bases)
+            if is_error and name not in errors:
+                errors.add(name)
+                changed = True
+            if any(b in domain for b in bases) and name not in domain:
+                domain.add(name)
+                changed = True
+    return {
+        qualified: (where, name in domain)
+        for name, (qualified, _, where) in classes.items()
+        if name in errors
+    }
+
+
+def exceptions_answered_as_their_own() -> list[str]:
+    return sorted(
+        f"{where} {qualified}"
+        for qualified, (where, is_domain) in exception_classes().items()
+        if not is_domain and qualified != "core.errors.DomainError" and qualified not in INTERNAL_EXCEPTIONS
+    )
+
+
+def test_a_refusal_is_a_domain_error() -> None:
+    assert exceptions_answered_as_their_own() == [], (
+        "raise core.errors.DomainError(code, detail, ...) (a subclass only where a caller catches it "
+        "apart); an internal exception goes in INTERNAL_EXCEPTIONS with why it is never answered"
+    )
+
+
+def test_the_internal_exceptions_are_still_internal() -> None:
+    found = exception_classes()
+    stale = sorted(name for name in INTERNAL_EXCEPTIONS if name not in found or found[name][1])
+    assert stale == [], "gone or now a DomainError: delete their INTERNAL_EXCEPTIONS entries"
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty tree of apps in place of the repository's."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    return tmp_path
+
+
+def _write(root: Path, name: str, source: str) -> None:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for package in path.relative_to(root).parents:
+        if package != Path("."):
+            (root / package / "__init__.py").touch()
+    path.write_text(source)
+
+
+def test_an_error_class_of_its_own_is_reported(tree: Path) -> None:
+    _write(tree, "core/errors.py", "class DomainError(Exception):\n    pass\n")
+    _write(
+        tree,
+        "sagas/refusals.py",
+        "from core.errors import DomainError\n"
+        "class Refused(DomainError): ...\n"
+        "class Narrower(Refused): ...\n"
+        "class Shown(ValueError): ...\n"
+        "class Deeper(Shown): ...\n"
+        "class NotAnError: ...\n",
+    )
+    assert exceptions_answered_as_their_own() == [
+        "sagas/refusals.py:4 sagas.refusals.Shown",
+        "sagas/refusals.py:5 sagas.refusals.Deeper",
+    ]
+
+
+# -- actors ------------------------------------------------------------------------------------
+# Every Actor is built by tenants/actors.py and rendered, and its stored string read, by
+# core/actors.py: no other module spells a stored actor's prefix or builds an Actor itself.
+ACTOR_MODULES = frozenset({"core.actors", "tenants.actors"})
+ACTOR_PREFIXES = ("user:", "api-key:", "system:", "cli:", "agent-saga:")
+# Strings that begin as an actor does but are not one, each with why.
+NOT_ACTORS: dict[tuple[str, str], str] = {
+    ("approvals.actions.external", "agent-saga:"): "the policy key agent-saga's requests are bound to",
+}
+
+
+def test_the_prefixes_are_those_core_actors_renders() -> None:
+    from core.actors import Actor, ActorKind
+
+    rendered = {str(Actor(kind, "ID")).split("ID")[0] for kind in ActorKind}
+    assert rendered - {""} == set(ACTOR_PREFIXES)
+
+
+def actors_built_elsewhere() -> list[str]:
+    found = []
+    for module, path in _server_modules():
+        if module in ACTOR_MODULES:
+            continue
+        tree = _tree(path)
+        found += [
+            f"{_where(path, line)} {value[:40]!r}"
+            for line, value in _strings(tree)
+            for prefix in ACTOR_PREFIXES
+            if value.startswith(prefix) and (module, prefix) not in NOT_ACTORS
+        ]
+        found += [
+            f"{_where(path, node.lineno)} {_name(node.func)}(...)"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and _name(node.func) == "Actor"
+        ]
+    return found
+
+
+def test_actors_are_built_in_one_place() -> None:
+    assert actors_built_elsewhere() == [], "build actors with tenants/actors.py, read them with core.actors"
+
+
+def test_the_strings_that_are_not_actors_are_still_there() -> None:
+    modules = dict(_server_modules())
+    stale = [
+        key
+        for key in NOT_ACTORS
+        if key[0] not in modules
+        or not any(value.startswith(key[1]) for _, value in _strings(_tree(modules[key[0]])))
+    ]
+    assert stale == [], "delete these NOT_ACTORS entries"
+
+
+def test_an_actor_built_by_hand_is_reported(tree: Path) -> None:
+    _write(tree, "core/actors.py", 'USER = "user:"\n')
+    _write(
+        tree,
+        "fleet/halts.py",
+        "from core.actors import Actor, ActorKind\n"
+        'def who(name):\n    return f"user:{name}"\n'
+        "def kind(s):\n    return s.startswith('api-key:')\n"
+        "def made():\n    return Actor(ActorKind.SYSTEM, 'x')\n"
+        'def fine():\n    """user: a docstring says so"""\n    return "username:"\n',
+    )
+    assert actors_built_elsewhere() == [
+        "fleet/halts.py:3 'user:'",
+        "fleet/halts.py:5 'api-key:'",
+        "fleet/halts.py:7 Actor(...)",
+    ]
+
+
+# -- record kinds ------------------------------------------------------------------------------
+# The record kinds are sagaplane.events.Event (the SDK's, imported by the server); a literal with
+# a kind's value would let a renamed kind drift.
+EVENTS_MODULE = Path("sdk/sagaplane/events.py")
+
+
+def event_values() -> frozenset[str]:
+    return frozenset(
+        statement.value.value
+        for node in ast.walk(_tree(ROOT / EVENTS_MODULE))
+        if isinstance(node, ast.ClassDef) and node.name == "Event"
+        for statement in node.body
+        if isinstance(statement, ast.Assign)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+def events_as_literals() -> list[str]:
+    values = event_values()
+    return [
+        f"{_where(path, line)} {value}"
+        for _, path in _server_modules()
+        for line, value in _strings(_tree(path))
+        if value in values
+    ]
+
+
+def test_the_enum_is_read() -> None:
+    assert {"SAGA_START", "APPROVAL_GRANTED", "SLACK_USER_LINKED"} <= event_values()
+
+
+def test_record_kinds_are_named_by_the_enum() -> None:
+    assert events_as_literals() == [], "name the record kind as sagaplane.events.Event.<KIND>"
+
+
+def test_a_record_kind_as_a_literal_is_reported(tree: Path) -> None:
+    _write(
+        tree, str(EVENTS_MODULE), 'import enum\nclass Event(str, enum.Enum):\n    SAGA_START = "SAGA_START"\n'
+    )
+    _write(
+        tree,
+        "sagas/kinds.py",
+        'START = "SAGA_START"\n'
+        'def f():\n    """SAGA_START: a docstring may name it."""\n'
+        '    return "SAGA_STARTED", "a SAGA_START"\n',
+    )
+    assert events_as_literals() == ["sagas/kinds.py:1 SAGA_START"]
+
+
+# -- leased-work claims --------------------------------------------------------------------------
+# A claim raises the row's fencing token (core.claims.claim, declared per model by a `Leased`);
+# raising a token by hand (`F("epoch") + 1` in an update, or SQL doing so) is a second claim.
+CLAIMS_MODULE = "core.claims"
+
+
+def fencing_tokens() -> frozenset[str]:
+    """The token field of every `Leased(...)` the apps declare."""
+    return frozenset(
+        str(keyword.value.value)
+        for _, path in _server_modules()
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.Call) and _name(node.func) == "Leased"
+        for keyword in node.keywords
+        if keyword.arg == "token" and isinstance(keyword.value, ast.Constant)
+    )
+
+
+def _raises_a_token(node: ast.AST, tokens: frozenset[str]) -> bool:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left = node.left
+        return (
+            isinstance(left, ast.Call)
+            and _name(left.func) == "F"
+            and bool(left.args)
+            and isinstance(left.args[0], ast.Constant)
+            and left.args[0].value in tokens
+        )
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.search(r"\bUPDATE\b", node.value)
+    ):
+        return any(re.search(rf'\b{token}"?\s*\+', node.value) for token in tokens)
+    return False
+
+
+def claims_elsewhere() -> list[str]:
+    tokens = fencing_tokens()
+    return sorted(
+        _where(path, node.lineno)
+        for module, path in _server_modules()
+        if module != CLAIMS_MODULE
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.BinOp | ast.Constant) and _raises_a_token(node, tokens)
+    )
+
+
+def test_the_leased_models_are_found() -> None:
+    # recovery's jobs, reconciliation's checks, Slack's messages, gate leases' settlement, exports
+    assert {"epoch", "token", "settle_token", "attempts"} <= fencing_tokens()
+
+
+def test_leased_work_is_claimed_by_core_claims() -> None:
+    assert claims_elsewhere() == [], "claim with core.claims.claim; write as the holder with Leased.held"
+
+
+def test_a_claim_by_hand_is_reported(tree: Path) -> None:
+    _write(tree, "core/claims.py", "class Leased: ...\n")
+    _write(
+        tree, "slackapp/messages.py", 'from core.claims import Leased\nM = Leased(object, token="token")\n'
+    )
+    _write(
+        tree,
+        "slackapp/again.py",
+        "from django.db.models import F\n"
+        "def take(rows):\n"
+        '    rows.update(token=F("token") + 1, version=F("version") + 1)\n'
+        'SQL = \'UPDATE slackapp_message SET "token" = "token" + 1 WHERE id = %s\'\n',
+    )
+    assert claims_elsewhere() == ["slackapp/again.py:3", "slackapp/again.py:4"]
+
+
+# -- per-tenant snapshot caches -------------------------------------------------------------------
+# What a tenant's hot path reads is cached per process by core.snapshots.SnapshotCache (kept
+# under the tenant's epoch). No other module keeps a cache of its own: a functools cache, a
+# cachetools one, or a module-level dict that its functions fill. Those that are not caches of a
+# tenant's data, each with why:
+SNAPSHOTS_MODULE = "core.snapshots"
+NOT_SNAPSHOTS: dict[str, str] = {
+    "approvals.wake._heard": "wake-ups heard on the Redis channel, counted for the waiters",
+    "core.metrics._queues": "a registry filled at import",
+    "core.metrics._sources": "a registry filled at import",
+    "core.rls._functions": "the cross-tenant functions, declared at import",
+    "recovery.actions.takeover._takeover_looked": "when a claim last looked for a tenant's expired leases",
+    "tenants.authentication._held": (
+        "API keys by prefix, found before their tenant is known; reused while the tenant's epoch holds"
+    ),
+    "transparency.lean._proofs": "the proofs' route table, built once",
+    "transparency.proofs._latest_size_seen": "a guess at each log's size, checked by the proof's statement",
+}
+_CACHE_DECORATORS = frozenset({"cache", "lru_cache"})
+_DICTS = frozenset({"dict", "OrderedDict", "defaultdict"})
+_MUTATORS = frozenset({"setdefault", "update", "pop", "popitem", "clear", "move_to_end"})
+
+
+def _module_dicts(tree: ast.Module) -> dict[str, int]:
+    """name -> line of each module-level name bound to a dict."""
+    found = {}
+    for statement in tree.body:
+        target: ast.expr
+        if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            target, value = statement.target, statement.value
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+        else:
+            continue
+        is_dict = isinstance(value, ast.Dict | ast.DictComp) or (
+            isinstance(value, ast.Call) and _name(value.func) in _DICTS
+        )
+        if isinstance(target, ast.Name) and is_dict:
+            found[target.id] = statement.lineno
+    return found
+
+
+def _filled(tree: ast.Module, names: dict[str, int]) -> set[str]:
+    """Which of `names` a function of `tree` changes (an item set or deleted, a mutating method)."""
+    changed: set[str] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            changed_values: list[ast.expr] = []  # what is changed: `d` of `d[k] = v` or `d.pop(k)`
+            if isinstance(node, ast.Assign | ast.Delete | ast.AugAssign):
+                targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
+                changed_values = [t.value for t in targets if isinstance(t, ast.Subscript)]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _MUTATORS
+            ):
+                changed_values = [node.func.value]
+            changed |= {v.id for v in changed_values if isinstance(v, ast.Name) and v.id in names}
+    return changed
+
+
+def caches_of_their_own() -> dict[str, str]:
+    """module.name -> where, for each cache kept outside core.snapshots."""
+    found: dict[str, str] = {}
+    for module, path in _server_modules():
+        if module == SNAPSHOTS_MODULE:
+            continue
+        tree = _tree(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for decorator in node.decorator_list:
+                    called = decorator.func if isinstance(decorator, ast.Call) else decorator
+                    if _name(called) in _CACHE_DECORATORS:
+                        found[f"{module}.{node.name}"] = _where(path, node.lineno)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                named = (
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                )
+                if any(name.split(".")[0] == "cachetools" for name in named):
+                    found[f"{module}.cachetools"] = _where(path, node.lineno)
+        dicts = _module_dicts(tree)
+        found |= {f"{module}.{name}": _where(path, dicts[name]) for name in _filled(tree, dicts)}
+    return found
+
+
+def test_tenants_data_is_cached_by_core_snapshots() -> None:
+    new = {name: where for name, where in caches_of_their_own().items() if name not in NOT_SNAPSHOTS}
+    assert new == {}, "cache what a tenant's hot path reads with core.snapshots.SnapshotCache"
+
+
+def test_the_caches_that_are_not_snapshots_are_still_there() -> None:
+    gone = sorted(set(NOT_SNAPSHOTS) - set(caches_of_their_own()))
+    assert gone == [], "delete these NOT_SNAPSHOTS entries"
+
+
+def test_a_cache_of_its_own_is_reported(tree: Path) -> None:
+    _write(
+        tree,
+        "fleet/policies.py",
+        "import functools\nfrom functools import lru_cache\nimport cachetools\n"
+        "_by_tenant: dict[int, list] = {}\n"
+        "_constant = {'a': 1}\n"
+        "@functools.cache\ndef one(): ...\n"
+        "@lru_cache(maxsize=8)\ndef two(): ...\n"
+        "def read(tenant):\n    _by_tenant.setdefault(tenant, [])\n    return _constant['a']\n",
+    )
+    _write(tree, "core/snapshots.py", "import functools\n@functools.cache\ndef fine(): ...\n")
+    assert caches_of_their_own() == {
+        "fleet.policies.cachetools": "fleet/policies.py:3",
+        "fleet.policies.one": "fleet/policies.py:7",
+        "fleet.policies.two": "fleet/policies.py:9",
+        "fleet.policies._by_tenant": "fleet/policies.py:4",
+    }
