@@ -121,10 +121,11 @@ def _ingest(grower: scale.Grower, phases: list[dict[str, float]] | None = None) 
     batches) is left to the caller."""
     from audit import services
     from core import timing
+    from core.scoping import tenant_context
 
     stream, records = grower.batch()
     start = time.perf_counter()
-    with timing.collecting() as marked:
+    with timing.collecting() as marked, tenant_context(grower.tenant):  # as the ingest view enters it
         services.ingest(grower.tenant, stream, records, actor=system_actor("bench"))
     took = time.perf_counter() - start
     if phases is not None:

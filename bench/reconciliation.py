@@ -146,7 +146,8 @@ def main() -> int:
                 record = {"seq": seq, "ts": time.time(), "event": event, **fields}
                 head = stamp(record, head)
                 batch.append(record)
-        audit_services.ingest(tenant, "bench-agent", batch, actor=system_actor("bench"))
+        with tenant_context(tenant):  # as the ingest view enters it
+            audit_services.ingest(tenant, "bench-agent", batch, actor=system_actor("bench"))
     ingest_s = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -170,9 +170,10 @@ def ours(
     (folder / "benchhandlers.py").write_text(HANDLERS)
     records = saga_records(n, slug, ts=time.time())
     for first in range(0, len(records), 700):
-        audit_services.ingest(
-            tenant, f"agent-{slug}", records[first : first + 700], actor=system_actor("bench")
-        )
+        with tenant_context(tenant):  # as the ingest view enters it
+            audit_services.ingest(
+                tenant, f"agent-{slug}", records[first : first + 700], actor=system_actor("bench")
+            )
 
     env = {
         k_: v

@@ -163,10 +163,12 @@ class Grower:
         """One batch through ingest (integrating every INTEGRATE_EVERY batches, not timed);
         the seconds ingest took."""
         from audit import services
+        from core.scoping import tenant_context
 
         stream, records = self.batch()
         start = time.perf_counter()
-        services.ingest(self.tenant, stream, records, actor=system_actor("bench"))
+        with tenant_context(self.tenant):  # as the ingest view enters it
+            services.ingest(self.tenant, stream, records, actor=system_actor("bench"))
         took = time.perf_counter() - start
         self.total += len(records)
         self.since_integrate += 1

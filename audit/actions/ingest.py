@@ -17,7 +17,7 @@ from audit.actions.verification import held_by_hash
 from audit.models import GENESIS, EquivocationAttempt, Record, RefusedBatch, Stream, StreamKind
 from core import timing
 from core.actors import Actor, stored
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.models import Tenant
 
 # Refusals about the chain itself are kept as evidence; malformed input (400) is just answered.
@@ -57,23 +57,23 @@ def ingest(tenant: Tenant, stream_id: str, records: Any, *, actor: Actor) -> Ing
     """Verify `records` against stream `stream_id`'s head and append them, all or nothing.
 
     Raises IngestRefused: 400 malformed (field named), 403 reserved stream, 409 equivocation (an
-    EquivocationAttempt row is kept), 422 chain broken (seq, index, reason)."""
+    EquivocationAttempt row is kept), 422 chain broken (seq, index, reason). The caller has
+    entered the tenant (the view mixin); a 409/422's evidence is written in its transaction, which
+    must still commit when it answers the refusal (the mixin answers inside its transaction)."""
+    require_tenant(tenant)
     validate_stream_id(stream_id)
     with timing.phase("parse"):
         batch = parse_batch(records)
-    refused: IngestRefused | None = None
-    with tenant_context(tenant):
-        try:
-            with transaction.atomic():
-                stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
-                return ingest_into(tenant, stream, batch, actor=stored(actor))
-        except IngestRefused as exc:
-            if exc.status not in KEPT_REFUSALS:
-                raise
-            # The batch is rolled back (savepoint), the evidence of the attempt is not.
+    try:
+        with transaction.atomic():
+            stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
+            return ingest_into(tenant, stream, batch, actor=stored(actor))
+    except IngestRefused as exc:
+        if exc.status in KEPT_REFUSALS:
+            # The batch is rolled back (savepoint), the evidence of the attempt is not: it is
+            # written in the caller's transaction, which answers the refusal and commits.
             _keep_evidence(tenant, exc, batch, stored(actor), stream_id)
-            refused = exc
-    raise refused
+        raise
 
 
 def compat_stream_name(first_hash: str) -> str:
@@ -83,7 +83,9 @@ def compat_stream_name(first_hash: str) -> str:
 def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: Actor) -> list[IngestResult]:
     """agent-saga's push: records name no stream. A genesis record opens stream `as-<_h[:16]>`;
     the batch's first record, when not genesis, extends the stream whose head (or held record)
-    it links to; everything else must chain on within the batch. All segments or none."""
+    it links to; everything else must chain on within the batch. All segments or none. In the
+    caller's scope, refusals' evidence in its transaction, as `ingest`'s."""
+    require_tenant(tenant)
     batch = parse_batch(records)
     segments: list[list[Incoming]] = []
     for rec in batch:
@@ -91,22 +93,18 @@ def ingest_by_linkage(tenant: Tenant, records: Any, *, actor: Actor) -> list[Ing
             segments.append([rec])
         else:
             segments[-1].append(rec)
-    refused: IngestRefused | None = None
     results: list[IngestResult] = []
-    with tenant_context(tenant):
-        try:
-            with transaction.atomic():
-                for segment in segments:
-                    stream_id = _attach(segment[0])
-                    stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
-                    results.append(ingest_into(tenant, stream, segment, actor=stored(actor)))
-                return results
-        except IngestRefused as exc:
-            if exc.status not in KEPT_REFUSALS:
-                raise
+    try:
+        with transaction.atomic():
+            for segment in segments:
+                stream_id = _attach(segment[0])
+                stream = lock_stream(tenant, stream_id, StreamKind.AGENT)
+                results.append(ingest_into(tenant, stream, segment, actor=stored(actor)))
+            return results
+    except IngestRefused as exc:
+        if exc.status in KEPT_REFUSALS:
             _keep_evidence(tenant, exc, batch, stored(actor), "agent-saga push")
-            refused = exc
-    raise refused
+        raise
 
 
 def _attach(first: Incoming) -> str:

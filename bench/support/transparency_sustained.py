@@ -39,6 +39,7 @@ def _sustained_client(
     from sagaplane.chain import GENESIS, stamp
 
     from audit import services as audit_services
+    from core.scoping import tenant_context
     from tenants.models import Tenant
 
     tenant = Tenant.objects.get(pk=tenant_id)
@@ -49,7 +50,8 @@ def _sustained_client(
         seq += size
         for record in batch:
             head = stamp(record, head, salt="00" * 16)
-        result = audit_services.ingest(tenant, f"sustained-{n}-{run}", batch, actor=system_actor("bench"))
+        with tenant_context(tenant):  # as the ingest view enters it
+            result = audit_services.ingest(tenant, f"sustained-{n}-{run}", batch, actor=system_actor("bench"))
         finished = [r["saga_id"] for r in batch if r["event"] == "SAGA_COMPLETE"]
         reports.put((time.time(), result.rows[-1].leaf_index, finished))
     reports.put(None)

@@ -11,13 +11,14 @@ from core.scoping import tenant_context
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import chain, saga_records
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.postgres]
 
 
 @pytest.fixture
 def held(tenant_a: Tenant) -> Record:
-    services.ingest(tenant_a, "ao", chain(saga_records()), actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_a, "ao", chain(saga_records()), actor=named_actor("test"))
     with tenant_context(tenant_a):
         return Record.objects.get(stream__stream_id="ao", position=2)
 

@@ -13,6 +13,7 @@ from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import chain, saga_records
 from tests.support.concurrency import at_once
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.postgres]
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.postgres]
 def _race(tenant: Tenant, batches: list[list[dict[str, Any]]], stream_id: str) -> list[Any]:
     """Each batch sent at once: what each ingest returned or raised (IngestRefused), in order."""
     return at_once(
-        lambda batch: services.ingest(tenant, stream_id, batch, actor=named_actor("test")), batches
+        lambda batch: in_tenant(services.ingest, tenant, stream_id, batch, actor=named_actor("test")), batches
     )
 
 
@@ -45,7 +46,7 @@ def test_different_first_batches_race_exactly_one_wins(
 
 def test_racing_extensions_of_a_held_head(transactional_db: None, tenant_a: Tenant) -> None:
     base = chain(saga_records())
-    services.ingest(tenant_a, "ext", base, actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_a, "ext", base, actor=named_actor("test"))
     forks = [chain(saga_records(), prev=base[-1]["_h"], seq=base[-1]["seq"] + 1) for _ in range(3)]
     outcomes = _race(tenant_a, forks, "ext")
     assert sum(isinstance(o, services.IngestResult) for o in outcomes) == 1
@@ -66,7 +67,8 @@ def test_leaf_indices_stay_contiguous_across_concurrent_streams(
     with tenant_context(tenant_a):
         held = TenantLog.objects.get().size  # the server stream's records of the tenant's creation
     results = at_once(
-        lambda n: services.ingest(tenant_a, f"par-{n}", batches[n], actor=named_actor("test")), range(streams)
+        lambda n: in_tenant(services.ingest, tenant_a, f"par-{n}", batches[n], actor=named_actor("test")),
+        range(streams),
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors

@@ -17,6 +17,7 @@ from core.scoping import tenant_context
 from tenants.actors import named_actor
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 BOUNDARY = 1 << LEAF_BLOCK_BITS
 
@@ -24,14 +25,14 @@ BOUNDARY = 1 << LEAF_BLOCK_BITS
 def _across_a_block_boundary(person: Person, stream_id: str) -> list[dict[str, Any]]:
     """A stream of 14 records whose leaves are BOUNDARY-6 .. BOUNDARY+7, then another stream
     appended after it (so none of these records is a head any more)."""
-    services.ingest(person.tenant, "first", chain(saga_records()), actor=named_actor("test"))
+    in_tenant(services.ingest, person.tenant, "first", chain(saga_records()), actor=named_actor("test"))
     with tenant_context(person.tenant):
         TenantLog.objects.update(size=BOUNDARY - 6)  # as if 65,530 leaves were held already
     records = chain(saga_records(steps=6))
     assert len(records) == 14
-    services.ingest(person.tenant, stream_id, records[:8], actor=named_actor("test"))
-    services.ingest(person.tenant, stream_id, records[8:], actor=named_actor("test"))
-    services.ingest(person.tenant, "later", chain(saga_records()), actor=named_actor("test"))
+    in_tenant(services.ingest, person.tenant, stream_id, records[:8], actor=named_actor("test"))
+    in_tenant(services.ingest, person.tenant, stream_id, records[8:], actor=named_actor("test"))
+    in_tenant(services.ingest, person.tenant, "later", chain(saga_records()), actor=named_actor("test"))
     with tenant_context(person.tenant):
         leaves = list(
             Record.objects.filter(stream__stream_id=stream_id)
@@ -54,11 +55,11 @@ def test_a_resent_batch_after_the_stream_moved_on_is_all_duplicates(
 ) -> None:
     records = _across_a_block_boundary(alice, "s")
     start, end = window
-    result = services.ingest(alice.tenant, "s", records[start:end], actor=named_actor("test"))
+    result = in_tenant(services.ingest, alice.tenant, "s", records[start:end], actor=named_actor("test"))
     assert (result.accepted, result.duplicates) == (0, end - start)
     # and a re-send that runs past the head appends only what is new
     more = chain(saga_records(), prev=records[-1]["_h"], seq=records[-1]["seq"] + 1)
-    result = services.ingest(alice.tenant, "s", records[start:] + more, actor=named_actor("test"))
+    result = in_tenant(services.ingest, alice.tenant, "s", records[start:] + more, actor=named_actor("test"))
     assert (result.accepted, result.duplicates) == (len(more), len(records) - start)
 
 
@@ -66,7 +67,7 @@ def test_a_different_record_in_a_resent_batch_is_equivocation(alice: Person) -> 
     records = _across_a_block_boundary(alice, "q")
     forked = chain(saga_records(), prev=records[6]["_h"], seq=records[7]["seq"])
     with pytest.raises(services.IngestRefused) as refused:
-        services.ingest(alice.tenant, "q", records[4:7] + forked, actor=named_actor("test"))
+        in_tenant(services.ingest, alice.tenant, "q", records[4:7] + forked, actor=named_actor("test"))
     assert refused.value.code == "equivocation"
     assert refused.value.extra["position"] == 8 and refused.value.extra["held_hash"] == records[7]["_h"]
 
@@ -74,10 +75,12 @@ def test_a_different_record_in_a_resent_batch_is_equivocation(alice: Person) -> 
 @pytest.mark.parametrize("start", [2, 6, 10], ids=["before", "at", "after"])
 def test_agent_saga_push_of_an_old_segment_attaches_to_its_stream(alice: Person, start: int) -> None:
     records = _across_a_block_boundary(alice, "agent-x")
-    results = services.ingest_by_linkage(alice.tenant, records[start : start + 3], actor=named_actor("test"))
+    results = in_tenant(
+        services.ingest_by_linkage, alice.tenant, records[start : start + 3], actor=named_actor("test")
+    )
     assert [(r.stream_id, r.accepted, r.duplicates) for r in results] == [("agent-x", 0, 3)]
     # its chain's first record, pushed again, is found through the index of first records
-    results = services.ingest_by_linkage(alice.tenant, records[:2], actor=named_actor("test"))
+    results = in_tenant(services.ingest_by_linkage, alice.tenant, records[:2], actor=named_actor("test"))
     assert [(r.stream_id, r.duplicates) for r in results] == [("agent-x", 2)]
     with tenant_context(alice.tenant):
         assert not Stream.objects.filter(stream_id__startswith="as-").exists()

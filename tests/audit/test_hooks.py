@@ -15,6 +15,7 @@ from sagas import services as sagas_services
 from tenants.actors import named_actor
 from tests.support.chains import chain, saga_records, snapshot
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from transparency import hooks as transparency_hooks
 
 marker: contextvars.ContextVar[str] = contextvars.ContextVar("test_hooks_marker", default="unset")
@@ -46,7 +47,7 @@ def test_an_in_transaction_hook_sees_the_batch_then_its_leaf_indices(alice: Pers
 
     hooks.on_records_appended(hook)
     records = chain(saga_records(steps=1))
-    services.ingest(alice.tenant, "agent-hooks", records, actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "agent-hooks", records, actor=named_actor("test"))
     with tenant_context(alice.tenant):
         leaves = list(
             Record.objects.filter(stream__stream_id="agent-hooks")
@@ -69,7 +70,13 @@ def test_an_in_transaction_hook_that_fails_rolls_the_batch_back(alice: Person) -
     hooks.on_records_appended(hook)
     before = snapshot(alice.tenant)
     with pytest.raises(RuntimeError):
-        services.ingest(alice.tenant, "agent-hooks", chain(saga_records(steps=1)), actor=named_actor("test"))
+        in_tenant(
+            services.ingest,
+            alice.tenant,
+            "agent-hooks",
+            chain(saga_records(steps=1)),
+            actor=named_actor("test"),
+        )
     assert snapshot(alice.tenant) == before
 
 
@@ -81,8 +88,12 @@ def test_after_commit_hooks_wait_for_the_commit_and_see_the_append_context(
     token = marker.set("appending")
     try:
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
-            services.ingest(
-                alice.tenant, "agent-hooks", chain(saga_records(steps=1)), actor=named_actor("test")
+            in_tenant(
+                services.ingest,
+                alice.tenant,
+                "agent-hooks",
+                chain(saga_records(steps=1)),
+                actor=named_actor("test"),
             )
     finally:
         marker.reset(token)
@@ -104,7 +115,7 @@ def test_a_failing_after_commit_hook_changes_no_answer(
     hooks.after_records_committed(lambda appended: heard.append(appended.stream_id))
     records = chain(saga_records(steps=1))
     with django_capture_on_commit_callbacks(execute=True):
-        result = services.ingest(alice.tenant, "agent-hooks", records, actor=named_actor("test"))
+        result = in_tenant(services.ingest, alice.tenant, "agent-hooks", records, actor=named_actor("test"))
     assert result.accepted == len(records)
     assert heard == ["agent-hooks"]  # the next hook still ran
 

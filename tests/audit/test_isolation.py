@@ -8,11 +8,12 @@ from core.scoping import tenant_context
 from tenants.actors import named_actor
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 
 def test_carol_sees_nothing_of_acmes_evidence(alice: Person, carol: Person) -> None:
     records = chain(saga_records("acme-secret-saga"))
-    services.ingest(alice.tenant, "payments-agent", records, actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "payments-agent", records, actor=named_actor("test"))
     for client in (carol.key_client(), carol.session_client()):
         assert client.get("/api/v1/streams/payments-agent").status_code == 404
         assert client.get("/api/v1/sagas/acme-secret-saga").status_code == 404

@@ -16,6 +16,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
 
 URL = "/api/v1/audit/redactions"
 
@@ -30,7 +31,7 @@ def _stream(tenant: Any, stream_id: str) -> list[dict[str, Any]]:
 
 def test_owner_erases_a_record_and_the_chain_still_verifies(alice: Person) -> None:
     records = chain(saga_records("er", steps=2))
-    services.ingest(alice.tenant, "er", records, actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "er", records, actor=named_actor("test"))
     response = alice.session_client().post(
         URL, {"stream": "er", "position": 3, "reason": "GDPR art. 17"}, format="json"
     )
@@ -59,7 +60,7 @@ def test_owner_erases_a_record_and_the_chain_still_verifies(alice: Person) -> No
 
 
 def test_who_may_erase(alice: Person, bob: Person, tenant_a: Any) -> None:
-    services.ingest(alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
     payload = {"stream": "w", "position": 1, "reason": "r"}
     assert bob.session_client().post(URL, payload, format="json").status_code == 403  # viewer
     assert alice.key_client().post(URL, payload, format="json").status_code == 403  # API keys never
@@ -76,13 +77,13 @@ def test_who_may_erase(alice: Person, bob: Person, tenant_a: Any) -> None:
     ],
 )
 def test_bad_requests(alice: Person, payload: dict) -> None:
-    services.ingest(alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
     response = alice.session_client().post(URL, payload, format="json")
     assert response.status_code == 400 and response.json()["field"] in ("reason", "position")
 
 
 def test_unknown_record_is_404(alice: Person, carol: Person) -> None:
-    services.ingest(alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "w", chain(saga_records()), actor=named_actor("test"))
     response = carol.session_client().post(URL, {"stream": "w", "position": 1, "reason": "r"}, format="json")
     assert response.status_code == 404
     with tenant_context(alice.tenant):

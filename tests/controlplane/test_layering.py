@@ -373,7 +373,6 @@ TENANT_ENTRY_MODULES: dict[str, str] = {
 # transports that call the module enter the tenant, assert it in the module, delete the entry.
 NOT_YET_CONVERTED: frozenset[str] = frozenset(
     {
-        "audit.actions.ingest",
         "audit.actions.server_stream",
         "fleet.actions.breaker_states",
         "fleet.actions.lease_settlement",

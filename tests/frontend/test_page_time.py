@@ -26,6 +26,7 @@ from tenants.actors import named_actor
 from tests.support.console import PAGES as CONSOLE_PAGES
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.postgres  # the deployed database; 70k records through ingest
 
@@ -78,8 +79,12 @@ class Agents:
 
     def _ship(self, stream: int) -> None:
         if self.pending[stream]:
-            audit_services.ingest(
-                self.person.tenant, f"agent-{stream}", self.pending[stream], actor=named_actor("test")
+            in_tenant(
+                audit_services.ingest,
+                self.person.tenant,
+                f"agent-{stream}",
+                self.pending[stream],
+                actor=named_actor("test"),
             )
             self.pending[stream] = []
 

@@ -30,6 +30,7 @@ from tenants.actors import named_actor
 from tests.support.factories import PASSWORD, Person, make_person
 from tests.support.inputs import HOSTILE_CURSORS
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.scoping import in_tenant
 
 
 def read_wal(path: Path) -> list[dict[str, Any]]:
@@ -60,7 +61,7 @@ def ship_sagas(person: Person, stream: str, count: int, *, prefix: str) -> list[
         saga_id, saga_records = saga_forward(writer, saga_id=f"{prefix}-{n:03d}")
         ids.append(saga_id)
         records += saga_records
-    audit_services.ingest(person.tenant, stream, records, actor=named_actor("test"))
+    in_tenant(audit_services.ingest, person.tenant, stream, records, actor=named_actor("test"))
     return ids
 
 
@@ -157,7 +158,7 @@ def test_the_tool_and_since_filters_page_by_cursor_too(alice: Person) -> None:
             records.append(
                 writer.record("STEP_INTENT", saga_id=saga_id, step_id=f"{saga_id}-s3", tool="send_invoice")
             )
-    audit_services.ingest(alice.tenant, "stream-t", records, actor=named_actor("test"))
+    in_tenant(audit_services.ingest, alice.tenant, "stream-t", records, actor=named_actor("test"))
     with tenant_context(alice.tenant):
         invoicing = set(Step.objects.filter(tool="send_invoice").values_list("saga__saga_id", flat=True))
     expected = [saga_id for saga_id in newest_first(alice) if saga_id in invoicing]
@@ -220,7 +221,7 @@ def test_needs_a_human_counts_exactly_up_to_its_own_cap(
     for n in range(4):
         saga_id, forward = saga_forward(writer, saga_id=f"p-{n}")
         records += forward + saga_rollback(writer, saga_id, fail_last=True)
-    audit_services.ingest(alice.tenant, "stream-p", records, actor=named_actor("test"))
+    in_tenant(audit_services.ingest, alice.tenant, "stream-p", records, actor=named_actor("test"))
     monkeypatch.setattr("frontend.saga_views.COUNT_CAP", 2)
     body = browser(alice).get(reverse("sagas"), {"stream": "elsewhere"}).content.decode()
     assert "4 sagas need a human" in body  # whatever the filters, past the tabs' cap
@@ -280,7 +281,7 @@ def test_agent_label_keeps_what_a_page_and_a_text_column_can_hold() -> None:
 def test_a_non_string_agent_is_ignored(alice: Person) -> None:
     writer = Writer()
     start = writer.record("SAGA_START", saga_id="odd", name="odd", agent={"not": "a name"})
-    audit_services.ingest(alice.tenant, "odd-stream", [start], actor=named_actor("test"))
+    in_tenant(audit_services.ingest, alice.tenant, "odd-stream", [start], actor=named_actor("test"))
     body = browser(alice).get(reverse("sagas")).content.decode()
     assert 'data-saga="odd"' in body and "agent-name" not in body
 

@@ -36,6 +36,7 @@ from audit import services
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import T0, chain, restamp
+from tests.support.scoping import in_tenant
 
 VENV_BIN = Path(sys.executable).parent
 Records = list[dict[str, Any]]
@@ -82,7 +83,8 @@ def sdk_verdict(records: Records) -> Verdict:
 
 def ingest_verdict(tenant: Tenant, records: Records) -> Verdict:
     try:
-        services.ingest(
+        in_tenant(
+            services.ingest,
             tenant,
             f"diff-{uuid.uuid4().hex[:12]}",
             copy.deepcopy(records),
@@ -261,14 +263,14 @@ PEAK_BOUND = 4 << 20  # generous: the batch itself is ~1 KB; a set of its seqs w
 def test_a_1kb_batch_of_huge_ranges_costs_what_its_bytes_cost(tenant_a: Tenant, range_size: int) -> None:
     batch = hostile_gap_batch(range_size)
     assert len(json.dumps({"records": batch}, separators=(",", ":"))) < 2_048
-    services.ingest(
-        tenant_a, "warm-up", corpus_chain(3), actor=named_actor("test")
+    in_tenant(
+        services.ingest, tenant_a, "warm-up", corpus_chain(3), actor=named_actor("test")
     )  # imports and caches, untraced
 
     sdk_peak = peak_bytes(lambda: verify_chain(batch))
     results: list[Any] = []
     ingest_peak = peak_bytes(
-        lambda: results.append(services.ingest(tenant_a, "huge", batch, actor=named_actor("test")))
+        lambda: results.append(in_tenant(services.ingest, tenant_a, "huge", batch, actor=named_actor("test")))
     )
 
     assert verify_chain(batch).intact and verify_chain(batch).attested_gaps == 1

@@ -8,6 +8,7 @@ from audit import services
 from tenants.actors import named_actor
 from tests.support.chains import chain, saga_records
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 
 def _seed(alice: Person) -> list[dict]:
@@ -18,7 +19,7 @@ def _seed(alice: Person) -> list[dict]:
         + saga_records("d3", outcome="partial")
     )
     records = chain(bodies, ts=now - 3600)
-    services.ingest(alice.tenant, "api", records, actor=named_actor("test"))
+    in_tenant(services.ingest, alice.tenant, "api", records, actor=named_actor("test"))
     return records
 
 

@@ -20,6 +20,7 @@ from sagas import selectors
 from sagas.models import Saga, SagaStatus
 from tenants.actors import named_actor
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 
 def _chain(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -43,7 +44,9 @@ def _ship(person: Person) -> None:
         {"ts": now, "event": "SAGA_START", "saga_id": "done", "lease_ttl": 300},
         {"ts": now, "event": "SAGA_COMPLETE", "saga_id": "done"},
     ]
-    audit_services.ingest(person.tenant, "agent-status", _chain(records), actor=named_actor("test"))
+    in_tenant(
+        audit_services.ingest, person.tenant, "agent-status", _chain(records), actor=named_actor("test")
+    )
     with tenant_context(person.tenant):
         Saga.objects.filter(saga_id="stored-orphan").update(status=SagaStatus.ORPHANED)
 

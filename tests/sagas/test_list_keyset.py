@@ -19,6 +19,7 @@ from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
 from tests.support.factories import PASSWORD, Person, make_person
+from tests.support.scoping import in_tenant
 
 TOOLS = ["mail.send", "payments.charge", "crm.update"]
 
@@ -35,8 +36,12 @@ def _seed(person: Person, prefix: str, count: int) -> None:
             extra = saga_records(saga_id, tool=TOOLS[(n + 1) % 3], outcome="none")[1:]
             records = records[:1] + extra + records[1:]
         bodies += records
-    services.ingest(
-        person.tenant, "s", chain(bodies, ts=timezone.now().timestamp() - 3600), actor=named_actor("test")
+    in_tenant(
+        services.ingest,
+        person.tenant,
+        "s",
+        chain(bodies, ts=timezone.now().timestamp() - 3600),
+        actor=named_actor("test"),
     )
     with tenant_context(person.tenant):
         ids = list(Saga.objects.order_by("pk").values_list("pk", flat=True))

@@ -3,6 +3,7 @@ state changes; another tenant's members hear nothing of them; a refused batch an
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from tenants.models import Role
 from tests.support.chains import chain, saga_records
 from tests.support.factories import PASSWORD, Person, make_person
 from tests.support.live_events import events_socket, session_cookie
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,7 +50,7 @@ def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
         sockets = {name: events_socket(cookie) for name, cookie in cookies.items()}
         for socket in sockets.values():
             assert (await socket.connect())[0]
-        ingest = database_sync_to_async(services.ingest)
+        ingest = database_sync_to_async(partial(in_tenant, services.ingest))
         # a refused batch first: it must not be announced
         broken = chain(saga_records("bad"))
         broken[1]["tool"] = "edited"
@@ -114,7 +116,7 @@ async def _closed_with(communicator: WebsocketCommunicator) -> int:
 
 async def _ship_and_hear(listener: WebsocketCommunicator, tenant: Any, stream: str) -> list[str]:
     """Ship a batch to the tenant; the streams the listener hears up to and including it."""
-    ingest = database_sync_to_async(services.ingest)
+    ingest = database_sync_to_async(partial(in_tenant, services.ingest))
     await ingest(tenant, stream, chain(saga_records(f"s-{stream}")), actor=named_actor("test"))
     return [event["stream"] for event in await _drain_until(listener, stream)]
 

@@ -15,6 +15,7 @@ from sagas.services import rebuild_tenant
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import chain, saga_records
+from tests.support.scoping import in_tenant
 
 
 def _dump(tenant: Tenant) -> Any:
@@ -47,7 +48,7 @@ def test_states_follow_the_records(tenant_a: Tenant) -> None:
         + saga_records("s-part", steps=2, outcome="partial")
         + saga_records("s-run", outcome="open")
     )
-    services.ingest(tenant_a, "p", chain(bodies), actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_a, "p", chain(bodies), actor=named_actor("test"))
     with tenant_context(tenant_a):
         status = dict(Saga.objects.values_list("saga_id", "status"))
         assert status == {
@@ -78,7 +79,7 @@ def test_quarantine_and_lease_records(tenant_a: Tenant) -> None:
         {"event": "SAGA_COMPLETE", "saga_id": "q", "clean": True},
     ]
     records = chain(bodies, ts=now)
-    services.ingest(tenant_a, "q", records, actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_a, "q", records, actor=named_actor("test"))
     with tenant_context(tenant_a):
         saga = Saga.objects.get(saga_id="q")
         assert saga.status == SagaStatus.QUARANTINED  # sticky: the agent cannot lift its own quarantine
@@ -88,16 +89,20 @@ def test_quarantine_and_lease_records(tenant_a: Tenant) -> None:
 
 def test_rebuild_equals_incremental(tenant_a: Tenant, tenant_b: Tenant) -> None:
     first = chain(saga_records("a1", steps=3) + saga_records("a2", steps=2, outcome="rolled_back")[:4])
-    services.ingest(tenant_a, "r1", first[:5], actor=named_actor("test"))
-    services.ingest(tenant_a, "r1", first[5:], actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_a, "r1", first[:5], actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_a, "r1", first[5:], actor=named_actor("test"))
     tail = chain(
         saga_records("a2", steps=0, outcome="partial")[1:] + saga_records("a3"), prev=first[-1]["_h"], seq=1
     )
-    services.ingest(tenant_a, "r1", tail, actor=named_actor("test"))
-    services.ingest(
-        tenant_a, "r2", chain(saga_records("a4", outcome="partial", steps=2)), actor=named_actor("test")
+    in_tenant(services.ingest, tenant_a, "r1", tail, actor=named_actor("test"))
+    in_tenant(
+        services.ingest,
+        tenant_a,
+        "r2",
+        chain(saga_records("a4", outcome="partial", steps=2)),
+        actor=named_actor("test"),
     )
-    services.ingest(tenant_b, "r1", chain(saga_records("b1")), actor=named_actor("test"))
+    in_tenant(services.ingest, tenant_b, "r1", chain(saga_records("b1")), actor=named_actor("test"))
     incremental_a, incremental_b = _dump(tenant_a), _dump(tenant_b)
     assert len(incremental_a[0]) == 4 and incremental_a[1]
     with tenant_context(tenant_a):

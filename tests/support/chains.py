@@ -17,6 +17,7 @@ from audit.models import Record, RecordPayload, Stream
 from core.scoping import tenant_context
 from tenants.actors import named_actor
 from tenants.models import Tenant
+from tests.support.scoping import in_tenant
 
 T0 = 1_796_000_000.0
 
@@ -201,7 +202,7 @@ def ensure_sample(tenant: Tenant) -> Sample:
         if Stream.objects.filter(stream_id=sample.stream_id).exists():
             return sample
     records = saga_records(sample.saga_id, steps=2, name=sample.saga_name, step_ids=list(sample.step_ids))
-    ingest(tenant, sample.stream_id, chain(records), actor=named_actor("test"))
+    in_tenant(ingest, tenant, sample.stream_id, chain(records), actor=named_actor("test"))
     return sample
 
 
@@ -234,7 +235,7 @@ class Writer:
 
     def ship(self, *items: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
         batch = self.records(*items)
-        audit_services.ingest(self.tenant, self.stream_id, batch, actor=named_actor("test"))
+        in_tenant(audit_services.ingest, self.tenant, self.stream_id, batch, actor=named_actor("test"))
         self.shipped.extend(batch)
         return batch
 

@@ -343,8 +343,12 @@ def _grow(tenant: Tenant) -> None:
     from transparency.models import Export
 
     suffix = uuid.uuid4().hex[:8]
-    ingest(
-        tenant, f"st-grown-{suffix}", chain(saga_records(name=f"grown-{suffix}")), actor=named_actor("test")
+    in_tenant(
+        ingest,
+        tenant,
+        f"st-grown-{suffix}",
+        chain(saga_records(name=f"grown-{suffix}")),
+        actor=named_actor("test"),
     )
     services.create_api_key(
         tenant, NewApiKey(name=f"grown-{suffix}", scopes=["read"]), actor=named_actor("test")

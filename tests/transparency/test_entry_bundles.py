@@ -16,6 +16,7 @@ from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 
 API = "/api/v1/audit"
@@ -73,7 +74,7 @@ def _fill_to(tenant: Tenant, count: int) -> None:
         record: dict[str, Any] = {"seq": seq, "ts": 1700000000 + seq, "event": "NOTE", "n": seq}
         head = stamp(record, head)
         batch.append(record)
-    audit_services.ingest(tenant, "filler", batch, actor=named_actor("test"))
+    in_tenant(audit_services.ingest, tenant, "filler", batch, actor=named_actor("test"))
 
 
 def test_full_bundle_and_the_next_partial(tenant_a: Tenant, alice: Person) -> None:
