@@ -1,7 +1,8 @@
 """The lease settlement's one question across tenants: which tenants have a budget lease its holder
 never returned that is due to be settled (`fleet.actions.lease_settlement`). Tenant ids only; the
-settlement then works inside each tenant with `tenant_context`. On Postgres a SECURITY DEFINER
-function owned by the owner role (core/rls.py); on SQLite the same through the ORM."""
+walker (`fleet.tasks.settle_expired_leases`) then enters each tenant with `tenant_context`. On
+Postgres a SECURITY DEFINER function owned by the owner role (core/rls.py); on SQLite the same
+through the ORM."""
 
 from __future__ import annotations
 

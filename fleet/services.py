@@ -8,6 +8,8 @@ stream in the same transaction.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fleet.actions.breaker_states import (
     BREAKER_ACTOR,
     breaker_phase,
@@ -21,8 +23,8 @@ from fleet.actions.budgets import budget_values, create_budget, delete_budget, u
 from fleet.actions.changes import policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
-from fleet.actions.lease_settlement import settle_all as settle_all_expired_leases
-from fleet.actions.lease_settlement import settle_expired as settle_expired_leases
+from fleet.actions.lease_settlement import claim_due as claim_due_leases
+from fleet.actions.lease_settlement import settle as settle_lease
 from fleet.actions.lease_settlement import shipped_use as lease_shipped_use
 from fleet.actions.leases import MAX_CALLS as LEASE_MAX_CALLS
 from fleet.actions.leases import give_back as give_back_lease
@@ -72,6 +74,17 @@ from fleet.inputs import (
 )
 from fleet.stores import DatabaseStore
 
+
+def settle_all_expired_leases(now: datetime | None = None) -> int:
+    """Every tenant's budget leases that expired unreturned, settled: one pass of the walker,
+    `fleet.tasks.settle_expired_leases`, which enters each tenant around each unit of work. Named
+    here for the beat process' sweep thread (recovery/sweeper.py), which reaches fleet through its
+    services and runs the pass in its own thread, so no busy queue can starve it."""
+    from fleet.tasks import settle_expired_leases  # fleet.tasks imports this module
+
+    return int(settle_expired_leases(now))
+
+
 __all__ = [
     "BREAKER_ACTOR",
     "DENIALS_KEPT_FOR",
@@ -118,8 +131,9 @@ __all__ = [
     "get_store",
     "give_back_lease",
     "lease_shipped_use",
+    "claim_due_leases",
     "settle_all_expired_leases",
-    "settle_expired_leases",
+    "settle_lease",
     "governed_tools",
     "grant_lease",
     "halt",

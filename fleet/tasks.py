@@ -1,12 +1,22 @@
-"""The fleet's periodic work."""
+"""The fleet's periodic work: walkers across tenants, each entering one tenant per unit of work."""
 
 from __future__ import annotations
 
-from celery import shared_task
+import logging
+from datetime import datetime
 
+from celery import shared_task
+from django.utils import timezone
+
+from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services
+from fleet.cross_tenant import tenants_with_leases_due
+from fleet.stores import LimitStore
+from tenants.entry import tenant_by_id
 from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(name="fleet.prune_denials")
@@ -21,9 +31,37 @@ def prune_denials() -> int:
 
 
 @shared_task(name="fleet.settle_expired_leases", ignore_result=True)
-def settle_expired_leases() -> int:
-    """Every tenant's budget leases that expired unreturned, settled (ARCHITECTURE §8.3). Run every
-    second by the beat process' sweep thread (recovery/sweeper.py) through
+def settle_expired_leases(now: datetime | None = None) -> int:
+    """Every tenant's budget leases that expired unreturned, settled (ARCHITECTURE §8.3); how many
+    were. Run every second by the beat process' sweep thread (recovery/sweeper.py) through
     `services.settle_all_expired_leases`, never by a message a busy queue could starve; still a
-    task, so an operator can run one pass by hand."""
-    return services.settle_all_expired_leases()
+    task, so an operator can run one pass by hand. A tenant whose settlement fails is logged and
+    left for the next pass."""
+    now = now or timezone.now()
+    settled = 0
+    for tenant_id in tenants_with_leases_due(now):
+        tenant = tenant_by_id(tenant_id)
+        if tenant is None:
+            continue
+        try:
+            settled += settle_tenant(tenant, now=now)
+        except Exception:
+            log.exception("lease settlement of tenant %s failed; the next pass retries", tenant_id)
+    return settled
+
+
+def settle_tenant(tenant: Tenant, *, now: datetime | None = None, store: LimitStore | None = None) -> int:
+    """Settle the tenant's leases due by `now` (at most one claim's batch); how many were settled.
+    The claim commits on its own, then each lease is settled in a transaction of its own, so one
+    that cannot be settled now (the limit store is down) rolls back alone and its claim lapses."""
+    now = now or timezone.now()
+    with tenant_context(tenant):
+        taken = services.claim_due_leases(tenant, now=now)
+    settled = 0
+    for row in taken:
+        try:
+            with tenant_context(tenant):
+                settled += services.settle_lease(tenant, row.pk, row.settle_token, store=store)
+        except DomainError as exc:
+            log.warning("gate: lease %s not settled now: %s", row.pk, exc.detail)
+    return settled

@@ -5,41 +5,36 @@ what the holder's shipped WAL proves it used, the rest given back.
   GATE_ALLOW record that names a lease (the SDK's decision on it, written before the effect) is a
   `LeaseUse` row committed with the record, so what was shipped is what is counted. A record whose
   lease is not a UUID is not one; an amount that is not an amount is left out.
-- `settle_expired` (every tenant's: `settle_all`, run every second by the beat process' sweep
-  thread, recovery/sweeper.py, and by the task `fleet.settle_expired_leases`): claims
-  the tenant's outstanding leases past `settle_after` (expiry plus a grace for the shipper) through
-  the one leased-work claim (`core.claims`: a fencing token, a 30 s claim), then settles each in
-  its own transaction under the row's lock: used = the sum of its `LeaseUse` debits per limit
-  (more than granted: an overrun, counted as a holder's would be), the rest given back to the
-  bucket the grant was debited to, state `settled`. A holder that returns it meanwhile wins (the
-  claim's token no longer holds); one that returns it later has what it reports beyond the
-  settlement counted as an overrun (`fleet.actions.leases.give_back`).
+- `claim_due` and `settle` (driven by the walker `fleet.tasks.settle_expired_leases`, run every
+  second by the beat process' sweep thread, recovery/sweeper.py, which enters each tenant around
+  each unit): `claim_due` claims the tenant's outstanding leases past `settle_after` (expiry plus
+  a grace for the shipper) through the one leased-work claim (`core.claims`: a fencing token, a
+  30 s claim); `settle` then settles one, in its own transaction, under the row's lock: used =
+  the sum of its `LeaseUse` debits per limit (more than granted: an overrun, counted as a
+  holder's would be), the rest given back to the bucket the grant was debited to, state
+  `settled`. A holder that returns it meanwhile wins (the claim's token no longer holds); one
+  that returns it later has what it reports beyond the settlement counted as an overrun
+  (`fleet.actions.leases.give_back`). Both assert the tenant's scope.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
 from core.claims import Leased, claim
-from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import gate
 from fleet.actions.leases import close
 from fleet.actions.store import get_store
-from fleet.cross_tenant import tenants_with_leases_due
 from fleet.models import GateLease, LeaseState, LeaseUse
 from fleet.stores import LimitStore
 from tenants.models import Tenant
-
-log = logging.getLogger(__name__)
 
 SETTLING: Leased[GateLease] = Leased(
     GateLease,
@@ -114,46 +109,27 @@ def _due(now: datetime) -> Any:
     )
 
 
-def settle_expired(tenant: Tenant, *, now: datetime | None = None, store: LimitStore | None = None) -> int:
-    """Settle the tenant's leases due by `now` (at most BATCH); how many were settled."""
-    now = now or timezone.now()
-    with tenant_context(tenant):
-        taken = claim(
-            SETTLING,
-            _due,
-            now=now,
-            holder=SETTLER,
-            lease_until=now + timedelta(seconds=CLAIM_S),
-            limit=BATCH,
-            shape=("fleet-lease-settlement", tenant.pk),
-        )
-    return sum(_settle(tenant, row.pk, row.settle_token, store) for row in taken)
+def claim_due(tenant: Tenant, *, now: datetime) -> list[GateLease]:
+    """Claim the tenant's leases due by `now` (at most BATCH) for settlement, each with its token."""
+    require_tenant(tenant)
+    return claim(
+        SETTLING,
+        _due,
+        now=now,
+        holder=SETTLER,
+        lease_until=now + timedelta(seconds=CLAIM_S),
+        limit=BATCH,
+        shape=("fleet-lease-settlement", tenant.pk),
+    )
 
 
-def settle_all(now: datetime | None = None) -> int:
-    """Every tenant's leases due by `now` (`fleet.cross_tenant`); how many were settled. A tenant
-    whose settlement fails is logged and left for the next pass."""
-    now = now or timezone.now()
-    settled = 0
-    for tenant_id in tenants_with_leases_due(now):
-        tenant = Tenant.objects.filter(pk=tenant_id).first()
-        if tenant is None:
-            continue
-        try:
-            settled += settle_expired(tenant, now=now)
-        except Exception:
-            log.exception("lease settlement of tenant %s failed; the next pass retries", tenant_id)
-    return settled
-
-
-def _settle(tenant: Tenant, lease_id: uuid.UUID, token: int, store: LimitStore | None) -> bool:
-    try:
-        with tenant_context(tenant):
-            row = GateLease.objects.select_for_update().filter(pk=lease_id).first()
-            if row is None or not SETTLING.holds(row, token):
-                return False  # returned by its holder meanwhile, or claimed again
-            close(tenant, row, shipped_use(row), store=store or get_store(), state=LeaseState.SETTLED)
-    except DomainError as exc:  # the limit store is down: the claim lapses and it is tried again
-        log.warning("gate: lease %s not settled now: %s", lease_id, exc.detail)
+def settle(tenant: Tenant, lease_id: uuid.UUID, token: int, *, store: LimitStore | None = None) -> bool:
+    """Settle one claimed lease at what its holder shipped; False when its holder returned it
+    meanwhile or another settler claimed it since. Raises DomainError while the limit store is
+    down: the caller's transaction rolls back and the claim lapses, so a later pass retries."""
+    require_tenant(tenant)
+    row = GateLease.objects.select_for_update().filter(pk=lease_id).first()
+    if row is None or not SETTLING.holds(row, token):
         return False
+    close(tenant, row, shipped_use(row), store=store or get_store(), state=LeaseState.SETTLED)
     return True

@@ -1,4 +1,9 @@
-"""The gate's limit store (one per process) and the tenant's hash tag in it."""
+"""The gate's limit store (one per process), the tenant's hash tag in it, and the ledger a Redis
+rebuild replays (`ledger_since`). That read is an entry into a tenant of its own (listed in the
+layering test's TENANT_ENTRY_MODULES): the store finds a tenant's counters cold by the tenant's
+id wherever it is asked, in a gate decision or a lease inside the tenant's scope as well as in the
+outage probe's thread across tenants (`RedisStore.make_ready`), and the rebuild is the one place
+it reads the database."""
 
 from __future__ import annotations
 
@@ -54,7 +59,8 @@ def gate_tag(tenant: Tenant) -> str:
 def ledger_since(tenant_id: int, since_ms: int) -> list[LedgerEntry]:
     """The tenant's allowed decisions and leases since `since_ms` (what a Redis rebuild replays): a
     lease as what it counts (`GateLease.counted`) in the bucket of its grant, a reservation as
-    its debits hold (the reserve while open, the actual once settled) in the bucket of its debit."""
+    its debits hold (the reserve while open, the actual once settled) in the bucket of its debit.
+    Enters the tenant itself: the store knows it only by its id (see the module)."""
     tenant = Tenant.objects.get(pk=tenant_id)
     since = datetime.fromtimestamp(since_ms / 1000, tz=timezone.get_current_timezone())
     with tenant_context(tenant):

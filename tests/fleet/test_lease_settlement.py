@@ -19,7 +19,7 @@ import pytest
 from sagaplane.events import Event
 
 from core.scoping import tenant_context
-from fleet import services
+from fleet import services, tasks
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease, LeaseState, LeaseUse
 from recovery import sweeper
@@ -102,16 +102,16 @@ def test_a_killed_agents_lease_is_settled_at_what_its_wal_shipped(
     before = _usage(tenant)
     assert int(float(before["used"]) * UNIT) == 3 * UNIT - on_it + granted
     assert int(float(before["leased"]) * UNIT) == granted
-    assert services.settle_expired_leases(tenant) == 0
+    assert tasks.settle_tenant(tenant) == 0
 
     # Past its expiry and the grace: settled at what its WAL shipped, the rest back.
-    assert services.settle_expired_leases(tenant, now=lease.settle_after + timedelta(seconds=1)) == 1
+    assert tasks.settle_tenant(tenant, now=lease.settle_after + timedelta(seconds=1)) == 1
     with tenant_context(tenant):
         lease.refresh_from_db()
     assert lease.state == LeaseState.SETTLED and lease.used == [on_it]
     after = _usage(tenant)
     assert after["used"] == "3" and after["leased"] == "0"  # = what the WAL shipped
-    assert services.settle_expired_leases(tenant, now=lease.settle_after + timedelta(seconds=60)) == 0
+    assert tasks.settle_tenant(tenant, now=lease.settle_after + timedelta(seconds=60)) == 0
     # The counters the next decision reads agree: the rest of the cap is usable.
     request = GateRequest(saga_id="next", step_id="1", tool="llm.complete", args={"amount": 997}, agent="w")
     assert in_statements(services.evaluate, tenant, request, actor=ACTOR)["decision"] == "allow"
@@ -153,7 +153,7 @@ def test_hostile_records_count_nothing_but_amounts_of_a_lease(tenant_a: Tenant) 
     _ship_uses(tenant_a, {"tokens": "1"}, lease="not-a-uuid")
     _ship_uses(tenant_a, {"tokens": "1"}, lease=12)
     _ship_uses(tenant_a, {"tokens": "1"}, lease=str(uuid.uuid4()))  # no such lease: counted for none
-    assert services.settle_expired_leases(tenant_a, now=_due(lease_id, tenant_a)) == 1
+    assert tasks.settle_tenant(tenant_a, now=_due(lease_id, tenant_a)) == 1
     with tenant_context(tenant_a):
         assert GateLease.objects.get(pk=lease_id).used == [2 * UNIT]
     assert _usage(tenant_a)["used"] == "2"
@@ -165,7 +165,7 @@ def test_a_holders_return_wins_and_a_late_one_counts_its_excess(tenant_a: Tenant
     assert services.give_back_lease(tenant_a, returned, {"tokens": 1}, actor=ACTOR)["state"] == "returned"
     settled = _grant(tenant_a)
     _ship_uses(tenant_a, {"tokens": "1"}, lease=str(settled))
-    assert services.settle_expired_leases(tenant_a, now=_due(settled, tenant_a)) == 1
+    assert tasks.settle_tenant(tenant_a, now=_due(settled, tenant_a)) == 1
     assert _usage(tenant_a)["used"] == "2"
     # The holder was alive after all: its return names 3 used; the 2 beyond the settlement count.
     late = services.give_back_lease(tenant_a, settled, {"tokens": 3}, actor=ACTOR)
@@ -183,7 +183,7 @@ def test_on_redis_the_counters_the_next_decision_reads_agree_with_the_settlement
     _budget(tenant_a)
     settled = _grant(tenant_a, calls=100)
     _ship_uses(tenant_a, {"tokens": "1"}, {"tokens": "1"}, lease=str(settled))
-    assert services.settle_expired_leases(tenant_a, now=_due(settled, tenant_a)) == 1
+    assert tasks.settle_tenant(tenant_a, now=_due(settled, tenant_a)) == 1
     late = services.give_back_lease(tenant_a, settled, {"tokens": 5}, actor=ACTOR)
     assert late["used"] == {"tokens": "5"} and _usage(tenant_a)["used"] == "5"
 
