@@ -492,3 +492,82 @@ def test_a_cache_of_its_own_is_reported(tree: Path) -> None:
         "fleet.policies.two": "fleet/policies.py:9",
         "fleet.policies._by_tenant": "fleet/policies.py:4",
     }
+
+
+# -- tests -----------------------------------------------------------------------------------------
+# What tests share is in tests/support/ (or, for one app's tests, a non-test module beside them:
+# tests/fleet/stores.py, tests/e2e/conftest.py); no module imports a test module (running one file
+# would collect, or break with, another). Waiting is tests.support.waiting.wait_until: a wait named
+# as one elsewhere is built on it (docs/DESIGN-NOTES.md, "What tests share lives in tests/support/").
+SCRIPTS = ("tests", "bench")
+SUPPORT = Path("tests/support")
+WAIT_NAMES = re.compile(r"_?(wait_until|wait_for\w*|eventually\w*|until)")
+
+
+def _scripts() -> list[Path]:
+    return [path for top in SCRIPTS for path in sorted((ROOT / top).rglob("*.py"))]
+
+
+def imports_of_test_modules() -> list[str]:
+    """`where name` for each import of a test module (`test_*`) by a module of the tests or benches."""
+    found = []
+    for path in _scripts():
+        package = path.relative_to(ROOT).parent.parts
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = [node.module] if node.module else []
+                parent = package[: len(package) - node.level + 1] if node.level else ()
+                names = [".".join([*parent, *module, alias.name]) for alias in node.names]
+            else:
+                continue
+            found += [
+                f"{_where(path, node.lineno)} {name}"
+                for name in names
+                if any(part.startswith("test_") for part in name.split(".")[1:])
+            ]
+    return found
+
+
+def waits_of_their_own() -> list[str]:
+    """`where name` for each function named as a wait, outside tests/support, not using wait_until."""
+    return [
+        f"{_where(path, node.lineno)} {node.name}"
+        for path in _scripts()
+        if not path.relative_to(ROOT).is_relative_to(SUPPORT)
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and WAIT_NAMES.fullmatch(node.name)
+        and not any(isinstance(c, ast.Call) and _name(c.func) == "wait_until" for c in ast.walk(node))
+    ]
+
+
+def test_no_module_imports_a_test_module() -> None:
+    assert imports_of_test_modules() == [], (
+        "share it from tests/support/ or a non-test module beside the tests"
+    )
+
+
+def test_waiting_is_the_one_wait_until() -> None:
+    assert waits_of_their_own() == [], "wait with tests.support.waiting.wait_until"
+
+
+def test_a_test_module_imported_and_a_wait_of_its_own_are_reported(tree: Path) -> None:
+    _write(tree, "tests/support/waiting.py", "def wait_until(condition, what): ...\n")
+    _write(tree, "tests/fleet/helpers.py", "def wait_for(ok):\n    while not ok():\n        pass\n")
+    _write(
+        tree,
+        "tests/fleet/test_b.py",
+        "from tests.fleet import test_a\nfrom tests.fleet.test_a import store\nimport tests.fleet.test_a\n"
+        "from .test_a import store as again\nfrom tests.fleet.helpers import wait_for\n"
+        "from tests.support.waiting import wait_until\n"
+        "def _until(ok):\n    return wait_until(ok, 'ok')\n",
+    )
+    assert imports_of_test_modules() == [
+        "tests/fleet/test_b.py:1 tests.fleet.test_a",
+        "tests/fleet/test_b.py:2 tests.fleet.test_a.store",
+        "tests/fleet/test_b.py:3 tests.fleet.test_a",
+        "tests/fleet/test_b.py:4 tests.fleet.test_a.store",
+    ]
+    assert waits_of_their_own() == ["tests/fleet/helpers.py:1 wait_for"]

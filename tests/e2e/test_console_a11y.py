@@ -8,19 +8,14 @@ govern; nothing is added to the pages themselves."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.browser import AXE, RUN_AXE, SERIOUS
 from tests.e2e.conftest import OWNER, sign_in
 from tests.support.console import PAGES
 
 pytestmark = pytest.mark.e2e
-AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
-SERIOUS = ("serious", "critical")
-RUN_AXE = """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations.map(
-  v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" ")).slice(0, 3)}))"""
 
 
 def test_no_page_has_a_serious_accessibility_violation(new_page) -> None:  # type: ignore[no-untyped-def]

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.browser import claim_offered, csp_watched
 from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
-from tests.e2e.test_flows_more import _claim, _csp_watched
 from tests.support.sagadata import Writer
 
 pytestmark = pytest.mark.e2e
@@ -63,9 +63,9 @@ def _many_compensated(server: LiveServer, handler: str) -> str:
 def test_the_reconciliation_lists_page_forward_and_back(new_page, control_plane: LiveServer) -> None:  # type: ignore[no-untyped-def]
     handler = f"e2e.refund_{uuid.uuid4().hex[:6]}"
     saga_id = _many_compensated(control_plane, handler)
-    _claim(control_plane, handler)  # scanned: its checks are open (one now claimed by this "observer")
+    claim_offered(control_plane, handler)  # scanned: its checks are open (one now claimed by this "observer")
     page = new_page(height=1400)
-    blocked = _csp_watched(page)
+    blocked = csp_watched(page)
     sign_in(page, OWNER)
     page.goto("/reconciliation/")
     page.get_by_role("link", name="Waiting for an observer").click()

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.browser import api_call, claim_offered, csp_watched
 from tests.e2e.conftest import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.sagadata import Writer
@@ -24,23 +25,6 @@ from tests.support.sagadata import Writer
 pytestmark = pytest.mark.e2e
 
 DEADLINE_S = 60.0
-
-
-def _csp_watched(page) -> list[str]:  # type: ignore[no-untyped-def]
-    """Every CSP violation the page reports on its console, collected as the test goes."""
-    blocked: list[str] = []
-    page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
-    return blocked
-
-
-def _api(server: LiveServer, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    return httpx.request(
-        method,
-        f"{server.url}/api/v1/{path}",
-        headers={"Authorization": f"Bearer {server.api_key}"},
-        timeout=40,
-        **kwargs,
-    )
 
 
 def _drifted_check(server: LiveServer, handler: str) -> tuple[str, str]:
@@ -78,9 +62,9 @@ def _drifted_check(server: LiveServer, handler: str) -> tuple[str, str]:
             writer.record("SAGA_ABORTED", saga_id=saga_id, clean=True),
         ],
     )
-    check = _claim(server, handler)
+    check = claim_offered(server, handler)
     assert check["saga_id"] == saga_id, check
-    answered = _api(
+    answered = api_call(
         server,
         "POST",
         f"reconciliation/checks/{check['id']}/report",
@@ -91,24 +75,11 @@ def _drifted_check(server: LiveServer, handler: str) -> tuple[str, str]:
     return saga_id, check["id"]
 
 
-def _claim(server: LiveServer, handler: str) -> dict:
-    """The next check offered to an observer of `handler` (the worker's beat offers it after the
-    reconciliation delay), long-polled within a deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        claimed = _api(server, "POST", "reconciliation/claim", json={"handlers": [handler], "wait": 10})
-        assert claimed.status_code == 200, claimed.text
-        if claimed.json()["checks"]:
-            check: dict = claimed.json()["checks"][0]
-            return check
-    raise AssertionError(f"no check for {handler} offered within {DEADLINE_S}s")
-
-
 def test_the_reconciliation_page_reopens_a_drift_verdict(new_page, control_plane: LiveServer) -> None:
     handler = f"e2e.refund_{uuid.uuid4().hex[:6]}"
     saga_id, check_id = _drifted_check(control_plane, handler)
     page = new_page(height=1400)
-    blocked = _csp_watched(page)
+    blocked = csp_watched(page)
     sign_in(page, OWNER)
     page.goto("/reconciliation/")
     row = page.locator(f'#drift-table tr[data-check="{check_id}"]')
@@ -120,7 +91,7 @@ def test_the_reconciliation_page_reopens_a_drift_verdict(new_page, control_plane
     expect(page.locator(f'tr[data-check="{check_id}"]')).to_have_count(1)  # among the open checks
     screenshot(page, "flows-reconciliation-recheck")
     # Stored: the check is open again, offered to its observers once more (a decided one is not).
-    again = _claim(control_plane, handler)
+    again = claim_offered(control_plane, handler)
     assert again["id"] == check_id and again["status"] == "claimed", again
     assert blocked == []
 
@@ -141,7 +112,7 @@ def slack_installed(new_page, control_plane: LiveServer, fake_slack: FakeSlack) 
     """The owner's page with Slack installed through its consent page; uninstalled afterwards
     (the install test expects to find it uninstalled)."""
     page = new_page()
-    blocked = _csp_watched(page)
+    blocked = csp_watched(page)
     sign_in(page, OWNER)
     _install_slack(page, fake_slack)
     try:
@@ -217,7 +188,7 @@ def test_a_slack_user_links_their_account_from_slack_and_unlinks_it(
 
 def test_an_owner_breaks_glass_on_a_pending_request(new_page, control_plane: LiveServer) -> None:
     page = new_page(height=1400)
-    blocked = _csp_watched(page)
+    blocked = csp_watched(page)
     sign_in(page, OWNER)
     page.goto("/approvals/policies/")
     form = page.locator("#policy-form")
@@ -226,7 +197,7 @@ def test_an_owner_breaks_glass_on_a_pending_request(new_page, control_plane: Liv
     form.get_by_role("button", name="Create policy").click()
     expect(page.get_by_text("Approval policy 'e2e wires' created.")).to_be_visible()
     try:
-        asked = _api(
+        asked = api_call(
             control_plane,
             "POST",
             "gate/evaluate",
@@ -253,7 +224,7 @@ def test_an_owner_breaks_glass_on_a_pending_request(new_page, control_plane: Liv
         expect(page.locator("#approval-state")).to_contain_text("patient transfer cannot wait")
         screenshot(page, "flows-break-glass")
         # Stored: approved, and listed for review.
-        stored = _api(control_plane, "GET", f"approvals/{approval_id}")
+        stored = api_call(control_plane, "GET", f"approvals/{approval_id}")
         assert stored.status_code == 200, stored.text
         assert stored.json()["status"] == "approved", stored.json()
         page.goto("/approvals/history/")

@@ -25,8 +25,8 @@ from fleet.models import BudgetLimit, GateLease, LeaseState, LeaseUse
 from recovery import sweeper
 from tenants.actors import named_actor
 from tenants.models import Tenant
+from tests.fleet import stores
 from tests.fleet.concurrency import ROOT
-from tests.fleet.test_leases import _redis_store, private_redis  # noqa: F401  (the fixture)
 from tests.hostile.production import OwnRedis
 from tests.sdk.sagaplane_testkit import read_wal
 from tests.support.chains import Writer
@@ -34,6 +34,7 @@ from tests.support.scoping import in_statements, in_tenant
 from tests.support.waiting import wait_until
 
 ACTOR = named_actor("test:settlement")
+private_redis = stores.private_redis  # a private Redis to flush (tests/fleet/stores.py)
 UNIT = 10_000  # one amount of 1, in the gate's units
 
 
@@ -177,9 +178,9 @@ def test_a_holders_return_wins_and_a_late_one_counts_its_excess(tenant_a: Tenant
 
 def test_on_redis_the_counters_the_next_decision_reads_agree_with_the_settlement(
     tenant_a: Tenant,
-    private_redis: OwnRedis,  # noqa: F811
+    private_redis: OwnRedis,
 ) -> None:
-    services.set_store(_redis_store(private_redis))
+    services.set_store(stores.redis_store(private_redis))
     _budget(tenant_a)
     settled = _grant(tenant_a, calls=100)
     _ship_uses(tenant_a, {"tokens": "1"}, {"tokens": "1"}, lease=str(settled))

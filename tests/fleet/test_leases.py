@@ -6,13 +6,10 @@ returned ones as used, and what a per-call decision could answer differently is 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-import pytest
-import redis
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -22,43 +19,22 @@ from core.scoping import tenant_context
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.models import BudgetLimit, GateLease
-from fleet.stores import DatabaseStore, LimitStore, RedisStore
+from fleet.stores import LimitStore
 from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Tenant
-from tests.hostile.production import OwnRedis, own_redis
+from tests.fleet import stores
+from tests.hostile.production import OwnRedis
 from tests.support.factories import Person
 from tests.support.scoping import in_statements, in_tenant
 
 ACTOR = named_actor("test:leases")
 
 
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
-    with own_redis(tmp_path_factory.mktemp("lease-redis")) as server:
-        yield server
-
-
-def _redis_store(server: OwnRedis) -> RedisStore:
-    client = redis.Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=2)
-    client.flushall()
-    store = RedisStore(client, services.ledger_since)
-    store.fence_ms = 1000
-    store.commit_deadline_ms = 500
-    return store
-
-
-@pytest.fixture(params=["database", "redis"])
-def store(request: pytest.FixtureRequest) -> Iterator[LimitStore]:
-    chosen: LimitStore = (
-        DatabaseStore()
-        if request.param == "database"
-        else _redis_store(request.getfixturevalue("private_redis"))
-    )
-    services.set_store(chosen)
-    yield chosen
-    services.set_store(None)
+# Both stores, and a private Redis to flush (tests/fleet/stores.py).
+store = stores.store
+private_redis = stores.private_redis
 
 
 def call(tool: str = "llm.complete", saga: str = "saga-1", **args: Any) -> GateRequest:
@@ -191,7 +167,7 @@ def test_a_retried_grant_answers_the_first_and_debits_once(tenant_a: Tenant, sto
 def test_a_flushed_redis_is_rebuilt_with_outstanding_leases_whole_and_returned_ones_as_used(
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
-    store = _redis_store(private_redis)
+    store = stores.redis_store(private_redis)
     services.set_store(store)
     try:
         in_tenant(

@@ -19,14 +19,13 @@ from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Tenant
-from tests.fleet import test_leases
+from tests.fleet import stores
 from tests.hostile.production import OwnRedis
 from tests.support.scoping import in_statements, in_tenant
 
-# Both stores, and a private Redis to flush, as the lease tests have them.
-store = test_leases.store
-private_redis = test_leases.private_redis
-_redis_store = test_leases._redis_store
+# Both stores, and a private Redis to flush (tests/fleet/stores.py).
+store = stores.store
+private_redis = stores.private_redis
 
 ACTOR = named_actor("test:reservations")
 
@@ -126,7 +125,7 @@ def test_a_saga_end_settles_what_is_left_at_its_reserve(tenant_a: Tenant, store:
 def test_a_flushed_redis_is_rebuilt_with_open_reservations_at_their_reserve_and_settled_at_actual(
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
-    redis_store = _redis_store(private_redis)
+    redis_store = stores.redis_store(private_redis)
     services.set_store(redis_store)
     try:
         _budget(tenant_a)
