@@ -51,9 +51,9 @@ class OpenSagas:
         entry = self.open.get(saga_id)
         if entry is not None:
             entry[1] = ts
-            if event == "SAGA_START" and isinstance(ttl, (int, float)):
+            if event == Event.SAGA_START and isinstance(ttl, (int, float)):
                 entry[2] = float(ttl)  # a suspended saga's new deadline
-        elif event == "SAGA_START" and isinstance(saga_id, str):
+        elif event == Event.SAGA_START and isinstance(saga_id, str):
             self.open[saga_id] = [
                 base,
                 ts,
@@ -125,7 +125,7 @@ def scan_live(data: bytes, sagas: OpenSagas, base: int) -> set[int]:
         found = _SAGA_ID.search(rest)
         if found is None:
             continue
-        ttl = _LEASE_TTL.search(rest) if event == "SAGA_START" else None
+        ttl = _LEASE_TTL.search(rest) if event == Event.SAGA_START else None
         quoted = found.group(1)
         saga_id = json.loads(quoted) if b"\\" in quoted else quoted[1:-1].decode("utf-8")
         sagas.note(event, saga_id, base, ts, float(ttl.group(1)) if ttl else None)
