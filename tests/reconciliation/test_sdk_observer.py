@@ -17,6 +17,7 @@ from tests.reconciliation.conftest import compensated_saga
 from tests.support.chains import Writer
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.waiting import wait_until
 
 
 def test_what_an_observer_returns_is_the_verdict(
@@ -80,7 +81,6 @@ def test_the_recovery_worker_also_runs_the_modules_reconcilers(
     import signal
     import subprocess
     import sys
-    import time
 
     settings.SAGAPLANE_RECONCILE_DELAY_SECONDS = 0
     compensated_saga(Writer(tenant_a, "agent-a-1"), "checkout-1", charges=["ch_1"])
@@ -101,16 +101,15 @@ def test_the_recovery_worker_also_runs_the_modules_reconcilers(
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+    def status() -> str:
+        with tenant_context(tenant_a):
+            return ReconciliationCheck.objects.get().status
+
     try:
-        deadline = time.monotonic() + 60
-        status = ""
-        while time.monotonic() < deadline and worker.poll() is None:
-            with tenant_context(tenant_a):
-                status = ReconciliationCheck.objects.get().status
-            if status == "confirmed":
-                break
-            time.sleep(0.2)  # a poll interval: the check's status decides
-        assert status == "confirmed", status
+        wait_until(
+            lambda: status() == "confirmed", "the check confirmed", every=0.2, alive=worker, context=status
+        )
     finally:
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)
