@@ -19,6 +19,8 @@ from sagaplane.integrations import policy
 from sagaplane.integrations.mcp_upstream import UpstreamSpec, bounded_stdio
 from sagaplane_testkit import read_wal
 
+from tests.support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOP = ROOT / "sdk" / "examples" / "mcp_shop_server.py"
 POLICY = ROOT / "sdk" / "examples" / "mcp_shop_policy.toml"
@@ -157,7 +159,6 @@ def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_complet
 ) -> None:
     import os
     import signal
-    import time
 
     from mcp.client.streamable_http import streamable_http_client
 
@@ -174,10 +175,9 @@ def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_complet
     shop = subprocess.Popen(
         [sys.executable, str(SHOP), "--http", f"127.0.0.1:{upstream_port}"], env=env, stderr=log
     )
-    started = time.monotonic()
-    while not _listening(upstream_port):
-        assert time.monotonic() - started < DEADLINE and shop.poll() is None, "the shop never listened"
-        time.sleep(0.1)  # polling a condition with a deadline
+    wait_until(
+        lambda: _listening(upstream_port), "the shop to listen", deadline=DEADLINE, every=0.1, alive=shop
+    )
     command = [
         str(SAGAPLANE),
         "mcp-gateway",
@@ -213,12 +213,14 @@ def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_complet
         charged = anyio.run(main)
         assert not charged.is_error, charged
         saga_id = (charged.meta or {})["sagaplane/saga_id"]
-        deadline = time.monotonic() + DEADLINE
-        while not any(
-            r["event"] == "SAGA_COMPLETE" and r["saga_id"] == saga_id for r in wal_records(tmp_path)
-        ):
-            assert time.monotonic() < deadline, "the session's end did not complete its saga"
-            time.sleep(0.1)  # polling a condition with a deadline
+        wait_until(
+            lambda: any(
+                r["event"] == "SAGA_COMPLETE" and r["saga_id"] == saga_id for r in wal_records(tmp_path)
+            ),
+            "the session's end to complete its saga",
+            deadline=DEADLINE,
+            every=0.1,
+        )
         assert gateway_process.poll() is None  # the gateway serves on; the session's saga is done
         gateway_process.send_signal(signal.SIGTERM)
         assert gateway_process.wait(timeout=DEADLINE) == 0
@@ -269,7 +271,6 @@ def test_sampling_passes_through_both_ways_and_the_upstream_sees_no_sagaplane_cr
 def test_an_http_session_that_goes_silent_leaves_its_saga_to_recovery(tmp_path: Path) -> None:
     import os
     import signal
-    import time
 
     from mcp.client.streamable_http import streamable_http_client
 
@@ -306,10 +307,13 @@ def test_an_http_session_that_goes_silent_leaves_its_saga_to_recovery(tmp_path: 
     try:
         charged = anyio.run(main)
         saga_id = (charged.meta or {})["sagaplane/saga_id"]
-        deadline = time.monotonic() + DEADLINE
-        while f"saga {saga_id}: its HTTP session went silent" not in log_path.read_text():
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.1)  # polling a condition with a deadline
+        wait_until(
+            lambda: f"saga {saga_id}: its HTTP session went silent" in log_path.read_text(),
+            "the gateway to report the silent session",
+            deadline=DEADLINE,
+            every=0.1,
+            context=lambda: log_path.read_text()[-3000:],
+        )
         gateway_process.send_signal(signal.SIGTERM)
         assert gateway_process.wait(timeout=DEADLINE) == 0
     finally:
