@@ -8,10 +8,12 @@ class FleetConfig(AppConfig):
     def ready(self) -> None:
         from audit import hooks as audit_hooks
         from fleet import cross_tenant  # noqa: F401  declares the settlement's cross-tenant function
-        from fleet.actions import agent_denials, breaker_states, lease_settlement, reservations
+        from fleet.actions import agent_denials, lease_settlement, reservations
+        from fleet.tasks import outcomes_committed
 
-        # Circuit breakers count the step outcomes agents ship, once their batch has committed.
-        audit_hooks.after_records_committed(breaker_states.outcomes_committed)
+        # Circuit breakers count the step outcomes agents ship, once their batch has committed
+        # (a transport: it enters the tenant around each count and transition).
+        audit_hooks.after_records_committed(outcomes_committed)
         # Settlements and saga ends shipped in agents' WALs settle reservations, in the ingest's
         # transaction (an accepted record is never lost).
         audit_hooks.on_records_appended(reservations.records_appended)

@@ -13,11 +13,15 @@ from datetime import datetime
 from fleet.actions.breaker_states import (
     BREAKER_ACTOR,
     breaker_phase,
-    outcomes_committed,
+    breakers_met,
+    held_breakers,
+    read_breakers,
     settle_trial,
     status_entries,
     trip,
 )
+from fleet.actions.breaker_states import count_outcomes as count_breaker_outcomes
+from fleet.actions.breaker_states import outcomes_in as breaker_outcomes_in
 from fleet.actions.breakers import breaker_values, create_breaker, delete_breaker, update_breaker
 from fleet.actions.budgets import budget_values, create_budget, delete_budget, update_budget
 from fleet.actions.changes import policies_changed, version_key
@@ -106,7 +110,11 @@ __all__ = [
     "breakers_not_closed",
     "create_breaker",
     "delete_breaker",
-    "outcomes_committed",
+    "breaker_outcomes_in",
+    "breakers_met",
+    "count_breaker_outcomes",
+    "held_breakers",
+    "read_breakers",
     "settle_trial",
     "trip",
     "update_breaker",

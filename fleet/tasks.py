@@ -1,4 +1,6 @@
-"""The fleet's periodic work: walkers across tenants, each entering one tenant per unit of work."""
+"""The fleet's periodic work (walkers across tenants, each entering one tenant per unit of work),
+and the circuit breakers' counting of an ingest's step outcomes once it has committed: both
+transports, which enter the tenant around each unit of work."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from datetime import datetime
 from celery import shared_task
 from django.utils import timezone
 
+from audit.hooks import AppendedRecords
+from core import epoch
 from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services
@@ -17,6 +21,34 @@ from tenants.entry import tenant_by_id
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
+
+
+def outcomes_committed(appended: AppendedRecords) -> None:
+    """`audit.hooks` subscriber (after the ingest committed, best effort): count the batch's step
+    outcomes for every breaker whose tool they match (`fleet.actions.breaker_states`). A batch
+    without step outcomes, or a tenant without breakers, costs no read beyond the tenant's epoch
+    while this process holds its policies. Each count and each transition enters the tenant and
+    commits on its own (a transition is one transaction; a count stands without the trip it
+    causes, which re-checks the breaker's row)."""
+    outcomes = services.breaker_outcomes_in(appended)
+    if not outcomes:
+        return
+    tenant = appended.tenant
+    version = epoch.read(tenant.pk)
+    breakers = services.held_breakers(tenant, version)
+    if breakers is None:
+        with tenant_context(tenant):
+            breakers = services.read_breakers(tenant, version)
+    for met in services.breakers_met(breakers, outcomes):
+        if met.trial is not None:
+            with tenant_context(tenant):
+                services.settle_trial(tenant, met.spec, failed=met.trial.failed)
+            continue
+        with tenant_context(tenant):
+            reason = services.count_breaker_outcomes(tenant, met.spec, met.outcomes)
+        if reason is not None:
+            with tenant_context(tenant):
+                services.trip(tenant, met.spec, reason)
 
 
 @shared_task(name="fleet.prune_denials")

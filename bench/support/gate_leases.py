@@ -89,6 +89,15 @@ def partitioned_halt(trials: int, ttl_ms: int = 1000) -> dict[str, Any]:
     }
 
 
+def in_view(action: Any, tenant: Any, *args: Any, **options: Any) -> Any:
+    """A lease service as its view calls it (fleet/api.py): inside the tenant's transaction, which
+    the view mixin enters (the services assert it)."""
+    from core.scoping import tenant_context
+
+    with tenant_context(tenant):
+        return action(tenant, *args, **options)
+
+
 def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> dict[str, Any]:
     from fleet.gate import GateRequest
 
@@ -107,12 +116,19 @@ def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> 
     served, grants = 0, 0
     started = time.process_time()
     while served < decisions * 4:
-        answer = services.grant_lease(
-            tenant, request(0), calls=256, lease_id=uuid.uuid4(), actor=system_actor("bench"), store=store
+        answer = in_view(
+            services.grant_lease,
+            tenant,
+            request(0),
+            calls=256,
+            lease_id=uuid.uuid4(),
+            actor=system_actor("bench"),
+            store=store,
         )
         assert answer["decision"] == "lease", answer
         granted = int(float(answer["limits"][0]["granted"]))
-        services.give_back_lease(
+        in_view(
+            services.give_back_lease,
             tenant,
             uuid.UUID(answer["lease_id"]),
             {"tokens": granted},
@@ -158,16 +174,27 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
         request = GateRequest(
             saga_id=f"o-{n}", step_id=str(uuid.uuid4()), tool="cap.spend", args={"amount": 1}
         )
-        answer = services.grant_lease(
-            tenant, request, calls=8, lease_id=uuid.uuid4(), actor=system_actor("bench"), store=store
+        answer = in_view(
+            services.grant_lease,
+            tenant,
+            request,
+            calls=8,
+            lease_id=uuid.uuid4(),
+            actor=system_actor("bench"),
+            store=store,
         )
         if answer["decision"] == "lease":
             granted = int(float(answer["limits"][0]["granted"]))
             with lock:
                 performed[n] += granted
             lease_id = uuid.UUID(answer["lease_id"])
-            services.give_back_lease(
-                tenant, lease_id, {"capped": granted}, actor=system_actor("bench"), store=store
+            in_view(
+                services.give_back_lease,
+                tenant,
+                lease_id,
+                {"capped": granted},
+                actor=system_actor("bench"),
+                store=store,
             )
             return 0
         decided = evaluate_scoped(tenant, request, actor=system_actor("bench"), store=store)

@@ -6,9 +6,10 @@ history row (`BreakerTransition`) and the `FLEET_BREAKER_TRANSITION` record of t
 server stream with the old and new state, then the tenant's change signal, so every process' gate
 re-reads its policies and every agent's fleet status long-poll answers.
 
-Outcomes arrive through `audit.hooks.after_records_committed` (`outcomes_committed`): a committed
-batch's `STEP_FAILED` and `STEP_UNKNOWN` count as failures, `STEP_COMMITTED` as successes, for
-every closed breaker whose glob matches the step's tool, in the gate's limit store
+Outcomes arrive through `audit.hooks.after_records_committed` (`fleet.tasks.outcomes_committed`,
+the transport that enters the tenant around each piece of work here, each committing on its own):
+a committed batch's `STEP_FAILED` and `STEP_UNKNOWN` count as failures, `STEP_COMMITTED` as
+successes, for every closed breaker whose glob matches the step's tool, in the gate's limit store
 (`fleet.breaker_counts`). While half-open, only the trial's own outcome counts.
 """
 
@@ -22,13 +23,11 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords
-from core import epoch
 from core.actionaudit import append_server_record
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import gate
 from fleet.actions.changes import changed_after_commit
 from fleet.actions.snapshot import (
-    Policies,
     breaker_spec,
     breakers_not_closed,
     held_policies,
@@ -137,94 +136,109 @@ def claim_trial(tenant: Tenant, spec: BreakerSpec, request: GateRequest) -> bool
 # ----------------------------------------------------------------------------------- the outcomes
 
 
-def outcomes_committed(appended: AppendedRecords) -> None:
-    """`audit.hooks` subscriber (after the ingest committed, best effort): count the batch's step
-    outcomes for every breaker whose tool they match. A batch without step outcomes, or a tenant
-    without breakers, costs no read beyond the tenant's epoch."""
-    outcomes = [
+class Met(NamedTuple):
+    """A breaker a batch's outcomes concern: a closed one's matching outcomes, to count, or a
+    half-open one's trial outcome (`trial`), to settle it."""
+
+    spec: BreakerSpec
+    outcomes: list[Outcome]
+    trial: Outcome | None
+
+
+def outcomes_in(appended: AppendedRecords) -> list[Outcome]:
+    """The batch's step outcomes a breaker counts (no read)."""
+    return [
         Outcome(row.tool, row.saga_id, row.step_id, FAILED_BY_EVENT[row.event])
         for row, _ in appended.items
         if row.event in FAILED_BY_EVENT and row.tool
     ]
-    if not outcomes:
-        return
-    tenant = appended.tenant
-    for spec in _policies(tenant).breakers:
+
+
+def held_breakers(tenant: Tenant, version: Any) -> list[BreakerSpec] | None:
+    """The tenant's breakers from this process' snapshot while current under `version` (no read),
+    else None: `read_breakers` then reads them."""
+    held = held_policies(tenant, version)
+    return None if held is None else held.breakers
+
+
+def read_breakers(tenant: Tenant, version: Any) -> list[BreakerSpec]:
+    """The tenant's breakers, read (and the policies' snapshot kept under `version`)."""
+    require_tenant(tenant)
+    return read_policies(tenant, version).breakers
+
+
+def breakers_met(breakers: Sequence[BreakerSpec], outcomes: Sequence[Outcome]) -> list[Met]:
+    """The breakers `outcomes` concern, in order: a closed breaker whose glob matches some, a
+    half-open one whose trial's own outcome is among them (only the trial's counts while half-open)."""
+    met: list[Met] = []
+    for spec in breakers:
         mine = [o for o in outcomes if gate.tool_matches(spec.tool, o.tool)]
         if not mine:
             continue
         if spec.state == BreakerState.CLOSED:
-            _count(tenant, spec, mine)
+            met.append(Met(spec, mine, None))
         elif spec.state == BreakerState.HALF_OPEN:
-            for outcome in mine:
-                if (outcome.saga_id, outcome.step_id) == spec.trial:
-                    settle_trial(tenant, spec, failed=outcome.failed)
-                    break
+            trial = next((o for o in mine if (o.saga_id, o.step_id) == spec.trial), None)
+            if trial is not None:
+                met.append(Met(spec, mine, trial))
+    return met
 
 
-def _policies(tenant: Tenant) -> Policies:
-    version = epoch.read(tenant.pk)
-    held = held_policies(tenant, version)
-    if held is not None:
-        return held
-    with tenant_context(tenant):
-        return read_policies(tenant, version)
-
-
-def _count(tenant: Tenant, spec: BreakerSpec, outcomes: Sequence[Outcome]) -> None:
+def count_outcomes(tenant: Tenant, spec: BreakerSpec, outcomes: Sequence[Outcome]) -> str | None:
+    """Add a closed breaker's outcomes to its counts (the gate's store; as the tenant, asserted:
+    the database store writes its rows); the reason to trip it now, else None. A store that cannot
+    be reached counts nothing (logged)."""
+    require_tenant(tenant)
     try:
-        with tenant_context(tenant):
-            tally = counts_for(get_store()).add(
-                tenant.pk, gate_tag(tenant), spec, [o.failed for o in outcomes]
-            )
+        tally = counts_for(get_store()).add(tenant.pk, gate_tag(tenant), spec, [o.failed for o in outcomes])
     except StoreUnavailable as exc:
         log.warning("breaker %s: outcomes not counted: %s", spec.name, exc)
-        return
-    reason = gate.trip_reason(spec, tally)
-    if reason is not None:
-        trip(tenant, spec, reason)
+        return None
+    return gate.trip_reason(spec, tally)
 
 
 def trip(tenant: Tenant, spec: BreakerSpec, reason: str) -> bool:
-    """Open a closed breaker (the generation its counts belong to): False when it already moved."""
-    with tenant_context(tenant):
-        row = CircuitBreaker.objects.select_for_update().filter(pk=spec.id).first()
-        if row is None or row.state != BreakerState.CLOSED or row.generation != spec.generation:
-            return False
-        _move(tenant, row, BreakerState.OPEN, reason, opened_at=timezone.now())
+    """Open a closed breaker (the generation its counts belong to): False when it already moved.
+    As the tenant, in its transaction (asserted): the transition is the caller's unit of work."""
+    require_tenant(tenant)
+    row = CircuitBreaker.objects.select_for_update().filter(pk=spec.id).first()
+    if row is None or row.state != BreakerState.CLOSED or row.generation != spec.generation:
+        return False
+    _move(tenant, row, BreakerState.OPEN, reason, opened_at=timezone.now())
     return True
 
 
 def settle_trial(tenant: Tenant, spec: BreakerSpec, *, failed: bool) -> bool:
     """The trial's outcome: a success closes the breaker (its counts start afresh), a failure opens
-    it again for another cool-down. False when the trial is no longer the one running."""
-    with tenant_context(tenant):
-        row = CircuitBreaker.objects.select_for_update().filter(pk=spec.id).first()
-        if (
-            row is None
-            or row.state != BreakerState.HALF_OPEN
-            or (row.trial_saga_id, row.trial_step_id) != spec.trial
-        ):
-            return False
-        trial = f"saga {row.trial_saga_id}, step {row.trial_step_id}"
-        cleared: dict[str, Any] = {"trial_saga_id": "", "trial_step_id": "", "trial_at": None}
-        if failed:
-            _move(
-                tenant,
-                row,
-                BreakerState.OPEN,
-                f"the trial call failed ({trial})",
-                opened_at=timezone.now(),
-                **cleared,
-            )
-        else:
-            _move(
-                tenant,
-                row,
-                BreakerState.CLOSED,
-                f"the trial call succeeded ({trial})",
-                opened_at=None,
-                generation=row.generation + 1,
-                **cleared,
-            )
+    it again for another cool-down. False when the trial is no longer the one running. As the
+    tenant, in its transaction (asserted): the transition is the caller's unit of work."""
+    require_tenant(tenant)
+    row = CircuitBreaker.objects.select_for_update().filter(pk=spec.id).first()
+    if (
+        row is None
+        or row.state != BreakerState.HALF_OPEN
+        or (row.trial_saga_id, row.trial_step_id) != spec.trial
+    ):
+        return False
+    trial = f"saga {row.trial_saga_id}, step {row.trial_step_id}"
+    cleared: dict[str, Any] = {"trial_saga_id": "", "trial_step_id": "", "trial_at": None}
+    if failed:
+        _move(
+            tenant,
+            row,
+            BreakerState.OPEN,
+            f"the trial call failed ({trial})",
+            opened_at=timezone.now(),
+            **cleared,
+        )
+    else:
+        _move(
+            tenant,
+            row,
+            BreakerState.CLOSED,
+            f"the trial call succeeded ({trial})",
+            opened_at=None,
+            generation=row.generation + 1,
+            **cleared,
+        )
     return True

@@ -32,7 +32,7 @@ from django.utils import timezone
 from core import availability, epoch, snapshots
 from core.actors import Actor
 from core.errors import DomainError
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from fleet import gate, hooks, leasestores
 from fleet.actions.settings import default_lease_ttl_ms, settle_grace_ms
 from fleet.actions.snapshot import Policies, held_policies, read_policies
@@ -64,11 +64,13 @@ def grant(
 ) -> dict[str, Any]:
     """A lease of up to `calls` calls like `request` (its tool, agent and the arguments that scope
     its budgets), or `per_call` with the reason. `lease_id` is the caller's: a retried grant
-    answers the first. `actor` is the key's (the grant is a ledger row, as a decision is)."""
+    answers the first. `actor` is the key's (the grant is a ledger row, as a decision is). As the
+    tenant (asserted: its transport entered it); the debit's record in a savepoint of its own."""
+    require_tenant(tenant)
     availability.guard()
     store = store or get_store()
     version = epoch.read(tenant.pk)
-    with snapshots.pinned_epoch(tenant.pk, version), tenant_context(tenant):
+    with snapshots.pinned_epoch(tenant.pk, version):
         existing = GateLease.objects.filter(pk=lease_id).first()
         if existing is not None:
             return _answer(existing)
@@ -212,9 +214,12 @@ def give_back(
     used nothing) and give the rest back; more than granted is an overrun, recorded and counted
     against the limit, never refused (the effect happened). A lease settled after its expiry
     (`fleet.actions.lease_settlement`) counts what its holder reports beyond what was settled as
-    an overrun. None: no such lease. Raises ValueError naming a limit whose amount is not one."""
+    an overrun. None: no such lease. Raises ValueError naming a limit whose amount is not one.
+    As the tenant (asserted: its transport entered it), the locked row's change in a transaction
+    of its own (a savepoint inside the caller's)."""
+    require_tenant(tenant)
     store = store or get_store()
-    with tenant_context(tenant), transaction.atomic():
+    with transaction.atomic():
         row = GateLease.objects.select_for_update().filter(pk=lease_id).first()
         if row is None:
             return None

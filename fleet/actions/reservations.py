@@ -36,7 +36,7 @@ from sagaplane.events import Event
 from audit.hooks import AppendedRecords, OnStored
 from core.actors import Actor, stored
 from core.errors import DomainError
-from core.scoping import joined_tenant_context, tenant_context
+from core.scoping import require_tenant
 from fleet import gate, leasestores
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest
@@ -69,9 +69,12 @@ def settle(
 ) -> dict[str, Any] | None:
     """Settle one reservation at `actual` (a number or decimal string); its answer, or None when the
     tenant has no such reservation. Raises ValueError when `actual` is not an amount, DomainError
-    503 when an overrun cannot be counted now (nothing recorded: settle again)."""
+    503 when an overrun cannot be counted now (nothing recorded: settle again). As the tenant
+    (asserted: its transport entered it), the locked row's change in a transaction of its own (a
+    savepoint inside the caller's)."""
+    require_tenant(tenant)
     units = gate.to_units(gate.amount_sent(actual))
-    with tenant_context(tenant), transaction.atomic():
+    with transaction.atomic():
         row = (
             GateDecision.objects.select_for_update()
             .filter(pk=reservation_id, decision=Decision.ALLOW)
@@ -132,8 +135,10 @@ def _settle_row(
 
 
 def settle_saga(tenant: Tenant, saga_id: str, *, actor: Actor) -> int:
-    """Settle the saga's open reservations at their reserve (its end was ingested); how many."""
-    with tenant_context(tenant), transaction.atomic():
+    """Settle the saga's open reservations at their reserve (its end was ingested); how many. As
+    the tenant (asserted), in a transaction (a savepoint) of its own."""
+    require_tenant(tenant)
+    with transaction.atomic():
         return _settle_batch(tenant, {}, {saga_id}, actor=actor)
 
 
@@ -191,8 +196,9 @@ def records_appended(appended: AppendedRecords) -> OnStored:
 
     def stored(_base: int) -> None:
         if settlements or ended:
-            with joined_tenant_context(appended.tenant):
-                _settle_batch(appended.tenant, settlements, ended, actor=_shipper(appended))
+            # In the ingest's transaction, as the tenant its transport entered: a failure fails the batch.
+            require_tenant(appended.tenant)
+            _settle_batch(appended.tenant, settlements, ended, actor=_shipper(appended))
 
     return stored
 

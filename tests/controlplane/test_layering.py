@@ -376,9 +376,6 @@ TENANT_ENTRY_MODULES: dict[str, str] = {
 NOT_YET_CONVERTED: frozenset[str] = frozenset(
     {
         "audit.actions.server_stream",
-        "fleet.actions.breaker_states",
-        "fleet.actions.leases",
-        "fleet.actions.reservations",
         "tenants.services",
     }
 )

@@ -89,8 +89,16 @@ def _turn(
     services: Any, tenant: Any, store: Any, request: Any, effect: Any, count: Any, refusals: int
 ) -> int:
     """One lease used up and given back, or one per-call decision. Returns the refusals in a row."""
-    answer = services.grant_lease(
-        tenant, request, calls=4, lease_id=uuid.uuid4(), actor=named_actor("test"), store=store
+    from tests.support.scoping import in_statements, in_tenant  # after django.setup()
+
+    answer = in_tenant(
+        services.grant_lease,
+        tenant,
+        request,
+        calls=4,
+        lease_id=uuid.uuid4(),
+        actor=named_actor("test"),
+        store=store,
     )
     if answer["decision"] == "lease":
         count("leases")
@@ -102,7 +110,8 @@ def _turn(
             used += per_call
             count("on_lease")
         used_text = str(used / 10_000)
-        services.give_back_lease(
+        in_tenant(
+            services.give_back_lease,
             tenant,
             uuid.UUID(answer["lease_id"]),
             {"fleet": used_text},
@@ -110,8 +119,6 @@ def _turn(
             store=store,
         )
         return 0
-    from tests.support.scoping import in_statements  # after django.setup()
-
     request = dataclasses.replace(request, step_id=str(uuid.uuid4()))
     decided = in_statements(services.evaluate, tenant, request, actor=named_actor("test"), store=store)
     if decided["decision"] == "allow":

@@ -44,7 +44,7 @@ def test_half_open_admits_exactly_one_trial_across_4_processes(
     row = in_tenant(
         services.create_breaker, tenant, services.BreakerCreate.parse(fields), actor=named_actor("test")
     )
-    assert services.trip(tenant, services.breaker_spec(row), "opened by the test")
+    assert in_tenant(services.trip, tenant, services.breaker_spec(row), "opened by the test")
     with tenant_context(tenant):  # the cool-down is over
         CircuitBreaker.objects.filter(pk=row.pk).update(opened_at=timezone.now() - timedelta(seconds=61))
     config: dict[str, Any] = {

@@ -14,7 +14,7 @@ import redis
 from django.utils import timezone
 
 from core.scoping import tenant_context
-from fleet import services
+from fleet import services, tasks
 from fleet.gate import GateRequest
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
 from fleet.stores import DatabaseStore, RedisStore
@@ -266,4 +266,4 @@ def test_a_tenant_without_breakers_reads_nothing_more_for_its_outcomes(
     row = StoredRow.__new__(StoredRow)
     row.event, row.tool, row.saga_id, row.step_id = "STEP_FAILED", "stripe.charge", "s", "1"
     with django_assert_num_queries(0):
-        services.outcomes_committed(AppendedRecords(tenant_a, "agent", [(row, {})]))
+        tasks.outcomes_committed(AppendedRecords(tenant_a, "agent", [(row, {})]))

@@ -121,7 +121,7 @@ def test_a_killed_agents_lease_is_settled_at_what_its_wal_shipped(
 def _grant(tenant: Tenant, calls: int = 4) -> uuid.UUID:
     lease_id = uuid.uuid4()
     request = GateRequest(saga_id="s", step_id="s", tool="llm.complete", args={"amount": 1}, agent="w")
-    answer = services.grant_lease(tenant, request, calls=calls, lease_id=lease_id, actor=ACTOR)
+    answer = in_tenant(services.grant_lease, tenant, request, calls=calls, lease_id=lease_id, actor=ACTOR)
     assert answer["decision"] == "lease", answer
     return lease_id
 
@@ -163,16 +163,19 @@ def test_hostile_records_count_nothing_but_amounts_of_a_lease(tenant_a: Tenant) 
 def test_a_holders_return_wins_and_a_late_one_counts_its_excess(tenant_a: Tenant) -> None:
     _budget(tenant_a)
     returned = _grant(tenant_a)
-    assert services.give_back_lease(tenant_a, returned, {"tokens": 1}, actor=ACTOR)["state"] == "returned"
+    assert (
+        in_tenant(services.give_back_lease, tenant_a, returned, {"tokens": 1}, actor=ACTOR)["state"]
+        == "returned"
+    )
     settled = _grant(tenant_a)
     _ship_uses(tenant_a, {"tokens": "1"}, lease=str(settled))
     assert tasks.settle_tenant(tenant_a, now=_due(settled, tenant_a)) == 1
     assert _usage(tenant_a)["used"] == "2"
     # The holder was alive after all: its return names 3 used; the 2 beyond the settlement count.
-    late = services.give_back_lease(tenant_a, settled, {"tokens": 3}, actor=ACTOR)
+    late = in_tenant(services.give_back_lease, tenant_a, settled, {"tokens": 3}, actor=ACTOR)
     assert late["state"] == "settled" and late["used"] == {"tokens": "3"}
     assert _usage(tenant_a)["used"] == "4"
-    again = services.give_back_lease(tenant_a, settled, {"tokens": 3}, actor=ACTOR)
+    again = in_tenant(services.give_back_lease, tenant_a, settled, {"tokens": 3}, actor=ACTOR)
     assert again["used"] == {"tokens": "3"} and _usage(tenant_a)["used"] == "4"
 
 
@@ -185,7 +188,7 @@ def test_on_redis_the_counters_the_next_decision_reads_agree_with_the_settlement
     settled = _grant(tenant_a, calls=100)
     _ship_uses(tenant_a, {"tokens": "1"}, {"tokens": "1"}, lease=str(settled))
     assert tasks.settle_tenant(tenant_a, now=_due(settled, tenant_a)) == 1
-    late = services.give_back_lease(tenant_a, settled, {"tokens": 5}, actor=ACTOR)
+    late = in_tenant(services.give_back_lease, tenant_a, settled, {"tokens": 5}, actor=ACTOR)
     assert late["used"] == {"tokens": "5"} and _usage(tenant_a)["used"] == "5"
 
     def ask(amount: int) -> str:

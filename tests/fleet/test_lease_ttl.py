@@ -37,7 +37,7 @@ def _budget(tenant: Tenant) -> None:
 
 def _ttl_of_a_grant(tenant: Tenant) -> int:
     request = GateRequest(saga_id="s", step_id="s", tool="llm.complete", args={"amount": 1}, agent="w")
-    answer = services.grant_lease(tenant, request, calls=2, lease_id=uuid.uuid4(), actor=ACTOR)
+    answer = in_tenant(services.grant_lease, tenant, request, calls=2, lease_id=uuid.uuid4(), actor=ACTOR)
     assert answer["decision"] == "lease", answer
     return int(answer["ttl_ms"])
 

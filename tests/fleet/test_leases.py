@@ -42,7 +42,9 @@ def call(tool: str = "llm.complete", saga: str = "saga-1", **args: Any) -> GateR
 
 
 def lease(tenant: Tenant, calls: int, **args: Any) -> dict[str, Any]:
-    return services.grant_lease(tenant, call(**args), calls=calls, lease_id=uuid.uuid4(), actor=ACTOR)
+    return in_tenant(
+        services.grant_lease, tenant, call(**args), calls=calls, lease_id=uuid.uuid4(), actor=ACTOR
+    )
 
 
 def ask(tenant: Tenant, **args: Any) -> str:
@@ -73,9 +75,13 @@ def test_a_lease_takes_a_share_of_what_is_left_and_counts_whole_until_returned(
     assert ask(tenant_a, amount=67) == "deny" and ask(tenant_a, amount=66) == "allow"
     assert used_of(tenant_a)[0]["used"] == "100" and used_of(tenant_a)[0]["leased"] == "34"
     # Given back with 4 used: 20 return to the budget, once.
-    returned = services.give_back_lease(tenant_a, uuid.UUID(first["lease_id"]), {"tokens": 4}, actor=ACTOR)
+    returned = in_tenant(
+        services.give_back_lease, tenant_a, uuid.UUID(first["lease_id"]), {"tokens": 4}, actor=ACTOR
+    )
     assert returned is not None and returned["state"] == "returned" and returned["used"] == {"tokens": "4"}
-    again = services.give_back_lease(tenant_a, uuid.UUID(first["lease_id"]), {"tokens": 0}, actor=ACTOR)
+    again = in_tenant(
+        services.give_back_lease, tenant_a, uuid.UUID(first["lease_id"]), {"tokens": 0}, actor=ACTOR
+    )
     assert again == returned
     assert ask(tenant_a, amount=21) == "deny" and ask(tenant_a, amount=20) == "allow"
     usage = used_of(tenant_a)[0]
@@ -134,8 +140,13 @@ def test_what_a_per_call_decision_could_answer_differently_is_never_leased(
         actor=ACTOR,
     )
     assert (
-        services.grant_lease(
-            tenant_a, call(saga="saga-q", amount=1), calls=1, lease_id=uuid.uuid4(), actor=ACTOR
+        in_tenant(
+            services.grant_lease,
+            tenant_a,
+            call(saga="saga-q", amount=1),
+            calls=1,
+            lease_id=uuid.uuid4(),
+            actor=ACTOR,
         )["reason"]
         == "quarantined"
     )
@@ -158,8 +169,8 @@ def test_a_retried_grant_answers_the_first_and_debits_once(tenant_a: Tenant, sto
         actor=ACTOR,
     )
     lease_id = uuid.uuid4()
-    first = services.grant_lease(tenant_a, call(amount=1), calls=4, lease_id=lease_id, actor=ACTOR)
-    again = services.grant_lease(tenant_a, call(amount=1), calls=4, lease_id=lease_id, actor=ACTOR)
+    first = in_tenant(services.grant_lease, tenant_a, call(amount=1), calls=4, lease_id=lease_id, actor=ACTOR)
+    again = in_tenant(services.grant_lease, tenant_a, call(amount=1), calls=4, lease_id=lease_id, actor=ACTOR)
     assert first == again and first["limits"][0]["granted"] == "4"
     assert ask(tenant_a, amount=96) == "allow" and ask(tenant_a, amount=1) == "deny"
 
@@ -180,12 +191,14 @@ def test_a_flushed_redis_is_rebuilt_with_outstanding_leases_whole_and_returned_o
         )
         held = lease(tenant_a, 20, amount=1)  # 20 outstanding
         given = lease(tenant_a, 20, amount=1)  # 20, of which 3 used
-        services.give_back_lease(tenant_a, uuid.UUID(given["lease_id"]), {"tokens": 3}, actor=ACTOR)
+        in_tenant(
+            services.give_back_lease, tenant_a, uuid.UUID(given["lease_id"]), {"tokens": 3}, actor=ACTOR
+        )
         assert held["limits"][0]["granted"] == "20"
         store.client.flushall()
         assert ask(tenant_a, amount=78) == "deny" and ask(tenant_a, amount=77) == "allow"
         # A give-back after the rebuild returns its unused units to the rebuilt counters.
-        services.give_back_lease(tenant_a, uuid.UUID(held["lease_id"]), {"tokens": 5}, actor=ACTOR)
+        in_tenant(services.give_back_lease, tenant_a, uuid.UUID(held["lease_id"]), {"tokens": 5}, actor=ACTOR)
         assert ask(tenant_a, amount=16) == "deny" and ask(tenant_a, amount=15) == "allow"
     finally:
         services.set_store(None)
@@ -271,7 +284,7 @@ def test_the_fleet_page_shows_what_of_a_budget_is_leased(alice: Person, store: L
     owner.force_login(alice.user)
     gauge = _gauge_of(owner, "tokens")
     assert 'data-used="10"' in gauge and "of it 10 leased" in gauge
-    services.give_back_lease(alice.tenant, uuid.UUID(held["lease_id"]), {"tokens": 4}, actor=ACTOR)
+    in_tenant(services.give_back_lease, alice.tenant, uuid.UUID(held["lease_id"]), {"tokens": 4}, actor=ACTOR)
     gauge = _gauge_of(owner, "tokens")
     assert 'data-used="4"' in gauge and "leased" not in gauge
 
@@ -287,7 +300,9 @@ def test_more_used_than_granted_is_an_overrun_recorded_and_counted(
     )
     held = lease(tenant_a, 4, amount=1)
     assert held["limits"][0]["granted"] == "4"
-    settled = services.give_back_lease(tenant_a, uuid.UUID(held["lease_id"]), {"tokens": "6.5"}, actor=ACTOR)
+    settled = in_tenant(
+        services.give_back_lease, tenant_a, uuid.UUID(held["lease_id"]), {"tokens": "6.5"}, actor=ACTOR
+    )
     assert (
         settled is not None
         and settled["used"] == {"tokens": "6.5"}

@@ -67,7 +67,7 @@ def usage(tenant: Tenant) -> dict[str, Any]:
 
 def settle(tenant: Tenant, answer: dict[str, Any], actual: Any) -> dict[str, Any] | None:
     reservation_id = uuid.UUID(answer["reservation"]["id"])
-    return services.settle_reservation(tenant, reservation_id, actual, actor=ACTOR)
+    return in_tenant(services.settle_reservation, tenant, reservation_id, actual, actor=ACTOR)
 
 
 def test_a_reservation_debits_its_estimate_and_settling_returns_the_difference_once(
@@ -110,8 +110,8 @@ def test_a_saga_end_settles_what_is_left_at_its_reserve(tenant_a: Tenant, store:
     done = reserve(tenant_a, 20, saga="ends")
     other = reserve(tenant_a, 5, saga="runs-on")
     settle(tenant_a, done, 4)
-    assert services.settle_saga_reservations(tenant_a, "ends", actor=ACTOR) == 1
-    assert services.settle_saga_reservations(tenant_a, "ends", actor=ACTOR) == 0
+    assert in_tenant(services.settle_saga_reservations, tenant_a, "ends", actor=ACTOR) == 1
+    assert in_tenant(services.settle_saga_reservations, tenant_a, "ends", actor=ACTOR) == 0
     with tenant_context(tenant_a):
         row = GateDecision.objects.get(pk=left["authorization_id"])
         assert row.answer()["reservation"]["settled_by"] == "saga_end"

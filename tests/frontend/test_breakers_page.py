@@ -17,6 +17,7 @@ from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
+from tests.support.scoping import in_tenant
 
 FORM = {
     "name": "vendor down",
@@ -55,7 +56,7 @@ def test_the_form_creates_a_breaker_and_its_history_is_shown(alice: Person) -> N
     assert record["event"] == "FLEET_BREAKER_CREATED" and record["new"]["window_s"] == 60
     with tenant_context(alice.tenant):
         row = CircuitBreaker.objects.get()
-    services.trip(alice.tenant, services.breaker_spec(row), "3 consecutive failures (threshold 3)")
+    in_tenant(services.trip, alice.tenant, services.breaker_spec(row), "3 consecutive failures (threshold 3)")
     body = page.get("/fleet/").content.decode()
     assert 'data-breaker="vendor down" data-state="open" data-phase="open"' in body
     assert 'data-transition="closed-open"' in body and "3 consecutive failures (threshold 3)" in body
