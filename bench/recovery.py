@@ -235,8 +235,9 @@ def ours(
         while True:
             with tenant_context(tenant):
                 done = Job.objects.filter(state=JobState.COMPENSATED).count()
-            # ... and every result's evidence chained (a result left pending is the sweep's)
-            if done >= total and not audit_services.pending_server_records(tenant):
+                # ... and every result's evidence chained (a result left pending is the sweep's)
+                pending = audit_services.pending_server_records(tenant)
+            if done >= total and not pending:
                 cpu_after = cpu_by_role(server_pid, [w.pid for w in workers], database)
                 own_after = resource.getrusage(resource.RUSAGE_SELF)
                 break

@@ -71,6 +71,7 @@ from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
 from passkeys.models import Passkey, PasskeyAccount
+from tenants.entry import in_each_tenant
 from tenants.models import Membership
 from tenants.selectors import memberships_of
 
@@ -261,10 +262,13 @@ def _clean_name(name: Any) -> str:
 
 
 def _record(user: User, event: str, fields: dict[str, Any], *, actor: Actor) -> None:
-    """The change, in the server stream of every tenant the person belongs to (this transaction)."""
+    """The change, in the server stream of every tenant the person belongs to (this transaction):
+    a person's change crosses tenants on purpose, entering each in turn."""
     subject = getattr(user, "email", "") or user.get_username()
-    for membership in memberships_of(user):
-        append_server_record(membership.tenant, event, {"subject": subject, **fields}, actor=actor)
+    in_each_tenant(
+        [membership.tenant for membership in memberships_of(user)],
+        lambda tenant: append_server_record(tenant, event, {"subject": subject, **fields}, actor=actor),
+    )
 
 
 def _summary(passkey: Passkey) -> dict[str, Any]:

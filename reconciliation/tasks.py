@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
-from audit.services import flush_server_records
+from audit.services import chain_pending_server_records
 from core.errors import DomainError
 from core.scoping import tenant_context
 from core.shutdown import keep_going
@@ -47,7 +47,7 @@ def reconcile() -> dict[str, int]:
 def reconcile_tenant(tenant: Tenant) -> dict[str, int]:
     """One pass over a tenant, each step a transaction of its own as the tenant: new checks from
     new compensations, then overdue checks expired, then due checks claimed for the webhook."""
-    flush_server_records(tenant, wait=True)  # compensations whose records are still pending
+    chain_pending_server_records(tenant, wait=True)  # compensations whose records are still pending
     with tenant_context(tenant):
         created = services.scan(tenant)
     with tenant_context(tenant):

@@ -16,7 +16,7 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
-from audit.services import flush_server_records
+from audit.services import chain_pending_server_records
 from core.scoping import tenant_context
 from recovery import services, sweeper, webhook
 from recovery.cross_tenant import tenants_with_recovery_due, tenants_with_unclaimed_jobs
@@ -79,7 +79,7 @@ def sweep_tenant(
         services.enqueue_delivery(tenant.pk, job_id)
     # Last (takeovers first): results' evidence left pending (its appender died after its commit,
     # or no result came after it), not what is in flight.
-    flush_server_records(tenant, wait=True, before=now.timestamp() - services.EVIDENCE_STALE_S)
+    chain_pending_server_records(tenant, wait=True, before=now.timestamp() - services.EVIDENCE_STALE_S)
     return {"taken_over": taken, "escalated": escalated, "webhooks_woken": len(due_hooks)}
 
 

@@ -6,13 +6,15 @@ they call assert the scope (`core.scoping.require_tenant`) instead of opening on
   gets the `Tenant`, inside `tenant_context` (one transaction as the tenant) unless it asks for
   `transaction=False` (a body that waits on the network between its transactions: a webhook POST,
   a Slack call, a witness; it enters `tenant_context` around each unit of work itself);
-- a command: `with command_tenant(slug) as tenant:` (CommandError when no tenant has the slug).
+- a command: `with command_tenant(slug) as tenant:` (CommandError when no tenant has the slug);
+- a change that belongs to no tenant but is recorded in several (a person's passkey, in every
+  tenant they belong to): `in_each_tenant(tenants, work)`, inside the change's transaction.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -70,3 +72,12 @@ def command_tenant(slug: str) -> Iterator[Tenant]:
     tenant = tenant_by_slug(slug)
     with tenant_context(tenant):
         yield tenant
+
+
+def in_each_tenant(tenants: Iterable[Tenant], work: Callable[[Tenant], object]) -> None:
+    """`work(tenant)` for each of `tenants` in turn, each tenant entered (`tenant_context`: a
+    savepoint and its SET LOCAL inside the caller's transaction) for its own work alone, so what
+    every tenant records commits or rolls back with the caller's change."""
+    for tenant in tenants:
+        with tenant_context(tenant):
+            work(tenant)

@@ -20,5 +20,7 @@ Modules: `parsing` (a batch type-checked), `verification` (the walk from the sto
 `storage` (the append under the locks), `ingest` (writers' batches, refusals kept as evidence),
 `server_stream` (the server's own records, appended or queued), `erasure` (redaction, a stored
 record in WAL form), `common` (the refusal, the result). Other apps call them through
-`audit.services`.
+`audit.services`. Each asserts the tenant's scope (`core.scoping.require_tenant`): the transport
+entered it (the ingest views; `audit.tasks` for the server records chained after a commit or by
+a sweep, one transaction as the tenant per batch).
 """

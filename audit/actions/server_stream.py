@@ -1,6 +1,11 @@
 """The tenant's own server stream: records of admin actions, approvals, recovery and redactions,
 appended in the caller's transaction (`append_server_record(s)`) or accepted with it and chained
-in batches after its commit (`queue_server_records`, group commit by time)."""
+in batches after its commit (`queue_server_records`, group commit by time).
+
+Every function here asserts the tenant's scope (`core.scoping.require_tenant`): the transport
+that carries the work entered it. What runs after a commit (the re-check that chains what was
+left pending) and the sweeps' chaining are units of work of their own, entered per batch by
+`audit.tasks.chain_pending_server_records` (a transport)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from sagaplane.chain import stamp
 
 from audit.actions.common import IngestResult
@@ -20,7 +26,7 @@ from audit.models import SERVER_STREAM_ID, PendingServerRecord, Record, Stream, 
 from core import timing
 from core.actors import Actor, stored
 from core.postcommit import after_commit
-from core.scoping import joined_tenant_context, tenant_context, tenant_statements
+from core.scoping import require_tenant
 from tenants.models import Tenant
 
 
@@ -37,9 +43,11 @@ def append_server_records(
     in the caller's transaction: one stream lock, one walk, one set-based store (the integrator's
     seal pass writes thousands of seals at once under sustained ingest). Records still pending
     (`queue_server_records`) are chained first, in the same batch, so the stream keeps the order
-    in which their changes committed. The result names the caller's records only."""
+    in which their changes committed. The result names the caller's records only. A savepoint of
+    its own: a failed append leaves nothing half-done in a caller that catches it."""
+    require_tenant(tenant)
     now, who = time.time(), stored(actor)
-    with tenant_context(tenant):
+    with transaction.atomic():
         with timing.phase("stream_lock"):  # waiting for the tenant's server stream included
             stream = lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
         result, _ = _chain_after_pending(
@@ -86,22 +94,17 @@ def queue_server_records(
     deleted in the transaction that chains it), oldest first."""
     if not entries:
         return
+    require_tenant(tenant)
     now, who = time.time(), stored(actor)
-    with joined_tenant_context(tenant):
-        PendingServerRecord.objects.bulk_create(
-            [
-                PendingServerRecord(
-                    tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, who)), ts=now
-                )
-                for event, fields in entries
-            ]
-        )
-    after_commit(
-        f"chain pending server records of tenant {tenant.pk}",
-        lambda: flush_server_records(
-            tenant, rounds=RECHECK_ROUNDS, before=time.time() - settings.EVIDENCE_GROUP_WINDOW_S
-        ),
+    PendingServerRecord.objects.bulk_create(
+        [
+            PendingServerRecord(
+                tenant=tenant, event=str(event), fields_json=json.dumps(_business(fields, who)), ts=now
+            )
+            for event, fields in entries
+        ]
     )
+    _recheck_after_commit(tenant, window=settings.EVIDENCE_GROUP_WINDOW_S)
 
 
 FLUSH_BATCH = 2000  # pending rows chained per transaction
@@ -115,17 +118,20 @@ RECHECK_ROUNDS = 2
 def flush_server_records(
     tenant: Tenant, *, wait: bool = False, rounds: int = FLUSH_ROUNDS, before: float | None = None
 ) -> int:
-    """Chain the tenant's pending server records, FLUSH_BATCH per transaction, until none is left
-    or (unless `wait`) someone else holds the stream: its own re-check will chain them. With
+    """In the caller's scope (a reader that must count every accepted result: the certificate):
+    chain the tenant's pending server records, FLUSH_BATCH per savepoint, until none is left or
+    (unless `wait`) someone else holds the stream: its own re-check will chain them. With
     `before` (a Unix time), only when some row was accepted before it (left behind, not in
     flight: a periodic pass must not queue for the stream behind every result). Returns how many
-    this call chained."""
+    this call chained. Outside a scope (a sweep, after a commit), each batch a transaction of its
+    own as the tenant: `audit.tasks.chain_pending_server_records`."""
+    require_tenant(tenant)
     done = 0
     for _ in range(rounds):
-        if not _any_pending(tenant, before):
+        if not server_records_pending(tenant, before):
             break
-        with tenant_context(tenant):
-            chained = _flush_pending(tenant, wait=wait)
+        with transaction.atomic():  # a savepoint per batch, as a nested scope took
+            chained = chain_pending_batch(tenant, wait=wait)
         if not chained:
             break
         done += chained
@@ -133,8 +139,8 @@ def flush_server_records(
 
 
 def pending_server_records(tenant: Tenant) -> int:
-    with tenant_context(tenant):
-        return PendingServerRecord.objects.count()
+    require_tenant(tenant)
+    return PendingServerRecord.objects.count()
 
 
 def _pending_rows(before: float | None) -> Any:
@@ -142,25 +148,30 @@ def _pending_rows(before: float | None) -> Any:
     return pending_rows if before is None else pending_rows.filter(ts__lt=before)
 
 
-def _any_pending(tenant: Tenant, before: float | None) -> bool:
-    """Whether any row is pending (accepted before `before`): one statement with no transaction
-    around it on Postgres (every result's re-check after its commit asks, and mostly hears no)."""
-    with tenant_statements(tenant):
-        return bool(_pending_rows(before).exists())
+def server_records_pending(tenant: Tenant, before: float | None = None) -> bool:
+    """Whether any row is pending (accepted before `before`): one statement, which needs no
+    transaction around it (every result's re-check after its commit asks, and mostly hears no:
+    the transport asks it statement-scoped)."""
+    require_tenant(tenant)
+    return bool(_pending_rows(before).exists())
 
 
-def _flush_pending(tenant: Tenant, *, wait: bool) -> int:
-    """In the caller's transaction: take the server stream (or, unless `wait`, give up at once if
-    it is held) and chain the oldest pending rows; 0 when the stream is held or none was left
-    (the caller asked `_any_pending` first: no lock is taken for nothing but in a race)."""
-    if wait:
-        with timing.phase("stream_lock"):
-            stream: Stream | None = lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
-    else:
-        stream = _try_lock_server_stream(tenant)
-    if stream is None:  # held: the holder re-checks once it commits
-        return 0
-    return _chain_after_pending(tenant, stream, [], limit=FLUSH_BATCH)[1]
+def chain_pending_batch(tenant: Tenant, *, wait: bool) -> int:
+    """In the caller's transaction (one of its own when statement-scoped; no savepoint: the
+    transport's transaction is this batch's): take the server stream (or, unless `wait`, give up
+    at once if it is held) and chain the oldest pending rows, at most FLUSH_BATCH; 0 when the
+    stream is held or none was left (the caller asked `server_records_pending` first: no lock is
+    taken for nothing but in a race)."""
+    require_tenant(tenant)
+    with transaction.atomic(savepoint=False):
+        if wait:
+            with timing.phase("stream_lock"):
+                stream: Stream | None = lock_stream(tenant, SERVER_STREAM_ID, StreamKind.SERVER)
+        else:
+            stream = _try_lock_server_stream(tenant)
+        if stream is None:  # held: the holder re-checks once it commits
+            return 0
+        return _chain_after_pending(tenant, stream, [], limit=FLUSH_BATCH)[1]
 
 
 def _try_lock_server_stream(tenant: Tenant) -> Stream | None:
@@ -173,11 +184,18 @@ def _try_lock_server_stream(tenant: Tenant) -> Stream | None:
     return stream
 
 
-def _recheck_after_commit(tenant: Tenant) -> None:
-    after_commit(
-        f"chain pending server records of tenant {tenant.pk}",
-        lambda: flush_server_records(tenant, rounds=RECHECK_ROUNDS),
-    )
+def _recheck_after_commit(tenant: Tenant, *, window: float | None = None) -> None:
+    """Once the caller's transaction commits, chain what is pending (with `window`, only rows
+    accepted more than `window` seconds before the re-check: group commit by time). A unit of
+    work of its own, entered per batch by the transport `audit.tasks.chain_pending_server_records`."""
+
+    def recheck() -> None:
+        from audit.tasks import chain_pending_server_records
+
+        before = None if window is None else time.time() - window
+        chain_pending_server_records(tenant, rounds=RECHECK_ROUNDS, before=before)
+
+    after_commit(f"chain pending server records of tenant {tenant.pk}", recheck)
 
 
 def _business(fields: dict[str, Any], actor: str) -> dict[str, Any]:

@@ -362,7 +362,7 @@ ENTERS_TENANTS = ("tenant_context", "joined_tenant_context")
 TRANSPORT_SUFFIXES = ("tasks", "api", "views", "consumers")
 TENANT_ENTRY_MODULES: dict[str, str] = {
     "core.scoping": "the mechanism",
-    "tenants.entry": "the task decorator and the command helper",
+    "tenants.entry": "the task decorator, the command helper, a person's change in each of their tenants",
     "tenants.permissions": "the view mixin",
     "approvals.compat": "agent-saga's requests, opened after an ingest commits, each its own transaction",
     "tenants.selectors": "an API key's row, read in the tenant a cross-tenant question found for it",
@@ -375,7 +375,6 @@ TENANT_ENTRY_MODULES: dict[str, str] = {
 # transports that call the module enter the tenant, assert it in the module, delete the entry.
 NOT_YET_CONVERTED: frozenset[str] = frozenset(
     {
-        "audit.actions.server_stream",
         "tenants.services",
     }
 )

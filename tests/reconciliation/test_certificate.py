@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 from sagaplane.certificate import verify_certificate
 
-from audit.services import flush_server_records
+from audit.services import chain_pending_server_records
 from core.scoping import tenant_context
 from reconciliation import services
 from recovery import selectors as recovery_selectors
@@ -114,7 +114,7 @@ def test_a_step_compensated_by_a_recovery_worker_is_checked_too(tenant_a: Tenant
     job = in_tenant(recovery.claim, tenant_a, worker="recovery-worker", handlers=["shop.refund"])
     assert job is not None
     in_tenant(recovery.complete, tenant_a, job.pk, token=job.epoch, actor=api_key_actor("recovery"))
-    flush_server_records(tenant_a, wait=True)  # the sweep's (results are chained in batches)
+    chain_pending_server_records(tenant_a, wait=True)  # the sweep's (results are chained in batches)
     (check,) = in_tenant(services.scan, tenant_a)
     assert (check.saga_id, check.compensated_in, check.handler) == ("died-1", "server", "shop.refund")
     assert check.kwargs == {"charge_id": "ch_died"}

@@ -63,7 +63,7 @@ def test_concurrent_single_results_each_land_once_with_their_evidence(
         assert Job.objects.filter(state=JobState.COMPENSATED).count() == sagas
     # Re-checks are bounded: what a burst leaves pending is the sweep's (it chains all of it).
     sweep_later(tenant_a)
-    assert audit_services.pending_server_records(tenant_a) == 0
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 0
     assert evidence(tenant_a, "COMPENSATED") == {f"c{n}-s1": 1 for n in range(sagas)}
     assert evidence(tenant_a, "ROLLBACK_END") == {f"c{n}": 1 for n in range(sagas)}
     with tenant_context(tenant_a):
@@ -101,15 +101,15 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
             error="card declined",
         )
         assert failed.state == JobState.PENDING
-    assert audit_services.pending_server_records(tenant_a) == 2
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 2
     with monkeypatch.context() as patched:  # a pass that fails to chain leaves them pending
         patched.setattr(server_stream_actions, "_chain_onto", crash)
         with pytest.raises(RuntimeError):
-            audit_services.flush_server_records(tenant_a, wait=True)
-    assert audit_services.pending_server_records(tenant_a) == 2
+            audit_services.chain_pending_server_records(tenant_a, wait=True)
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 2
     assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
     assert sweep_later(tenant_a)["taken_over"] == 0  # the later pass: the sweep
-    assert audit_services.pending_server_records(tenant_a) == 0
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 0
     assert evidence(tenant_a, "COMPENSATED") == {"s1-s2": 1}
     assert evidence(tenant_a, "COMPENSATION_FAILED") == {"s1-s1": 1}
     records = [r for r in server_stream(tenant_a) if r.get("saga_id") == "s1"]
@@ -130,12 +130,12 @@ def test_a_direct_server_append_chains_pending_evidence_first(
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", lambda *_a, **_k: 1 / 0)
         in_tenant(services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
-    assert audit_services.pending_server_records(tenant_a) == 2  # COMPENSATED, ROLLBACK_END
-    record = audit_services.append_server_record(
-        tenant_a, "NOTE", {"text": "later"}, actor=named_actor("test")
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 2  # COMPENSATED, ROLLBACK_END
+    record = in_tenant(
+        audit_services.append_server_record, tenant_a, "NOTE", {"text": "later"}, actor=named_actor("test")
     )
     assert record.event == "NOTE"
-    assert audit_services.pending_server_records(tenant_a) == 0
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 0
     events = [r["event"] for r in server_stream(tenant_a)]
     assert events[-3:] == ["COMPENSATED", "ROLLBACK_END", "NOTE"]
 
@@ -152,13 +152,13 @@ def test_results_are_chained_together_once_the_oldest_pending_one_is_older_than_
     settings.EVIDENCE_GROUP_WINDOW_S = 3600.0
     for job in (first, second):  # each commits; none pending is older than the window
         in_tenant(services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
-    assert audit_services.pending_server_records(tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
     assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
     settings.EVIDENCE_GROUP_WINDOW_S = 0.0
     in_tenant(services.complete, tenant_a, third.pk, token=third.epoch, actor=named_actor("test"))
     # After its commit the third result found pending rows past the window: all six went, in one
     # append (consecutive positions in the server stream), oldest first.
-    assert audit_services.pending_server_records(tenant_a) == 0
+    assert in_tenant(audit_services.pending_server_records, tenant_a) == 0
     records = server_stream(tenant_a, flush=False)
     assert verify_chain(records).intact
     chained = [r for r in records if r["event"] in ("COMPENSATED", "ROLLBACK_END")]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from audit.services import flush_server_records
+from audit.services import chain_pending_server_records
 from core.scoping import tenant_context
 from fleet import services as fleet
 from recovery import selectors, services
@@ -48,7 +48,7 @@ def saga_of(tenant: Tenant, saga_id: str) -> Saga:
 
 def step_statuses(tenant: Tenant, saga_id: str) -> list[str]:
     """As the saga's page shows them once its results' records are chained (by the sweep)."""
-    flush_server_records(tenant, wait=True)
+    chain_pending_server_records(tenant, wait=True)
     with tenant_context(tenant):
         return list(
             Step.objects.filter(saga__saga_id=saga_id).order_by("ordinal").values_list("status", flat=True)

@@ -261,11 +261,11 @@ def server_stream(tenant: Tenant, *, flush: bool = True) -> list[dict[str, Any]]
     `flush`, once the records still pending (recovery results, chained in batches) are chained,
     as the recovery sweep chains them within a second."""
     from audit.models import Record, RecordPayload, Redaction
-    from audit.services import flush_server_records, stored_record
+    from audit.services import chain_pending_server_records, stored_record
     from core.scoping import tenant_context
 
     if flush:
-        flush_server_records(tenant, wait=True)
+        chain_pending_server_records(tenant, wait=True)
     with tenant_context(tenant):
         rows = list(Record.objects.filter(stream__stream_id="server").order_by("position"))
         payloads = {p.record_id: p for p in RecordPayload.objects.filter(record__in=rows)}

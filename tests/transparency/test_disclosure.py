@@ -180,8 +180,12 @@ def test_erasure_keeps_the_disclosure_verifying(
 def test_a_record_after_the_seal_gets_a_new_seal(
     world: dict[str, Any], tenant_a: Tenant, alice: Person
 ) -> None:
-    audit_services.append_server_record(
-        tenant_a, "APPROVAL_GRANTED", {"saga_id": "pay-1", "request": "r1"}, actor=user_actor("alice")
+    in_tenant(
+        audit_services.append_server_record,
+        tenant_a,
+        "APPROVAL_GRANTED",
+        {"saga_id": "pay-1", "request": "r1"},
+        actor=user_actor("alice"),
     )
     settle(tenant_a)
     bundle = _fetch(alice, "pay-1")

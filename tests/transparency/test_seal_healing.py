@@ -13,6 +13,7 @@ from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import seal_records, seal_watermark
 from transparency import services, sources
 from transparency.models import TreeState
@@ -112,7 +113,13 @@ def test_a_record_after_the_seal_gets_a_fresh_seal(tenant_a: Tenant, writer_a: W
     first = seal_records(tenant_a)
     assert [s for s, _ in first] == ["pay"]
     # A server record about the finished saga (as an approval or recovery note would be).
-    audit_services.append_server_record(tenant_a, "SAGA_NOTE", {"saga_id": "pay"}, actor=named_actor("test"))
+    in_tenant(
+        audit_services.append_server_record,
+        tenant_a,
+        "SAGA_NOTE",
+        {"saga_id": "pay"},
+        actor=named_actor("test"),
+    )
     integrate_fully(tenant_a)  # integrated; sealing "crashed" again
     assert seal_records(tenant_a) == first
     integrate_grown_tenants()
