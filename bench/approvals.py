@@ -84,11 +84,12 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
     from approvals import services as approvals
     from approvals.models import ApprovalRequest, Status
     from core.scoping import tenant_context
+    from tenants import founding
     from tenants import services as tenant_services
     from tenants.models import Membership, Role
 
     slug = f"appr-{uuid.uuid4().hex[:10]}"
-    tenant = tenant_services.create_tenant(
+    tenant = founding.create_tenant(
         slug, "Approvals bench", f"owner@{slug}.example", actor=system_actor("bench")
     )
     with tenant_context(tenant):
@@ -99,12 +100,12 @@ def ours(url: str, agents: int, spacing_s: float) -> dict[str, Any]:
             ),
             actor=system_actor("bench"),
         )
-    tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor=system_actor("bench"))
-    with tenant_context(tenant):
+    with tenant_context(tenant):  # tenants' services assert the scope, as a command enters it
+        tenant_services.add_member(tenant, f"risk@{slug}.example", Role.APPROVER, actor=system_actor("bench"))
         risk = Membership.objects.select_related("user", "tenant").get(user__email=f"risk@{slug}.example")
-    _, key = tenant_services.create_api_key(
-        tenant, tenant_services.NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
-    )
+        _, key = tenant_services.create_api_key(
+            tenant, tenant_services.NewApiKey(name="agent", scopes=["gate"]), actor=system_actor("bench")
+        )
 
     # Warm the tenant's Redis state (its first call rebuilds it from the ledger) outside the timing.
     warm = Gate(url, key)

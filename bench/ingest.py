@@ -91,15 +91,17 @@ def _setup_tenant() -> str:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from tenants import services
+    from core.scoping import tenant_context
+    from tenants import founding, services
 
     slug = f"bench-{uuid.uuid4().hex[:8]}"
-    tenant = services.create_tenant(
+    tenant = founding.create_tenant(
         slug, "Bench", f"owner@{slug}.example", "bench-password-123", actor=system_actor("bench")
     )
-    _, key = services.create_api_key(
-        tenant, services.NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
-    )
+    with tenant_context(tenant):  # tenants' services assert the scope, as a command enters it
+        _, key = services.create_api_key(
+            tenant, services.NewApiKey(name="bench", scopes=["ingest", "read"]), actor=system_actor("bench")
+        )
     return key
 
 

@@ -125,14 +125,12 @@ def main() -> int:
     from core.scoping import tenant_context
     from reconciliation import selectors, services
     from sagas import selectors as saga_selectors
-    from tenants import services as tenant_services
+    from tenants import founding
     from transparency import services as transparency
     from transparency.tasks import integrate_fully
 
     slug = f"bench{int(time.time())}"
-    tenant = tenant_services.create_tenant(
-        slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench")
-    )
+    tenant = founding.create_tenant(slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench"))
     since = timezone.now() - timedelta(minutes=1)
 
     # -- the peer for the pass: ingesting the records it reads

@@ -155,15 +155,15 @@ def ours(
     from recovery import sweeper as beat_sweeper
     from recovery.models import Job, JobState, Lease, Run
     from recovery.tasks import sweep_tenant
+    from tenants import founding
     from tenants import services as tenant_services
 
     slug = f"rb{k}x{int(time.time() * 1000) % 10**9}"
-    tenant = tenant_services.create_tenant(
-        slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench")
-    )
-    _, key = tenant_services.create_api_key(
-        tenant, tenant_services.NewApiKey(name="bench", scopes=["recovery"]), actor=system_actor("bench")
-    )
+    tenant = founding.create_tenant(slug, "Bench", f"owner@{slug}.example", actor=system_actor("bench"))
+    with tenant_context(tenant):  # tenants' services assert the scope, as a command enters it
+        _, key = tenant_services.create_api_key(
+            tenant, tenant_services.NewApiKey(name="bench", scopes=["recovery"]), actor=system_actor("bench")
+        )
     tag = f"{k}-c{concurrency}{'-' + beat if beat else ''}"
     ledger = folder / f"ledger-{tag}"
     ledger.mkdir()
@@ -326,15 +326,16 @@ def deployed_phases(
     """The deployment's own takeover (beat sweeper thread, workers' claims), quiet then saturated
     (bench/support/saturation.py): one worker running `--concurrency` handlers."""
     from bench.support.saturation import celery_with_beat, saturated
+    from core.scoping import tenant_context
+    from tenants import founding
     from tenants import services as tenant_services
 
     slug = f"flood{int(time.time() * 1000) % 10**9}"
-    tenant = tenant_services.create_tenant(
-        slug, "Flood", f"owner@{slug}.example", actor=system_actor("bench")
-    )
-    _, key = tenant_services.create_api_key(
-        tenant, tenant_services.NewApiKey(name="flood", scopes=["ingest"]), actor=system_actor("bench")
-    )
+    tenant = founding.create_tenant(slug, "Flood", f"owner@{slug}.example", actor=system_actor("bench"))
+    with tenant_context(tenant):  # tenants' services assert the scope, as a command enters it
+        _, key = tenant_services.create_api_key(
+            tenant, tenant_services.NewApiKey(name="flood", scopes=["ingest"]), actor=system_actor("bench")
+        )
     out = []
     with celery_with_beat(env, folder):
         for phase in ("quiet", "saturated"):

@@ -273,24 +273,26 @@ class Report:
 def _client_for(tenant: Any) -> Any:
     from rest_framework.test import APIClient
 
+    from core.scoping import tenant_context
     from tenants import services as tenant_services
 
-    _, raw = tenant_services.create_api_key(
-        tenant,
-        tenant_services.NewApiKey(name="bench", scopes=["ingest", "read"]),
-        actor=system_actor("bench"),
-    )
+    with tenant_context(tenant):  # tenants' services assert the scope, as a command enters it
+        _, raw = tenant_services.create_api_key(
+            tenant,
+            tenant_services.NewApiKey(name="bench", scopes=["ingest", "read"]),
+            actor=system_actor("bench"),
+        )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     return client
 
 
 def _tenant(slug: str) -> Any:
-    from tenants import services as tenant_services
+    from tenants import founding
     from tenants.models import Tenant
 
     found = Tenant.objects.filter(slug=slug).first()
-    return found or tenant_services.create_tenant(
+    return found or founding.create_tenant(
         slug, slug.title(), f"owner@{slug}.example", actor=system_actor("bench")
     )
 

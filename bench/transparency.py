@@ -81,10 +81,10 @@ def main() -> int:
     _setup(tmp)
     sustained_shape = (args.clients, 5, 200) if args.quick else (args.clients, 40, 500)
     if args.sustained_only:
-        from tenants import services as tenant_services
+        from tenants import founding
 
         slug = f"benchs{int(time.time())}"
-        tenant = tenant_services.create_tenant(
+        tenant = founding.create_tenant(
             slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor=system_actor("bench")
         )
         print(json.dumps(sustained_phase(tenant, *sustained_shape), indent=2))
@@ -99,18 +99,20 @@ def main() -> int:
 
     from audit import services as audit_services
     from core.scoping import tenant_context
+    from tenants import founding
     from tenants import services as tenant_services
     from tenants.models import Tenant
     from transparency import proofs, services, tasks
     from transparency.models import Export
 
     slug = args.tenant or f"bench{int(time.time())}"
-    tenant = Tenant.objects.filter(slug=slug).first() or tenant_services.create_tenant(
+    tenant = Tenant.objects.filter(slug=slug).first() or founding.create_tenant(
         slug, "Bench", f"owner@{slug}.example", "bench-password-1", actor=system_actor("bench")
     )
-    _, api_key = tenant_services.create_api_key(
-        tenant, tenant_services.NewApiKey(name="bench", scopes=["read"]), actor=system_actor("bench")
-    )
+    with tenant_context(tenant):  # tenants' services assert the scope, as a command enters it
+        _, api_key = tenant_services.create_api_key(
+            tenant, tenant_services.NewApiKey(name="bench", scopes=["read"]), actor=system_actor("bench")
+        )
 
     # -- build the log through ingest (records without saga_id: the projection is not measured here)
     # A stream of this run's own: a reused tenant's earlier streams keep their chains.

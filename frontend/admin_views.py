@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 
 from core.actors import Actor
 from core.errors import DomainError
+from core.scoping import tenant_context
 from frontend import invitations
 from frontend.views import MemberRequest, actor_of, member_page, page
 from tenants import selectors, services
@@ -228,6 +229,21 @@ def _invited_by(invitation: invitations.Invitation) -> Actor:
     return invitation_actor(invitation.inviter.get_username())
 
 
+def _accept(invitation: invitations.Invitation, password: str | None = None) -> Membership:
+    """Accept `invitation` inside its tenant. The page enters the tenant itself (no member page's
+    mixin can: the person is not a member yet), once, around the service, so a refusal leaves the
+    scope and rolls back whatever the accept had begun."""
+    with tenant_context(invitation.tenant):
+        return services.accept_invitation(
+            invitation.tenant,
+            invitation.email,
+            invitation.role,
+            password,
+            nonce=invitation.nonce,
+            actor=_invited_by(invitation),
+        )
+
+
 def _invitation_refused(request: HttpRequest, exc: DomainError) -> HttpResponse:
     """The invitation cannot be accepted (used a moment ago by a parallel accept: 410; its
     e-mail's account created meanwhile: 409)."""
@@ -253,13 +269,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
             return render(request, "frontend/invite.html", context)
         if request.method == "POST":
             try:
-                services.accept_invitation(
-                    invitation.tenant,
-                    invitation.email,
-                    invitation.role,
-                    nonce=invitation.nonce,
-                    actor=_invited_by(invitation),
-                )
+                _accept(invitation)
             except DomainError as exc:
                 return _invitation_refused(request, exc)
             request.session[SESSION_TENANT_KEY] = invitation.tenant.slug
@@ -272,14 +282,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
     form = AcceptForm(request.POST or None)
     if request.method == "POST" and signed_in_as is None and form.is_valid():
         try:
-            membership = services.accept_invitation(
-                invitation.tenant,
-                invitation.email,
-                invitation.role,
-                form.cleaned_data["password"],
-                nonce=invitation.nonce,
-                actor=_invited_by(invitation),
-            )
+            membership = _accept(invitation, form.cleaned_data["password"])
         except DomainError as exc:
             return _invitation_refused(request, exc)
         else:

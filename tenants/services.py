@@ -1,5 +1,8 @@
-"""Every state change of the tenants context. Each runs in one transaction as its tenant, so
-its audit record (appended to the tenant's server stream) commits or rolls back with it."""
+"""Every state change of the tenants context but founding a tenant (`tenants.founding`). Each
+asserts its tenant's scope (`core.scoping.require_tenant`: the transport entered it, the view mixin,
+a member page, `tenants.entry.command_tenant`, the invitation page) and runs in a transaction of its
+own (a savepoint inside the transport's), so its audit record (appended to the tenant's server
+stream) commits or rolls back with it, even where the caller answers a refusal and goes on."""
 
 from __future__ import annotations
 
@@ -17,37 +20,12 @@ from core.actionaudit import append_server_record
 from core.actors import Actor
 from core.errors import DomainError
 from core.postcommit import after_commit
-from core.scoping import tenant_context
+from core.scoping import require_tenant
 from tenants.inputs import ApiKeyCreate as ApiKeyCreate
 from tenants.inputs import NewApiKey as NewApiKey
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant, hash_api_key
 
 User = get_user_model()
-
-
-def create_tenant(
-    slug: str, name: str, owner_email: str, owner_password: str | None = None, *, actor: Actor
-) -> Tenant:
-    """A new tenant and its first owner. An existing account (matched by e-mail) becomes the owner
-    as it is: a tenant action never changes anyone's credentials, so `owner_password` only sets
-    the password of an account created here."""
-    with transaction.atomic():
-        if Tenant.objects.filter(slug=slug).exists():
-            raise DomainError(
-                "tenant_exists", f"a tenant with slug '{slug}' already exists", status=409, field="slug"
-            )
-        tenant = Tenant.objects.create(slug=slug, name=name)
-        owner, account_created = _user_for_email(owner_email, owner_password)
-        with tenant_context(tenant):
-            append_server_record(
-                tenant,
-                Event.ADMIN_TENANT_CREATED,
-                {"old": None, "new": {"slug": slug, "name": name}},
-                actor=actor,
-            )
-            Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
-            _record_member_added(tenant, owner, Role.OWNER, actor=actor, account_created=account_created)
-    return tenant
 
 
 def _user_for_email(email: str, password: str | None) -> tuple[Any, bool]:
@@ -86,7 +64,8 @@ def add_member(
     when none exists; an existing account's credentials are never touched). An existing member's
     role is changed (and recorded as a role change); the same role again is a no-op."""
     _check_role(role)
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         user = User.objects.filter(email__iexact=email).first()
         existing = Membership.objects.filter(user=user).first() if user is not None else None
         if existing is not None:
@@ -106,7 +85,8 @@ def create_api_key(
         raise DomainError("invalid_expiry", "expires_at must be in the future", field="expires_at")
     prefix, raw_key = ApiKey.generate()
     creator = created_by if getattr(created_by, "pk", None) and isinstance(created_by, User) else None
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    with transaction.atomic():
         api_key = ApiKey.objects.create(
             tenant=tenant,
             name=name,
@@ -133,7 +113,8 @@ def create_api_key(
 
 def revoke_api_key(api_key: ApiKey, *, actor: Actor) -> ApiKey:
     """Revoke a key (the row stays, for the audit trail); revoking a revoked key is a no-op."""
-    with tenant_context(api_key.tenant):
+    require_tenant(api_key.tenant)
+    with transaction.atomic():
         locked = ApiKey.objects.select_for_update().get(pk=api_key.pk)
         if locked.revoked_at is not None:
             return locked
@@ -173,7 +154,10 @@ def accept_invitation(
     record), and an existing account keeps its password. Each invitation (its nonce) is
     accepted once."""
     _check_role(role)
-    with tenant_context(tenant):
+    require_tenant(tenant)
+    # A savepoint: a refusal after the nonce's insert (no password, the account made meanwhile)
+    # undoes the insert, so the invitation stays usable.
+    with transaction.atomic():
         # The insert is the check: the nonce is unique, so of several accepts at once one inserts
         # and the others wait for it, then fail here (or go ahead if it rolled back). Checking
         # first and inserting after let all of them pass the check.
@@ -239,7 +223,8 @@ def change_member_role(membership: Membership, role: str, *, actor: Actor) -> Me
     """Give a member another role; the same role is a no-op. The last owner stays an owner
     (`last_owner`)."""
     _check_role(role)
-    with tenant_context(membership.tenant):
+    require_tenant(membership.tenant)
+    with transaction.atomic():
         current = _lock_owners_and(membership)
         if current is None:
             raise DomainError(
@@ -263,7 +248,8 @@ def change_member_role(membership: Membership, role: str, *, actor: Actor) -> Me
 
 def remove_member(membership: Membership, *, actor: Actor) -> None:
     """Remove a member; one already gone is a no-op. The last owner cannot go (`last_owner`)."""
-    with tenant_context(membership.tenant):
+    require_tenant(membership.tenant)
+    with transaction.atomic():
         current = _lock_owners_and(membership)
         if current is None:
             return

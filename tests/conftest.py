@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tenants import services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.factories import PASSWORD, Person, make_person
@@ -177,14 +177,14 @@ def _no_remembered_api_keys() -> None:
 
 @pytest.fixture
 def tenant_a(db: None) -> Tenant:
-    return services.create_tenant(
+    return founding.create_tenant(
         "acme", "Acme Payments", "founder@acme.example", PASSWORD, actor=named_actor("test")
     )
 
 
 @pytest.fixture
 def tenant_b(db: None) -> Tenant:
-    return services.create_tenant(
+    return founding.create_tenant(
         "bravo", "Bravo Logistics", "founder@bravo.example", PASSWORD, actor=named_actor("test")
     )
 

@@ -39,18 +39,19 @@ def breaker_reach(url: str, trials: int) -> dict[str, Any]:
 
     from core.scoping import tenant_context
     from fleet import services
+    from tenants import founding
     from tenants import services as tenant_services
 
     slug = f"breaker-{uuid.uuid4().hex[:10]}"
-    tenant = tenant_services.create_tenant(
+    tenant = founding.create_tenant(
         slug, "Breaker bench", f"owner@{slug}.example", actor=system_actor("bench")
     )
-    _, key = tenant_services.create_api_key(
-        tenant,
-        tenant_services.NewApiKey(name="agent", scopes=["gate", "ingest"]),
-        actor=system_actor("bench"),
-    )
-    with tenant_context(tenant):  # the breaker actions assert the tenant's scope
+    with tenant_context(tenant):  # the tenant's and the breaker's services assert the tenant's scope
+        _, key = tenant_services.create_api_key(
+            tenant,
+            tenant_services.NewApiKey(name="agent", scopes=["gate", "ingest"]),
+            actor=system_actor("bench"),
+        )
         breaker = services.create_breaker(
             tenant, services.BreakerCreate.parse(SETTINGS), actor=system_actor("bench")
         )

@@ -162,12 +162,13 @@ class Run:
         """`limits`: 1 or 5 (0: none, a tenant and its keys only)."""
         from core.scoping import tenant_context
         from fleet import services
+        from tenants import founding
         from tenants import services as tenant_services
 
         self.total = total
         self.cap = AMOUNT * (total // 2)
         slug = f"gate-{uuid.uuid4().hex[:10]}"
-        self.tenant = tenant_services.create_tenant(
+        self.tenant = founding.create_tenant(
             slug, "Gate bench", f"owner@{slug}.example", actor=system_actor("bench")
         )
         # The fleet's and the tenant's services assert the tenant's scope: the bench enters it, as

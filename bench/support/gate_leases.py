@@ -222,12 +222,10 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
 def measure(services: Any, quick: bool) -> dict[str, Any]:
     """The `leases` object of bench/results/gate.json, on the configured store (Redis) and Postgres."""
     from core.scoping import tenant_context
-    from tenants import services as tenant_services
+    from tenants import founding
 
     slug = f"leases-{uuid.uuid4().hex[:10]}"
-    tenant = tenant_services.create_tenant(
-        slug, "Lease bench", f"owner@{slug}.example", actor=system_actor("bench")
-    )
+    tenant = founding.create_tenant(slug, "Lease bench", f"owner@{slug}.example", actor=system_actor("bench"))
     day = 86_400
     cap = 500 if quick else 5_000
     with tenant_context(tenant):  # the fleet's services assert the tenant's scope

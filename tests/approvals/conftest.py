@@ -56,7 +56,8 @@ class Agent:
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     """The payments agent's key, created by alice: she is the requester of what it asks."""
-    key, raw = tenants.create_api_key(
+    key, raw = in_tenant(
+        tenants.create_api_key,
         alice.tenant,
         NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
         created_by=alice.user,

@@ -15,6 +15,7 @@ from tenants.inputs import NewApiKey
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.factories import ALL_SCOPES, Person
 from tests.support.live_events import events_socket, session_cookie
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,8 +39,11 @@ def test_a_request_opened_and_decided_is_heard_by_its_tenant_only(
 ) -> None:
     wire_policy(agent.tenant)
     wire_policy(carol.tenant)
-    key, raw = tenants.create_api_key(
-        carol.tenant, NewApiKey(name="bravo-bot", scopes=ALL_SCOPES), actor=named_actor("test")
+    key, raw = in_tenant(
+        tenants.create_api_key,
+        carol.tenant,
+        NewApiKey(name="bravo-bot", scopes=ALL_SCOPES),
+        actor=named_actor("test"),
     )
     bravo = Agent(carol.tenant, key.prefix, raw)
     cookies = session_cookie(alice), session_cookie(carol)

@@ -18,6 +18,7 @@ from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tests.support.chains import chain, restamp, saga_records, snapshot
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 URL = "/api/v1/streams/{}/records"
 
@@ -308,8 +309,11 @@ def test_server_stream_is_not_writable_by_agents(alice: Person) -> None:
 def test_ingest_needs_the_ingest_scope_and_keys_only(alice: Person, tenant_a: Any) -> None:
     from tenants import services as tenant_services
 
-    _, read_only = tenant_services.create_api_key(
-        tenant_a, NewApiKey(name="ro", scopes=["read"]), actor=named_actor("test")
+    _, read_only = in_tenant(
+        tenant_services.create_api_key,
+        tenant_a,
+        NewApiKey(name="ro", scopes=["read"]),
+        actor=named_actor("test"),
     )
     client = alice.key_client()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {read_only}")

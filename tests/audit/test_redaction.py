@@ -91,10 +91,14 @@ def test_unknown_record_is_404(alice: Person, carol: Person) -> None:
 
 
 def test_admin_actions_are_in_the_server_stream(alice: Person, tenant_a: Any) -> None:
-    api_key, raw = tenant_services.create_api_key(
-        tenant_a, NewApiKey(name="ci", scopes=["read"]), actor=user_actor("alice")
+    api_key, raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant_a,
+        NewApiKey(name="ci", scopes=["read"]),
+        actor=user_actor("alice"),
     )
-    tenant_services.revoke_api_key(api_key, actor=user_actor("alice"))
+    with tenant_context(tenant_a):
+        tenant_services.revoke_api_key(api_key, actor=user_actor("alice"))
     server = _stream(tenant_a, "server")
     created = next(r for r in server if r["event"] == "ADMIN_API_KEY_CREATED" and r["name"] == "ci")
     assert created["prefix"] == api_key.prefix and created["new"]["scopes"] == ["read"]

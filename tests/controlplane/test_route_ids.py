@@ -29,7 +29,7 @@ from sagaplane import cosignature
 from approvals import services as approvals
 from core.numbers import IdConverter, ascii_int
 from fleet import services as fleet
-from tenants import services
+from tenants import founding, services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role
@@ -110,12 +110,14 @@ def _spelled(number: int, zero: str) -> str:
 
 @pytest.fixture
 def objects(db: None) -> dict[str, Any]:
-    acme = services.create_tenant("acme", "Acme", "owner@acme.example", actor=named_actor("test"))
-    spare, _ = services.create_api_key(
-        acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
+    acme = founding.create_tenant("acme", "Acme", "owner@acme.example", actor=named_actor("test"))
+    spare, _ = in_tenant(
+        services.create_api_key, acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
     )
-    member = services.add_member(acme, "viewer@acme.example", Role.VIEWER, actor=named_actor("test"))
-    owner = services.add_member(acme, "boss@acme.example", Role.OWNER, actor=named_actor("test"))
+    member = in_tenant(
+        services.add_member, acme, "viewer@acme.example", Role.VIEWER, actor=named_actor("test")
+    )
+    owner = in_tenant(services.add_member, acme, "boss@acme.example", Role.OWNER, actor=named_actor("test"))
     return {
         "owner": owner.user,
         "pk": spare.pk,

@@ -33,9 +33,9 @@ def main() -> None:
 
     command, config = sys.argv[1], json.loads(sys.argv[2])
     if command == "setup":
-        from tenants import services as tenant_services
+        from tenants import founding
 
-        tenant = tenant_services.create_tenant(
+        tenant = founding.create_tenant(
             config["tenant"], "Gate test", "owner@gate.example", actor=named_actor("test")
         )
         in_tenant(

@@ -13,7 +13,7 @@ from django.db import connection
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import GateDecision
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.factories import Person, make_person, scoped_key_client
@@ -133,7 +133,7 @@ def test_who_may_do_what(alice: Person, tenant_a: Tenant) -> None:
 # ("database table is locked"), which a real embedded database file (WAL) does not.
 @pytest.mark.postgres
 def test_a_halt_reaches_a_waiting_long_poll(transactional_db: None) -> None:
-    tenant = tenant_services.create_tenant(
+    tenant = founding.create_tenant(
         "poll", "Poll", "owner@poll.example", "correct-horse-battery", actor=named_actor("test")
     )
     agent = scoped_key_client(tenant, "gate")
@@ -185,7 +185,7 @@ def test_a_halt_committed_while_the_long_poll_reads_the_state_wakes_it(
     once-a-second re-read. The counter is read before the state, so the change wakes the wait."""
     from fleet import api
 
-    tenant = tenant_services.create_tenant("race", "Race", "owner@race.example", actor=named_actor("test"))
+    tenant = founding.create_tenant("race", "Race", "owner@race.example", actor=named_actor("test"))
     agent = scoped_key_client(tenant, "gate")
     before = agent.get(STATUS).json()
     reads = 0

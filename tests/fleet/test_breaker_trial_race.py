@@ -15,7 +15,7 @@ from django.utils import timezone
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerState, BreakerTransition, CircuitBreaker
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tests.fleet.concurrency import PROCESSES, THREADS, child_env, run_clients, running_database_url
 from tests.hostile.production import own_redis
@@ -29,7 +29,7 @@ from tests.support.scoping import in_tenant
 def test_half_open_admits_exactly_one_trial_across_4_processes(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
-    tenant = tenant_services.create_tenant(
+    tenant = founding.create_tenant(
         "trial-race", "Trial race", "owner@trial.example", actor=named_actor("test")
     )
     fields = {

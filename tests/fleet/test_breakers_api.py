@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 
 from core.scoping import tenant_context
 from fleet.models import BreakerTransition, CircuitBreaker
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
@@ -166,9 +166,7 @@ def test_a_third_tenant_sees_and_touches_nothing_of_two_tenants_breakers(
 ) -> None:
     a = alice.session_client().post(BREAKERS, {**GOOD, "name": "a-only"}, format="json").json()
     b = carol.session_client().post(BREAKERS, {**GOOD, "name": "b-only"}, format="json").json()
-    third = tenant_services.create_tenant(
-        "charlie", "Charlie", "founder@charlie.example", actor=named_actor("test")
-    )
+    third = founding.create_tenant("charlie", "Charlie", "founder@charlie.example", actor=named_actor("test"))
     dave = make_person(third, "dave", Role.OWNER).session_client()
     assert dave.get(BREAKERS).json() == []
     for made in (a, b):

@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 from fleet import services
 from fleet.gate import GateRequest
 from fleet.stores import RedisStore
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tests.fleet.concurrency import (
     AMOUNT,
@@ -158,9 +158,7 @@ def test_the_gate_script_runs_unchanged_on_a_cluster(tenant_a: object, redis_clu
 def test_64_clients_in_4_processes_never_overspend_on_a_cluster(
     transactional_db: None, redis_cluster: str
 ) -> None:
-    tenant_services.create_tenant(
-        "gate-cluster", "Gate cluster", "owner@cluster.example", actor=named_actor("test")
-    )
+    founding.create_tenant("gate-cluster", "Gate cluster", "owner@cluster.example", actor=named_actor("test"))
     from tenants.models import Tenant
 
     tenant = Tenant.objects.get(slug="gate-cluster")

@@ -15,7 +15,7 @@ import pytest
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import Decision, GateDecision
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tests.fleet.concurrency import (
     AMOUNT,
@@ -38,9 +38,7 @@ from tests.support.scoping import in_tenant
 def test_64_clients_in_4_processes_never_overspend_on_postgres(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
-    tenant = tenant_services.create_tenant(
-        "gate-race", "Gate race", "owner@race.example", actor=named_actor("test")
-    )
+    tenant = founding.create_tenant("gate-race", "Gate race", "owner@race.example", actor=named_actor("test"))
     in_tenant(
         services.create_budget,
         tenant,

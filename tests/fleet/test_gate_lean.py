@@ -23,10 +23,11 @@ from django.test.utils import CaptureQueriesContext
 
 from controlplane.gate_asgi import PATH, lean_gate
 from core import epoch
+from core.scoping import tenant_context
 from fleet import services
 from fleet.models import Decision
 from fleet.stores import RedisStore, marker_key
-from tenants import fastroute
+from tenants import fastroute, founding
 from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
@@ -42,7 +43,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 @pytest.fixture
 def tenant(transactional_db: None, store: RedisStore) -> Tenant:
-    tenant = tenant_services.create_tenant("lean", "Lean", "owner@lean.example", actor=named_actor("test"))
+    tenant = founding.create_tenant("lean", "Lean", "owner@lean.example", actor=named_actor("test"))
     # A new tenant has no ledger: its Redis state is ready as it is (no rebuild behind the fence).
     store.client.set(marker_key(services.gate_tag(tenant)), "1")
     return tenant
@@ -194,13 +195,17 @@ def test_a_policy_change_reaches_another_process_on_its_next_call(
 def test_a_revoked_key_is_refused_by_another_process_on_its_next_request(
     tenant: Tenant, worker: subprocess.Popen[str]
 ) -> None:
-    api_key, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="agent", scopes=["gate"]), actor=named_actor("test")
+    api_key, raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant,
+        NewApiKey(name="agent", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     assert tell(worker, f"verify {raw}") == {"ok": True}  # the worker now holds the key
     assert tell(worker, f"verify {raw}") == {"ok": True}
     assert tell(worker, f"verify {raw[:-1]}x")["error"] == "invalid_api_key"  # the secret is checked
-    tenant_services.revoke_api_key(api_key, actor=named_actor("test"))
+    with tenant_context(api_key.tenant):
+        tenant_services.revoke_api_key(api_key, actor=named_actor("test"))
     assert tell(worker, f"verify {raw}")["error"] == "revoked_api_key"
 
 
@@ -260,11 +265,17 @@ def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
         services.BudgetCreate.parse({"name": "cap", "tool": "stripe.*", "max_total": 100, "window_s": 3600}),
         actor=ACTOR,
     )
-    api_key, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="agent", scopes=["gate"]), actor=named_actor("test")
+    api_key, raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant,
+        NewApiKey(name="agent", scopes=["gate"]),
+        actor=named_actor("test"),
     )
-    _, reader = tenant_services.create_api_key(
-        tenant, NewApiKey(name="reader", scopes=["read"]), actor=named_actor("test")
+    _, reader = in_tenant(
+        tenant_services.create_api_key,
+        tenant,
+        NewApiKey(name="reader", scopes=["read"]),
+        actor=named_actor("test"),
     )
     served = Served()
 
@@ -292,7 +303,8 @@ def test_the_gate_route_is_answered_in_front_of_django_as_django_answers_it(
         if response.status_code != 200:
             assert set(response.json()) >= {"error", "detail"}
     assert served.django_calls == 6
-    tenant_services.revoke_api_key(api_key, actor=named_actor("test"))
+    with tenant_context(api_key.tenant):
+        tenant_services.revoke_api_key(api_key, actor=named_actor("test"))
     revoked = served.post(call(amount=1), raw)
     assert revoked.status_code == 401 and revoked.json()["error"] == "revoked_api_key"
 
@@ -308,8 +320,11 @@ def test_the_gate_route_has_djangos_headers_for_its_request_class(
     settings.SECURE_HSTS_SECONDS = 3600  # SecurityMiddleware sends HSTS over https only
     settings.SECURE_PROXY_SSL_HEADER = None  # the class is the scheme of the call itself
     monkeypatch.setattr(fastroute, "HEADERS", fastroute.RouteHeaders())  # as in a new process
-    _, raw = tenant_services.create_api_key(
-        tenant, NewApiKey(name="agent", scopes=["gate"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant,
+        NewApiKey(name="agent", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     served = Served()
     assert served.post(call(amount=1), raw, scheme="https" if scheme == "http" else "http").status_code == 200

@@ -13,7 +13,7 @@ from django.db import connection
 from fleet import services
 from fleet.models import Decision
 from fleet.stores import RedisStore, marker_key
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.fleet.lean import ACTOR, ask, ledger
@@ -23,9 +23,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 def _tenant(slug: str, limits: RedisStore) -> Tenant:
-    tenant = tenant_services.create_tenant(
-        slug, slug.title(), f"owner@{slug}.example", actor=named_actor("test")
-    )
+    tenant = founding.create_tenant(slug, slug.title(), f"owner@{slug}.example", actor=named_actor("test"))
     limits.client.set(marker_key(services.gate_tag(tenant)), "1")
     return tenant
 

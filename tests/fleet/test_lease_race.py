@@ -16,7 +16,7 @@ import pytest
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BudgetLimit, Decision, GateDecision, GateLease
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tests.fleet.concurrency import ROOT, child_env, running_database_url
 from tests.hostile.production import OwnRedis, own_redis
@@ -85,7 +85,7 @@ def _race(tmp_path: Path, env: dict[str, str], config: dict[str, object], redis:
 def test_64_agents_on_leases_never_overspend_through_kills_and_a_redis_restart(
     transactional_db: None, tmp_path: Path, store: str
 ) -> None:
-    tenant = tenant_services.create_tenant(
+    tenant = founding.create_tenant(
         "lease-race", "Lease race", "owner@race.example", actor=named_actor("test")
     )
     in_tenant(

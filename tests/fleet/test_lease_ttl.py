@@ -111,14 +111,20 @@ def test_who_may_change_it(alice: Person) -> None:
     approver = make_person(alice.tenant, "apu", Role.APPROVER)
     assert approver.session_client().get(SETTINGS).status_code == 200
     assert approver.session_client().patch(SETTINGS, {"lease_ttl_ms": 500}, format="json").status_code == 403
-    _, raw = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        tenant_services.create_api_key,
+        alice.tenant,
+        NewApiKey(name="gate", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     gate_key = APIClient()
     gate_key.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert gate_key.patch(SETTINGS, {"lease_ttl_ms": 500}, format="json").status_code == 403
-    _, raw = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="control", scopes=["control"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        tenant_services.create_api_key,
+        alice.tenant,
+        NewApiKey(name="control", scopes=["control"]),
+        actor=named_actor("test"),
     )
     control = APIClient()
     control.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

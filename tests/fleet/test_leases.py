@@ -213,8 +213,11 @@ def test_leases_over_http(tenant_a: Tenant, store: LimitStore) -> None:
         ),
         actor=ACTOR,
     )
-    _, raw = tenant_services.create_api_key(
-        tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant_a,
+        NewApiKey(name="gate", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

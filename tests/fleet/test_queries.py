@@ -14,7 +14,7 @@ from core.scoping import tenant_context
 from fleet import queries
 from fleet.gate import GateRequest
 from fleet.models import Decision, GateDecision
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Tenant
 
@@ -22,8 +22,8 @@ from tenants.models import Tenant
 @pytest.fixture
 def tenants(transactional_db: None) -> tuple[Tenant, Tenant]:
     return (
-        tenant_services.create_tenant("parity", "Parity", "owner@parity.example", actor=named_actor("test")),
-        tenant_services.create_tenant("other", "Other", "owner@other.example", actor=named_actor("test")),
+        founding.create_tenant("parity", "Parity", "owner@parity.example", actor=named_actor("test")),
+        founding.create_tenant("other", "Other", "owner@other.example", actor=named_actor("test")),
     )
 
 

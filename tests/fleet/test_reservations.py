@@ -148,8 +148,11 @@ def test_settling_over_http_refuses_hostile_input_and_other_tenants(
     tenant_a: Tenant, tenant_b: Tenant, store: LimitStore
 ) -> None:
     _budget(tenant_a)
-    _, raw = tenant_services.create_api_key(
-        tenant_a, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant_a,
+        NewApiKey(name="gate", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
@@ -179,8 +182,11 @@ def test_settling_over_http_refuses_hostile_input_and_other_tenants(
         f"/api/v1/gate/reservations/{plain.json()['authorization_id']}/settle", {"actual": 0}, format="json"
     )
     assert not_reserved.status_code == 404
-    _, other_raw = tenant_services.create_api_key(
-        tenant_b, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    _, other_raw = in_tenant(
+        tenant_services.create_api_key,
+        tenant_b,
+        NewApiKey(name="gate", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     other = APIClient()
     other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_raw}")

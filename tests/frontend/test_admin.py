@@ -144,7 +144,8 @@ def test_last_owner_cannot_be_demoted_or_removed(tenant_a: Tenant, alice: Person
 def test_admin_cannot_make_or_unmake_owners(tenant_a: Tenant, alice: Person, bob: Person) -> None:
     from tenants import services
 
-    services.change_member_role(membership_of(bob), Role.ADMIN, actor=named_actor("test"))
+    with tenant_context(bob.tenant):
+        services.change_member_role(membership_of(bob), Role.ADMIN, actor=named_actor("test"))
     client = browser(bob)
     client.post(reverse("member-role", args=[membership_of(bob).pk]), {"role": "owner"})
     assert membership_of(bob).role == Role.ADMIN
@@ -226,9 +227,11 @@ def test_tampered_or_expired_invitation_is_refused(alice: Person, settings) -> N
 def test_invitation_dies_with_the_inviters_rights(alice: Person, bob: Person) -> None:
     from tenants import services
 
-    services.change_member_role(membership_of(bob), Role.ADMIN, actor=named_actor("test"))
+    with tenant_context(bob.tenant):
+        services.change_member_role(membership_of(bob), Role.ADMIN, actor=named_actor("test"))
     path = _invite(browser(bob), "frank@example.com", "viewer")
-    services.change_member_role(membership_of(bob), Role.VIEWER, actor=named_actor("test"))
+    with tenant_context(bob.tenant):
+        services.change_member_role(membership_of(bob), Role.VIEWER, actor=named_actor("test"))
     assert Client().get(path).status_code == 410
 
 

@@ -21,7 +21,7 @@ from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
-from tests.support.scoping import in_statements
+from tests.support.scoping import in_statements, in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 REASON = "Supplier invoice 2026-114, due today"
@@ -29,7 +29,8 @@ REASON = "Supplier invoice 2026-114, due today"
 
 @pytest.fixture
 def agent(alice: Person) -> Agent:
-    key, raw = tenants.create_api_key(
+    key, raw = in_tenant(
+        tenants.create_api_key,
         alice.tenant,
         NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
         created_by=alice.user,

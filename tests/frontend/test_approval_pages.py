@@ -23,13 +23,15 @@ from tests.approvals.conftest import Agent, wire_policy
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
+from tests.support.scoping import in_tenant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 
 
 @pytest.fixture
 def agent(alice: Person) -> Agent:
-    key, raw = tenants.create_api_key(
+    key, raw = in_tenant(
+        tenants.create_api_key,
         alice.tenant,
         NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
         created_by=alice.user,

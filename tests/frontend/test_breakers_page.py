@@ -12,7 +12,7 @@ from django.test import Client
 from core.scoping import tenant_context
 from fleet import services
 from fleet.models import BreakerTransition, CircuitBreaker
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
 from tests.support.chains import server_stream
@@ -105,9 +105,7 @@ def test_a_third_tenant_sees_and_deletes_nothing_of_two_tenants_breakers(
 ) -> None:
     browser(alice).post("/fleet/breakers", {**FORM, "name": "acme breaker"})
     browser(carol).post("/fleet/breakers", {**FORM, "name": "bravo breaker"})
-    third = tenant_services.create_tenant(
-        "charlie", "Charlie", "founder@charlie.example", actor=named_actor("test")
-    )
+    third = founding.create_tenant("charlie", "Charlie", "founder@charlie.example", actor=named_actor("test"))
     dave = browser(make_person(third, "dave", Role.OWNER))
     body = dave.get("/fleet/").content.decode()
     assert "acme breaker" not in body and "bravo breaker" not in body and 'id="no-breakers"' in body

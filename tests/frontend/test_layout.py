@@ -10,6 +10,7 @@ from tenants import services
 from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 
 def browser(person: Person) -> Client:
@@ -45,7 +46,7 @@ def test_home_redirects_to_sagas(alice: Person) -> None:
 
 
 def test_tenant_switcher(alice: Person, carol: Person, tenant_b) -> None:
-    services.add_member(tenant_b, alice.user.email, Role.VIEWER, actor=named_actor("test"))
+    in_tenant(services.add_member, tenant_b, alice.user.email, Role.VIEWER, actor=named_actor("test"))
     client = browser(alice)
     page = client.get(reverse("sagas")).content.decode()
     assert 'id="tenant-switch"' in page and "Bravo Logistics" in page

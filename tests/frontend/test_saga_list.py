@@ -25,7 +25,7 @@ from frontend.saga_views import PAGE_SIZE
 from sagas import selectors
 from sagas.models import Saga, Step
 from sagas.services import agent_label
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tests.support.factories import PASSWORD, Person, make_person
 from tests.support.inputs import HOSTILE_CURSORS
@@ -235,7 +235,7 @@ def test_a_third_tenant_pages_through_nothing_of_the_other_two(
 ) -> None:
     ship_sagas(carol, "stream-bravo", 60, prefix="bravo")
     third = make_person(
-        tenant_services.create_tenant(
+        founding.create_tenant(
             "charlie", "Charlie Co", "founder@charlie.example", PASSWORD, actor=named_actor("test")
         ),
         "dana",

@@ -23,7 +23,7 @@ from django.utils import timezone
 from audit.models import Record
 from core.scoping import tenant_context
 from frontend import invitations
-from tenants import services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import ApiKey, InvitationUse, Membership, Role, Tenant
 from tests.support.factories import PASSWORD, Person
@@ -217,7 +217,7 @@ def test_six_parallel_accepts_of_one_invitation_one_joins_five_are_410(
     would) until all six are past every check and waiting on it in Postgres; then it rolls back,
     so exactly one of the six can take the nonce. Before the fix the other five hit the unique
     constraint as an IntegrityError (500); now each is told the invitation was used (410)."""
-    tenant = services.create_tenant("inv", "Inv Co", "owner@inv.example", PASSWORD, actor=named_actor("test"))
+    tenant = founding.create_tenant("inv", "Inv Co", "owner@inv.example", PASSWORD, actor=named_actor("test"))
     owner = get_user_model().objects.get(email="owner@inv.example")
     email = "guest@inv.example"
     if account == "existing":

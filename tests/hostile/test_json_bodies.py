@@ -14,6 +14,7 @@ from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import ApiKey
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 BODIES = {
     "lone surrogate in a value": b'{"scope": "tool:\\ud800", "reason": "r", "name": "n", "saga_id": "s"}',
@@ -27,8 +28,11 @@ ROUTES = ["/api/v1/fleet/halts", "/api/v1/fleet/budgets", "/api/v1/keys", "/api/
 
 @pytest.mark.parametrize("kind", list(BODIES))
 def test_a_body_no_store_can_hold_is_a_400_that_changes_nothing(alice: Person, kind: str) -> None:
-    _, raw = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="gate", scopes=["gate"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        tenant_services.create_api_key,
+        alice.tenant,
+        NewApiKey(name="gate", scopes=["gate"]),
+        actor=named_actor("test"),
     )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

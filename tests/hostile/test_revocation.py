@@ -162,8 +162,9 @@ def test_a_revoked_key_is_refused_by_every_worker_from_the_answer_on(tmp_path: P
 def _add_member(env: dict[str, str], role: str) -> None:
     script = (
         "from tenants import services; from tenants.actors import cli_actor; "
-        "from tenants.models import Tenant; services.add_member(Tenant.objects.get(slug='hostile'), "
-        f"{MEMBER!r}, {role!r}, {MEMBER_PASSWORD!r}, actor=cli_actor('test'))"
+        "from tenants.entry import command_tenant\n"
+        "with command_tenant('hostile') as tenant:\n"
+        f"    services.add_member(tenant, {MEMBER!r}, {role!r}, {MEMBER_PASSWORD!r}, actor=cli_actor('test'))"
     )
     manage(env, "shell", "-c", script)
 

@@ -18,7 +18,7 @@ from typing import Any
 import sagaplane as sp
 from sagaplane.shipper import Shipper, ShipperState
 
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.factories import Person, make_person
@@ -57,9 +57,7 @@ def ship_cli(wal: Path, url: str, api_key: str) -> subprocess.CompletedProcess[s
 
 
 def other_tenant(slug: str) -> Person:
-    tenant = tenant_services.create_tenant(
-        slug, slug.title(), f"founder@{slug}.example", actor=named_actor("test")
-    )
+    tenant = founding.create_tenant(slug, slug.title(), f"founder@{slug}.example", actor=named_actor("test"))
     return make_person(tenant, "agent", Role.OWNER)
 
 

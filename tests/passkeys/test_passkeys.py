@@ -21,6 +21,7 @@ from tenants.selectors import memberships_of
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url, unb64url
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -51,7 +52,7 @@ def events(tenant: Tenant, prefix: str = "ADMIN_PASSKEY_") -> list[dict[str, Any
 def test_a_person_registers_several_named_passkeys_recorded_in_every_tenant_of_theirs(
     alice: Person, tenant_b: Tenant
 ) -> None:
-    tenants.add_member(tenant_b, alice.user.email, Role.APPROVER, actor=named_actor("test"))
+    in_tenant(tenants.add_member, tenant_b, alice.user.email, Role.APPROVER, actor=named_actor("test"))
     _, first = enrol(alice.user, "laptop")
     options = services.registration_options(alice.user)
     assert options["authenticatorSelection"]["userVerification"] == "required"

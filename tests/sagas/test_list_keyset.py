@@ -14,7 +14,7 @@ from audit import services
 from core.scoping import tenant_context
 from sagas import selectors
 from sagas.models import Saga
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.chains import chain, saga_records
@@ -111,7 +111,7 @@ def test_pages_and_filters_equal_the_old_semantics(
 def test_a_third_tenant_sees_nothing(alice: Person, carol: Person) -> None:
     _seed(alice, "a", 9)
     _seed(carol, "c", 9)
-    third = tenant_services.create_tenant(
+    third = founding.create_tenant(
         "charlie", "Charlie", "f@charlie.example", PASSWORD, actor=named_actor("test")
     )
     dave = make_person(third, "dave", Role.OWNER)

@@ -13,6 +13,8 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from audit import services
+from core.scoping import tenant_context
+from tenants import founding
 from tenants import services as services_tenants
 from tenants.actors import named_actor, user_actor
 from tenants.models import Role
@@ -39,7 +41,7 @@ async def _drain_until(communicator: WebsocketCommunicator, last_stream: str) ->
 
 
 def test_members_hear_their_tenant_only(alice: Person, carol: Person) -> None:
-    tenant_c = services_tenants.create_tenant(
+    tenant_c = founding.create_tenant(
         "charlie", "Charlie Freight", "founder@charlie.example", PASSWORD, actor=named_actor("test")
     )
     dave = make_person(tenant_c, "dave", Role.VIEWER)
@@ -133,7 +135,8 @@ def _remove(person: Person) -> None:
 
     membership = membership_for(person.user, person.tenant.slug)
     assert membership is not None
-    services_tenants.remove_member(membership, actor=user_actor("alice"))
+    with tenant_context(person.tenant):
+        services_tenants.remove_member(membership, actor=user_actor("alice"))
 
 
 def test_a_removed_member_is_closed_and_hears_nothing_more(alice: Person, bob: Person) -> None:

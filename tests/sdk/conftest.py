@@ -16,12 +16,14 @@ from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.approvals.conftest import Agent, wire_policy
 from tests.support.factories import ALL_SCOPES, Person, make_person
+from tests.support.scoping import in_tenant
 
 
 @pytest.fixture
 def key(alice: Person) -> Iterator[Agent]:
     fleet.set_store(DatabaseStore())
-    made, raw = tenants.create_api_key(
+    made, raw = in_tenant(
+        tenants.create_api_key,
         alice.tenant,
         NewApiKey(name="adapter-bot", scopes=ALL_SCOPES),
         created_by=alice.user,

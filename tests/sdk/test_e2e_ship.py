@@ -28,10 +28,13 @@ from sagaplane.chain import verify_chain
 from sagaplane.shipper import ShipperState
 from sagaplane_testkit import CRASHING_AGENT_PRELUDE, read_wal
 
+from core.scoping import tenant_context
+from tenants import founding
 from tenants import services as tenant_services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tests.support.ports import free_port
+from tests.support.scoping import in_tenant
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -434,15 +437,18 @@ def _bootstrap_sqlite(data_dir: Path, env: dict[str, str]) -> str:
         import django
         django.setup()
         from django.core.management import call_command
-        from tenants import services
+        from core.scoping import tenant_context
+        from tenants import founding, services
         from tenants.actors import named_actor
         from tenants.inputs import NewApiKey
         call_command("migrate", verbosity=0)
         test = named_actor("test")
-        tenant = services.create_tenant(
+        tenant = founding.create_tenant(
             "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor=test
         )
-        print(services.create_api_key(tenant, NewApiKey("agent", ("ingest", "read")), actor=test)[1])
+        with tenant_context(tenant):
+            key = services.create_api_key(tenant, NewApiKey("agent", ("ingest", "read")), actor=test)
+        print(key[1])
         """
     )
     out = subprocess.run(
@@ -464,11 +470,14 @@ def killable_server(transactional_db: None, tmp_path: Path) -> Any:
             f"@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         )
         env["SAGAPLANE_DATA_DIR"] = str(settings.DATA_DIR)
-        tenant = tenant_services.create_tenant(
+        tenant = founding.create_tenant(
             "outage", "Outage Co", "owner@outage.example", "pw-pw-pw-pw", actor=named_actor("test")
         )
-        key = tenant_services.create_api_key(
-            tenant, NewApiKey(name="agent", scopes=["ingest", "read"]), actor=named_actor("test")
+        key = in_tenant(
+            tenant_services.create_api_key,
+            tenant,
+            NewApiKey(name="agent", scopes=["ingest", "read"]),
+            actor=named_actor("test"),
         )[1]
     else:
         # The SQLite test database lives in this process's memory: give the server its own file.
@@ -541,13 +550,20 @@ def test_wrong_scope_and_revoked_keys_raise_authentication_error(
     with sp.saga(name="auth", wal=wal):
         reserve(1)
     wal.close()
-    read_only_key = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="reader", scopes=["read"]), actor=named_actor("test")
+    read_only_key = in_tenant(
+        tenant_services.create_api_key,
+        alice.tenant,
+        NewApiKey(name="reader", scopes=["read"]),
+        actor=named_actor("test"),
     )[1]
-    revoked, revoked_key = tenant_services.create_api_key(
-        alice.tenant, NewApiKey(name="old", scopes=["ingest", "read"]), actor=named_actor("test")
+    revoked, revoked_key = in_tenant(
+        tenant_services.create_api_key,
+        alice.tenant,
+        NewApiKey(name="old", scopes=["ingest", "read"]),
+        actor=named_actor("test"),
     )
-    tenant_services.revoke_api_key(revoked, actor=named_actor("test"))
+    with tenant_context(alice.tenant):
+        tenant_services.revoke_api_key(revoked, actor=named_actor("test"))
 
     with pytest.raises(sp.AuthenticationError) as scope:
         sp.Shipper(wal.path, url=live_server.url, api_key=read_only_key).run_until_caught_up()

@@ -92,7 +92,8 @@ class Shop:
 
 @pytest.fixture
 def agent_key(tenant_a: Tenant, alice: Person) -> str:
-    _, raw = tenants.create_api_key(
+    _, raw = in_tenant(
+        tenants.create_api_key,
         tenant_a,
         NewApiKey(name="mcp-gateway", scopes=ALL_SCOPES),
         created_by=alice.user,

@@ -12,6 +12,7 @@ from tenants import services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Tenant
+from tests.support.scoping import in_tenant
 
 ALL_SCOPES = ["ingest", "gate", "read", "recovery", "audit", "control"]
 
@@ -39,11 +40,19 @@ class Person:
 
 
 def make_person(tenant: Tenant, name: str, role: str) -> Person:
-    membership = services.add_member(
-        tenant, f"{name}@{tenant.slug}.example", role, PASSWORD, actor=named_actor("test")
+    membership = in_tenant(
+        services.add_member,
+        tenant,
+        f"{name}@{tenant.slug}.example",
+        role,
+        PASSWORD,
+        actor=named_actor("test"),
     )
-    _, raw_key = services.create_api_key(
-        tenant, NewApiKey(name=f"{name}-agent", scopes=ALL_SCOPES), actor=named_actor("test")
+    _, raw_key = in_tenant(
+        services.create_api_key,
+        tenant,
+        NewApiKey(name=f"{name}-agent", scopes=ALL_SCOPES),
+        actor=named_actor("test"),
     )
     return Person(membership.user, tenant, role, raw_key)
 
@@ -51,8 +60,11 @@ def make_person(tenant: Tenant, name: str, role: str) -> Person:
 def scoped_key_client(tenant: Tenant, *scopes: str) -> APIClient:
     """A client presenting a new API key of `tenant`'s with exactly `scopes` (none: a key that may
     do nothing)."""
-    _, raw = services.create_api_key(
-        tenant, NewApiKey(name="-".join(scopes) or "none", scopes=list(scopes)), actor=named_actor("test")
+    _, raw = in_tenant(
+        services.create_api_key,
+        tenant,
+        NewApiKey(name="-".join(scopes) or "none", scopes=list(scopes)),
+        actor=named_actor("test"),
     )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")

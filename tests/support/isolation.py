@@ -350,11 +350,19 @@ def _grow(tenant: Tenant) -> None:
         chain(saga_records(name=f"grown-{suffix}")),
         actor=named_actor("test"),
     )
-    services.create_api_key(
-        tenant, NewApiKey(name=f"grown-{suffix}", scopes=["read"]), actor=named_actor("test")
+    in_tenant(
+        services.create_api_key,
+        tenant,
+        NewApiKey(name=f"grown-{suffix}", scopes=["read"]),
+        actor=named_actor("test"),
     )
-    services.add_member(
-        tenant, f"grown-{suffix}@{tenant.slug}.example", "viewer", "x" * 12, actor=named_actor("test")
+    in_tenant(
+        services.add_member,
+        tenant,
+        f"grown-{suffix}@{tenant.slug}.example",
+        "viewer",
+        "x" * 12,
+        actor=named_actor("test"),
     )
     with tenant_context(tenant):
         Export.objects.create(tenant=tenant, requested_by="test")

@@ -38,7 +38,7 @@ from fleet.gate import GateRequest
 from frontend import invitations
 from reconciliation import services as reconciliation
 from slackapp import services as slack
-from tenants import services
+from tenants import founding, services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
@@ -391,22 +391,29 @@ def world(
         override_settings(SAGAPLANE_EXPORT_STORAGE=storage),
         transaction.atomic(),
     ):
-        acme = services.create_tenant(
+        acme = founding.create_tenant(
             "acme", "Acme Payments", "founder@acme.example", actor=named_actor("test")
         )
-        bravo = services.create_tenant(
+        bravo = founding.create_tenant(
             "bravo", "Bravo Logistics", "founder@bravo.example", actor=named_actor("test")
         )
         clients: dict[str, Client] = {"anonymous": Client()}
         for scope in KEY_SCOPES:
-            _, raw = services.create_api_key(
-                acme, NewApiKey(name=f"only-{scope}", scopes=[scope]), actor=named_actor("test")
+            _, raw = in_tenant(
+                services.create_api_key,
+                acme,
+                NewApiKey(name=f"only-{scope}", scopes=[scope]),
+                actor=named_actor("test"),
             )
             clients[f"key:{scope}"] = _client(key=raw)
         for role in ROLES:
-            member = services.add_member(acme, f"{role}@acme.example", role, actor=named_actor("test"))
+            member = in_tenant(
+                services.add_member, acme, f"{role}@acme.example", role, actor=named_actor("test")
+            )
             clients[f"member:{role}"] = _client(user=member.user)
-        outsider = services.add_member(bravo, "owner@bravo.example", Role.OWNER, actor=named_actor("test"))
+        outsider = in_tenant(
+            services.add_member, bravo, "owner@bravo.example", Role.OWNER, actor=named_actor("test")
+        )
         clients["outsider"] = _client(user=outsider.user)
 
         # acme's objects, for path parameters: a sealed saga in a signed log, a finished export,
@@ -419,11 +426,15 @@ def world(
         size = proofs_size(acme)
         export = in_tenant(transparency.request_export, acme, actor=named_actor("test"))
         build_export_in(acme, export.pk)
-        spare, _ = services.create_api_key(
-            acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
+        spare, _ = in_tenant(
+            services.create_api_key, acme, NewApiKey(name="spare", scopes=["read"]), actor=named_actor("test")
         )
-        target = services.add_member(acme, "target@acme.example", Role.VIEWER, actor=named_actor("test"))
-        inviter = services.add_member(acme, "inviter@acme.example", Role.ADMIN, actor=named_actor("test"))
+        target = in_tenant(
+            services.add_member, acme, "target@acme.example", Role.VIEWER, actor=named_actor("test")
+        )
+        inviter = in_tenant(
+            services.add_member, acme, "inviter@acme.example", Role.ADMIN, actor=named_actor("test")
+        )
         budget = in_tenant(
             fleet.create_budget,
             acme,

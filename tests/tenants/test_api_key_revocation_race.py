@@ -27,7 +27,8 @@ def test_a_key_revoked_while_a_request_reads_it_is_refused_on_the_next_request(
         if not revoked:
             with tenant_context(tenant_a):
                 key = ApiKey.objects.get(prefix=prefix)
-            services.revoke_api_key(key, actor=named_actor("test"))  # commits and forgets, meanwhile
+            with tenant_context(tenant_a):
+                services.revoke_api_key(key, actor=named_actor("test"))  # commits and forgets, meanwhile
             revoked.append(True)
         return found
 

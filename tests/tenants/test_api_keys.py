@@ -10,6 +10,7 @@ from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant, hash_api_key
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.smoke
 
@@ -54,7 +55,8 @@ def test_right_prefix_wrong_secret_is_401(alice: Person) -> None:
 def test_revoked_key_is_401(alice: Person, tenant_a: Tenant) -> None:
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
-    services.revoke_api_key(key, actor=named_actor("test"))
+    with tenant_context(tenant_a):
+        services.revoke_api_key(key, actor=named_actor("test"))
     assert _status_and_code(alice.key_client()) == (401, "revoked_api_key")
 
 
@@ -69,8 +71,11 @@ def test_expired_key_is_401(alice: Person, tenant_a: Tenant) -> None:
 def test_missing_scope_is_403(tenant_a: Tenant) -> None:
     from rest_framework.test import APIClient
 
-    _, raw = services.create_api_key(
-        tenant_a, NewApiKey(name="ingest-only", scopes=["ingest"]), actor=named_actor("test")
+    _, raw = in_tenant(
+        services.create_api_key,
+        tenant_a,
+        NewApiKey(name="ingest-only", scopes=["ingest"]),
+        actor=named_actor("test"),
     )
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
@@ -134,7 +139,8 @@ def test_revoked_key_is_refused_at_once_even_just_after_use(alice: Person, tenan
     assert _status_and_code(client)[0] == 200  # remembered as checked now
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
-    services.revoke_api_key(key, actor=named_actor("test"))  # the revoking process forgets it
+    with tenant_context(tenant_a):
+        services.revoke_api_key(key, actor=named_actor("test"))  # the revoking process forgets it
     assert _status_and_code(client) == (401, "revoked_api_key")
 
 
@@ -167,7 +173,10 @@ def test_a_key_revoked_in_another_process_is_refused_on_the_next_request_there(
     assert prefix in authentication._held
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=prefix)
-    services.revoke_api_key(key, actor=named_actor("test"))  # touches no process' memory: the tenant's hold
+    with tenant_context(tenant_a):
+        services.revoke_api_key(
+            key, actor=named_actor("test")
+        )  # touches no process' memory: the tenant's hold
     assert prefix in authentication._held
     assert _status_and_code(client) == (401, "revoked_api_key")
 
@@ -193,7 +202,7 @@ def test_a_revocation_whose_hold_fails_answers_once_every_copy_has_aged_out(
     monkeypatch.setattr(cache, "set", unreachable)
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(alice.api_key))
-    with django_capture_on_commit_callbacks(execute=True):
+    with django_capture_on_commit_callbacks(execute=True), tenant_context(tenant_a):
         services.revoke_api_key(key, actor=named_actor("test"))
     assert now[0] >= 1000.0 + epoch.MAX_AGE_S  # the answer waited the copies out
     assert _status_and_code(client) == (401, "revoked_api_key")

@@ -18,7 +18,7 @@ from sagaplane.chain import verify_chain
 from core.errors import DomainError
 from core.scoping import tenant_context
 from frontend import invitations
-from tenants import services
+from tenants import founding, services
 from tenants.actors import cli_actor, user_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
@@ -50,7 +50,7 @@ def membership(tenant: Tenant, user: Any) -> Membership:
 
 
 def test_create_tenant_records_the_tenant_and_its_owner(db: None) -> None:
-    tenant = services.create_tenant(
+    tenant = founding.create_tenant(
         "delta", "Delta Air", "Boss@Delta.example", PASSWORD, actor=cli_actor("ops")
     )
     created, owner = server_stream(tenant)
@@ -64,7 +64,7 @@ def test_create_tenant_records_the_tenant_and_its_owner(db: None) -> None:
 
 def test_create_tenant_never_changes_an_existing_accounts_password(alice: Person) -> None:
     """Defect: naming an existing person as owner of a new tenant reset their password."""
-    services.create_tenant(
+    founding.create_tenant(
         "echo", "Echo", alice.user.email.upper(), "attacker-chosen-pw", actor=cli_actor("ops")
     )
     alice.user.refresh_from_db()
@@ -78,8 +78,13 @@ def test_create_tenant_never_changes_an_existing_accounts_password(alice: Person
 def test_add_member_with_an_existing_accounts_email_keeps_its_password(
     alice: Person, tenant_b: Tenant
 ) -> None:
-    services.add_member(
-        tenant_b, alice.user.email, Role.VIEWER, "another-password", actor=user_actor("founder")
+    in_tenant(
+        services.add_member,
+        tenant_b,
+        alice.user.email,
+        Role.VIEWER,
+        "another-password",
+        actor=user_actor("founder"),
     )
     alice.user.refresh_from_db()
     assert alice.user.check_password(PASSWORD) and not alice.user.check_password("another-password")
@@ -87,8 +92,8 @@ def test_add_member_with_an_existing_accounts_email_keeps_its_password(
 
 def test_adding_a_member_records_who_and_the_role(tenant_a: Tenant) -> None:
     before = len(server_stream(tenant_a))
-    added = services.add_member(
-        tenant_a, "ivy@acme.example", Role.AUDITOR, PASSWORD, actor=user_actor("founder")
+    added = in_tenant(
+        services.add_member, tenant_a, "ivy@acme.example", Role.AUDITOR, PASSWORD, actor=user_actor("founder")
     )
     record = only_new_record(tenant_a, before)
     assert record["event"] == "ADMIN_MEMBER_ADDED" and record["actor"] == "user:founder"
@@ -99,9 +104,9 @@ def test_adding_a_member_records_who_and_the_role(tenant_a: Tenant) -> None:
 def test_adding_an_existing_member_is_a_role_change_or_nothing(alice: Person, bob: Person) -> None:
     tenant = alice.tenant
     before = len(server_stream(tenant))
-    services.add_member(tenant, bob.user.email, Role.VIEWER, actor=user_actor("alice"))
+    in_tenant(services.add_member, tenant, bob.user.email, Role.VIEWER, actor=user_actor("alice"))
     assert new_records(tenant, before) == []
-    services.add_member(tenant, bob.user.email, Role.APPROVER, actor=user_actor("alice"))
+    in_tenant(services.add_member, tenant, bob.user.email, Role.APPROVER, actor=user_actor("alice"))
     record = only_new_record(tenant, before)
     assert record["event"] == "ADMIN_MEMBER_ROLE_CHANGED" and record["actor"] == "user:alice"
     assert record["user"] == bob.user.username
@@ -114,9 +119,11 @@ def test_changing_a_role_records_old_and_new_and_the_same_role_records_nothing(
 ) -> None:
     tenant = alice.tenant
     before = len(server_stream(tenant))
-    services.change_member_role(membership(tenant, bob.user), Role.VIEWER, actor=user_actor("alice"))
+    with tenant_context(tenant):
+        services.change_member_role(membership(tenant, bob.user), Role.VIEWER, actor=user_actor("alice"))
     assert new_records(tenant, before) == []
-    services.change_member_role(membership(tenant, bob.user), Role.ADMIN, actor=user_actor("alice"))
+    with tenant_context(tenant):
+        services.change_member_role(membership(tenant, bob.user), Role.ADMIN, actor=user_actor("alice"))
     record = only_new_record(tenant, before)
     assert (record["event"], record["actor"], record["user"]) == (
         "ADMIN_MEMBER_ROLE_CHANGED",
@@ -129,10 +136,10 @@ def test_changing_a_role_records_old_and_new_and_the_same_role_records_nothing(
 def test_the_last_owner_is_refused_and_nothing_is_recorded(tenant_a: Tenant) -> None:
     founder = User.objects.get(email="founder@acme.example")
     before = len(server_stream(tenant_a))
-    with pytest.raises(DomainError) as refused:
+    with pytest.raises(DomainError) as refused, tenant_context(tenant_a):
         services.change_member_role(membership(tenant_a, founder), Role.ADMIN, actor=user_actor("founder"))
     assert refused.value.code == "last_owner"
-    with pytest.raises(DomainError) as refused:
+    with pytest.raises(DomainError) as refused, tenant_context(tenant_a):
         services.remove_member(membership(tenant_a, founder), actor=user_actor("founder"))
     assert refused.value.code == "last_owner"
     assert new_records(tenant_a, before) == []
@@ -143,7 +150,8 @@ def test_removing_a_member_records_the_role_they_had_and_again_is_a_no_op(alice:
     tenant = alice.tenant
     target = membership(tenant, bob.user)
     before = len(server_stream(tenant))
-    services.remove_member(target, actor=user_actor("alice"))
+    with tenant_context(tenant):
+        services.remove_member(target, actor=user_actor("alice"))
     record = only_new_record(tenant, before)
     assert (record["event"], record["actor"], record["user"]) == (
         "ADMIN_MEMBER_REMOVED",
@@ -151,7 +159,8 @@ def test_removing_a_member_records_the_role_they_had_and_again_is_a_no_op(alice:
         bob.user.username,
     )
     assert record["old"] == {"role": "viewer"} and record["new"] is None
-    services.remove_member(target, actor=user_actor("alice"))
+    with tenant_context(tenant):
+        services.remove_member(target, actor=user_actor("alice"))
     assert len(server_stream(tenant)) == before + 1
 
 
@@ -162,13 +171,16 @@ def test_the_record_is_in_the_actions_transaction(alice: Person, bob: Person, mo
         raise RuntimeError("audit store unavailable")
 
     monkeypatch.setattr(services, "append_server_record", refuse)
+    monkeypatch.setattr(founding, "append_server_record", refuse)
     before = len(server_stream(alice.tenant))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError), tenant_context(alice.tenant):
         services.change_member_role(membership(alice.tenant, bob.user), Role.ADMIN, actor=user_actor("alice"))
     with pytest.raises(RuntimeError):
-        services.add_member(alice.tenant, "new@acme.example", Role.VIEWER, actor=user_actor("alice"))
+        in_tenant(
+            services.add_member, alice.tenant, "new@acme.example", Role.VIEWER, actor=user_actor("alice")
+        )
     with pytest.raises(RuntimeError):
-        services.create_tenant("foxtrot", "Foxtrot", "f@foxtrot.example", actor=cli_actor("ops"))
+        founding.create_tenant("foxtrot", "Foxtrot", "f@foxtrot.example", actor=cli_actor("ops"))
     assert membership(alice.tenant, bob.user).role == Role.VIEWER
     assert not User.objects.filter(email="new@acme.example").exists()
     assert not Tenant.objects.filter(slug="foxtrot").exists()
@@ -226,8 +238,11 @@ def test_member_pages_record_the_signed_in_actor(alice: Person, bob: Person) -> 
 
 def test_api_key_creation_and_revocation_record_old_and_new(tenant_a: Tenant) -> None:
     before = len(server_stream(tenant_a))
-    api_key, raw = services.create_api_key(
-        tenant_a, NewApiKey(name="ci", scopes=["read", "ingest"]), actor=user_actor("x")
+    api_key, raw = in_tenant(
+        services.create_api_key,
+        tenant_a,
+        NewApiKey(name="ci", scopes=["read", "ingest"]),
+        actor=user_actor("x"),
     )
     created = only_new_record(tenant_a, before)
     assert created["event"] == "ADMIN_API_KEY_CREATED" and created["actor"] == "user:x"
@@ -235,11 +250,13 @@ def test_api_key_creation_and_revocation_record_old_and_new(tenant_a: Tenant) ->
     assert created["old"] is None
     assert created["new"] == {"scopes": ["ingest", "read"], "expires_at": None, "revoked_at": None}
     assert raw not in str(server_stream(tenant_a))
-    services.revoke_api_key(api_key, actor=user_actor("y"))
+    with tenant_context(tenant_a):
+        services.revoke_api_key(api_key, actor=user_actor("y"))
     revoked = only_new_record(tenant_a, before + 1)
     assert revoked["event"] == "ADMIN_API_KEY_REVOKED" and revoked["actor"] == "user:y"
     assert revoked["old"] == {"revoked_at": None} and revoked["new"]["revoked_at"]
-    services.revoke_api_key(api_key, actor=user_actor("y"))
+    with tenant_context(tenant_a):
+        services.revoke_api_key(api_key, actor=user_actor("y"))
     assert len(server_stream(tenant_a)) == before + 2
 
 

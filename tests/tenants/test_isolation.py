@@ -42,10 +42,10 @@ def test_carol_sees_nothing_of_acme(tenant_a: Tenant, alice: Person, bob: Person
 def test_a_third_tenant_sees_nothing_of_the_first_two(
     tenant_a: Tenant, tenant_b: Tenant, alice: Person, carol: Person
 ) -> None:
-    from tenants import services
+    from tenants import founding
     from tests.support.factories import make_person
 
-    tenant_c = services.create_tenant(
+    tenant_c = founding.create_tenant(
         "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
     dave = make_person(tenant_c, "dave", "owner")

@@ -24,7 +24,7 @@ from core import rls
 from core.scoping import TenantManager, dangerously_bypass_orm_scope, tenant_context
 from sagas.api import SagaListView
 from sagas.models import Saga
-from tenants import services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Tenant
 from tests.support.chains import ensure_sample
@@ -34,7 +34,7 @@ from tests.support.isolation import assert_sees_nothing_of
 
 @pytest.fixture
 def tenant_c(db: None) -> Tenant:
-    return services.create_tenant(
+    return founding.create_tenant(
         "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
 

@@ -20,9 +20,10 @@ from django.db import connection
 from audit.models import Record
 from core.errors import DomainError
 from core.scoping import tenant_context
-from tenants import services
+from tenants import founding, services
 from tenants.actors import named_actor, user_actor
 from tenants.models import Membership, Role, Tenant
+from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -38,11 +39,13 @@ def _waiting_on_a_lock(pid: int) -> bool:
 
 
 def _demote(target: Membership) -> None:
-    services.change_member_role(target, Role.VIEWER, actor=user_actor("race"))
+    with tenant_context(target.tenant):
+        services.change_member_role(target, Role.VIEWER, actor=user_actor("race"))
 
 
 def _remove(target: Membership) -> None:
-    services.remove_member(target, actor=user_actor("race"))
+    with tenant_context(target.tenant):
+        services.remove_member(target, actor=user_actor("race"))
 
 
 @pytest.mark.parametrize(
@@ -55,10 +58,17 @@ def test_two_owners_acting_on_each_other_leave_one_owner(
     first_action: Callable[[Membership], None],
     second_action: Callable[[Membership], None],
 ) -> None:
-    tenant = services.create_tenant(
+    tenant = founding.create_tenant(
         "race", "Race Co", "ann@race.example", "pw-ann-123456", actor=named_actor("test")
     )
-    services.add_member(tenant, "ben@race.example", Role.OWNER, "pw-ben-123456", actor=named_actor("test"))
+    in_tenant(
+        services.add_member,
+        tenant,
+        "ben@race.example",
+        Role.OWNER,
+        "pw-ben-123456",
+        actor=named_actor("test"),
+    )
     users = get_user_model().objects
     with tenant_context(tenant):
         ann = Membership.objects.get(user=users.get(email="ann@race.example"))

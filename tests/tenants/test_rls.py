@@ -147,7 +147,9 @@ def test_memberships_of_are_the_persons_own(
     from tenants import services
 
     # Alice joins bravo as a viewer: two memberships; carol's are not among them.
-    services.add_member(tenant_b, alice.user.email, Role.VIEWER, "x" * 12, actor=named_actor("test"))
+    in_tenant(
+        services.add_member, tenant_b, alice.user.email, Role.VIEWER, "x" * 12, actor=named_actor("test")
+    )
     memberships = selectors.memberships_of(alice.user)
     assert [(m.tenant.slug, m.role, m.user_id) for m in memberships] == [
         ("acme", Role.OWNER, alice.user.pk),

@@ -219,10 +219,10 @@ def test_a_third_tenant_sees_no_seal_watermark_of_the_first_two(
     """The sealer's table (transparency.SealState) is scoped like every tenant table: the ORM
     shows a third tenant none of the first two's rows, and on Postgres raw SQL naming their
     tenant ids finds none either (row-level security), while each sees its own."""
-    from tenants import services
+    from tenants import founding
     from transparency.models import SealState
 
-    tenant_c = services.create_tenant(
+    tenant_c = founding.create_tenant(
         "charlie", "Charlie Freight", "founder@charlie.example", "x" * 12, actor=named_actor("test")
     )
     for tenant in (tenant_a, tenant_b, tenant_c):

@@ -9,7 +9,7 @@ import pytest
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
 from core.scoping import TenantScopeError, current_tenant, tenant_context, tenant_statements
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import ApiKey, Role, Tenant
 from tests.support.factories import PASSWORD, Person, make_person
@@ -35,9 +35,7 @@ def _visible_through_a_named_cursor() -> set[int]:
 
 @pytest.fixture
 def three(transactional_db: None, alice: Person, carol: Person) -> tuple[Tenant, Tenant, Tenant]:
-    third = tenant_services.create_tenant(
-        "third", "Third", "t@third.example", PASSWORD, actor=named_actor("test")
-    )
+    third = founding.create_tenant("third", "Third", "t@third.example", PASSWORD, actor=named_actor("test"))
     make_person(third, "trent", Role.OWNER)
     return alice.tenant, carol.tenant, third
 

@@ -14,6 +14,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 
 API = "/api/v1/audit"
@@ -135,8 +136,11 @@ def test_tiles_are_c2sp_and_give_the_same_proofs(log_a: tuple[note.Checkpoint, s
 def test_viewers_and_read_keys_read_the_log_but_cannot_start_exports(
     log_a: tuple[note.Checkpoint, str], bob: Person
 ) -> None:
-    _, read_key = tenant_services.create_api_key(
-        bob.tenant, NewApiKey(name="reader", scopes=["read"]), actor=named_actor("test")
+    _, read_key = in_tenant(
+        tenant_services.create_api_key,
+        bob.tenant,
+        NewApiKey(name="reader", scopes=["read"]),
+        actor=named_actor("test"),
     )
     read_only = APIClient()
     read_only.credentials(HTTP_AUTHORIZATION=f"Bearer {read_key}")

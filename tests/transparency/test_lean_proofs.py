@@ -22,6 +22,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import ApiKey, Tenant
 from tests.support.chains import Writer
 from tests.support.factories import Person
+from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import api
 
@@ -121,8 +122,11 @@ def test_each_tenant_gets_its_own_log_on_the_lean_path(
 
 
 def _scoped_key(tenant: Tenant, scopes: list[str]) -> str:
-    return tenant_services.create_api_key(
-        tenant, NewApiKey(name=f"k-{'-'.join(scopes)}", scopes=scopes), actor=named_actor("test")
+    return in_tenant(
+        tenant_services.create_api_key,
+        tenant,
+        NewApiKey(name=f"k-{'-'.join(scopes)}", scopes=scopes),
+        actor=named_actor("test"),
     )[1]
 
 
@@ -175,7 +179,8 @@ def test_a_revoked_or_expired_key_is_refused_at_once(alice: Person, log_a: int, 
     assert answer(raw, "inclusion", {"index": 0})[0] == 200  # remembered by this process now
     with tenant_context(tenant_a):
         key = ApiKey.objects.get(prefix=ApiKey.prefix_of(raw))
-    tenant_services.revoke_api_key(key, actor=named_actor("test"))
+    with tenant_context(tenant_a):
+        tenant_services.revoke_api_key(key, actor=named_actor("test"))
     status, body, _ = answer(raw, "inclusion", {"index": 0})
     assert status == 401 and b"revoked" in body
     from django.core.cache import cache

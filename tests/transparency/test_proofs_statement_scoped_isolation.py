@@ -10,7 +10,7 @@ import base64
 import pytest
 from django.db import connection
 
-from tenants import services as tenant_services
+from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role
 from tests.support.chains import Writer
@@ -29,9 +29,7 @@ def test_statement_scoped_proofs_answer_only_the_askers_log(
     writer_b.saga("b0")
     settle(alice.tenant)
     settle(carol.tenant)
-    third = tenant_services.create_tenant(
-        "third", "Third", "t@third.example", PASSWORD, actor=named_actor("test")
-    )
+    third = founding.create_tenant("third", "Third", "t@third.example", PASSWORD, actor=named_actor("test"))
     trent = make_person(third, "trent", Role.OWNER)
     assert not connection.in_atomic_block  # the views' own path: no transaction around them
 

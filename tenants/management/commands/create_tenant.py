@@ -3,7 +3,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import DomainError
-from tenants import services
+from tenants import founding
 from tenants.actors import cli_actor
 
 
@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            tenant = services.create_tenant(
+            tenant = founding.create_tenant(
                 options["slug"],
                 options["name"],
                 options["owner_email"],

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from tenants import services
+from tenants import founding, services
 from tenants.actors import system_actor
 from tenants.entry import command_tenant
 from tenants.models import Role, Tenant
@@ -71,7 +71,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         password = options["password"]
         if not Tenant.objects.filter(slug=DEMO_SLUG).exists():
-            services.create_tenant(DEMO_SLUG, "Demo Co", DEMO_PEOPLE[0][0], password, actor=ACTOR)
+            founding.create_tenant(DEMO_SLUG, "Demo Co", DEMO_PEOPLE[0][0], password, actor=ACTOR)
         key_file = demo_key_path()
         raw_key = ""
         # The tenant entered as every command enters it (the services assert the scope).
