@@ -372,9 +372,6 @@ TENANT_ENTRY_MODULES: dict[str, str] = {
     "fleet.actions.store": "ledger_since: the Redis store's rebuild reads a tenant's ledger by its id, "
     "from a gate decision or the outage probe across tenants",
 }
-# Services and actions that still open a scope of their own: none since tenants.services (issue 25).
-# It stays empty: a service or action asserts the tenant its transport entered.
-NOT_YET_CONVERTED: frozenset[str] = frozenset()
 
 
 def _is_transport(module: str) -> bool:
@@ -411,13 +408,9 @@ def modules_entering_tenants() -> dict[str, list[str]]:
 
 
 def test_services_assert_the_tenant_instead_of_entering_it() -> None:
-    new = {m: where for m, where in modules_entering_tenants().items() if m not in NOT_YET_CONVERTED}
-    assert new == {}, "enter the tenant at the transport; assert it with core.scoping.require_tenant"
-
-
-def test_the_unconverted_services_only_shrink() -> None:
-    gone = sorted(NOT_YET_CONVERTED - set(modules_entering_tenants()))
-    assert gone == [], "these modules enter no tenant now: delete their NOT_YET_CONVERTED entries"
+    assert modules_entering_tenants() == {}, (
+        "enter the tenant at the transport; assert it with core.scoping.require_tenant"
+    )
 
 
 def test_a_service_entering_a_tenant_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
