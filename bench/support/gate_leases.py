@@ -89,17 +89,9 @@ def partitioned_halt(trials: int, ttl_ms: int = 1000) -> dict[str, Any]:
     }
 
 
-def in_view(action: Any, tenant: Any, *args: Any, **options: Any) -> Any:
-    """A lease service as its view calls it (fleet/api.py): inside the tenant's transaction, which
-    the view mixin enters (the services assert it)."""
-    from core.scoping import tenant_context
-
-    with tenant_context(tenant):
-        return action(tenant, *args, **options)
-
-
 def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> dict[str, Any]:
     from fleet.gate import GateRequest
+    from tests.support.scoping import in_tenant  # a lease service as its view calls it
 
     def request(n: int) -> GateRequest:
         return GateRequest(
@@ -116,7 +108,7 @@ def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> 
     served, grants = 0, 0
     started = time.process_time()
     while served < decisions * 4:
-        answer = in_view(
+        answer = in_tenant(
             services.grant_lease,
             tenant,
             request(0),
@@ -127,7 +119,7 @@ def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> 
         )
         assert answer["decision"] == "lease", answer
         granted = int(float(answer["limits"][0]["granted"]))
-        in_view(
+        in_tenant(
             services.give_back_lease,
             tenant,
             uuid.UUID(answer["lease_id"]),
@@ -147,6 +139,7 @@ def cpu_per_decision(services: Any, tenant: Any, store: Any, decisions: int) -> 
 
 def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any]:
     from fleet.gate import GateRequest
+    from tests.support.scoping import in_tenant  # a lease service as its view calls it
 
     performed = [0] * AGENTS
     failures = [0]
@@ -174,7 +167,7 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
         request = GateRequest(
             saga_id=f"o-{n}", step_id=str(uuid.uuid4()), tool="cap.spend", args={"amount": 1}
         )
-        answer = in_view(
+        answer = in_tenant(
             services.grant_lease,
             tenant,
             request,
@@ -188,7 +181,7 @@ def overspend(services: Any, tenant: Any, store: Any, cap: int) -> dict[str, Any
             with lock:
                 performed[n] += granted
             lease_id = uuid.UUID(answer["lease_id"])
-            in_view(
+            in_tenant(
                 services.give_back_lease,
                 tenant,
                 lease_id,
