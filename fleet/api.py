@@ -14,6 +14,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.cache import cache
@@ -147,10 +148,15 @@ def _returned(tenant: Any, data: Any, actor: Actor, name: str) -> dict[str, Any]
     used = data.get("used", {})
     if not isinstance(used, dict):
         raise DomainError("invalid", f"{name}.used: an object of amounts by limit", field=f"{name}.used")
+    return _give_back(tenant, _uuid(data.get("lease_id"), f"{name}.lease_id"), used, actor, name)
+
+
+def _give_back(
+    tenant: Any, lease_id: uuid.UUID, used: Mapping[str, Any], actor: Actor, name: str
+) -> dict[str, Any]:
+    """The lease given back, its use judged with it (`{name}.used` at fault), or 404."""
     try:
-        answer = services.give_back_lease(
-            tenant, _uuid(data.get("lease_id"), f"{name}.lease_id"), used, actor=actor
-        )
+        answer = services.give_back_lease(tenant, lease_id, used, actor=actor)
     except ValueError as exc:
         raise DomainError("invalid", f"{name}.{exc}", field=f"{name}.used") from None
     if answer is None:
@@ -211,15 +217,13 @@ class GateLeaseReturnView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="gate_lease_return",
-        request=inline_serializer("GateLeaseReturn", {"used": serializers.DictField(required=False)}),
-        responses={200: _LEASE_ANSWER},
+        request=services.GateLeaseReturn,
+        responses={200: _LEASE_ANSWER, 404: ErrorSerializer},
     )
     def post(self, request: Request, lease_id: uuid.UUID) -> Response:
-        return Response(
-            _returned(
-                self.tenant, {**json_object(request.data), "lease_id": str(lease_id)}, self.actor, "body"
-            )
-        )
+        # The body's shape is judged first; its limits and amounts with the lease, once found.
+        use = services.GateLeaseReturn.parse(request.data)
+        return Response(_give_back(self.tenant, lease_id, use.used, self.actor, "body"))
 
 
 # ------------------------------------------------------------------------------------ reservations
@@ -246,19 +250,13 @@ class GateReservationSettleView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="gate_reservation_settle",
-        request=inline_serializer("GateSettle", {"actual": serializers.CharField()}),
+        request=services.GateSettle,
         responses={200: _SETTLEMENT, 404: ErrorSerializer},
     )
     def post(self, request: Request, reservation_id: uuid.UUID) -> Response:
-        data = json_object(request.data)
-        if "actual" not in data:
-            raise DomainError("invalid", "actual: the amount the call really cost", field="actual")
-        try:
-            answer = services.settle_reservation(
-                self.tenant, reservation_id, data["actual"], actor=self.actor
-            )
-        except ValueError as exc:
-            raise DomainError("invalid", f"actual: {exc}", field="actual") from None
+        # The amount is judged before the reservation is looked up (a bad one is 400, found or not).
+        settlement = services.GateSettle.parse(request.data)
+        answer = services.settle_reservation(self.tenant, reservation_id, settlement.actual, actor=self.actor)
         if answer is None:
             raise DomainError("not_found", "no such reservation", status=404)
         return Response(answer)
@@ -507,11 +505,11 @@ class QuarantineView(TenantScopedViewMixin, APIView):
     )
     def post(self, request: Request, saga_id: str) -> Response:
         """A saga no record has named yet is 404 `saga_not_found`, unless `preemptive: true`."""
-        data = json_object(request.data)
         # 404 before the body is judged, unless the body asks for preemptive (or names a wrong
         # flag, refused as such by the input).
-        services.refuse_unknown_saga(saga_id, preemptive=data.get("preemptive", False) is not False)
-        terms = services.QuarantineCreate.parse(data)
+        asked = services.QuarantineAsked.parse(request.data)
+        services.refuse_unknown_saga(saga_id, preemptive=asked.preemptive)
+        terms = services.QuarantineCreate.parse(request.data)
         row = services.quarantine(self.tenant, saga_id, terms, actor=self.actor)
         return Response(
             {"saga_id": row.saga_id, "reason": row.reason, "actor": row.actor, "preemptive": row.preemptive},

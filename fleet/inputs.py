@@ -1,4 +1,5 @@
-"""The fleet's commands as typed inputs (`core.inputs`): a budget, a rate limit and a halt. The
+"""The fleet's commands as typed inputs (`core.inputs`): a budget, a rate limit, a halt, a breaker,
+the gate's settings, a quarantine, a reservation's settlement and a lease's return. The
 API views parse their bodies with these, the Fleet page's forms build the same bodies from what was
 typed, the services take the dataclasses, and the OpenAPI schema documents the serializers (their
 names are the schema's components)."""
@@ -6,10 +7,15 @@ names are the schema's components)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from rest_framework import serializers
+from rest_framework.fields import SkipField, empty
+
+from core.errors import DomainError
 from core.inputs import Amount, Choice, Flag, Input, Strings, Text, Whole
 from fleet import gate
 from fleet.models import HaltMode, OnCap
@@ -327,3 +333,88 @@ class QuarantineCreate(Input[QuarantineTerms]):
 
     preemptive = Flag(code="invalid_preemptive", message="preemptive must be true or false", required=False)
     reason = _reason()
+
+
+class _Asked(serializers.BooleanField):
+    """Whether a quarantine's body asks to be preemptive: any `preemptive` but a missing or false
+    one (a wrong one is then refused as such by `QuarantineCreate`, not as an unknown saga)."""
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if data is empty:
+            raise SkipField
+        return data is not False
+
+
+@dataclass(frozen=True)
+class QuarantineAsk:
+    """What a quarantine's body asks before its saga is looked up."""
+
+    preemptive: bool = False
+
+
+class QuarantineAsked(Input[QuarantineAsk]):
+    """The part of a quarantine's body read before the saga is looked up (its 404 comes before
+    the body is judged, unless the body asks for preemptive): not a schema, `QuarantineCreate` is."""
+
+    command = QuarantineAsk
+
+    preemptive = _Asked(required=False)
+
+
+# ------------------------------------------------------------------- settlements and lease returns
+
+
+class _Actual(serializers.CharField):
+    """A reservation's actual cost: a JSON number or a decimal string, finite and not negative
+    (`gate.to_units`), kept rounded up to the gate's units; refused with what is wrong with it."""
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if data is empty:
+            raise DomainError("invalid", "actual: the amount the call really cost", field="actual")
+        try:
+            units = gate.to_units(gate.amount_sent(data))
+        except ValueError as exc:
+            raise DomainError("invalid", f"actual: {exc}", field="actual") from None
+        return Decimal(units) / gate.SCALE
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What a reserved call really cost."""
+
+    actual: Decimal
+
+
+class GateSettle(Input[Settlement]):
+    """`{"actual": amount}`: judged before the reservation is looked up."""
+
+    command = Settlement
+
+    actual = _Actual()
+
+
+class _Used(serializers.DictField):
+    """A lease's use, `{limit: amount}`: an object here; its limits and amounts are judged with
+    the lease, once it is found (a lease given back already answers without judging them)."""
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if data is empty:
+            raise SkipField
+        if not isinstance(data, dict):
+            raise DomainError("invalid", "body.used: an object of amounts by limit", field="body.used")
+        return dict(data)
+
+
+@dataclass(frozen=True)
+class LeaseUse:
+    """What a lease's holder used of each limit (a limit not named: nothing)."""
+
+    used: Mapping[str, Any] = field(default_factory=dict)
+
+
+class GateLeaseReturn(Input[LeaseUse]):
+    """`{"used"?: {limit: amount}}`: the object's shape here, its amounts with the lease."""
+
+    command = LeaseUse
+
+    used = _Used(required=False)
