@@ -145,7 +145,8 @@ def job_assign(request: MemberRequest, job_id: str) -> HttpResponse:
     job = _job(job_id)
     assignee = request.POST.get("assignee", "")
     try:
-        services.assign(request.tenant, job.pk, actor=actor_of(request), assignee=assignee)
+        assignment = services.AssignJob.parse({"assignee": assignee})
+        services.assign(request.tenant, job.pk, assignment, actor=actor_of(request))
     except DomainError as refused:
         messages.error(request, f"Not assigned: {refused.detail}")
         return _back(request)

@@ -8,7 +8,8 @@ the token the claim returned (409 `stale_token` when it is no longer the job's).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -28,6 +29,7 @@ from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VI
 from tenants.models import Tenant
 from tenants.permissions import TenantScopedViewMixin
 
+C = TypeVar("C")
 POLL_S = 0.1
 MAX_HANDLERS = 500
 NAME_MAX = 200
@@ -138,12 +140,12 @@ class CompleteView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_job_complete",
-        request=inline_serializer("RecoveryComplete", {"token": serializers.IntegerField()}),
+        request=services.CompleteJob,
         responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = json_object(request.data)
-        job = services.complete(self.tenant, _uuid(job_id), token=data.get("token"), actor=self.actor)
+        job_pk, completion = _judged(job_id, lambda: services.CompleteJob.parse(request.data))
+        job = services.complete(self.tenant, job_pk, completion, actor=self.actor)
         return Response({"id": str(job.pk), "state": job.state})
 
 
@@ -155,28 +157,12 @@ class FailView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_job_fail",
-        request=inline_serializer(
-            "RecoveryFail",
-            {
-                "token": serializers.IntegerField(),
-                "error": serializers.CharField(),
-                "retryable": serializers.BooleanField(required=False),
-                "reason": serializers.CharField(required=False),
-            },
-        ),
+        request=services.FailJob,
         responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = json_object(request.data)
-        job = services.fail(
-            self.tenant,
-            _uuid(job_id),
-            token=data.get("token"),
-            actor=self.actor,
-            error=data.get("error"),
-            retryable=data.get("retryable", True),
-            reason=data.get("reason"),
-        )
+        job_pk, failure = _judged(job_id, lambda: services.FailJob.parse(request.data))
+        job = services.fail(self.tenant, job_pk, failure, actor=self.actor)
         return Response({"id": str(job.pk), "state": job.state})
 
 
@@ -218,17 +204,12 @@ class HeartbeatView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_job_heartbeat",
-        request=inline_serializer(
-            "RecoveryHeartbeat",
-            {"token": serializers.IntegerField(), "lease_s": serializers.FloatField(required=False)},
-        ),
+        request=services.HeartbeatJob,
         responses={200: _RESULT, 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = json_object(request.data)
-        job = services.heartbeat(
-            self.tenant, _uuid(job_id), token=data.get("token"), lease_s=data.get("lease_s")
-        )
+        job_pk, extension = _judged(job_id, lambda: services.HeartbeatJob.parse(request.data))
+        job = services.heartbeat(self.tenant, job_pk, extension)
         return Response({"id": str(job.pk), "state": job.state})
 
 
@@ -247,6 +228,21 @@ def _uuid(value: str) -> Any:
         return uuid.UUID(value)
     except ValueError:
         raise DomainError("not_found", "no such recovery job", status=404) from None
+
+
+def _judged(job_id: str, parse: Callable[[], C], *, found: Callable[[str], Any] = _uuid) -> tuple[Any, C]:
+    """The path's job (`found`: its id, 404 if it names none) and the body's command (`parse`),
+    refused in the order these views always kept: a body that is not a JSON object (400, field
+    "body") first, then the path's job (404), then the body's fields (400). A worker's report
+    finds its job by its id alone (its token is judged before the service looks it up); a
+    decision's job is looked up before its body is judged."""
+    try:
+        command = parse()
+    except DomainError as refused:
+        if refused.field != "body":
+            found(job_id)  # a 404 wins over a field at fault
+        raise
+    return found(job_id), command
 
 
 class JobListView(TenantScopedViewMixin, APIView):
@@ -312,12 +308,14 @@ class AssignView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_job_assign",
-        request=inline_serializer("RecoveryAssign", {"assignee": serializers.CharField(allow_blank=True)}),
+        request=services.AssignJob,
         responses={200: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, job_id: str) -> Response:
-        data = json_object(request.data)
-        job = services.assign(self.tenant, _uuid(job_id), actor=self.actor, assignee=data.get("assignee"))
+        job_pk, assignment = _judged(
+            job_id, lambda: services.AssignJob.parse(request.data), found=_existing_job
+        )
+        job = services.assign(self.tenant, job_pk, assignment, actor=self.actor)
         return Response(selectors.job_json(job))
 
 

@@ -1,7 +1,9 @@
 """Recovery's commands as typed inputs (`core.inputs`): the API's body, the service's signature and
-the OpenAPI schema (the webhook, a human's resolution of a job, "rollback to here"). The views judge
-a decision's body once the path's job or saga is found (another tenant's id is a 404 whatever the
-body says). Retrying a job takes no body."""
+the OpenAPI schema (the webhook, a human's resolution or assignment of a job, "rollback to here",
+and a worker's completion, failure and heartbeat of the job it holds). The views judge a decision's
+body once the path's job or saga is found (another tenant's id is a 404 whatever the body says); a
+worker's report is judged before its job is looked up, as it always was (recovery.api._judged).
+Retrying a job takes no body."""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ from django.core.validators import URLValidator
 from rest_framework import serializers
 
 from core.errors import DomainError
-from core.inputs import Input, Strings, Text, Whole
+from core.inputs import Flag, Input, Strings, Text, Whole
+from core.numbers import finite_number
 from core.outbound import check_url
+from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, TEXT_MAX
+from recovery.models import Escalation
 
 URL_MAX = 500
 MAX_HANDLERS = 100
 HANDLER_MAX = 200
-NOTE_MAX = 2000  # recovery.actions.common.TEXT_MAX
+NOTE_MAX = TEXT_MAX
 STEP_MAX = 10**8 - 1  # the dashboard's form takes up to 8 digits
 
 
@@ -100,3 +105,134 @@ class RollbackSaga(Input[RollbackTo]):
     MISSING_IS_WRONG = True
 
     to_step = Whole(code="invalid", message="to_step: a step number from 0", min_value=0, max_value=STEP_MAX)
+
+
+ASSIGNEE_MAX = 200
+TOKEN = "token: the integer the claim returned"
+
+
+def _token() -> Whole:
+    """The job's fencing token the claim returned (a JSON integer; the service compares it)."""
+    return Whole(code="invalid", message=TOKEN)
+
+
+def _refused(field: serializers.Field, message: str) -> DomainError:
+    return DomainError("invalid", message, field=field.field_name)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The compensation ran; `token` is the holder's."""
+
+    token: int
+
+
+class CompleteJob(Input[Completion]):
+    """`{"token"}`."""
+
+    command = Completion
+    MISSING_IS_WRONG = True  # a missing token is refused like a wrong one
+
+    token = _token()
+
+
+class _ErrorText(serializers.CharField):
+    """Free text of at most TEXT_MAX characters without NUL; missing or null is ""."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty or data is None:
+            return ""
+        if not isinstance(data, str) or len(data) > TEXT_MAX or "\x00" in data:
+            raise _refused(self, f"{self.field_name}: a string of at most {TEXT_MAX} characters")
+        return data
+
+
+class _Reason(serializers.CharField):
+    """Why the failure escalates at once: omitted (or null), or "no_handler"."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty or data is None:
+            return None
+        if data != Escalation.NO_HANDLER.value:
+            raise _refused(self, "reason: omit it, or 'no_handler'")
+        return data
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The compensation raised `error`: retried after a backoff while attempts remain and
+    `retryable`, else escalated; `reason="no_handler"` (the worker cannot run it) escalates at once."""
+
+    token: int
+    error: str = ""
+    retryable: bool = True
+    reason: str | None = None
+
+
+class FailJob(Input[Failure]):
+    """`{"token", "error"?, "retryable"? (true), "reason"?}`, judged in the order the service
+    judged them: error, retryable, reason, then the token."""
+
+    command = Failure
+    MISSING_IS_WRONG = True
+
+    error = _ErrorText(required=False, allow_null=True, max_length=TEXT_MAX)
+    retryable = Flag(code="invalid", message="retryable: true or false", required=False)
+    reason = _Reason(required=False, allow_null=True)
+    token = _token()
+
+
+class _LeaseSeconds(serializers.FloatField):
+    """Seconds from 1 to MAX_JOB_LEASE_S, a JSON number (not a boolean); missing or null is
+    DEFAULT_JOB_LEASE_S."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty or data is None:
+            return DEFAULT_JOB_LEASE_S
+        if not finite_number(data) or not 1 <= data <= MAX_JOB_LEASE_S:
+            raise _refused(self, f"lease_s: seconds from 1 to {MAX_JOB_LEASE_S:g}")
+        return float(data)
+
+
+@dataclass(frozen=True)
+class LeaseExtension:
+    """Still working on it: the holder's lease runs `lease_s` seconds from now."""
+
+    token: int
+    lease_s: float = DEFAULT_JOB_LEASE_S
+
+
+class HeartbeatJob(Input[LeaseExtension]):
+    """`{"token", "lease_s"? (1-300, default 30)}`: lease_s judged first, as the service did."""
+
+    command = LeaseExtension
+    MISSING_IS_WRONG = True
+
+    lease_s = _LeaseSeconds(required=False, allow_null=True, min_value=1, max_value=MAX_JOB_LEASE_S)
+    token = _token()
+
+
+class _Assignee(serializers.CharField):
+    """A username of at most ASSIGNEE_MAX characters, or "" (blanks only too) for nobody; kept
+    without its surrounding blanks. Whether it names a member is the service's (after the job's
+    state), so any other text is that refusal, as before."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if not isinstance(data, str) or len(data) > ASSIGNEE_MAX:
+            raise _refused(self, 'assignee: a member\'s username, or "" for nobody')
+        return data.strip()
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Who takes up an escalated job (a member's username), "" for nobody."""
+
+    assignee: str
+
+
+class AssignJob(Input[Assignment]):
+    """`{"assignee"}`."""
+
+    command = Assignment
+
+    assignee = _Assignee(allow_blank=True, max_length=ASSIGNEE_MAX)

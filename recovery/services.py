@@ -26,7 +26,22 @@ from recovery.actions.webhooks import (
     set_webhook,
     webhook_secret,
 )
-from recovery.inputs import NewWebhook, Resolution, ResolveJob, RollbackSaga, RollbackTo, WebhookSet
+from recovery.inputs import (
+    AssignJob,
+    Assignment,
+    CompleteJob,
+    Completion,
+    FailJob,
+    Failure,
+    HeartbeatJob,
+    LeaseExtension,
+    NewWebhook,
+    Resolution,
+    ResolveJob,
+    RollbackSaga,
+    RollbackTo,
+    WebhookSet,
+)
 
 __all__ = [
     "EVIDENCE_STALE_S",
@@ -34,6 +49,14 @@ __all__ = [
     "SWEEP_BATCH",
     "SYSTEM_ACTOR",
     "TAKEOVER_BATCH",
+    "AssignJob",
+    "Assignment",
+    "CompleteJob",
+    "Completion",
+    "FailJob",
+    "Failure",
+    "HeartbeatJob",
+    "LeaseExtension",
     "NewWebhook",
     "QuarantineCreate",
     "Resolution",

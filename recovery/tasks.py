@@ -118,8 +118,9 @@ def deliver_webhook(tenant: Tenant, job_id: str) -> str:
         secret = services.webhook_secret(hook) if hook is not None else ""
     actor = system_actor("recovery-webhook")
 
-    def fail(error: str, **reason: str) -> None:
-        record(services.fail, tenant, job.pk, token=job.epoch, actor=actor, error=error, **reason)
+    def fail(error: str, reason: str | None = None) -> None:
+        failure = services.Failure(token=job.epoch, error=error, reason=reason)
+        record(services.fail, tenant, job.pk, failure, actor=actor)
 
     if hook is None:
         fail("the webhook was removed", reason="no_handler")
@@ -133,7 +134,7 @@ def deliver_webhook(tenant: Tenant, job_id: str) -> str:
         fail(f"webhook unreachable: {exc}"[:500])
         return "unreachable"
     if 200 <= status < 300:
-        record(services.complete, tenant, job.pk, token=job.epoch, actor=actor)
+        record(services.complete, tenant, job.pk, services.Completion(token=job.epoch), actor=actor)
         return "delivered"
     fail(f"webhook answered HTTP {status}")
     return f"HTTP {status}"

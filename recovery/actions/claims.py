@@ -18,6 +18,7 @@ from core.numbers import finite_number
 from core.scoping import require_tenant
 from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, claimable
 from recovery.actions.takeover import take_over_on_claim
+from recovery.inputs import LeaseExtension
 from recovery.models import (
     Delivery,
     Job,
@@ -124,9 +125,8 @@ def claim_many(
     )
 
 
-def held(job_id: Any, token: Any) -> Job:
+def held(job_id: Any, token: int) -> Job:
     """The job, locked, if `token` is its current fencing token and it is still claimed."""
-    token_of(token)
     job = Job.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
         raise DomainError("not_found", "no such recovery job", status=404)
@@ -135,12 +135,11 @@ def held(job_id: Any, token: Any) -> Job:
     return job
 
 
-def heartbeat(tenant: Tenant, job_id: Any, *, token: Any, lease_s: Any = None) -> Job:
+def heartbeat(tenant: Tenant, job_id: Any, extension: LeaseExtension) -> Job:
     """Extend the holder's lease (a long compensation)."""
-    seconds = lease_seconds(lease_s)
     require_tenant(tenant)  # its one write is its last statement: no savepoint of its own
-    job = held(job_id, token)
-    job.lease_expires_at = timezone.now() + timedelta(seconds=seconds)
+    job = held(job_id, extension.token)
+    job.lease_expires_at = timezone.now() + timedelta(seconds=extension.lease_s)
     job.save(update_fields=["lease_expires_at"])
     return job
 
@@ -153,9 +152,3 @@ def stale(token: Any) -> DomainError:
         status=409,
         field="token",
     )
-
-
-def token_of(value: Any) -> int:
-    if type(value) is not int:
-        raise DomainError("invalid", "token: the integer the claim returned", field="token")
-    return value

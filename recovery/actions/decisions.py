@@ -15,7 +15,7 @@ from core.scoping import require_tenant
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
 from recovery.actions.runs import RunRequest, maybe_finish, start_runs
-from recovery.inputs import Resolution, RollbackTo
+from recovery.inputs import Assignment, Resolution, RollbackTo
 from recovery.models import (
     UNFINISHED_RUN_STATES,
     Job,
@@ -106,9 +106,6 @@ def resolve(tenant: Tenant, job_id: Any, resolution: Resolution, *, actor: Actor
         return job
 
 
-ASSIGNEE_MAX = 200
-
-
 def assignees() -> list[str]:
     """The active tenant's members who may decide recovery (and so take up a job), by username."""
     from tenants.access import RECOVERY_DECIDE, decide
@@ -117,16 +114,14 @@ def assignees() -> list[str]:
     return [m.user.get_username() for m in members() if decide(RECOVERY_DECIDE, membership=m) is None]
 
 
-def assign(tenant: Tenant, job_id: Any, *, actor: Actor, assignee: Any) -> Job:
+def assign(tenant: Tenant, job_id: Any, assignment: Assignment, *, actor: Actor) -> Job:
     """Someone takes up an escalated job: acknowledges it (the acting person names themself) or
     hands it to another member who may decide recovery; "" hands it back to nobody. Recorded
     (RECOVERY_ASSIGNED, old and new) in the same transaction."""
     require_tenant(tenant)
     with transaction.atomic():
-        job, _ = _job_for_decision(job_id)  # another tenant's job: not found, whatever the body
-        if not isinstance(assignee, str) or len(assignee) > ASSIGNEE_MAX:
-            raise DomainError("invalid", 'assignee: a member\'s username, or "" for nobody', field="assignee")
-        name = assignee.strip()
+        job, _ = _job_for_decision(job_id)
+        name = assignment.assignee
         if job.state != JobState.ESCALATED:
             raise DomainError(
                 "not_escalated", f"this job is {job.state}, not waiting for a human", status=409

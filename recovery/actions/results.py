@@ -19,9 +19,10 @@ from core import timing
 from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import require_tenant
-from recovery.actions.claims import JOBS, held, stale, token_of
+from recovery.actions.claims import JOBS, held, stale
 from recovery.actions.common import text_field
 from recovery.actions.runs import advance_runs, escalate
+from recovery.inputs import Completion, Failure
 from recovery.models import (
     Escalation,
     Job,
@@ -34,30 +35,24 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 
 
-def complete(tenant: Tenant, job_id: Any, *, token: Any, actor: Actor) -> Job:
-    """Record a compensation as done, if `token` still holds the job (409 otherwise)."""
-    (outcome,) = complete_many(tenant, [(job_id, token)], actor=actor)
+def complete(tenant: Tenant, job_id: Any, completion: Completion, *, actor: Actor) -> Job:
+    """Record a compensation as done, if the completion's token still holds the job (404 for no
+    such job, 409 `stale_token` otherwise)."""
+    require_tenant(tenant)  # refusals are answers, not exceptions: nothing to undo, no savepoint
+    (outcome,) = complete_locked(tenant, [(job_id, completion.token)], actor=actor)
     if isinstance(outcome, DomainError):
         raise outcome
     return outcome
 
 
-def complete_many(
-    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: Actor
-) -> list[Job | DomainError]:
-    """Record several compensations as done in one transaction: each (job id, token) whose token
-    still holds its job is compensated, the others answer their error (404, 409 `stale_token`)
-    and record nothing. One UPDATE for the jobs, one for their runs, and one server-stream batch
-    of COMPENSATED records (then one of ROLLBACK_END for the runs this finished)."""
-    for _, token in items:
-        token_of(token)
-    require_tenant(tenant)  # refusals are answers, not exceptions: nothing to undo, no savepoint
-    return complete_locked(tenant, items, actor=actor)
-
-
 def complete_locked(
-    tenant: Tenant, items: Sequence[tuple[Any, Any]], *, actor: Actor
+    tenant: Tenant, items: Sequence[tuple[Any, int]], *, actor: Actor
 ) -> list[Job | DomainError]:
+    """Record several compensations as done in the caller's transaction: each (job id, token)
+    whose token still holds its job is compensated, the others answer their error (404, 409
+    `stale_token`) and record nothing. One UPDATE for the jobs, one for their runs, and one
+    server-stream batch of COMPENSATED records (then one of ROLLBACK_END for the runs this
+    finished)."""
     ids = [job_id for job_id, _ in items]
     with timing.phase("lock_jobs"):
         jobs = {job.pk: job for job in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
@@ -122,28 +117,15 @@ def backoff(attempts: int) -> float:
     return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, attempts - 1)))
 
 
-def fail(
-    tenant: Tenant,
-    job_id: Any,
-    *,
-    token: Any,
-    actor: Actor,
-    error: Any,
-    retryable: Any = True,
-    reason: Any = None,
-) -> Job:
+def fail(tenant: Tenant, job_id: Any, failure: Failure, *, actor: Actor) -> Job:
     """Record a failed attempt: retried after a backoff while attempts remain, else escalated.
     `reason="no_handler"` (the worker cannot run this handler) escalates at once."""
-    message = text_field(error, "error")
-    if type(retryable) is not bool:
-        raise DomainError("invalid", "retryable: true or false", field="retryable")
-    if reason not in (None, Escalation.NO_HANDLER.value):
-        raise DomainError("invalid", "reason: omit it, or 'no_handler'", field="reason")
+    message, reason = failure.error, failure.reason
     require_tenant(tenant)
     with transaction.atomic():  # a savepoint: report_many answers a refused failure and goes on
-        job = held(job_id, token)
+        job = held(job_id, failure.token)
         run = Run.objects.select_for_update().get(pk=job.run_id)
-        final = reason is not None or not retryable or job.attempts >= job.max_attempts
+        final = reason is not None or not failure.retryable or job.attempts >= job.max_attempts
         job.last_error = message
         job.lease_expires_at = None
         evidence: list[tuple[str, dict[str, Any]]] = [
@@ -182,7 +164,7 @@ MAX_RESULTS = 500
 def report_many(tenant: Tenant, results: Any, *, actor: Actor) -> list[Job | DomainError]:
     """Several results in one request and one transaction: `[{"id", "token", "ok": true} |
     {"id", "token", "ok": false, "error", "retryable"?, "reason"?}]`. Completions are recorded
-    together (`complete_many`); each failure as `fail` records it. An item whose token no longer
+    together (`complete_locked`); each failure as `fail` records it. An item whose token no longer
     holds its job answers its error and records nothing; a malformed item refuses the whole
     request (400, naming it)."""
     if not isinstance(results, list) or not 0 < len(results) <= MAX_RESULTS:
@@ -224,15 +206,13 @@ def report_many(tenant: Tenant, results: Any, *, actor: Actor) -> list[Job | Dom
             outcomes[i] = outcome
     for i, job_id, item in failed:
         try:
-            outcomes[i] = fail(
-                tenant,
-                job_id,
+            failure = Failure(
                 token=item["token"],
-                actor=actor,
-                error=item.get("error"),
+                error=item.get("error") or "",
                 retryable=item.get("retryable", True),
                 reason=item.get("reason"),
             )
+            outcomes[i] = fail(tenant, job_id, failure, actor=actor)
         except DomainError as exc:
             outcomes[i] = exc
     return [outcome for outcome in outcomes if outcome is not None]

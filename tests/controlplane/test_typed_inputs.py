@@ -32,11 +32,7 @@ HAND_PARSED: dict[str, str] = {
     "reconciliation.api.ReportView.post": "the token is judged after the check is found",
     "reconciliation.api.AnswersView.post": "each answer's token is judged after its check is found",
     "recovery.api.ClaimView.post": "results and max_jobs are checked in the view and in the service",
-    "recovery.api.CompleteView.post": "the token is judged after the job is found",
-    "recovery.api.FailView.post": "the token is judged after the job is found",
     "recovery.api.ResultsView.post": "each result's token is judged after its job is found",
-    "recovery.api.HeartbeatView.post": "the token and lease_s are judged after the job is found",
-    "recovery.api.AssignView.post": "the job is found before the assignee is judged",
 }
 
 

@@ -54,7 +54,11 @@ def test_concurrent_single_results_each_land_once_with_their_evidence(
     jobs = claimed(tenant_a, sagas)
     outcomes = at_once(
         lambda job: in_tenant(
-            services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test")
+            services.complete,
+            tenant_a,
+            job.pk,
+            services.Completion(token=job.epoch),
+            actor=named_actor("test"),
         ),
         jobs,
     )
@@ -87,7 +91,13 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
 
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", crash)
-        job = in_tenant(services.complete, tenant_a, newest.pk, token=newest.epoch, actor=named_actor("test"))
+        job = in_tenant(
+            services.complete,
+            tenant_a,
+            newest.pk,
+            services.Completion(token=newest.epoch),
+            actor=named_actor("test"),
+        )
         assert job.state == JobState.COMPENSATED
         # The result is recorded and the saga moves on: its next (older) step is claimable.
         (older,) = claimed(tenant_a, 1)
@@ -96,9 +106,8 @@ def test_evidence_whose_append_failed_after_the_result_stays_pending_and_is_chai
             services.fail,
             tenant_a,
             older.pk,
-            token=older.epoch,
+            services.Failure(token=older.epoch, error="card declined"),
             actor=named_actor("test"),
-            error="card declined",
         )
         assert failed.state == JobState.PENDING
     assert in_tenant(audit_services.pending_server_records, tenant_a) == 2
@@ -129,7 +138,13 @@ def test_a_direct_server_append_chains_pending_evidence_first(
     (job,) = claimed(tenant_a, 1)
     with monkeypatch.context() as patched:
         patched.setattr(server_stream_actions, "_chain_onto", lambda *_a, **_k: 1 / 0)
-        in_tenant(services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
+        in_tenant(
+            services.complete,
+            tenant_a,
+            job.pk,
+            services.Completion(token=job.epoch),
+            actor=named_actor("test"),
+        )
     assert in_tenant(audit_services.pending_server_records, tenant_a) == 2  # COMPENSATED, ROLLBACK_END
     record = in_tenant(
         audit_services.append_server_record, tenant_a, "NOTE", {"text": "later"}, actor=named_actor("test")
@@ -151,11 +166,23 @@ def test_results_are_chained_together_once_the_oldest_pending_one_is_older_than_
     first, second, third = claimed(tenant_a, 3)
     settings.EVIDENCE_GROUP_WINDOW_S = 3600.0
     for job in (first, second):  # each commits; none pending is older than the window
-        in_tenant(services.complete, tenant_a, job.pk, token=job.epoch, actor=named_actor("test"))
+        in_tenant(
+            services.complete,
+            tenant_a,
+            job.pk,
+            services.Completion(token=job.epoch),
+            actor=named_actor("test"),
+        )
     assert in_tenant(audit_services.pending_server_records, tenant_a) == 4  # COMPENSATED + ROLLBACK_END each
     assert evidence(tenant_a, "COMPENSATED", flush=False) == {}
     settings.EVIDENCE_GROUP_WINDOW_S = 0.0
-    in_tenant(services.complete, tenant_a, third.pk, token=third.epoch, actor=named_actor("test"))
+    in_tenant(
+        services.complete,
+        tenant_a,
+        third.pk,
+        services.Completion(token=third.epoch),
+        actor=named_actor("test"),
+    )
     # After its commit the third result found pending rows past the window: all six went, in one
     # append (consecutive positions in the server stream), oldest first.
     assert in_tenant(audit_services.pending_server_records, tenant_a) == 0
