@@ -124,6 +124,7 @@ def main() -> int:
     from audit.services import append_server_record
     from core.scoping import tenant_context
     from reconciliation import selectors, services
+    from reconciliation.inputs import Answer
     from sagas import selectors as saga_selectors
     from tenants import founding
     from transparency import services as transparency
@@ -176,9 +177,8 @@ def main() -> int:
         for check in checks:
             drift = int(check.kwargs["charge_id"][3:]) % 10 == 0
             with tenant_context(tenant):
-                services.report(
-                    tenant, check.pk, token=check.token, reversed_=not drift, actor=api_key_actor("bench")
-                )
+                answer = Answer(check.token, not drift)
+                services.report(tenant, check.pk, answer, actor=api_key_actor("bench"))
         answered += len(checks)
     observe_s = time.perf_counter() - start
 

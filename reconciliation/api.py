@@ -26,7 +26,6 @@ from rest_framework.views import APIView
 from controlplane.schema import ErrorSerializer
 from core import longpoll
 from core.errors import DomainError, per_item
-from core.inputs import json_object
 from reconciliation import selectors, services
 from reconciliation.models import ReconciliationCheck
 from tenants.access import AUDIT, READ, RECONCILE, RECONCILE_DECIDE
@@ -144,33 +143,15 @@ class ReportView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="reconciliation_report",
-        request=inline_serializer(
-            "ReconciliationAnswer",
-            {
-                "token": serializers.IntegerField(),
-                "reversed": serializers.BooleanField(allow_null=True),
-                "detail": serializers.CharField(required=False),
-                "error": serializers.BooleanField(required=False),
-            },
-        ),
+        request=services.ReportAnswer,
         responses={200: _VERDICT, 409: ErrorSerializer},
     )
     def post(self, request: Request, check_id: str) -> Response:
-        data = json_object(request.data)
-        if "reversed" not in data:
-            raise DomainError("invalid", "reversed: required (true, false or null)", field="reversed")
-        error = data.get("error", False)
-        if type(error) is not bool:
-            raise DomainError("invalid", "error: true or false", field="error")
-        check = services.report(
-            self.tenant,
-            _check_id(check_id),
-            token=data.get("token"),
-            reversed_=data["reversed"],
-            detail=data.get("detail", ""),
-            error=error,
-            actor=self.actor,
-        )
+        # The URL's id before the body: a malformed one is a 404 whatever the body says. A
+        # well-formed id of no check is the service's 404, after the body is judged, as before.
+        check_uuid = _check_id(check_id)
+        answer = services.ReportAnswer.parse(request.data)
+        check = services.report(self.tenant, check_uuid, answer, actor=self.actor)
         return Response({"id": str(check.pk), "status": check.status, "reason": check.reason})
 
 
@@ -183,9 +164,7 @@ class AnswersView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="reconciliation_answers",
-        request=inline_serializer(
-            "ReconciliationAnswers", {"answers": serializers.ListField(child=serializers.DictField())}
-        ),
+        request=services.ReconciliationAnswers,
         responses={
             200: inline_serializer(
                 "ReconciliationVerdicts", {"answers": serializers.ListField(child=serializers.DictField())}
@@ -194,13 +173,12 @@ class AnswersView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = json_object(request.data)
-        answers: Any = data.get("answers")
+        answers = services.ReconciliationAnswers.parse(request.data).answers
         outcomes = services.report_many(self.tenant, answers, actor=self.actor)
         return Response(
             {
                 "answers": per_item(
-                    answers,
+                    [{"id": a.given_id} for a in answers],
                     outcomes,
                     lambda check: {"id": str(check.pk), "status": check.status, "reason": check.reason},
                 )

@@ -19,6 +19,7 @@ import base64
 import hashlib
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,8 +38,10 @@ from core.errors import DomainError
 from core.postcommit import after_commit
 from core.scoping import require_tenant
 from reconciliation import cross_tenant
-from reconciliation.inputs import HANDLER_MAX, MAX_CLAIM, ClaimTerms
+from reconciliation.inputs import HANDLER_MAX, MAX_CLAIM, Answer, CheckAnswer, ClaimTerms
+from reconciliation.inputs import ReconciliationAnswers as ReconciliationAnswers  # for the API
 from reconciliation.inputs import ReconciliationClaim as ReconciliationClaim  # for the API
+from reconciliation.inputs import ReportAnswer as ReportAnswer  # for the API
 from reconciliation.leases import CHECKS, WORKER_MAX, claim_due
 from reconciliation.models import (
     OPEN_STATUSES,
@@ -297,68 +300,28 @@ def claim_for_webhook(tenant: Tenant) -> list[tuple[str, int]]:
     return due
 
 
-def report(
-    tenant: Tenant,
-    check_id: uuid.UUID,
-    *,
-    token: Any,
-    reversed_: Any,
-    detail: Any = "",
-    error: bool = False,
-    actor: Actor,
-) -> ReconciliationCheck:
-    """The observer's answer for a check it holds: `reversed_` true (confirmed), false (drift) or
-    None (unverifiable: it could not tell, or `error`: it failed). Refused unless `token` is the
-    check's current token and the check is still claimed (409 `stale_token`), so a worker whose
-    lease lapsed and was taken over cannot record a verdict."""
-    _answer_fields(token, reversed_, detail, "")
-    (outcome,) = _report_all(tenant, [(check_id, token, reversed_, detail or "", error)], actor=actor)
+def report(tenant: Tenant, check_id: uuid.UUID, answer: Answer, *, actor: Actor) -> ReconciliationCheck:
+    """The observer's answer for a check it holds (`answer` from `ReportAnswer`): reversed true
+    (confirmed), false (drift) or None (unverifiable: it could not tell, or `error`: it failed).
+    Refused unless its token is the check's current token and the check is still claimed (409
+    `stale_token`), so a worker whose lease lapsed and was taken over cannot record a verdict."""
+    (outcome,) = _report_all(tenant, [(check_id, answer)], actor=actor)
     if isinstance(outcome, DomainError):
         raise outcome
     return outcome
 
 
-MAX_ANSWERS = 500
-
-
-def report_many(tenant: Tenant, answers: Any, *, actor: Actor) -> list[ReconciliationCheck | DomainError]:
-    """Several answers in one transaction and one server-stream append: `[{"id", "token",
-    "reversed", "detail"?, "error"?}]`. Each is judged as `report` judges one (an answer whose
-    token no longer holds its check records nothing and comes back as its error); a malformed item
-    refuses the whole request (400, naming it)."""
-    if not isinstance(answers, list) or not 0 < len(answers) <= MAX_ANSWERS:
-        raise DomainError("invalid", f"answers: a list of 1 to {MAX_ANSWERS} answers", field="answers")
-    items: list[tuple[uuid.UUID, int, bool | None, str, bool]] = []
-    for i, answer in enumerate(answers):
-        where = f"answers[{i}]"
-        if not isinstance(answer, dict) or "reversed" not in answer:
-            raise DomainError("invalid", f"{where}: an object with id, token and reversed", field=where)
-        try:
-            check_id = uuid.UUID(answer["id"]) if isinstance(answer.get("id"), str) else None
-        except ValueError:
-            check_id = None
-        if check_id is None:
-            raise DomainError("invalid", f"{where}.id: a check id the claim returned", field=f"{where}.id")
-        error = answer.get("error", False)
-        if type(error) is not bool:
-            raise DomainError("invalid", f"{where}.error: true or false", field=f"{where}.error")
-        detail = answer.get("detail") or ""
-        _answer_fields(answer.get("token"), answer["reversed"], detail, f"{where}.")
-        items.append((check_id, answer["token"], answer["reversed"], detail, error))
-    return _report_all(tenant, items, actor=actor)
-
-
-def _answer_fields(token: Any, reversed_: Any, detail: Any, prefix: str) -> None:
-    if type(token) is not int:
-        raise DomainError("invalid", "token: the integer the claim returned", field=f"{prefix}token")
-    if not (reversed_ is True or reversed_ is False or reversed_ is None):  # 1 == True: identity
-        raise DomainError("invalid", "reversed: true, false or null", field=f"{prefix}reversed")
-    if detail is not None and not isinstance(detail, str):
-        raise DomainError("invalid", "detail: a string", field=f"{prefix}detail")
+def report_many(
+    tenant: Tenant, answers: Sequence[CheckAnswer], *, actor: Actor
+) -> list[ReconciliationCheck | DomainError]:
+    """Several answers (from `ReconciliationAnswers`) in one transaction and one server-stream
+    append, each judged as `report` judges one: an answer whose token no longer holds its check
+    records nothing and comes back as its error, in the order given."""
+    return _report_all(tenant, [(a.check_id, a.answer) for a in answers], actor=actor)
 
 
 def _report_all(
-    tenant: Tenant, items: list[tuple[uuid.UUID, int, bool | None, str, bool]], *, actor: Actor
+    tenant: Tenant, items: list[tuple[uuid.UUID, Answer]], *, actor: Actor
 ) -> list[ReconciliationCheck | DomainError]:
     require_tenant(tenant)
     checks = {
@@ -369,7 +332,7 @@ def _report_all(
     }
     verdicts: list[tuple[str, dict[str, Any]]] = []
     outcomes: list[ReconciliationCheck | DomainError] = []
-    for check_id, token, reversed_, detail, error in items:
+    for check_id, answer in items:
         check = checks.get(check_id)
         if check is None:
             outcomes.append(DomainError("not_found", "no such reconciliation check", status=404))
@@ -381,7 +344,7 @@ def _report_all(
                 )
             )
             continue
-        if not CHECKS.holds(check, token):
+        if not CHECKS.holds(check, answer.token):
             outcomes.append(
                 DomainError(
                     "stale_token",
@@ -390,19 +353,19 @@ def _report_all(
                 )
             )
             continue
-        if reversed_ is True:
+        if answer.reversed is True:
             status, reason = CheckStatus.CONFIRMED, Reason.REVERSED
-        elif reversed_ is False:
+        elif answer.reversed is False:
             status, reason = CheckStatus.DRIFT, Reason.NOT_REVERSED
         else:
             status = CheckStatus.UNVERIFIABLE
-            reason = Reason.OBSERVER_ERROR if error else Reason.OBSERVER_UNKNOWN
+            reason = Reason.OBSERVER_ERROR if answer.error else Reason.OBSERVER_UNKNOWN
         _decide(
             tenant,
             check,
             status,
             reason,
-            _clean(detail, DETAIL_MAX),
+            _clean(answer.detail, DETAIL_MAX),
             observer=check.claimed_by,
             actor=actor,
             batch=verdicts,

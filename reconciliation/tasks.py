@@ -14,6 +14,7 @@ from core.errors import DomainError
 from core.scoping import tenant_context
 from core.shutdown import keep_going
 from reconciliation import services
+from reconciliation.inputs import Answer
 from reconciliation.models import CheckStatus, ReconciliationCheck
 from tenants.entry import tenant_by_id, tenant_task
 from tenants.models import Tenant
@@ -120,9 +121,7 @@ def deliver_check(tenant: Tenant, check_id: str, token: int) -> str:
         detail = 'the webhook answered without a verdict ({"reversed": true | false | null})'
     try:
         with tenant_context(tenant):  # the answer's own transaction, once the POST has answered
-            services.report(
-                tenant, check.pk, token=token, reversed_=answer, detail=detail, actor=services.WEBHOOK_ACTOR
-            )
+            services.report(tenant, check.pk, Answer(token, answer, detail), actor=services.WEBHOOK_ACTOR)
     except DomainError as refused:  # re-claimed meanwhile, or decided
         return refused.code
     return "answered"

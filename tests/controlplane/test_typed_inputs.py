@@ -29,8 +29,6 @@ HAND_PARSED: dict[str, str] = {
     "transparency.api.ExportListView.post": "a DRF serializer of its own (DRF's field paths and sentences)",
     "fleet.api.GateEvaluateView.post": "the gate's call, parsed by gate_call, as the fast route does",
     "fleet.api.GateLeaseView.post": "the gate's call (gate_call) plus calls, lease_id and returns",
-    "reconciliation.api.ReportView.post": "the token is judged after the check is found",
-    "reconciliation.api.AnswersView.post": "each answer's token is judged after its check is found",
     "recovery.api.ClaimView.post": "results and max_jobs are checked in the view and in the service",
     "recovery.api.ResultsView.post": "each result's token is judged after its job is found",
 }

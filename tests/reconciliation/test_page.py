@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from reconciliation import services
+from reconciliation.inputs import Answer
 from reconciliation.models import CheckStatus
 from tenants.actors import api_key_actor
 from tenants.models import Tenant
@@ -49,8 +50,7 @@ def verdicts(tenant_a: Tenant, agent_a: Writer) -> dict[str, str]:
             services.report,
             tenant_a,
             check.pk,
-            token=check.token,
-            reversed_=answers[charge],
+            Answer(check.token, answers[charge]),
             actor=api_key_actor("w"),
         )
         ids[charge] = str(check.pk)

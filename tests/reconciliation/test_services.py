@@ -12,6 +12,7 @@ from django.utils import timezone
 from core.errors import DomainError
 from core.scoping import tenant_context
 from reconciliation import selectors, services
+from reconciliation.inputs import Answer
 from reconciliation.models import CheckStatus, Reason
 from tenants.actors import api_key_actor, user_actor
 from tenants.models import Tenant
@@ -58,9 +59,7 @@ def test_confirmed_drift_and_unknown_are_three_verdicts_each_recorded(
             services.report,
             tenant_a,
             check.pk,
-            token=check.token,
-            reversed_=answer,
-            detail=f"ledger {charge}",
+            Answer(check.token, answer, f"ledger {charge}"),
             actor=api_key_actor("w"),
         )
     with tenant_context(tenant_a):
@@ -87,8 +86,7 @@ def test_a_stale_token_cannot_record_a_verdict(tenant_a: Tenant, agent_a: Writer
             services.report,
             tenant_a,
             first.pk,
-            token=first.token,
-            reversed_=False,
+            Answer(first.token, False),
             actor=api_key_actor("zombie"),
         )
     assert (refused.value.status, refused.value.code) == (409, "stale_token")
@@ -96,8 +94,7 @@ def test_a_stale_token_cannot_record_a_verdict(tenant_a: Tenant, agent_a: Writer
         services.report,
         tenant_a,
         second.pk,
-        token=second.token,
-        reversed_=True,
+        Answer(second.token, True),
         actor=api_key_actor("successor"),
     )
     with pytest.raises(DomainError) as again:
@@ -105,8 +102,7 @@ def test_a_stale_token_cannot_record_a_verdict(tenant_a: Tenant, agent_a: Writer
             services.report,
             tenant_a,
             second.pk,
-            token=second.token,
-            reversed_=False,
+            Answer(second.token, False),
             actor=api_key_actor("successor"),
         )
     assert again.value.code == "already_decided"
@@ -154,16 +150,12 @@ def test_recheck_reopens_a_verdict_and_records_it(tenant_a: Tenant, agent_a: Wri
     compensated_saga(agent_a, "checkout-1")
     in_tenant(services.scan, tenant_a)
     (check,) = _claim(tenant_a)
-    in_tenant(
-        services.report, tenant_a, check.pk, token=check.token, reversed_=False, actor=api_key_actor("w")
-    )
+    in_tenant(services.report, tenant_a, check.pk, Answer(check.token, False), actor=api_key_actor("w"))
     reopened = in_tenant(services.recheck, tenant_a, check.pk, actor=user_actor("alice"))
     assert reopened.status == CheckStatus.PENDING
     (again,) = _claim(tenant_a)
     assert again.token == check.token + 1
-    in_tenant(
-        services.report, tenant_a, again.pk, token=again.token, reversed_=True, actor=api_key_actor("w")
-    )
+    in_tenant(services.report, tenant_a, again.pk, Answer(again.token, True), actor=api_key_actor("w"))
     events = [r["event"] for r in server_stream(tenant_a) if r["event"].startswith("RECONCILIATION_")]
     assert events == ["RECONCILIATION_VERDICT", "RECONCILIATION_RECHECK", "RECONCILIATION_VERDICT"]
 
@@ -175,9 +167,7 @@ def test_a_third_tenant_sees_and_claims_nothing(tenant_a: Tenant, tenant_b: Tena
     assert _claim(tenant_b) == []
     (check,) = _claim(tenant_a)
     with pytest.raises(DomainError) as refused:
-        in_tenant(
-            services.report, tenant_b, check.pk, token=check.token, reversed_=True, actor=api_key_actor("b")
-        )
+        in_tenant(services.report, tenant_b, check.pk, Answer(check.token, True), actor=api_key_actor("b"))
     assert refused.value.status == 404
     with tenant_context(tenant_b):
         assert selectors.report(timezone.now() - timedelta(hours=1)).items == []
@@ -196,9 +186,7 @@ def test_the_pass_finds_only_tenants_with_work(tenant_a: Tenant, tenant_b: Tenan
     assert reconcile()["created"] == 1
     assert services.tenants_to_reconcile() == [tenant_a.pk]  # an open check, due
     (check,) = _claim(tenant_a)
-    in_tenant(
-        services.report, tenant_a, check.pk, token=check.token, reversed_=True, actor=api_key_actor("w")
-    )
+    in_tenant(services.report, tenant_a, check.pk, Answer(check.token, True), actor=api_key_actor("w"))
     reconcile()  # the verdict's own record is a new leaf: looked at once
     assert services.tenants_to_reconcile() == []  # everything decided, nothing new
 
@@ -207,18 +195,18 @@ def test_hostile_report_values_are_refused(tenant_a: Tenant, agent_a: Writer) ->
     compensated_saga(agent_a, "checkout-1")
     in_tenant(services.scan, tenant_a)
     (check,) = _claim(tenant_a)
-    for kwargs in (
-        {"token": "1", "reversed_": True},
-        {"token": True, "reversed_": True},
-        {"token": check.token, "reversed_": "yes"},
-        {"token": check.token, "reversed_": 1},
-        {"token": check.token, "reversed_": True, "detail": ["x"]},
+    for body in (
+        {"token": "1", "reversed": True},
+        {"token": True, "reversed": True},
+        {"token": check.token, "reversed": "yes"},
+        {"token": check.token, "reversed": 1},
+        {"token": check.token, "reversed": True, "detail": ["x"]},
     ):
         with pytest.raises(DomainError) as refused:
-            in_tenant(services.report, tenant_a, check.pk, actor=api_key_actor("w"), **kwargs)
+            services.ReportAnswer.parse(body)  # the service takes only what this typed
         assert refused.value.status == 400
     with pytest.raises(DomainError):
-        in_tenant(services.report, tenant_a, uuid.uuid4(), token=1, reversed_=True, actor=api_key_actor("w"))
+        in_tenant(services.report, tenant_a, uuid.uuid4(), Answer(1, True), actor=api_key_actor("w"))
     for handlers in ([], "shop.refund", [1], ["x" * 201], None):
         with pytest.raises(DomainError):
             in_tenant(
