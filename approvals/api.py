@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.cache import cache
 from django.http import HttpRequest
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,7 +28,6 @@ from approvals import selectors, services, wake
 from approvals.models import ApprovalPolicy, ApprovalRequest, Status
 from controlplane.schema import ErrorSerializer
 from core.errors import DomainError
-from core.inputs import json_object
 from core.longpoll import abandoned, release_connection
 from tenants.access import (
     APPROVAL_POLICIES_CHANGE,
@@ -151,50 +150,45 @@ class VoteView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="approvals_vote",
-        request=inline_serializer(
-            "ApprovalVote",
-            {
-                "choice": serializers.ChoiceField(choices=["approve", "deny"]),
-                "note": serializers.CharField(required=False),
-                "break_glass": serializers.BooleanField(required=False),
-            },
-        ),
+        request=services.ApprovalVote,
         responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
-        data = json_object(request.data)
-        break_glass = data.get("break_glass", False)
-        if not isinstance(break_glass, bool):
-            raise DomainError("invalid", "break_glass: true or false", field="break_glass")
+        # The body and break_glass, then the request's 404 (and the voter still a member), then
+        # choice and note: the order the refusals had when the service judged the body.
+        services.VoteGlass.parse(request.data)
         assert self.membership is not None  # APPROVAL_VOTE is closed to keys
+        services.check_votable(self.tenant, approval_id[:64], self.membership)
+        terms = services.ApprovalVote.parse(request.data)
         row = services.vote(
             self.tenant,
             approval_id[:64],
             self.membership,
-            data.get("choice"),
-            data.get("note", ""),
+            terms.choice,
+            terms.note,
             actor=self.actor,
-            break_glass=break_glass,
+            break_glass=terms.break_glass,
         )
         return Response(services.request_values(row), status=201)
 
 
 class ChallengeView(TenantScopedViewMixin, APIView):
-    """A single-use passkey challenge for this member's vote: SHA-256(action digest ‖ nonce)."""
+    """A single-use passkey challenge for this member's vote: SHA-256(action digest ‖ nonce).
+    `{"break_glass": true}` asks for a break-glass vote's; any other body is an ordinary one
+    (`VoteChallengeAsk` reads it leniently, as the view did by hand)."""
 
     access = {"POST": APPROVAL_VOTE}
 
     @extend_schema(
         operation_id="approvals_challenge",
-        request=None,
+        request=services.VoteChallengeAsk,
         responses={201: serializers.DictField(), 409: ErrorSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
-        data = request.data if isinstance(request.data, dict) else {}
-        break_glass = data.get("break_glass", False) is True
+        terms = services.VoteChallengeAsk.parse(request.data)
         assert self.membership is not None
         issued = services.issue_vote_challenge(
-            self.tenant, approval_id[:64], self.membership, actor=self.actor, break_glass=break_glass
+            self.tenant, approval_id[:64], self.membership, actor=self.actor, break_glass=terms.break_glass
         )
         return Response(issued, status=201)
 

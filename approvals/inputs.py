@@ -13,13 +13,15 @@ from rest_framework import serializers
 
 from approvals import predicates
 from core.errors import DomainError
-from core.inputs import Flag, Input, Strings, Text, Whole
+from core.inputs import NUL, Choice, Flag, Input, Strings, Text, Whole
 from tenants.models import Role
 
 NAME_MAX = 100
 MAX_TTL_S = 30 * 24 * 3600
 MAX_WINDOW_S = 7 * 24 * 3600
 MAX_APPROVALS = 20
+NOTE_MAX = 1000
+CHOICES = ("approve", "deny")
 SEMANTICS = ("PREVIEW", "REVERSIBLE", "COMPENSABLE", "IRREVERSIBLE")
 FIELDS = (
     "name",
@@ -159,3 +161,87 @@ class PolicyCreate(PolicyChange):
     name = Text(
         code="invalid_name", message=f"name: 1 to {NAME_MAX} characters", max_length=NAME_MAX, stripped=True
     )
+
+
+# ---------------------------------------------------------------------------------------- votes
+
+
+@dataclass(frozen=True)
+class Glass:
+    """Whether a vote breaks glass (owners only, with a written reason)."""
+
+    break_glass: bool = False
+
+
+@dataclass(frozen=True)
+class VoteTerms:
+    """A member's vote: approve or deny, a note (none: ""), and whether it breaks glass."""
+
+    choice: str
+    note: str = ""
+    break_glass: bool = False
+
+
+def _break_glass() -> Flag:
+    return Flag(code="invalid", message="break_glass: true or false", required=False)
+
+
+class _Note(serializers.CharField):
+    """A string of at most NOTE_MAX characters without NUL; null or missing is no note."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty or data is None:
+            return ""
+        if not isinstance(data, str) or len(data) > NOTE_MAX or NUL in data:
+            raise DomainError("invalid", f"note: a string of at most {NOTE_MAX} characters", field="note")
+        return data
+
+
+class VoteGlass(Input[Glass]):
+    """What of a vote's body is judged before its request is found (its 404 comes after these):
+    the body is an object and `break_glass`, if given, a boolean. The rest is `ApprovalVote`'s."""
+
+    command = Glass
+
+    break_glass = _break_glass()
+
+
+class ApprovalVote(Input[VoteTerms]):
+    """`{"choice": "approve" | "deny", "note"?, "break_glass"?}`, parsed once the request is found
+    (`VoteGlass` judged break_glass before): choice, then note; a missing choice is refused like a
+    wrong one. That break-glass needs an approval and a written reason is `vote`'s, after these."""
+
+    command = VoteTerms
+    MISSING_IS_WRONG = True
+
+    break_glass = _break_glass()
+    choice = Choice(CHOICES, code="invalid", message="choice: approve or deny")
+    note = _Note(required=False, allow_null=True, max_length=NOTE_MAX)
+
+
+@dataclass(frozen=True)
+class ChallengeTerms:
+    """Whether the passkey challenge is for a break-glass vote."""
+
+    break_glass: bool = False
+
+
+class _OnlyTrue(serializers.BooleanField):
+    """`true` is true; anything else (missing, null, 1, "true", a form's field) is false and never
+    refused: the challenge read it so before it was typed, and a client may rely on that."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        return data is True
+
+
+class VoteChallengeAsk(Input[ChallengeTerms]):
+    """`{"break_glass"?: true}`, read leniently: only `true` asks for a break-glass challenge, and
+    a body that is not an object (or none) is an ordinary request, as it was before it was typed."""
+
+    command = ChallengeTerms
+
+    break_glass = _OnlyTrue(required=False)
+
+    @classmethod
+    def parse(cls, data: object) -> ChallengeTerms:
+        return super().parse(data if isinstance(data, dict) else {})

@@ -21,17 +21,29 @@ from approvals.actions.policies import (
 )
 from approvals.actions.requests import BUDGET_RULES, request_values, vote_values
 from approvals.actions.sweep import sweep
-from approvals.actions.votes import challenge_for, eligible, issue_vote_challenge, vote
-from approvals.inputs import MAX_TTL_S, PolicyChange, PolicyCreate, PolicyTerms
+from approvals.actions.votes import challenge_for, check_votable, eligible, issue_vote_challenge, vote
+from approvals.inputs import (
+    MAX_TTL_S,
+    ApprovalVote,
+    PolicyChange,
+    PolicyCreate,
+    PolicyTerms,
+    VoteChallengeAsk,
+    VoteGlass,
+)
 
 __all__ = [
     "BUDGET_RULES",
     "MAX_TTL_S",
+    "ApprovalVote",
     "GateStep",
     "PolicyChange",
     "PolicyCreate",
     "PolicyTerms",
+    "VoteChallengeAsk",
+    "VoteGlass",
     "challenge_for",
+    "check_votable",
     "create_policy",
     "delete_policy",
     "eligible",

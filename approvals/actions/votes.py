@@ -16,6 +16,7 @@ from django.utils import timezone
 from sagaplane.events import Event
 
 from approvals.actions.requests import announce, decide, record
+from approvals.inputs import NOTE_MAX
 from approvals.models import ApprovalRequest, Status, Vote, VoteChallenge, VoteChoice
 from core.actors import Actor
 from core.errors import DomainError
@@ -23,7 +24,6 @@ from core.scoping import require_tenant
 from tenants.actors import user_actor
 from tenants.models import Membership, Tenant
 
-NOTE_MAX = 1000
 ASSERTION_MAX_BYTES = 32 * 1024
 CHALLENGE_TTL = timedelta(minutes=5)
 
@@ -150,6 +150,16 @@ def _take_challenge(
     kept: dict[str, Any] = json.loads(json.dumps(assertion, default=str))
     kept.update(challenge=issued.challenge, nonce=issued.nonce)
     return kept
+
+
+def check_votable(tenant: Tenant, request_id: str, member: Membership) -> None:
+    """Refuse as `vote` refuses before it judges the vote itself: a voter who is no longer a
+    member (403), no such request (404). The API judges the vote's choice and note after this,
+    so those refusals keep coming after the 404, as they do in `vote`."""
+    require_tenant(tenant)
+    _member_here(tenant, member)
+    if not ApprovalRequest.objects.filter(pk=request_id).exists():
+        raise DomainError("not_found", "no such approval request", status=404)
 
 
 def vote(

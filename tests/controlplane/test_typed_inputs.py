@@ -23,8 +23,6 @@ PARSERS = ("parse", "parse_change")
 # most: where the service finds the job, check, lease or saga before it judges the body, parsing
 # the body first would turn some 404s into 400s, so the lookup must be split from the checks).
 HAND_PARSED: dict[str, str] = {
-    "approvals.api.VoteView.post": "choice and note judged by services.vote after the approval is found",
-    "approvals.api.ChallengeView.post": "only break_glass, read leniently (anything but true is false)",
     # DRF's `fields` map, sentences and coercion ("5" is 5): tests/hostile/test_serializer_bodies.py
     "audit.api.RedactionView.post": "a DRF serializer of its own (DRF's field paths and sentences)",
     "transparency.api.ExportListView.post": "a DRF serializer of its own (DRF's field paths and sentences)",
