@@ -113,7 +113,8 @@ def test_a_step_compensated_by_a_recovery_worker_is_checked_too(tenant_a: Tenant
     sweep_tenant(tenant_a, now=timezone.now() + timedelta(minutes=5))
     job = in_tenant(recovery.claim, tenant_a, worker="recovery-worker", handlers=["shop.refund"])
     assert job is not None
-    in_tenant(recovery.complete, tenant_a, job.pk, token=job.epoch, actor=api_key_actor("recovery"))
+    completion = recovery.Completion(token=job.epoch)
+    in_tenant(recovery.complete, tenant_a, job.pk, completion, actor=api_key_actor("recovery"))
     chain_pending_server_records(tenant_a, wait=True)  # the sweep's (results are chained in batches)
     (check,) = in_tenant(services.scan, tenant_a)
     assert (check.saga_id, check.compensated_in, check.handler) == ("died-1", "server", "shop.refund")
