@@ -265,8 +265,13 @@ CELERY_BEAT_SCHEDULE: dict = {
     # Recovery's sweep (expired leases taken over, stuck jobs escalated, webhooks woken) is not
     # here: a tick queued behind busy workers expired unrun. It is a thread of the beat process
     # (recovery/sweeper.py, started on beat_init by recovery/apps.py), and workers' claims take over too.
-    # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever.
-    "fleet-prune-denials": {"task": "fleet.prune_denials", "schedule": 3600.0, "options": {"expires": 600.0}},
+    # The gate's refusals are kept 30 days for the dashboard; allows (the ledger) forever. Budget
+    # leases' uses a day once their lease is returned or settled (nothing reads them then).
+    "fleet-prune-old-rows": {
+        "task": "fleet.prune_old_rows",
+        "schedule": 3600.0,
+        "options": {"expires": 600.0},
+    },
     # Approval deadlines (expiry denies; the gate and the long-poll already treat a request past its
     # deadline as expired, this records it), warnings before them, escalation, lapsed approvals.
     "approvals-sweep": {"task": "approvals.sweep", "schedule": 5.0, "options": {"expires": 10.0}},

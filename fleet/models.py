@@ -368,7 +368,9 @@ class LeaseUse(TenantScopedModel):
     GATE_ALLOW record naming the lease, counted in the ingest transaction that stores the record
     (`fleet.actions.lease_settlement.watch_appended`). What a lease its holder never returned is
     settled at. `debits`: {limit name: units} as the record said (amounts that are not amounts
-    left out). No foreign key: a record may name a lease that does not exist (never counted)."""
+    left out). No foreign key: a record may name a lease that does not exist (never counted). Not
+    evidence (the record is, in the evidence store): deleted a day after it was received once its
+    lease is no longer outstanding (`prune_uses`, ARCHITECTURE §8.3)."""
 
     lease_id = models.UUIDField()
     saga_id = models.CharField(max_length=128, blank=True, default="")
@@ -376,4 +378,7 @@ class LeaseUse(TenantScopedModel):
     received_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "lease_id"], name="fleet_lease_use_lease")]
+        indexes = [
+            models.Index(fields=["tenant", "lease_id"], name="fleet_lease_use_lease"),
+            models.Index(fields=["tenant", "received_at"], name="fleet_lease_use_received"),
+        ]

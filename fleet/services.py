@@ -27,7 +27,10 @@ from fleet.actions.budgets import budget_values, create_budget, delete_budget, u
 from fleet.actions.changes import policies_changed, version_key
 from fleet.actions.decision import evaluate
 from fleet.actions.halts import halt, halt_values, resume
+from fleet.actions.lease_settlement import PRUNE_BATCH as LEASE_PRUNE_BATCH
+from fleet.actions.lease_settlement import USES_KEPT_FOR as LEASE_USES_KEPT_FOR
 from fleet.actions.lease_settlement import claim_due as claim_due_leases
+from fleet.actions.lease_settlement import prune_uses as prune_lease_uses
 from fleet.actions.lease_settlement import settle as settle_lease
 from fleet.actions.lease_settlement import shipped_use as lease_shipped_use
 from fleet.actions.leases import MAX_CALLS as LEASE_MAX_CALLS
@@ -98,6 +101,8 @@ def settle_all_expired_leases(now: datetime | None = None) -> int:
 __all__ = [
     "BREAKER_ACTOR",
     "DENIALS_KEPT_FOR",
+    "LEASE_PRUNE_BATCH",
+    "LEASE_USES_KEPT_FOR",
     "MAX_WINDOW_S",
     "BreakerChange",
     "BreakerCreate",
@@ -162,6 +167,7 @@ __all__ = [
     "ledger_since",
     "policies_changed",
     "prune_denials",
+    "prune_lease_uses",
     "quarantine",
     "refuse_unknown_saga",
     "rate_limit_values",

@@ -5,7 +5,7 @@ transports, which enter the tenant around each unit of work."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.utils import timezone
@@ -51,15 +51,44 @@ def outcomes_committed(appended: AppendedRecords) -> None:
                 services.trip(tenant, met.spec, reason)
 
 
-@shared_task(name="fleet.prune_denials")
-def prune_denials() -> int:
-    """Every tenant's refusals older than the retention go (allows, the ledger, stay forever), each
-    tenant entered in turn (one transaction each)."""
-    pruned = 0
+PRUNE_BATCHES = 100  # a tenant's lease-use batches per pass: at most 500,000 rows an hour
+
+
+@shared_task(name="fleet.prune_old_rows")
+def prune_old_rows(now: datetime | None = None) -> dict[str, int]:
+    """Every tenant's rows past their retention go, each tenant entered in turn: refusals older
+    than 30 days (allows, the ledger, stay forever; one transaction per tenant) and lease uses no
+    settlement will read (`prune_lease_uses_of`, a transaction per batch). How many of each."""
+    now = now or timezone.now()
+    pruned = {"denials": 0, "lease_uses": 0}
     for tenant in Tenant.objects.order_by("pk").iterator():
         with tenant_context(tenant):
-            pruned += services.prune_denials(tenant)
+            pruned["denials"] += services.prune_denials(tenant, now=now)
+        pruned["lease_uses"] += prune_lease_uses_of(tenant, now=now)
     return pruned
+
+
+def prune_lease_uses_of(
+    tenant: Tenant,
+    *,
+    now: datetime,
+    kept_for: timedelta | None = None,
+    batch: int | None = None,
+    batches: int = PRUNE_BATCHES,
+) -> int:
+    """The tenant's lease uses past retention (ARCHITECTURE §8.3), at most `batches` batches of
+    `batch` rows, each in a transaction of its own so no lock is held long; what is left waits for
+    the next pass. How many were deleted."""
+    kept_for = services.LEASE_USES_KEPT_FOR if kept_for is None else kept_for
+    limit = batch or services.LEASE_PRUNE_BATCH
+    deleted = 0
+    for _ in range(batches):
+        with tenant_context(tenant):
+            taken = services.prune_lease_uses(tenant, now=now, kept_for=kept_for, limit=limit)
+        deleted += taken
+        if taken < limit:
+            break
+    return deleted
 
 
 @shared_task(name="fleet.settle_expired_leases", ignore_result=True)

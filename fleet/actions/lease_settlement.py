@@ -15,6 +15,12 @@ what the holder's shipped WAL proves it used, the rest given back.
   `settled`. A holder that returns it meanwhile wins (the claim's token no longer holds); one
   that returns it later has what it reports beyond the settlement counted as an overrun
   (`fleet.actions.leases.give_back`). Both assert the tenant's scope.
+- `prune_uses` (driven hourly by the walker `fleet.tasks.prune_old_rows`, entering each tenant
+  around each batch): a use is read only while its lease is outstanding (`shipped_use`, by
+  `settle`); once the lease is returned or settled nothing reads it again (a late return compares
+  with the lease's `used`), and the GATE_ALLOW record it was counted from stays in the evidence
+  store. So a use received more than USES_KEPT_FOR ago whose lease is not outstanding (or that
+  names no lease of the tenant) is deleted, at most one batch per call.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.utils import timezone
 from sagaplane.events import Event
 
 from audit.hooks import AppendedRecords, OnStored
@@ -49,6 +56,10 @@ CLAIM_S = 30.0  # a settler that died: another takes the lease over after this
 BATCH = 200
 SETTLER = "fleet:lease-settlement"
 MAX_LIMITS = 32  # a record's debits read (a lease covers the few budgets its tool meets)
+# A closed lease's uses are kept this long after they were received: nothing reads them once the
+# lease is closed, so this is only a margin for an operator comparing a settlement with its uses.
+USES_KEPT_FOR = timedelta(days=1)
+PRUNE_BATCH = 5_000  # uses deleted by one `prune_uses` call (one short transaction)
 
 
 def watch_appended(appended: AppendedRecords) -> OnStored:
@@ -133,3 +144,29 @@ def settle(tenant: Tenant, lease_id: uuid.UUID, token: int, *, store: LimitStore
         return False
     close(tenant, row, shipped_use(row), store=store or get_store(), state=LeaseState.SETTLED)
     return True
+
+
+def prune_uses(
+    tenant: Tenant,
+    *,
+    now: datetime | None = None,
+    kept_for: timedelta = USES_KEPT_FOR,
+    limit: int = PRUNE_BATCH,
+) -> int:
+    """Delete at most `limit` of the tenant's uses received before `now - kept_for` whose lease is
+    no longer outstanding (or names no lease of the tenant), oldest first; how many were. An
+    outstanding lease's uses stay whatever their age: its settlement reads them. A lease never
+    becomes outstanding again, so a use found prunable stays so until it is deleted."""
+    require_tenant(tenant)
+    cutoff = (now or timezone.now()) - kept_for
+    open_leases = GateLease.objects.filter(state=LeaseState.OUTSTANDING).values("pk")
+    batch = list(
+        LeaseUse.objects.filter(received_at__lt=cutoff)
+        .exclude(lease_id__in=open_leases)
+        .order_by("received_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if not batch:
+        return 0
+    deleted, _ = LeaseUse.objects.filter(pk__in=batch).delete()
+    return deleted

@@ -466,7 +466,7 @@ def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
 
     from django.utils import timezone
 
-    from fleet.tasks import prune_denials
+    from fleet.tasks import prune_old_rows
 
     store = DatabaseStore()
     in_tenant(
@@ -482,7 +482,7 @@ def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
         old = timezone.now() - services.DENIALS_KEPT_FOR - timedelta(minutes=1)
         GateDecision.objects.all().update(decided_at=old)
         assert ask(tenant_a, store, call(amount=-1))["decision"] == "deny"  # a recent one stays
-    assert prune_denials() == 2
+    assert prune_old_rows() == {"denials": 2, "lease_uses": 0}
     with tenant_context(tenant_a):
         assert list(GateDecision.objects.values_list("decision", flat=True).order_by("decision")) == [
             "allow",

@@ -210,3 +210,69 @@ def test_every_tenants_due_leases_are_settled_in_the_sweep_thread_beside_recover
     from recovery.tasks import sweep_all
 
     assert sweeper.passes() == [sweep_all, services.settle_all_expired_leases]
+
+
+def _use(tenant: Tenant, lease: uuid.UUID, received_at: Any) -> int:
+    with tenant_context(tenant):
+        return LeaseUse.objects.create(lease_id=lease, debits={"tokens": UNIT}, received_at=received_at).pk
+
+
+def _uses(tenant: Tenant) -> set[int]:
+    with tenant_context(tenant):
+        return set(LeaseUse.objects.values_list("pk", flat=True))
+
+
+def test_a_closed_leases_uses_are_pruned_after_retention_and_an_open_ones_never(
+    tenant_a: Tenant, tenant_b: Tenant
+) -> None:
+    for tenant in (tenant_a, tenant_b):
+        _budget(tenant)
+    returned, settled, open_ = (_grant(tenant_a) for _ in range(3))
+    in_tenant(services.give_back_lease, tenant_a, returned, {"tokens": 1}, actor=ACTOR)
+    due = _due(settled, tenant_a)
+    with tenant_context(tenant_a):  # `open_` is due only later: its holder is still alive
+        GateLease.objects.filter(pk=open_).update(settle_after=due + timedelta(days=9))
+    assert tasks.settle_tenant(tenant_a, now=due) == 1
+    assert [lease.pk for lease in _outstanding(tenant_a)] == [open_]
+    now = due + timedelta(days=3)
+    old, recent = now - services.LEASE_USES_KEPT_FOR - timedelta(minutes=1), now - timedelta(minutes=1)
+    gone = {_use(tenant_a, returned, old), _use(tenant_a, settled, old), _use(tenant_a, uuid.uuid4(), old)}
+    kept = {
+        _use(tenant_a, open_, old),
+        _use(tenant_a, returned, recent),
+        _use(tenant_a, uuid.uuid4(), recent),
+    }
+    elsewhere = {_use(tenant_b, _grant(tenant_b), old), _use(tenant_b, uuid.uuid4(), old)}
+
+    # One tenant's pass: its rows past retention go, the open lease's and recent ones stay, and
+    # the other tenant's rows (as old, as closed) are untouched.
+    assert tasks.prune_lease_uses_of(tenant_a, now=now) == len(gone) == 3
+    assert _uses(tenant_a) == kept
+    assert _uses(tenant_b) == elsewhere
+    assert tasks.prune_lease_uses_of(tenant_a, now=now) == 0
+    # The open lease's use is still what its settlement counts.
+    with tenant_context(tenant_a):
+        assert services.lease_shipped_use(GateLease.objects.get(pk=open_)) == [UNIT]
+    # The hourly walker: tenant_b's orphan goes, its outstanding lease's use stays.
+    assert tasks.prune_old_rows(now=now) == {"denials": 0, "lease_uses": 1}
+    assert len(_uses(tenant_b)) == 1 and _uses(tenant_a) == kept
+    from django.conf import settings
+
+    assert settings.CELERY_BEAT_SCHEDULE["fleet-prune-old-rows"]["task"] == tasks.prune_old_rows.name
+
+
+def test_a_prune_pass_is_bounded_by_its_batches(tenant_a: Tenant) -> None:
+    _budget(tenant_a)
+    lease = _grant(tenant_a)
+    in_tenant(services.give_back_lease, tenant_a, lease, {"tokens": 1}, actor=ACTOR)
+    now = _due(lease, tenant_a) + timedelta(days=3)
+    old = now - timedelta(hours=2)
+    made = [_use(tenant_a, lease, old + timedelta(seconds=n)) for n in range(7)]
+    hour = timedelta(hours=1)
+    with tenant_context(tenant_a):
+        assert services.prune_lease_uses(tenant_a, now=now, kept_for=hour, limit=2) == 2
+    assert _uses(tenant_a) == set(made[2:])  # oldest first
+    assert tasks.prune_lease_uses_of(tenant_a, now=now, kept_for=hour, batch=2, batches=2) == 4
+    assert _uses(tenant_a) == {made[6]}  # the rest waits for the next pass
+    assert tasks.prune_lease_uses_of(tenant_a, now=now, kept_for=hour, batch=2, batches=2) == 1
+    assert _uses(tenant_a) == set()
