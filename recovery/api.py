@@ -8,7 +8,7 @@ the token the claim returned (409 `stale_token` when it is no longer the job's).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from django.http import HttpRequest
@@ -22,7 +22,6 @@ from controlplane.schema import ErrorSerializer
 from core import longpoll
 from core.actors import Actor
 from core.errors import DomainError, per_item
-from core.inputs import json_object
 from recovery import selectors, services
 from sagas import selectors as saga_selectors
 from tenants.access import RECOVER, RECOVERY_DECIDE, RECOVERY_SETUP, RECOVERY_VIEW
@@ -31,28 +30,6 @@ from tenants.permissions import TenantScopedViewMixin
 
 C = TypeVar("C")
 POLL_S = 0.1
-MAX_HANDLERS = 500
-NAME_MAX = 200
-
-
-def _handlers(value: Any) -> list[str]:
-    if (
-        not isinstance(value, list)
-        or not 0 < len(value) <= MAX_HANDLERS
-        or not all(isinstance(h, str) and 0 < len(h) <= NAME_MAX and "\x00" not in h for h in value)
-    ):
-        raise DomainError(
-            "invalid", f"handlers: a list of 1 to {MAX_HANDLERS} handler names", field="handlers"
-        )
-    return value
-
-
-def _worker_name(value: Any) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str) or len(value) > NAME_MAX or "\x00" in value:
-        raise DomainError("invalid", f"worker: a name of at most {NAME_MAX} characters", field="worker")
-    return value
 
 
 class ClaimView(TenantScopedViewMixin, APIView):
@@ -73,17 +50,7 @@ class ClaimView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_claim",
-        request=inline_serializer(
-            "RecoveryClaim",
-            {
-                "handlers": serializers.ListField(child=serializers.CharField()),
-                "worker": serializers.CharField(required=False),
-                "lease_s": serializers.FloatField(required=False),
-                "wait": serializers.FloatField(required=False),
-                "max_jobs": serializers.IntegerField(required=False),
-                "results": serializers.ListField(child=serializers.DictField(), required=False),
-            },
-        ),
+        request=services.RecoveryClaim,
         responses={
             200: inline_serializer(
                 "RecoveryClaimed",
@@ -97,22 +64,19 @@ class ClaimView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = json_object(request.data)
-        handlers = _handlers(data.get("handlers"))
-        worker = _worker_name(data.get("worker")) or str(self.actor)
-        if "results" in data and self._reported is None:
-            services.check_claim_terms(lease_s=data.get("lease_s"), max_jobs=data.get("max_jobs"))
-            self._reported = _report(self.tenant, data["results"], actor=self.actor)
+        terms = services.RecoveryClaim.parse(request.data)
+        if terms.results is not None and self._reported is None:
+            self._reported = _report(self.tenant, terms.results, actor=self.actor)
         jobs = services.claim_many(
             self.tenant,
-            worker=worker,
-            handlers=handlers,
-            lease_s=data.get("lease_s"),
-            max_jobs=data.get("max_jobs"),
+            worker=terms.worker or str(self.actor),
+            handlers=terms.handlers,
+            lease_s=terms.lease_s,
+            max_jobs=terms.max_jobs or 1,
         )
         shown = [selectors.job_for_worker(job) for job in jobs]
         answer: dict[str, Any] = {"job": shown[0] if shown else None}
-        if "max_jobs" in data:
+        if terms.max_jobs is not None:
             answer["jobs"] = shown
         if self._reported is not None:
             answer["results"] = self._reported
@@ -176,9 +140,7 @@ class ResultsView(TenantScopedViewMixin, APIView):
 
     @extend_schema(
         operation_id="recovery_results",
-        request=inline_serializer(
-            "RecoveryResults", {"results": serializers.ListField(child=serializers.DictField())}
-        ),
+        request=services.RecoveryResults,
         responses={
             200: inline_serializer(
                 "RecoveryResultStates", {"results": serializers.ListField(child=serializers.DictField())}
@@ -187,14 +149,15 @@ class ResultsView(TenantScopedViewMixin, APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        data = json_object(request.data)
-        return Response({"results": _report(self.tenant, data.get("results"), actor=self.actor)})
+        results = services.RecoveryResults.parse(request.data).results
+        return Response({"results": _report(self.tenant, results, actor=self.actor)})
 
 
-def _report(tenant: Tenant, results: Any, *, actor: Actor) -> list[dict[str, Any]]:
-    """Record a worker's results (`services.report_many`): each item's answer, in order."""
+def _report(tenant: Tenant, results: Sequence[services.JobResult], *, actor: Actor) -> list[dict[str, Any]]:
+    """Record a worker's results (`services.report_many`): each one's answer, in order."""
     outcomes = services.report_many(tenant, results, actor=actor)
-    return per_item(results, outcomes, lambda job: {"id": str(job.pk), "state": job.state})
+    given = [{"id": result.given_id} for result in results]
+    return per_item(given, outcomes, lambda job: {"id": str(job.pk), "state": job.state})
 
 
 class HeartbeatView(TenantScopedViewMixin, APIView):

@@ -7,6 +7,7 @@ Retrying a job takes no body."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,8 @@ from django.core.validators import URLValidator
 from rest_framework import serializers
 
 from core.errors import DomainError
-from core.inputs import Flag, Input, Strings, Text, Whole
+from core.inputs import NUL, Flag, Input, Strings, Text, Whole
+from core.longpoll import MAX_WAIT_S
 from core.numbers import finite_number
 from core.outbound import check_url
 from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, TEXT_MAX
@@ -236,3 +238,152 @@ class AssignJob(Input[Assignment]):
     command = Assignment
 
     assignee = _Assignee(allow_blank=True, max_length=ASSIGNEE_MAX)
+
+
+# ---------------------------------------------------------------------- a worker's claim and results
+
+MAX_CLAIM_HANDLERS = 500
+WORKER_MAX = 200
+MAX_CLAIM_BATCH = 100
+MAX_RESULTS = 500
+
+
+class _ClaimHandlers(serializers.ListField):
+    """1 to MAX_CLAIM_HANDLERS names of 1 to HANDLER_MAX characters, no NUL; missing is wrong."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if (
+            not isinstance(data, list)
+            or not 0 < len(data) <= MAX_CLAIM_HANDLERS
+            or not all(isinstance(h, str) and 0 < len(h) <= HANDLER_MAX and NUL not in h for h in data)
+        ):
+            raise _refused(self, f"handlers: a list of 1 to {MAX_CLAIM_HANDLERS} handler names")
+        return tuple(data)
+
+
+class _Worker(serializers.CharField):
+    """The worker's name, at most WORKER_MAX characters; null, missing or "" is the claiming key's."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty or data is None:
+            return ""
+        if not isinstance(data, str) or len(data) > WORKER_MAX or NUL in data:
+            raise _refused(self, f"worker: a name of at most {WORKER_MAX} characters")
+        return data
+
+
+class _BatchSize(serializers.IntegerField):
+    """How many jobs to take, 1 to MAX_CLAIM_BATCH; null is 1. Given at all, the answer is a batch
+    (`"jobs"`); missing (None) it is the one `"job"`."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty:
+            raise serializers.SkipField
+        if data is None:
+            return 1
+        if type(data) is not int or not 1 <= data <= MAX_CLAIM_BATCH:
+            raise _refused(self, f"max_jobs: an integer from 1 to {MAX_CLAIM_BATCH}")
+        return data
+
+
+class _LongPollWait(serializers.FloatField):
+    """Seconds to wait for a job (0 to 25). The long-poll reads it from the body itself
+    (`core.longpoll.body_wait`: anything it cannot read is no wait), so it is never refused."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        raise serializers.SkipField
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """One result of a batch for the job the worker holds under `token`: its id as given (answered
+    back as such) and as read; a completion, or the compensation's `failure`."""
+
+    given_id: str
+    job_id: uuid.UUID
+    token: int
+    failure: Failure | None = None
+
+
+def _job_result(i: int, item: Any) -> JobResult:
+    """Item `i` of a batch, its fields named `results[i].<field>`: its shape, id and token, then
+    a failure's fields as `FailJob` judges them. A completion's other fields are not judged."""
+    where = f"results[{i}]"
+    if not isinstance(item, dict) or type(item.get("ok")) is not bool:
+        raise DomainError("invalid", f"{where}: an object with id, token and ok", field=where)
+    try:
+        job_id = uuid.UUID(item["id"]) if isinstance(item.get("id"), str) else None
+    except ValueError:
+        job_id = None
+    if job_id is None:
+        raise DomainError("invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id")
+    token = item.get("token")
+    if type(token) is not int:
+        raise DomainError("invalid", f"{where}.{TOKEN}", field=f"{where}.token")
+    if item["ok"]:
+        return JobResult(item["id"], job_id, token)
+    try:
+        failure = FailJob.parse(item)  # a single failure's fields and sentences, named in the item
+    except DomainError as refused:
+        field = f"{where}.{refused.field}"
+        raise DomainError(refused.code, f"{where}.{refused.detail}", field=field) from None
+    return JobResult(item["id"], job_id, token, failure)
+
+
+class _Results(serializers.ListField):
+    """1 to MAX_RESULTS results, each judged in turn (the first at fault refuses the batch);
+    missing is wrong where the field is required."""
+
+    def run_validation(self, data: Any = serializers.empty) -> Any:
+        if data is serializers.empty and not self.required:
+            raise serializers.SkipField
+        if not isinstance(data, list) or not 0 < len(data) <= MAX_RESULTS:
+            raise _refused(self, f"results: a list of 1 to {MAX_RESULTS} results")
+        return tuple(_job_result(i, item) for i, item in enumerate(data))
+
+
+def _results(*, required: bool) -> _Results:
+    return _Results(child=serializers.DictField(), max_length=MAX_RESULTS, required=required)
+
+
+@dataclass(frozen=True)
+class Results:
+    results: tuple[JobResult, ...]
+
+
+class RecoveryResults(Input[Results]):
+    """`{"results": [{"id", "token", "ok": true} | {"id", "token", "ok": false, "error"?,
+    "retryable"? (true), "reason"?}]}` (1 to MAX_RESULTS)."""
+
+    command = Results
+
+    results = _results(required=True)
+
+
+@dataclass(frozen=True)
+class ClaimTerms:
+    """Take up to `max_jobs` jobs of `handlers` for `worker` ("": the claiming key's actor), each
+    leased for `lease_s` seconds; `max_jobs` None is one job, answered as `"job"` alone. `results`
+    (None: none) are the worker's finished jobs, recorded before the claim."""
+
+    handlers: tuple[str, ...]
+    worker: str = ""
+    lease_s: float = DEFAULT_JOB_LEASE_S
+    max_jobs: int | None = None
+    results: tuple[JobResult, ...] | None = None
+
+
+class RecoveryClaim(Input[ClaimTerms]):
+    """`{"handlers": [...], "worker"?, "lease_s"? (1-300, default 30), "max_jobs"? (1-100),
+    "results"?, "wait"? (0-25 s)}`, judged in that order (the terms before any result)."""
+
+    command = ClaimTerms
+
+    handlers = _ClaimHandlers(
+        child=serializers.CharField(max_length=HANDLER_MAX), max_length=MAX_CLAIM_HANDLERS
+    )
+    worker = _Worker(required=False, allow_null=True, allow_blank=True, max_length=WORKER_MAX)
+    lease_s = _LeaseSeconds(required=False, allow_null=True, min_value=1, max_value=MAX_JOB_LEASE_S)
+    max_jobs = _BatchSize(required=False, allow_null=True, min_value=1, max_value=MAX_CLAIM_BATCH)
+    results = _results(required=False)
+    wait = _LongPollWait(required=False, min_value=0, max_value=MAX_WAIT_S)

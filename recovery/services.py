@@ -5,7 +5,7 @@ model); this module only re-exports them, so callers have one stable place to im
 from __future__ import annotations
 
 from fleet.services import QuarantineCreate
-from recovery.actions.claims import check_claim_terms, claim, claim_many, heartbeat
+from recovery.actions.claims import claim, claim_many, heartbeat
 from recovery.actions.common import MAX_ATTEMPTS, SYSTEM_ACTOR
 from recovery.actions.decisions import assign, assignees, quarantine, resolve, retry, rollback_to
 from recovery.actions.leases import watch_appended
@@ -29,15 +29,20 @@ from recovery.actions.webhooks import (
 from recovery.inputs import (
     AssignJob,
     Assignment,
+    ClaimTerms,
     CompleteJob,
     Completion,
     FailJob,
     Failure,
     HeartbeatJob,
+    JobResult,
     LeaseExtension,
     NewWebhook,
+    RecoveryClaim,
+    RecoveryResults,
     Resolution,
     ResolveJob,
+    Results,
     RollbackSaga,
     RollbackTo,
     WebhookSet,
@@ -51,22 +56,26 @@ __all__ = [
     "TAKEOVER_BATCH",
     "AssignJob",
     "Assignment",
+    "ClaimTerms",
     "CompleteJob",
     "Completion",
     "FailJob",
     "Failure",
     "HeartbeatJob",
+    "JobResult",
     "LeaseExtension",
     "NewWebhook",
     "QuarantineCreate",
+    "RecoveryClaim",
+    "RecoveryResults",
     "Resolution",
     "ResolveJob",
+    "Results",
     "RollbackSaga",
     "RollbackTo",
     "WebhookSet",
     "assign",
     "assignees",
-    "check_claim_terms",
     "claim",
     "claim_many",
     "complete",

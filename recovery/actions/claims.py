@@ -14,9 +14,8 @@ from django.utils import timezone
 from core.claims import Increment, Leased, SetIfNull
 from core.claims import claim as claim_rows
 from core.errors import DomainError
-from core.numbers import finite_number
 from core.scoping import require_tenant
-from recovery.actions.common import DEFAULT_JOB_LEASE_S, MAX_JOB_LEASE_S, claimable
+from recovery.actions.common import DEFAULT_JOB_LEASE_S, claimable
 from recovery.actions.takeover import take_over_on_claim
 from recovery.inputs import LeaseExtension
 from recovery.models import (
@@ -27,37 +26,12 @@ from recovery.models import (
 from tenants.models import Tenant
 
 
-def lease_seconds(value: Any) -> float:
-    if value is None:
-        return DEFAULT_JOB_LEASE_S
-    if not finite_number(value) or not 1 <= value <= MAX_JOB_LEASE_S:
-        raise DomainError("invalid", f"lease_s: seconds from 1 to {MAX_JOB_LEASE_S:g}", field="lease_s")
-    return float(value)
-
-
-MAX_CLAIM_BATCH = 100
-
-
-def _claim_batch_size(value: Any) -> int:
-    if value is None:
-        return 1
-    if type(value) is not int or not 1 <= value <= MAX_CLAIM_BATCH:
-        raise DomainError("invalid", f"max_jobs: an integer from 1 to {MAX_CLAIM_BATCH}", field="max_jobs")
-    return value
-
-
-def check_claim_terms(*, lease_s: Any, max_jobs: Any) -> None:
-    """Refuse a claim's malformed terms (400) before anything its request carries is recorded."""
-    lease_seconds(lease_s)
-    _claim_batch_size(max_jobs)
-
-
 def claim(
     tenant: Tenant,
     *,
     worker: str,
     handlers: Sequence[str] | None,
-    lease_s: Any = None,
+    lease_s: float = DEFAULT_JOB_LEASE_S,
     delivery: str = Delivery.WORKER,
     job_id: uuid.UUID | str | None = None,
 ) -> Job | None:
@@ -86,8 +60,8 @@ def claim_many(
     *,
     worker: str,
     handlers: Sequence[str] | None,
-    lease_s: Any = None,
-    max_jobs: Any = None,
+    lease_s: float = DEFAULT_JOB_LEASE_S,
+    max_jobs: int = 1,
     delivery: str = Delivery.WORKER,
     job_id: uuid.UUID | str | None = None,
 ) -> list[Job]:
@@ -96,8 +70,6 @@ def claim_many(
     and claimed by one conditional UPDATE guarded by each one's fencing token as picked, which
     it raises, setting the lease. A run has one job at its frontier, so a batch never holds two
     jobs of one saga: newest first still holds."""
-    seconds = lease_seconds(lease_s)
-    limit = _claim_batch_size(max_jobs)
     require_tenant(tenant)  # its one write is its only statement: no savepoint of its own
     if job_id is None:
         take_over_on_claim(tenant)
@@ -118,8 +90,8 @@ def claim_many(
         candidates,
         now=now,
         holder=worker,
-        lease_until=now + timedelta(seconds=seconds),
-        limit=limit,
+        lease_until=now + timedelta(seconds=lease_s),
+        limit=max_jobs,
         shape=(tenant.pk, str(delivery), None if names is None else tuple(names), wanted),
         also={"attempts": Increment(), "first_claimed_at": SetIfNull(now)},
     )

@@ -4,11 +4,10 @@ which jobs a claimer may take now."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from django.db.models import F, Model, Q, QuerySet
 
-from core.errors import DomainError
 from fleet import selectors as fleet_selectors
 from recovery.models import (
     Job,
@@ -24,20 +23,6 @@ MAX_ATTEMPTS = 5
 TEXT_MAX = 2000
 
 _Row = TypeVar("_Row", bound=Model)
-
-
-def text_field(value: Any, name: str, *, required: bool = False) -> str:
-    if value is None and not required:
-        return ""
-    if (
-        not isinstance(value, str)
-        or (required and not value.strip())
-        or len(value) > TEXT_MAX
-        or "\x00" in value
-    ):
-        need = "a non-empty string" if required else "a string"
-        raise DomainError("invalid", f"{name}: {need} of at most {TEXT_MAX} characters", field=name)
-    return value
 
 
 def quarantined_out(queryset: QuerySet[_Row]) -> QuerySet[_Row]:

@@ -3,7 +3,6 @@ fencing token, alone or several in one transaction."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -20,9 +19,8 @@ from core.actors import Actor
 from core.errors import DomainError
 from core.scoping import require_tenant
 from recovery.actions.claims import JOBS, held, stale
-from recovery.actions.common import text_field
 from recovery.actions.runs import advance_runs, escalate
-from recovery.inputs import Completion, Failure
+from recovery.inputs import Completion, Failure, JobResult
 from recovery.models import (
     Escalation,
     Job,
@@ -158,61 +156,22 @@ def fail(tenant: Tenant, job_id: Any, failure: Failure, *, actor: Actor) -> Job:
         return job
 
 
-MAX_RESULTS = 500
-
-
-def report_many(tenant: Tenant, results: Any, *, actor: Actor) -> list[Job | DomainError]:
-    """Several results in one request and one transaction: `[{"id", "token", "ok": true} |
-    {"id", "token", "ok": false, "error", "retryable"?, "reason"?}]`. Completions are recorded
-    together (`complete_locked`); each failure as `fail` records it. An item whose token no longer
-    holds its job answers its error and records nothing; a malformed item refuses the whole
-    request (400, naming it)."""
-    if not isinstance(results, list) or not 0 < len(results) <= MAX_RESULTS:
-        raise DomainError("invalid", f"results: a list of 1 to {MAX_RESULTS} results", field="results")
-    done: list[tuple[int, Any, int]] = []
-    failed: list[tuple[int, Any, dict[str, Any]]] = []
-    for i, item in enumerate(results):
-        where = f"results[{i}]"
-        if not isinstance(item, dict) or type(item.get("ok")) is not bool:
-            raise DomainError("invalid", f"{where}: an object with id, token and ok", field=where)
-        try:
-            job_id = uuid.UUID(item.get("id")) if isinstance(item.get("id"), str) else None
-        except ValueError:
-            job_id = None
-        if job_id is None:
-            raise DomainError("invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id")
-        if type(item.get("token")) is not int:
-            raise DomainError(
-                "invalid", f"{where}.token: the integer the claim returned", field=f"{where}.token"
-            )
-        if item["ok"]:
-            done.append((i, job_id, item["token"]))
-        else:
-            text_field(item.get("error"), f"{where}.error")
-            if type(item.get("retryable", True)) is not bool:
-                raise DomainError("invalid", f"{where}.retryable: true or false", field=f"{where}.retryable")
-            if item.get("reason") not in (None, Escalation.NO_HANDLER.value):
-                raise DomainError(
-                    "invalid", f"{where}.reason: omit it, or 'no_handler'", field=f"{where}.reason"
-                )
-            failed.append((i, job_id, item))
+def report_many(tenant: Tenant, results: Sequence[JobResult], *, actor: Actor) -> list[Job | DomainError]:
+    """Several results in one request and one transaction, in order (`RecoveryResults` judged
+    them): completions are recorded together (`complete_locked`); each failure as `fail` records
+    it. A result whose token no longer holds its job answers its error and records nothing."""
     outcomes: list[Job | DomainError | None] = [None] * len(results)
-    # In the caller's transaction: nothing written above; each failure keeps a savepoint of its
-    # own (`fail`).
+    # In the caller's transaction: each failure keeps a savepoint of its own (`fail`).
     require_tenant(tenant)
+    done = [(i, result) for i, result in enumerate(results) if result.failure is None]
     if done:
-        completed = complete_locked(tenant, [(job_id, token) for _, job_id, token in done], actor=actor)
-        for (i, _, _), outcome in zip(done, completed, strict=True):
+        completed = complete_locked(tenant, [(r.job_id, r.token) for _, r in done], actor=actor)
+        for (i, _), outcome in zip(done, completed, strict=True):
             outcomes[i] = outcome
-    for i, job_id, item in failed:
-        try:
-            failure = Failure(
-                token=item["token"],
-                error=item.get("error") or "",
-                retryable=item.get("retryable", True),
-                reason=item.get("reason"),
-            )
-            outcomes[i] = fail(tenant, job_id, failure, actor=actor)
-        except DomainError as exc:
-            outcomes[i] = exc
+    for i, result in enumerate(results):
+        if result.failure is not None:
+            try:
+                outcomes[i] = fail(tenant, result.job_id, result.failure, actor=actor)
+            except DomainError as exc:
+                outcomes[i] = exc
     return [outcome for outcome in outcomes if outcome is not None]

@@ -28,8 +28,6 @@ HAND_PARSED: dict[str, str] = {
     "transparency.api.ExportListView.post": "a DRF serializer of its own (DRF's field paths and sentences)",
     "fleet.api.GateEvaluateView.post": "the gate's call, parsed by gate_call, as the fast route does",
     "fleet.api.GateLeaseView.post": "the gate's call (gate_call) plus calls, lease_id and returns",
-    "recovery.api.ClaimView.post": "results and max_jobs are checked in the view and in the service",
-    "recovery.api.ResultsView.post": "each item (results[i].id, .token, .error) checked by report_many",
 }
 
 
