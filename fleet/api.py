@@ -256,7 +256,7 @@ class GateReservationSettleView(TenantScopedViewMixin, APIView):
     def post(self, request: Request, reservation_id: uuid.UUID) -> Response:
         # The amount is judged before the reservation is looked up (a bad one is 400, found or not).
         settlement = services.GateSettle.parse(request.data)
-        answer = services.settle_reservation(self.tenant, reservation_id, settlement.actual, actor=self.actor)
+        answer = services.settle_reservation(self.tenant, reservation_id, settlement, actor=self.actor)
         if answer is None:
             raise DomainError("not_found", "no such reservation", status=404)
         return Response(answer)

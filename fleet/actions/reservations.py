@@ -40,6 +40,7 @@ from core.scoping import require_tenant
 from fleet import gate, leasestores
 from fleet.actions.store import gate_tag, get_store
 from fleet.gate import Debit, GateRequest
+from fleet.inputs import Settlement
 from fleet.models import Decision, GateDecision, reservation_answer
 from fleet.stores import LimitStore, StoreUnavailable
 from tenants.actors import named_actor
@@ -61,19 +62,18 @@ def opened(request: GateRequest, debits: Sequence[Debit], store_ms: int) -> dict
 def settle(
     tenant: Tenant,
     reservation_id: uuid.UUID,
-    actual: Any,
+    settlement: Settlement,
     *,
     actor: Actor,
     settled_by: str = "api",
     store: LimitStore | None = None,
 ) -> dict[str, Any] | None:
-    """Settle one reservation at `actual` (a number or decimal string); its answer, or None when the
-    tenant has no such reservation. Raises ValueError when `actual` is not an amount, DomainError
-    503 when an overrun cannot be counted now (nothing recorded: settle again). As the tenant
-    (asserted: its transport entered it), the locked row's change in a transaction of its own (a
-    savepoint inside the caller's)."""
+    """Settle one reservation at what the call really cost; its answer, or None when the tenant
+    has no such reservation. DomainError 503 when an overrun cannot be counted now (nothing
+    recorded: settle again). As the tenant (asserted: its transport entered it), the locked row's
+    change in a transaction of its own (a savepoint inside the caller's)."""
     require_tenant(tenant)
-    units = gate.to_units(gate.amount_sent(actual))
+    units = gate.to_units(settlement.actual)
     with transaction.atomic():
         row = (
             GateDecision.objects.select_for_update()

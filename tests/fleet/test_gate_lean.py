@@ -364,7 +364,9 @@ def test_a_reservation_on_the_lean_path_is_recorded_with_its_bucket_and_settles(
     (row,) = [r for r in ledger(tenant) if str(r.pk) == answer["authorization_id"]]
     assert row.detail["reservation"]["store_ms"] > 0 and row.debits[0]["amount"] == 40 * 10_000
     assert ask(tenant, call(amount=61))["decision"] == "deny"
-    settled = in_tenant(services.settle_reservation, tenant, row.pk, "10", actor=ACTOR)
+    settled = in_tenant(
+        services.settle_reservation, tenant, row.pk, services.GateSettle.parse({"actual": "10"}), actor=ACTOR
+    )
     assert settled is not None and settled["actual"] == "10"
     assert ask(tenant, call(amount=91))["decision"] == "deny"
     assert ask(tenant, call(amount=90))["decision"] == "allow"

@@ -67,7 +67,8 @@ def usage(tenant: Tenant) -> dict[str, Any]:
 
 def settle(tenant: Tenant, answer: dict[str, Any], actual: Any) -> dict[str, Any] | None:
     reservation_id = uuid.UUID(answer["reservation"]["id"])
-    return in_tenant(services.settle_reservation, tenant, reservation_id, actual, actor=ACTOR)
+    settlement = services.GateSettle.parse({"actual": actual})
+    return in_tenant(services.settle_reservation, tenant, reservation_id, settlement, actor=ACTOR)
 
 
 def test_a_reservation_debits_its_estimate_and_settling_returns_the_difference_once(
