@@ -91,6 +91,7 @@ def test_a_report_is_refused_by_field_in_the_order_it_was(
     assert _shape(client.post(_report(NOBODY), ok, format="json")) == NOT_FOUND
     assert _shape(client.post(_report("not-a-uuid"), ok, format="json")) == NOT_FOUND
     assert _shape(client.post(_report("not-a-uuid"), {**ok, "token": "1"}, format="json")) == NOT_FOUND
+    assert _shape(client.post(_report("not-a-uuid"), [ok], format="json")) == NOT_FOUND  # even no object
     answer = client.post(_report(check["id"]), {**ok, "detail": None, "error": False}, format="json")
     assert answer.json() == {"id": check["id"], "status": "confirmed", "reason": "reversed"}
 
