@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
-from django.db import connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.http import HttpRequest, HttpResponse
 
 from core.sql import is_postgres
@@ -110,13 +110,15 @@ def require_tenant(tenant: Tenant) -> Tenant:
             f"tenant {tenant.pk} is not the active one: enter it at the transport "
             "(view mixin, tenant_task, command_tenant, or tenant_context in a test)"
         )
-    if not connection.in_atomic_block and not _statements_carry_tenant():
+    db = connections[DEFAULT_DB_ALIAS]  # one thread-local lookup (the gate asserts twice a decision)
+    if not db.in_atomic_block and not _statements_carry_tenant(db):
         raise TenantScopeError(f"tenant {tenant.pk} is active outside a transaction")
     return tenant
 
 
-def _statements_carry_tenant() -> bool:
-    return any(getattr(wrapper, "carries_tenant", False) for wrapper in connection.execute_wrappers)
+def _statements_carry_tenant(db: Any = None) -> bool:
+    wrappers = (db or connection).execute_wrappers
+    return any(getattr(wrapper, "carries_tenant", False) for wrapper in wrappers)
 
 
 @contextmanager

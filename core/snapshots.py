@@ -15,11 +15,13 @@ the tenant while the request runs, and `current_epoch` answers from it.
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from core import epoch
@@ -35,7 +37,12 @@ _pinned: contextvars.ContextVar[tuple[int, Any] | None] = contextvars.ContextVar
 def tenant_key(tenant: Tenant) -> str:
     """A tenant's key in every per-process cache: its id and creation time, not its id alone (ids
     repeat where a database is re-created, as tests do; a tenant's creation time does not)."""
-    return f"t{tenant.pk}.{int(tenant.created_at.timestamp() * 1_000_000)}"
+    return _key(tenant.pk, tenant.created_at)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(pk: Any, created_at: datetime) -> str:
+    return f"t{pk}.{int(created_at.timestamp() * 1_000_000)}"
 
 
 @contextmanager

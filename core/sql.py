@@ -4,13 +4,17 @@ migrations ask which database this is (tests/controlplane/test_layering.py check
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 
+@cache
 def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
+    """Whether the database is Postgres: fixed by the settings for the process' life, so read once
+    (the gate asks on every decision; each read of `connection` costs a thread-local lookup)."""
+    return bool(connections[DEFAULT_DB_ALIAS].vendor == "postgresql")
 
 
 def server_cursor() -> Any:

@@ -401,6 +401,7 @@ NOT_SNAPSHOTS: dict[str, str] = {
     "core.metrics._queues": "a registry filled at import",
     "core.metrics._sources": "a registry filled at import",
     "core.rls._functions": "the cross-tenant functions, declared at import",
+    "core.sql.is_postgres": "the database's vendor, fixed by the settings for the process' life",
     "recovery.actions.takeover._takeover_looked": "when a claim last looked for a tenant's expired leases",
     "tenants.authentication._held": (
         "API keys by prefix, found before their tenant is known; reused while the tenant's epoch holds"
