@@ -47,7 +47,7 @@ class TenantEventsConsumer(AsyncJsonWebsocketConsumer):
     recheck_seconds: ClassVar[float] = 30.0
 
     groups_joined: list[str]
-    revoked: bool = False
+    revoked: bool = False  # closed (by either side): nothing more is sent
     next_check: float = 0.0
 
     async def connect(self) -> None:
@@ -95,24 +95,29 @@ class TenantEventsConsumer(AsyncJsonWebsocketConsumer):
         return membership is not None and membership.can("read")
 
     async def _revoke(self) -> None:
-        """Leave every group first (nothing more can arrive), then close."""
+        await self._shut(NOT_ALLOWED)
+
+    async def _shut(self, code: int) -> None:
+        """Leave every group first (nothing more can arrive), then close. An event already on its
+        way is dropped (`saga_event`): the server refuses a send on a socket the consumer closed."""
         self.revoked = True
         await self._leave_groups()
-        await self.close(code=NOT_ALLOWED)
+        await self.close(code=code)
 
     async def disconnect(self, code: int) -> None:
+        self.revoked = True
         await self._leave_groups()
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
     ) -> None:
         if text_data is None:
-            await self.close(code=UNSUPPORTED_DATA)
+            await self._shut(UNSUPPORTED_DATA)
             return
         try:
             content = json.loads(text_data)
         except (ValueError, RecursionError):
-            await self.close(code=INVALID_PAYLOAD)
+            await self._shut(INVALID_PAYLOAD)
             return
         await self.receive_json(content, **kwargs)
 

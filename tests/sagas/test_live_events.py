@@ -252,3 +252,23 @@ def test_a_frame_that_is_not_json_closes_the_socket_cleanly(
         return closed, heard
 
     assert async_to_sync(scenario)() == (code, [] if code is not None else ["still-open"])
+
+
+def test_a_socket_closed_for_a_bad_frame_hears_nothing_more(alice: Person) -> None:
+    cookie = session_cookie(alice)
+
+    async def scenario() -> dict[str, Any]:
+        closing, staying = events_socket(cookie), events_socket(cookie)
+        for socket in (closing, staying):
+            assert (await socket.connect())[0]
+        await closing.send_to(text_data="not json")
+        outcome: dict[str, Any] = {"closed": await _closed_with(closing)}
+        # Until the client answers the close, the consumer is still running: an event for the
+        # tenant must not be sent on a socket it closed (the server would refuse the send).
+        outcome["staying"] = await _ship_and_hear(staying, alice.tenant, "after-close")
+        outcome["closing_after"] = await closing.receive_nothing(timeout=0.5)
+        for socket in (closing, staying):
+            await socket.disconnect()
+        return outcome
+
+    assert async_to_sync(scenario)() == {"closed": 1007, "staying": ["after-close"], "closing_after": True}
