@@ -13,6 +13,11 @@ in every browser that enforces it, redirects included (Slack's consent flow may 
 workspace's own subdomain, so allowing "the consent origin" would not be enough either). The link
 needs no CSRF token: the state is the binding. Nobody but this owner's page learns it, and the
 callback accepts it only from the same owner in the same tenant, once, within ten minutes.
+
+The pages that ask Slack (the channel list, the install's code exchange, the channel choice,
+uninstall, the link page's name) are entered with `transaction=False`: each reads in the tenant,
+asks Slack with no transaction open, then writes in the tenant, so a slow Slack holds no lock and
+no transaction (docs/ARCHITECTURE.md §1).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 
+from core.scoping import tenant_context
 from frontend.views import MemberRequest, actor_of, member_page, page
 from slackapp import selectors, services
 from slackapp.services import SlackError
@@ -36,24 +42,25 @@ def _back(request: MemberRequest, error: SlackError | None = None, done: str = "
     return redirect("slack-settings")
 
 
-@member_page({"GET": INTEGRATIONS}, section="slack-settings")
+@member_page({"GET": INTEGRATIONS}, section="slack-settings", transaction=False)
 def settings_page(request: MemberRequest) -> HttpResponse:
-    row = selectors.installation()
+    with tenant_context(request.tenant):
+        row = selectors.installation()
+        links = []
+        if row is not None:
+            links = [
+                {"link": link, "member": email or "(no longer a member)"} for link, email in selectors.links()
+            ]
+        consent_url = ""
+        if row is None and services.configured():
+            consent_url = services.start_install(request.tenant, request.user)
     channels: list[dict[str, str]] = []
     channel_error = ""
     if row is not None:
         try:
-            channels = services.list_channels(request.tenant)
+            channels = services.list_channels(row)
         except SlackError as exc:
             channel_error = exc.detail
-    links = []
-    if row is not None:
-        links = [
-            {"link": link, "member": email or "(no longer a member)"} for link, email in selectors.links()
-        ]
-    consent_url = ""
-    if row is None and services.configured():
-        consent_url = services.start_install(request.tenant, request.user)
     return page(
         request,
         "frontend/slack.html",
@@ -69,20 +76,20 @@ def settings_page(request: MemberRequest) -> HttpResponse:
     )
 
 
-@member_page({"GET": INTEGRATIONS}, section="slack-settings")
+@member_page({"GET": INTEGRATIONS}, section="slack-settings", transaction=False)
 def oauth_callback(request: MemberRequest) -> HttpResponse:
+    code, state = request.GET.get("code", ""), request.GET.get("state", "")
     if request.GET.get("error"):
         # The person clicked Cancel on Slack's page; the state is spent all the same.
-        services.StateStore(request.tenant, request.user).consume(request.GET.get("state", ""))
+        with tenant_context(request.tenant):
+            services.StateStore(request.tenant, request.user).consume(state)
         return _back(request, SlackError("cancelled", "Slack install cancelled."))
     try:
-        row = services.finish_install(
-            request.tenant,
-            request.user,
-            code=request.GET.get("code", ""),
-            state=request.GET.get("state", ""),
-            actor=actor_of(request),
-        )
+        with tenant_context(request.tenant):  # the state spent, committed before Slack is asked
+            services.claim_install(request.tenant, request.user, code=code, state=state)
+        installation = services.exchange_code(code)
+        with tenant_context(request.tenant):
+            row = services.save_install(request.tenant, installation, actor=actor_of(request))
     except SlackError as exc:
         return _back(request, exc)
     return _back(
@@ -90,10 +97,20 @@ def oauth_callback(request: MemberRequest) -> HttpResponse:
     )
 
 
-@member_page({"POST": INTEGRATIONS}, section="slack-settings")
+@member_page({"POST": INTEGRATIONS}, section="slack-settings", transaction=False)
 def channel(request: MemberRequest) -> HttpResponse:
+    with tenant_context(request.tenant):
+        listed = selectors.installation()
     try:
-        row = services.set_channel(request.tenant, request.POST.get("channel", ""), actor=actor_of(request))
+        channels = services.list_channels(listed) if listed is not None else []
+        with tenant_context(request.tenant):
+            row = services.set_channel(
+                request.tenant,
+                request.POST.get("channel", ""),
+                channels,
+                team_id=listed.team_id if listed is not None else "",
+                actor=actor_of(request),
+            )
     except SlackError as exc:
         return _back(request, exc)
     return _back(request, done=f"Approval requests go to #{row.channel_name}.")
@@ -109,14 +126,19 @@ def email_matching(request: MemberRequest) -> HttpResponse:
     return _back(request, done="E-mail matching is " + ("on." if enabled else "off."))
 
 
-@member_page({"POST": INTEGRATIONS}, section="slack-settings")
+@member_page({"POST": INTEGRATIONS}, section="slack-settings", transaction=False)
 def uninstall(request: MemberRequest) -> HttpResponse:
-    if not services.uninstall(request.tenant, actor=actor_of(request)):
+    with tenant_context(request.tenant):
+        row = selectors.installation()
+    if row is None:
         return _back(request, SlackError("not_installed", "Slack was not installed.", status=404))
+    services.revoke_app(row)
+    with tenant_context(request.tenant):  # gone meanwhile (Slack's own event): uninstalled all the same
+        services.uninstall(request.tenant, row.team_id, actor=actor_of(request))
     return _back(request, done="Slack uninstalled: its token and every account link are deleted.")
 
 
-@member_page({"GET": LINK_IDENTITY, "POST": LINK_IDENTITY})
+@member_page({"GET": LINK_IDENTITY, "POST": LINK_IDENTITY}, transaction=False)
 def link(request: MemberRequest, token: str) -> HttpResponse:
     """A Slack user's invitation to act as the signed-in member: shown with who they are in Slack
     and what linking lets them do, confirmed by a POST (never by opening the link)."""
@@ -127,11 +149,12 @@ def link(request: MemberRequest, token: str) -> HttpResponse:
     if tenant_id != request.tenant.pk:
         error = "This link is for another tenant: switch to it (top right), then open the link again."
         return page(request, "frontend/slack_link.html", {"error": error}, status=404)
-    row = selectors.installation()
+    with tenant_context(request.tenant):
+        row = selectors.installation()
     if row is None or row.team_id != team_id:
         error = "This Slack workspace is no longer connected to the tenant."
         return page(request, "frontend/slack_link.html", {"error": error}, status=409)
-    name = services.ask_slack_name(request.tenant, slack_user_id)
+    name = services.ask_slack_name(row, slack_user_id)
     context = {
         "team": row.team_name or team_id,
         "slack_user_id": slack_user_id,
@@ -140,21 +163,23 @@ def link(request: MemberRequest, token: str) -> HttpResponse:
     }
     if request.method == "POST":
         try:
-            services.link_user(
-                request.tenant,
-                request.user,
-                team_id=team_id,
-                slack_user_id=slack_user_id,
-                how="confirmed",
-                actor=actor_of(request),
-                name=name,
-            )
+            with tenant_context(request.tenant):  # link_user checks the workspace again, locked
+                services.link_user(
+                    request.tenant,
+                    request.user,
+                    team_id=team_id,
+                    slack_user_id=slack_user_id,
+                    how="confirmed",
+                    actor=actor_of(request),
+                    name=name,
+                )
         except SlackError as exc:
             return page(
                 request, "frontend/slack_link.html", {**context, "error": exc.detail}, status=exc.status
             )
         return page(request, "frontend/slack_link.html", {**context, "linked": True})
-    current = selectors.link_of(request.user.pk)
+    with tenant_context(request.tenant):
+        current = selectors.link_of(request.user.pk)
     return page(request, "frontend/slack_link.html", {**context, "current": current})
 
 

@@ -6,6 +6,10 @@ signed-in person, resolves the tenant they act for (the session's choice, else t
 first tenant), refuses with a 403 page when the rule refuses their role (`tenants.access.decide`),
 reads the form before any transaction opens, and runs the view with that tenant active (ORM
 scoping and Postgres row-level security). Objects of another tenant are simply not found: 404.
+A page that waits on the network (Slack's Web API) declares `transaction=False`, as a task does
+(`tenants.entry.tenant_task`): it gets the tenant resolved but not entered, and enters
+`tenant_context(request.tenant)` around each unit of work that reads or writes, never around the
+wait.
 """
 
 from __future__ import annotations
@@ -124,11 +128,14 @@ def forbidden(request: HttpRequest, capability: str, section: str = "") -> HttpR
     return page(request, "frontend/403.html", {"capability": capability}, section=section, status=403)
 
 
-def member_page(access: AccessMap, section: str = "") -> Callable[[PageView], PageView]:
+def member_page(
+    access: AccessMap, section: str = "", *, transaction: bool = True
+) -> Callable[[PageView], PageView]:
     """Decorator for a tenant page or action, declaring its rule per method (`tenants.access`):
     method declared (405), signed in (to the login page), a member (404), allowed (403 page),
-    form read, then the view in one transaction with the tenant active. The view gets a
-    `MemberRequest`."""
+    form read, then the view in one transaction with the tenant active (with `transaction=False`,
+    outside any: the view enters the tenant around each unit of work itself; see the module). The
+    view gets a `MemberRequest`."""
 
     def decorate(view: PageView) -> PageView:
         @wraps(view)
@@ -146,6 +153,8 @@ def member_page(access: AccessMap, section: str = "") -> Callable[[PageView], Pa
                 return forbidden(member_request, rule.capability or "", section)
             # The form is read (bounded by DATA_UPLOAD_MAX_MEMORY_SIZE) before the transaction opens.
             member_request.POST  # noqa: B018
+            if not transaction:
+                return view(member_request, *args, **kwargs)
             with tenant_context(membership.tenant):
                 return view(member_request, *args, **kwargs)
 

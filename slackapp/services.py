@@ -14,6 +14,7 @@ from __future__ import annotations
 from slackapp.actions.installations import (
     forget_team,
     list_channels,
+    revoke_app,
     set_channel,
     set_email_matching,
     uninstall,
@@ -37,7 +38,14 @@ from slackapp.actions.messages import (
     message_posted,
     release_message_claim,
 )
-from slackapp.actions.oauth import BOT_SCOPES, StateStore, finish_install, start_install
+from slackapp.actions.oauth import (
+    BOT_SCOPES,
+    StateStore,
+    claim_install,
+    exchange_code,
+    save_install,
+    start_install,
+)
 from slackapp.actions.signatures import prune_seen_signatures, verify_request
 from slackapp.actions.web import (
     API_TIMEOUT_S,
@@ -60,7 +68,8 @@ __all__ = [
     "ask_slack_name",
     "claim_message_post",
     "configured",
-    "finish_install",
+    "claim_install",
+    "exchange_code",
     "finish_message",
     "forget_team",
     "is_posted",
@@ -75,6 +84,8 @@ __all__ = [
     "public_url",
     "read_link_token",
     "release_message_claim",
+    "revoke_app",
+    "save_install",
     "set_channel",
     "set_email_matching",
     "slack_user_of",

@@ -61,7 +61,7 @@ class DjangoInstallationStore(InstallationStore):
             raise SlackError("no_bot_token", "Slack granted no bot token for a workspace")
         require_tenant(self.tenant)
         # Its own savepoint: a workspace another tenant has is refused after the old one's rows
-        # were deleted, and the page that catches the refusal commits the rest of its work.
+        # were deleted, and the refusal must bring them back whatever the caller's block commits.
         with transaction.atomic():
             row = Installation.objects.select_for_update().first()
             old = installation_values(row) if row is not None else None
@@ -163,46 +163,43 @@ class DjangoInstallationStore(InstallationStore):
         self.delete_installation(enterprise_id=enterprise_id, team_id=team_id)
 
 
-def uninstall(tenant: Tenant, *, actor: Actor) -> bool:
-    """Remove the app from the workspace (apps.uninstall, best effort) and forget the installation
-    and its links. False when there was none. Inside the tenant."""
+def revoke_app(row: Installation) -> None:
+    """Remove the app from the installation's workspace (apps.uninstall), best effort: the
+    installation is forgotten all the same (`uninstall`). It waits on Slack: outside any
+    transaction, with the row read in the tenant before."""
+    if not configured():
+        return
+    try:
+        web_client(bot_token(row)).apps_uninstall(
+            client_id=settings.SLACK_CLIENT_ID, client_secret=settings.SLACK_CLIENT_SECRET
+        )
+    except (*UNREACHABLE, crypto.TokenUnreadable):
+        log.warning(
+            "slack: apps.uninstall failed for tenant %s; forgetting it anyway", row.tenant_id, exc_info=True
+        )
+
+
+def uninstall(tenant: Tenant, team_id: str, *, actor: Actor) -> bool:
+    """Forget the installation of this workspace and its links (the owner's, after `revoke_app`;
+    Slack's app_uninstalled and tokens_revoked, in the tenant `selectors.tenant_of_team` found).
+    False when it had none. Inside the tenant."""
     require_tenant(tenant)
-    row = Installation.objects.first()
-    if row is None:
+    if not Installation.objects.filter(team_id=team_id).exists():
         return False
-    if configured():
-        try:
-            web_client(bot_token(row)).apps_uninstall(
-                client_id=settings.SLACK_CLIENT_ID, client_secret=settings.SLACK_CLIENT_SECRET
-            )
-        except (*UNREACHABLE, crypto.TokenUnreadable):
-            log.warning(
-                "slack: apps.uninstall failed for tenant %s; forgetting it anyway", tenant.pk, exc_info=True
-            )
-    DjangoInstallationStore(tenant, actor=actor).delete_all(enterprise_id=None, team_id=row.team_id)
+    DjangoInstallationStore(tenant, actor=actor).delete_all(enterprise_id=None, team_id=team_id)
     return True
 
 
 def forget_team(tenant: Tenant, team_id: str, *, why: str) -> bool:
-    """Slack says the app is gone from a workspace (app_uninstalled, tokens_revoked): delete its
-    installation in the tenant that has it (`selectors.tenant_of_team`, which the caller entered).
-    False when it had none."""
-    require_tenant(tenant)
-    if not Installation.objects.filter(team_id=team_id).exists():
-        return False
-    DjangoInstallationStore(tenant, actor=system_actor(f"slack-{why}")).delete_all(
-        enterprise_id=None, team_id=team_id
-    )
-    return True
+    """Slack says the app is gone from a workspace (app_uninstalled, tokens_revoked): `uninstall`,
+    recorded as Slack's. False when the tenant had no installation of it."""
+    return uninstall(tenant, team_id, actor=system_actor(f"slack-{why}"))
 
 
-def list_channels(tenant: Tenant) -> list[dict[str, str]]:
-    """The workspace's public channels the bot can post in, as [{id, name}] (conversations.list).
-    Inside the tenant."""
-    require_tenant(tenant)
-    row = Installation.objects.first()
-    if row is None:
-        return []
+def list_channels(row: Installation) -> list[dict[str, str]]:
+    """The installation's workspace's public channels the bot can post in, as [{id, name}]
+    (conversations.list). It waits on Slack: outside any transaction, with the row read in the
+    tenant before."""
     channels: list[dict[str, str]] = []
     cursor = None
     try:
@@ -222,20 +219,28 @@ def list_channels(tenant: Tenant) -> list[dict[str, str]]:
     return sorted(channels, key=lambda c: c["name"])
 
 
-def set_channel(tenant: Tenant, channel_id: Any, *, actor: Actor) -> Installation:
-    """Where approval requests are posted: one of the workspace's channels, chosen by an owner.
+def set_channel(
+    tenant: Tenant, channel_id: Any, channels: list[dict[str, str]], *, team_id: str, actor: Actor
+) -> Installation:
+    """Where approval requests are posted: one of `channels`, the workspace `team_id`'s as
+    `list_channels` found them (asked before, outside the transaction), chosen by an owner.
     Inside the tenant."""
-    channels = {c["id"]: c["name"] for c in list_channels(tenant)}
-    if not isinstance(channel_id, str) or channel_id not in channels:
+    names = {c["id"]: c["name"] for c in channels}
+    if not isinstance(channel_id, str) or channel_id not in names:
         raise SlackError("invalid_channel", "choose one of the workspace's channels")
+    require_tenant(tenant)
     with transaction.atomic():  # the channel and its record, together
         row = Installation.objects.select_for_update().first()
         if row is None:
             raise SlackError("not_installed", "Slack is not installed for this tenant", status=404)
+        if row.team_id != team_id:  # replaced by another workspace while its channels were asked
+            raise SlackError(
+                "invalid_channel", "the workspace changed: choose one of its channels", status=409
+            )
         old = {"channel_id": row.channel_id or None, "channel_name": row.channel_name or None}
         if row.channel_id == channel_id:
             return row
-        row.channel_id, row.channel_name = channel_id, channels[channel_id]
+        row.channel_id, row.channel_name = channel_id, names[channel_id]
         row.save(update_fields=["channel_id", "channel_name"])
         append_server_record(
             tenant,

@@ -75,13 +75,10 @@ def slack_name(slack_user: dict[str, Any]) -> str:
     return ""
 
 
-def ask_slack_name(tenant: Tenant, slack_user_id: str) -> str:
-    """The Slack user's name as the workspace shows it, asked with the tenant's bot token; "" when
-    Slack cannot be asked (the link is made all the same, shown by its id). Inside the tenant."""
-    require_tenant(tenant)
-    row = Installation.objects.first()
-    if row is None:
-        return ""
+def ask_slack_name(row: Installation, slack_user_id: str) -> str:
+    """The Slack user's name as the installation's workspace shows it, asked with its bot token;
+    "" when Slack cannot be asked (the link is made all the same, shown by its id). It waits on
+    Slack: outside any transaction, with the row read in the tenant before."""
     try:
         info = web_client(bot_token(row)).users_info(user=slack_user_id)
     except (*UNREACHABLE, crypto.TokenUnreadable):

@@ -108,10 +108,10 @@ def start_install(tenant: Tenant, user: Any) -> str:
     return authorize_url_generator().generate(state)
 
 
-def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: Actor) -> Installation:
-    """Slack's redirect back: the state must be one this member was issued (consumed here, once),
-    then the code is exchanged for the bot token (oauth.v2.access), checked (auth.test) and stored
-    encrypted (slack-sdk's flow, with `DjangoInstallationStore`). Inside the tenant."""
+def claim_install(tenant: Tenant, user: Any, *, code: str, state: str) -> None:
+    """Slack's redirect back, before the exchange: the state must be one this member was issued
+    (consumed here, once) and Slack must have sent a code. Inside the tenant, committed before
+    `exchange_code` waits on Slack (a refused exchange leaves the state spent, as a cancel does)."""
     require_tenant(tenant)
     if not configured():
         raise SlackError("not_configured", "SLACK_CLIENT_ID and SLACK_CLIENT_SECRET are not set", status=409)
@@ -119,6 +119,12 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: A
         raise SlackError("invalid_state", "this install link is unknown, used or expired: start again")
     if not isinstance(code, str) or not 0 < len(code) <= 512:
         raise SlackError("invalid_code", "Slack sent no authorization code")
+
+
+def exchange_code(code: str) -> SlackInstallation:
+    """The code of a claimed install (`claim_install`) exchanged for the bot token
+    (oauth.v2.access) and the token checked (auth.test), slack-sdk's flow. It waits on Slack:
+    outside any transaction; `save_install` stores the answer."""
     client = web_client()
     try:
         answer = client.oauth_v2_access(
@@ -155,5 +161,12 @@ def finish_install(tenant: Tenant, user: Any, *, code: str, state: str, actor: A
     )
     if not isinstance(installation.team_id, str) or not selectors.SLACK_ID.fullmatch(installation.team_id):
         raise SlackError("slack_refused", "Slack named no workspace", status=502)
+    return installation
+
+
+def save_install(tenant: Tenant, installation: SlackInstallation, *, actor: Actor) -> Installation:
+    """Store what `exchange_code` got, the token encrypted (`DjangoInstallationStore`), recorded
+    as `actor`. Inside the tenant."""
+    require_tenant(tenant)
     DjangoInstallationStore(tenant, actor=actor).save(installation)
     return Installation.objects.get()

@@ -61,7 +61,7 @@ def test_a_reused_state_installs_nothing(slack: FakeSlack, alice: Person) -> Non
     client = browser(alice.user)
     first = install(client, slack, channel=None)
     assert _installation(alice) is not None
-    in_tenant(services.uninstall, alice.tenant, actor=named_actor("test"))
+    in_tenant(services.uninstall, alice.tenant, slack.team_id, actor=named_actor("test"))
     again = client.get(first.callback_url)
     assert again.status_code == 302
     assert _installation(alice) is None
