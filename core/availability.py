@@ -1,4 +1,6 @@
-"""Fail closed, fast: what the gate answers while its database or Redis cannot be reached.
+"""Fail closed, fast: what the gate answers while its database or Redis cannot be reached (and
+every other API call while the database cannot: `guard_database`, and the API's exception
+handler answers an outage a call meets with `Unavailable.unreachable`).
 
 Every call is then refused with `503 control_plane_unavailable` in the API's error shape (and
 `"decision": "deny"`, so a client reading only the decision refuses too), within a second:
@@ -60,6 +62,18 @@ class Unavailable(DomainError):
         refusal.store = store
         return refusal
 
+    @classmethod
+    def unreachable(cls, store: str) -> Unavailable:
+        """The same refusal for any other API call (no gate decision was asked for)."""
+        refusal = cls(
+            "control_plane_unavailable",
+            f"the control plane cannot reach its {store} just now (retry later)",
+            status=503,
+            context={"retry_after": 1},
+        )
+        refusal.store = store
+        return refusal
+
     store = ""
 
 
@@ -79,6 +93,13 @@ def guard() -> None:
     if _state.down:
         for store in tuple(_state.down):  # (a copy: a probe may mark one up meanwhile)
             raise Unavailable.of(store)
+
+
+def guard_database() -> None:
+    """Raise Unavailable (not a gate's answer) while the database is known to be down: every API
+    call needs it, so none waits on it meanwhile (tenants.permissions' view mixin)."""
+    if DATABASE in _state.down:
+        raise Unavailable.unreachable(DATABASE)
 
 
 def is_down(store: str) -> bool:

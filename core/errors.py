@@ -166,11 +166,16 @@ def _validation_body(exc: exceptions.ValidationError) -> dict[str, Any]:
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF's EXCEPTION_HANDLER: a `DomainError` or any DRF/Django refusal as the one shape.
-    Anything else is re-raised (None): the view's transaction rolls back and the middleware
-    answers a JSON 500."""
+    """DRF's EXCEPTION_HANDLER: a `DomainError` or any DRF/Django refusal as the one shape; a
+    store out of reach (`core.availability.failed`) as a 503 refusal with Retry-After. Anything
+    else is re-raised (None): the view's transaction rolls back and the middleware answers a JSON
+    500."""
     if isinstance(exc, DomainError):
-        return Response(exc.body(), status=exc.status)
+        return _refusal(exc)
+    from core import availability
+
+    if (unreachable := availability.failed(exc)) is not None:  # marks the store down, probes it
+        return _refusal(availability.Unavailable.unreachable(unreachable.store))
     # Django's own (get_object_or_404, PermissionDenied) as DRF's, so they get the shape below.
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or None)
@@ -187,6 +192,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         else:
             detail = "; ".join(f"{path}: {' '.join(why)}" for path, why in flatten_errors(exc.detail).items())
         response.data = {"error": _code_of(exc, response.status_code), "detail": detail}
+    return response
+
+
+def _refusal(exc: DomainError) -> Response:
+    response = Response(exc.body(), status=exc.status)
+    if exc.status == 503:  # a store out of reach: worth asking again shortly
+        response["Retry-After"] = "1"
     return response
 
 

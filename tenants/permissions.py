@@ -26,7 +26,7 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core import timing
+from core import availability, timing
 from core.actors import Actor
 from core.errors import DomainError
 from core.numbers import ascii_int
@@ -154,6 +154,7 @@ class TenantScopedViewMixin(_ViewBase):
         return response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        availability.guard_database()  # known down: refused before anything waits on it
         super().initial(request, *args, **kwargs)  # authenticates: 401
         rule = policy.rule_for(self.access, request.method or "")
         assert rule is not None  # dispatch answered 405 already

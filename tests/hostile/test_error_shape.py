@@ -4,17 +4,22 @@ OpenAPI schema documents the error answers of every operation."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import OperationalError
 from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from audit.services import IngestRefused
+from core import availability
 from core.errors import DomainError, api_exception_handler, flatten_errors
 from sagas import api as sagas_api
 from tests.support.factories import Person
+from tests.support.waiting import wait_until
 from transparency.bundles import BundleUnavailable
 from transparency.services import IntegrationRefused
 
@@ -64,6 +69,37 @@ def test_an_unhandled_error_is_a_json_500_that_leaks_nothing(
     body = _shape(response)
     assert body["error"] == "server_error"
     assert "hunter2" not in response.content.decode()
+
+
+def test_a_database_outage_is_a_503_refusal_and_later_calls_are_refused_at_once(
+    alice: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any API view that meets an unreachable database answers `503 control_plane_unavailable`
+    with Retry-After, not a 500; until the store's probe reaches it again, the next calls are
+    refused before they wait on it (as the gate's are: core/availability.py)."""
+    reachable = threading.Event()
+
+    def probe() -> None:
+        if not reachable.is_set():
+            raise psycopg.OperationalError("still unreachable")
+
+    def cut(self: Any) -> Any:
+        raise OperationalError("the connection was lost") from psycopg.OperationalError("server closed")
+
+    monkeypatch.setitem(availability._PROBES, availability.DATABASE, probe)
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.api_key}")
+    with monkeypatch.context() as outage:
+        outage.setattr(sagas_api.SagaListView, "get_queryset", cut)
+        met = client.get("/api/v1/sagas")
+    assert met.status_code == 503 and met["Retry-After"] == "1"
+    assert _shape(met)["error"] == "control_plane_unavailable"
+    assert "decision" not in met.json()  # not a gate call: nothing was asked to be allowed
+    refused = client.get("/api/v1/sagas")  # the view is whole again; the store is still down
+    assert (refused.status_code, refused.json()) == (503, met.json())
+    reachable.set()
+    wait_until(lambda: not availability.is_down(availability.DATABASE), "the probe to reach the database")
+    assert client.get("/api/v1/sagas").status_code == 200
 
 
 def test_validation_errors_name_their_field_without_python_reprs(alice: Person) -> None:

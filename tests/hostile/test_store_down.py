@@ -5,8 +5,9 @@ own port; a redis-server of its own; the production command serving), one proces
 meets the same pools. Postgres is shut down by signalling its postmaster's PID (an immediate
 shutdown: every connection cut), Redis is SIGKILLed, then each is started again on its port.
 During each outage every gate call, on the lean ASGI path and through Django's view alike, and
-the SDK's, is refused `503 control_plane_unavailable` in the error shape within a second; nothing
-is allowed; once the store is back the calls are answered again without a multi-second first one.
+the SDK's, is refused `503 control_plane_unavailable` in the error shape within a second (so is
+any other API call while Postgres is down); nothing is allowed; once the store is back the calls
+are answered again without a multi-second first one.
 (Measured on main before: 500 after the pool's 10 s timeout; 7.1 s for the first call after.)"""
 
 from __future__ import annotations
@@ -113,6 +114,20 @@ def assert_refused_fast(client: httpx.Client, label: str) -> list[str]:
     return sagas
 
 
+def assert_other_calls_refused_fast(client: httpx.Client) -> None:
+    """Any other API call while the database is down: `503 control_plane_unavailable` with
+    Retry-After, within the bound, and no gate decision in its body (none was asked for)."""
+    for path in ("/api/v1/fleet/status", "/api/v1/sagas"):
+        started = time.monotonic()
+        response = client.get(path)
+        took = time.monotonic() - started
+        assert response.status_code == 503, (path, response.status_code, response.text)
+        body = response.json()
+        assert body["error"] == "control_plane_unavailable" and "decision" not in body, body
+        assert response.headers["Retry-After"] == "1"
+        assert took < BOUND_S, f"{path}: refused after {took:.2f} s"
+
+
 def assert_back_without_a_slow_call(client: httpx.Client, label: str) -> float:
     """From the moment the store accepts connections again: calls until one is allowed, each one
     answered (refused or allowed) within the bound. Returns how long until the first allow."""
@@ -185,6 +200,7 @@ def test_postgres_down_every_gate_call_is_refused_fast_and_the_first_after_is_fa
             assert sdk.status()["ready"], sdk.status()
             stop_postgres(stack.cluster)
             refused = assert_refused_fast(client, "pg-down")
+            assert_other_calls_refused_fast(client)
             with pytest.raises(GateDenied) as denied:
                 sdk.check(Call("pg-down-sdk", "1", "pay.charge", "compensable", {"amount": 1}))
             assert denied.value.reason == "control_plane_unavailable", denied.value.answer
