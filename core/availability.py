@@ -53,23 +53,21 @@ class Unavailable(DomainError):
     @classmethod
     def of(cls, store: str) -> Unavailable:
         """The refusal while `store` is down: a 503 that says the gate's answer (deny) too."""
-        refusal = cls(
-            "control_plane_unavailable",
-            f"the control plane cannot reach its {store} just now; nothing was allowed (retry later)",
-            status=503,
-            context={"decision": "deny", "reason": "control_plane_unavailable", "retry_after": 1},
-        )
-        refusal.store = store
-        return refusal
+        gate = {"decision": "deny", "reason": "control_plane_unavailable"}
+        return cls._made(store, "; nothing was allowed", gate)
 
     @classmethod
     def unreachable(cls, store: str) -> Unavailable:
         """The same refusal for any other API call (no gate decision was asked for)."""
+        return cls._made(store, "", {})
+
+    @classmethod
+    def _made(cls, store: str, allowed: str, gate: dict[str, str]) -> Unavailable:
         refusal = cls(
             "control_plane_unavailable",
-            f"the control plane cannot reach its {store} just now (retry later)",
+            f"the control plane cannot reach its {store} just now{allowed} (retry later)",
             status=503,
-            context={"retry_after": 1},
+            context={**gate, "retry_after": 1},
         )
         refusal.store = store
         return refusal

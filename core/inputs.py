@@ -19,6 +19,7 @@ unless the input says a missing field is refused like a wrong one (`MISSING_IS_W
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, ClassVar, Generic, NoReturn, TypeVar
@@ -40,6 +41,18 @@ def json_object(data: object) -> dict[str, Any]:
     if isinstance(data, Mapping):
         return dict(data)
     raise DomainError("invalid", "the body must be a JSON object", field="body")
+
+
+def batch_item_id(item: dict[str, Any], where: str, what: str) -> uuid.UUID:
+    """A batch item's `id`: the UUID of the `what` (job, check) the claim returned, else the 400
+    naming `<where>.id`."""
+    try:
+        found = uuid.UUID(item["id"]) if isinstance(item.get("id"), str) else None
+    except ValueError:
+        found = None
+    if found is None:
+        raise DomainError("invalid", f"{where}.id: a {what} id the claim returned", field=f"{where}.id")
+    return found
 
 
 class Input(serializers.Serializer, Generic[C]):

@@ -12,7 +12,7 @@ from typing import Any
 from rest_framework import serializers
 
 from core.errors import DomainError
-from core.inputs import NUL, Flag, Input, Whole
+from core.inputs import NUL, Flag, Input, Whole, batch_item_id
 from core.numbers import finite_number
 
 MAX_CLAIM = 50
@@ -174,12 +174,7 @@ def _check_answer(i: int, item: Any) -> CheckAnswer:
     where = f"answers[{i}]"
     if not isinstance(item, dict) or "reversed" not in item:
         raise DomainError("invalid", f"{where}: an object with id, token and reversed", field=where)
-    try:
-        check_id = uuid.UUID(item["id"]) if isinstance(item.get("id"), str) else None
-    except ValueError:
-        check_id = None
-    if check_id is None:
-        raise DomainError("invalid", f"{where}.id: a check id the claim returned", field=f"{where}.id")
+    check_id = batch_item_id(item, where, "check")
     error = item.get("error", False)
     if type(error) is not bool:
         raise DomainError("invalid", f"{where}.error: true or false", field=f"{where}.error")

@@ -16,7 +16,7 @@ from django.core.validators import URLValidator
 from rest_framework import serializers
 
 from core.errors import DomainError
-from core.inputs import NUL, Flag, Input, Strings, Text, Whole
+from core.inputs import NUL, Flag, Input, Strings, Text, Whole, batch_item_id
 from core.longpoll import MAX_WAIT_S
 from core.numbers import finite_number
 from core.outbound import check_url
@@ -311,12 +311,7 @@ def _job_result(i: int, item: Any) -> JobResult:
     where = f"results[{i}]"
     if not isinstance(item, dict) or type(item.get("ok")) is not bool:
         raise DomainError("invalid", f"{where}: an object with id, token and ok", field=where)
-    try:
-        job_id = uuid.UUID(item["id"]) if isinstance(item.get("id"), str) else None
-    except ValueError:
-        job_id = None
-    if job_id is None:
-        raise DomainError("invalid", f"{where}.id: a job id the claim returned", field=f"{where}.id")
+    job_id = batch_item_id(item, where, "job")
     token = item.get("token")
     if type(token) is not int:
         raise DomainError("invalid", f"{where}.{TOKEN}", field=f"{where}.token")
