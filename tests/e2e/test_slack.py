@@ -100,10 +100,21 @@ def test_a_slack_user_links_themselves_and_the_slack_page_names_them(
     page = new_page()
     sign_in(page, OWNER)
     page.goto("/integrations/slack/")
-    if page.get_by_role("link", name="Add to Slack").count():
+    installed_here = bool(page.get_by_role("link", name="Add to Slack").count())
+    if installed_here:
         page.get_by_role("link", name="Add to Slack").click()
         page.get_by_role("link", name="Allow").click()
         expect(page.get_by_text(f"Slack installed in {fake_slack.team_name}")).to_be_visible()
+    try:
+        _link_by_name(page, control_plane, fake_slack)
+    finally:
+        if installed_here:  # the shared tenant is left as found: other tests install Slack themselves
+            page.goto("/integrations/slack/")
+            page.get_by_role("button", name="Uninstall").click()
+            expect(page.get_by_role("link", name="Add to Slack")).to_be_visible()
+
+
+def _link_by_name(page, control_plane: LiveServer, fake_slack: FakeSlack) -> None:  # type: ignore[no-untyped-def]
     user = f"U0E2E{uuid.uuid4().hex[:6].upper()}"
     fake_slack.users[user] = {"id": user, "name": "eve", "profile": {"display_name": "Eve Example"}}
     answered_before = len(fake_slack.called("response_url"))
