@@ -44,6 +44,9 @@ from fleet.actions.ledger import (
     recent_denials,
     spend_since,
 )
+from fleet.actions.ledger import (
+    PRUNE_BATCH as DENIALS_PRUNE_BATCH,
+)
 from fleet.actions.quarantine import quarantine, refuse_unknown_saga
 from fleet.actions.rate_limits import (
     create_rate_limit,
@@ -101,6 +104,7 @@ def settle_all_expired_leases(now: datetime | None = None) -> int:
 __all__ = [
     "BREAKER_ACTOR",
     "DENIALS_KEPT_FOR",
+    "DENIALS_PRUNE_BATCH",
     "LEASE_PRUNE_BATCH",
     "LEASE_USES_KEPT_FOR",
     "MAX_WINDOW_S",

@@ -5,6 +5,7 @@ transports, which enter the tenant around each unit of work."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from celery import shared_task
@@ -51,21 +52,29 @@ def outcomes_committed(appended: AppendedRecords) -> None:
                 services.trip(tenant, met.spec, reason)
 
 
-PRUNE_BATCHES = 100  # a tenant's lease-use batches per pass: at most 500,000 rows an hour
+PRUNE_BATCHES = 100  # a tenant's batches of each kind per pass: at most 500,000 rows an hour
 
 
 @shared_task(name="fleet.prune_old_rows")
 def prune_old_rows(now: datetime | None = None) -> dict[str, int]:
-    """Every tenant's rows past their retention go, each tenant entered in turn: refusals older
-    than 30 days (allows, the ledger, stay forever; one transaction per tenant) and lease uses no
-    settlement will read (`prune_lease_uses_of`, a transaction per batch). How many of each."""
+    """Every tenant's rows past their retention go, each tenant entered in turn, a batch at a
+    time (each batch a transaction of its own, so no lock is held long): refusals older than 30
+    days (allows, the ledger, stay forever) and lease uses no settlement will read. How many of
+    each."""
     now = now or timezone.now()
     pruned = {"denials": 0, "lease_uses": 0}
     for tenant in Tenant.objects.order_by("pk").iterator():
-        with tenant_context(tenant):
-            pruned["denials"] += services.prune_denials(tenant, now=now)
+        pruned["denials"] += prune_denials_of(tenant, now=now)
         pruned["lease_uses"] += prune_lease_uses_of(tenant, now=now)
     return pruned
+
+
+def prune_denials_of(
+    tenant: Tenant, *, now: datetime, batch: int | None = None, batches: int = PRUNE_BATCHES
+) -> int:
+    """The tenant's refusals past retention, at most `batches` batches of `batch` rows."""
+    limit = batch or services.DENIALS_PRUNE_BATCH
+    return _in_batches(tenant, lambda: services.prune_denials(tenant, now=now, limit=limit), limit, batches)
 
 
 def prune_lease_uses_of(
@@ -77,14 +86,23 @@ def prune_lease_uses_of(
     batches: int = PRUNE_BATCHES,
 ) -> int:
     """The tenant's lease uses past retention (ARCHITECTURE §8.3), at most `batches` batches of
-    `batch` rows, each in a transaction of its own so no lock is held long; what is left waits for
-    the next pass. How many were deleted."""
-    kept_for = services.LEASE_USES_KEPT_FOR if kept_for is None else kept_for
+    `batch` rows; what is left waits for the next pass. How many were deleted."""
+    kept = services.LEASE_USES_KEPT_FOR if kept_for is None else kept_for
     limit = batch or services.LEASE_PRUNE_BATCH
+
+    def prune() -> int:
+        return services.prune_lease_uses(tenant, now=now, kept_for=kept, limit=limit)
+
+    return _in_batches(tenant, prune, limit, batches)
+
+
+def _in_batches(tenant: Tenant, prune: Callable[[], int], limit: int, batches: int) -> int:
+    """`prune` (one batch of at most `limit` rows) in the tenant, each call in a transaction of
+    its own, until a batch comes back short or `batches` ran. How many rows went."""
     deleted = 0
     for _ in range(batches):
         with tenant_context(tenant):
-            taken = services.prune_lease_uses(tenant, now=now, kept_for=kept_for, limit=limit)
+            taken = prune()
         deleted += taken
         if taken < limit:
             break

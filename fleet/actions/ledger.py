@@ -111,13 +111,21 @@ def recent_denials(limit: int = 50) -> Sequence[GateDecision]:
 
 
 DENIALS_KEPT_FOR = timedelta(days=30)
+PRUNE_BATCH = 5_000  # refusals deleted by one `prune_denials` call (one short transaction)
 
 
-def prune_denials(tenant: Tenant, *, now: datetime | None = None) -> int:
-    """Forget refusals older than DENIALS_KEPT_FOR (they debited nothing and are only shown as
-    recent denials; the agent's WAL keeps its own GATE_DENY records). Allows are never pruned:
-    they are the budget ledger."""
+def prune_denials(tenant: Tenant, *, now: datetime | None = None, limit: int = PRUNE_BATCH) -> int:
+    """Forget at most `limit` refusals older than DENIALS_KEPT_FOR, oldest first (they debited
+    nothing and are only shown as recent denials; the agent's WAL keeps its own GATE_DENY
+    records); how many were. Allows are never pruned: they are the budget ledger."""
     require_tenant(tenant)
     cutoff = (now or timezone.now()) - DENIALS_KEPT_FOR
-    deleted, _ = GateDecision.objects.filter(decision=Decision.DENY, decided_at__lt=cutoff).delete()
-    return deleted
+    batch = list(
+        GateDecision.objects.filter(decision=Decision.DENY, decided_at__lt=cutoff)
+        .order_by("decided_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if not batch:
+        return 0
+    GateDecision.objects.filter(pk__in=batch).delete()
+    return len(batch)

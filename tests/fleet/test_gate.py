@@ -490,6 +490,42 @@ def test_old_denials_are_pruned_and_allows_never(tenant_a: Tenant) -> None:
         ]
 
 
+def test_denials_are_pruned_a_bounded_batch_at_a_time_oldest_first(
+    tenant_a: Tenant, tenant_b: Tenant
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.tasks import prune_denials_of
+
+    store = DatabaseStore()
+    for tenant in (tenant_a, tenant_b):
+        in_tenant(
+            services.create_budget,
+            tenant,
+            services.BudgetCreate.parse({"name": "none", "tool": "*", "max_total": 1, "window_s": 60}),
+            actor=ACTOR,
+        )
+        for _ in range(5):
+            assert ask(tenant, store, call(amount=2))["decision"] == "deny"
+        with tenant_context(tenant):
+            old = timezone.now() - services.DENIALS_KEPT_FOR - timedelta(minutes=1)
+            for age, pk in enumerate(
+                GateDecision.objects.order_by("decided_at").values_list("pk", flat=True)
+            ):
+                GateDecision.objects.filter(pk=pk).update(decided_at=old - timedelta(minutes=5 - age))
+    now = timezone.now()
+    with tenant_context(tenant_a):
+        newest = list(GateDecision.objects.order_by("decided_at").values_list("pk", flat=True))[-1]
+    assert in_tenant(services.prune_denials, tenant_a, now=now, limit=2) == 2  # one call, one batch
+    assert prune_denials_of(tenant_a, now=now, batch=1, batches=2) == 2  # a pass stops at its bound
+    with tenant_context(tenant_a):
+        assert list(GateDecision.objects.values_list("pk", flat=True)) == [newest]  # oldest went first
+    with tenant_context(tenant_b):
+        assert GateDecision.objects.count() == 5  # another tenant's pass; none of b's went
+
+
 def test_a_retry_whose_redis_key_is_gone_still_gets_the_first_allow(
     tenant_a: Tenant, private_redis: OwnRedis
 ) -> None:
