@@ -231,10 +231,12 @@ def _replay(chunks: list[Message], receive: Receive) -> Receive:
 def _decide(raw_key: str, body: bytes, request_id: str) -> tuple[int, bytes, str, str] | None:
     """In a worker thread: (status, JSON, tenant slug, actor), or None to hand the call on."""
     close_old_connections()
+    # Bound and reset by token: `bound_contextvars` would copy the thread's whole context first.
+    bound = structlog.contextvars.bind_contextvars(request_id=request_id)
     try:
-        with structlog.contextvars.bound_contextvars(request_id=request_id):
-            return _answer(raw_key, body)
+        return _answer(raw_key, body)
     finally:
+        structlog.contextvars.reset_contextvars(**bound)
         connection.close()  # back to the pool, as at the end of a Django request
 
 
@@ -278,12 +280,13 @@ def _decided(raw_key: str, body: bytes) -> tuple[int, bytes, str, str] | None:
         # Nothing is decided yet: the full stack answers the call (and meets the same fault).
         log.warning("lean gate: handing a call on after an error", exc_info=True)
         return None
-    actor = str(api_key_actor(api_key.prefix))  # as the request log names it
+    caller_actor = api_key_actor(api_key.prefix)
+    actor = str(caller_actor)  # as the request log names it
     try:
         # The transport enters the tenant, statement-scoped: no transaction, so the decision takes
         # its lean path (each statement carries the tenant; a read that needs one opens it).
         with tenant_statements(tenant):
-            answer = services.evaluate(tenant, call, actor=api_key_actor(api_key.prefix), version=version)
+            answer = services.evaluate(tenant, call, actor=caller_actor, version=version)
         payload = json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         return 200, payload, tenant.slug, actor
     except availability.Unavailable as refusal:

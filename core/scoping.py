@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.http import HttpRequest, HttpResponse
+from psycopg.pq import TransactionStatus
 
 from core.sql import is_postgres
 
@@ -73,8 +75,6 @@ def _transaction_failed() -> bool:
     raw = connection.connection
     if not is_postgres() or raw is None:
         return False
-    from psycopg.pq import TransactionStatus
-
     return bool(raw.info.transaction_status == TransactionStatus.INERROR)
 
 
@@ -135,8 +135,7 @@ def joined_tenant_context(tenant: Tenant) -> Iterator[Tenant]:
         yield tenant
 
 
-@contextmanager
-def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
+def tenant_statements(tenant: Tenant) -> AbstractContextManager[Tenant]:
     """Run a block as `tenant` with no transaction of its own (Postgres; hot read paths whose
     statements need no common snapshot, such as a proof): every statement carries the RLS
     setting in its own round-trip, as `SELECT set_config(..., true); <statement>` in one
@@ -150,40 +149,34 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
     itself (`statement_prefix`: fleet's ledger insert) is sent as it is, and so is a failed
     transaction's undo. On SQLite this is `tenant_context`."""
     if not is_postgres():
-        with tenant_context(tenant):
-            yield tenant
-        return
-    import psycopg
-    from psycopg.pq import TransactionStatus
+        return tenant_context(tenant)
+    return _StatementScope(tenant)
 
-    if _statements_carry_tenant():
-        # Nested in another statement-scoped block on this connection: its wrapper already sends
-        # the tenant active at each statement (a second wrapper would prefix the outer one's
-        # set_config last, and every statement in here would run as the outer tenant).
-        token = _current_tenant.set(tenant)
-        try:
-            yield tenant
-        finally:
-            _current_tenant.reset(token)
-        return
-    sent_in_transaction = False
 
-    def carry_tenant(
-        execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+class _CarryTenant:
+    """A statement-scoped block's execute wrapper: each statement carries the tenant active when
+    it runs (not the block's: a `tenant_context` or a nested block inside runs its statements as
+    its own tenant; none active runs as no tenant)."""
+
+    carries_tenant = True  # what `_statements_carry_tenant` looks for
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.sent_in_transaction = False
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
     ) -> Any:
-        # The tenant active now, not the block's: a `tenant_context` (or a nested block) inside
-        # this one must run its statements as its own tenant; none active runs as no tenant.
-        nonlocal sent_in_transaction
         active = _current_tenant.get()
         prefix = statement_prefix(active.pk if active is not None else None)
         raw = context["cursor"].cursor
-        in_transaction = connection.in_atomic_block
+        in_transaction = self.db.in_atomic_block
         if in_transaction and raw.connection.info.transaction_status == TransactionStatus.INERROR:
             # A failed transaction runs nothing but its undo (a savepoint's ROLLBACK TO, after an
             # error a caller catches); a prefix would fail first and skip it, breaking the
             # transaction for good. The undo reads no row, so it needs no tenant.
             return execute(sql, params, many, context)
-        sent_in_transaction = sent_in_transaction or in_transaction
+        self.sent_in_transaction = self.sent_in_transaction or in_transaction
         if sql.startswith(prefix[:-2]):
             # A hand-written batch that sets this very tenant itself (fleet's ledger insert, with
             # its own synchronous_commit): sent as it is, not with the setting twice.
@@ -200,12 +193,54 @@ def tenant_statements(tenant: Tenant) -> Iterator[Tenant]:
         raw.nextset()  # the statement's own result, not set_config's
         return result
 
-    carry_tenant.carries_tenant = True  # type: ignore[attr-defined]
-    try:
-        with _tenant_and_wrapper(tenant, carry_tenant):
-            yield tenant
-    finally:
-        if sent_in_transaction and connection.in_atomic_block and not _transaction_failed():
+
+class _TenantAndWrapper:
+    """The ORM layer's tenant is `tenant` and every statement passes `wrapper`, for the block
+    (`wrapper` None: the tenant only). A class rather than a generator: the gate enters two such
+    blocks a decision."""
+
+    def __init__(self, tenant: Tenant, wrapper: Callable[..., Any] | None) -> None:
+        self.tenant, self.wrapper = tenant, wrapper
+
+    def __enter__(self) -> Tenant:
+        return self._enter(connections[DEFAULT_DB_ALIAS])
+
+    def _enter(self, db: Any) -> Tenant:
+        self.db = db
+        self.token = _current_tenant.set(self.tenant)
+        if self.wrapper is not None:
+            self.db.execute_wrappers.append(self.wrapper)
+        return self.tenant
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self.wrapper is not None:
+                self.db.execute_wrappers.pop()
+        finally:
+            _current_tenant.reset(self.token)
+
+
+class _StatementScope(_TenantAndWrapper):
+    def __init__(self, tenant: Tenant) -> None:
+        super().__init__(tenant, None)
+
+    def __enter__(self) -> Tenant:
+        db = connections[DEFAULT_DB_ALIAS]
+        # Nested in another statement-scoped block on this connection, its wrapper already sends
+        # the tenant active at each statement (a second wrapper would prefix the outer one's
+        # set_config last, and every statement in here would run as the outer tenant).
+        self.wrapper = None if _statements_carry_tenant(db) else _CarryTenant(db)
+        return self._enter(db)
+
+    def __exit__(self, *exc_info: object) -> None:
+        super().__exit__(*exc_info)
+        carried = self.wrapper
+        if (
+            isinstance(carried, _CarryTenant)
+            and carried.sent_in_transaction
+            and self.db.in_atomic_block
+            and not _transaction_failed()
+        ):
             # A caller's transaction (a test's) would keep the SET LOCAL after the block.
             previous = _current_tenant.get()
             _set_local(TENANT_SETTING, str(previous.pk) if previous is not None else "")
@@ -229,28 +264,16 @@ class NeedsDatabase(Exception):
     """Code run under `scoped_without_database` tried to run an SQL statement."""
 
 
-@contextmanager
-def scoped_without_database(tenant: Tenant) -> Iterator[Tenant]:
+def scoped_without_database(tenant: Tenant) -> AbstractContextManager[Tenant]:
     """The ORM layer's tenant only, and no database: any SQL statement raises `NeedsDatabase`
     before it is sent. For hot paths that usually answer from per-process copies (the gate) and
     must redo the work inside `tenant_context` (transaction and RLS) when they cannot."""
 
-    def refuse(*_args: Any) -> Any:
-        raise NeedsDatabase
-
-    with _tenant_and_wrapper(tenant, refuse):
-        yield tenant
+    return _TenantAndWrapper(tenant, _refuse_statement)
 
 
-@contextmanager
-def _tenant_and_wrapper(tenant: Tenant, wrapper: Callable[..., Any]) -> Iterator[None]:
-    """The ORM layer's tenant is `tenant` and every statement passes `wrapper`, for the block."""
-    token = _current_tenant.set(tenant)
-    try:
-        with connection.execute_wrapper(wrapper):
-            yield
-    finally:
-        _current_tenant.reset(token)
+def _refuse_statement(*_args: Any) -> Any:
+    raise NeedsDatabase
 
 
 @contextmanager

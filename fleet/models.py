@@ -168,12 +168,7 @@ class GateDecision(TenantScopedModel):
     def answer(self) -> dict[str, Any]:
         """The gate's JSON answer for this decision (the same for every retry)."""
         if self.decision == Decision.ALLOW:
-            answer: dict[str, Any] = {"decision": "allow", "authorization_id": str(self.id)}
-            if self.detail.get("approvals"):
-                answer["approvals"] = list(self.detail["approvals"])  # the approvals it consumed
-            if self.detail.get("reservation"):
-                answer["reservation"] = reservation_answer(self)
-            return answer
+            return allow_answer(self.id, self.detail)
         # A refusal names its row: the agent's GATE_DENY record keeps the answer, so the
         # projection of shipped refusals knows the gate already has this one.
         return {
@@ -184,13 +179,27 @@ class GateDecision(TenantScopedModel):
         }
 
 
+def allow_answer(decision_id: uuid.UUID, detail: dict[str, Any]) -> dict[str, Any]:
+    """An allow's answer from its row's id and detail (the gate's lean path answers from these
+    without building the row)."""
+    answer: dict[str, Any] = {"decision": "allow", "authorization_id": str(decision_id)}
+    if detail.get("approvals"):
+        answer["approvals"] = list(detail["approvals"])  # the approvals it consumed
+    if detail.get("reservation"):
+        answer["reservation"] = _reservation_answer(decision_id, detail["reservation"])
+    return answer
+
+
 def reservation_answer(row: GateDecision) -> dict[str, Any]:
     """A reservation as answers show it (ARCHITECTURE §8.3): its id (the authorisation's), state,
     the estimate reserved and, once settled, the actual amount and the overrun (what the actual
     exceeded the reserve by, counted against every budget it debited)."""
-    held = row.detail["reservation"]
+    return _reservation_answer(row.id, row.detail["reservation"])
+
+
+def _reservation_answer(decision_id: uuid.UUID, held: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = {
-        "id": str(row.id),
+        "id": str(decision_id),
         "state": held["state"],
         "reserved": from_units(int(held["reserved"])),
     }

@@ -24,10 +24,10 @@ from django.utils import timezone
 
 from core import availability
 from core.actors import Actor
-from core.scoping import NeedsDatabase, require_tenant, scoped_without_database
+from core.scoping import NeedsDatabase, scoped_without_database
 from fleet import hooks, queries
 from fleet.gate import Debit, GateRequest
-from fleet.models import Decision, GateDecision
+from fleet.models import Decision, GateDecision, allow_answer
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -214,8 +214,8 @@ def write_lean(
     """Write one decision in one round trip (`fleet.queries.insert_decision`) outside any
     transaction, and answer it. An allow is answered only once its row has committed; a ledger
     that cannot be written refuses (`limit_store_unavailable`: any debit already made stays,
-    erring toward refusal). The transport's statement-scoped block carries the tenant."""
-    require_tenant(tenant)
+    erring toward refusal). The transport's statement-scoped block carries the tenant (the
+    decision, this writer's only caller, asserted it)."""
     detail = detail or {}
     row_id = decision_id or uuid.uuid4()
     try:
@@ -244,4 +244,4 @@ def write_lean(
         # debit stays counted, erring toward refusal.
         first = GateDecision.objects.get(idempotency_key=request.idempotency_key, decision=Decision.ALLOW)
         return first.answer()
-    return GateDecision(id=row_id, decision=Decision.ALLOW, detail=detail).answer()
+    return allow_answer(row_id, detail)
