@@ -116,3 +116,65 @@ def test_a_call_waits_for_a_pooled_connection_only_as_long_as_its_bound() -> Non
     finally:
         for conn in held:
             pool.putconn(conn)
+
+
+def _exhausted(pool: psycopg_pool.ConnectionPool) -> list[object]:
+    """Every connection the pool has room for, taken (returned by the caller)."""
+    held = []
+    while True:
+        try:
+            held.append(pool.getconn(timeout=0.5))
+        except psycopg_pool.PoolTimeout:
+            return held
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_an_unbounded_wait_ends_early_when_the_database_refuses_connections() -> None:
+    """A call that set no bound, on a pool with no room, while a direct connection is refused: it
+    meets the pool's timeout after CONNECTION_WAIT_S, not the pool's own, and the database is
+    marked down (the API refuses the next calls at once)."""
+    connection.ensure_connection()
+    pool = connection.pool
+    refusing = {**connection.get_connection_params(), "host": "127.0.0.1", "port": 1}  # nothing listens
+    held = _exhausted(pool)
+    try:
+        started = time.monotonic()
+        with pytest.raises(psycopg_pool.PoolTimeout, match="cannot be reached"):
+            availability.pooled_connection(pool, lambda: refusing)
+        assert time.monotonic() - started < pool.timeout / 2  # about 0.5 s, not the pool's 10
+        assert availability.is_down(availability.DATABASE)
+    finally:
+        availability.reset()  # the probe it started reaches the real database anyway
+        for conn in held:
+            pool.putconn(conn)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_an_unbounded_wait_outlasts_the_short_bound_while_the_database_answers() -> None:
+    """A pool that is only busy: the call waits past CONNECTION_WAIT_S for the connection another
+    call returns, and nothing is marked down."""
+    connection.ensure_connection()
+    pool = connection.pool
+    held = _exhausted(pool)
+
+    def give_one_back() -> None:
+        # Returned once the waiting call is past its first CONNECTION_WAIT_S (it asked Postgres).
+        wait_until(lambda: availability._last_attempt["at"] > 0, "the direct attempt", deadline=30.0)
+        pool.putconn(held.pop())
+
+    helper = threading.Thread(target=give_one_back)
+    availability.reset()
+    helper.start()
+    try:
+        started = time.monotonic()
+        conn = availability.pooled_connection(pool, connection.get_connection_params)
+        assert time.monotonic() - started >= availability.CONNECTION_WAIT_S  # the short bound outlasted
+        pool.putconn(conn)
+        assert not availability.is_down(availability.DATABASE)
+    finally:
+        helper.join(timeout=30)
+        availability.reset()
+        for conn in held:
+            pool.putconn(conn)
