@@ -255,3 +255,4 @@ examples  # unused variable (approvals/selectors.py:109: the policy preview's te
 # html.parser.HTMLParser calls its subclass' handlers (a test reads a rendered form as a browser posts it).
 handle_starttag  # unused method (tests/frontend/test_policy_builder_groups.py)
 handle_endtag  # unused method (tests/frontend/test_policy_builder_groups.py)
+handler500  # the URLconf's error view (controlplane/urls.py), read by Django

@@ -48,3 +48,6 @@ urlpatterns = [
     path("slack/", include("slackapp.urls")),
     path("", include("frontend.urls")),
 ]
+
+# An error no view handled: a store that cannot be reached is a 503 that says so (frontend/errors.py).
+handler500 = "frontend.errors.server_error"
