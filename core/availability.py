@@ -83,9 +83,6 @@ class _State:
         self.down: dict[str, float] = {}  # store → time.monotonic() it was marked down
         self.probing: set[str] = set()
         self.generation = 0  # moved by `reset`: probes of an earlier generation stop
-        # The last direct connection attempt of `pooled_connection`: when, and why it was refused.
-        self.attempted_at = -1.0
-        self.refused: str | None = None
 
 
 _state = _State()
@@ -138,6 +135,9 @@ def pooled_connection(pool: Any, connection_params: Callable[[], dict[str, Any]]
     return pool.getconn(timeout=max(0.0, pool.timeout - (time.monotonic() - started)))
 
 
+_last_attempt: dict[str, Any] = {"at": -1.0, "refused": None}
+
+
 def _database_refuses(connection_params: Callable[[], dict[str, Any]]) -> str | None:
     """Why a direct connection to the database fails, or None when it connects. A busy pool makes
     every waiting call ask: the answer stands for `PROBE_INTERVAL_S`, at most one attempt a
@@ -145,15 +145,16 @@ def _database_refuses(connection_params: Callable[[], dict[str, Any]]) -> str | 
     import psycopg
 
     with _lock:
-        if time.monotonic() - _state.attempted_at < PROBE_INTERVAL_S:
-            return _state.refused
-    refused: str | None = None
+        if time.monotonic() - _last_attempt["at"] < PROBE_INTERVAL_S:
+            refused: str | None = _last_attempt["refused"]
+            return refused
     try:
         psycopg.connect(**{**connection_params(), "connect_timeout": 2}).close()
+        refused = None
     except psycopg.OperationalError as error:
         refused = f"{type(error).__name__}: {error}"
     with _lock:
-        _state.attempted_at, _state.refused = time.monotonic(), refused
+        _last_attempt.update(at=time.monotonic(), refused=refused)
     return refused
 
 
@@ -254,7 +255,7 @@ def reset() -> None:
         _state.down.clear()
         _state.probing.clear()
         _state.generation += 1
-        _state.attempted_at, _state.refused = -1.0, None
+        _last_attempt.update(at=-1.0, refused=None)
 
 
 # ----------------------------------------------------------------------------------- the probes

@@ -161,7 +161,7 @@ def test_an_unbounded_wait_outlasts_the_short_bound_while_the_database_answers()
 
     def give_one_back() -> None:
         # Returned once the waiting call is past its first CONNECTION_WAIT_S (it asked Postgres).
-        wait_until(lambda: availability._state.attempted_at > 0, "the direct attempt", deadline=30.0)
+        wait_until(lambda: availability._last_attempt["at"] > 0, "the direct attempt", deadline=30.0)
         pool.putconn(held.pop())
 
     helper = threading.Thread(target=give_one_back)
