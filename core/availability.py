@@ -13,10 +13,7 @@ Every call is then refused with `503 control_plane_unavailable` in the API's err
   (`CONNECTION_WAIT_S`, not the pool's own timeout, which is sized for a busy pool): a call at
   the start of an outage, before any failure was seen, is refused within the bound. A wait that
   times out is not an outage by itself (the pool may only be busy): it refuses this call and
-  starts the probe, which marks the store down only if it cannot connect either. A call that sets
-  no bound (any API call but the gate's) waits the pool's own timeout only while the database can
-  be reached (`pooled_connection`): after `CONNECTION_WAIT_S` a direct connection that is refused
-  marks it down and ends the wait.
+  starts the probe, which marks the store down only if it cannot connect either.
 - Coming back costs no call a multi-second wait: once the database probe connects, it has the
   pool test and replace the connections it held from before the outage (`ConnectionPool.check`)
   before it marks the database up, so no call meets a dead connection (psycopg's pool checks one
@@ -111,51 +108,6 @@ def connection_wait(seconds: float = CONNECTION_WAIT_S) -> AbstractContextManage
     """Inside the block, taking a pooled database connection waits at most `seconds`
     (the backend, controlplane/postgres, reads it)."""
     return poolwait.bounded(seconds)
-
-
-def pooled_connection(pool: Any, connection_params: Callable[[], dict[str, Any]]) -> Any:
-    """A connection from `pool` for a call that set no bound of its own: it may wait the pool's
-    timeout (sized for a pool that is busy), but not for a database that cannot be reached. After
-    `CONNECTION_WAIT_S` a direct connection attempt tells the two apart; a database that refuses
-    it is marked down (so the API refuses the next calls at once, `guard_database`) and this call
-    meets the pool's timeout now rather than after its full wait."""
-    import psycopg_pool
-
-    started = time.monotonic()
-    first = min(CONNECTION_WAIT_S, pool.timeout)
-    try:
-        return pool.getconn(timeout=first)
-    except psycopg_pool.PoolTimeout as exc:
-        if first >= pool.timeout:
-            raise
-        reason = _database_refuses(connection_params)
-        if reason is not None:
-            mark(DATABASE, why=reason)
-            raise psycopg_pool.PoolTimeout(f"the database cannot be reached: {reason}") from exc
-    return pool.getconn(timeout=max(0.0, pool.timeout - (time.monotonic() - started)))
-
-
-_last_attempt: dict[str, Any] = {"at": -1.0, "refused": None}
-
-
-def _database_refuses(connection_params: Callable[[], dict[str, Any]]) -> str | None:
-    """Why a direct connection to the database fails, or None when it connects. A busy pool makes
-    every waiting call ask: the answer stands for `PROBE_INTERVAL_S`, at most one attempt a
-    process in that time."""
-    import psycopg
-
-    with _lock:
-        if time.monotonic() - _last_attempt["at"] < PROBE_INTERVAL_S:
-            refused: str | None = _last_attempt["refused"]
-            return refused
-    try:
-        psycopg.connect(**{**connection_params(), "connect_timeout": 2}).close()
-        refused = None
-    except psycopg.OperationalError as error:
-        refused = f"{type(error).__name__}: {error}"
-    with _lock:
-        _last_attempt.update(at=time.monotonic(), refused=refused)
-    return refused
 
 
 def outage(exc: BaseException) -> str | None:
@@ -255,7 +207,6 @@ def reset() -> None:
         _state.down.clear()
         _state.probing.clear()
         _state.generation += 1
-        _last_attempt.update(at=-1.0, refused=None)
 
 
 # ----------------------------------------------------------------------------------- the probes

@@ -221,23 +221,3 @@ def test_redis_down_every_gate_call_is_refused_fast_and_the_first_after_is_fast(
         back_after = assert_back_without_a_slow_call(client, "redis-back")
         assert allowed(stack, refused) == 0
         print(f"redis: first allow {back_after:.2f} s after it answered again (empty: rebuilt)")
-
-
-def test_postgres_down_met_first_by_another_api_call_is_refused_fast(stack: Stack) -> None:
-    """No gate call has met the outage: the first call to meet it is a console's API read, which
-    waits for a pooled connection without the gate's bound. It is refused within a second all the
-    same (the pool's wait ends once a direct connection is refused), and so are the gate's calls
-    after it. (Before: 503 after the pool's 10 s timeout.)"""
-    with _client(stack.url, stack.key) as client:
-        warm(client, "api-first")
-        assert client.get("/api/v1/fleet/status").status_code == 200  # read by this key's scope
-        stop_postgres(stack.cluster)
-        assert_other_calls_refused_fast(client)
-        refused = assert_refused_fast(client, "api-first-down")
-        stack.cluster.start()
-        assert_back_without_a_slow_call(client, "api-first-back")
-        started = time.monotonic()
-        while (response := client.get("/api/v1/fleet/status")).status_code != 200:
-            assert response.status_code == 503, response.text
-            assert time.monotonic() - started < RECOVERY_DEADLINE_S, "the API never answered again"
-        assert allowed(stack, refused) == 0
