@@ -146,6 +146,12 @@ def failed(exc: BaseException, *, probe: Callable[[], None] | None = None) -> Un
     return Unavailable.of(store)
 
 
+def refusal_for(exc: BaseException) -> Unavailable | None:
+    """`failed` for any call but the gate's: the refusal names no decision (none was asked for)."""
+    met = failed(exc)
+    return None if met is None else Unavailable.unreachable(met.store)
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     error: BaseException | None = exc

@@ -174,8 +174,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         return _refusal(exc)
     from core import availability
 
-    if (unreachable := availability.failed(exc)) is not None:  # marks the store down, probes it
-        return _refusal(availability.Unavailable.unreachable(unreachable.store))
+    if (unreachable := availability.refusal_for(exc)) is not None:  # marks the store down, probes it
+        return _refusal(unreachable)
     # Django's own (get_object_or_404, PermissionDenied) as DRF's, so they get the shape below.
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or None)

@@ -18,10 +18,9 @@ from core import availability
 
 def server_error(request: HttpRequest) -> HttpResponse:
     error = sys.exc_info()[1]
-    met = availability.failed(error) if error is not None else None
-    if met is None:
+    refusal = availability.refusal_for(error) if error is not None else None
+    if refusal is None:
         return defaults.server_error(request)
-    refusal = availability.Unavailable.unreachable(met.store)  # no gate decision was asked for
     if request.path.startswith("/api/"):
         response = HttpResponse(json.dumps(refusal.body()), status=503, content_type="application/json")
     else:
