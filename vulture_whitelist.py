@@ -66,6 +66,7 @@ _.collect  # unused method (controlplane/observability.py:214)
 attempted_username  # unused function (frontend/signin.py:19)
 locked_out_response  # unused function (frontend/signin.py:32)
 TenantContextResetMiddleware  # unused class (core/scoping.py:273)
+RequestConnectionWait  # a middleware (core/availability.py), named in settings.MIDDLEWARE
 
 # Django path converter methods.
 _.to_python  # unused method (core/numbers.py:42)

@@ -126,6 +126,9 @@ MIDDLEWARE = [
     "controlplane.observability.RequestObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before every layer that reads the database: how long a request waits for a pooled
+    # connection when the database may be down (core/availability.py).
+    "core.availability.RequestConnectionWait",
     "core.rls.RuntimeRoleGuardMiddleware",
     # Outside every other layer: refuses NUL in the path or query, and shapes every non-2xx API
     # answer as JSON whoever produced it (core/errors.py).

@@ -9,11 +9,16 @@ Every call is then refused with `503 control_plane_unavailable` in the API's err
   first call that meets its outage (`failed`): a connection refused or cut, a server shutting
   down, a Redis that does not answer. Nothing then touches it but one probe thread per store and
   process, which tries it again every `PROBE_INTERVAL_S` and marks it up once it answers.
-- `connection_wait()` bounds how long a call waits for a pooled database connection
+- `connection_wait()` bounds how long a gate call waits for a pooled database connection
   (`CONNECTION_WAIT_S`, not the pool's own timeout, which is sized for a busy pool): a call at
   the start of an outage, before any failure was seen, is refused within the bound. A wait that
   times out is not an outage by itself (the pool may only be busy): it refuses this call and
   starts the probe, which marks the store down only if it cannot connect either.
+- Every other request (`RequestConnectionWait`) waits as long, then the rest of the pool's own
+  timeout only when the database refused none of the pool's connection attempts meanwhile: the
+  first request to meet an outage is refused within a second too, and a request that meets a pool
+  that is only busy still waits for it (ingest under load). Workers keep the pool's whole wait:
+  a worker rides out a brief restart that a request should not wait for.
 - Coming back costs no call a multi-second wait: once the database probe connects, it has the
   pool test and replace the connections it held from before the outage (`ConnectionPool.check`)
   before it marks the database up, so no call meets a dead connection (psycopg's pool checks one
@@ -30,10 +35,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import poolwait
 from core.errors import DomainError
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +115,24 @@ def is_down(store: str) -> bool:
 def connection_wait(seconds: float = CONNECTION_WAIT_S) -> AbstractContextManager[None]:
     """Inside the block, taking a pooled database connection waits at most `seconds`
     (the backend, controlplane/postgres, reads it)."""
-    return poolwait.bounded(seconds)
+    return poolwait.waiting(poolwait.Wait(seconds, patient=False))
+
+
+class RequestConnectionWait:
+    """Every request's wait for a pooled database connection: `CONNECTION_WAIT_S`, then the pool's
+    own timeout unless the database refused a connection meanwhile (an outage met is then a 503
+    within a second, by the API's exception handler or the console's handler500; the gate's route
+    bounds its wait further). Outermost of the layers that read the database."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with poolwait.waiting(_REQUEST_WAIT):
+            return self.get_response(request)
+
+
+_REQUEST_WAIT = poolwait.Wait(CONNECTION_WAIT_S, patient=True)
 
 
 def outage(exc: BaseException) -> str | None:

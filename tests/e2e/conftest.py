@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import unavailable
 from tests.hostile.production import as_owner
 from tests.slackapp.slack_server import FakeSlack, start
+from tests.support.chromium import CHROMIUM, launched
 from tests.support.ports import free_port
 from tests.support.probes import healthy
 from tests.support.waiting import wait_until
@@ -31,15 +32,6 @@ from tests.support.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")  # Debian's, as infra/prerequisites.sh
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PASSWORD = "sagaplane-demo"
 OWNER = "owner@demo.sagaplane.local"
 VIEWER = "viewer@demo.sagaplane.local"
@@ -235,16 +227,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, fake_slack: FakeSlac
 # while it is open, which would break every later test that calls asyncio.run().
 @pytest.fixture(scope="module")
 def browser_instance() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        unavailable(f"{CHROMIUM} is not installed (apt-get install chromium)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with launched() as browser:
+        yield browser
 
 
 @pytest.fixture

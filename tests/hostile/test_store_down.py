@@ -6,7 +6,8 @@ meets the same pools. Postgres is shut down by signalling its postmaster's PID (
 shutdown: every connection cut), Redis is SIGKILLed, then each is started again on its port.
 During each outage every gate call, on the lean ASGI path and through Django's view alike, and
 the SDK's, is refused `503 control_plane_unavailable` in the error shape within a second (so is
-any other API call while Postgres is down); nothing is allowed; once the store is back the calls
+any other API call while Postgres is down, the first to meet the outage included, and a console
+page, in a real browser, is the 503 page); nothing is allowed; once the store is back the calls
 are answered again without a multi-second first one.
 (Measured on main before: 500 after the pool's 10 s timeout; 7.1 s for the first call after.)"""
 
@@ -27,6 +28,7 @@ from sagaplane.gate import Call, Gate, GateDenied
 
 from tests.hostile.production import PROXY_HEADERS, OwnRedis, control_plane, manage, own_redis, pg_execute
 from tests.recovery.live import Cluster, _roles, private_cluster
+from tests.support.chromium import launched
 from tests.support.probes import redis_answers
 from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
@@ -221,3 +223,42 @@ def test_redis_down_every_gate_call_is_refused_fast_and_the_first_after_is_fast(
         back_after = assert_back_without_a_slow_call(client, "redis-back")
         assert allowed(stack, refused) == 0
         print(f"redis: first allow {back_after:.2f} s after it answered again (empty: rebuilt)")
+
+
+def test_postgres_down_the_first_call_to_meet_it_is_refused_fast_whatever_it_asks(stack: Stack) -> None:
+    """No gate call comes first to mark the database down: an API read meets the outage itself
+    (a pooled connection that cannot be had: the pool's connection attempts are refused), then a
+    console page does, in a browser under the production CSP."""
+    with _client(stack.url, stack.key) as client:
+        warm(client, "first")
+        assert client.get("/api/v1/fleet/status").status_code == 200
+        stop_postgres(stack.cluster)
+        try:
+            assert_other_calls_refused_fast(client)
+            assert_console_page_refused_fast(stack.url)
+        finally:
+            stack.cluster.start()
+        assert_back_without_a_slow_call(client, "first-back")
+
+
+def assert_console_page_refused_fast(url: str) -> None:
+    """A signed-in person's page (a session cookie: the session is read from the database) during
+    the outage: the console's 503 page, asking to retry, within the bound and without a CSP
+    violation."""
+    with launched() as browser:
+        context = browser.new_context(base_url=url, extra_http_headers=PROXY_HEADERS)
+        context.add_cookies([{"name": "sessionid", "value": uuid.uuid4().hex, "url": url}])
+        page = context.new_page()
+        messages: list[str] = []
+        page.on("console", lambda message: messages.append(message.text))
+        started = time.monotonic()
+        response = page.goto("/sagas/", wait_until="commit")  # the answer, before the page loads
+        took = time.monotonic() - started
+        page.wait_for_load_state()
+        assert response is not None and response.status == 503, response and response.status
+        assert response.headers["retry-after"] == "1"
+        heading = page.get_by_role("heading", name="The control plane is unavailable just now")
+        assert heading.is_visible(), page.content()[:2000]
+        assert "cannot reach its database" in page.inner_text("body")
+        assert took < BOUND_S, f"the console page was refused after {took:.2f} s"
+        assert not [m for m in messages if "Content Security Policy" in m], messages
