@@ -404,6 +404,7 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
     shown_status = saga.effective_status(now)
     orphaned = recovery_selectors.orphaned(saga, now)
     disclosure = f"/api/v1/audit/sagas/{saga.saga_id}/disclosure"
+    sealed = any(view.event == Event.SAGA_SEALED for view in saga_events)
     forward_items = [forward[s.step_id] for s in steps]
     membership = getattr(request, "membership", None)
     recovery = recovery_views.saga_recovery(membership, saga, forward_items) if membership is not None else {}
@@ -425,7 +426,8 @@ def _detail_context(request: HttpRequest, saga_id: str) -> dict[str, Any]:
         "abort_cause": abort_cause,
         "records": views,
         "running": shown_status == SagaStatus.RUNNING,
-        "disclosure_url": disclosure if _url_exists(disclosure) else "",
+        # Offered once the saga is sealed: before that the API can only answer 409 `not_sealed`.
+        "disclosure_url": disclosure if sealed and _url_exists(disclosure) else "",
         "fragment_url": reverse("saga-timeline", args=[saga.saga_id]),
         "outcomes": StepStatus.choices,
     }

@@ -11,6 +11,7 @@ from core.scoping import tenant_context
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
 from tests.support.scoping import in_tenant
+from tests.support.transparency import settle
 from transparency import services as transparency
 from transparency.models import Export, ExportStatus
 from transparency.tasks import build_export_in, integrate_fully
@@ -81,8 +82,11 @@ def test_checkpoint_key_and_export_flow(alice: Person) -> None:
     download = f"/api/v1/audit/exports/{export.pk}/download"
     assert 'data-poll-done="1"' in fragment and download in fragment
     assert client.get(download).status_code == 200
+    settle(alice.tenant)  # the sealer seals the finished saga: its disclosure is offered
     detail = client.get(reverse("saga-detail", args=[saga_id])).content.decode()
-    assert f"/api/v1/audit/sagas/{saga_id}/disclosure" in detail
+    disclosure = f"/api/v1/audit/sagas/{saga_id}/disclosure"
+    assert disclosure in detail
+    assert client.get(disclosure).status_code == 200
 
 
 def test_viewer_and_other_tenant_cannot_use_exports(alice: Person, bob: Person, carol: Person) -> None:

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from tests.support.factories import Person
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.transparency import settle
 
 
 def browser(person: Person) -> Client:
@@ -164,3 +165,17 @@ def test_evidence_names_each_stream_by_its_agent(alice: Person, acme_sagas: dict
     assert '<strong class="stream-agent">billing-bot</strong>' in row and "<code>agent-7</code>" in row
     unnamed = body.split('data-stream="agent-1"')[1].split("</th>")[0]
     assert "stream-agent" not in unnamed
+
+
+def test_the_disclosure_is_offered_once_the_saga_is_sealed(alice: Person, acme_sagas: dict[str, str]) -> None:
+    """Before its seal the API could only answer 409 `not_sealed`: the page says when it comes."""
+    page = reverse("saga-detail", args=[acme_sagas["clean"]])
+    before = browser(alice).get(page).content.decode()
+    assert 'id="disclosure-link"' not in before
+    assert "a disclosure can be downloaded once the saga is sealed" in before
+    settle(alice.tenant)  # the sealer seals the finished saga
+    after = browser(alice).get(page).content.decode()
+    assert 'id="disclosure-link"' in after and "once the saga is sealed" not in after
+    assert alice.key_client().get(f"/api/v1/audit/sagas/{acme_sagas['clean']}/disclosure").status_code == 200
+    running = browser(alice).get(reverse("saga-detail", args=[acme_sagas["running"]])).content.decode()
+    assert 'id="disclosure-link"' not in running  # not finished: not sealed
