@@ -1,23 +1,14 @@
-"""Approvals fixtures: a tenant whose agent's key belongs to alice (the requester), three approvers
-(ann and ben, approvers; adam, an admin), and a gate call helper."""
+"""Approvals fixtures: a tenant whose agent's key belongs to alice (the requester) and three
+approvers (ann and ben, approvers; adam, an admin). The helpers (Agent, wire_policy, vote, member)
+are in tests/support/approvals.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
 
-from approvals import services as approvals
-from core.scoping import tenant_context
-from fleet import services as fleet
-from fleet.gate import GateRequest
-from tenants import services as tenants
-from tenants.actors import api_key_actor, named_actor, user_actor
-from tenants.inputs import NewApiKey
-from tenants.models import Membership, Role, Tenant
-from tests.support.factories import ALL_SCOPES, Person, make_person
-from tests.support.scoping import in_statements, in_tenant
+from tenants.models import Role, Tenant
+from tests.support.approvals import Agent, payments_agent
+from tests.support.factories import Person, make_person
 
 
 @pytest.fixture(autouse=True)
@@ -26,44 +17,10 @@ def _database_store(database_store: None) -> None:
     return database_store
 
 
-def member(person: Person) -> Membership:
-    with tenant_context(person.tenant):
-        return Membership.objects.select_related("user", "tenant").get(user=person.user)
-
-
-@dataclass
-class Agent:
-    tenant: Tenant
-    prefix: str
-    raw_key: str
-
-    def ask(
-        self, tool: str = "bank.wire", *, saga: str = "s1", step: str = "1", key: str = "", **args: Any
-    ) -> dict[str, Any]:
-        call = GateRequest(
-            saga_id=saga,
-            step_id=step,
-            tool=tool,
-            args=args,
-            semantics="IRREVERSIBLE",
-            agent="payments-bot",
-            api_key_prefix=self.prefix,
-            client_idempotency_key=key,
-        )
-        return in_statements(fleet.evaluate, self.tenant, call, actor=api_key_actor(self.prefix))
-
-
 @pytest.fixture
 def agent(alice: Person) -> Agent:
     """The payments agent's key, created by alice: she is the requester of what it asks."""
-    key, raw = in_tenant(
-        tenants.create_api_key,
-        alice.tenant,
-        NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
-        created_by=alice.user,
-        actor=named_actor("test"),
-    )
-    return Agent(alice.tenant, key.prefix, raw)
+    return payments_agent(alice)
 
 
 @pytest.fixture
@@ -79,31 +36,3 @@ def ben(tenant_a: Tenant) -> Person:
 @pytest.fixture
 def adam(tenant_a: Tenant) -> Person:
     return make_person(tenant_a, "adam", Role.ADMIN)
-
-
-def wire_policy(tenant: Tenant, **overrides: Any) -> Any:
-    fields: dict[str, Any] = {
-        "name": "large wires",
-        "tool": "bank.*",
-        "predicates": [{"arg": "amount", "op": ">", "value": 50}],
-        "required_approvals": 1,
-    }
-    return in_tenant(
-        approvals.create_policy,
-        tenant,
-        approvals.PolicyCreate.parse({**{**fields, **overrides}}),
-        actor=user_actor("alice"),
-    )
-
-
-def vote(person: Person, approval_id: str, choice: str = "approve", note: str = "", **kwargs: Any) -> Any:
-    return in_tenant(
-        approvals.vote,
-        person.tenant,
-        approval_id,
-        member(person),
-        choice,
-        note,
-        actor=user_actor(person.user.email),
-        **kwargs,
-    )

@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from tenants import services as tenants
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
-from tests.approvals.conftest import Agent, vote, wire_policy
+from tests.support.approvals import Agent, vote, wire_policy
 from tests.support.factories import ALL_SCOPES, Person
 from tests.support.live_events import events_socket, session_cookie
 from tests.support.scoping import in_tenant

@@ -16,7 +16,7 @@ from django.db import connection
 from approvals.models import ApprovalRequest, Status
 from core.scoping import tenant_context
 from fleet.models import Decision, GateDecision
-from tests.approvals.conftest import Agent, vote, wire_policy
+from tests.support.approvals import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.concurrency import released_together
 from tests.support.factories import Person

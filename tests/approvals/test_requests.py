@@ -20,7 +20,7 @@ from core.errors import DomainError
 from core.scoping import tenant_context
 from fleet import services as fleet
 from tenants.actors import named_actor, user_actor
-from tests.approvals.conftest import Agent, member, vote, wire_policy
+from tests.support.approvals import Agent, member, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant

@@ -22,8 +22,8 @@ from sagaplane.gate import Call, Gate
 from approvals.models import ApprovalRequest, Status
 from core.scoping import tenant_context
 from fleet.models import Decision, GateDecision
-from tests.approvals.conftest import Agent, vote, wire_policy
 from tests.sdk.sagaplane_testkit import read_wal
+from tests.support.approvals import Agent, vote, wire_policy
 from tests.support.factories import Person
 from tests.support.waiting import wait_until
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.approvals.conftest import Agent, wire_policy
+from tests.support.approvals import Agent, wire_policy
 from tests.support.factories import Person
 
 pytestmark = pytest.mark.django_db

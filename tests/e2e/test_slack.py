@@ -15,8 +15,8 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
-from tests.slackapp.conftest import command_body
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.slack import command_body
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

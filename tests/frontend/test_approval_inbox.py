@@ -18,7 +18,7 @@ from tenants import services as tenants
 from tenants.actors import api_key_actor, named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
-from tests.approvals.conftest import Agent, vote, wire_policy
+from tests.support.approvals import Agent, vote, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
 from tests.support.scoping import in_statements, in_tenant

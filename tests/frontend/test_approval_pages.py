@@ -19,8 +19,8 @@ from tenants import services as tenants
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
-from tests.approvals.conftest import Agent, wire_policy
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
+from tests.support.approvals import Agent, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import ALL_SCOPES, Person, make_person
 from tests.support.scoping import in_tenant

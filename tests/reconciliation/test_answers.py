@@ -15,8 +15,7 @@ from core.scoping import tenant_context
 from reconciliation import services
 from reconciliation.models import ReconciliationCheck
 from tenants.models import Role, Tenant
-from tests.reconciliation.conftest import compensated_saga
-from tests.support.chains import Writer, server_stream
+from tests.support.chains import Writer, compensated_saga, server_stream
 from tests.support.factories import Person, make_person
 from tests.support.scoping import in_tenant
 

@@ -12,8 +12,7 @@ from sagaplane.certificate import CertificateError, verify_certificate
 from core.scoping import tenant_context
 from reconciliation import services
 from tenants.models import Tenant
-from tests.reconciliation.conftest import compensated_saga
-from tests.support.chains import Writer, server_stream
+from tests.support.chains import Writer, compensated_saga, server_stream
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
 from tests.support.transparency import settle

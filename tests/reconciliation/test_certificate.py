@@ -19,7 +19,7 @@ from recovery.models import JobState
 from recovery.tasks import sweep_tenant
 from tenants.actors import api_key_actor, named_actor, user_actor
 from tenants.models import Tenant
-from tests.support.chains import Writer
+from tests.support.chains import Writer, compensated_saga
 from tests.support.scoping import in_tenant
 from tests.support.transparency import settle
 from transparency import services as transparency
@@ -73,8 +73,6 @@ def test_an_open_saga_is_an_exception_until_a_person_resolves_it(tenant_a: Tenan
 
 
 def test_an_unreconciled_compensation_is_an_exception(tenant_a: Tenant, agent_a: Writer) -> None:
-    from tests.reconciliation.conftest import compensated_saga
-
     compensated_saga(agent_a, "refund-1")
     statement = _certificate(tenant_a)  # no check yet, or no verdict: never counted as fine
     assert [(e["saga_id"], e["reason"]) for e in statement["exceptions"]] == [("refund-1", "unreconciled")]

@@ -13,8 +13,7 @@ from core.scoping import tenant_context
 from reconciliation import services
 from reconciliation.models import ReconciliationCheck
 from tenants.models import Tenant
-from tests.reconciliation.conftest import compensated_saga
-from tests.support.chains import Writer
+from tests.support.chains import Writer, compensated_saga
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
 from tests.support.waiting import wait_until

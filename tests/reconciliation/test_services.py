@@ -16,8 +16,7 @@ from reconciliation.inputs import Answer
 from reconciliation.models import CheckStatus, Reason
 from tenants.actors import api_key_actor, user_actor
 from tenants.models import Tenant
-from tests.reconciliation.conftest import compensated_saga
-from tests.support.chains import Writer, server_stream
+from tests.support.chains import Writer, compensated_saga, server_stream
 from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("no_delay")

@@ -25,8 +25,7 @@ from reconciliation.tasks import deliver_check
 from recovery import services as recovery
 from tenants.actors import named_actor
 from tenants.models import Tenant
-from tests.reconciliation.conftest import compensated_saga
-from tests.support.chains import Writer, server_stream
+from tests.support.chains import Writer, compensated_saga, server_stream
 from tests.support.scoping import in_tenant
 
 pytestmark = pytest.mark.usefixtures("no_delay")

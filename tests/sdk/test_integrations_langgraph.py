@@ -30,9 +30,9 @@ from approvals.models import ApprovalRequest, Status
 from core.scoping import tenant_context
 from fleet import services as fleet
 from tenants.actors import user_actor
-from tests.approvals.conftest import Agent, vote
 from tests.sdk import lg_agent
 from tests.sdk.sagaplane_testkit import read_wal
+from tests.support.approvals import Agent, vote
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
 

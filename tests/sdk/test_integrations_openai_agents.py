@@ -27,9 +27,9 @@ from approvals.models import ApprovalRequest, Status
 from core.scoping import tenant_context
 from fleet import services as fleet
 from tenants.actors import user_actor
-from tests.approvals.conftest import Agent as KeyHolder
-from tests.approvals.conftest import vote
 from tests.sdk.sagaplane_testkit import read_wal
+from tests.support.approvals import Agent as KeyHolder
+from tests.support.approvals import vote
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
 

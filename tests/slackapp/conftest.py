@@ -1,27 +1,49 @@
 """Slack tests: a local server speaking Slack's Web API (slack_server.py), the app's settings
-pointed at it, Celery tasks run in-process (eagerly) so a test sees the work the views queue,
-and helpers that play Slack's side (signed requests) and the owner's browser (the install)."""
+pointed at it, Celery tasks run in-process (eagerly) so a test sees the work the views queue; and,
+for the channel tests, the approvals tests' agent (alice's key: she is the requester) and
+approvers. The helpers that play Slack's side (signed requests) and the owner's browser (the
+install) are in tests/support/slack.py."""
 
 from __future__ import annotations
 
-import html
-import json
-import re
-import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlencode, urlsplit
 
-import httpx
 import pytest
-from django.test import Client
 
 from controlplane.celery import app as celery_app
-
-# The approvals tests' agent (alice's key: she is the requester) and approvers, for the channel tests.
-from tests.approvals.conftest import _database_store, adam, agent, ann, ben  # noqa: F401
+from tenants.models import Role, Tenant
 from tests.slackapp.slack_server import FakeSlack, start
+from tests.support.approvals import Agent, payments_agent
+from tests.support.factories import Person, make_person
+
+
+@pytest.fixture(autouse=True)
+def _database_store(database_store: None) -> None:
+    """Every Slack test runs on the database store (tests/conftest.database_store), as the approvals
+    tests do."""
+    return database_store
+
+
+@pytest.fixture
+def agent(alice: Person) -> Agent:
+    """The payments agent's key, created by alice: she is the requester of what it asks."""
+    return payments_agent(alice)
+
+
+@pytest.fixture
+def ann(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ann", Role.APPROVER)
+
+
+@pytest.fixture
+def ben(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ben", Role.APPROVER)
+
+
+@pytest.fixture
+def adam(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "adam", Role.ADMIN)
 
 
 @pytest.fixture
@@ -41,86 +63,3 @@ def slack(settings: Any) -> Iterator[FakeSlack]:
         celery_app.conf.task_always_eager, celery_app.conf.task_eager_propagates = eager, propagates
         server.shutdown()
         server.server_close()
-
-
-def browser(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def _link(page: str, element_id: str) -> str:
-    found = re.search(rf'id="{element_id}" href="([^"]+)"', page)
-    assert found, page[:2000]
-    return html.unescape(found.group(1))
-
-
-def consent_url(client: Client) -> str:
-    """The href of the settings page's "Add to Slack" link (its state issued for this page)."""
-    settings_page = client.get("/integrations/slack/")
-    assert settings_page.status_code == 200, settings_page.content[:500]
-    return _link(settings_page.content.decode(), "slack-add")
-
-
-def install(client: Client, slack: FakeSlack, channel: str | None = "C0RISK") -> Any:
-    """The owner's browser through the whole OAuth v2 round trip: our "Add to Slack" link, Slack's
-    consent page (the local server's), its "Allow", which redirects back as Slack does, our
-    callback; then the channel. Returns the callback's response."""
-    consent_page = httpx.get(consent_url(client), follow_redirects=False)
-    assert consent_page.status_code == 200, consent_page.text
-    consent = httpx.get(slack.url + _link(consent_page.text, "allow"), follow_redirects=False)
-    assert consent.status_code == 302, consent.text
-    back = urlsplit(consent.headers["Location"])
-    assert back.netloc == "testserver" and back.path == "/integrations/slack/oauth/callback"
-    answer = client.get(f"{back.path}?{back.query}")
-    if channel is not None:
-        client.post("/integrations/slack/channel", {"channel": channel})
-    answer.callback_url = f"{back.path}?{back.query}"  # type: ignore[attr-defined]
-    return answer
-
-
-def signed_post(
-    client: Client,
-    slack: FakeSlack,
-    path: str,
-    body: bytes,
-    *,
-    content_type: str = "application/x-www-form-urlencoded",
-    timestamp: int | None = None,
-    headers: dict[str, str] | None = None,
-) -> Any:
-    """POST `body` to one of /slack/... as Slack would: signed over exactly these bytes."""
-    signature = headers if headers is not None else slack.sign(body, timestamp)
-    return client.generic("POST", path, body, content_type=content_type, **signature)  # type: ignore[arg-type]
-
-
-def click_body(
-    slack: FakeSlack, action_id: str, request_id: str, user: str, channel: str = "C0RISK"
-) -> bytes:
-    payload = {
-        "type": "block_actions",
-        "team": {"id": slack.team_id, "domain": "acme"},
-        "user": {"id": user, "team_id": slack.team_id},
-        "channel": {"id": channel},
-        "container": {"type": "message", "channel_id": channel, "message_ts": "1.000001"},
-        "actions": [
-            {"action_id": action_id, "value": request_id, "type": "button", "action_ts": str(time.time())}
-        ],
-        "response_url": f"{slack.url}/hooks/actions/1",
-        "trigger_id": uuid.uuid4().hex,
-    }
-    return urlencode({"payload": json.dumps(payload)}).encode()
-
-
-def command_body(slack: FakeSlack, command: str, text: str, user: str) -> bytes:
-    return urlencode(
-        {
-            "command": command,
-            "text": text,
-            "team_id": slack.team_id,
-            "user_id": user,
-            "channel_id": "C0RISK",
-            "response_url": f"{slack.url}/hooks/commands/{user}",
-            "trigger_id": uuid.uuid4().hex,  # Slack's bodies differ: each has its own trigger
-        }
-    ).encode()

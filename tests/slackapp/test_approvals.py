@@ -24,12 +24,12 @@ from approvals.models import ApprovalRequest, Status, Vote
 from core.scoping import tenant_context
 from slackapp import services
 from tenants.actors import named_actor
-from tests.approvals.conftest import Agent, wire_policy
-from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack, Message
+from tests.support.approvals import Agent, wire_policy
 from tests.support.chains import server_stream
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, click_body, command_body, install, signed_post
 
 Commit = Callable[..., AbstractContextManager[Any]]
 

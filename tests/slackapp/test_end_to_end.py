@@ -21,11 +21,11 @@ import pytest
 
 from slackapp import services
 from tenants.actors import named_actor
-from tests.approvals.conftest import Agent, wire_policy
-from tests.slackapp.conftest import browser, click_body, install
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.approvals import Agent, wire_policy
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, click_body, install
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,11 +17,11 @@ from core.scoping import tenant_context
 from slackapp import crypto, selectors, services
 from slackapp.models import Installation, OAuthState, UserLink
 from tenants.actors import named_actor
-from tests.slackapp.conftest import browser, consent_url, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, consent_url, install, signed_post
 
 
 def _installation(person: Person) -> Installation | None:

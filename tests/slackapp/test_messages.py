@@ -13,11 +13,11 @@ from core.scoping import tenant_context
 from slackapp import decisions, services, tasks
 from slackapp.models import MessageState, RequestMessage
 from tenants.models import Tenant
-from tests.approvals.conftest import Agent, wire_policy
-from tests.slackapp.conftest import browser, install
 from tests.slackapp.slack_server import FakeSlack
+from tests.support.approvals import Agent, wire_policy
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, install
 
 
 def _lapse(tenant: Tenant, request_id: str) -> None:

@@ -18,11 +18,11 @@ from slack_sdk import WebClient
 from core.sql import is_postgres
 from slackapp import services
 from slackapp.models import OAuthState, UserLink
-from tests.slackapp.conftest import browser, install
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, install
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,11 +20,11 @@ from slackapp.actions import signatures
 from slackapp.models import SeenSignature, UserLink
 from tenants.actors import named_actor
 from tenants.models import Role
-from tests.slackapp.conftest import browser, click_body, command_body, install, signed_post
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.chains import server_stream
 from tests.support.factories import Person, make_person
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, click_body, command_body, install, signed_post
 
 HALT = ("/saga-halt", "tool:stripe.* fraud")
 

@@ -26,11 +26,11 @@ from core.scoping import tenant_context
 from fleet.models import Halt
 from slackapp import services
 from tenants.actors import named_actor
-from tests.slackapp.conftest import browser, command_body, install
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.factories import Person
 from tests.support.processes import stop_group
 from tests.support.scoping import in_tenant
+from tests.support.slack import browser, command_body, install
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

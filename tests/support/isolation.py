@@ -123,8 +123,7 @@ def _acme_reconciliation_check(tenant: Tenant) -> Any:
     """A reconciliation check of acme's: a saga its own rollback refunded (made once)."""
     from reconciliation import services as reconciliation
     from reconciliation.models import ReconciliationCheck
-    from tests.reconciliation.conftest import compensated_saga
-    from tests.support.chains import Writer
+    from tests.support.chains import Writer, compensated_saga
 
     with tenant_context(tenant):
         check = ReconciliationCheck.objects.first()

@@ -42,9 +42,8 @@ from tenants import founding, services
 from tenants.actors import named_actor
 from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
-from tests.reconciliation.conftest import compensated_saga
 from tests.recovery.sagas import escalated_job
-from tests.support.chains import Writer
+from tests.support.chains import Writer, compensated_saga
 from tests.support.factories import open_reservation, outstanding_lease
 from tests.support.scoping import in_statements, in_tenant
 from tests.support.transparency import settle
