@@ -6,9 +6,8 @@ service they skip on a laptop, but under CI=true they fail: CI must never go gre
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -17,11 +16,9 @@ from django.db import connection
 from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
+from tests.support.cleanup import retried_while
 from tests.support.factories import PASSWORD, Person, make_person
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tests.support.prerequisites import unavailable
 
 
 def _redis_reachable() -> bool:
@@ -68,41 +65,12 @@ def django_db_setup(
             _drop_when_released(lambda: teardown_databases(databases, verbosity=verbosity))
 
 
-def _retried_while(refusal: str, action: Any, *, patience_s: float) -> None:
-    """Run `action`; while Postgres refuses it with `refusal` (another session still holds what it
-    needs), try again until `patience_s` has passed. Other errors fail at once."""
-    import time
-
-    from django.core.management.base import CommandError
-    from django.db.utils import OperationalError
-
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            action()
-            return
-        except (CommandError, OperationalError) as exc:
-            if not _says(exc, refusal) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)  # cleanup only: the other session finishing, not an event awaited
-
-
-def _says(exc: BaseException | None, refusal: str) -> bool:
-    """`refusal` is in `exc` or in what caused it: `flush` wraps Postgres' error in a CommandError
-    whose own message names only the database."""
-    while exc is not None:
-        if refusal in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 def _drop_when_released(teardown: Any, patience_s: float = 60.0) -> None:
     """Drop the test database once the last session on it has closed. A live-server thread or a
     child process a test started can still be closing its connection when the session ends;
     Postgres then refuses the DROP ("is being accessed by other users"), which failed a run whose
     every test had passed. Other errors, or sessions that outlive the patience, still fail it."""
-    _retried_while("being accessed by other users", teardown, patience_s=patience_s)
+    retried_while("being accessed by other users", teardown, patience_s=patience_s)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -119,7 +87,7 @@ def _flush_outlasts_a_live_server_reader() -> Iterator[None]:
     original = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
     def teardown(self: TransactionTestCase) -> None:
-        _retried_while("deadlock detected", lambda: original(self), patience_s=30.0)
+        retried_while("deadlock detected", lambda: original(self), patience_s=30.0)
 
     setattr(TransactionTestCase, "_fixture_teardown", teardown)  # noqa: B010 (a private hook)
     yield
@@ -135,14 +103,6 @@ def _let_the_runtime_role_flush() -> None:
     role = connection.ops.quote_name(settings.DATABASE_RUNTIME_ROLE)
     with connection.cursor() as cursor:
         cursor.execute(f"GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO {role}")
-
-
-def unavailable(message: str) -> NoReturn:
-    """Something a test needs is missing: a skip on a laptop, a failure under CI=true (CI must
-    never go green by skipping)."""
-    if _in_ci():
-        pytest.fail(message + " — under CI=true this is a failure, not a skip")
-    pytest.skip(message)
 
 
 @pytest.fixture(autouse=True)

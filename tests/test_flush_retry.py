@@ -7,7 +7,7 @@ import pytest
 from django.core.management.base import CommandError
 from django.db.utils import OperationalError
 
-from tests.conftest import _retried_while
+from tests.support.cleanup import retried_while
 
 
 def _flush_failing(times: int) -> tuple[list[int], object]:
@@ -26,7 +26,7 @@ def _flush_failing(times: int) -> tuple[list[int], object]:
 
 def test_a_flush_failed_by_a_deadlock_is_tried_again() -> None:
     calls, flush = _flush_failing(times=1)
-    _retried_while("deadlock detected", flush, patience_s=30.0)
+    retried_while("deadlock detected", flush, patience_s=30.0)
     assert len(calls) == 2
 
 
@@ -38,5 +38,5 @@ def test_another_error_fails_at_once() -> None:
         raise CommandError("Database test_x couldn't be flushed.") from OperationalError("relation missing")
 
     with pytest.raises(CommandError):
-        _retried_while("deadlock detected", flush, patience_s=30.0)
+        retried_while("deadlock detected", flush, patience_s=30.0)
     assert len(calls) == 1

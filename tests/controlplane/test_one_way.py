@@ -8,8 +8,8 @@ the last two checks read the tests themselves. Each check has a test that it rep
 - record kinds named by the SDK's enum (sagaplane.events.Event), never as string literals;
 - leased work claimed (its fencing token raised) only by core/claims.py;
 - per-process caches of tenants' data only through core/snapshots.py;
-- tests share helpers through tests/support/ (never a test module, nor another directory's
-  conftest), waiting through its wait_until.
+- tests share helpers through tests/support/ (never a test module, nor a conftest), waiting
+  through its wait_until.
 """
 
 from __future__ import annotations
@@ -511,11 +511,11 @@ def test_a_cache_of_its_own_is_reported(tree: Path) -> None:
 
 # -- tests -----------------------------------------------------------------------------------------
 # What tests share is in tests/support/ (or, for one app's tests, a non-test module beside them:
-# tests/fleet/stores.py, tests/e2e/conftest.py); no module imports a test module (running one file
-# would collect, or break with, another), nor a conftest outside its own directory (pytest loads
-# it as a plugin too: its fixtures are requested by name, its helpers belong in tests/support/).
-# Waiting is tests.support.waiting.wait_until: a wait named
-# as one elsewhere is built on it (docs/DESIGN-NOTES.md, "What tests share lives in tests/support/").
+# tests/fleet/stores.py, tests/e2e/browser.py); no module imports a test module (running one file
+# would collect, or break with, another), nor a conftest, its own directory's included: pytest
+# loads a conftest as a plugin, its fixtures are requested by name, and what else it held is
+# shared from a module of its own. Waiting is tests.support.waiting.wait_until: a wait named as
+# one elsewhere is built on it (docs/DESIGN-NOTES.md, "What tests share lives in tests/support/").
 SCRIPTS = ("tests", "bench")
 SUPPORT = Path("tests/support")
 WAIT_NAMES = re.compile(r"_?(wait_until|wait_for\w*|eventually\w*|until)")
@@ -525,17 +525,8 @@ def _scripts() -> list[Path]:
     return [path for top in SCRIPTS for path in sorted((ROOT / top).rglob("*.py"))]
 
 
-def _not_importable(name: str, package: tuple[str, ...]) -> bool:
-    """A test module (`test_*`), or a conftest from outside its directory (`package` importing)."""
-    parts = name.split(".")
-    home = tuple(parts[: parts.index("conftest")]) if "conftest" in parts else package
-    return any(p.startswith("test_") for p in parts[1:]) or package[: len(home)] != home
-
-
-def imports_of_test_modules() -> list[str]:
-    """`where name` for each import of a test module, or of another directory's conftest, by a
-    module of the tests or benches."""
-    found = []
+def _imported_names() -> Iterator[tuple[str, str]]:
+    """(`where`, dotted name) for each name a module of the tests or benches imports."""
     for path in _scripts():
         package = path.relative_to(ROOT).parent.parts
         for node in ast.walk(_tree(path)):
@@ -547,8 +538,21 @@ def imports_of_test_modules() -> list[str]:
                 names = [".".join([*parent, *module, alias.name]) for alias in node.names]
             else:
                 continue
-            found += [f"{_where(path, node.lineno)} {n}" for n in names if _not_importable(n, package)]
-    return found
+            yield from ((_where(path, node.lineno), name) for name in names)
+
+
+def imports_of_test_modules() -> list[str]:
+    """`where name` for each import of a test module (`test_*`) by a module of the tests or benches."""
+    return [
+        f"{where} {name}"
+        for where, name in _imported_names()
+        if any(part.startswith("test_") for part in name.split(".")[1:])
+    ]
+
+
+def imports_of_conftests() -> list[str]:
+    """`where name` for each import of a conftest (any directory's, the importer's own included)."""
+    return [f"{where} {name}" for where, name in _imported_names() if "conftest" in name.split(".")]
 
 
 def waits_of_their_own() -> list[str]:
@@ -566,7 +570,13 @@ def waits_of_their_own() -> list[str]:
 
 def test_no_module_imports_a_test_module() -> None:
     assert imports_of_test_modules() == [], (
-        "share it from tests/support/ or a non-test module beside the tests; request fixtures by name"
+        "share it from tests/support/ or a non-test module beside the tests"
+    )
+
+
+def test_no_module_imports_a_conftest() -> None:
+    assert imports_of_conftests() == [], (
+        "request a fixture by name; share a helper from tests/support/ or a non-test module beside the tests"
     )
 
 
@@ -574,7 +584,7 @@ def test_waiting_is_the_one_wait_until() -> None:
     assert waits_of_their_own() == [], "wait with tests.support.waiting.wait_until"
 
 
-def test_a_test_module_imported_and_a_wait_of_its_own_are_reported(tree: Path) -> None:
+def test_a_test_module_or_a_conftest_imported_and_a_wait_of_its_own_are_reported(tree: Path) -> None:
     _write(tree, "tests/support/waiting.py", "def wait_until(condition, what): ...\n")
     _write(tree, "tests/fleet/helpers.py", "def wait_for(ok):\n    while not ok():\n        pass\n")
     _write(
@@ -584,15 +594,22 @@ def test_a_test_module_imported_and_a_wait_of_its_own_are_reported(tree: Path) -
         "from .test_a import store as again\nfrom tests.fleet.helpers import wait_for\n"
         "from tests.support.waiting import wait_until\n"
         "def _until(ok):\n    return wait_until(ok, 'ok')\n"
-        "from tests.fleet.conftest import here\nfrom tests.conftest import root\n"
-        "from tests.approvals.conftest import agent\nfrom tests.approvals import conftest\n",
+        "from tests.fleet.conftest import here\nfrom .conftest import near\nfrom tests.conftest import root\n"
+        "from tests.approvals.conftest import agent\nfrom tests.approvals import conftest\n"
+        "import tests.e2e.conftest\nfrom tests.support.conftests import fine\n",
     )
     assert imports_of_test_modules() == [
         "tests/fleet/test_b.py:1 tests.fleet.test_a",
         "tests/fleet/test_b.py:2 tests.fleet.test_a.store",
         "tests/fleet/test_b.py:3 tests.fleet.test_a",
         "tests/fleet/test_b.py:4 tests.fleet.test_a.store",
-        "tests/fleet/test_b.py:11 tests.approvals.conftest.agent",
-        "tests/fleet/test_b.py:12 tests.approvals.conftest",
+    ]
+    assert imports_of_conftests() == [
+        "tests/fleet/test_b.py:9 tests.fleet.conftest.here",
+        "tests/fleet/test_b.py:10 tests.fleet.conftest.near",
+        "tests/fleet/test_b.py:11 tests.conftest.root",
+        "tests/fleet/test_b.py:12 tests.approvals.conftest.agent",
+        "tests/fleet/test_b.py:13 tests.approvals.conftest",
+        "tests/fleet/test_b.py:14 tests.e2e.conftest",
     ]
     assert waits_of_their_own() == ["tests/fleet/helpers.py:1 wait_for"]

@@ -4,7 +4,10 @@ data folder, migrated and seeded with the management commands, driven by Debian'
 Database: with DATABASE_URL set (Postgres), a throw-away database next to it is created and
 dropped afterwards; otherwise embedded SQLite in the data folder. REDIS_URL is passed through, so
 on Redis the channel layer is the real one; on SQLite the in-memory layer works because the
-ingest goes through the same server process over HTTP."""
+ingest goes through the same server process over HTTP.
+
+The fixtures only: what the tests share besides (the seeded people, the live server's calls,
+signing in, the confirmation dialog, passkeys) is in browser.py."""
 
 from __future__ import annotations
 
@@ -13,51 +16,22 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import pytest
 
-from tests.conftest import unavailable
+from tests.e2e.browser import CAROL, PASSWORD, ROOT, LiveServer
 from tests.hostile.production import as_owner
 from tests.slackapp.slack_server import FakeSlack, start
 from tests.support.chromium import CHROMIUM, launched
 from tests.support.ports import free_port
+from tests.support.prerequisites import unavailable
 from tests.support.probes import healthy
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-PASSWORD = "sagaplane-demo"
-OWNER = "owner@demo.sagaplane.local"
-VIEWER = "viewer@demo.sagaplane.local"
-AUDITOR = "auditor@demo.sagaplane.local"
-CAROL = "carol@bravo.example"
-RISK = "risk@demo.sagaplane.local"
-LIVE_TIMEOUT = 15_000  # ms: a live update (websocket) reaching the page
 STARTUP_DEADLINE = 60.0
-
-
-@dataclass
-class LiveServer:
-    url: str
-    api_key: str
-    data_dir: Path
-    log: Path
-
-    def ship(self, stream: str, records: list[dict]) -> dict:
-        response = httpx.post(
-            f"{self.url}/api/v1/streams/{stream}/records",
-            json={"records": records},
-            headers={"Authorization": f"Bearer {self.api_key}"},
-            timeout=20,
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
 
 
 def _manage(env: dict[str, str], *args: str) -> str:
@@ -247,81 +221,3 @@ def new_page(browser_instance, control_plane: LiveServer):  # type: ignore[no-un
     yield make
     for context in contexts:
         context.close()
-
-
-def sign_in(page, email: str, password: str = PASSWORD) -> None:  # type: ignore[no-untyped-def]
-    from playwright.sync_api import expect
-
-    page.goto("/login/")
-    page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Sign in", exact=True).click()
-    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
-
-
-def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
-
-
-def wait_live(page) -> None:  # type: ignore[no-untyped-def]
-    """The page's websocket is open (app.js marks <html data-live="open">)."""
-    from playwright.sync_api import expect
-
-    expect(page.locator("html")).to_have_attribute("data-live", "open", timeout=LIVE_TIMEOUT)
-
-
-def localhost(server: LiveServer) -> str:
-    return server.url.replace("127.0.0.1", "localhost")
-
-
-def passkey_browser(browser_instance: Any, server: LiveServer) -> Any:
-    """A browser context at http://localhost:<port> with a virtual platform authenticator."""
-    context = browser_instance.new_context(
-        base_url=localhost(server), viewport={"width": 1280, "height": 1100}
-    )
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    cdp = context.new_cdp_session(page)
-    cdp.send("WebAuthn.enable")
-    cdp.send(
-        "WebAuthn.addVirtualAuthenticator",
-        {
-            "options": {
-                "protocol": "ctap2",
-                "transport": "internal",
-                "hasResidentKey": True,
-                "hasUserVerification": True,
-                "isUserVerified": True,
-                "automaticPresenceSimulation": True,
-            }
-        },
-    )
-    return context, page
-
-
-def register_passkey(page: Any, name: str) -> None:
-    from playwright.sync_api import expect
-
-    page.goto("/account/passkeys/")
-    page.get_by_label("Name").fill(name)
-    page.get_by_role("button", name="Register passkey").click()
-    expect(page.locator(f'#passkeys-table tr[data-passkey="{name}"]')).to_contain_text("active")
-
-
-def confirm_dialog(page, text: str, *, action: str | None = None) -> None:  # type: ignore[no-untyped-def]
-    """Answer the console's confirmation dialog (app.js): it is open, says `text` (and names
-    `action` on its confirm button, when given), and its confirm button is clicked once."""
-    from playwright.sync_api import expect
-
-    dialog = page.locator("dialog#confirm-dialog")
-    expect(dialog).to_be_visible()
-    expect(dialog).to_contain_text(text)
-    ok = dialog.locator("#confirm-dialog-ok")
-    if action is not None:
-        expect(ok).to_have_text(action)
-    # The form is submitted as the dialog closes: wait for the server's answer to it, so that a
-    # navigation the test starts next cannot cancel the submission on its way.
-    with page.expect_response(lambda response: response.request.method == "POST"):
-        ok.click()
-    expect(dialog).to_be_hidden()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import CAROL, LIVE_TIMEOUT, OWNER, LiveServer, confirm_dialog, screenshot, sign_in
+from tests.e2e.browser import CAROL, LIVE_TIMEOUT, OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 from tests.support.chains import chain
 
 pytestmark = pytest.mark.e2e

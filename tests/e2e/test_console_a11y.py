@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.browser import AXE, RUN_AXE, SERIOUS
-from tests.e2e.conftest import OWNER, sign_in
+from tests.e2e.browser import AXE, OWNER, RUN_AXE, SERIOUS, sign_in
 from tests.support.console import PAGES
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
+from tests.e2e.browser import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import CAROL, LIVE_TIMEOUT, OWNER, RISK, LiveServer, screenshot, sign_in, wait_live
+from tests.e2e.browser import CAROL, LIVE_TIMEOUT, OWNER, RISK, LiveServer, screenshot, sign_in, wait_live
 
 pytestmark = pytest.mark.e2e
 

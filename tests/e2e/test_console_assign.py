@@ -12,8 +12,17 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.browser import RUN_AXE, SERIOUS
-from tests.e2e.conftest import OWNER, RISK, VIEWER, LiveServer, confirm_dialog, screenshot, sign_in
+from tests.e2e.browser import (
+    OWNER,
+    RISK,
+    RUN_AXE,
+    SERIOUS,
+    VIEWER,
+    LiveServer,
+    confirm_dialog,
+    screenshot,
+    sign_in,
+)
 from tests.support.sagadata import Writer
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
+from tests.e2e.browser import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 from tests.support.sagadata import Writer
 
 pytestmark = pytest.mark.e2e

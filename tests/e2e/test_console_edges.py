@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, screenshot, sign_in
+from tests.e2e.browser import OWNER, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, sign_in
+from tests.e2e.browser import OWNER, LiveServer, sign_in
 from tests.support.sagadata import Writer, saga_forward
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import CAROL, OWNER, LiveServer, confirm_dialog, screenshot, sign_in
+from tests.e2e.browser import CAROL, OWNER, LiveServer, confirm_dialog, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

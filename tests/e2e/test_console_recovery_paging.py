@@ -10,7 +10,7 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.browser import OWNER, LiveServer, screenshot, sign_in
 from tests.support.sagadata import Writer
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.browser import AXE, RUN_AXE, SERIOUS
-from tests.e2e.conftest import OWNER, screenshot, sign_in
+from tests.e2e.browser import AXE, OWNER, RUN_AXE, SERIOUS, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import CAROL, OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.browser import CAROL, OWNER, LiveServer, screenshot, sign_in
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
 
 pytestmark = pytest.mark.e2e

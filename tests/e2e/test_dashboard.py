@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from frontend.fleet_chart import BARS_PER_LANE, SLOTS
 from frontend.saga_views import PAGE_SIZE
-from tests.e2e.conftest import (
+from tests.e2e.browser import (
     AUDITOR,
     CAROL,
     LIVE_TIMEOUT,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import LIVE_TIMEOUT, OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.browser import LIVE_TIMEOUT, OWNER, LiveServer, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import (
+from tests.e2e.browser import (
     AUDITOR,
     CAROL,
     OWNER,

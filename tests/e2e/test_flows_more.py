@@ -17,8 +17,16 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.browser import api_call, claim_offered, csp_watched
-from tests.e2e.conftest import OWNER, LiveServer, confirm_dialog, screenshot, sign_in
+from tests.e2e.browser import (
+    OWNER,
+    LiveServer,
+    api_call,
+    claim_offered,
+    confirm_dialog,
+    csp_watched,
+    screenshot,
+    sign_in,
+)
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.sagadata import Writer
 

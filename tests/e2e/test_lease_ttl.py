@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, VIEWER, LiveServer, screenshot, sign_in
+from tests.e2e.browser import OWNER, VIEWER, LiveServer, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.browser import OWNER, LiveServer, screenshot, sign_in
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.slack import command_body
 from tests.support.waiting import wait_until

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 from sagaplane import cosignature
 
-from tests.e2e.conftest import AUDITOR, OWNER, LiveServer, screenshot, sign_in
+from tests.e2e.browser import AUDITOR, OWNER, LiveServer, screenshot, sign_in
 
 pytestmark = pytest.mark.e2e
 

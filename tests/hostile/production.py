@@ -30,9 +30,9 @@ import httpx
 import pytest
 from sagaplane.chain import GENESIS, stamp
 
-from tests.conftest import unavailable
 from tests.support.gunicorn import gunicorn
 from tests.support.ports import free_port
+from tests.support.prerequisites import unavailable
 from tests.support.probes import redis_answers
 from tests.support.waiting import wait_until
 

@@ -30,9 +30,9 @@ from sagaplane.chain import GENESIS
 from sagaplane.merkle import verify_consistency
 from sagaplane.shipper import Backoff
 
-from tests.conftest import unavailable
 from tests.hostile.production import ROOT, as_owner, manage, own_database, own_redis, pg_execute
 from tests.support.ports import free_port
+from tests.support.prerequisites import unavailable
 from tests.support.production_env import production_env
 from tests.support.waiting import wait_until
 

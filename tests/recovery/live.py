@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import unavailable
 from tests.hostile.production import (
     PROXY_HEADERS,
     ROOT,
@@ -35,6 +34,7 @@ from tests.hostile.production import (
 )
 from tests.support.load import cpu_hogs
 from tests.support.ports import free_port
+from tests.support.prerequisites import unavailable
 from tests.support.processes import stop_group
 from tests.support.production_env import production_env
 from tests.support.waiting import wait_until

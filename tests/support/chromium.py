@@ -25,7 +25,7 @@ def launched() -> Iterator[Any]:
     while it is open: keep the block short of any test that calls asyncio.run()."""
     from playwright.sync_api import sync_playwright
 
-    from tests.conftest import unavailable
+    from tests.support.prerequisites import unavailable
 
     if not Path(CHROMIUM).exists():
         unavailable(f"{CHROMIUM} is not installed (apt-get install chromium)")
