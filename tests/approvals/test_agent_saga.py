@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from approvals.models import ApprovalRequest, Source, Status
 from core.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,10 +58,14 @@ def test_pull_approvals_releases_an_agent_saga_agent(
             await wal.close()
 
     async def control_plane_side(waiting: asyncio.Task[bool]) -> str:
-        """What the agent's shipping loop and a risk officer do meanwhile, polled with a deadline."""
-        deadline = time.monotonic() + 60
+        """What the agent's shipping loop and a risk officer do meanwhile, until the agent is released."""
         voted = ""
-        while not waiting.done() and time.monotonic() < deadline:
+
+        async def released() -> bool:
+            """True once the agent is released; until then, one round of shipping and voting."""
+            nonlocal voted
+            if waiting.done():
+                return True
             records = _lines(wal_path)
             if records:
                 await client.push_wal_records(records)
@@ -78,7 +82,9 @@ def test_pull_approvals_releases_an_agent_saga_agent(
                     assert answer.status_code == 201, answer.content
             else:
                 await client.pull_approvals(status="granted", apply_to=store)
-            await asyncio.sleep(0.1)
+            return False
+
+        await wait_until_async(released, "the agent to be released", every=0.1)
         return voted
 
     async def both() -> tuple[bool, str]:

@@ -568,6 +568,37 @@ def waits_of_their_own() -> list[str]:
     ]
 
 
+# A loop in a test that sleeps is a wait of its own, whatever its name: poll with wait_until (or
+# wait_until_async in a coroutine). Allowed: (path, function) of loops that wait for no condition.
+SLEEPING_LOOPS = {
+    ("tests/fleet/lease_worker.py", "agent"),  # an agent's own spending loop, pausing after an error
+}
+
+
+def _sleeping_loops(node: ast.AST, function: str) -> Iterator[tuple[int, str]]:
+    """(line, enclosing function) of each loop under `node` that calls a `sleep`."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from _sleeping_loops(child, child.name)
+        elif isinstance(child, ast.While | ast.For | ast.AsyncFor) and any(
+            isinstance(c, ast.Call) and _name(c.func) == "sleep" for c in ast.walk(child)
+        ):
+            yield child.lineno, function
+        else:
+            yield from _sleeping_loops(child, function)
+
+
+def polls_of_their_own() -> list[str]:
+    """`where function` for each loop that sleeps in a module of the tests outside tests/support."""
+    return [
+        f"{_where(path, line)} {function}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if not path.relative_to(ROOT).is_relative_to(SUPPORT)
+        for line, function in _sleeping_loops(_tree(path), "")
+        if (str(path.relative_to(ROOT)), function) not in SLEEPING_LOOPS
+    ]
+
+
 def test_no_module_imports_a_test_module() -> None:
     assert imports_of_test_modules() == [], (
         "share it from tests/support/ or a non-test module beside the tests"
@@ -582,6 +613,10 @@ def test_no_module_imports_a_conftest() -> None:
 
 def test_waiting_is_the_one_wait_until() -> None:
     assert waits_of_their_own() == [], "wait with tests.support.waiting.wait_until"
+
+
+def test_no_test_polls_with_a_loop_of_its_own() -> None:
+    assert polls_of_their_own() == [], "poll with tests.support.waiting.wait_until or wait_until_async"
 
 
 def test_a_test_module_or_a_conftest_imported_and_a_wait_of_its_own_are_reported(tree: Path) -> None:
@@ -613,3 +648,29 @@ def test_a_test_module_or_a_conftest_imported_and_a_wait_of_its_own_are_reported
         "tests/fleet/test_b.py:14 tests.e2e.conftest",
     ]
     assert waits_of_their_own() == ["tests/fleet/helpers.py:1 wait_for"]
+
+
+def test_a_loop_that_sleeps_is_reported_but_in_tests_support_and_where_allowed(tree: Path) -> None:
+    sleeps = "import time\ndef wait_until(ok):\n    while not ok():\n        time.sleep(1)\n"
+    _write(tree, "tests/support/waiting.py", sleeps)
+    _write(tree, "bench/fleet.py", sleeps)
+    _write(
+        tree,
+        "tests/fleet/lease_worker.py",
+        "import time\ndef main():\n    def agent():\n        while True:\n            time.sleep(1)\n",
+    )
+    _write(
+        tree,
+        "tests/fleet/test_a.py",
+        "import anyio, time\n"
+        "async def test_a(ok):\n    while not ok():\n        await anyio.sleep(1)\n"
+        "def test_b(ok):\n    for _ in range(9):\n        if ok():\n            break\n"
+        "        time.sleep(1)\n"
+        "    def once():\n        while not ok():\n            sleep(1)\n"
+        "def test_c(ok):\n    while not ok():\n        pass\n    time.sleep(1)\n",
+    )
+    assert polls_of_their_own() == [
+        "tests/fleet/test_a.py:3 test_a",
+        "tests/fleet/test_a.py:6 test_b",
+        "tests/fleet/test_a.py:11 once",
+    ]

@@ -118,17 +118,20 @@ def _stops_cleanly(run: Started, stop: Callable[[], None]) -> None:
     for part in ("manage.py runserver", "celery -A controlplane worker", "demo_agent.py"):
         assert part in commands, (part, started)
     stop()
-    deadline = time.monotonic() + STOP_DEADLINE_S
-    while (left := _session_processes(process.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling a condition with a deadline
     try:
-        assert not left, f"still running {STOP_DEADLINE_S} s after the signal: {left}"
+        wait_until(
+            lambda: not _session_processes(process.pid),
+            "every process the script started to stop after the signal",
+            deadline=STOP_DEADLINE_S,
+            every=0.1,
+            context=lambda: f"still running: {_session_processes(process.pid)}",
+        )
         process.wait(timeout=10)
         output = "".join(run.output)
         assert "did not stop" not in output, output[-3000:]
         assert process.returncode != 0  # stopped by a signal, as the shell reports it
     finally:
-        if left:
+        if _session_processes(process.pid):
             _kill(process)
 
 

@@ -18,6 +18,7 @@ import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 
 from core import longpoll
+from tests.support.waiting import wait_until_async
 
 LONG_WAIT_S = 25.0  # what a long-poll may wait; each test ends long before it
 BOUND_S = 10.0  # generous under load, far below LONG_WAIT_S
@@ -51,8 +52,7 @@ class Scenario:
         return {"type": "http.disconnect"}
 
     async def started(self) -> None:
-        while not self.view_started.is_set():
-            await asyncio.sleep(0.01)  # polling a condition; the caller bounds it
+        await wait_until_async(self.view_started.is_set, "the view to start", deadline=BOUND_S, every=0.01)
 
 
 async def _send(message: Any) -> None:
@@ -64,7 +64,7 @@ def test_a_long_poll_ends_as_soon_as_its_client_disconnects() -> None:
         scenario = Scenario()
         application = longpoll.abandon_when_done(scenario.app)
         task = asyncio.ensure_future(application({"type": "http"}, scenario.receive, _send))
-        await asyncio.wait_for(scenario.started(), BOUND_S)
+        await scenario.started()
         began = time.monotonic()
         scenario.disconnect.set()
         await asyncio.wait_for(task, BOUND_S)
@@ -81,7 +81,7 @@ def test_a_long_poll_ends_as_soon_as_the_server_cancels_its_request() -> None:
         scenario = Scenario()
         application = longpoll.abandon_when_done(scenario.app)
         task = asyncio.ensure_future(application({"type": "http"}, scenario.receive, _send))
-        await asyncio.wait_for(scenario.started(), BOUND_S)
+        await scenario.started()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, BOUND_S)  # a TimeoutError instead would fail the test

@@ -17,7 +17,6 @@ import select
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from tests.e2e.browser import (
     screenshot,
     sign_in,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 AGENT_DEADLINE = 60.0
@@ -191,19 +191,19 @@ def test_two_approvers_approve_a_wire_with_passkeys_and_the_agent_runs_it_once(
 
 def verify_disclosure_offline(server: LiveServer, saga_id: str, tmp_path: Path) -> None:
     headers = {"Authorization": f"Bearer {server.api_key}"}
-    deadline = time.monotonic() + 60
-    bundle: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def with_both_votes() -> dict[str, Any] | None:
+        """The saga's disclosure once it holds both votes (sealing them takes the worker a while)."""
         answer = httpx.get(
             f"{server.url}/api/v1/audit/sagas/{saga_id}/disclosure", headers=headers, timeout=20
         )
-        if answer.status_code == 200:
-            bundle = answer.json()
-            events = [e["record"].get("event") for e in bundle.get("records", [])]
-            if events.count("APPROVAL_VOTE") == 2:
-                break
-        time.sleep(0.5)  # polling for the seal, with a deadline
-    assert bundle, "no disclosure for the saga within 60 s"
+        if answer.status_code != 200:
+            return None
+        bundle: dict[str, Any] = answer.json()
+        events = [e["record"].get("event") for e in bundle.get("records", [])]
+        return bundle if events.count("APPROVAL_VOTE") == 2 else None
+
+    bundle = wait_until(with_both_votes, "the saga's disclosure with both votes", deadline=60, every=0.5)
     verifier = httpx.get(f"{server.url}/api/v1/audit/key", headers=headers, timeout=20).text.splitlines()[0]
     path = tmp_path / "disclosure.json"
     path.write_text(json.dumps(bundle))

@@ -24,17 +24,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 AGENT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys
     import sagaplane as sp
+    from tests.support.waiting import wait_until
 
     runtime = sp.configure(sys.argv[1], agent="payroll-bot", stream_id="payroll-wal", gate=True, ship=True)
     pay = sp.tool(lambda amount: amount, name="payroll.run", semantics=sp.COMPENSABLE)
     # Wait for this agent's own view (its fleet-state long-poll) to show the halt.
-    deadline = time.monotonic() + 60
-    while not any(h.get("scope") == "tool:payroll.*" for h in sp.status()["halts"]):
-        if time.monotonic() > deadline:
-            raise SystemExit("the halt never reached the agent")
-        time.sleep(0.05)
+    wait_until(
+        lambda: any(h.get("scope") == "tool:payroll.*" for h in sp.status()["halts"]),
+        "the halt to reach the agent",
+    )
     try:
         with sp.saga(name="monthly payroll"):
             pay(1200)

@@ -7,7 +7,6 @@ through the API or Slack), and that the CSP blocked nothing."""
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -29,10 +28,9 @@ from tests.e2e.browser import (
 )
 from tests.slackapp.slack_server import FakeSlack
 from tests.support.sagadata import Writer
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-
-DEADLINE_S = 60.0
 
 
 def _drifted_check(server: LiveServer, handler: str) -> tuple[str, str]:
@@ -154,13 +152,11 @@ def _slash_command(server: LiveServer, slack: FakeSlack, user: str) -> str:
         timeout=30,
     )
     assert answer.status_code == 200, answer.text
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        found = [c for c in slack.called("response_url") if c.params.get("path") == hook]
-        if found:
-            return str(found[0].params["text"])
-        time.sleep(0.05)  # polling the stand-in's record of calls, bounded by the deadline
-    raise AssertionError(f"no answer to {user}'s command within {DEADLINE_S}s")
+    found = wait_until(
+        lambda: [c for c in slack.called("response_url") if c.params.get("path") == hook],
+        f"an answer to {user}'s command",
+    )
+    return str(found[0].params["text"])
 
 
 def test_a_slack_user_links_their_account_from_slack_and_unlinks_it(

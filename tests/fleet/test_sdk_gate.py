@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ AGENT = textwrap.dedent(
     """
     import json, sys, time
     import sagaplane as sp
+    from tests.support.waiting import wait_until
 
     sp.configure(sys.argv[1], agent="billing-bot", ship=False, gate=True)
     charge = sp.tool(lambda amount: amount, name="stripe.charge", semantics=sp.COMPENSABLE)
@@ -53,8 +53,7 @@ AGENT = textwrap.dedent(
         if command == "until-halted":
             # Poll this agent's own view (no request: the long-poll thread keeps it current).
             started = time.monotonic()
-            while attempt(charge, 1) != "halted" and time.monotonic() - started < 30:
-                time.sleep(0.01)
+            wait_until(lambda: attempt(charge, 1) == "halted", "the halt", deadline=30, every=0.01)
             print(json.dumps({"charge": attempt(charge, 1), "insert": attempt(insert, {"id": 1}),
                               "seconds": time.monotonic() - started}), flush=True)
         else:
@@ -108,11 +107,13 @@ def test_a_halt_reaches_an_agent_in_another_process_and_stops_only_its_tools(
         assert seen["charge"] == "halted" and seen["insert"] == "allow"
         print(f"halt reached the agent after {seen['seconds']:.3f} s")  # measured in bench/, not asserted
         in_tenant(services.resume, alice.tenant, halt.pk, actor=user_actor("alice"))
+
         # The resume reaches it the same way: poll the agent's view until charge is allowed again.
-        deadline = time.monotonic() + 30
-        answer = ask("try")
-        while answer["charge"] != "allow" and time.monotonic() < deadline:
+        def charge_allowed() -> dict[str, Any] | None:
             answer = ask("try")
+            return answer if answer["charge"] == "allow" else None
+
+        answer = wait_until(charge_allowed, "the resume to reach the agent", deadline=30)
         assert answer == {"charge": "allow", "insert": "allow"}
     finally:
         if agent.stdin is not None:

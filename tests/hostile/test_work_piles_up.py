@@ -120,13 +120,14 @@ SHUTDOWN_BOUND_S = 60.0  # a hang guard only: the worker stops at the end of the
 # worker that did not stop between chunks would go on to integrate all of them.
 WORKER = textwrap.dedent(
     """
-    import os, sys, time
+    import os, sys
     import django
 
     os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
     django.setup()
     from controlplane.celery import app
     from core.shutdown import keep_going
+    from tests.support.waiting import wait_until
     from transparency import services, tasks
 
     queue, fd = sys.argv[1], int(sys.argv[2])
@@ -142,9 +143,9 @@ WORKER = textwrap.dedent(
         if len(rounds) == 1:
             rounds.append(None)  # one hold only: later rounds run as they are
             os.write(fd, b"B")
-            deadline = time.monotonic() + 300  # bounded: the test kills the worker long before
-            while keep_going() and time.monotonic() < deadline:
-                time.sleep(0.05)  # waits for the shutdown flag that SIGTERM sets in shared memory
+            # The shutdown flag SIGTERM sets in shared memory; bounded: the test kills the worker
+            # long before.
+            wait_until(lambda: not keep_going(), "the shutdown flag", deadline=300)
         return keep_going()
 
     services.integrate_round = counted_round

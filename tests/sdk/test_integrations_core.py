@@ -21,6 +21,8 @@ from sagaplane.integrations import core, policy
 from sagaplane.saga import set_default_gate
 from sagaplane_testkit import read_wal
 
+from tests.support.waiting import wait_until_async
+
 POLICY = policy.loads(
     textwrap.dedent(
         """\
@@ -216,10 +218,8 @@ def test_a_pending_approval_is_reported_while_the_gate_waits(
     async def run() -> Any:
         async with sp.saga(name="unit", wal=wal) as saga:
             out = await governor.call(saga, "wire", {"to": "x"}, lambda: "sent", on_pending=note)
-            for _ in range(100):  # the notification is scheduled on this loop from the gate's thread
-                if pending:
-                    break
-                await asyncio.sleep(0.01)
+            # The notification is scheduled on this loop from the gate's thread.
+            await wait_until_async(lambda: pending, "the pending approval's notification", every=0.01)
             return out
 
     assert asyncio.run(run()) == "sent"  # IRREVERSIBLE: the policy file confirms it

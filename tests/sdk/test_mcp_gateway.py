@@ -35,7 +35,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
 from tests.support.scoping import in_tenant
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -280,9 +280,8 @@ def test_an_approved_call_waits_with_progress_and_runs_once(shop: Shop, tenant_a
 
             tg.start_soon(invoice)
             row = await in_thread(lambda: pending(tenant_a))
-            with anyio.fail_after(DEADLINE):
-                while not progress:  # the gateway says it is waiting before the vote
-                    await anyio.sleep(0.05)
+            # The gateway says it is waiting before the vote.
+            await wait_until_async(lambda: progress, "the gateway's progress", deadline=DEADLINE)
             assert shop.calls() == []
             await in_thread(lambda: vote(ann, row, "approve"))
         return results[0]

@@ -19,7 +19,7 @@ from sagaplane.integrations import policy
 from sagaplane.integrations.mcp_upstream import UpstreamSpec, bounded_stdio
 from sagaplane_testkit import read_wal
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOP = ROOT / "sdk" / "examples" / "mcp_shop_server.py"
@@ -191,8 +191,13 @@ def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_complet
 
     async def main() -> Any:
         with anyio.fail_after(DEADLINE):
-            while not _listening(gateway_port):
-                await anyio.sleep(0.1)
+            await wait_until_async(
+                lambda: _listening(gateway_port),
+                "the gateway to listen",
+                deadline=DEADLINE,
+                every=0.1,
+                alive=gateway_process,
+            )
             url = f"http://127.0.0.1:{gateway_port}/mcp"
             from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -293,8 +298,13 @@ def test_an_http_session_that_goes_silent_leaves_its_saga_to_recovery(tmp_path: 
 
     async def main() -> Any:
         with anyio.fail_after(DEADLINE):
-            while not _listening(gateway_port):
-                await anyio.sleep(0.1)
+            await wait_until_async(
+                lambda: _listening(gateway_port),
+                "the gateway to listen",
+                deadline=DEADLINE,
+                every=0.1,
+                alive=gateway_process,
+            )
             url = f"http://127.0.0.1:{gateway_port}/mcp"
             # The client vanishes without ending its session (no DELETE).
             async with (
