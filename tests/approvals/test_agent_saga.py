@@ -19,6 +19,7 @@ from approvals.models import ApprovalRequest, Source, Status
 from core.scoping import tenant_context
 from tests.support.chains import server_stream
 from tests.support.factories import Person
+from tests.support.threads import in_thread
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,10 +71,10 @@ def test_pull_approvals_releases_an_agent_saga_agent(
             if records:
                 await client.push_wal_records(records)
             if not voted:
-                queue = (await asyncio.to_thread(approver.get, "/api/v1/approvals?status=pending")).json()
+                queue = (await in_thread(approver.get, "/api/v1/approvals?status=pending")).json()
                 if queue:
                     voted = queue[0]["id"]
-                    answer = await asyncio.to_thread(
+                    answer = await in_thread(
                         approver.post,
                         f"/api/v1/approvals/{voted}/votes",
                         {"choice": "approve", "note": "ok"},

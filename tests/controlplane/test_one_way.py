@@ -599,6 +599,35 @@ def polls_of_their_own() -> list[str]:
     ]
 
 
+# A coroutine's database work goes to a worker thread through tests.support.threads.in_thread,
+# which closes the thread's connection: left open, it holds a pooled connection for the rest of
+# the process.
+HANDOFFS = ("to_thread", "run_sync", "run_in_executor")
+
+
+def handoffs_of_their_own() -> list[str]:
+    """`where function` for each hand-off to a worker thread in the tests outside tests/support."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        if relative.is_relative_to(SUPPORT):
+            continue
+        for function, call in _calls_by_function(_tree(path), ""):
+            if _name(call.func) in HANDOFFS:
+                found.append(f"{_where(path, call.lineno)} {function}")
+    return found
+
+
+def _calls_by_function(node: ast.AST, function: str) -> Iterator[tuple[str, ast.Call]]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from _calls_by_function(child, child.name)
+            continue
+        if isinstance(child, ast.Call):
+            yield function, child
+        yield from _calls_by_function(child, function)
+
+
 def test_no_module_imports_a_test_module() -> None:
     assert imports_of_test_modules() == [], (
         "share it from tests/support/ or a non-test module beside the tests"
@@ -613,6 +642,27 @@ def test_no_module_imports_a_conftest() -> None:
 
 def test_waiting_is_the_one_wait_until() -> None:
     assert waits_of_their_own() == [], "wait with tests.support.waiting.wait_until"
+
+
+def test_database_work_goes_to_a_thread_through_in_thread() -> None:
+    assert handoffs_of_their_own() == [], "hand work to a thread with tests.support.threads.in_thread"
+
+
+def test_a_hand_off_to_a_thread_is_reported_but_in_tests_support(tree: Path) -> None:
+    in_thread = "import anyio\nasync def in_thread(f):\n    await anyio.to_thread.run_sync(f)\n"
+    _write(tree, "tests/support/threads.py", in_thread)
+    _write(
+        tree,
+        "tests/fleet/test_a.py",
+        "import asyncio, anyio\nasync def test_a(client):\n    await asyncio.to_thread(client.get, '/')\n"
+        "async def test_b(loop):\n    await loop.run_in_executor(None, print)\n"
+        "async def test_c():\n    await anyio.to_thread.run_sync(print)\n",
+    )
+    assert handoffs_of_their_own() == [
+        "tests/fleet/test_a.py:3 test_a",
+        "tests/fleet/test_a.py:5 test_b",
+        "tests/fleet/test_a.py:7 test_c",
+    ]
 
 
 def test_no_test_polls_with_a_loop_of_its_own() -> None:

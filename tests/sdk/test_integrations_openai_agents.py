@@ -18,7 +18,6 @@ import pytest
 import sagaplane as sp
 from agents import Agent, ModelResponse, Usage, function_tool, set_tracing_disabled
 from agents.models.interface import Model
-from django.db import connections
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from sagaplane.integrations import openai_agents as spoa
 from sagaplane.integrations.policy import loads
@@ -32,6 +31,7 @@ from tests.support.approvals import Agent as KeyHolder
 from tests.support.approvals import vote
 from tests.support.factories import Person
 from tests.support.scoping import in_tenant
+from tests.support.threads import in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 set_tracing_disabled(True)  # the SDK's own traces would go to OpenAI
@@ -172,7 +172,6 @@ def _pending_request(key: KeyHolder) -> ApprovalRequest:
 def _approve(key: KeyHolder, approver: Person, choice: str, note: str) -> None:
     """The person's vote (from a thread: the ORM is not called from the event loop)."""
     vote(approver, _pending_request(key).pk, choice, note=note)
-    connections.close_all()
 
 
 def test_an_approval_is_the_sdks_interruption_and_the_run_resumes_once_approved(
@@ -186,7 +185,7 @@ def test_an_approval_is_the_sdks_interruption_and_the_run_resumes_once_approved(
         assert EFFECTS == []
         state = first.to_state()
         before = await spoa.decide(state)  # nobody decided yet
-        await asyncio.to_thread(_approve, key, approver, "approve", "")
+        await in_thread(_approve, key, approver, "approve", "")
         after = await spoa.decide(state, wait=10)
         return await spoa.run(shop, state), before, after, first.interruptions[0]
 
@@ -228,7 +227,7 @@ def test_refusals_reach_the_model_as_the_tools_output(
 
     async def denied() -> Any:
         first = await spoa.run(shop, json.dumps([[["wire", {"amount": 800, "to": "acme"}]]]))
-        await asyncio.to_thread(_approve, key, approver, "deny", "not this supplier")
+        await in_thread(_approve, key, approver, "deny", "not this supplier")
         state = first.to_state()
         assert await spoa.decide(state, wait=10) == 0
         return await spoa.run(shop, state)

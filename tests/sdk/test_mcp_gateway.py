@@ -35,6 +35,7 @@ from tenants.inputs import NewApiKey
 from tenants.models import Membership, Role, Tenant
 from tests.support.factories import ALL_SCOPES, Person, make_person
 from tests.support.scoping import in_tenant
+from tests.support.threads import in_thread
 from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -117,20 +118,6 @@ def session(spec: UpstreamSpec, scenario: Callable[[ClientSession], Any]) -> Any
                 return await scenario(client)
 
     return anyio.run(main)
-
-
-async def in_thread(fn: Callable[[], Any]) -> Any:
-    """Run `fn` (database work) in a worker thread, closing that thread's connection after it."""
-
-    def run() -> Any:
-        from django.db import connection
-
-        try:
-            return fn()
-        finally:
-            connection.close()
-
-    return await anyio.to_thread.run_sync(run)
 
 
 def steps(tenant: Tenant, saga_id: str) -> list[tuple[str, str]]:
