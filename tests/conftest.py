@@ -16,6 +16,7 @@ from django.db import connection
 from tenants import founding
 from tenants.actors import named_actor
 from tenants.models import Role, Tenant
+from tests.support.approvals import Agent, payments_agent
 from tests.support.cleanup import retried_while
 from tests.support.factories import PASSWORD, Person, make_person
 from tests.support.prerequisites import unavailable
@@ -162,6 +163,27 @@ def bob(tenant_a: Tenant) -> Person:
 @pytest.fixture
 def carol(tenant_b: Tenant) -> Person:
     return make_person(tenant_b, "carol", Role.OWNER)
+
+
+@pytest.fixture
+def ann(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ann", Role.APPROVER)
+
+
+@pytest.fixture
+def ben(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "ben", Role.APPROVER)
+
+
+@pytest.fixture
+def adam(tenant_a: Tenant) -> Person:
+    return make_person(tenant_a, "adam", Role.ADMIN)
+
+
+@pytest.fixture
+def agent(alice: Person) -> Agent:
+    """The payments agent's key, created by alice: she is the requester of what it asks."""
+    return payments_agent(alice)
 
 
 @pytest.fixture(autouse=True)

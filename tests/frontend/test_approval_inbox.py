@@ -14,34 +14,14 @@ from core.numbers import amount_text
 from core.scoping import tenant_context
 from fleet import services as fleet
 from fleet.calls import gate_call
-from tenants import services as tenants
-from tenants.actors import api_key_actor, named_actor
-from tenants.inputs import NewApiKey
-from tenants.models import Role, Tenant
+from tenants.actors import api_key_actor
 from tests.support.approvals import Agent, vote, wire_policy
 from tests.support.chains import server_stream
-from tests.support.factories import ALL_SCOPES, Person, make_person
-from tests.support.scoping import in_statements, in_tenant
+from tests.support.factories import Person
+from tests.support.scoping import in_statements
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
 REASON = "Supplier invoice 2026-114, due today"
-
-
-@pytest.fixture
-def agent(alice: Person) -> Agent:
-    key, raw = in_tenant(
-        tenants.create_api_key,
-        alice.tenant,
-        NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
-        created_by=alice.user,
-        actor=named_actor("test"),
-    )
-    return Agent(alice.tenant, key.prefix, raw)
-
-
-@pytest.fixture
-def ann(tenant_a: Tenant) -> Person:
-    return make_person(tenant_a, "ann", Role.APPROVER)
 
 
 def _ask(agent: Agent, saga: str = "s1", **body: Any) -> dict[str, Any]:

@@ -15,39 +15,14 @@ from sagaplane.approval import verify_vote_record
 from approvals.models import ApprovalRequest, Status, Vote
 from core.scoping import tenant_context
 from passkeys import services as passkeys
-from tenants import services as tenants
 from tenants.actors import named_actor
-from tenants.inputs import NewApiKey
 from tenants.models import Role, Tenant
 from tests.passkeys.authenticator import ORIGIN, SoftAuthenticator, b64url
 from tests.support.approvals import Agent, wire_policy
 from tests.support.chains import server_stream
-from tests.support.factories import ALL_SCOPES, Person, make_person
-from tests.support.scoping import in_tenant
+from tests.support.factories import Person, make_person
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database_store")]
-
-
-@pytest.fixture
-def agent(alice: Person) -> Agent:
-    key, raw = in_tenant(
-        tenants.create_api_key,
-        alice.tenant,
-        NewApiKey(name="payments-bot", scopes=ALL_SCOPES),
-        created_by=alice.user,
-        actor=named_actor("test"),
-    )
-    return Agent(alice.tenant, key.prefix, raw)
-
-
-@pytest.fixture
-def ann(tenant_a: Tenant) -> Person:
-    return make_person(tenant_a, "ann", Role.APPROVER)
-
-
-@pytest.fixture
-def ben(tenant_a: Tenant) -> Person:
-    return make_person(tenant_a, "ben", Role.APPROVER)
 
 
 class Approver:

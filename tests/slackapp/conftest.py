@@ -1,7 +1,7 @@
 """Slack tests: a local server speaking Slack's Web API (slack_server.py), the app's settings
-pointed at it, Celery tasks run in-process (eagerly) so a test sees the work the views queue; and,
-for the channel tests, the approvals tests' agent (alice's key: she is the requester) and
-approvers. The helpers that play Slack's side (signed requests) and the owner's browser (the
+pointed at it, Celery tasks run in-process (eagerly) so a test sees the work the views queue, on
+the database store as the approvals tests (the agent and approvers are the suite's people,
+tests/conftest.py). The helpers that play Slack's side (signed requests) and the owner's browser (the
 install) are in tests/support/slack.py."""
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from typing import Any
 import pytest
 
 from controlplane.celery import app as celery_app
-from tenants.models import Role, Tenant
 from tests.slackapp.slack_server import FakeSlack, start
-from tests.support.approvals import Agent, payments_agent
-from tests.support.factories import Person, make_person
 
 
 @pytest.fixture(autouse=True)
@@ -23,27 +20,6 @@ def _database_store(database_store: None) -> None:
     """Every Slack test runs on the database store (tests/conftest.database_store), as the approvals
     tests do."""
     return database_store
-
-
-@pytest.fixture
-def agent(alice: Person) -> Agent:
-    """The payments agent's key, created by alice: she is the requester of what it asks."""
-    return payments_agent(alice)
-
-
-@pytest.fixture
-def ann(tenant_a: Tenant) -> Person:
-    return make_person(tenant_a, "ann", Role.APPROVER)
-
-
-@pytest.fixture
-def ben(tenant_a: Tenant) -> Person:
-    return make_person(tenant_a, "ben", Role.APPROVER)
-
-
-@pytest.fixture
-def adam(tenant_a: Tenant) -> Person:
-    return make_person(tenant_a, "adam", Role.ADMIN)
 
 
 @pytest.fixture
