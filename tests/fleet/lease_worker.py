@@ -49,7 +49,7 @@ def main() -> None:
         store = RedisStore(redis.Redis.from_url(config["redis_url"], socket_timeout=2), services.ledger_since)
     amount = config["amount"]
     effects = os.open(config["effects"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    counts = {"leases": 0, "on_lease": 0, "per_call": 0, "errors": 0}
+    counts = {"leases": 0, "on_lease": 0, "per_call": 0, "refused": 0, "errors": 0}
     lock = threading.Lock()
     deadline = time.monotonic() + DEADLINE_S
 
@@ -126,6 +126,7 @@ def _turn(
         count("per_call")
         return 0
     if decided.get("reason") == "budget_exceeded":
+        count("refused")
         return refusals + 1
     time.sleep(0.05)
     return refusals

@@ -69,7 +69,9 @@ def _race(tmp_path: Path, env: dict[str, str], config: dict[str, object], redis:
             out, err = worker.communicate(timeout=240)
             assert worker.returncode == 0, err[-3000:]
             counts = json.loads(out.strip().splitlines()[-1])
-            assert counts["leases"] + counts["per_call"] > 0, counts
+            # Each process was answered by the gate (a lease, an allow, or the budget spent): how
+            # much of the budget a process got before the others had it depends on scheduling.
+            assert counts["leases"] + counts["per_call"] + counts["refused"] > 0, counts
     finally:
         for worker in workers:
             if worker.poll() is None:
