@@ -154,6 +154,13 @@ def _listening(port: int) -> bool:
     return True
 
 
+async def _until_listening(port: int, gateway: subprocess.Popen[Any]) -> None:
+    """Until the gateway process listens on `port` (failing at once if it exits first)."""
+    await wait_until_async(
+        lambda: _listening(port), "the gateway to listen", deadline=DEADLINE, every=0.1, alive=gateway
+    )
+
+
 def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_completes_its_saga(
     tmp_path: Path,
 ) -> None:
@@ -191,13 +198,7 @@ def test_streamable_http_both_ways_with_a_client_token_and_a_session_end_complet
 
     async def main() -> Any:
         with anyio.fail_after(DEADLINE):
-            await wait_until_async(
-                lambda: _listening(gateway_port),
-                "the gateway to listen",
-                deadline=DEADLINE,
-                every=0.1,
-                alive=gateway_process,
-            )
+            await _until_listening(gateway_port, gateway_process)
             url = f"http://127.0.0.1:{gateway_port}/mcp"
             from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -298,13 +299,7 @@ def test_an_http_session_that_goes_silent_leaves_its_saga_to_recovery(tmp_path: 
 
     async def main() -> Any:
         with anyio.fail_after(DEADLINE):
-            await wait_until_async(
-                lambda: _listening(gateway_port),
-                "the gateway to listen",
-                deadline=DEADLINE,
-                every=0.1,
-                alive=gateway_process,
-            )
+            await _until_listening(gateway_port, gateway_process)
             url = f"http://127.0.0.1:{gateway_port}/mcp"
             # The client vanishes without ending its session (no DELETE).
             async with (
