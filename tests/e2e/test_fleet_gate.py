@@ -94,7 +94,8 @@ def test_owner_sets_a_budget_and_a_halt_and_agents_are_held_to_both(
     # Resume from the panel: email.* flows again.
     panel.get_by_role("button", name="Resume tool:email.*").click()
     confirm_dialog(page, "Resume tool:email.*?", action="Resume tool:email.*")
-    expect(page.locator("#no-halts")).to_be_visible()
+    # Its own row goes (the demo tenant is shared: another test's halt may still be listed).
+    expect(panel).to_have_count(0)
     assert gate(control_plane, 7, "email.send", to="a@b.example")["decision"] == "allow"
 
     # On a phone the gauges and forms fit the screen: no horizontal scrolling of the page.
