@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -26,6 +25,7 @@ from tests.e2e.browser import (
     wait_live,
 )
 from tests.support.sagadata import Writer, saga_forward, saga_rollback
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -250,24 +250,31 @@ def test_keyboard_reaches_navigation_with_visible_focus(new_page, control_plane:
     assert outline not in ("none", "")
 
 
+def reloaded_until(page, path: str, selector: str, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Load `path` again until `selector` is on it (what a worker adds in its own time)."""
+
+    def shown() -> bool:
+        page.goto(path)
+        return bool(page.locator(selector).count())
+
+    wait_until(shown, what, deadline=60, every=0.5)
+
+
 def test_export_started_completes_and_verifies_with_the_sdk(
     new_page, control_plane: LiveServer, tmp_path
 ) -> None:
     writer = Writer()
     saga_id, records = saga_forward(writer, name="exported-saga")
-    control_plane.ship("e2e-export", records + saga_rollback(writer, saga_id))
+    control_plane.ship("e2e-export", records)
     page = new_page()
     sign_in(page, AUDITOR)
+    # A running saga is not sealed: its page says when its disclosure can be had, and links none.
+    page.goto(f"/sagas/{saga_id}/")
+    expect(page.get_by_text("a disclosure can be downloaded once the saga is sealed")).to_be_visible()
+    expect(page.locator("#disclosure-link")).to_have_count(0)
+    control_plane.ship("e2e-export", saga_rollback(writer, saga_id))
     # The worker's integrator signs a checkpoint about a second after ingest: reload until it shows.
-    deadline = time.monotonic() + 60
-    while True:
-        page.goto("/evidence/")
-        try:
-            expect(page.locator("#checkpoint-size")).to_be_visible(timeout=1_000)
-            break
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
+    reloaded_until(page, "/evidence/", "#checkpoint-size", "a signed checkpoint")
     key = page.locator("#verifier-key").inner_text().strip()
     page.get_by_role("button", name="Start an export").click()
     newest = page.locator("#exports > li").first
@@ -284,8 +291,9 @@ def test_export_started_completes_and_verifies_with_the_sdk(
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # The saga's disclosure downloads from its page too, and verifies with the same key.
-    page.goto(f"/sagas/{saga_id}/")
+    # Once the rolled-back saga is sealed (by the worker), its disclosure downloads from its page
+    # too, and verifies with the same key.
+    reloaded_until(page, f"/sagas/{saga_id}/", "#disclosure-link", "the sealed saga's disclosure link")
     with page.expect_download() as disclosure_info:
         page.locator("#disclosure-link").click()
     bundle = tmp_path / "disclosure.json"
