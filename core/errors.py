@@ -46,8 +46,10 @@ class DomainError(Exception):
     The one error class of the domain: code raises it with its own code rather than a class of its
     own. A subclass exists only where a caller must catch that kind apart from the others
     (`IngestRefused`, `PasskeyRefused`, `SlackError`, `IntegrationRefused`, `BundleUnavailable`,
-    `availability.Unavailable`, `InvalidInvitation`); each takes this same signature. Any other
-    exception class of the apps is internal, never answered (tests/controlplane/test_one_way.py)."""
+    `availability.Unavailable`, `InvalidInvitation`); each takes this same signature (an ingest
+    refusal also names the refused record, `seq` and `index`, which the ingest log keeps and a 409
+    or 422 body carries). Any other exception class of the apps is internal, never answered
+    (tests/controlplane/test_one_way.py)."""
 
     def __init__(
         self,
