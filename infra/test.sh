@@ -35,11 +35,12 @@ echo "== lint"
 phase lint lint
 echo "== full suite on $(describe_services)"
 export SAGAPLANE_DATA_DIR="${SAGAPLANE_TEST_DATA_DIR:-$PWD/test-artifacts/data}"
-phase "full suite on $(describe_services)" $BIN/python -m pytest "$@"
+# The slowest tests are listed after each phase: CI must stay well under its 90 minutes.
+phase "full suite on $(describe_services)" $BIN/python -m pytest --durations=25 "$@"
 echo "== every test not marked postgres or redis, on embedded SQLite"
 phase "embedded SQLite" env -u DATABASE_URL -u DATABASE_OWNER_URL -u REDIS_URL \
   SAGAPLANE_DATA_DIR="$PWD/test-artifacts/data-embedded" \
-  $BIN/python -m pytest -m "not postgres and not redis" -q -p no:cacheprovider
+  $BIN/python -m pytest -m "not postgres and not redis" -q -p no:cacheprovider --durations=25
 if [ ${#failed[@]} -gt 0 ]; then
   printf '== failed: %s\n' "${failed[@]}" >&2
   exit 1
